@@ -1,0 +1,1 @@
+"""Kafka consumers: one module per input topic path."""

@@ -1,0 +1,66 @@
+"""`message-history` command line: one subcommand per job, each implemented in its own module.
+
+Subcommand modules are imported lazily so `--version` and `--help` stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from message_history import __version__
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="message-history",
+        description="Conversation memory for AI agents as a Kafka stream (Mastra MessageHistory over MongoDB).",
+    )
+    parser.add_argument("--version", action="version", version=f"message-history {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = sub.add_parser("run", help="run the service: recall and persist paths")
+    run.add_argument("--only", choices=["recall", "persist"], help="run a single path")
+
+    sub.add_parser("check", help="check that Kafka and MongoDB answer (a real round trip on each)")
+    sub.add_parser("config", help="print the effective settings, secrets masked")
+
+    schemas = sub.add_parser("schemas", help="write the events' JSON Schemas and the AsyncAPI document")
+    schemas.add_argument("--out", default="schemas/generated", help="output folder (default: %(default)s)")
+    schemas.add_argument("--check", action="store_true", help="exit 1 if the files on disk are stale")
+
+    demo = sub.add_parser("demo", help="a scripted conversation through the running service, printed")
+    demo.add_argument("--threads", type=int, default=2)
+    demo.add_argument("--turns", type=int, default=3)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "config":
+        from message_history.settings import Settings  # noqa: PLC0415
+
+        print(Settings().model_dump_json(indent=2))
+        return 0
+    if args.command == "check":
+        from message_history.check import main as check_main  # noqa: PLC0415
+
+        return check_main()
+    if args.command == "schemas":
+        from schemas.export import main as schemas_main  # noqa: PLC0415
+
+        return schemas_main(out=args.out, check=args.check)
+    if args.command == "run":
+        from message_history.service import main as run_main  # noqa: PLC0415
+
+        return run_main(only=args.only)
+    if args.command == "demo":
+        from message_history.demo import main as demo_main  # noqa: PLC0415
+
+        return demo_main(threads=args.threads, turns=args.turns)
+    raise AssertionError(args.command)  # argparse guarantees a known command
+
+
+if __name__ == "__main__":
+    sys.exit(main())

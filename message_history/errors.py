@@ -1,0 +1,75 @@
+"""One root for every error the service raises, with the retry decision on the error itself.
+
+    MessageHistoryError                 retriable = False
+    ├── InvalidInputError (ValueError)  bad input: a dead letter, never retried
+    │   ├── EventValidationError        not JSON, not the schema, over a limit; carries the field path
+    │   └── ThreadOwnershipError        the event's resourceId is not the stored thread's owner
+    ├── AbortError                      a processor step called abort(reason): the turn stops, nothing written
+    ├── RetriableError                  retriable = True: an outage; back off, pause intake, never dead-letter
+    │   └── StorageUnavailableError     MongoDB unreachable, timed out, not primary
+    └── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
+
+`error_type` is what goes into a dead letter's `error.type` header.
+"""
+
+from __future__ import annotations
+
+
+class MessageHistoryError(Exception):
+    """Root of every error raised by message-history."""
+
+    retriable: bool = False
+
+    @property
+    def error_type(self) -> str:
+        return type(self).__name__
+
+
+class InvalidInputError(MessageHistoryError, ValueError):
+    """Input that can never succeed: it goes to the dead-letter topic and the stream moves on."""
+
+
+class EventValidationError(InvalidInputError):
+    """An event that is not JSON, breaks the schema, or exceeds a limit.
+
+    `path` is the dotted field path (empty for the whole record); `reason` is short and free of secrets.
+    """
+
+    def __init__(self, reason: str, path: str = "") -> None:
+        self.reason = reason
+        self.path = path
+        super().__init__(f"{path}: {reason}" if path else reason)
+
+
+class ThreadOwnershipError(InvalidInputError):
+    """The event names a thread that belongs to another resourceId; nothing is recalled or written."""
+
+    def __init__(self, thread_id: str, resource_id: str, owner: str) -> None:
+        self.thread_id = thread_id
+        self.resource_id = resource_id
+        self.owner = owner
+        super().__init__(
+            f"thread {thread_id!r} belongs to resource {owner!r}, not {resource_id!r}"
+        )
+
+
+class AbortError(MessageHistoryError):
+    """Raised by `abort(reason)` inside a processor step: the turn stops and writes nothing."""
+
+    def __init__(self, reason: str | None = None) -> None:
+        self.reason = reason or "aborted"
+        super().__init__(self.reason)
+
+
+class RetriableError(MessageHistoryError):
+    """A dependency is unavailable; the same operation may succeed later."""
+
+    retriable = True
+
+
+class StorageUnavailableError(RetriableError):
+    """MongoDB could not be reached or did not answer in time."""
+
+
+class FatalStorageError(MessageHistoryError):
+    """MongoDB refused an operation in a way that retrying will not fix."""

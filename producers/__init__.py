@@ -1,0 +1,1 @@
+"""Kafka producers: one module per output topic."""

@@ -1,0 +1,214 @@
+"""Mastra's `MastraDBMessage` (content format 2), field for field, with unknown fields kept.
+
+Every model here allows extra keys and the wire form is dumped with `exclude_unset=True`, so a message a Mastra
+app wrote comes back out with the same keys and values, including keys this module never names. Known part
+types are validated; an unknown part `type` is kept as it came (Mastra adds part kinds between releases, and
+a memory service must not be the component that rejects them).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainSerializer,
+    Tag,
+    field_validator,
+)
+
+
+def format_timestamp(value: datetime) -> str:
+    """ISO-8601 in UTC with exactly three fraction digits, as JavaScript's `Date.toISOString()` writes it."""
+    value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+
+
+def _to_utc_ms(value: datetime) -> datetime:
+    # MongoDB and JavaScript keep milliseconds; truncating here keeps ordering identical on both sides.
+    value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+
+
+Timestamp = Annotated[datetime, PlainSerializer(format_timestamp, return_type=str, when_used="json")]
+"""A UTC instant with millisecond precision, serialized as `2025-01-01T11:00:00.000Z`."""
+
+
+class Open(BaseModel):
+    """Base of every wire model: camelCase names as on the wire, unknown keys preserved."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, validate_default=False)
+
+
+# --- parts -----------------------------------------------------------------------------------------------
+
+
+class TextPart(Open):
+    type: Literal["text"]
+    text: str
+
+
+class ReasoningPart(Open):
+    type: Literal["reasoning"]
+    reasoning: str = ""
+    details: list[dict[str, Any]] = Field(default_factory=list)
+
+
+ToolState = Literal[
+    "partial-call",
+    "call",
+    "result",
+    # Mastra 1.71 states, kept so newer workers' messages validate:
+    "approval-requested",
+    "approval-responded",
+    "output-error",
+    "output-denied",
+]
+
+
+class ToolInvocation(Open):
+    state: ToolState
+    toolCallId: str
+    toolName: str
+    args: Any = None
+
+
+class ToolInvocationPart(Open):
+    type: Literal["tool-invocation"]
+    toolInvocation: ToolInvocation
+
+
+class SourceInfo(Open):
+    sourceType: str
+    id: str
+    url: str | None = None
+
+
+class SourcePart(Open):
+    type: Literal["source"]
+    source: SourceInfo
+
+
+class FilePart(Open):
+    type: Literal["file"]
+    mimeType: str
+    data: str
+
+
+class StepStartPart(Open):
+    type: Literal["step-start"]
+
+
+class ErrorInfo(Open):
+    name: str | None = None
+    message: str
+
+
+class ErrorPart(Open):
+    type: Literal["error"]
+    error: ErrorInfo
+
+
+class DataPart(Open):
+    """AI SDK v5 custom data part: `type` is `data-<name>`."""
+
+    type: str
+    data: Any = None
+
+    @field_validator("type")
+    @classmethod
+    def _data_prefix(cls, value: str) -> str:
+        if not value.startswith("data-") or len(value) == len("data-"):
+            raise ValueError("a data part's type must be 'data-<name>'")
+        return value
+
+
+class UnknownPart(Open):
+    """A part kind this version does not know; carried through untouched."""
+
+    type: str
+
+
+_KNOWN_PARTS = frozenset(
+    {"text", "reasoning", "tool-invocation", "source", "file", "step-start", "error"}
+)
+
+
+def _part_tag(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    if not isinstance(kind, str):
+        return "missing"  # no tag matches, so pydantic reports a clear error for the part
+    if kind in _KNOWN_PARTS:
+        return kind
+    return "data" if kind.startswith("data-") else "unknown"
+
+
+Part = Annotated[
+    Annotated[TextPart, Tag("text")]
+    | Annotated[ReasoningPart, Tag("reasoning")]
+    | Annotated[ToolInvocationPart, Tag("tool-invocation")]
+    | Annotated[SourcePart, Tag("source")]
+    | Annotated[FilePart, Tag("file")]
+    | Annotated[StepStartPart, Tag("step-start")]
+    | Annotated[ErrorPart, Tag("error")]
+    | Annotated[DataPart, Tag("data")]
+    | Annotated[UnknownPart, Tag("unknown")],
+    Discriminator(
+        _part_tag,
+        custom_error_type="invalid_part",
+        custom_error_message="a part must be an object with a string 'type'",
+    ),
+]
+
+
+# --- content and message ---------------------------------------------------------------------------------
+
+
+class MessageContent(Open):
+    """`MastraMessageContentV2`: `parts` is the source of truth; the rest are legacy mirrors."""
+
+    format: Literal[2] = 2
+    parts: list[Part]
+    content: str | None = None
+    toolInvocations: list[dict[str, Any]] | None = None
+    reasoning: str | None = None
+    annotations: list[Any] | None = None
+    experimental_attachments: list[dict[str, Any]] | None = None
+    metadata: dict[str, Any] | None = None
+    providerMetadata: dict[str, Any] | None = None
+
+
+Role = Literal["user", "assistant", "system"]
+
+
+class Message(Open):
+    """A `MastraDBMessage`. `id` and `createdAt` may be absent on input; the event fills them in."""
+
+    id: str | None = None
+    role: Role
+    createdAt: Timestamp | None = None
+    threadId: str | None = None
+    resourceId: str | None = None
+    type: str | None = None
+    content: MessageContent
+
+    @field_validator("createdAt")
+    @classmethod
+    def _utc_ms(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else _to_utc_ms(value)
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _plain_text_content(cls, value: Any) -> Any:
+        # Legacy (format 1) rows hold plain text; Mastra wraps them the same way.
+        if isinstance(value, str):
+            return {"format": 2, "content": value, "parts": [{"type": "text", "text": value}]}
+        return value
+
+    def wire(self) -> dict[str, Any]:
+        """The message as JSON-ready data, exactly the keys it was given (plus any filled in)."""
+        return self.model_dump(mode="json", exclude_unset=True)

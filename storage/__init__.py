@@ -1,0 +1,1 @@
+"""MongoDB storage in @mastra/mongodb's layout, and an in-memory storage for embedded use."""

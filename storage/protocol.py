@@ -1,0 +1,57 @@
+"""What the MessageHistory processor needs from a storage, and nothing more.
+
+Implemented by `storage.mongodb.MongoHistoryStorage` (the service, in @mastra/mongodb's layout) and by
+`storage.memory.InMemoryHistoryStorage` (embedded use, examples, fast tests). No driver import here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol, runtime_checkable
+
+from schemas.messages import Message
+
+
+@dataclass(frozen=True, slots=True)
+class Thread:
+    """A row of `mastra_threads`."""
+
+    id: str
+    resourceId: str  # noqa: N815 -- Mastra's field name
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    createdAt: datetime | None = None  # noqa: N815
+    updatedAt: datetime | None = None  # noqa: N815
+
+
+@runtime_checkable
+class HistoryStorage(Protocol):
+    """The four operations of Mastra's `MemoryStorage` that MessageHistory uses, in Python form."""
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        """The thread, or None when it does not exist."""
+        ...
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        """The thread's newest `limit` messages (all when None), newest first by `(createdAt, id)`.
+
+        Filters by `resource_id` too when given. `limit == 0` returns [] without a query.
+        A failed read raises; it never returns an empty page in place of an error.
+        """
+        ...
+
+    async def save_messages(
+        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
+    ) -> Thread:
+        """Upsert `messages` by id (`createdAt` only on first insert) and touch the thread.
+
+        A missing thread is created (`title ''`, `metadata {}`); an existing one keeps its title and
+        metadata and its `updatedAt` moves forward only (`$max` with the newest saved `createdAt`).
+        Raises `ThreadOwnershipError` and writes nothing when the thread belongs to another resource.
+        Returns the thread as it is after the save.
+        """
+        ...
