@@ -1,0 +1,100 @@
+"""Prometheus metrics of the service, in one registry, served at `/metrics`.
+
+Label values are bounded sets (path, topic, stage, dependency, error type, partition): never ids or payloads.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)
+
+RECORDS_CONSUMED = Counter(
+    "message_history_records_consumed",
+    "Records read from an input topic.",
+    ["path"],
+    registry=REGISTRY,
+)
+RECORDS_PRODUCED = Counter(
+    "message_history_records_produced",
+    "Records acknowledged by Kafka on an output topic.",
+    ["topic"],
+    registry=REGISTRY,
+)
+DEAD_LETTERS = Counter(
+    "message_history_dead_letters",
+    "Records sent to a dead-letter topic, by error type.",
+    ["path", "error_type"],
+    registry=REGISTRY,
+)
+RETRIES = Counter(
+    "message_history_retries",
+    "Retries after a dependency failed (an outage, not bad input).",
+    ["path", "dependency"],
+    registry=REGISTRY,
+)
+OUTCOMES = Counter(
+    "message_history_outcomes",
+    "Processed records by outcome (enriched, persisted, skipped-<reason>, dead-letter).",
+    ["path", "outcome"],
+    registry=REGISTRY,
+)
+BATCH_SIZE = Histogram(
+    "message_history_batch_size",
+    "Records per processed batch.",
+    ["path"],
+    buckets=_BATCH_BUCKETS,
+    registry=REGISTRY,
+)
+STAGE_SECONDS = Histogram(
+    "message_history_stage_seconds",
+    "Time spent per batch in each stage (decode, recall, persist, produce, commit).",
+    ["path", "stage"],
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+CONSUMER_LAG = Gauge(
+    "message_history_consumer_lag",
+    "Records between the partition's high watermark and the consumer position.",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+COMMITTED_OFFSET = Gauge(
+    "message_history_committed_offset",
+    "Last offset committed for the partition.",
+    ["topic", "partition"],
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "message_history_in_flight_records",
+    "Records fetched and not yet completed.",
+    ["path"],
+    registry=REGISTRY,
+)
+PAUSED_PARTITIONS = Gauge(
+    "message_history_paused_partitions",
+    "Partitions paused for back-pressure or an outage.",
+    ["path"],
+    registry=REGISTRY,
+)
+REBALANCES = Counter(
+    "message_history_rebalances",
+    "Partition assignments and revocations.",
+    ["path", "kind"],
+    registry=REGISTRY,
+)
+READY = Gauge(
+    "message_history_ready",
+    "1 when the component is ready (dependency reachable, partitions assigned or none due).",
+    ["component"],
+    registry=REGISTRY,
+)
+RECALLED_MESSAGES = Histogram(
+    "message_history_recalled_messages",
+    "Messages recalled from MongoDB per request.",
+    buckets=(0, 1, 5, 10, 20, 40, 100, 250, 1000),
+    registry=REGISTRY,
+)
