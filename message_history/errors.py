@@ -7,7 +7,8 @@
     ├── AbortError                      a processor step called abort(reason): the turn stops, nothing written
     ├── RetriableError                  retriable = True: an outage; back off, pause intake, never dead-letter
     │   └── StorageUnavailableError     MongoDB unreachable, timed out, not primary
-    └── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
+    ├── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
+    └── StartupError                    the service cannot start as configured (e.g. HTTP port in use)
 
 `error_type` is what goes into a dead letter's `error.type` header.
 """
@@ -73,3 +74,7 @@ class StorageUnavailableError(RetriableError):
 
 class FatalStorageError(MessageHistoryError):
     """MongoDB refused an operation in a way that retrying will not fix."""
+
+
+class StartupError(MessageHistoryError):
+    """The service cannot start as configured (e.g. the HTTP port is already in use); fix the settings."""
