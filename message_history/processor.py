@@ -1,0 +1,317 @@
+"""`MessageHistory`: Mastra's hybrid memory processor, in Python, over any `HistoryStorage`.
+
+The input step recalls a thread's recent messages into the turn's `MessageList`; the output step saves the
+turn's input and response messages. The rules themselves live in `message_history.rules`; this module only
+wires them to a storage. Two public coroutines carry the work and are what the Kafka paths call directly:
+
+* `recall(...)`: one `get_thread` (ownership) and at most one `list_messages`, then `rules.build_context`;
+* `persist_turn(...)`: `rules.select_for_persistence`, then one `save_messages` (or, when nothing is saved,
+  one `get_thread` to enforce ownership and report the thread).
+
+They touch storage only through the `HistoryStorage` protocol, so a batching wrapper can stand in for it.
+Storage errors propagate (R12): a failed read is never an empty history, and a failed step writes nothing.
+
+Differences from Mastra, on purpose:
+* a turn on a thread owned by another resource raises `ThreadOwnershipError` in both steps (contract §4);
+  that is why a skipped save still reads the thread;
+* `memoryConfig.lastMessages` in the request context overrides the processor's `last_messages` for one turn;
+* no assistant merge (R11), see `message_history.message_list`;
+* no tracing (`tracing_context` is accepted and ignored), no token limiter, no 10 ms pause after saving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn, Protocol
+
+from message_history.errors import AbortError, ThreadOwnershipError
+from message_history.message_list import MessageList
+from message_history.request_context import MASTRA_MEMORY, RequestContext, parse_memory_context
+from message_history.rules import (
+    LastMessages,
+    SkipReason,
+    Source,
+    assign_thread,
+    build_context,
+    normalize_limit,
+    select_for_persistence,
+)
+from schemas.messages import Message
+from storage.protocol import HistoryStorage, Thread
+
+__all__ = [
+    "MASTRA_MEMORY",
+    "USE_DEFAULT",
+    "Abort",
+    "InputProcessor",
+    "MessageHistory",
+    "OutputProcessor",
+    "OutputResult",
+    "PersistOutcome",
+    "RecallOutcome",
+    "RequestContext",
+    "abort",
+]
+
+Abort = Callable[[str | None], NoReturn]
+"""The `abort(reason)` function a step receives: it raises and never returns."""
+
+
+def abort(reason: str | None = None) -> NoReturn:
+    """Stop the turn: raises `AbortError(reason)`. Whatever has not been written by then is not written."""
+    raise AbortError(reason)
+
+
+class _UseDefault:
+    """Sentinel type: "take the processor's own `last_messages`"."""
+
+    _instance: _UseDefault | None = None
+
+    def __new__(cls) -> _UseDefault:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "USE_DEFAULT"
+
+
+USE_DEFAULT: Final = _UseDefault()
+"""Pass as `last_messages` to `recall` to use the processor's configured value."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputResult:
+    """What the agent run produced, as far as the output step cares (Mastra's `OutputResult`, trimmed)."""
+
+    finishReason: str | None = None  # noqa: N815 -- Mastra's field name
+    text: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RecallOutcome:
+    """The result of a recall.
+
+    `context`: the model's context, `(message, source)` pairs in `(createdAt, id)` order; `recalled`: how many
+    of them come from storage; `limit`: the page size used (`None` = no limit); `thread`: the stored thread,
+    None when it does not exist yet (or there is no thread id).
+    """
+
+    context: list[tuple[Message, Source]]
+    recalled: int
+    limit: int | None
+    thread: Thread | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PersistOutcome:
+    """The result of saving a finished turn.
+
+    `saved_ids`: ids written, in save order (empty when skipped); `skipped`: None, or why nothing was written;
+    `thread`: the thread after the save (when skipped: as stored, or None if it does not exist);
+    `messages`: exactly what was handed to `save_messages`.
+    """
+
+    saved_ids: list[str]
+    skipped: SkipReason | None
+    thread: Thread | None
+    messages: list[Message] = field(default_factory=list)
+
+
+class InputProcessor(Protocol):
+    """Anything with Mastra's `processInput` step, in Python form."""
+
+    async def process_input(
+        self,
+        *,
+        messages: Sequence[Message],
+        message_list: MessageList,
+        abort: Abort,
+        request_context: RequestContext | None = None,
+        tracing_context: object | None = None,
+    ) -> MessageList: ...
+
+
+class OutputProcessor(Protocol):
+    """Anything with Mastra's `processOutputResult` step, in Python form."""
+
+    async def process_output_result(
+        self,
+        *,
+        messages: Sequence[Message],
+        message_list: MessageList,
+        abort: Abort,
+        request_context: RequestContext | None = None,
+        tracing_context: object | None = None,
+        result: OutputResult | Mapping[str, Any] | None = None,
+    ) -> MessageList: ...
+
+
+def _finish_reason(result: OutputResult | Mapping[str, Any] | None) -> str | None:
+    if result is None:
+        return None
+    value = result.get("finishReason") if isinstance(result, Mapping) else result.finishReason
+    return value if isinstance(value, str) else None
+
+
+class MessageHistory:
+    """Recalls a thread's history before the model runs and saves the turn after it (Mastra's processor).
+
+    `storage`: any `HistoryStorage`. `last_messages`: how many stored messages to recall: `None` = the
+    storage default of 40 (not "all", whatever Mastra's reference page says), `0` = none (the turn is still
+    saved), `False` = all of them.
+    """
+
+    id: Final = "message-history"
+    name: Final = "MessageHistory"
+
+    def __init__(self, *, storage: HistoryStorage, last_messages: LastMessages = None) -> None:
+        normalize_limit(last_messages)  # fail at construction, not at the first turn
+        self.storage = storage
+        self.last_messages: LastMessages = last_messages
+
+    def __repr__(self) -> str:
+        return f"MessageHistory(storage={self.storage!r}, last_messages={self.last_messages!r})"
+
+    # --- the two Mastra steps -------------------------------------------------------------------------
+
+    async def process_input(
+        self,
+        *,
+        messages: Sequence[Message] = (),
+        message_list: MessageList,
+        abort: Abort = abort,
+        request_context: RequestContext | None = None,
+        tracing_context: object | None = None,
+    ) -> MessageList:
+        """Add the thread's recent stored messages to `message_list`, tagged `memory`; return the list.
+
+        The thread comes from `request_context["MastraMemory"]` (else from the list's own `thread_id`, as in
+        Mastra 1.71). Without a thread nothing happens (R1). `messages` is ignored, as upstream: the list is
+        the context. Stored messages whose id is already in the list are not added (the list's copy wins).
+        """
+        del messages, abort, tracing_context  # part of the step's signature; not needed to recall
+        memory = parse_memory_context(request_context)
+        thread_id = memory.thread_id if memory and memory.thread_id else message_list.thread_id
+        if thread_id is None:
+            return message_list
+        resource_id = memory.resource_id if memory and memory.thread_id else message_list.resource_id
+        last: LastMessages | _UseDefault = (
+            memory.last_messages if memory is not None and memory.last_messages_set else USE_DEFAULT
+        )
+        outcome = await self.recall(
+            thread_id=thread_id,
+            resource_id=resource_id,
+            incoming=[*message_list.get_all(), *message_list.get_system()],
+            last_messages=last,
+        )
+        message_list.add([message for message, source in outcome.context if source == "memory"], "memory")
+        return message_list
+
+    async def process_output_result(
+        self,
+        *,
+        messages: Sequence[Message] = (),
+        message_list: MessageList,
+        abort: Abort = abort,
+        request_context: RequestContext | None = None,
+        tracing_context: object | None = None,
+        result: OutputResult | Mapping[str, Any] | None = None,
+    ) -> MessageList:
+        """Save the list's `input` then `response` messages (filtered by the rules); return the list.
+
+        Skips without writing when there is no thread (R1), when `memoryConfig.readOnly` is true, when a turn
+        failed (`result.finishReason == "error"`) without any response (R8), or when nothing is left to save.
+        `messages` is ignored, as upstream.
+        """
+        del messages, abort, tracing_context
+        memory = parse_memory_context(request_context)
+        thread_id = memory.thread_id if memory and memory.thread_id else message_list.thread_id
+        resource_id = memory.resource_id if memory and memory.thread_id else message_list.resource_id
+        await self.persist_turn(
+            thread_id=thread_id,
+            resource_id=resource_id,
+            input=message_list.get_input(),
+            response=message_list.get_response(),
+            finish_reason=_finish_reason(result),
+            read_only=memory.read_only if memory else False,
+        )
+        return message_list
+
+    # --- the work, callable directly (the Kafka paths do) ------------------------------------------------
+
+    async def recall(
+        self,
+        *,
+        thread_id: str | None,
+        resource_id: str | None,
+        incoming: Sequence[Message],
+        last_messages: LastMessages | _UseDefault = USE_DEFAULT,
+    ) -> RecallOutcome:
+        """Build the context for a turn: recalled history plus `incoming`, ordered, deduplicated by id.
+
+        `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
+        the processor's own. Without a thread id: no storage call, the context is `incoming` alone (R1).
+        Otherwise one `get_thread` (a thread of another resource raises `ThreadOwnershipError`, nothing is
+        recalled) and, unless the limit is 0, one `list_messages` filtered by thread and resource.
+        """
+        limit = normalize_limit(
+            self.last_messages if isinstance(last_messages, _UseDefault) else last_messages
+        )
+        if not thread_id:
+            return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
+        thread = await self.storage.get_thread(thread_id)
+        _check_owner(thread, thread_id, resource_id)
+        recalled: list[Message] = []
+        if limit != 0:
+            recalled = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
+        context = build_context(recalled, incoming)
+        count = sum(1 for _, source in context if source == "memory")
+        return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread)
+
+    async def persist_turn(
+        self,
+        *,
+        thread_id: str | None,
+        resource_id: str | None,
+        input: Sequence[Message],
+        response: Sequence[Message],
+        finish_reason: str | None = None,
+        read_only: bool = False,
+    ) -> PersistOutcome:
+        """Save a finished turn's `input` (minus memory-sourced messages) then `response`, filtered (R4-R9).
+
+        Messages without `threadId` / `resourceId` get the turn's; a message naming another thread or resource
+        raises `InvalidInputError` before anything is written. The resource is `resource_id`, or the stored
+        thread's owner, or the thread id (Mastra's fallback). Without a thread id: no storage call. When the
+        rules skip the save: one `get_thread` (ownership, and the thread for the outcome). Otherwise one
+        `save_messages`, which creates a missing thread and moves `updatedAt` forward (R9, R10).
+        """
+        decision = select_for_persistence(
+            input, response, finish_reason=finish_reason, read_only=read_only, has_thread=bool(thread_id)
+        )
+        if not thread_id:
+            return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=None)
+        thread: Thread | None = None
+        if decision.skipped is not None or resource_id is None:
+            thread = await self.storage.get_thread(thread_id)
+            _check_owner(thread, thread_id, resource_id)
+        if decision.skipped is not None:
+            return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
+        owner = resource_id or (thread.resourceId if thread is not None else thread_id)
+        to_save = assign_thread(decision.messages, thread_id=thread_id, resource_id=owner)
+        saved_thread = await self.storage.save_messages(
+            thread_id=thread_id, resource_id=owner, messages=to_save
+        )
+        return PersistOutcome(
+            saved_ids=[m.id for m in to_save if m.id is not None],
+            skipped=None,
+            thread=saved_thread,
+            messages=to_save,
+        )
+
+
+def _check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:
+    if thread is not None and resource_id is not None and thread.resourceId != resource_id:
+        raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
