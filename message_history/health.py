@@ -1,0 +1,314 @@
+"""Liveness and readiness of the service, and the tiny HTTP server that answers the probes.
+
+Two separate questions, as Kubernetes asks them:
+
+- **live** (`/livez`): is the process still making progress? Every long-running loop registers itself with a
+  maximum silence and calls `beat()` each time round (also while it is backing off during an outage: an outage
+  is not a reason to be restarted). A loop silent for longer than its maximum, or an event loop that lags
+  badly, means the process is wedged and a restart helps.
+- **ready** (`/readyz`): should work be routed here? Every component reports `set_ready(...)` with a reason;
+  the service is ready only when every component that reported is ready. An outage makes a component
+  not-ready, never not-live.
+
+The HTTP server is stdlib asyncio, GET only, one request per connection, with capped request sizes and a read
+timeout, so a misbehaving client can neither block nor crash it. `/metrics` serves the service's Prometheus
+registry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from message_history import metrics
+from message_history.errors import StartupError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_LOOP_LAG_S = 5.0
+"""Event-loop lag above which the process counts as wedged (a sampled sleep overshooting by this much)."""
+
+_LAG_SAMPLE_INTERVAL_S = 0.5
+_READ_TIMEOUT_S = 5.0
+_MAX_REQUEST_LINE = 8 * 1024
+_MAX_HEADER_BYTES = 16 * 1024
+_MAX_HEADERS = 100
+_LINGER_S = 0.5
+_LINGER_BYTES = 256 * 1024
+
+
+@dataclass
+class _Loop:
+    max_silence_s: float
+    last_beat: float
+
+
+class Health:
+    """What the service knows about its own state; shared by every component, read by the probes.
+
+    Call it from the event loop's thread (the components and the HTTP server all live there).
+    `clock` is injectable so that silence can be tested without sleeping.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_loop_lag_s: float = DEFAULT_MAX_LOOP_LAG_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._clock = clock
+        self._max_loop_lag_s = max_loop_lag_s
+        self._ready: dict[str, tuple[bool, str]] = {}
+        self._loops: dict[str, _Loop] = {}
+        self._loop_lag_s = 0.0
+
+    # --- readiness ----------------------------------------------------------------------------------------
+
+    def set_ready(self, component: str, ready: bool, reason: str = "") -> None:
+        """Record whether `component` can take work now, and why not; also sets the `ready` gauge."""
+        previous = self._ready.get(component)
+        self._ready[component] = (ready, reason)
+        metrics.READY.labels(component=component).set(1 if ready else 0)
+        if previous is None or previous[0] != ready:
+            log.info(
+                "component %s is %s",
+                component,
+                "ready" if ready else "not ready",
+                extra={"component": component, "ready": ready, "reason": reason},
+            )
+
+    def readiness(self) -> tuple[bool, dict[str, str]]:
+        """(ready, reason per component): not ready before any component reported, nor while one is not."""
+        if not self._ready:
+            return False, {"service": "starting: no component has reported yet"}
+        reasons = {name: ("ok" if ok else (why or "not ready")) for name, (ok, why) in self._ready.items()}
+        return all(ready for ready, _ in self._ready.values()), reasons
+
+    # --- liveness -----------------------------------------------------------------------------------------
+
+    def register_loop(self, component: str, max_silence_s: float) -> None:
+        """Watch a loop: from now on it must `beat()` at least every `max_silence_s` seconds to stay live."""
+        if max_silence_s <= 0:
+            raise ValueError("max_silence_s must be positive")
+        self._loops[component] = _Loop(max_silence_s=max_silence_s, last_beat=self._clock())
+
+    def unregister_loop(self, component: str) -> None:
+        """Stop watching a loop that ended on purpose (shutdown); unknown names are ignored."""
+        self._loops.pop(component, None)
+
+    def beat(self, component: str) -> None:
+        """A loop's heartbeat. Beats of a loop that was never registered are ignored."""
+        loop = self._loops.get(component)
+        if loop is not None:
+            loop.last_beat = self._clock()
+
+    def record_loop_lag(self, lag_s: float) -> None:
+        """Latest event-loop lag (how late a timed sleep woke up); fed by the HTTP server's sampler."""
+        self._loop_lag_s = max(0.0, lag_s)
+
+    def liveness(self) -> tuple[bool, dict[str, Any]]:
+        """(live, details): live unless a watched loop is silent too long or the event loop lags too much."""
+        now = self._clock()
+        loops: dict[str, Any] = {}
+        live = True
+        for name, loop in self._loops.items():
+            silence = now - loop.last_beat
+            ok = silence <= loop.max_silence_s
+            live = live and ok
+            loops[name] = {"ok": ok, "silenceS": round(silence, 3), "maxSilenceS": loop.max_silence_s}
+        lag_ok = self._loop_lag_s <= self._max_loop_lag_s
+        details: dict[str, Any] = {
+            "loops": loops,
+            "eventLoop": {
+                "ok": lag_ok,
+                "lagS": round(self._loop_lag_s, 3),
+                "maxLagS": self._max_loop_lag_s,
+            },
+        }
+        return live and lag_ok, details
+
+
+# --- HTTP -------------------------------------------------------------------------------------------------
+
+
+class HealthServer:
+    """A running probe server; `port` is the bound port (useful when asked for port 0)."""
+
+    def __init__(self, server: asyncio.Server, host: str, port: int) -> None:
+        self._server = server
+        self.host = host
+        self.port = port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+class _BadRequestError(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    408: "Request Timeout",
+    414: "URI Too Long",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def _json(status: int, body: dict[str, Any]) -> tuple[int, str, bytes]:
+    return status, "application/json", json.dumps(body, sort_keys=True).encode() + b"\n"
+
+
+def _route(health: Health, method: str, target: str) -> tuple[int, str, bytes]:
+    path = target.split("?", 1)[0]
+    if path not in ("/livez", "/readyz", "/metrics"):
+        return _json(404, {"error": "not found", "paths": ["/livez", "/readyz", "/metrics"]})
+    if method != "GET":
+        return _json(405, {"error": "only GET is served"})
+    if path == "/livez":
+        live, details = health.liveness()
+        return _json(200 if live else 503, {"live": live, **details})
+    if path == "/readyz":
+        ready, reasons = health.readiness()
+        return _json(200 if ready else 503, {"ready": ready, "components": reasons})
+    return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.REGISTRY)
+
+
+async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
+    """Read the request line and headers (bodies are never read: GET only); return (method, target)."""
+    try:
+        line = await reader.readuntil(b"\n")
+    except asyncio.LimitOverrunError as exc:
+        raise _BadRequestError(414, "request line too long") from exc
+    except asyncio.IncompleteReadError as exc:
+        raise _BadRequestError(400, "connection closed before the request line ended") from exc
+    if len(line) > _MAX_REQUEST_LINE:
+        raise _BadRequestError(414, "request line too long")
+    parts = line.decode("latin-1").strip().split(" ")
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
+        raise _BadRequestError(400, "malformed request line")
+    method, target, _ = parts
+    total = 0
+    for _ in range(_MAX_HEADERS + 1):
+        try:
+            header = await reader.readuntil(b"\n")
+        except asyncio.LimitOverrunError as exc:
+            raise _BadRequestError(431, "header line too long") from exc
+        except asyncio.IncompleteReadError as exc:
+            raise _BadRequestError(400, "connection closed inside the headers") from exc
+        total += len(header)
+        if total > _MAX_HEADER_BYTES:
+            raise _BadRequestError(431, "headers too large")
+        if header in (b"\r\n", b"\n"):
+            return method, target
+    raise _BadRequestError(431, "too many headers")
+
+
+async def _write(writer: asyncio.StreamWriter, status: int, content_type: str, body: bytes) -> None:
+    header = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\n"
+        f"Content-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Cache-Control: no-store\r\n"
+        "Connection: close\r\n"
+        "\r\n"
+    ).encode("latin-1")
+    writer.write(header + body)
+    await writer.drain()
+
+
+async def _discard_unread(reader: asyncio.StreamReader) -> None:
+    # Closing a socket with unread input makes the kernel send RST, which can destroy the error answer
+    # before the client reads it; swallow a bounded amount first (a "lingering close").
+    with contextlib.suppress(TimeoutError, ConnectionError):
+        async with asyncio.timeout(_LINGER_S):
+            budget = _LINGER_BYTES
+            while budget > 0 and (chunk := await reader.read(min(budget, 4096))):
+                budget -= len(chunk)
+
+
+def _handler(health: Health) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            try:
+                async with asyncio.timeout(_READ_TIMEOUT_S):
+                    method, target = await _read_request(reader)
+            except TimeoutError:
+                status, ctype, body = _json(408, {"error": "request not received in time"})
+            except _BadRequestError as exc:
+                status, ctype, body = _json(exc.status, {"error": exc.reason})
+            else:
+                try:
+                    status, ctype, body = _route(health, method, target)
+                except Exception:  # a probe must answer even if a collector breaks
+                    log.exception("health endpoint failed", extra={"target": target[:200]})
+                    status, ctype, body = _json(500, {"error": "internal error"})
+            await _write(writer, status, ctype, body)
+            if status >= 400:
+                await _discard_unread(reader)
+        except (ConnectionError, TimeoutError):
+            pass  # the client went away; nothing to answer
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError, TimeoutError):
+                async with asyncio.timeout(_READ_TIMEOUT_S):
+                    await writer.wait_closed()
+
+    return handle
+
+
+async def _sample_loop_lag(health: Health, interval_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    while True:
+        started = loop.time()
+        await asyncio.sleep(interval_s)
+        health.record_loop_lag(loop.time() - started - interval_s)
+
+
+@contextlib.asynccontextmanager
+async def serve_http(health: Health, host: str, port: int) -> AsyncIterator[HealthServer]:
+    """Serve `/livez`, `/readyz` and `/metrics` on host:port while the block runs (port 0: any free port).
+
+    Also samples the event loop's lag for liveness. Raises `StartupError` if the address cannot be bound.
+    """
+    try:
+        server = await asyncio.start_server(
+            _handler(health), host, port, limit=_MAX_REQUEST_LINE, reuse_address=True
+        )
+    except OSError as exc:
+        raise StartupError(
+            f"cannot serve health and metrics on {host}:{port}: {exc.strerror or exc} "
+            "(set MESSAGE_HISTORY_HTTP_PORT / MESSAGE_HISTORY_HTTP_HOST, 0 = any free port)"
+        ) from exc
+    bound_host, bound_port = server.sockets[0].getsockname()[:2]
+    sampler = asyncio.create_task(_sample_loop_lag(health, _LAG_SAMPLE_INTERVAL_S), name="loop-lag-sampler")
+    log.info(
+        "serving /livez /readyz /metrics on %s:%s", bound_host, bound_port,
+        extra={"http_host": bound_host, "http_port": bound_port},
+    )
+    try:
+        yield HealthServer(server, str(bound_host), int(bound_port))
+    finally:
+        sampler.cancel()
+        server.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampler
+        await server.wait_closed()
