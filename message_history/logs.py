@@ -1,0 +1,174 @@
+"""Structured logs: one JSON object per line, with secrets scrubbed before anything is written.
+
+Each line has `ts` (ISO-8601 UTC, milliseconds), `level`, `logger`, `msg`, every field passed with
+`extra={...}`, and `exc` (the rendered traceback) when there is one. Log aggregators (Loki, Cloud Logging,
+Elasticsearch) parse these lines without configuration.
+
+Scrubbing happens on every string that goes out (message, extra values, traceback), in this order:
+1. values registered with `register_secret()` (the service registers `MONGODB_URI` and the Kafka SASL password
+   at start; the password inside a registered URI is registered too);
+2. the password in `scheme://user:password@host` URIs;
+3. `password=...`, `"password": "..."` and the like (also `secret`, `passwd`, `api_key`), and any
+   `extra` field whose name says it is one of those.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import traceback
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, TextIO
+from urllib.parse import unquote, urlsplit
+
+from pydantic import SecretStr
+
+MASK = "***"
+
+QUIET_LOGGERS = ("aiokafka", "kafka", "pymongo")
+"""Chatty client libraries, kept at WARNING or above unless asked otherwise."""
+
+_LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
+_MIN_SECRET_LEN = 4  # shorter values would mask ordinary text everywhere and are no real secret
+
+_secrets: set[str] = set()
+_secrets_sorted: list[str] = []
+
+_URI_USERINFO = re.compile(
+    r"(?P<scheme>\b[a-zA-Z][\w+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^\s/?#]*)@"
+)
+_SENSITIVE_KEY = r"[\w.\-]*(?:password|passwd|secret|api[_\-]?key)[\w.\-]*"
+_PAIR = re.compile(
+    rf"""(?P<key>["']?{_SENSITIVE_KEY}["']?)(?P<sep>\s*[:=]\s*)"""
+    r"""(?:(?P<quote>["'])(?:\\.|(?!(?P=quote)).)*(?P=quote)|[^\s"',;&)}\]]+)""",
+    re.IGNORECASE,
+)
+_SENSITIVE_NAME = re.compile(rf"^{_SENSITIVE_KEY}$", re.IGNORECASE)
+
+# LogRecord attributes that are not `extra` fields.
+_RESERVED = frozenset(
+    logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
+) | {"message", "asctime", "taskName"}
+
+
+def register_secret(value: str | SecretStr | None) -> None:
+    """Never let `value` appear in a log line. For a URI, the password inside it is registered as well."""
+    if value is None:
+        return
+    raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+    candidates = {raw}
+    if "://" in raw:
+        try:
+            password = urlsplit(raw).password
+        except ValueError:
+            password = None
+        if password:
+            candidates |= {password, unquote(password)}
+    added = {c for c in candidates if len(c) >= _MIN_SECRET_LEN} - _secrets
+    if added:
+        _secrets.update(added)
+        # Longest first, so a URI is masked whole before its password alone is.
+        _secrets_sorted[:] = sorted(_secrets, key=len, reverse=True)
+
+
+def clear_secrets() -> None:
+    """Forget every registered secret (tests)."""
+    _secrets.clear()
+    _secrets_sorted.clear()
+
+
+def _mask_pair(match: re.Match[str]) -> str:
+    quote = match.group("quote") or ""
+    return f"{match.group('key')}{match.group('sep')}{quote}{MASK}{quote}"
+
+
+def scrub(text: str) -> str:
+    """`text` with registered secrets, URI passwords and `password=...`-style values masked."""
+    for secret in _secrets_sorted:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    text = _URI_USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", text)
+    return _PAIR.sub(_mask_pair, text)
+
+
+def _scrub_value(value: Any, depth: int = 0) -> Any:
+    """JSON-ready copy of an `extra` value with every string scrubbed (and sensitive keys masked)."""
+    result: Any
+    if value is None or isinstance(value, bool | int | float):
+        result = value
+    elif isinstance(value, SecretStr):
+        result = MASK
+    elif depth < 8 and isinstance(value, dict):
+        result = {
+            str(k): (MASK if _SENSITIVE_NAME.match(str(k)) else _scrub_value(v, depth + 1))
+            for k, v in value.items()
+        }
+    elif depth < 8 and isinstance(value, list | tuple | set | frozenset):
+        result = [_scrub_value(v, depth + 1) for v in value]
+    elif isinstance(value, datetime):
+        result = value.isoformat()
+    else:
+        result = scrub(value if isinstance(value, str) else str(value))
+    return result
+
+
+class JsonFormatter(logging.Formatter):
+    """Formats a record as one JSON object on one line, scrubbed (see the module docstring)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        try:
+            msg = record.getMessage()
+        except (TypeError, ValueError):  # a bad format string must not lose the line
+            msg = f"{record.msg!r} % {record.args!r}"
+        ts = datetime.fromtimestamp(record.created, UTC)
+        doc: dict[str, Any] = {
+            "ts": ts.strftime("%Y-%m-%dT%H:%M:%S.") + f"{ts.microsecond // 1000:03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "msg": scrub(msg),
+        }
+        for key, value in record.__dict__.items():
+            if key in _RESERVED:
+                continue
+            # An extra named like a base field ("ts", "level", ...) is kept under a suffixed name.
+            name = f"{key}_" if key in doc or key in ("exc", "stack") else key
+            doc[name] = MASK if _SENSITIVE_NAME.match(key) else _scrub_value(value)
+        if record.exc_info and record.exc_info[0] is not None:
+            doc["exc"] = scrub("".join(traceback.format_exception(*record.exc_info)).rstrip())
+        elif record.exc_text:
+            doc["exc"] = scrub(record.exc_text)
+        if record.stack_info:
+            doc["stack"] = scrub(record.stack_info)
+        return json.dumps(doc, ensure_ascii=False, default=lambda v: scrub(str(v)))
+
+
+class _JsonHandler(logging.StreamHandler[TextIO]):
+    """Marks the handler this module installed, so a second `configure_logging` replaces it."""
+
+
+def configure_logging(
+    level: str, *, stream: TextIO = sys.stderr, quiet: Iterable[str] = QUIET_LOGGERS
+) -> None:
+    """Send every log record to `stream` as scrubbed JSON lines at `level` (DEBUG, INFO, WARNING, ERROR).
+
+    Replaces the root logger's handlers (so calling it twice is safe). The `quiet` loggers are held at
+    WARNING or above: their INFO chatter (connections, metadata refreshes) drowns the service's own lines.
+    """
+    numeric = _LEVELS.get(level.upper())
+    if numeric is None:
+        raise ValueError(f"unknown log level {level!r}")
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+        if isinstance(handler, _JsonHandler):
+            handler.close()
+    handler = _JsonHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    for name in quiet:
+        logging.getLogger(name).setLevel(max(numeric, logging.WARNING))
+    logging.captureWarnings(True)
