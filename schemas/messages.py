@@ -1,17 +1,19 @@
 """Mastra's `MastraDBMessage` (content format 2), field for field, with unknown fields kept.
 
-Every model here allows extra keys and the wire form is dumped with `exclude_unset=True`, so a message a Mastra
-app wrote comes back out with the same keys and values, including keys this module never names. Known part
-types are validated; an unknown part `type` is kept as it came (Mastra adds part kinds between releases, and
-a memory service must not be the component that rejects them).
+Every model here allows extra keys and the wire form is dumped with `exclude_unset=True`, so a message a
+Mastra app wrote comes back out with the same keys and values, including keys this module never names.
+Known part types are validated; an unknown part `type` is kept as it came (Mastra adds part kinds between
+releases, and a memory service must not be the component that rejects them).
 """
 
+# ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -34,8 +36,15 @@ def _to_utc_ms(value: datetime) -> datetime:
     return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
 
 
-Timestamp = Annotated[datetime, PlainSerializer(format_timestamp, return_type=str, when_used="json")]
-"""A UTC instant with millisecond precision, serialized as `2025-01-01T11:00:00.000Z`."""
+Timestamp = Annotated[
+    datetime,
+    AfterValidator(_to_utc_ms),
+    PlainSerializer(format_timestamp, return_type=str, when_used="json"),
+]
+"""A UTC instant with millisecond precision, serialized as `2025-01-01T11:00:00.000Z`.
+
+A timestamp without an offset is taken as UTC; finer precision than milliseconds is truncated (MongoDB and
+JavaScript `Date` keep milliseconds, so both sides then order messages the same way)."""
 
 
 class Open(BaseModel):
@@ -75,6 +84,7 @@ class ToolInvocation(Open):
     toolCallId: str
     toolName: str
     args: Any = None
+    result: Any = None  # only meaningful in state 'result'; absent (not null) otherwise
 
 
 class ToolInvocationPart(Open):
@@ -91,6 +101,15 @@ class SourceInfo(Open):
 class SourcePart(Open):
     type: Literal["source"]
     source: SourceInfo
+
+
+class SourceDocumentPart(Open):
+    """Mastra 1.71: a document the answer cites."""
+
+    type: Literal["source-document"]
+    sourceId: str
+    mediaType: str
+    title: str
 
 
 class FilePart(Open):
@@ -114,27 +133,38 @@ class ErrorPart(Open):
 
 
 class DataPart(Open):
-    """AI SDK v5 custom data part: `type` is `data-<name>`."""
+    """AI SDK v5 custom data part: `type` is `data-<name>`, `data` is anything."""
 
-    type: str
+    type: Annotated[str, Field(pattern=r"^data-.+")]
     data: Any = None
 
-    @field_validator("type")
-    @classmethod
-    def _data_prefix(cls, value: str) -> str:
-        if not value.startswith("data-") or len(value) == len("data-"):
-            raise ValueError("a data part's type must be 'data-<name>'")
-        return value
+
+_KNOWN_PARTS = frozenset(
+    {"text", "reasoning", "tool-invocation", "source", "source-document", "file", "step-start", "error"}
+)
 
 
 class UnknownPart(Open):
     """A part kind this version does not know; carried through untouched."""
 
-    type: str
+    # The schema excludes the known kinds so the published `oneOf` stays exclusive.
+    type: Annotated[
+        str,
+        Field(json_schema_extra={"not": {"anyOf": [{"enum": sorted(_KNOWN_PARTS)}, {"pattern": "^data-"}]}}),
+    ]
 
 
-_KNOWN_PARTS = frozenset(
-    {"text", "reasoning", "tool-invocation", "source", "file", "step-start", "error"}
+PART_TYPES: tuple[type[Open], ...] = (
+    TextPart,
+    ReasoningPart,
+    ToolInvocationPart,
+    SourcePart,
+    SourceDocumentPart,
+    FilePart,
+    StepStartPart,
+    ErrorPart,
+    DataPart,
+    UnknownPart,
 )
 
 
@@ -147,11 +177,15 @@ def _part_tag(value: Any) -> str:
     return "data" if kind.startswith("data-") else "unknown"
 
 
+PART_TAGS = frozenset({*_KNOWN_PARTS, "data", "unknown"})
+"""The tags pydantic inserts into an error location after a part's index (stripped from error paths)."""
+
 Part = Annotated[
     Annotated[TextPart, Tag("text")]
     | Annotated[ReasoningPart, Tag("reasoning")]
     | Annotated[ToolInvocationPart, Tag("tool-invocation")]
     | Annotated[SourcePart, Tag("source")]
+    | Annotated[SourceDocumentPart, Tag("source-document")]
     | Annotated[FilePart, Tag("file")]
     | Annotated[StepStartPart, Tag("step-start")]
     | Annotated[ErrorPart, Tag("error")]
@@ -181,8 +215,13 @@ class MessageContent(Open):
     metadata: dict[str, Any] | None = None
     providerMetadata: dict[str, Any] | None = None
 
+    def model_post_init(self, context: Any, /) -> None:
+        # `format` is always written, also when the content was built in Python or arrived without it.
+        self.model_fields_set.add("format")
 
-Role = Literal["user", "assistant", "system"]
+
+Role = Literal["user", "assistant", "system", "signal"]
+"""`signal` is Mastra 1.71's transient role; accepted so a newer worker's echo is not dead-lettered."""
 
 
 class Message(Open):
@@ -195,11 +234,6 @@ class Message(Open):
     resourceId: str | None = None
     type: str | None = None
     content: MessageContent
-
-    @field_validator("createdAt")
-    @classmethod
-    def _utc_ms(cls, value: datetime | None) -> datetime | None:
-        return None if value is None else _to_utc_ms(value)
 
     @field_validator("content", mode="before")
     @classmethod

@@ -1,0 +1,390 @@
+"""The four events of the contract (section 3) and the one way in and out: `decode_*` / `encode`.
+
+Decoding is size check, then pydantic-core's JSON parser straight into the models (no `json.loads` and dict
+walking), then the checks a schema cannot express (limits that are configurable, ids that must agree with the
+event), then normalization: every message leaves `decode_request` / `decode_response` with an `id`, a
+`createdAt`, a `threadId` and a `resourceId` (see `docs/events.md`, "Ids and timestamps"). Everything wrong
+becomes one `EventValidationError(reason, path)`.
+
+Encoding dumps exactly the keys that were set (`exclude_unset`), so unknown fields and absent optional fields
+come back out as they came in; values the service adds are constructed explicitly, so they count as set.
+"""
+
+# ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Annotated, Any, Final, Literal, TypeVar
+
+from pydantic import BaseModel, PlainValidator, StrictBool, ValidationError, WithJsonSchema
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from message_history.errors import EventValidationError
+from schemas.limits import Limits
+from schemas.messages import PART_TAGS, Message, Open, Timestamp
+
+SCHEMA_VERSION: Final = 1
+
+Source = Literal["memory", "input"]
+Skipped = Literal["read-only", "no-thread", "failed-turn", "nothing-to-save"]
+
+MAX_REASON_CHARS: Final = 200
+"""A reason becomes a header: pydantic's messages do not echo the input, and we cap them anyway."""
+
+
+# --- field types -------------------------------------------------------------------------------------------
+
+
+def _schema_version(value: Any) -> Literal[1]:
+    # `Literal[1]` alone would accept `true` and `1.0`; a version number must be exactly the integer 1.
+    if type(value) is int and value == SCHEMA_VERSION:
+        return 1
+    raise PydanticCustomError("schema_version", "unsupported schemaVersion: this service reads 1")
+
+
+SchemaVersion = Annotated[
+    Literal[1],
+    PlainValidator(_schema_version),
+    WithJsonSchema({"type": "integer", "const": SCHEMA_VERSION, "title": "Schemaversion"}),
+]
+
+
+def _last_messages(value: Any) -> int | Literal[False] | None:
+    # One clear error instead of pydantic's per-union-member pair, and `true` refused (bool is an int).
+    if value is None or value is False:
+        return value
+    if type(value) is int and value >= 0:
+        return value
+    raise PydanticCustomError("last_messages", "must be a non-negative integer, false or null")
+
+
+LastMessages = Annotated[
+    int | Literal[False] | None,
+    PlainValidator(_last_messages),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer", "minimum": 0}, {"const": False}, {"type": "null"}],
+            "title": "Lastmessages",
+            "description": "messages to recall: 0 = none, false = all, null/absent = the service default",
+        }
+    ),
+]
+
+
+# --- messages inside events --------------------------------------------------------------------------------
+
+
+def _without_source(message: Message) -> Message:
+    values = {k: v for k, v in message.__dict__.items() if k != "source"}
+    values.update(message.model_extra or {})
+    values.pop("source", None)
+    return Message.model_construct(_fields_set=message.model_fields_set - {"source"}, **values)
+
+
+class TurnMessage(Message):
+    """A message in `AgentResponse.input`: it may carry the `source` the worker got in the EnrichedRequest."""
+
+    source: Source | None = None
+
+    def to_message(self) -> Message:
+        """The stored form: the same message without the event-only `source` field (no re-validation)."""
+        return _without_source(self)
+
+
+class EnrichedMessage(Message):
+    """A message of an `EnrichedRequest`: always complete, and tagged with where it came from."""
+
+    id: str
+    createdAt: Timestamp
+    threadId: str
+    resourceId: str
+    source: Source
+
+    @classmethod
+    def from_message(
+        cls, message: Message, source: Source, *, thread_id: str, resource_id: str
+    ) -> EnrichedMessage:
+        """Tag an already-validated message without validating it again; fills a missing thread/resource."""
+        if message.id is None or message.createdAt is None:
+            raise ValueError("an enriched message needs an id and a createdAt (decode_request fills them)")
+        values = dict(message.__dict__)
+        values.update(message.model_extra or {})
+        fields_set = set(message.model_fields_set) | {"source"}
+        if message.threadId is None:
+            values["threadId"] = thread_id
+            fields_set.add("threadId")
+        if message.resourceId is None:
+            values["resourceId"] = resource_id
+            fields_set.add("resourceId")
+        values["source"] = source
+        return cls.model_construct(_fields_set=fields_set, **values)
+
+    def to_message(self) -> Message:
+        """The stored form: the same message without `source` (no re-validation)."""
+        return _without_source(self)
+
+
+# --- events ------------------------------------------------------------------------------------------------
+
+
+class MemoryOptions(Open):
+    """Per-turn overrides of the service defaults."""
+
+    lastMessages: LastMessages = None
+    readOnly: StrictBool | None = None
+
+
+class EventBase(Open):
+    """Fields every event carries (contract section 3)."""
+
+    schemaVersion: SchemaVersion = SCHEMA_VERSION
+    requestId: str
+    threadId: str
+    resourceId: str
+    createdAt: Timestamp
+    metadata: dict[str, Any] | None = None
+
+
+class AgentRequest(EventBase):
+    """`agent.requests`: a new turn and its input messages."""
+
+    messages: list[Message]
+    memory: MemoryOptions | None = None
+
+
+class HistoryInfo(Open):
+    recalled: int
+    limit: int | None
+
+
+class EnrichedRequest(EventBase):
+    """`agent.requests.enriched`: the request with `messages` replaced by the context the model should see."""
+
+    messages: list[EnrichedMessage]
+    memory: MemoryOptions | None = None
+    history: HistoryInfo
+    eventId: str
+
+    @classmethod
+    def from_request(
+        cls,
+        request: AgentRequest,
+        context: Sequence[tuple[Message, Source]],
+        *,
+        recalled: int,
+        limit: int | None,
+    ) -> EnrichedRequest:
+        """The same event (fields, extras, metadata), with the context as `messages`, `history` and `eventId`.
+
+        Messages are tagged, not re-validated: they were validated when decoded or loaded.
+        """
+        messages = [
+            EnrichedMessage.from_message(
+                m, source, thread_id=request.threadId, resource_id=request.resourceId
+            )
+            for m, source in context
+        ]
+        values = dict(request.__dict__)
+        values.update(request.model_extra or {})
+        values.update(
+            schemaVersion=SCHEMA_VERSION,
+            messages=messages,
+            history=HistoryInfo(recalled=recalled, limit=limit),
+            eventId=request.requestId,
+        )
+        fields_set = set(request.model_fields_set) | {"schemaVersion", "messages", "history", "eventId"}
+        return cls.model_construct(_fields_set=fields_set, **values)
+
+
+class AgentResponse(EventBase):
+    """`agent.responses`: a finished turn, its input as the worker saw it and the messages it produced."""
+
+    input: list[TurnMessage]
+    response: list[Message]
+    finishReason: str | None = None
+    memory: MemoryOptions | None = None
+
+
+class HistoryPersisted(EventBase):
+    """`agent.history.persisted`: what the persist path did for one response."""
+
+    eventId: str
+    savedMessageIds: list[str]
+    skipped: Skipped | None = None
+    threadUpdatedAt: Timestamp | None = None
+
+    @classmethod
+    def for_response(
+        cls,
+        response: AgentResponse,
+        *,
+        saved_ids: Iterable[str],
+        skipped: Skipped | None,
+        thread_updated_at: datetime | None,
+    ) -> HistoryPersisted:
+        """The outcome event for `response`: its identity fields and createdAt, metadata passed through."""
+        optional: dict[str, Any] = {}
+        if "metadata" in response.model_fields_set:
+            optional["metadata"] = response.metadata
+        return cls(
+            schemaVersion=SCHEMA_VERSION,
+            requestId=response.requestId,
+            threadId=response.threadId,
+            resourceId=response.resourceId,
+            createdAt=response.createdAt,
+            eventId=response.requestId,
+            savedMessageIds=list(saved_ids),
+            skipped=skipped,
+            threadUpdatedAt=thread_updated_at,
+            **optional,
+        )
+
+
+EVENT_TYPES: Final[tuple[type[EventBase], ...]] = (
+    AgentRequest,
+    EnrichedRequest,
+    AgentResponse,
+    HistoryPersisted,
+)
+
+
+# --- decode / encode ---------------------------------------------------------------------------------------
+
+E = TypeVar("E", bound=EventBase)
+
+
+def encode(event: BaseModel) -> bytes:
+    """The event as UTF-8 JSON: exactly the keys that are set; an event always carries `schemaVersion`."""
+    if isinstance(event, EventBase):
+        event.model_fields_set.add("schemaVersion")
+    return event.__pydantic_serializer__.to_json(event, exclude_unset=True)
+
+
+def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:  # noqa: B008 -- frozen
+    """Decode, check and normalize an `agent.requests` record value."""
+    event = _decode(raw, AgentRequest, limits)
+    _check_messages(event, event.messages, "messages", limits)
+    event.messages = _normalize(event, event.messages, "input", 0)
+    return event
+
+
+def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008 -- frozen
+    """Decode, check and normalize an `agent.responses` record value.
+
+    `input` and `response` are numbered as one turn: input `i` is `+i` ms, response `j` is `+len(input)+j` ms.
+    """
+    event = _decode(raw, AgentResponse, limits)
+    _check_messages(event, event.input, "input", limits)
+    _check_messages(event, event.response, "response", limits)
+    event.input = _normalize(event, event.input, "input", 0)
+    event.response = _normalize(event, event.response, "response", len(event.input))
+    return event
+
+
+def decode_enriched(raw: bytes | str, limits: Limits = Limits()) -> EnrichedRequest:  # noqa: B008 -- frozen
+    """Decode and check an `agent.requests.enriched` record value (what an agent worker reads)."""
+    event = _decode(raw, EnrichedRequest, limits)
+    _check_id(event.eventId, "eventId", limits)
+    _check_messages(event, event.messages, "messages", limits)
+    return event
+
+
+def decode_persisted(raw: bytes | str, limits: Limits = Limits()) -> HistoryPersisted:  # noqa: B008 -- frozen
+    """Decode and check an `agent.history.persisted` record value."""
+    event = _decode(raw, HistoryPersisted, limits)
+    _check_id(event.eventId, "eventId", limits)
+    return event
+
+
+def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
+    size = len(raw.encode()) if isinstance(raw, str) else len(raw)
+    if size > limits.max_event_bytes:
+        raise EventValidationError(f"event is {size} bytes; the limit is {limits.max_event_bytes}")
+    try:
+        event = model.model_validate_json(raw)
+    except ValidationError as exc:
+        # `from None`: the pydantic error embeds input excerpts, which must not reach logs or headers.
+        raise _from_pydantic(exc) from None
+    if "schemaVersion" not in event.model_fields_set:
+        raise EventValidationError("Field required", "schemaVersion")
+    for name in ("requestId", "threadId", "resourceId"):
+        _check_id(getattr(event, name), name, limits)
+    return event
+
+
+def _check_id(value: str, path: str, limits: Limits) -> None:
+    if not value.strip():
+        raise EventValidationError("must not be empty or blank", path)
+    if len(value) > limits.max_id_length:
+        raise EventValidationError(f"is {len(value)} characters; the limit is {limits.max_id_length}", path)
+
+
+def _check_messages(event: EventBase, messages: Sequence[Message], path: str, limits: Limits) -> None:
+    if len(messages) > limits.max_messages_per_event:
+        raise EventValidationError(
+            f"{len(messages)} messages; the limit is {limits.max_messages_per_event}", path
+        )
+    for i, message in enumerate(messages):
+        where = f"{path}.{i}"
+        if message.id is not None:
+            _check_id(message.id, f"{where}.id", limits)
+        if message.threadId is not None and message.threadId != event.threadId:
+            raise EventValidationError("contradicts the event's threadId", f"{where}.threadId")
+        if message.resourceId is not None and message.resourceId != event.resourceId:
+            raise EventValidationError("contradicts the event's resourceId", f"{where}.resourceId")
+        parts = len(message.content.parts)
+        if parts > limits.max_parts_per_message:
+            raise EventValidationError(
+                f"{parts} parts; the limit is {limits.max_parts_per_message}", f"{where}.content.parts"
+            )
+
+
+M = TypeVar("M", bound=Message)
+
+
+def _normalize(event: EventBase, messages: list[M], kind: str, offset: int) -> list[M]:
+    """Fill `id`, `createdAt`, `threadId`, `resourceId` where absent, deterministically from the event.
+
+    `model_copy(update=...)` marks the filled fields as set, so they are in the wire form.
+    """
+    for i, message in enumerate(messages):
+        update: dict[str, Any] = {}
+        if message.id is None:
+            update["id"] = f"{event.requestId}:{kind}:{i}"
+        if message.createdAt is None:
+            update["createdAt"] = event.createdAt + timedelta(milliseconds=offset + i)
+        if message.threadId is None:
+            update["threadId"] = event.threadId
+        if message.resourceId is None:
+            update["resourceId"] = event.resourceId
+        if update:
+            messages[i] = message.model_copy(update=update)
+    return messages
+
+
+def _from_pydantic(exc: ValidationError) -> EventValidationError:
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    first = errors[0]
+    reason = _reason(first)
+    if len(errors) > 1:
+        reason = f"{reason} (and {len(errors) - 1} more)"
+    return EventValidationError(reason, error_path(first["loc"]))
+
+
+def _reason(error: ErrorDetails) -> str:
+    if error["type"] == "json_invalid":
+        text = f"not valid JSON: {error['msg'].removeprefix('Invalid JSON: ')}"
+    else:
+        text = error["msg"].removeprefix("Value error, ")
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
+
+
+def error_path(loc: Sequence[int | str]) -> str:
+    """Dotted path from a pydantic location, minus the part-kind tags pydantic inserts (`parts.0.text`)."""
+    out: list[str] = []
+    for i, item in enumerate(loc):
+        if i >= 2 and loc[i - 2] == "parts" and isinstance(loc[i - 1], int) and item in PART_TAGS:
+            continue
+        out.append(str(item))
+    return ".".join(out)

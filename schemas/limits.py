@@ -1,0 +1,28 @@
+"""Limits on what one inbound event may contain, so a single record cannot exhaust the service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from message_history.settings import Settings
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Checked by `schemas.events.decode_*`; anything over a limit is an `EventValidationError`."""
+
+    max_event_bytes: int = 1_048_576  # the record value, checked before parsing
+    max_messages_per_event: int = 1000  # per list (`messages`, `input`, `response`)
+    max_parts_per_message: int = 1000  # `content.parts`
+    max_id_length: int = 256  # requestId, threadId, resourceId and every message id, in characters
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Limits:
+        return cls(
+            max_event_bytes=settings.max_event_bytes,
+            max_messages_per_event=settings.max_messages_per_event,
+            max_parts_per_message=settings.max_parts_per_message,
+            max_id_length=settings.max_id_length,
+        )
