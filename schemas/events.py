@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Final, Literal, TypeVar
 
-from pydantic import BaseModel, PlainValidator, StrictBool, ValidationError, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, ValidationError, WithJsonSchema
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from message_history.errors import EventValidationError
@@ -46,7 +46,7 @@ def _schema_version(value: Any) -> Literal[1]:
 SchemaVersion = Annotated[
     Literal[1],
     PlainValidator(_schema_version),
-    WithJsonSchema({"type": "integer", "const": SCHEMA_VERSION, "title": "Schemaversion"}),
+    WithJsonSchema({"type": "integer", "const": SCHEMA_VERSION, "title": "schemaVersion"}),
 ]
 
 
@@ -65,7 +65,7 @@ LastMessages = Annotated[
     WithJsonSchema(
         {
             "anyOf": [{"type": "integer", "minimum": 0}, {"const": False}, {"type": "null"}],
-            "title": "Lastmessages",
+            "title": "lastMessages",
             "description": "messages to recall: 0 = none, false = all, null/absent = the service default",
         }
     ),
@@ -85,7 +85,7 @@ def _without_source(message: Message) -> Message:
 class TurnMessage(Message):
     """A message in `AgentResponse.input`: it may carry the `source` the worker got in the EnrichedRequest."""
 
-    source: Source | None = None
+    source: Annotated[Source | None, Field(description="as received in the EnrichedRequest")] = None
 
     def to_message(self) -> Message:
         """The stored form: the same message without the event-only `source` field (no re-validation)."""
@@ -99,7 +99,7 @@ class EnrichedMessage(Message):
     createdAt: Timestamp
     threadId: str
     resourceId: str
-    source: Source
+    source: Annotated[Source, Field(description="'memory': recalled history; 'input': this turn's")]
 
     @classmethod
     def from_message(
@@ -135,36 +135,50 @@ class MemoryOptions(Open):
     readOnly: StrictBool | None = None
 
 
+def _require_schema_version(schema: dict[str, Any]) -> None:
+    # Python callers may omit it (it defaults to 1 and is always encoded); on the wire it is required.
+    schema["required"] = ["schemaVersion", *schema.get("required", [])]
+
+
 class EventBase(Open):
     """Fields every event carries (contract section 3)."""
 
+    model_config = ConfigDict(json_schema_extra=_require_schema_version)
+
     schemaVersion: SchemaVersion = SCHEMA_VERSION
-    requestId: str
-    threadId: str
-    resourceId: str
-    createdAt: Timestamp
-    metadata: dict[str, Any] | None = None
+    requestId: Annotated[str, Field(description="the turn's id; the same on all four events of a turn")]
+    threadId: Annotated[str, Field(description="the conversation; also the Kafka record key")]
+    resourceId: Annotated[str, Field(description="the thread's owner (user, tenant, ...)")]
+    createdAt: Annotated[Timestamp, Field(description="when the event was produced, ISO-8601 UTC, ms")]
+    metadata: Annotated[dict[str, Any] | None, Field(description="free-form, passed through unchanged")] = (
+        None
+    )
 
 
 class AgentRequest(EventBase):
     """`agent.requests`: a new turn and its input messages."""
 
-    messages: list[Message]
-    memory: MemoryOptions | None = None
+    messages: Annotated[list[Message], Field(description="the turn's input: user (and system) messages")]
+    memory: Annotated[MemoryOptions | None, Field(description="per-turn overrides")] = None
 
 
 class HistoryInfo(Open):
-    recalled: int
-    limit: int | None
+    """What recall did."""
+
+    recalled: Annotated[int, Field(description="messages taken from memory (source 'memory')")]
+    limit: Annotated[int | None, Field(description="the lastMessages limit applied; null = no limit")]
 
 
 class EnrichedRequest(EventBase):
     """`agent.requests.enriched`: the request with `messages` replaced by the context the model should see."""
 
-    messages: list[EnrichedMessage]
+    messages: Annotated[
+        list[EnrichedMessage],
+        Field(description="recalled history then the input, ordered by (createdAt, id), each with source"),
+    ]
     memory: MemoryOptions | None = None
     history: HistoryInfo
-    eventId: str
+    eventId: Annotated[str, Field(description="equal to requestId: drop duplicates delivered twice")]
 
     @classmethod
     def from_request(
@@ -200,19 +214,24 @@ class EnrichedRequest(EventBase):
 class AgentResponse(EventBase):
     """`agent.responses`: a finished turn, its input as the worker saw it and the messages it produced."""
 
-    input: list[TurnMessage]
-    response: list[Message]
-    finishReason: str | None = None
-    memory: MemoryOptions | None = None
+    input: Annotated[
+        list[TurnMessage],
+        Field(description="the turn's input as the worker saw it; source 'memory' ones are never re-saved"),
+    ]
+    response: Annotated[list[Message], Field(description="the messages the turn produced")]
+    finishReason: Annotated[str | None, Field(description="'stop', 'error', ...")] = None
+    memory: Annotated[MemoryOptions | None, Field(description="readOnly: do not save this turn")] = None
 
 
 class HistoryPersisted(EventBase):
     """`agent.history.persisted`: what the persist path did for one response."""
 
-    eventId: str
-    savedMessageIds: list[str]
-    skipped: Skipped | None = None
-    threadUpdatedAt: Timestamp | None = None
+    eventId: Annotated[str, Field(description="equal to requestId")]
+    savedMessageIds: Annotated[list[str], Field(description="ids upserted, in order")]
+    skipped: Annotated[Skipped | None, Field(description="why nothing was saved; null when saved")] = None
+    threadUpdatedAt: Annotated[
+        Timestamp | None, Field(description="the thread's updatedAt after the save")
+    ] = None
 
     @classmethod
     def for_response(

@@ -50,7 +50,12 @@ JavaScript `Date` keep milliseconds, so both sides then order messages the same 
 class Open(BaseModel):
     """Base of every wire model: camelCase names as on the wire, unknown keys preserved."""
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True, validate_default=False)
+    model_config = ConfigDict(
+        extra="allow",
+        populate_by_name=True,
+        validate_default=False,
+        field_title_generator=lambda name, _info: name,  # schema titles are the wire names
+    )
 
 
 # --- parts -----------------------------------------------------------------------------------------------
