@@ -1,0 +1,725 @@
+"""The local stack without Docker: one Kafka node (KRaft) and FerretDB (MongoDB wire, SQLite) on loopback.
+
+Run through `deploy/local/stack COMMAND`; `--help` lists the commands. Standard library only, because
+`install` runs before the project's virtualenv exists. Everything it downloads, builds or runs lives under the
+git-ignored `.cache/` of the repository (the virtualenv is `.venv/`). Only `up` and `env` write to stdout, and
+only `export NAME=value` lines, so that `eval "$(deploy/local/stack up)"` works; progress goes to stderr.
+"""
+
+# ruff: noqa: S603 -- running build tools and services is this script's whole job; no command comes from input
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "deploy" / "local"
+CACHE = ROOT / ".cache"
+STATE_DIR = CACHE / "stack"
+STATE_FILE = STATE_DIR / "state.json"
+LAST_LOGS = CACHE / "stack-logs"
+LOCK_FILE = CACHE / "stack.lock"
+STAMPS = CACHE / "stamps"
+VENV = ROOT / ".venv"
+VENV_PYTHON = VENV / "bin" / "python"
+VENV_STAMP = VENV / ".message-history-install-stamp"
+KAFKA_POM = HERE / "kafka" / "pom.xml"
+KAFKA_LOG4J = HERE / "kafka" / "log4j2.properties"
+KAFKA_LIBS = CACHE / "kafka-libs"
+FERRETDB_SRC = HERE / "ferretdb"
+FERRETDB_BIN = CACHE / "bin" / "ferretdb-launcher"
+DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
+
+KAFKA_READY_LINE = "Kafka Server started"
+# Sized for a 2-core box shared with the tests: the broker needs far less than Kafka's 1 GiB default here.
+KAFKA_HEAP_DEFAULT = "-Xms256m -Xmx768m"
+KAFKA_JVM_OPTS = [
+    "-XX:+UseG1GC",
+    "-XX:MaxGCPauseMillis=20",
+    "-XX:InitiatingHeapOccupancyPercent=35",
+    "-XX:+ExplicitGCInvokesConcurrent",
+    "-XX:MaxInlineLevel=15",
+    "-Djava.awt.headless=true",
+]
+START_TIMEOUT_S = float(os.environ.get("STACK_START_TIMEOUT", "120"))
+STOP_GRACE_S = 20.0
+TAIL_LINES = 40
+
+
+class StackError(Exception):
+    """A step failed; the message says which, and where to look."""
+
+
+# ----------------------------------------------------------------------------------------------- output
+
+
+def say(message: str) -> None:
+    print(f"stack: {message}", file=sys.stderr, flush=True)
+
+
+def tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"  (no log at {path})"
+    body = "\n".join(f"  | {line}" for line in text[-lines:]) or "  | (empty)"
+    return f"--- last {min(lines, len(text))} lines of {path} ---\n{body}"
+
+
+def exports(state: dict[str, Any]) -> str:
+    return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in state["exports"].items())
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def locked() -> Iterator[None]:
+    """One stack command at a time per work tree (two `up` at once would start two stacks)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with LOCK_FILE.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def run(cmd: Sequence[str | Path], *, cwd: Path = ROOT, env: dict[str, str] | None = None, what: str) -> None:
+    """Run a build step with its output on stderr; raise StackError naming the step if it fails."""
+    say(f"{what}: {' '.join(str(part) for part in cmd)}")
+    try:
+        done = subprocess.run([str(part) for part in cmd], cwd=cwd, env=env, stdout=sys.stderr, check=False)
+    except FileNotFoundError as exc:
+        raise StackError(f"{what}: {exc.filename} not found on PATH") from exc
+    if done.returncode != 0:
+        raise StackError(f"{what} failed (exit {done.returncode}); its output is above")
+
+
+def digest(*parts: bytes | str | Path) -> str:
+    hasher = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, Path):
+            hasher.update(part.read_bytes() if part.exists() else b"<missing>")
+        elif isinstance(part, str):
+            hasher.update(part.encode())
+        else:
+            hasher.update(part)
+        hasher.update(b"\0")
+    return hasher.hexdigest()
+
+
+def stamp_matches(stamp: Path, value: str) -> bool:
+    return stamp.exists() and stamp.read_text().strip() == value
+
+
+def write_stamp(stamp: Path, value: str) -> None:
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(value + "\n")
+
+
+def require_tool(name: str, why: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise StackError(f"`{name}` is not on PATH; it is needed to {why}")
+    return path
+
+
+def java_executable() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    java = str(Path(java_home) / "bin" / "java") if java_home else require_tool("java", "run Kafka")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, check=False).stderr
+    except OSError as exc:
+        raise StackError(f"cannot run {java}: {exc}") from exc
+    match = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(match.group(1)) if match else 0
+    if major == 1 and match and match.group(2):  # "1.8.0" style
+        major = int(match.group(2))
+    if major < 17:
+        raise StackError(f"Kafka 4.x needs Java 17 or newer; {java} is: {out.strip().splitlines()[:1]}")
+    return java
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports: all bound at once, so the kernel cannot hand out the same one twice."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def listening_ports() -> set[int]:
+    """TCP ports in LISTEN state on any address, from /proc (no side effects, sees IPv6-mapped sockets)."""
+    ports: set[int] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 3 and fields[3] == "0A":  # 0A = TCP_LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def port_accepts(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def kafka_cluster_id() -> str:
+    """As Kafka's Uuid.randomUuid(): 22 URL-safe base64 chars, never a leading '-' (argparse reads a flag)."""
+    while True:
+        candidate = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate
+
+
+# ----------------------------------------------------------------------------------------------- processes
+
+
+def pid_alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (reaps it first if it is our own child)."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def pid_is(pid: int, marker: str) -> bool:
+    """The pid is alive and still the process we started (its command line holds our marker): no pid reuse."""
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return True  # no /proc: trust the pid
+    return marker in cmdline
+
+
+def spawn(cmd: Sequence[str | Path], log: Path, cwd: Path) -> int:
+    """Start a service in its own session (a Ctrl-C in the terminal does not reach it), output to `log`."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(part) for part in cmd],
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def stop_processes(services: dict[str, dict[str, Any]]) -> list[str]:
+    """SIGTERM each live service, wait up to STOP_GRACE_S, then SIGKILL; returns what had to be killed."""
+    live = {name: svc for name, svc in services.items() if svc["pid"] and pid_is(svc["pid"], svc["marker"])}
+    for name, svc in live.items():
+        say(f"stopping {name} (pid {svc['pid']})")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(svc["pid"], signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and any(pid_alive(svc["pid"]) for svc in live.values()):
+        time.sleep(0.2)
+    killed = []
+    for name, svc in live.items():
+        if pid_alive(svc["pid"]):
+            say(f"{name} (pid {svc['pid']}) still running after {STOP_GRACE_S:.0f} s: SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(svc["pid"], signal.SIGKILL)
+            killed.append(name)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(pid_alive(svc["pid"]) for svc in live.values()):
+        time.sleep(0.1)
+    return killed
+
+
+# ----------------------------------------------------------------------------------------------- install
+
+
+def install_venv() -> None:
+    if not VENV_PYTHON.exists():
+        run([sys.executable, "-m", "venv", VENV], what="create the virtualenv")
+        VENV_STAMP.unlink(missing_ok=True)
+    version = subprocess.run(
+        [VENV_PYTHON, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=False
+    )
+    if version.returncode != 0:
+        raise StackError(f"{VENV_PYTHON} does not run ({version.stderr.strip()}); delete .venv and retry")
+    want = digest(ROOT / "pyproject.toml", version.stdout)
+    if stamp_matches(VENV_STAMP, want):
+        return
+    run(
+        [VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-e", ".[dev]"],
+        what="install the project and its dev dependencies into .venv",
+    )
+    write_stamp(VENV_STAMP, want)
+
+
+def install_kafka_libs() -> None:
+    stamp = STAMPS / "kafka-libs"
+    want = digest(KAFKA_POM)
+    if stamp_matches(stamp, want) and any(KAFKA_LIBS.glob("kafka_2.13-*.jar")):
+        return
+    mvn = require_tool("mvn", "resolve the Kafka jars from Maven Central")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="kafka-libs.", dir=CACHE))
+    try:
+        run(
+            [mvn, "-B", "-q", "-Dstyle.color=never", "-f", KAFKA_POM, DEPENDENCY_PLUGIN, "-DincludeScope=runtime",
+             f"-DoutputDirectory={staging}"],
+            what="resolve the Kafka broker jars",
+        )
+        # Swap jar by jar (a running broker may be loading classes from this folder), then drop the jars of an
+        # older pin: left on the classpath they would mix versions.
+        KAFKA_LIBS.mkdir(parents=True, exist_ok=True)
+        fresh = {jar.name for jar in staging.glob("*.jar")}
+        for name in fresh:
+            (staging / name).replace(KAFKA_LIBS / name)
+        for jar in KAFKA_LIBS.glob("*.jar"):
+            if jar.name not in fresh:
+                jar.unlink()
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    write_stamp(stamp, want)
+    say(f"{len(list(KAFKA_LIBS.glob('*.jar')))} jars in {KAFKA_LIBS}")
+
+
+def install_ferretdb() -> None:
+    go = require_tool("go", "build the FerretDB launcher")
+    go_version = subprocess.run([go, "version"], capture_output=True, text=True, check=False).stdout
+    sources = [*sorted(FERRETDB_SRC.glob("*.go")), FERRETDB_SRC / "go.mod", FERRETDB_SRC / "go.sum"]
+    want = digest(go_version, *(str(path.name) for path in sources), *sources)
+    stamp = STAMPS / "ferretdb-launcher"
+    if stamp_matches(stamp, want) and FERRETDB_BIN.exists():
+        return
+    FERRETDB_BIN.parent.mkdir(parents=True, exist_ok=True)
+    staging = FERRETDB_BIN.with_name(FERRETDB_BIN.name + ".new")
+    # ferretdb_no_postgresql: the SQLite backend is all we run; skipping pgx makes the build smaller.
+    run(
+        [go, "build", "-tags", "ferretdb_no_postgresql", "-o", staging, "."],
+        cwd=FERRETDB_SRC,
+        what="build the FerretDB launcher",
+    )
+    staging.replace(FERRETDB_BIN)
+    write_stamp(stamp, want)
+
+
+def install_npm() -> None:
+    for manifest in sorted((ROOT / "tests").rglob("package.json")):
+        if "node_modules" in manifest.parts:
+            continue
+        folder = manifest.parent
+        lock = folder / "package-lock.json"
+        relative = folder.relative_to(ROOT)
+        npm = require_tool("npm", f"install the Node packages of {relative}")
+        node = require_tool("node", f"install the Node packages of {relative}")
+        node_version = subprocess.run([node, "--version"], capture_output=True, text=True, check=False).stdout
+        want = digest(manifest, lock, node_version)
+        stamp = STAMPS / ("npm-" + str(relative).replace(os.sep, "__"))
+        if stamp_matches(stamp, want) and (folder / "node_modules").is_dir():
+            continue
+        verb = ["ci"] if lock.exists() else ["install"]
+        run(
+            [npm, *verb, "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=folder,
+            what=f"install the Node packages of {relative}",
+        )
+        write_stamp(stamp, want)
+
+
+def install() -> None:
+    started = time.monotonic()
+    install_venv()
+    install_kafka_libs()
+    install_ferretdb()
+    install_npm()
+    say(f"install: up to date ({time.monotonic() - started:.1f} s)")
+
+
+# ----------------------------------------------------------------------------------------------- state
+
+
+def load_state() -> dict[str, Any] | None:
+    try:
+        state: dict[str, Any] = json.loads(STATE_FILE.read_text())
+    except (OSError, ValueError):
+        return None
+    return state
+
+
+def save_state(state: dict[str, Any]) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    scratch = STATE_FILE.with_suffix(".tmp")
+    scratch.write_text(json.dumps(state, indent=2) + "\n")
+    scratch.replace(STATE_FILE)
+
+
+def services_alive(state: dict[str, Any]) -> bool:
+    return all(pid_is(svc["pid"], svc["marker"]) for svc in state["services"].values())
+
+
+def probe(state: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
+    """A real round trip on both services, through `message_history.check` in the project's virtualenv."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MESSAGE_HISTORY_")}
+    env.update(state["exports"])
+    env["MONGODB_DATABASE"] = "message_history_stack"  # keep the probe out of the default `mastra` database
+    env["MESSAGE_HISTORY_MONGODB_TIMEOUT_MS"] = str(int(timeout_s * 1000))
+    done = subprocess.run(
+        [VENV_PYTHON, "-m", "message_history.check", "--timeout", str(timeout_s)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    output = (done.stdout + done.stderr).strip()
+    log = STATE_DIR / "probe.log"
+    with contextlib.suppress(OSError), log.open("a") as handle:
+        handle.write(f"[{datetime.now(UTC).isoformat()}] exit {done.returncode}\n{output}\n")
+    return done.returncode == 0, output
+
+
+# ----------------------------------------------------------------------------------------------- up / down
+
+
+def write_kafka_config(config: Path, data: Path, port: int, controller_port: int) -> None:
+    config.write_text(
+        f"""# Written by deploy/local/stack for one run; the data directory is fresh each time.
+process.roles=broker,controller
+node.id=1
+# Static voters: format needs no --standalone flag (and rejects it with static voters since 4.2).
+controller.quorum.voters=1@127.0.0.1:{controller_port}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={data}
+num.partitions=1
+num.network.threads=2
+num.io.threads=2
+num.recovery.threads.per.data.dir=1
+auto.create.topics.enable=true
+# One broker: every internal topic has one replica, and one partition so that first use is quick.
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+# No 3 s wait before the first rebalance of every new group.
+group.initial.rebalance.delay.ms=0
+"""
+    )
+
+
+def start_stack() -> dict[str, Any]:
+    java = java_executable()
+    for needed in (KAFKA_LIBS, FERRETDB_BIN, VENV_PYTHON):
+        if not needed.exists():
+            raise StackError(f"{needed} is missing; run `deploy/local/stack install`")
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    kafka_dir, mongo_dir = STATE_DIR / "kafka", STATE_DIR / "ferretdb"
+    (kafka_dir / "data").mkdir(parents=True)
+    (mongo_dir / "data").mkdir(parents=True)
+    kafka_port, controller_port, mongo_port = free_ports(3)
+    config = kafka_dir / "server.properties"
+    write_kafka_config(config, kafka_dir / "data", kafka_port, controller_port)
+    kafka_log, format_log = kafka_dir / "kafka.log", kafka_dir / "format.log"
+    mongo_log = mongo_dir / "ferretdb.log"
+    classpath = f"{KAFKA_LIBS}/*"  # Java expands the wildcard, not the shell
+    log4j = f"-Dlog4j2.configurationFile=file:{KAFKA_LOG4J}"
+
+    say(f"formatting Kafka storage in {kafka_dir / 'data'}")
+    with format_log.open("wb") as out:
+        formatted = subprocess.run(
+            [java, "-Xmx512m", log4j, "-cp", classpath, "kafka.tools.StorageTool", "format",
+             "-t", kafka_cluster_id(), "-c", str(config)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, check=False,
+        )
+    if formatted.returncode != 0:
+        raise StackError(f"Kafka storage format failed (exit {formatted.returncode})\n{tail(format_log)}")
+
+    mongo_addr = f"127.0.0.1:{mongo_port}"
+    state: dict[str, Any] = {
+        "version": 1,
+        "root": str(ROOT),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "ready": False,
+        "services": {
+            "ferretdb": {
+                "pid": 0,
+                "marker": f"-listen-addr {mongo_addr}",
+                "ports": [mongo_port],
+                "log": str(mongo_log),
+                "data": str(mongo_dir / "data"),
+            },
+            "kafka": {
+                "pid": 0,
+                "marker": str(config),
+                "ports": [kafka_port, controller_port],
+                "log": str(kafka_log),
+                "data": str(kafka_dir / "data"),
+                "config": str(config),
+            },
+        },
+        "exports": {
+            "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{kafka_port}",
+            "MONGODB_URI": f"mongodb://{mongo_addr}/?directConnection=true&serverSelectionTimeoutMS=5000",
+        },
+    }
+    services = state["services"]
+    services["ferretdb"]["pid"] = spawn(
+        [FERRETDB_BIN, "-listen-addr", mongo_addr, "-sqlite-url", f"file:{mongo_dir / 'data'}/"],
+        mongo_log, mongo_dir,
+    )
+    heap = shlex.split(os.environ.get("KAFKA_HEAP_OPTS", KAFKA_HEAP_DEFAULT))
+    services["kafka"]["pid"] = spawn(
+        [java, *heap, *KAFKA_JVM_OPTS, log4j, f"-Dkafka.logs.dir={kafka_dir}", "-cp", classpath,
+         "kafka.Kafka", config],
+        kafka_log, kafka_dir,
+    )
+    save_state(state)  # recorded before readiness, so that `down` can clean up an interrupted `up`
+    say(
+        f"started FerretDB (pid {services['ferretdb']['pid']}, port {mongo_port}) and "
+        f"Kafka (pid {services['kafka']['pid']}, ports {kafka_port}/{controller_port})"
+    )
+
+    deadline = time.monotonic() + START_TIMEOUT_S
+    kafka_up = mongo_up = False
+    while not (kafka_up and mongo_up):
+        for name in ("kafka", "ferretdb"):
+            svc = services[name]
+            if not pid_alive(svc["pid"]):
+                raise StackError(f"{name} exited during start-up\n{tail(Path(svc['log']))}")
+        if not kafka_up:
+            kafka_up = KAFKA_READY_LINE in kafka_log.read_text(errors="replace")
+        if not mongo_up:
+            mongo_up = port_accepts(mongo_port)
+        if time.monotonic() > deadline:
+            waiting = [name for name, up in (("kafka", kafka_up), ("ferretdb", mongo_up)) if not up]
+            logs = "\n".join(tail(Path(services[name]["log"])) for name in waiting)
+            raise StackError(f"{', '.join(waiting)} not up after {START_TIMEOUT_S:.0f} s\n{logs}")
+        time.sleep(0.2)
+
+    ok, output = probe(state, timeout_s=60.0)
+    if not ok:
+        logs = "\n".join(tail(Path(svc["log"])) for svc in services.values())
+        raise StackError(f"readiness round trip failed:\n{output}\n{logs}")
+    for line in output.splitlines():
+        say(line)
+    state["ready"] = True
+    save_state(state)
+    return state
+
+
+def up() -> dict[str, Any]:
+    with locked():
+        install()
+        state = load_state()
+        if state is not None:
+            if services_alive(state):
+                ok, output = probe(state, timeout_s=15.0)
+                if ok:
+                    say(f"reusing the running stack (started {state['started_at']}, state in {STATE_DIR})")
+                    return state
+                say(f"the recorded stack runs but fails its round trip; restarting it:\n{output}")
+            else:
+                say("the recorded stack is gone or partly dead; starting a fresh one")
+            stop_processes(state["services"])
+        started = time.monotonic()
+        try:
+            state = start_stack()
+        except BaseException:
+            recorded = load_state()
+            if recorded is not None:
+                stop_processes(recorded["services"])
+                STATE_FILE.unlink(missing_ok=True)  # keep the logs for reading, forget the dead stack
+            raise
+        say(f"stack ready in {time.monotonic() - started:.1f} s (logs under {STATE_DIR})")
+        return state
+
+
+def down() -> int:
+    with locked():
+        state = load_state()
+        if state is None:
+            say("not running")
+            shutil.rmtree(STATE_DIR, ignore_errors=True)
+            return 0
+        services = state["services"]
+        stop_processes(services)
+        leftovers = [f"{name} pid {svc['pid']}" for name, svc in services.items() if pid_alive(svc["pid"])]
+        ports = {port for svc in services.values() for port in svc["ports"]}
+        still_listening = sorted(ports & listening_ports())
+        # Keep the last run's logs for a post-mortem; the data goes.
+        shutil.rmtree(LAST_LOGS, ignore_errors=True)
+        LAST_LOGS.mkdir(parents=True, exist_ok=True)
+        for log in STATE_DIR.rglob("*.log"):
+            with contextlib.suppress(OSError):
+                shutil.copy2(log, LAST_LOGS / log.name)
+        shutil.rmtree(STATE_DIR, ignore_errors=True)
+        if leftovers or still_listening:
+            say(f"NOT clean: processes {leftovers or 'none'}; listening ports {still_listening or 'none'}")
+            return 1
+        say(f"stopped; no process or listening port left (ports {sorted(ports)}); last logs in {LAST_LOGS}")
+        return 0
+
+
+def status() -> int:
+    state = load_state()
+    if state is None:
+        print("not running")
+        return 1
+    listening = listening_ports()
+    print(f"stack of {state['root']}, started {state['started_at']} (ready: {state['ready']})")
+    print(f"  state     {STATE_DIR}")
+    healthy = True
+    for name, svc in state["services"].items():
+        alive = pid_is(svc["pid"], svc["marker"])
+        ports = ", ".join(
+            f"{port} ({'listening' if port in listening else 'CLOSED'})" for port in svc["ports"]
+        )
+        healthy = healthy and alive and all(port in listening for port in svc["ports"])
+        print(f"  {name:<9} pid {svc['pid']} ({'alive' if alive else 'DEAD'}), 127.0.0.1 ports {ports}")
+        print(f"            log {svc['log']}")
+    for name, value in state["exports"].items():
+        print(f"  {name}={value}")
+    if not healthy:
+        print("  some part is down: `deploy/local/stack up` restarts it")
+    return 0 if healthy else 1
+
+
+def install_command() -> int:
+    with locked():
+        install()
+    return 0
+
+
+def up_command() -> int:
+    sys.stdout.write(exports(up()))
+    return 0
+
+
+def env_command() -> int:
+    state = load_state()
+    if state is None or not state.get("ready") or not services_alive(state):
+        say("not running (start it with `deploy/local/stack up`)")
+        return 1
+    sys.stdout.write(exports(state))
+    return 0
+
+
+def run_with_stack(cmd: Sequence[str | Path], extra_env: dict[str, str] | None = None) -> int:
+    state = up()
+    env = dict(os.environ)
+    env.update(state["exports"])
+    for name, value in (extra_env or {}).items():
+        env.setdefault(name, value)
+    say(f"running: {' '.join(str(part) for part in cmd)}")
+    proc = subprocess.Popen([str(part) for part in cmd], cwd=ROOT, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        return proc.wait()
+
+
+def test(pytest_args: Sequence[str]) -> int:
+    code = run_with_stack([VENV_PYTHON, "-m", "pytest", *pytest_args])
+    if code == 5:
+        say("pytest collected no tests: that counts as a failure")
+        code = 1
+    if os.environ.get("STACK_DOWN_AFTER") == "1":
+        down_code = down()
+        code = code or down_code
+    return code
+
+
+def demo(args: Sequence[str]) -> int:
+    # The service's HTTP endpoint binds every interface by default; on a developer box keep it on loopback.
+    extra = {"MESSAGE_HISTORY_HTTP_HOST": "127.0.0.1", "MESSAGE_HISTORY_HTTP_PORT": str(free_ports(1)[0])}
+    return run_with_stack([VENV / "bin" / "message-history", "demo", *args], extra)
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="deploy/local/stack",
+        description="Kafka 4 (KRaft, one node) and FerretDB (MongoDB wire) on loopback, without Docker.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("install", help="create .venv, fetch Kafka jars, build FerretDB, npm packages of tests")
+    sub.add_parser("up", help="start the stack (or reuse a healthy one); prints export lines on stdout")
+    sub.add_parser("env", help="print the export lines of the running stack")
+    sub.add_parser("down", help="stop the stack and remove its state")
+    sub.add_parser("status", help="what runs where")
+    sub.add_parser("test", help="install, up, then `pytest ARGS...` with the stack's environment")
+    sub.add_parser("demo", help="install, up, then `message-history demo ARGS...`")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # test/demo pass every following argument through untouched (argparse would claim `-k`, `--help`...).
+    passthrough = argv[1:] if argv[:1] in (["test"], ["demo"]) else []
+    args = parser.parse_args(argv[:1] if passthrough else argv)
+    commands: dict[str, Callable[[], int]] = {
+        "install": install_command,
+        "up": up_command,
+        "env": env_command,
+        "down": down,
+        "status": status,
+        "test": lambda: test(passthrough),
+        "demo": lambda: demo(passthrough),
+    }
+    try:
+        return commands[args.command]()
+    except StackError as exc:
+        say(f"FAILED: {exc}")
+        return 1
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Shared fixtures: real Kafka and MongoDB endpoints (see tests/infra.py), and fresh names per test.
+
+Session: `kafka_bootstrap`, `mongo_uri`, `is_ferretdb`.
+Per test: `mongo_client` (AsyncMongoClient, closed after), `mongo_db` (fresh database `t_<hex>`, dropped
+after), `topic` (fresh name; auto-created with one partition on first use), `group_id` (fresh consumer group),
+`make_topic` (creates topics with N partitions and deletes them after).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import pytest_asyncio
+from pymongo import AsyncMongoClient, MongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+
+from tests import infra
+
+MakeTopic = Callable[..., Awaitable[str]]
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap servers of a real Kafka broker (env, else Docker, else fail under CI / skip)."""
+    yield from infra.endpoint(infra.KAFKA_ENV, "Kafka", infra.kafka_container)
+
+
+@pytest.fixture(scope="session")
+def mongo_uri() -> Iterator[str]:
+    """URI of a real MongoDB-wire server (env, else Docker, else fail under CI / skip)."""
+    yield from infra.endpoint(infra.MONGO_ENV, "MongoDB", infra.mongo_container)
+
+
+@pytest.fixture(scope="session")
+def is_ferretdb(mongo_uri: str) -> bool:
+    """True on FerretDB: no transactions, change streams or TTL; `$group` has only `$sum`/`$count`."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri)
+    try:
+        return infra.is_ferretdb(client.admin.command("buildInfo"))
+    finally:
+        client.close()
+
+
+@pytest_asyncio.fixture
+async def mongo_client(mongo_uri: str) -> AsyncIterator[AsyncMongoClient[dict[str, Any]]]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest_asyncio.fixture
+async def mongo_db(
+    mongo_client: AsyncMongoClient[dict[str, Any]],
+) -> AsyncIterator[AsyncDatabase[dict[str, Any]]]:
+    name = infra.unique_name("t_")
+    try:
+        yield mongo_client[name]
+    finally:
+        await mongo_client.drop_database(name)
+
+
+@pytest.fixture
+def topic() -> str:
+    return infra.unique_name("t-")
+
+
+@pytest.fixture
+def group_id() -> str:
+    return infra.unique_name("g-")
+
+
+@pytest_asyncio.fixture
+async def make_topic(kafka_bootstrap: str) -> AsyncIterator[MakeTopic]:
+    """`await make_topic(partitions=1, name=None) -> name`: the topic exists with every leader elected."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap, request_timeout_ms=30_000)
+    await admin.start()
+    created: list[str] = []
+
+    async def make(partitions: int = 1, name: str | None = None) -> str:
+        name = name or infra.unique_name("t-")
+        response = await admin.create_topics([NewTopic(name, partitions, 1)], timeout_ms=30_000)
+        for topic_name, code, *message in response.topic_errors:
+            if code != 0:
+                raise AssertionError(f"create topic {topic_name!r} failed: error {code} {message}")
+        created.append(name)
+        async with asyncio.timeout(30):
+            while True:  # the broker's metadata lags the controller by a moment
+                described = await admin.describe_topics([name])
+                partitions_seen = [p for t in described if t["topic"] == name for p in t["partitions"]]
+                if len(partitions_seen) == partitions and all(p["leader"] >= 0 for p in partitions_seen):
+                    return name
+                await asyncio.sleep(0.1)
+
+    try:
+        yield make
+    finally:
+        if created:
+            # Deleting keeps a long-lived local broker small; a failure here must not fail the test.
+            with contextlib.suppress(Exception):
+                await admin.delete_topics(created, timeout_ms=10_000)
+        await admin.close()
