@@ -1,0 +1,551 @@
+"""`message-history demo`: a scripted conversation through the real service, printed turn by turn.
+
+It needs the local stack (`KAFKA_BOOTSTRAP_SERVERS`, `MONGODB_URI`) and nothing else: it creates fresh topics,
+a fresh consumer group and a fresh database (all suffixed with a short random id, so demos never mix), starts
+the service in this process, and plays three parts:
+
+- a **driver** (the client): sends each thread's `AgentRequest`, then waits for that turn's `HistoryPersisted`
+  before sending the thread's next turn, as a real client would;
+- a **stand-in agent worker**: reads `agent.requests.enriched`, prints the context it got (the recalled
+  history visibly grows turn by turn), "answers from memory" deterministically, and sends an `AgentResponse`;
+- at the end, the threads **as stored in MongoDB** (`mastra_threads` and `mastra_messages` rows).
+
+Every wait is bounded; the exit code is 0 on success and 1 with a message on failure. The service is stopped
+with the same stop event SIGTERM sets; the demo's topics and database are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import logging
+import secrets
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pymongo import AsyncMongoClient
+
+from message_history.logs import configure_logging, register_secret, scrub
+from message_history.settings import Settings
+from schemas.events import (
+    AgentRequest,
+    AgentResponse,
+    EnrichedRequest,
+    HistoryPersisted,
+    decode_enriched,
+    decode_persisted,
+    encode,
+)
+
+FIRST_TURN_TIMEOUT_S = 90.0  # the first turn also waits for three consumer groups to form
+TURN_TIMEOUT_S = 30.0
+SETUP_TIMEOUT_S = 30.0
+DEMO_PARTITIONS = 2
+TEXT_WIDTH = 90
+
+SCRIPTS: list[tuple[str, list[str]]] = [
+    (
+        "ada",
+        [
+            "Hi, I'm Ada. I write programs for the Analytical Engine.",
+            "My favourite number is 1843.",
+            "What do you remember about me?",
+        ],
+    ),
+    (
+        "bob",
+        [
+            "Hello, Bob here. I'm planning a trip to Lisbon.",
+            "I'll travel by night train from Paris.",
+            "Remind me: where am I going, and how?",
+        ],
+    ),
+]
+
+
+class DemoError(Exception):
+    """The demo could not complete; the message says which step and why."""
+
+
+# --- the scripted conversation -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DemoThread:
+    thread_id: str
+    resource_id: str
+    lines: list[str]
+
+
+def script(run_id: str, threads: int, turns: int) -> list[DemoThread]:
+    """`threads` conversations of `turns` user lines each (the two scripted ones first, then generic ones)."""
+    out = []
+    for t in range(threads):
+        name, lines = SCRIPTS[t] if t < len(SCRIPTS) else (f"user{t + 1}", [])
+        said = [lines[k] if k < len(lines) else f"This is message {k + 1} from {name}." for k in range(turns)]
+        out.append(DemoThread(f"demo-{run_id}-{name}", f"{name}@demo", said))
+    return out
+
+
+def build_request(thread: DemoThread, turn: int, request_id: str) -> AgentRequest:
+    """The turn's `AgentRequest`: one user message (its id and createdAt are filled in by the service)."""
+    text = thread.lines[turn - 1]
+    return AgentRequest.model_validate(
+        {
+            "schemaVersion": 1,
+            "requestId": request_id,
+            "threadId": thread.thread_id,
+            "resourceId": thread.resource_id,
+            "createdAt": _now(),
+            "metadata": {"demo": True, "turn": turn},
+            "messages": [{"role": "user", "content": _content(text)}],
+        }
+    )
+
+
+def build_response(enriched: EnrichedRequest, answer: str) -> AgentResponse:
+    """The worker's `AgentResponse`: the context exactly as received (memory ones are not re-saved), plus
+    one assistant message."""
+    return AgentResponse.model_validate(
+        {
+            "schemaVersion": 1,
+            "requestId": enriched.requestId,
+            "threadId": enriched.threadId,
+            "resourceId": enriched.resourceId,
+            "createdAt": _now(),
+            "metadata": enriched.metadata,
+            "input": [m.wire() for m in enriched.messages],
+            "response": [{"role": "assistant", "content": _content(answer)}],
+            "finishReason": "stop",
+        }
+    )
+
+
+def answer_from_memory(enriched: EnrichedRequest) -> str:
+    """What the stand-in agent says: deterministic, and visibly built from the recalled history."""
+    memory = [m for m in enriched.messages if m.source == "memory"]
+    said_before = [_short(message_text(m.wire()), 50) for m in memory if m.role == "user"]
+    now = [message_text(m.wire()) for m in enriched.messages if m.source == "input" and m.role == "user"]
+    current = _short(now[-1], 50) if now else "(nothing)"
+    if not memory:
+        return f"Nice to meet you! This thread has no history yet. You said: '{current}'"
+    quoted = " / ".join(f"'{s}'" for s in said_before)
+    return (
+        f"I remember {len(memory)} earlier messages ({len(said_before)} from you): {quoted}. "
+        f"Now you say: '{current}'"
+    )
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a format-2 message (its text parts), or the legacy `content` string."""
+    content = message.get("content")
+    if isinstance(content, str):
+        try:
+            content = json.loads(content)  # mastra_messages stores content as a JSON string
+        except ValueError:
+            return content
+    if not isinstance(content, dict):
+        return ""
+    parts = content.get("parts", [])
+    texts = [str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == "text"]
+    if texts:
+        return " ".join(texts)
+    return str(content.get("content") or "")
+
+
+def _content(text: str) -> dict[str, Any]:
+    return {"format": 2, "parts": [{"type": "text", "text": text}], "content": text}
+
+
+def _now() -> str:
+    now = datetime.now(UTC)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+def _short(text: str, width: int = TEXT_WIDTH) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# --- printing ----------------------------------------------------------------------------------------------
+
+
+def render_enriched(enriched: EnrichedRequest, turn: int | None, answer: str) -> str:
+    """One block per enriched event: a header, one line per message in the context, the agent's answer."""
+    turn_text = f"turn {turn}" if turn is not None else "turn ?"
+    lines = [
+        f"--- {turn_text} | thread {enriched.threadId} | resource {enriched.resourceId} | "
+        f"recalled {enriched.history.recalled} (limit {enriched.history.limit}) ---"
+    ]
+    for m in enriched.messages:
+        lines.append(f"  [{m.source}] {m.role}: {_short(message_text(m.wire()))}")
+    lines.append(f"  [agent] assistant: {_short(answer, 160)}")
+    return "\n".join(lines)
+
+
+# --- settings and Kafka plumbing ---------------------------------------------------------------------------
+
+
+def demo_settings(base: Settings, run_id: str) -> Settings:
+    """The environment's settings with fresh topics, group and database; the HTTP server on a free port."""
+    prefix = f"demo-{run_id}"
+    return base.model_copy(
+        update={
+            "requests_topic": f"{prefix}.agent.requests",
+            "enriched_topic": f"{prefix}.agent.requests.enriched",
+            "responses_topic": f"{prefix}.agent.responses",
+            "persisted_topic": f"{prefix}.agent.history.persisted",
+            "requests_dlq_topic": None,
+            "responses_dlq_topic": None,
+            "group_id": f"message-history-{prefix}",
+            "group_instance_id": None,
+            "mongodb_database": f"mastra_demo_{run_id}",
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+        }
+    )
+
+
+def demo_topics(settings: Settings) -> list[str]:
+    return [
+        settings.requests_topic,
+        settings.enriched_topic,
+        settings.responses_topic,
+        settings.persisted_topic,
+        settings.requests_dlq,
+        settings.responses_dlq,
+    ]
+
+
+def kafka_options(settings: Settings, client_id: str) -> dict[str, Any]:
+    """aiokafka connection options from the settings (security included)."""
+    options: dict[str, Any] = {
+        "bootstrap_servers": settings.kafka_bootstrap_servers,
+        "security_protocol": settings.kafka_security_protocol,
+        "client_id": client_id,
+    }
+    if settings.kafka_sasl_mechanism is not None:
+        options["sasl_mechanism"] = settings.kafka_sasl_mechanism
+        options["sasl_plain_username"] = settings.kafka_sasl_username
+        if settings.kafka_sasl_password is not None:
+            options["sasl_plain_password"] = settings.kafka_sasl_password.get_secret_value()
+    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
+        from aiokafka.helpers import create_ssl_context  # noqa: PLC0415 -- only when TLS is configured
+
+        options["ssl_context"] = create_ssl_context(cafile=settings.kafka_ssl_cafile)
+    return options
+
+
+async def create_topics(settings: Settings) -> None:
+    admin = AIOKafkaAdminClient(**kafka_options(settings, "message-history-demo-admin"))
+    await admin.start()
+    try:
+        new = [
+            NewTopic(t, num_partitions=DEMO_PARTITIONS, replication_factor=1) for t in demo_topics(settings)
+        ]
+        await admin.create_topics(new)
+    finally:
+        await admin.close()
+    await _wait_for_leaders(settings)
+
+
+async def _wait_for_leaders(settings: Settings) -> None:
+    """Read every new partition's end offset once: it succeeds only when the broker leads the partition.
+
+    Without it the parts' first offset lookups race the broker taking leadership and log transient errors.
+    """
+    fetcher_log = logging.getLogger("aiokafka.consumer.fetcher")
+    level = fetcher_log.level
+    fetcher_log.setLevel(logging.CRITICAL)  # only this probe runs now; its retries are expected
+    probe = AIOKafkaConsumer(
+        **kafka_options(settings, "message-history-demo-admin"), enable_auto_commit=False
+    )
+    await probe.start()
+    try:
+        partitions = [TopicPartition(t, p) for t in demo_topics(settings) for p in range(DEMO_PARTITIONS)]
+        await probe.end_offsets(partitions)
+    finally:
+        await probe.stop()
+        fetcher_log.setLevel(level)
+
+
+async def remove_demo_data(settings: Settings) -> None:
+    """Delete the demo's topics and drop its database (best effort: failures only leave litter behind)."""
+    with contextlib.suppress(Exception):
+        admin = AIOKafkaAdminClient(**kafka_options(settings, "message-history-demo-admin"))
+        await admin.start()
+        try:
+            await admin.delete_topics(demo_topics(settings))
+        finally:
+            await admin.close()
+    with contextlib.suppress(Exception):
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            settings.mongodb_uri.get_secret_value(), serverSelectionTimeoutMS=settings.mongodb_timeout_ms
+        )
+        try:
+            await client.drop_database(settings.mongodb_database)
+        finally:
+            await client.close()
+
+
+# --- the service -------------------------------------------------------------------------------------------
+
+
+def start_service(settings: Settings, stop: asyncio.Event) -> Coroutine[Any, Any, Any]:
+    """The in-process service, running until `stop` is set (the event SIGTERM sets in `message-history run`).
+
+    The one place that knows the service's entry point.
+    """
+    service = importlib.import_module("message_history.service")
+    run: Callable[..., Coroutine[Any, Any, Any]] = service.run_service
+    return run(settings, stop=stop)
+
+
+# --- the run -----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Demo:
+    settings: Settings
+    run_id: str
+    threads: list[DemoThread]
+    out: TextIO
+    turn_of: dict[str, int] = field(default_factory=dict)  # requestId -> turn number
+    persisted: dict[str, asyncio.Future[HistoryPersisted]] = field(default_factory=dict)
+    answered: set[str] = field(default_factory=set)
+
+    def say(self, text: str) -> None:
+        print(text, file=self.out, flush=True)
+
+    def waiter(self, request_id: str) -> asyncio.Future[HistoryPersisted]:
+        if request_id not in self.persisted:
+            self.persisted[request_id] = asyncio.get_running_loop().create_future()
+        return self.persisted[request_id]
+
+    async def agent_worker(self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer) -> None:
+        """The stand-in agent: enriched request in, printed, answered from memory, response out."""
+        async for record in consumer:
+            enriched = decode_enriched(record.value)
+            if enriched.eventId in self.answered:
+                continue  # at-least-once: a redelivered request was already answered
+            answer = answer_from_memory(enriched)
+            self.say(render_enriched(enriched, self.turn_of.get(enriched.requestId), answer))
+            response = build_response(enriched, answer)
+            await producer.send_and_wait(
+                self.settings.responses_topic,
+                encode(response),
+                key=enriched.threadId.encode(),
+                headers=list(record.headers or ()),
+            )
+            self.answered.add(enriched.eventId)
+
+    async def persisted_reader(self, consumer: AIOKafkaConsumer) -> None:
+        """Resolves the driver's waits as `HistoryPersisted` events arrive."""
+        async for record in consumer:
+            event = decode_persisted(record.value)
+            future = self.waiter(event.requestId)
+            if not future.done():
+                future.set_result(event)
+
+    async def drive(self, producer: AIOKafkaProducer, background: Sequence[asyncio.Task[Any]]) -> None:
+        """Turn by turn: send every thread's request, then wait for every thread's HistoryPersisted."""
+        turns = len(self.threads[0].lines) if self.threads else 0
+        for turn in range(1, turns + 1):
+            pending: dict[str, asyncio.Future[HistoryPersisted]] = {}
+            for thread in self.threads:
+                request_id = f"{thread.thread_id}-turn-{turn}"
+                self.turn_of[request_id] = turn
+                pending[request_id] = self.waiter(request_id)
+                request = build_request(thread, turn, request_id)
+                await producer.send_and_wait(
+                    self.settings.requests_topic, encode(request), key=thread.thread_id.encode()
+                )
+            timeout = FIRST_TURN_TIMEOUT_S if turn == 1 else TURN_TIMEOUT_S
+            await wait_or_fail(
+                asyncio.gather(*pending.values()),
+                background,
+                timeout,
+                f"turn {turn}: HistoryPersisted for {sorted(pending)}",
+            )
+            for request_id, future in pending.items():
+                event = future.result()
+                saved = len(event.savedMessageIds)
+                note = f"skipped: {event.skipped}" if event.skipped else f"saved {saved} messages"
+                self.say(f"  [persisted] {request_id}: {note}")
+            self.say("")
+
+    async def dump_mongodb(self) -> None:
+        """Print each demo thread as stored: its mastra_threads row, then its mastra_messages rows."""
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+            self.settings.mongodb_uri.get_secret_value(),
+            serverSelectionTimeoutMS=self.settings.mongodb_timeout_ms,
+            timeoutMS=self.settings.mongodb_timeout_ms,
+        )
+        try:
+            db = client[self.settings.mongodb_database]
+            self.say(f"=== stored in MongoDB (database {self.settings.mongodb_database}) ===")
+            for thread in self.threads:
+                row = await db["mastra_threads"].find_one({"id": thread.thread_id})
+                if row is None:
+                    raise DemoError(f"thread {thread.thread_id} is not in mastra_threads")
+                self.say(
+                    f"thread {row['id']} | resourceId {row.get('resourceId')} | title {row.get('title')!r} | "
+                    f"createdAt {_iso(row.get('createdAt'))} | updatedAt {_iso(row.get('updatedAt'))}"
+                )
+                cursor = (
+                    db["mastra_messages"]
+                    .find({"thread_id": thread.thread_id})
+                    .sort([("createdAt", 1), ("id", 1)])
+                )
+                for n, message in enumerate(await cursor.to_list(None), start=1):
+                    self.say(
+                        f"  {n}. {_iso(message.get('createdAt'))} {message.get('role')}: "
+                        f"{_short(message_text(message))}  (id {message.get('id')})"
+                    )
+        finally:
+            await client.close()
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        moment: datetime = value if value.tzinfo else value.replace(tzinfo=UTC)  # pymongo reads naive UTC
+        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    return str(value)
+
+
+async def wait_or_fail(
+    awaitable: Awaitable[Any], background: Sequence[asyncio.Task[Any]], timeout_s: float, what: str
+) -> Any:
+    """Await `awaitable`; fail clearly on timeout or when a background part (service, worker) stops first."""
+    main = asyncio.ensure_future(awaitable)
+    done, _ = await asyncio.wait({main, *background}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    if main in done:
+        return main.result()
+    main.cancel()
+    for task in background:
+        if task in done:
+            exc = None if task.cancelled() else task.exception()
+            reason = f"{type(exc).__name__}: {exc}" if exc else "it returned"
+            raise DemoError(f"{task.get_name()} stopped while waiting for {what} ({reason})")
+    raise DemoError(f"no answer within {timeout_s:g} s while waiting for {what}")
+
+
+async def run_demo(threads: int, turns: int, out: TextIO = sys.stdout, *, keep: bool = False) -> None:
+    """The whole demo; raises DemoError on failure."""
+    if threads < 1 or turns < 1:
+        raise DemoError("--threads and --turns must be at least 1")
+    base = Settings()
+    register_secret(base.mongodb_uri)
+    register_secret(base.kafka_sasl_password)
+    run_id = secrets.token_hex(3)
+    settings = demo_settings(base, run_id)
+    demo = Demo(settings, run_id, script(run_id, threads, turns), out)
+    demo.say(f"message-history demo {run_id}: {threads} threads x {turns} turns")
+    demo.say(f"  client  -> {settings.requests_topic} -> service (recall) -> {settings.enriched_topic}")
+    demo.say(f"  agent   -> {settings.responses_topic} -> service (persist) -> {settings.persisted_topic}")
+    demo.say(f"  storage :  MongoDB database {settings.mongodb_database} (group {settings.group_id})\n")
+
+    try:
+        await wait_or_fail(create_topics(settings), (), SETUP_TIMEOUT_S, "creating the demo topics")
+        await _run_parts(demo)
+    finally:
+        if not keep:
+            await remove_demo_data(settings)
+
+
+async def _run_parts(demo: Demo) -> None:
+    settings = demo.settings
+    stop = asyncio.Event()
+    service = asyncio.create_task(start_service(settings, stop), name="the service")
+    producer = AIOKafkaProducer(**kafka_options(settings, "demo-client"), acks="all", enable_idempotence=True)
+    worker_consumer = AIOKafkaConsumer(
+        settings.enriched_topic,
+        **kafka_options(settings, "demo-agent"),
+        group_id=f"demo-{demo.run_id}-agent",
+        auto_offset_reset="earliest",
+    )
+    reader_consumer = AIOKafkaConsumer(
+        settings.persisted_topic,
+        **kafka_options(settings, "demo-client"),
+        group_id=f"demo-{demo.run_id}-client",
+        auto_offset_reset="earliest",
+    )
+    clients = (worker_consumer, reader_consumer, producer)
+    tasks: list[asyncio.Task[Any]] = [service]
+    try:
+        await wait_or_fail(
+            _start_all(producer, worker_consumer, reader_consumer),
+            tasks,
+            SETUP_TIMEOUT_S,
+            "the demo's Kafka clients to connect",
+        )
+        worker = demo.agent_worker(worker_consumer, producer)
+        tasks.append(asyncio.create_task(worker, name="the agent worker"))
+        tasks.append(asyncio.create_task(demo.persisted_reader(reader_consumer), name="the persisted reader"))
+        await demo.drive(producer, tasks)
+        await demo.dump_mongodb()
+    except BaseException:
+        await _shutdown(stop, service, tasks[1:], clients, settings)
+        raise
+    # Only a clean run reports a failed shutdown (otherwise the first error is the one worth reading).
+    stopped = await _shutdown(stop, service, tasks[1:], clients, settings)
+    if stopped is not None:
+        raise stopped
+
+
+async def _shutdown(
+    stop: asyncio.Event,
+    service: asyncio.Task[Any],
+    parts: Sequence[asyncio.Task[Any]],
+    clients: Sequence[AIOKafkaProducer | AIOKafkaConsumer],
+    settings: Settings,
+) -> DemoError | None:
+    """Stop the demo's parts, then the service through its stop event; return what went wrong, if anything."""
+    stop.set()
+    for task in parts:
+        task.cancel()
+    await asyncio.gather(*parts, return_exceptions=True)
+    for client in clients:
+        with contextlib.suppress(Exception):
+            await client.stop()
+    timeout_s = settings.shutdown_grace_s + 5
+    try:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(service, return_exceptions=False)
+    except TimeoutError:
+        service.cancel()
+        return DemoError(f"the service did not stop within {timeout_s:g} s of the stop signal")
+    except Exception as exc:  # noqa: BLE001 -- reported to the user as the demo's failure
+        return DemoError(f"the service failed: {type(exc).__name__}: {exc}")
+    return None
+
+
+async def _start_all(*clients: AIOKafkaProducer | AIOKafkaConsumer) -> None:
+    for client in clients:
+        await client.start()
+
+
+def main(threads: int = 2, turns: int = 3) -> int:
+    """Entry of `message-history demo`: 0 on success, 1 with a message on stderr on failure."""
+    configure_logging("WARNING")  # the service's own lines go to stderr as JSON; the demo prints to stdout
+    try:
+        asyncio.run(run_demo(threads, turns))
+    except DemoError as exc:
+        print(f"demo failed: {scrub(str(exc))}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a CLI answers with one clear line; the log has the details
+        logging.getLogger(__name__).exception("demo failed")
+        print(f"demo failed: {type(exc).__name__}: {scrub(str(exc))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("demo interrupted", file=sys.stderr)
+        return 1
+    print("demo finished: every turn was recalled, answered and persisted")
+    return 0
