@@ -30,6 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from message_history import metrics
 from message_history.errors import StartupError
+from message_history.logs import scrub
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class Health:
     def set_ready(self, component: str, ready: bool, reason: str = "") -> None:
         """Record whether `component` can take work now, and why not; also sets the `ready` gauge."""
         previous = self._ready.get(component)
+        reason = scrub(reason)  # reasons often quote a driver error, which may echo a URI
         self._ready[component] = (ready, reason)
         metrics.READY.labels(component=component).set(1 if ready else 0)
         if previous is None or previous[0] != ready:
@@ -301,7 +303,9 @@ async def serve_http(health: Health, host: str, port: int) -> AsyncIterator[Heal
     bound_host, bound_port = server.sockets[0].getsockname()[:2]
     sampler = asyncio.create_task(_sample_loop_lag(health, _LAG_SAMPLE_INTERVAL_S), name="loop-lag-sampler")
     log.info(
-        "serving /livez /readyz /metrics on %s:%s", bound_host, bound_port,
+        "serving /livez /readyz /metrics on %s:%s",
+        bound_host,
+        bound_port,
         extra={"http_host": bound_host, "http_port": bound_port},
     )
     try:

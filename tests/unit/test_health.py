@@ -13,6 +13,7 @@ from message_history import health as health_module
 from message_history import metrics
 from message_history.errors import StartupError
 from message_history.health import Health, HealthServer, serve_http
+from message_history.logs import clear_secrets, register_secret
 
 
 class FakeClock:
@@ -115,7 +116,11 @@ def test_readiness_reasons_and_gauge(health: Health) -> None:
         (10.0, 30.0, 8.0, False),
     ],
     ids=[
-        "quiet-within-limit", "at-limit", "silent-too-long", "beat-resets-silence", "silent-since-last-beat",
+        "quiet-within-limit",
+        "at-limit",
+        "silent-too-long",
+        "beat-resets-silence",
+        "silent-since-last-beat",
     ],
 )
 def test_liveness_follows_heartbeats(
@@ -145,7 +150,8 @@ def test_unregistered_and_unknown_loops_do_not_count(health: Health, clock: Fake
 
 
 @pytest.mark.parametrize(
-    ("lag", "live"), [(0.0, True), (0.9, True), (1.5, False), (-0.1, True)],
+    ("lag", "live"),
+    [(0.0, True), (0.9, True), (1.5, False), (-0.1, True)],
     ids=["no-lag", "below-threshold", "above-threshold", "negative-clamped"],
 )
 def test_liveness_fails_when_event_loop_lags(health: Health, lag: float, live: bool) -> None:
@@ -180,7 +186,8 @@ async def test_readyz_flips_with_set_ready(server: HealthServer, health: Health)
     health.set_ready("recall", False, "waiting for partitions")
     status, _, body = await get(server.port, "/readyz")
     assert (status, json.loads(body)) == (
-        503, {"ready": False, "components": {"recall": "waiting for partitions"}},
+        503,
+        {"ready": False, "components": {"recall": "waiting for partitions"}},
     )
 
     health.set_ready("recall", True)
@@ -243,8 +250,15 @@ async def test_metrics_serves_the_registry(server: HealthServer, health: Health)
         (b"GET /livez HTTP/1.1\r\nHost: x\r\n", 400),
     ],
     ids=[
-        "unknown-path", "root", "post", "garbage", "not-http", "long-line", "too-many-headers",
-        "huge-header", "closed-mid-headers",
+        "unknown-path",
+        "root",
+        "post",
+        "garbage",
+        "not-http",
+        "long-line",
+        "too-many-headers",
+        "huge-header",
+        "closed-mid-headers",
     ],
 )
 async def test_bad_requests_get_an_error_and_the_server_survives(
@@ -265,9 +279,7 @@ async def test_bad_requests_get_an_error_and_the_server_survives(
     assert (await get(server.port, "/readyz"))[0] == 200
 
 
-async def test_slow_client_is_timed_out(
-    health: Health, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_slow_client_is_timed_out(health: Health, monkeypatch: pytest.MonkeyPatch) -> None:
     """A client that never finishes its request gets 408 after the read timeout and the server goes on."""
     monkeypatch.setattr(health_module, "_READ_TIMEOUT_S", 0.2)
     async with serve_http(health, "127.0.0.1", 0) as srv:
@@ -318,3 +330,20 @@ async def test_loop_lag_sampler_feeds_liveness(monkeypatch: pytest.MonkeyPatch) 
         assert status == 503
         assert doc["eventLoop"]["ok"] is False
         assert doc["eventLoop"]["lagS"] > 0.1
+
+
+async def test_secrets_never_reach_the_endpoints(server: HealthServer, health: Health) -> None:
+    """A readiness reason quoting a registered secret or a URI password is masked in /readyz and /metrics."""
+    register_secret("Very-Secret-Pw-42")
+    try:
+        health.set_ready(
+            "mongodb", False, "auth failed for mongodb://svc:Other-Pw-7@db:27017 (Very-Secret-Pw-42)"
+        )
+        for path in ("/readyz", "/livez", "/metrics"):
+            _, _, body = await get(server.port, path)
+            assert b"Very-Secret-Pw-42" not in body
+            assert b"Other-Pw-7" not in body
+        _, _, body = await get(server.port, "/readyz")
+        assert json.loads(body)["components"]["mongodb"].startswith("auth failed for mongodb://svc:***@db")
+    finally:
+        clear_secrets()
