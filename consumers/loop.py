@@ -1,0 +1,501 @@
+"""The batch consumer loop shared by both paths: fetch, hand a batch to the path, route dead letters, commit.
+
+One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's consumer group. Per batch:
+
+1. `getmany` returns up to `max_batch_records` records; each is tracked in the partition's watermark.
+2. The path's `BatchHandler` returns, per record, either an acknowledgement to wait for (the output was sent,
+   and for the persist path the MongoDB write is already acknowledged) or an `InvalidInputError`: that record
+   is sent to the path's dead-letter topic.
+3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are.
+4. A background commit, at most every `commit_interval_ms`, commits each partition's contiguous done
+   watermark; the loop never waits for it. Revoke and shutdown commit synchronously.
+
+Outages (MongoDB or Kafka unreachable: `RetriableError`, retriable or timed-out Kafka errors) are not bad
+input: the loop pauses its partitions, reports not-ready, backs off exponentially with jitter, and retries
+the same records that are not done yet. While it waits it keeps calling `getmany` (on paused partitions, so
+nothing is returned) so that the consumer stays in the group. A record whose output is too large for Kafka
+is dead-lettered like bad input. Anything else (a bug, a refused configuration) stops the loop: the service
+exits non-zero without committing past the failed work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+    KafkaUnavailableError,
+)
+
+from consumers.offsets import OffsetTracker, PartitionOffsets
+from message_history import metrics
+from message_history.errors import InvalidInputError, RetriableError
+from message_history.settings import Settings
+from producers.connection import kafka_options
+from producers.dead_letters import DeadLetterPublisher
+from producers.output import OUTPUT_TOO_LARGE
+
+log = logging.getLogger(__name__)
+
+Ack = Awaitable[object]
+"""Resolves when every output of one record is durable; raises when one could not be written."""
+
+_OUTAGE_KAFKA_ERRORS = (KafkaConnectionError, KafkaTimeoutError, KafkaUnavailableError)
+
+
+class BatchHandler(Protocol):
+    """One path's work on a batch of records (the recall or the persist path)."""
+
+    async def handle(self, records: Sequence[ConsumerRecord]) -> list[Ack | InvalidInputError]:
+        """Process `records`; one entry per record, in order.
+
+        An `Ack` once the record's outputs are sent (and, where it writes MongoDB, written); an
+        `InvalidInputError` to dead-letter the record. Raises `RetriableError` (or a Kafka error) when a
+        dependency is down: the loop retries the same records later.
+        """
+        ...
+
+
+class Health(Protocol):
+    """The part of `message_history.health.Health` the loop reports to."""
+
+    def set_ready(self, component: str, ready: bool, reason: str = "") -> None: ...
+
+    def beat(self, component: str) -> None: ...
+
+
+def is_outage(error: BaseException) -> bool:
+    """True for a dependency that is down or slow (retry later), False for anything else."""
+    if isinstance(error, RetriableError):
+        return True
+    if isinstance(error, KafkaError):
+        return bool(getattr(error, "retriable", False)) or isinstance(error, _OUTAGE_KAFKA_ERRORS)
+    return isinstance(error, (ConnectionError, TimeoutError))
+
+
+def backoff_delay(attempt: int, *, initial: float, maximum: float, rand: Callable[[], float]) -> float:
+    """Seconds to wait before retry `attempt` (1-based): exponential, capped, with "equal jitter".
+
+    Half of the capped delay is fixed and half random, so instances that failed together do not retry in step
+    and a retry never comes sooner than half the nominal delay.
+    """
+    nominal: float = min(maximum, initial * 2.0 ** max(0, attempt - 1))
+    return nominal / 2 + rand() * nominal / 2
+
+
+@dataclass(frozen=True, slots=True)
+class LoopOptions:
+    """The loop's knobs, from the settings."""
+
+    max_batch_records: int
+    poll_timeout_ms: int
+    commit_interval_s: float
+    retry_initial_s: float
+    retry_max_s: float
+    revoke_drain_s: float
+    commit_timeout_s: float
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> LoopOptions:
+        return cls(
+            max_batch_records=settings.max_batch_records,
+            poll_timeout_ms=settings.poll_timeout_ms,
+            commit_interval_s=settings.commit_interval_ms / 1000,
+            retry_initial_s=settings.retry_initial_backoff_s,
+            retry_max_s=settings.retry_max_backoff_s,
+            # A revoke must finish well inside the rebalance timeout (max.poll.interval for aiokafka).
+            revoke_drain_s=min(settings.shutdown_grace_s / 2, settings.max_poll_interval_ms / 4000),
+            commit_timeout_s=max(5.0, settings.session_timeout_ms / 1000),
+        )
+
+
+def build_consumer(settings: Settings, *, topic: str, path: str) -> AIOKafkaConsumer:
+    """The path's consumer: manual commits, earliest offset for a new group, committed reads only."""
+    instance = f"{settings.group_instance_id}-{path}" if settings.group_instance_id else None
+    return AIOKafkaConsumer(
+        **kafka_options(settings, client_id=f"message-history-{path}"),
+        group_id=settings.group_id,
+        group_instance_id=instance,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        isolation_level="read_committed",
+        session_timeout_ms=settings.session_timeout_ms,
+        heartbeat_interval_ms=max(1000, settings.session_timeout_ms // 3),
+        max_poll_interval_ms=settings.max_poll_interval_ms,
+        max_poll_records=settings.max_batch_records,
+    )
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information
+    def __init__(self, loop: StreamLoop) -> None:
+        self._loop = loop
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._loop.on_revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        self._loop.on_assigned(set(assigned))
+
+
+class StreamLoop:
+    """Consumes one topic for one path until told to stop; an async context manager owning its consumer."""
+
+    def __init__(
+        self,
+        *,
+        path: str,
+        topic: str,
+        consumer: AIOKafkaConsumer,
+        handler: BatchHandler,
+        dead_letters: DeadLetterPublisher,
+        health: Health,
+        options: LoopOptions,
+    ) -> None:
+        self.path = path
+        self.topic = topic
+        self._consumer = consumer
+        self._handler = handler
+        self._dead_letters = dead_letters
+        self._health = health
+        self._opts = options
+        self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
+        self._assigned: set[TopicPartition] = set()
+        self._idle = asyncio.Event()  # set while no batch is in flight
+        self._idle.set()
+        self._outage = False
+        self._stopping = False
+        self._commit_task: asyncio.Task[None] | None = None
+        self._last_commit = time.monotonic()
+        self._random = random.Random()  # noqa: S311 -- jitter, not security
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> StreamLoop:
+        await self._consumer.start()
+        self._consumer.subscribe([self.topic], listener=_Listener(self))
+        self._health.set_ready(self.path, True)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Final commit of what is done, then leave the group."""
+        self._stopping = True
+        self._health.set_ready(self.path, False, "stopping")
+        try:
+            await self._commit_now(self._tracker.keys(), reason="shutdown")
+        finally:
+            await self._consumer.stop()  # leaves the group (no LeaveGroup with static membership)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Fetch and process batches until `stop` is set; returns once the batch in hand is finished."""
+        while not stop.is_set():
+            self._health.beat(self.path)
+            batch = await self._fetch()
+            if batch:
+                await self._process(batch, stop)
+            self._maybe_commit()
+        self._stopping = True
+
+    # --- fetching -------------------------------------------------------------------------------------------
+
+    async def _fetch(self) -> list[ConsumerRecord]:
+        try:
+            fetched = await self._consumer.getmany(
+                timeout_ms=self._opts.poll_timeout_ms, max_records=self._opts.max_batch_records
+            )
+        except KafkaError as exc:
+            if not is_outage(exc):
+                raise
+            log.warning("fetch failed, retrying", extra={"path": self.path, "error": type(exc).__name__})
+            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+            await asyncio.sleep(self._opts.retry_initial_s)
+            return []
+        records: list[ConsumerRecord] = []
+        for tp, recs in fetched.items():
+            if tp not in self._assigned:
+                continue  # fetched just before a revoke: the partition's next owner reads it again
+            records.extend(recs)
+            highwater = self._consumer.highwater(tp)
+            if highwater is not None:
+                metrics.CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(
+                    max(0, highwater - (recs[-1].offset + 1))
+                )
+        return records
+
+    async def _wait_polling(self, seconds: float, stop: asyncio.Event) -> None:
+        """Wait `seconds` while polling with every partition paused, so the consumer stays in the group."""
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._pause_all()
+            self._health.beat(self.path)
+            try:
+                fetched = await self._consumer.getmany(timeout_ms=max(1, int(min(remaining, 1.0) * 1000)))
+            except KafkaError as exc:
+                if not is_outage(exc):
+                    raise
+                await asyncio.sleep(min(remaining, self._opts.poll_timeout_ms / 1000))
+                continue
+            for tp, recs in fetched.items():
+                # assigned during the wait and not paused yet: hand the records back for later
+                if recs and tp in self._assigned:
+                    self._consumer.seek(tp, recs[0].offset)
+            self._maybe_commit()
+
+    # --- processing -----------------------------------------------------------------------------------------
+
+    async def _process(self, records: list[ConsumerRecord], stop: asyncio.Event) -> None:
+        """Process one batch to the end: every record done, dead-lettered, or abandoned by a revoke/stop."""
+        metrics.RECORDS_CONSUMED.labels(path=self.path).inc(len(records))
+        metrics.BATCH_SIZE.labels(path=self.path).observe(len(records))
+        pending = [(rec, self._tracker.track(_tp(rec), rec.offset)) for rec in records]
+        metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
+        self._idle.clear()
+        attempt = 0
+        try:
+            while True:
+                pending = [(rec, part) for rec, part in pending if self._tracker.owns(_tp(rec), part)]
+                if not pending:
+                    return
+                try:
+                    pending = await self._attempt(pending)
+                    error: BaseException | None = None
+                except Exception as exc:
+                    if not is_outage(exc):
+                        raise
+                    error = exc
+                if not pending:
+                    return
+                attempt += 1
+                self._enter_outage(error, attempt)
+                if stop.is_set():
+                    log.warning(
+                        "stopping during an outage: %d records left for the next owner",
+                        len(pending),
+                        extra={"path": self.path},
+                    )
+                    return
+                delay = backoff_delay(
+                    attempt,
+                    initial=self._opts.retry_initial_s,
+                    maximum=self._opts.retry_max_s,
+                    rand=self._random.random,
+                )
+                await self._wait_polling(delay, stop)
+        finally:
+            if self._outage:
+                self._leave_outage()
+            metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
+            self._idle.set()
+
+    async def _attempt(
+        self, pending: list[tuple[ConsumerRecord, PartitionOffsets]]
+    ) -> list[tuple[ConsumerRecord, PartitionOffsets]]:
+        """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
+        results = await self._handler.handle([rec for rec, _ in pending])
+        acks: list[Ack] = []
+        for (rec, _), result in zip(pending, results, strict=True):
+            if isinstance(result, InvalidInputError):
+                acks.append(self._dead_letter(rec, result))
+            else:
+                acks.append(result)
+        started = time.perf_counter()
+        outcomes = await asyncio.gather(*acks, return_exceptions=True)
+        failed, too_large = _settle(pending, outcomes)
+        if too_large:
+            # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
+            letters = [self._dead_letter(rec, err) for rec, _, err in too_large]
+            again, refused = _settle(
+                [(rec, part) for rec, part, _ in too_large],
+                await asyncio.gather(*letters, return_exceptions=True),
+            )
+            if refused:
+                raise refused[0][2]
+            failed += again
+        metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
+        if failed:
+            failed.sort(key=lambda item: (item[0].partition, item[0].offset))
+            log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
+        return failed
+
+    async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
+        """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
+        ack = await self._dead_letters.publish(record, error)
+        result = await ack
+        error_type = getattr(error, "error_type", type(error).__name__)
+        metrics.DEAD_LETTERS.labels(path=self.path, error_type=error_type).inc()
+        metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
+        log.warning(
+            "dead-lettered a record",
+            extra={
+                "path": self.path,
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "error_type": error_type,
+                "dead_letter_topic": self._dead_letters.topic,
+            },
+        )
+        return result
+
+    # --- outages --------------------------------------------------------------------------------------------
+
+    def _enter_outage(self, error: BaseException | None, attempt: int) -> None:
+        dependency = "kafka" if error is None or isinstance(error, KafkaError) else "mongodb"
+        metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
+        reason = f"{dependency} unavailable: {type(error).__name__ if error else 'outputs not acknowledged'}"
+        if not self._outage:
+            self._outage = True
+            log.warning("outage: pausing intake", extra={"path": self.path, "reason": reason})
+        self._health.set_ready(self.path, False, reason)
+        self._pause_all()
+        log.info("retrying batch", extra={"path": self.path, "attempt": attempt, "reason": reason})
+
+    def _leave_outage(self) -> None:
+        self._outage = False
+        paused = self._consumer.paused()
+        if paused:
+            self._consumer.resume(*paused)
+        metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
+        if not self._stopping:
+            self._health.set_ready(self.path, True)
+            log.info("dependency back: intake resumed", extra={"path": self.path})
+
+    def _pause_all(self) -> None:
+        assigned = self._consumer.assignment()
+        if assigned:
+            self._consumer.pause(*assigned)
+        metrics.PAUSED_PARTITIONS.labels(path=self.path).set(len(assigned))
+
+    # --- commits --------------------------------------------------------------------------------------------
+
+    def _maybe_commit(self) -> None:
+        """Start a background commit when the interval has passed and none is running."""
+        if self._commit_task is not None and not self._commit_task.done():
+            return
+        if time.monotonic() - self._last_commit < self._opts.commit_interval_s:
+            return
+        self._last_commit = time.monotonic()
+        offsets = self._tracker.committable()
+        if offsets:
+            self._commit_task = asyncio.create_task(self._commit(offsets, reason="interval"))
+
+    async def _commit_now(self, partitions: Sequence[TopicPartition], *, reason: str) -> None:
+        """Commit the done watermark of `partitions` and wait for it (revoke, shutdown)."""
+        if self._commit_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._commit_task
+        offsets = self._tracker.committable([tp for tp in partitions if tp in self._assigned])
+        if offsets:
+            await self._commit(offsets, reason=reason)
+
+    async def _commit(self, offsets: dict[TopicPartition, int], *, reason: str) -> None:
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(self._consumer.commit(offsets), self._opts.commit_timeout_s)
+        except (CommitFailedError, IllegalStateError) as exc:
+            # the group rebalanced under us: the revoke commit (or the next owner) takes over
+            log.warning("commit refused", extra={"path": self.path, "reason": reason, "error": str(exc)})
+            return
+        except (KafkaError, TimeoutError) as exc:
+            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+            log.warning(
+                "commit failed; the next one retries",
+                extra={"path": self.path, "reason": reason, "error": type(exc).__name__},
+            )
+            return
+        self._tracker.mark_committed(offsets)
+        metrics.STAGE_SECONDS.labels(path=self.path, stage="commit").observe(time.perf_counter() - started)
+        for tp, offset in offsets.items():
+            metrics.COMMITTED_OFFSET.labels(topic=tp.topic, partition=str(tp.partition)).set(offset)
+        log.debug(
+            "committed",
+            extra={
+                "path": self.path,
+                "reason": reason,
+                "offsets": {str(tp.partition): o for tp, o in offsets.items()},
+            },
+        )
+
+    # --- rebalances -----------------------------------------------------------------------------------------
+
+    async def on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """Finish (within the drain deadline) or abandon the batch in flight; commit; forget."""
+        metrics.REBALANCES.labels(path=self.path, kind="revoked").inc()
+        if not self._idle.is_set():
+            try:
+                await asyncio.wait_for(self._idle.wait(), self._opts.revoke_drain_s)
+            except TimeoutError:
+                log.warning(
+                    "revoke: in-flight batch not finished in time, abandoning it",
+                    extra={"path": self.path, "pending": self._tracker.pending()},
+                )
+        await self._commit_now(sorted(revoked), reason="revoke")
+        self._tracker.forget(revoked)
+        self._assigned -= revoked
+        log.info(
+            "partitions revoked",
+            extra={"path": self.path, "partitions": sorted(tp.partition for tp in revoked)},
+        )
+
+    def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Take the new partitions; fetching starts from the group's committed offsets."""
+        metrics.REBALANCES.labels(path=self.path, kind="assigned").inc()
+        self._assigned |= assigned
+        if self._outage and assigned:
+            self._consumer.pause(*assigned)
+        log.info(
+            "partitions assigned",
+            extra={"path": self.path, "partitions": sorted(tp.partition for tp in assigned)},
+        )
+
+
+Pending = list[tuple[ConsumerRecord, PartitionOffsets]]
+
+
+def _settle(
+    pending: Pending, outcomes: Sequence[object]
+) -> tuple[Pending, list[tuple[ConsumerRecord, PartitionOffsets, BaseException]]]:
+    """Mark records whose outputs were acknowledged done; return (outage failures, too-large outputs).
+
+    Any other failure is raised: it is neither an outage nor a property of one record.
+    """
+    failed: Pending = []
+    too_large: list[tuple[ConsumerRecord, PartitionOffsets, BaseException]] = []
+    for (rec, part), outcome in zip(pending, outcomes, strict=True):
+        if not isinstance(outcome, BaseException):
+            part.done(rec.offset)
+        elif isinstance(outcome, OUTPUT_TOO_LARGE):
+            too_large.append((rec, part, outcome))
+        elif is_outage(outcome):
+            failed.append((rec, part))
+        else:
+            raise outcome
+    return failed, too_large
+
+
+def _tp(record: ConsumerRecord) -> TopicPartition:
+    return TopicPartition(record.topic, record.partition)
+
+
+def record_headers(record: ConsumerRecord) -> list[tuple[str, bytes]]:
+    """The record's headers as (str, bytes) pairs, ready to be passed on to an output."""
+    headers: Any = record.headers or ()
+    return [(key, value or b"") for key, value in headers]

@@ -1,0 +1,43 @@
+"""Dead-letter topics: the refused record's key and value bytes untouched, the reason in headers."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from message_history import __version__
+from producers.output import OutputProducer
+from schemas.dead_letters import dead_letter_headers
+
+
+class SourceRecord(Protocol):
+    """What a dead letter needs of the consumed record (aiokafka's `ConsumerRecord` has it)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Any  # a sequence of (str, bytes)
+
+
+class DeadLetterPublisher:
+    """Sends one path's refused records to its dead-letter topic."""
+
+    def __init__(self, producer: OutputProducer, topic: str) -> None:
+        self._producer = producer
+        self.topic = topic
+
+    async def publish(self, record: SourceRecord, error: BaseException) -> asyncio.Future[Any]:
+        """Buffer the dead letter for `record`; the future resolves when Kafka acknowledged it."""
+        headers = dead_letter_headers(
+            error=error,
+            source_topic=record.topic,
+            source_partition=record.partition,
+            source_offset=record.offset,
+            failed_at=datetime.now(UTC),
+            service_version=__version__,
+            original_headers=[(k, v or b"") for k, v in (record.headers or ())],
+        )
+        return await self._producer.send(self.topic, key=record.key, value=record.value, headers=headers)

@@ -1,0 +1,91 @@
+"""The service's one Kafka producer: idempotent, `acks=all`, linger-batched, shared by every output topic.
+
+`send` returns as soon as the record is in the producer's buffer, with a future that resolves when Kafka
+acknowledged it; callers gather those futures per batch instead of awaiting each send. A record too large for
+Kafka comes back as a failed future (not an exception at the call site), so every outcome of a send is seen in
+one place: where the futures are gathered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any
+
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
+
+from message_history import metrics
+from message_history.settings import Settings
+from producers.connection import kafka_options
+
+log = logging.getLogger(__name__)
+
+Headers = Sequence[tuple[str, bytes]]
+
+MAX_BATCH_BYTES = 512 * 1024
+"""Per-partition batch size. aiokafka keeps one open batch per partition and makes `send` wait while it is
+full, so the 16 KiB default would serialize a burst of multi-KiB enriched events into many small requests."""
+
+OUTPUT_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
+"""Kafka refused a record for its size: a property of that record, not an outage."""
+
+
+class OutputProducer:
+    """Async context manager around `AIOKafkaProducer`; stopping it flushes what is buffered."""
+
+    def __init__(self, settings: Settings, *, client_id: str = "message-history") -> None:
+        self._settings = settings
+        self._client_id = client_id
+        self._producer: AIOKafkaProducer | None = None
+
+    async def __aenter__(self) -> OutputProducer:
+        producer = AIOKafkaProducer(
+            **kafka_options(self._settings, client_id=self._client_id),
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=self._settings.linger_ms,
+            max_batch_size=MAX_BATCH_BYTES,
+        )
+        await producer.start()
+        self._producer = producer
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await producer.stop()  # flushes pending batches first
+
+    @property
+    def producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            raise RuntimeError("OutputProducer used outside its `async with`")
+        return self._producer
+
+    async def send(
+        self, topic: str, *, key: bytes | None, value: bytes | None, headers: Headers = ()
+    ) -> asyncio.Future[Any]:
+        """Buffer one record; the returned future resolves with its metadata once Kafka acknowledged it."""
+        try:
+            future: asyncio.Future[Any] = await self.producer.send(
+                topic, value=value, key=key, headers=list(headers)
+            )
+        except OUTPUT_TOO_LARGE as exc:
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(exc)
+            return failed
+        future.add_done_callback(lambda f: _count(topic, f))
+        return future
+
+    async def flush(self) -> None:
+        """Wait until everything buffered so far is acknowledged (or failed)."""
+        await self.producer.flush()
+
+
+def _count(topic: str, future: asyncio.Future[Any]) -> None:
+    if not future.cancelled() and future.exception() is None:
+        metrics.RECORDS_PRODUCED.labels(topic=topic).inc()
