@@ -1,0 +1,119 @@
+"""Shared by the deploy tests: where the deploy files are, how helm is found and run, and which
+environment variables the service really reads (from the Settings model, so a misspelt name fails a test)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import AliasChoices
+
+from message_history.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+CHART = DEPLOY / "helm" / "message-history"
+VALUES_ALL_ON = DEPLOY / "helm" / "values-all-on.yaml"
+HELM_INSTALLER = "deploy/helm/install-helm.sh"
+
+# Names the chart sets for Kubernetes' own use (downward API), not read by the service.
+KUBERNETES_ENV = frozenset({"POD_NAME", "POD_NAMESPACE"})
+SERVICE_ENV_PREFIXES = ("MESSAGE_HISTORY_", "KAFKA_", "MONGODB_")
+
+Doc = dict[str, Any]
+
+
+@functools.cache
+def settings_env_names() -> dict[str, str]:
+    """Every environment variable the Settings model reads, mapped to its field name."""
+    names: dict[str, str] = {}
+    prefix = str(Settings.model_config.get("env_prefix", ""))
+    for field_name, field in Settings.model_fields.items():
+        alias = field.validation_alias
+        if isinstance(alias, AliasChoices):
+            for choice in alias.choices:
+                if isinstance(choice, str):
+                    names[choice.upper()] = field_name
+        elif isinstance(alias, str):
+            names[alias.upper()] = field_name
+        else:
+            names[f"{prefix}{field_name}".upper()] = field_name
+    return names
+
+
+def setting_default(field_name: str) -> Any:
+    """The default of one Settings field (SecretStr unwrapped)."""
+    return Settings.model_fields[field_name].default
+
+
+def find_helm() -> str | None:
+    """The helm binary: the project's own build first (`.cache/bin/helm`), then PATH."""
+    local = REPO / ".cache" / "bin" / "helm"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("helm")
+
+
+def require_helm() -> str:
+    """helm, or a skip with the way to install it; under CI (CI=true) a missing helm is a failure."""
+    found = find_helm()
+    if found is None:
+        message = f"helm not found in .cache/bin or on PATH; install it with {HELM_INSTALLER}"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run helm with a timeout; the caller checks the exit code."""
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False, cwd=REPO)
+
+
+@functools.cache
+def render(helm: str, *args: str) -> tuple[Doc, ...]:
+    """`helm template` of the chart with extra arguments, parsed; fails the test with helm's error."""
+    result = run_helm(helm, "template", "mh", str(CHART), "--namespace", "agents", *args)
+    if result.returncode != 0:
+        pytest.fail(f"helm template {' '.join(args)} failed:\n{result.stderr}")
+    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+
+
+def of_kind(docs: tuple[Doc, ...], *kinds: str) -> list[Doc]:
+    return [doc for doc in docs if doc.get("kind") in kinds]
+
+
+def pod_spec(doc: Doc) -> Doc:
+    """The pod spec of a Pod, a Job or a workload."""
+    if doc["kind"] == "Pod":
+        spec: Doc = doc["spec"]
+        return spec
+    template_spec: Doc = doc["spec"]["template"]["spec"]
+    return template_spec
+
+
+def pod_docs(docs: tuple[Doc, ...]) -> Iterator[Doc]:
+    """Every object that runs a pod: workloads, the replay Job, the helm test Pod."""
+    yield from of_kind(docs, "Deployment", "StatefulSet", "Job", "Pod")
+
+
+def config_map(docs: tuple[Doc, ...]) -> dict[str, str]:
+    (found,) = of_kind(docs, "ConfigMap")
+    data: dict[str, str] = found["data"]
+    return data
+
+
+def env_names(container: Doc) -> list[str]:
+    return [entry["name"] for entry in container.get("env", [])]
+
+
+def load_yaml(path: Path) -> Any:
+    with path.open(encoding="utf-8") as handle:
+        return yaml.safe_load(handle)
