@@ -16,11 +16,13 @@ Differences from Mastra, on purpose:
   that is why a skipped save still reads the thread;
 * `memoryConfig.lastMessages` in the request context overrides the processor's `last_messages` for one turn;
 * no assistant merge (R11), see `message_history.message_list`;
-* no tracing (`tracing_context` is accepted and ignored), no token limiter, no 10 ms pause after saving.
+* no tracing (`tracing_context` is accepted and ignored), no token limiter. Like Mastra 1.71,
+  `process_output_result` pauses 10 ms after a save; `persist_turn` (the Kafka paths) does not.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol
@@ -53,6 +55,8 @@ __all__ = [
     "RequestContext",
     "abort",
 ]
+
+_PAUSE_AFTER_SAVE_S: Final = 0.010
 
 Abort = Callable[[str | None], NoReturn]
 """The `abort(reason)` function a step receives: it raises and never returns."""
@@ -229,7 +233,7 @@ class MessageHistory:
         memory = parse_memory_context(request_context)
         thread_id = memory.thread_id if memory and memory.thread_id else message_list.thread_id
         resource_id = memory.resource_id if memory and memory.thread_id else message_list.resource_id
-        await self.persist_turn(
+        outcome = await self.persist_turn(
             thread_id=thread_id,
             resource_id=resource_id,
             input=message_list.get_input(),
@@ -237,6 +241,10 @@ class MessageHistory:
             finish_reason=_finish_reason(result),
             read_only=memory.read_only if memory else False,
         )
+        if outcome.skipped is None:
+            # As Mastra 1.71: a next turn started right away stamps its input "now", which could otherwise
+            # fall in the same millisecond as this turn's last saved message and sort before it.
+            await asyncio.sleep(_PAUSE_AFTER_SAVE_S)
         return message_list
 
     # --- the work, callable directly (the Kafka paths do) ------------------------------------------------

@@ -1,0 +1,45 @@
+"""The Python examples of the README's "Use it as a library" section run as written."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+SECTION = "## Use it as a library"
+
+
+def library_section(text: str) -> str:
+    """The README text from the section heading to the next second-level heading."""
+    start = text.index(SECTION)
+    following = re.search(r"^## ", text[start + len(SECTION) :], flags=re.MULTILINE)
+    return text[start:] if following is None else text[start : start + len(SECTION) + following.start()]
+
+
+def python_blocks(section: str) -> list[str]:
+    """Every fenced ```python block of the section, in order."""
+    return re.findall(r"^```python\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+
+
+BLOCKS = python_blocks(library_section(README.read_text(encoding="utf-8")))
+
+
+def test_section_has_the_seed_examples() -> None:
+    """The section holds at least the plain and the advanced example (and the extraction finds them)."""
+    assert len(BLOCKS) >= 2
+    assert any("MessageHistory(" in block and "last_messages=50" in block for block in BLOCKS)
+    assert any("process_input" in block and "process_output_result" in block for block in BLOCKS)
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"block-{i}" for i in range(len(BLOCKS))])
+def test_example_runs(block: str) -> None:
+    """Each example runs in a fresh namespace and prints exactly what its `# -> ...` comments say."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block, str(README), "exec"), {"__name__": "__readme__"})
+    expected = re.findall(r"#\s*->\s*(.*?)\s*$", block, flags=re.MULTILINE)
+    assert out.getvalue().splitlines() == expected
