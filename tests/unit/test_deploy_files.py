@@ -1,0 +1,263 @@
+"""The image recipe, its dependency lock, the compose file and the plain replay Job agree with the project.
+
+No Docker engine is needed (none exists where they were written): the Dockerfile is checked structurally.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+import tomllib
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
+
+from tests.unit.deploy_support import DEPLOY, REPO, load_yaml, setting_default, settings_env_names
+
+DOCKERFILE = DEPLOY / "Dockerfile"
+LOCK = DEPLOY / "requirements.txt"
+COMPOSE = DEPLOY / "compose.yaml"
+REPLAY_JOB = DEPLOY / "k8s" / "replay-job.yaml"
+# A tag naming an exact release: three numeric parts (3.11.14, 4.3.1, 7.0.16), optionally a variant suffix.
+PINNED_TAG = re.compile(r"^[\w./-]+:\d+\.\d+\.\d+(-[\w.-]+)?(@sha256:[0-9a-f]{64})?$")
+
+
+@dataclass(frozen=True)
+class Instruction:
+    keyword: str
+    value: str
+
+
+def _instructions(text: str) -> list[Instruction]:
+    """Dockerfile instructions with line continuations joined and comments dropped."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    out = []
+    for line in logical:
+        keyword, _, value = line.partition(" ")
+        out.append(Instruction(keyword.upper(), value.strip()))
+    return out
+
+
+def _stages(instructions: list[Instruction]) -> list[list[Instruction]]:
+    stages: list[list[Instruction]] = []
+    for instruction in instructions:
+        if instruction.keyword == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(instruction)
+    return stages
+
+
+def _global_args(instructions: list[Instruction]) -> dict[str, str]:
+    args: dict[str, str] = {}
+    for instruction in instructions:
+        if instruction.keyword == "FROM":
+            break
+        if instruction.keyword == "ARG" and "=" in instruction.value:
+            name, _, default = instruction.value.partition("=")
+            args[name] = default
+    return args
+
+
+@pytest.fixture(scope="module")
+def dockerfile() -> list[Instruction]:
+    return _instructions(DOCKERFILE.read_text(encoding="utf-8"))
+
+
+# --- Dockerfile -----------------------------------------------------------------------------------
+
+
+def test_dockerfile_builds_in_stages_from_a_pinned_base(dockerfile: list[Instruction]) -> None:
+    """The image has a builder and a runtime stage, each FROM an exact base release (no `latest`)."""
+    args = _global_args(dockerfile)
+    stages = _stages(dockerfile)
+    assert len(stages) >= 2
+    names = []
+    for stage in stages:
+        base, _, name = stage[0].value.partition(" AS ")
+        image = re.sub(r"\$\{(\w+)\}", lambda m: args[str(m.group(1))], base.strip())
+        assert "latest" not in image
+        assert PINNED_TAG.match(image), image
+        names.append(name.strip())
+    assert names[0] == "builder"
+    assert names[-1] == "runtime"
+
+
+def test_runtime_stage_copies_only_the_venv_and_runs_unprivileged(dockerfile: list[Instruction]) -> None:
+    """The final stage takes the virtualenv from the builder, sets a numeric non-root USER, and never writes
+    bytecode or a home directory outside /tmp."""
+    runtime = _stages(dockerfile)[-1]
+    copies = [i.value for i in runtime if i.keyword == "COPY"]
+    assert copies == ["--from=builder /opt/venv /opt/venv"]
+    (user,) = [i.value for i in runtime if i.keyword == "USER"]
+    uid, _, gid = user.partition(":")
+    assert uid.isdigit()
+    assert gid.isdigit()
+    assert int(uid) > 0
+    assert int(gid) > 0
+    env = " ".join(i.value for i in runtime if i.keyword == "ENV")
+    assert "PYTHONDONTWRITEBYTECODE=1" in env
+    assert "HOME=/tmp" in env
+    assert not [i for i in runtime if i.keyword == "ADD"]
+
+
+def test_entrypoint_is_the_console_script_running_the_service(dockerfile: list[Instruction]) -> None:
+    """ENTRYPOINT is the project's console script in exec form, CMD is `run`, EXPOSE is the service's port."""
+    runtime = _stages(dockerfile)[-1]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+    (entrypoint,) = [json.loads(i.value) for i in runtime if i.keyword == "ENTRYPOINT"]
+    (cmd,) = [json.loads(i.value) for i in runtime if i.keyword == "CMD"]
+    assert entrypoint == ["message-history"]
+    assert entrypoint[0] in scripts
+    assert cmd == ["run"]
+    (expose,) = [i.value for i in runtime if i.keyword == "EXPOSE"]
+    assert int(expose) == setting_default("http_port")
+
+
+def test_dockerignore_lets_in_everything_the_dockerfile_copies(dockerfile: list[Instruction]) -> None:
+    """The root .dockerignore is an allowlist admitting every path the Dockerfile copies from the context."""
+    lines = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    allowed = [line[1:].rstrip("/") for line in lines if line.startswith("!")]
+    sources = []
+    for instruction in dockerfile:
+        if instruction.keyword == "COPY" and not instruction.value.startswith("--from"):
+            *srcs, _dest = instruction.value.split()
+            sources.extend(srcs)
+    assert sources
+    for source in sources:
+        assert (REPO / source).exists(), source
+        assert any(source == a or source.startswith(f"{a}/") for a in allowed), source
+
+
+# --- dependency lock ------------------------------------------------------------------------------
+
+
+def _lock() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in LOCK.read_text(encoding="utf-8").splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.partition("==")
+            assert version, f"not pinned: {line}"
+            pins[name.lower().replace("_", "-")] = version
+    return pins
+
+
+def test_lock_pins_every_runtime_dependency_as_pyproject_does() -> None:
+    """deploy/requirements.txt pins each [project] dependency at the version pyproject.toml pins."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    lock = _lock()
+    for spec in project["dependencies"]:
+        requirement = Requirement(spec)
+        name = requirement.name.lower().replace("_", "-")
+        assert name in lock, name
+        assert lock[name] in requirement.specifier, f"{name}: lock {lock[name]} vs pyproject {requirement}"
+
+
+def test_lock_matches_what_the_tests_run_against() -> None:
+    """Every locked version is the one installed for the tests, so the image runs what was tested."""
+    lock = _lock()
+    assert len(lock) >= 5
+    installed = {name: importlib.metadata.version(name) for name in lock}
+    assert installed == lock
+
+
+# --- compose --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = load_yaml(COMPOSE)
+    return loaded
+
+
+def test_compose_service_env_names_are_settings(compose: dict[str, Any]) -> None:
+    """Every variable compose gives the service is one the Settings model reads."""
+    env = compose["services"]["message-history"]["environment"]
+    assert set(env) - set(settings_env_names()) == set()
+    assert "MONGODB_URI" in env
+    assert "KAFKA_BOOTSTRAP_SERVERS" in env
+
+
+def test_compose_starts_the_service_after_healthy_dependencies(compose: dict[str, Any]) -> None:
+    """The service waits for healthy Kafka and MongoDB and for the topics, and has its own healthcheck."""
+    services = compose["services"]
+    depends = services["message-history"]["depends_on"]
+    assert depends["kafka"]["condition"] == "service_healthy"
+    assert depends["mongo"]["condition"] == "service_healthy"
+    assert depends["kafka-init"]["condition"] == "service_completed_successfully"
+    for name in ("kafka", "mongo", "message-history"):
+        assert services[name]["healthcheck"]["test"], name
+    assert "/readyz" in " ".join(services["message-history"]["healthcheck"]["test"])
+
+
+def test_compose_images_are_pinned_and_the_service_is_built_from_the_dockerfile(
+    compose: dict[str, Any],
+) -> None:
+    """Kafka (KRaft) and MongoDB come from exact releases; the service is built from deploy/Dockerfile."""
+    services = compose["services"]
+    assert services["kafka"]["image"].startswith("apache/kafka:4.")
+    assert services["mongo"]["image"].startswith("mongo:7.0.")
+    for name in ("kafka", "kafka-init", "mongo"):
+        assert PINNED_TAG.match(services[name]["image"]), name
+    assert "broker,controller" in services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"]
+    build = services["message-history"]["build"]
+    assert (COMPOSE.parent / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE.resolve()
+
+
+def test_compose_service_is_locked_down_and_drains_before_kill(compose: dict[str, Any]) -> None:
+    """The service runs read-only as a non-root user with no capabilities, and compose waits longer than the
+    service's drain grace before killing it."""
+    service = compose["services"]["message-history"]
+    assert service["read_only"] is True
+    assert service["cap_drop"] == ["ALL"]
+    assert int(service["user"].split(":")[0]) > 0
+    assert any(mount.startswith("/tmp") for mount in service["tmpfs"])
+    grace = float(
+        service["environment"].get("MESSAGE_HISTORY_SHUTDOWN_GRACE_S", setting_default("shutdown_grace_s"))
+    )
+    assert service["stop_grace_period"].endswith("s")
+    assert float(service["stop_grace_period"][:-1]) > grace
+
+
+# --- plain replay Job -----------------------------------------------------------------------------
+
+
+def test_plain_replay_job_runs_replay_locked_down_with_real_settings() -> None:
+    """deploy/k8s/replay-job.yaml runs `message-history replay` as non-root on a read-only root, reads
+    MONGODB_URI from a Secret, and sets only variables the service reads."""
+    job = load_yaml(REPLAY_JOB)
+    assert job["kind"] == "Job"
+    spec = job["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["args"][0] == "replay"
+    assert spec["restartPolicy"] == "Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["runAsUser"] > 0
+    ctx = container["securityContext"]
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"]["drop"] == ["ALL"]
+    env = {entry["name"]: entry for entry in container["env"]}
+    assert set(env) - set(settings_env_names()) == set()
+    assert "secretKeyRef" in env["MONGODB_URI"]["valueFrom"]
+    assert spec["terminationGracePeriodSeconds"] > setting_default("shutdown_grace_s")
