@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import json
 import logging
 import secrets
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -298,14 +297,12 @@ async def remove_demo_data(settings: Settings) -> None:
 # --- the service -------------------------------------------------------------------------------------------
 
 
-def start_service(settings: Settings, stop: asyncio.Event) -> Coroutine[Any, Any, Any]:
-    """The in-process service, running until `stop` is set (the event SIGTERM sets in `message-history run`).
+def start_service(settings: Settings, stop: asyncio.Event) -> Coroutine[Any, Any, int]:
+    """The in-process service (both paths), running until `stop` is set: the event SIGTERM sets in
+    `message-history run`. Returns its exit code. The one place that knows the service's entry point."""
+    from message_history.service import run_service  # noqa: PLC0415 -- the service's imports are heavy
 
-    The one place that knows the service's entry point.
-    """
-    service = importlib.import_module("message_history.service")
-    run: Callable[..., Coroutine[Any, Any, Any]] = service.run_service
-    return run(settings, stop=stop)
+    return run_service(settings, stop=stop)
 
 
 # --- the run -----------------------------------------------------------------------------------------------
@@ -420,6 +417,11 @@ def _iso(value: Any) -> str:
     return str(value)
 
 
+def _consume_outcome(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 async def wait_or_fail(
     awaitable: Awaitable[Any], background: Sequence[asyncio.Task[Any]], timeout_s: float, what: str
 ) -> Any:
@@ -428,11 +430,12 @@ async def wait_or_fail(
     done, _ = await asyncio.wait({main, *background}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     if main in done:
         return main.result()
+    main.add_done_callback(_consume_outcome)  # abandoned: its eventual error is not worth a log line
     main.cancel()
     for task in background:
         if task in done:
             exc = None if task.cancelled() else task.exception()
-            reason = f"{type(exc).__name__}: {exc}" if exc else "it returned"
+            reason = f"{type(exc).__name__}: {exc}" if exc else f"it returned {task.result()!r}"
             raise DemoError(f"{task.get_name()} stopped while waiting for {what} ({reason})")
     raise DemoError(f"no answer within {timeout_s:g} s while waiting for {what}")
 
@@ -518,12 +521,14 @@ async def _shutdown(
     timeout_s = settings.shutdown_grace_s + 5
     try:
         async with asyncio.timeout(timeout_s):
-            await asyncio.gather(service, return_exceptions=False)
+            code = await service
     except TimeoutError:
         service.cancel()
         return DemoError(f"the service did not stop within {timeout_s:g} s of the stop signal")
     except Exception as exc:  # noqa: BLE001 -- reported to the user as the demo's failure
         return DemoError(f"the service failed: {type(exc).__name__}: {exc}")
+    if code != 0:
+        return DemoError(f"the service exited with code {code} (its log on stderr says why)")
     return None
 
 

@@ -37,9 +37,7 @@ _MIN_SECRET_LEN = 4  # shorter values would mask ordinary text everywhere and ar
 _secrets: set[str] = set()
 _secrets_sorted: list[str] = []
 
-_URI_USERINFO = re.compile(
-    r"(?P<scheme>\b[a-zA-Z][\w+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^\s/?#]*)@"
-)
+_URI_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][\w+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^\s/?#]*)@")
 _SENSITIVE_KEY = r"[\w.\-]*(?:password|passwd|secret|api[_\-]?key)[\w.\-]*"
 _PAIR = re.compile(
     rf"""(?P<key>["']?{_SENSITIVE_KEY}["']?)(?P<sep>\s*[:=]\s*)"""
@@ -49,9 +47,11 @@ _PAIR = re.compile(
 _SENSITIVE_NAME = re.compile(rf"^{_SENSITIVE_KEY}$", re.IGNORECASE)
 
 # LogRecord attributes that are not `extra` fields.
-_RESERVED = frozenset(
-    logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__
-) | {"message", "asctime", "taskName"}
+_RESERVED = frozenset(logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
 
 
 def register_secret(value: str | SecretStr | None) -> None:

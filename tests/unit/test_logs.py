@@ -65,8 +65,14 @@ def test_extras_are_top_level_fields(out: io.StringIO) -> None:
     """Fields passed with extra= appear as JSON fields, non-JSON values as text, clashing names suffixed."""
     logging.getLogger("t").info(
         "batch done",
-        extra={"partition": 3, "records": [1, 2], "topic": "agent.requests", "ok": True, "level": "x",
-               "obj": Opaque()},
+        extra={
+            "partition": 3,
+            "records": [1, 2],
+            "topic": "agent.requests",
+            "ok": True,
+            "level": "x",
+            "obj": Opaque(),
+        },
     )
     (record,) = lines(out)
     assert record["partition"] == 3
@@ -128,8 +134,17 @@ def test_unknown_level_is_refused() -> None:
         ("client_secret: hunter22", "hunter22", "client_secret: ***"),
         ("API_KEY=hunter22", "hunter22", "API_KEY=***"),
     ],
-    ids=["mongodb-uri", "srv-uri-encoded", "kafka-url-at-in-password", "kv", "json", "py-repr", "setting",
-         "colon", "api-key"],
+    ids=[
+        "mongodb-uri",
+        "srv-uri-encoded",
+        "kafka-url-at-in-password",
+        "kv",
+        "json",
+        "py-repr",
+        "setting",
+        "colon",
+        "api-key",
+    ],
 )
 def test_scrub_patterns(text: str, leak: str, kept: str) -> None:
     """URI passwords and password-like key/value pairs are masked; the rest of the text stays readable."""
@@ -179,8 +194,13 @@ def test_registered_uri_masks_its_password_alone(out: io.StringIO) -> None:
 def test_sensitive_extra_names_are_masked(out: io.StringIO) -> None:
     """Extras named like passwords are masked whatever their value, and SecretStr values never print."""
     logging.getLogger("t").info(
-        "cfg", extra={"mongodb_password": "plain-text-value", "token_count": 12, "cfg": {"password": "v4lue"},
-                      "sec": SecretStr("zzzz-hidden")},
+        "cfg",
+        extra={
+            "mongodb_password": "plain-text-value",
+            "token_count": 12,
+            "cfg": {"password": "v4lue"},
+            "sec": SecretStr("zzzz-hidden"),
+        },
     )
     (record,) = lines(out)
     assert record["mongodb_password"] == MASK
