@@ -1,0 +1,124 @@
+"""The recall path's batch handler: `agent.requests` in, `agent.requests.enriched` out.
+
+Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads and recent
+messages in one concurrent round trip, then per request `MessageHistory.recall` (answered from the prefetch)
+and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements. Requests of one thread
+run in batch order, so their enriched events leave in the order the requests came.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from consumers.lanes import Failed, run_lanes
+from consumers.loop import Ack, record_headers
+from message_history import metrics
+from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
+from message_history.errors import EventValidationError, InvalidInputError
+from message_history.processor import MessageHistory
+from message_history.rules import LastMessages, normalize_limit
+from producers.enriched import EnrichedPublisher
+from schemas.events import AgentRequest, EnrichedRequest, decode_request
+from schemas.limits import Limits
+
+log = logging.getLogger(__name__)
+
+PATH = "recall"
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    record: Any  # aiokafka ConsumerRecord
+    request: AgentRequest
+
+
+def turn_last_messages(request: AgentRequest, default: int) -> LastMessages:
+    """The request's own `lastMessages`, or the service's `default` when absent or null (contract §3)."""
+    memory = request.memory
+    if memory is None or memory.lastMessages is None:
+        return default
+    return memory.lastMessages
+
+
+class RecallHandler:
+    """Enriches a batch of requests with their threads' history."""
+
+    def __init__(
+        self,
+        *,
+        storage: BatchHistoryStorage,
+        publisher: EnrichedPublisher,
+        limits: Limits,
+        last_messages: int,
+        max_in_flight_threads: int,
+    ) -> None:
+        self._storage = storage
+        self._publisher = publisher
+        self._limits = limits
+        self._last_messages = last_messages
+        self._max_in_flight = max_in_flight_threads
+
+    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+        started = time.perf_counter()
+        results: list[Ack | InvalidInputError | None] = [None] * len(records)
+        items: list[tuple[int, _Item]] = []
+        for index, record in enumerate(records):
+            try:
+                if record.value is None:
+                    raise EventValidationError("empty record (no value)")
+                items.append((index, _Item(record, decode_request(record.value, self._limits))))
+            except InvalidInputError as exc:
+                results[index] = exc
+        decoded = time.perf_counter()
+        metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
+
+        history = await PrefetchedHistory.load(
+            self._storage, [self._query(item.request) for _, item in items]
+        )
+        metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
+        processor = MessageHistory(storage=history, last_messages=self._last_messages)
+
+        async def enrich(entry: tuple[int, _Item]) -> Ack:
+            item = entry[1]
+            request = item.request
+            outcome = await processor.recall(
+                thread_id=request.threadId,
+                resource_id=request.resourceId,
+                incoming=request.messages,
+                last_messages=turn_last_messages(request, self._last_messages),
+            )
+            enriched = EnrichedRequest.from_request(
+                request, outcome.context, recalled=outcome.recalled, limit=outcome.limit
+            )
+            metrics.RECALLED_MESSAGES.observe(outcome.recalled)
+            return await self._publisher.publish(enriched, headers=record_headers(item.record))
+
+        sent_from = time.perf_counter()
+        outcomes = await run_lanes(
+            items,
+            key=lambda entry: entry[1].request.threadId,
+            work=enrich,
+            max_concurrent=self._max_in_flight,
+            item_errors=(InvalidInputError,),
+        )
+        metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
+        for (index, _), outcome in zip(items, outcomes, strict=True):
+            if isinstance(outcome, Failed):
+                assert isinstance(outcome.error, InvalidInputError)
+                results[index] = outcome.error
+            else:
+                results[index] = outcome
+                metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
+        if history.misses:
+            log.debug("recall prefetch missed", extra={"path": PATH, "misses": history.misses})
+        done = [r for r in results if r is not None]
+        assert len(done) == len(records)  # every record decoded-and-enriched or refused
+        return done
+
+    def _query(self, request: AgentRequest) -> RecallQuery:
+        limit = normalize_limit(turn_last_messages(request, self._last_messages))
+        return RecallQuery(thread_id=request.threadId, resource_id=request.resourceId, limit=limit)

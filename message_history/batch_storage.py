@@ -1,0 +1,277 @@
+"""Storage stand-ins that let `MessageHistory` run once per event while MongoDB sees one round trip per batch.
+
+The processor is the one implementation of the rules, and it talks to a `HistoryStorage` one event at a time.
+The Kafka paths hand it these wrappers instead of the real storage:
+
+* `PrefetchedHistory` (recall path): loaded with one `get_threads` and one `list_messages_many` for the whole
+  batch (issued concurrently), it answers `get_thread` / `list_messages` from memory. It is a cache, not a
+  copy of the rules: a query it was not loaded for (another resource, a larger page) goes to the storage.
+* `CollectingHistory` (persist path): answers `get_thread` from one `get_threads` prefetch plus what earlier
+  turns of the same batch created, records each `save_messages` as a `SaveTurn` instead of writing, and then
+  `flush()` writes every turn with one `save_many`. Turns of one thread must be run in batch order (the
+  lanes do), so that the second turn of a thread sees the thread the first one creates, and a turn from
+  another resource is refused as the storage would refuse it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
+
+from message_history.errors import ThreadOwnershipError
+from schemas.messages import Message
+from storage.protocol import HistoryStorage, Thread
+
+
+@dataclass(frozen=True, slots=True)
+class RecallQuery:
+    """One `list_messages` of a batch: the thread's newest `limit` messages (None = all) of `resource_id`."""
+
+    thread_id: str
+    resource_id: str | None
+    limit: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SaveTurn:
+    """One `save_messages` of a batch."""
+
+    thread_id: str
+    resource_id: str
+    messages: Sequence[Message] = field(default_factory=list)
+
+
+@runtime_checkable
+class BatchHistoryStorage(HistoryStorage, Protocol):
+    """A `HistoryStorage` with the batch forms the Kafka paths use (one round trip each)."""
+
+    async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
+        """The existing threads among `thread_ids`, by id (missing ones are absent)."""
+        ...
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """Per query's thread id, what `list_messages` would return for it (newest first)."""
+        ...
+
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        """`save_messages` for each turn, in order; a refused turn's entry is its `ThreadOwnershipError`."""
+        ...
+
+
+# --- recall ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    resource_id: str | None
+    limit: int | None
+    messages: list[Message]  # newest first
+
+
+class PrefetchedHistory:
+    """Read-only view of a batch's threads and recent messages, loaded in one concurrent round trip."""
+
+    def __init__(
+        self,
+        storage: HistoryStorage,
+        threads: dict[str, Thread],
+        pages: dict[str, _Page],
+        known: Iterable[str],
+    ) -> None:
+        self._storage = storage
+        self._threads = threads  # the existing threads among `known`
+        self._pages = pages
+        self._known = set(known)  # thread ids whose existence was prefetched
+        self.misses = 0  # queries answered by the storage: a sign the prefetch guessed wrong
+
+    @classmethod
+    async def load(cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery]) -> PrefetchedHistory:
+        """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked)."""
+        merged: dict[str, RecallQuery] = {}
+        for query in queries:
+            seen = merged.get(query.thread_id)
+            if seen is None or (seen.resource_id == query.resource_id and _larger(query.limit, seen.limit)):
+                merged[query.thread_id] = query
+        ids = list(merged)
+        wanted = [q for q in merged.values() if q.limit != 0]
+        threads, pages = await asyncio.gather(storage.get_threads(ids), storage.list_messages_many(wanted))
+        loaded = {
+            q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
+        }
+        return cls(storage, dict(threads), loaded, ids)
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        if thread_id in self._known:
+            return self._threads.get(thread_id)
+        self.misses += 1
+        return await self._storage.get_thread(thread_id)
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        if limit == 0:
+            return []
+        page = self._pages.get(thread_id)
+        if page is not None and page.resource_id == resource_id and not _larger(limit, page.limit):
+            return list(page.messages if limit is None else page.messages[:limit])
+        self.misses += 1
+        return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
+        raise RuntimeError("the recall path does not write")  # pragma: no cover -- a programming error
+
+
+def _larger(limit: int | None, than: int | None) -> bool:
+    """True when a page of `limit` holds more than one of `than` (None = unlimited)."""
+    if limit is None:
+        return than is not None
+    return than is not None and limit > than
+
+
+# --- persist -----------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class CollectedTurn:
+    """A `save_messages` call recorded for the batch write; `result` is set by `flush()`."""
+
+    turn: SaveTurn
+    result: Thread | ThreadOwnershipError | None = None
+
+
+class CollectingHistory:
+    """Records a batch's saves and writes them with one `save_many`; reads come from one prefetch."""
+
+    def __init__(
+        self, storage: BatchHistoryStorage, threads: dict[str, Thread], known: Iterable[str]
+    ) -> None:
+        self._storage = storage
+        self._threads = threads  # stored threads, then overlaid by this batch's saves
+        self._known = set(known)
+        self.turns: list[CollectedTurn] = []
+        self.misses = 0
+
+    @classmethod
+    async def load(cls, storage: BatchHistoryStorage, thread_ids: Iterable[str]) -> CollectingHistory:
+        ids = list(dict.fromkeys(thread_ids))
+        threads = await storage.get_threads(ids) if ids else {}
+        return cls(storage, dict(threads), ids)
+
+    def for_turn(self) -> TurnStorage:
+        """A `HistoryStorage` for one turn: its save (at most one) is recorded as that turn's."""
+        return TurnStorage(self)
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        if thread_id in self._known:
+            return self._threads.get(thread_id)
+        self.misses += 1
+        thread = await self._storage.get_thread(thread_id)
+        self._known.add(thread_id)
+        if thread is not None:
+            self._threads[thread_id] = thread
+        return thread
+
+    def record(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> CollectedTurn:
+        """Record a save; refuses a thread owned by another resource (stored, or created in this batch)."""
+        thread = self._threads.get(thread_id)
+        if thread is not None and thread.resourceId != resource_id:
+            raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
+        if thread is None:
+            # provisional: the batch's later turns of this thread must see it exists and whose it is
+            now = datetime.now(UTC)
+            self._threads[thread_id] = Thread(
+                id=thread_id, resourceId=resource_id, createdAt=now, updatedAt=now
+            )
+        collected = CollectedTurn(SaveTurn(thread_id=thread_id, resource_id=resource_id, messages=messages))
+        self.turns.append(collected)
+        return collected
+
+    async def flush(self) -> None:
+        """Write every recorded turn with one `save_many`; each turn gets its result."""
+        if not self.turns:
+            return
+        results = await self._storage.save_many([c.turn for c in self.turns])
+        if len(results) != len(self.turns):
+            raise RuntimeError(f"save_many returned {len(results)} results for {len(self.turns)} turns")
+        for collected, result in zip(self.turns, results, strict=True):
+            collected.result = result
+
+
+class TurnStorage:
+    """One turn's view of a `CollectingHistory`: reads are shared, the save is remembered as `saved`."""
+
+    def __init__(self, batch: CollectingHistory) -> None:
+        self._batch = batch
+        self.saved: CollectedTurn | None = None
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        return await self._batch.get_thread(thread_id)
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        raise RuntimeError("the persist path does not recall")  # pragma: no cover -- a programming error
+
+    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
+        self.saved = self._batch.record(thread_id=thread_id, resource_id=resource_id, messages=messages)
+        thread = await self._batch.get_thread(thread_id)
+        assert thread is not None  # just recorded
+        return thread
+
+
+# --- any storage -------------------------------------------------------------------------------------------
+
+
+class SequentialBatches:
+    """The batch forms over a plain `HistoryStorage`, one call per item (embedded use, tests, a fallback)."""
+
+    def __init__(self, storage: HistoryStorage) -> None:
+        self.storage = storage
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        return await self.storage.get_thread(thread_id)
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        return await self.storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
+        return await self.storage.save_messages(
+            thread_id=thread_id, resource_id=resource_id, messages=messages
+        )
+
+    async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
+        found = {tid: await self.storage.get_thread(tid) for tid in dict.fromkeys(thread_ids)}
+        return {tid: thread for tid, thread in found.items() if thread is not None}
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        return {
+            q.thread_id: await self.storage.list_messages(
+                q.thread_id, resource_id=q.resource_id, limit=q.limit
+            )
+            for q in queries
+        }
+
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        out: list[Thread | ThreadOwnershipError] = []
+        for turn in turns:
+            try:
+                out.append(
+                    await self.storage.save_messages(
+                        thread_id=turn.thread_id, resource_id=turn.resource_id, messages=turn.messages
+                    )
+                )
+            except ThreadOwnershipError as exc:
+                out.append(exc)
+        return out
+
+
+def as_batch_storage(storage: HistoryStorage) -> BatchHistoryStorage:
+    """`storage` itself when it has the batch forms, else `SequentialBatches` around it."""
+    if isinstance(storage, BatchHistoryStorage):
+        return storage
+    return SequentialBatches(storage)
