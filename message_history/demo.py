@@ -33,6 +33,7 @@ from pymongo import AsyncMongoClient
 
 from message_history.logs import configure_logging, register_secret, scrub
 from message_history.settings import Settings
+from producers.connection import kafka_options as connection_options
 from schemas.events import (
     AgentRequest,
     AgentResponse,
@@ -224,22 +225,8 @@ def demo_topics(settings: Settings) -> list[str]:
 
 
 def kafka_options(settings: Settings, client_id: str) -> dict[str, Any]:
-    """aiokafka connection options from the settings (security included)."""
-    options: dict[str, Any] = {
-        "bootstrap_servers": settings.kafka_bootstrap_servers,
-        "security_protocol": settings.kafka_security_protocol,
-        "client_id": client_id,
-    }
-    if settings.kafka_sasl_mechanism is not None:
-        options["sasl_mechanism"] = settings.kafka_sasl_mechanism
-        options["sasl_plain_username"] = settings.kafka_sasl_username
-        if settings.kafka_sasl_password is not None:
-            options["sasl_plain_password"] = settings.kafka_sasl_password.get_secret_value()
-    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context  # noqa: PLC0415 -- only when TLS is configured
-
-        options["ssl_context"] = create_ssl_context(cafile=settings.kafka_ssl_cafile)
-    return options
+    """aiokafka connection options from the settings (security included), as the service builds them."""
+    return connection_options(settings, client_id=client_id)
 
 
 async def create_topics(settings: Settings) -> None:
