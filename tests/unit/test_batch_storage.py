@@ -1,0 +1,153 @@
+"""Batch storage wrappers: the processor runs per event, storage sees one round trip per batch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from message_history.batch_storage import (
+    CollectingHistory,
+    PrefetchedHistory,
+    RecallQuery,
+    SaveTurn,
+    SequentialBatches,
+)
+from message_history.errors import ThreadOwnershipError
+from message_history.processor import MessageHistory
+from schemas.messages import Message
+from storage.memory import InMemoryHistoryStorage
+from storage.protocol import Thread
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+
+
+def _message(mid: str, role: str, text: str, at: int) -> Message:
+    return Message.model_validate(
+        {
+            "id": mid,
+            "role": role,
+            "createdAt": (T0 + timedelta(seconds=at)).isoformat(),
+            "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
+        }
+    )
+
+
+class _Counting(SequentialBatches):
+    """Counts calls per storage operation."""
+
+    def __init__(self) -> None:
+        super().__init__(InMemoryHistoryStorage())
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        self._count("get_thread")
+        return await super().get_thread(thread_id)
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        self._count("list_messages")
+        return await super().list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
+        self._count("get_threads")
+        return await super().get_threads(thread_ids)
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        self._count("list_messages_many")
+        return await super().list_messages_many(queries)
+
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        self._count("save_many")
+        return await super().save_many(turns)
+
+
+async def _seed(storage: _Counting, thread: str, owner: str, count: int) -> None:
+    messages = [_message(f"{thread}-{i}", "user", f"m{i}", i) for i in range(count)]
+    await storage.storage.save_messages(thread_id=thread, resource_id=owner, messages=messages)
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected_ids", "misses"),
+    [
+        pytest.param(3, ["t-5", "t-4", "t-3"], 0, id="prefetched-page"),
+        pytest.param(2, ["t-5", "t-4"], 0, id="smaller-page-sliced"),
+        pytest.param(None, [f"t-{i}" for i in range(5, -1, -1)], 1, id="larger-page-goes-to-storage"),
+        pytest.param(0, [], 0, id="zero-is-nothing"),
+    ],
+)
+async def test_prefetch_answers_from_memory(asked: int | None, expected_ids: list[str], misses: int) -> None:
+    """Reads covered by the prefetch need no storage call; others fall through and are counted as misses."""
+    storage = _Counting()
+    await _seed(storage, "t", "u", 6)
+    view = await PrefetchedHistory.load(storage, [RecallQuery("t", "u", 3)])
+    got = await view.list_messages("t", resource_id="u", limit=asked)
+    assert [m.id for m in got] == expected_ids
+    assert view.misses == misses
+    assert storage.calls.get("list_messages", 0) == misses
+
+
+async def test_recall_batch_is_one_prefetch() -> None:
+    """Recalling for many threads (one twice) costs one get_threads and one list_messages_many."""
+    storage = _Counting()
+    for thread in ("a", "b", "c"):
+        await _seed(storage, thread, "u", 4)
+    queries = [RecallQuery(t, "u", 40) for t in ("a", "b", "a", "c", "new")]
+    view = await PrefetchedHistory.load(storage, queries)
+    processor = MessageHistory(storage=view, last_messages=40)
+    for query in queries:
+        outcome = await processor.recall(
+            thread_id=query.thread_id, resource_id="u", incoming=[_message("in", "user", "x", 100)]
+        )
+        assert outcome.recalled == (0 if query.thread_id == "new" else 4)
+    assert storage.calls == {"get_threads": 1, "list_messages_many": 1}
+    assert view.misses == 0
+
+
+async def test_collecting_two_turns_same_thread_then_one_write() -> None:
+    """The first turn creates the thread; the second sees it; another resource is refused; one save_many."""
+    storage = _Counting()
+    batch = await CollectingHistory.load(storage, ["t", "t", "t"])
+    first, second, intruder = batch.for_turn(), batch.for_turn(), batch.for_turn()
+
+    out1 = await MessageHistory(storage=first).persist_turn(
+        thread_id="t", resource_id="alice", input=[_message("1", "user", "hi", 1)], response=[]
+    )
+    out2 = await MessageHistory(storage=second).persist_turn(
+        thread_id="t", resource_id="alice", input=[_message("2", "user", "again", 2)], response=[]
+    )
+    with pytest.raises(ThreadOwnershipError):
+        await MessageHistory(storage=intruder).persist_turn(
+            thread_id="t", resource_id="mallory", input=[_message("3", "user", "x", 3)], response=[]
+        )
+    assert storage.calls == {"get_threads": 1}  # nothing written yet
+    await batch.flush()
+
+    assert storage.calls == {"get_threads": 1, "save_many": 1}
+    assert out1.saved_ids == ["1"]
+    assert out2.saved_ids == ["2"]
+    assert intruder.saved is None
+    assert first.saved is not None
+    assert second.saved is not None
+    assert isinstance(second.saved.result, Thread)
+    assert second.saved.result.resourceId == "alice"
+    stored = await storage.storage.list_messages("t", resource_id=None, limit=None)
+    assert [m.id for m in stored] == ["2", "1"]
+
+
+async def test_collecting_refuses_stored_owner() -> None:
+    """A turn naming a thread stored under another resource is refused before anything is written."""
+    storage = _Counting()
+    await _seed(storage, "t", "alice", 1)
+    batch = await CollectingHistory.load(storage, ["t"])
+    with pytest.raises(ThreadOwnershipError):
+        await MessageHistory(storage=batch.for_turn()).persist_turn(
+            thread_id="t", resource_id="bob", input=[_message("9", "user", "x", 9)], response=[]
+        )
+    await batch.flush()
+    assert "save_many" not in storage.calls
