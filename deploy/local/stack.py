@@ -305,7 +305,7 @@ def install_kafka_libs() -> None:
     staging = Path(tempfile.mkdtemp(prefix="kafka-libs.", dir=CACHE))
     try:
         run(
-            [mvn, "-B", "-q", "-Dstyle.color=never", "-f", KAFKA_POM, DEPENDENCY_PLUGIN, "-DincludeScope=runtime",
+            [mvn, "-B", "-q", "-f", KAFKA_POM, DEPENDENCY_PLUGIN, "-DincludeScope=runtime",
              f"-DoutputDirectory={staging}"],
             what="resolve the Kafka broker jars",
         )
@@ -511,7 +511,8 @@ def start_stack() -> dict[str, Any]:
     }
     services = state["services"]
     services["ferretdb"]["pid"] = spawn(
-        [FERRETDB_BIN, "-listen-addr", mongo_addr, "-sqlite-url", f"file:{mongo_dir / 'data'}/"],
+        [FERRETDB_BIN, "-listen-addr", mongo_addr, "-sqlite-url", f"file:{mongo_dir / 'data'}/",
+         "-log-level", os.environ.get("STACK_FERRETDB_LOG_LEVEL", "error")],
         mongo_log, mongo_dir,
     )
     heap = shlex.split(os.environ.get("KAFKA_HEAP_OPTS", KAFKA_HEAP_DEFAULT))
@@ -596,7 +597,7 @@ def down() -> int:
         # Keep the last run's logs for a post-mortem; the data goes.
         shutil.rmtree(LAST_LOGS, ignore_errors=True)
         LAST_LOGS.mkdir(parents=True, exist_ok=True)
-        for log in STATE_DIR.rglob("*.log"):
+        for log in [*STATE_DIR.glob("*.log"), *STATE_DIR.glob("*/*.log")]:  # not the Kafka segments in data/
             with contextlib.suppress(OSError):
                 shutil.copy2(log, LAST_LOGS / log.name)
         shutil.rmtree(STATE_DIR, ignore_errors=True)

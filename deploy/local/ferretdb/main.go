@@ -19,9 +19,16 @@ import (
 func main() {
 	addr := flag.String("listen-addr", "127.0.0.1:27017", "TCP listen address (loopback only)")
 	sqliteURL := flag.String("sqlite-url", "file:./", `SQLite URI: an existing directory ending in "/"`)
+	// FerretDB logs every error reply at WARN with the whole message, including the "no such command:
+	// endSessions" that PyMongo sends at each client close; the local stack asks for "error" to stay quiet.
+	logLevel := flag.String("log-level", "warn", "minimum log level: debug, info, warn or error")
 	flag.Parse()
 
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		log.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	f, err := ferretdb.New(&ferretdb.Config{
 		Listener:  ferretdb.ListenerConfig{TCP: *addr},
 		Logger:    logger,
