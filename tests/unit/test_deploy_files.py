@@ -277,3 +277,25 @@ def test_plain_replay_job_runs_replay_locked_down_with_real_settings() -> None:
     assert set(env) - set(settings_env_names()) == set()
     assert "secretKeyRef" in env["MONGODB_URI"]["valueFrom"]
     assert spec["terminationGracePeriodSeconds"] > setting_default("shutdown_grace_s")
+
+
+# --- operations guide ------------------------------------------------------------------------------
+
+
+def test_operations_guide_names_only_real_metrics_and_settings() -> None:
+    """Every metric and environment variable docs/operations.md names exists (a renamed one fails here)."""
+    from prometheus_client.metrics import MetricWrapperBase  # noqa: PLC0415
+
+    from message_history import metrics  # noqa: PLC0415
+
+    text = (REPO / "docs" / "operations.md").read_text(encoding="utf-8")
+    names = {value._name for value in vars(metrics).values() if isinstance(value, MetricWrapperBase)}
+    series = names | {
+        f"{name}{suffix}" for name in names for suffix in ("_total", "_bucket", "_sum", "_count")
+    }
+    mentioned_metrics = set(re.findall(r"\bmessage_history_[a-z_]+\b", text)) - {"message_history_check"}
+    assert mentioned_metrics
+    assert mentioned_metrics - series == set()
+    mentioned_env = set(re.findall(r"\b(?:MESSAGE_HISTORY|KAFKA|MONGODB)_[A-Z_]*[A-Z]\b", text))
+    assert len(mentioned_env) > 5
+    assert mentioned_env - set(settings_env_names()) == set()
