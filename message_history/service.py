@@ -48,7 +48,7 @@ async def open_storage(settings: Settings) -> AsyncIterator[BatchHistoryStorage]
     """The MongoDB storage, connected (fails fast when MongoDB does not answer), closed on exit."""
     from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415 -- keeps `--help` free of pymongo
 
-    async with MongoHistoryStorage.from_settings(settings) as storage:
+    async with MongoHistoryStorage.open(settings) as storage:
         yield as_batch_storage(storage)
 
 

@@ -1,0 +1,232 @@
+"""Run the service for a test (in-process task or `message-history run` subprocess) and build its events.
+
+Every test gets its own topics, group and database (`fresh_settings`), short timeouts, and the HTTP port 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+from pymongo import AsyncMongoClient
+
+from message_history.health import Health
+from message_history.service import Path as Path_
+from message_history.service import run_service
+from message_history.settings import Settings
+from storage.protocol import HistoryStorage
+from tests import infra
+from tests.integration.stream_helpers import Record
+
+ROOT = Path(__file__).resolve().parents[2]
+T0 = "2025-03-01T10:00:00.000Z"
+
+
+def fresh_settings(kafka_bootstrap: str, mongo_uri: str, **overrides: Any) -> Settings:
+    """Settings with unique topics, group and database, and timeouts short enough for tests."""
+    run = infra.unique_name("")
+    values: dict[str, Any] = {
+        "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap,
+        "MONGODB_URI": mongo_uri,
+        "MONGODB_DATABASE": f"t_{run}",
+        "requests_topic": f"rq-{run}",
+        "enriched_topic": f"en-{run}",
+        "responses_topic": f"rs-{run}",
+        "persisted_topic": f"pe-{run}",
+        "group_id": f"g-{run}",
+        "session_timeout_ms": 6000,
+        "max_poll_interval_ms": 30_000,
+        "poll_timeout_ms": 100,
+        "commit_interval_ms": 100,
+        "retry_initial_backoff_s": 0.2,
+        "retry_max_backoff_s": 2.0,
+        "shutdown_grace_s": 15.0,
+        "http_host": "127.0.0.1",
+        "http_port": 0,
+        "log_level": "INFO",
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment that makes `Settings()` in a child process equal to `settings`."""
+    aliases = {
+        "kafka_bootstrap_servers": "KAFKA_BOOTSTRAP_SERVERS",
+        "mongodb_uri": "MONGODB_URI",
+        "mongodb_database": "MONGODB_DATABASE",
+    }
+    env: dict[str, str] = {}
+    for name in Settings.model_fields:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        env[aliases.get(name, f"MESSAGE_HISTORY_{name.upper()}")] = str(value)
+    return env
+
+
+@contextlib.asynccontextmanager
+async def running_service(
+    settings: Settings,
+    *,
+    only: Path_ | None = None,
+    health: Health | None = None,
+    storage: HistoryStorage | None = None,
+) -> AsyncIterator[asyncio.Task[int]]:
+    """The service as a task of this event loop; stopped (and its exit code checked) on exit."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(run_service(settings, stop=stop, only=only, health=health, storage=storage))
+    try:
+        yield task
+    finally:
+        stop.set()
+        code = await asyncio.wait_for(task, settings.shutdown_grace_s + 10)
+    assert code == 0, f"the service exited with {code}"
+
+
+@dataclass
+class ServiceProcess:
+    """`message-history run` in a child process, its log in a file."""
+
+    settings: Settings
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MESSAGE_HISTORY_")}
+        env.update(settings_env(self.settings))
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "message_history", "run"],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+
+    async def wait(self, timeout_s: float) -> int:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout_s
+        while self.process.poll() is None:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the service did not exit within {timeout_s}s")
+            await asyncio.sleep(0.1)
+        return self.process.returncode
+
+    def stop_now(self) -> None:
+        """Kill the child if it still runs (test cleanup)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+# --- events ------------------------------------------------------------------------------------------------
+
+
+def _at(turn: int, offset_ms: int = 0) -> str:
+    return f"2025-03-01T10:{turn:02d}:00.{offset_ms:03d}Z"
+
+
+def text_message(role: str, text: str, **extra: Any) -> dict[str, Any]:
+    return {"role": role, "content": {"format": 2, "parts": [{"type": "text", "text": text}]}, **extra}
+
+
+def request_id(thread: str, turn: int) -> str:
+    return f"{thread}-turn{turn}"
+
+
+def request_event(thread: str, resource: str, turn: int, text: str, **extra: Any) -> dict[str, Any]:
+    """An `AgentRequest` for `turn` of `thread`: one user message, ids and createdAt left to the service."""
+    return {
+        "schemaVersion": 1,
+        "requestId": request_id(thread, turn),
+        "threadId": thread,
+        "resourceId": resource,
+        "createdAt": _at(turn),
+        "messages": [text_message("user", text)],
+        **extra,
+    }
+
+
+def response_event(
+    thread: str,
+    resource: str,
+    turn: int,
+    input_messages: Sequence[dict[str, Any]],
+    answer: str,
+) -> dict[str, Any]:
+    """An `AgentResponse` for `turn`: the input as the worker saw it and one assistant message."""
+    return {
+        "schemaVersion": 1,
+        "requestId": request_id(thread, turn),
+        "threadId": thread,
+        "resourceId": resource,
+        "createdAt": _at(turn, 500),
+        "input": list(input_messages),
+        "response": [text_message("assistant", answer)],
+        "finishReason": "stop",
+    }
+
+
+def encoded(event: dict[str, Any]) -> tuple[bytes, bytes]:
+    """(key, value) for an event: keyed by its thread."""
+    return event["threadId"].encode(), json.dumps(event).encode()
+
+
+def values(records: Iterable[Record]) -> list[dict[str, Any]]:
+    return [json.loads(r.value) for r in records]
+
+
+def first_occurrences(ids: Iterable[str]) -> list[str]:
+    """`ids` without repeats, in the order each first appeared (what a worker deduplicating by id sees)."""
+    return list(dict.fromkeys(ids))
+
+
+# --- MongoDB -----------------------------------------------------------------------------------------------
+
+
+async def stored_messages(settings: Settings) -> list[dict[str, Any]]:
+    """Every row of `mastra_messages` in the test database."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        return await client[settings.mongodb_database]["mastra_messages"].find({}, {"_id": 0}).to_list()
+    finally:
+        await client.close()
+
+
+async def stored_threads(settings: Settings) -> list[dict[str, Any]]:
+    """Every row of `mastra_threads` in the test database."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        return await client[settings.mongodb_database]["mastra_threads"].find({}, {"_id": 0}).to_list()
+    finally:
+        await client.close()
+
+
+async def drop_database(settings: Settings) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        await client.drop_database(settings.mongodb_database)
+    finally:
+        await client.close()
