@@ -1,0 +1,98 @@
+"""The one place where PyMongo's errors become the service's errors (R12).
+
+* Retriable (`StorageUnavailableError`): the server could not be reached or did not answer in time, or it is
+  not the primary right now. The same call may succeed later, so the caller backs off and never dead-letters:
+  `ConnectionFailure` and its subclasses (`AutoReconnect`, `NetworkTimeout`, `ServerSelectionTimeoutError`,
+  `NotPrimaryError`, `WaitQueueTimeoutError`), `ExecutionTimeout`, `WTimeoutError`, any error PyMongo flags as
+  a timeout (client-side operation timeouts), any error carrying the `RetryableWriteError` label, and server
+  errors whose code is one of the not-primary / shutdown / network / time-limit codes below.
+* Fatal (`FatalStorageError`): everything else PyMongo (or BSON) raises: authentication, bad configuration,
+  a document the server refuses, an unknown command. Retrying does not help.
+
+The new error's message is short and names the operation, the driver's exception class and the server code;
+it never contains the URI or credentials (the driver's own message, which lists hosts, stays on `__cause__`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from bson.errors import BSONError
+from pymongo.errors import (
+    BulkWriteError,
+    ConnectionFailure,
+    ExecutionTimeout,
+    OperationFailure,
+    PyMongoError,
+    WTimeoutError,
+)
+
+from message_history.errors import FatalStorageError, MessageHistoryError, StorageUnavailableError
+
+__all__ = [
+    "RETRIABLE_CODES",
+    "is_retriable",
+    "storage_errors",
+    "to_storage_error",
+]
+
+# Server error codes that mean "not now" rather than "never" (the drivers' retryable-error list, plus time
+# limits): HostUnreachable, HostNotFound, NetworkTimeout, ShutdownInProgress, PrimarySteppedDown,
+# ExceededTimeLimit, SocketException, NotWritablePrimary, InterruptedAtShutdown,
+# InterruptedDueToReplStateChange, NotPrimaryNoSecondaryOk, NotPrimaryOrSecondary, MaxTimeMSExpired,
+# WriteConcernFailed (w timeout), FailedToSatisfyReadPreference, ReadConcernMajorityNotAvailableYet,
+# LegacyNotPrimary.
+RETRIABLE_CODES: frozenset[int] = frozenset(
+    {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50, 64, 133, 134, 10058}
+)
+
+
+def _bulk_codes(details: Mapping[str, Any]) -> tuple[list[int], list[int]]:
+    write = [int(e.get("code", 0)) for e in details.get("writeErrors", ())]
+    concern = [int(e.get("code", 0)) for e in details.get("writeConcernErrors", ())]
+    return write, concern
+
+
+def is_retriable(exc: BaseException) -> bool:
+    """True when `exc` (from PyMongo) reports an outage, a timeout or a not-primary condition."""
+    if isinstance(exc, ConnectionFailure | ExecutionTimeout | WTimeoutError):
+        return True
+    if not isinstance(exc, PyMongoError):
+        return False
+    if exc.timeout or exc.has_error_label("RetryableWriteError"):
+        return True
+    if isinstance(exc, BulkWriteError):
+        write, concern = _bulk_codes(exc.details)
+        if any(code in RETRIABLE_CODES for code in concern):
+            return True
+        return bool(write) and all(code in RETRIABLE_CODES for code in write)
+    return isinstance(exc, OperationFailure) and exc.code in RETRIABLE_CODES
+
+
+def _describe(exc: BaseException) -> str:
+    name = type(exc).__name__
+    if isinstance(exc, BulkWriteError):
+        write, concern = _bulk_codes(exc.details)
+        return f"{name} (write error codes {sorted(set(write))}, write concern codes {sorted(set(concern))})"
+    if isinstance(exc, OperationFailure) and exc.code is not None:
+        code_name = (exc.details or {}).get("codeName")
+        return f"{name} code {exc.code}" + (f" {code_name}" if code_name else "")
+    return name
+
+
+def to_storage_error(exc: BaseException, operation: str) -> MessageHistoryError:
+    """The service error for a driver error raised by `operation` (a short verb phrase)."""
+    if is_retriable(exc):
+        return StorageUnavailableError(f"MongoDB unavailable during {operation}: {_describe(exc)}")
+    return FatalStorageError(f"MongoDB refused {operation}: {_describe(exc)}")
+
+
+@contextmanager
+def storage_errors(operation: str) -> Iterator[None]:
+    """Map PyMongo / BSON errors raised in the block to `StorageUnavailableError` / `FatalStorageError`."""
+    try:
+        yield
+    except (PyMongoError, BSONError) as exc:
+        raise to_storage_error(exc, operation) from exc

@@ -1,0 +1,593 @@
+"""`MongoHistoryStorage`: `HistoryStorage` on PyMongo's `AsyncMongoClient`, in @mastra/mongodb's layout.
+
+A Mastra application using `@mastra/mongodb` and this service share one database and one history
+(contract section 4). Documents are written exactly as `MemoryStorageMongoDB` (1.19) writes them:
+
+    mastra_messages  {id, thread_id, resourceId, role, type ('v2' unless the message has another),
+                      content (JSON string of the format-2 content), createdAt (BSON Date)}
+    mastra_threads   {id, resourceId, title, metadata (object), createdAt (Date), updatedAt (Date)}
+
+Top-level message keys that Mastra's row has no column for (unknown keys of the `Message`) are kept in one
+more field, `_mh_extra`, holding their JSON text. Mastra's `parseRow` picks its own fields by name and
+never sees it, and JSON text survives what BSON on FerretDB cannot hold (nested arrays, dotted keys).
+
+Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
+
+* `list_messages`: one `find` (`sort(createdAt -1, id -1).limit(n)`, batch size = n), no count;
+  backed by the index `{thread_id: 1, createdAt: 1, id: 1}`, so the `(createdAt, id)` tie-break is free.
+* `get_thread` / `get_threads`: one `find`.
+* `save_messages` / `save_many`: one `find` on the threads (ownership), one unordered `bulk_write` of message
+  upserts, one unordered `bulk_write` of thread upserts. The returned threads are computed, not read back.
+* `list_messages_many`: one `find` with `$in` (the default, measured faster, see `docs/storage.md`), or one
+  `find` per thread issued concurrently.
+
+FerretDB has no transactions, so a save is not atomic across the two collections: messages are written
+first, then the threads, and every write is an idempotent upsert, so a retried save converges.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Literal
+
+from bson.codec_options import CodecOptions
+from pydantic import ValidationError
+from pydantic_core import to_json
+from pymongo import AsyncMongoClient, IndexModel, UpdateOne
+from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+
+from message_history.batch_storage import RecallQuery, SaveTurn
+from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
+from schemas.messages import Message, MessageContent
+from storage.errors import storage_errors, to_storage_error
+from storage.protocol import Thread
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.database import AsyncDatabase
+
+    from message_history.settings import Settings
+
+__all__ = [
+    "EXTRA_FIELD",
+    "MESSAGES",
+    "MESSAGE_INDEXES",
+    "THREADS",
+    "THREAD_INDEXES",
+    "MongoHistoryStorage",
+    "RecallQuery",
+    "RecallStrategy",
+    "SaveTurn",
+]
+
+log = logging.getLogger(__name__)
+
+THREADS = "mastra_threads"
+MESSAGES = "mastra_messages"
+EXTRA_FIELD = "_mh_extra"
+
+# @mastra/mongodb 1.19 `getDefaultIndexDefinitions` (memory domain). Mastra does not name them, so the
+# drivers' generated names apply (`id_1`, `thread_id_1_createdAt_1`, ...); PyMongo generates the same names,
+# so `createIndexes` from either side is a no-op for the other.
+MESSAGE_INDEXES: tuple[IndexModel, ...] = (
+    IndexModel([("id", 1)], unique=True),
+    IndexModel([("thread_id", 1), ("createdAt", 1)]),
+    IndexModel([("resourceId", 1), ("createdAt", 1)]),
+    # ours: recall's `find({thread_id}).sort(createdAt -1, id -1).limit(n)` walks it backwards, no sort
+    IndexModel([("thread_id", 1), ("createdAt", 1), ("id", 1)]),
+)
+THREAD_INDEXES: tuple[IndexModel, ...] = (
+    IndexModel([("id", 1)], unique=True),
+    IndexModel([("resourceId", 1), ("createdAt", -1)]),
+    IndexModel([("resourceId", 1), ("updatedAt", -1)]),
+)
+
+_NEWEST_FIRST = [("createdAt", -1), ("id", -1)]
+_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+_INDEX_CONFLICT_CODES = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
+# Unique-index violation on an upsert: 11000 on MongoDB, and FerretDB answers 1 (InternalError) or a reply
+# without counts (see `_bulk_write`). Two writers upserting the same new id race this way.
+_UPSERT_RACE_CODES = frozenset({11000, 11001, 1})
+_MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch at 16 MiB anyway
+
+RecallStrategy = Literal["in", "concurrent"]
+
+_MESSAGE_FIELDS = frozenset(Message.model_fields)
+
+
+def _utc_now_ms() -> datetime:
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    """A stored date: BSON Date (tz-aware by the codec) or, in legacy rows, an ISO string."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, str) and value:
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+# --- documents <-> models -----------------------------------------------------------------------------------
+
+
+def thread_from_doc(doc: Mapping[str, Any]) -> Thread:
+    """A `mastra_threads` document as a `Thread` (legacy JSON-string metadata parsed, as Mastra does)."""
+    metadata = doc.get("metadata")
+    if isinstance(metadata, str):
+        try:
+            metadata = json.loads(metadata)
+        except ValueError:
+            metadata = None
+    return Thread(
+        id=str(doc.get("id", "")),
+        resourceId=str(doc.get("resourceId") or ""),
+        title=str(doc.get("title") or ""),
+        metadata=dict(metadata) if isinstance(metadata, dict) else {},
+        createdAt=_as_datetime(doc.get("createdAt")),
+        updatedAt=_as_datetime(doc.get("updatedAt")),
+    )
+
+
+def _content_from_text(text: str, doc: Mapping[str, Any]) -> MessageContent | str:
+    """Content that is not format-2 JSON: Mastra keeps the raw string when `JSON.parse` fails."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text  # legacy plain text; `Message` wraps it as a text part, as Mastra's MessageList does
+    if isinstance(value, str):
+        return value
+    raise FatalStorageError(
+        f"message {doc.get('id')!r} of thread {doc.get('thread_id')!r} has content that is not format 2"
+    )
+
+
+def message_from_doc(doc: Mapping[str, Any]) -> Message:
+    """A `mastra_messages` document as a `Message`, read as Mastra's `parseRow` does (`type 'v2'` hidden)."""
+    raw = doc.get("content")
+    content: MessageContent | str | Mapping[str, Any]
+    try:
+        if isinstance(raw, str):
+            try:
+                content = MessageContent.model_validate_json(raw)
+            except ValidationError:
+                content = _content_from_text(raw, doc)
+        elif isinstance(raw, Mapping):
+            content = MessageContent.model_validate(raw)  # a writer that stored a sub-document
+        else:
+            raise FatalStorageError(f"message {doc.get('id')!r} has no content")
+        data: dict[str, Any] = {
+            "id": doc.get("id"),
+            "content": content,
+            "role": doc.get("role"),
+            "createdAt": doc.get("createdAt"),
+            "threadId": doc.get("thread_id"),
+            "resourceId": doc.get("resourceId"),
+        }
+        kind = doc.get("type")
+        if kind and kind != "v2":
+            data["type"] = kind
+        extra = doc.get(EXTRA_FIELD)
+        if isinstance(extra, str):
+            for key, value in json.loads(extra).items():
+                if key not in _MESSAGE_FIELDS:
+                    data[key] = value
+        return Message.model_validate(data)
+    except (ValidationError, ValueError) as exc:  # FatalStorageError is neither, so it passes through
+        raise FatalStorageError(
+            f"message {doc.get('id')!r} of thread {doc.get('thread_id')!r} cannot be read: "
+            f"{type(exc).__name__}"
+        ) from exc
+
+
+@dataclass(slots=True)
+class _MessageWrite:
+    """One message's upsert; later saves of the same id in a batch replace `fields`, keep `created`."""
+
+    fields: dict[str, Any]
+    extra: str | None
+    created: datetime
+
+    def op(self) -> UpdateOne:
+        update: dict[str, Any] = {"$set": dict(self.fields), "$setOnInsert": {"createdAt": self.created}}
+        if self.extra is None:
+            update["$unset"] = {EXTRA_FIELD: ""}
+        else:
+            update["$set"][EXTRA_FIELD] = self.extra
+        return UpdateOne({"id": self.fields["id"]}, update, upsert=True)
+
+
+@dataclass(slots=True)
+class _ThreadWrite:
+    resource_id: str
+    earliest: datetime
+    newest: datetime
+
+    def op(self, thread_id: str) -> UpdateOne:
+        # `$setOnInsert`: an existing thread keeps title, metadata and createdAt. `$max`: updatedAt only moves
+        # forward, atomically on MongoDB, and from message timestamps so that a replayed turn changes nothing.
+        return UpdateOne(
+            {"id": thread_id},
+            {
+                "$setOnInsert": {
+                    "resourceId": self.resource_id,
+                    "title": "",
+                    "metadata": {},
+                    "createdAt": self.earliest,
+                },
+                "$max": {"updatedAt": self.newest},
+            },
+            upsert=True,
+        )
+
+
+class _SavePlan:
+    """The writes of a batch of turns, planned in turn order against the threads as they stand."""
+
+    def __init__(self, threads: dict[str, Thread], now: datetime) -> None:
+        self.state = threads  # stored threads, then as each accepted turn leaves them
+        self.now = now
+        self.messages: dict[str, _MessageWrite] = {}
+        self.threads: dict[str, _ThreadWrite] = {}
+
+    def add(self, turn: SaveTurn) -> Thread | ThreadOwnershipError:
+        """Plan one turn; its result: the thread after it, or the refusal."""
+        current = self.state.get(turn.thread_id)
+        if current is not None and current.resourceId != turn.resource_id:
+            return ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId)
+        if not turn.messages:
+            if current is None:
+                raise InvalidInputError(f"nothing to save into thread {turn.thread_id!r}: it does not exist")
+            return current
+        writes = [_message_write(m, turn.thread_id, turn.resource_id, self.now) for m in turn.messages]
+        for write in writes:
+            earlier = self.messages.pop(write.fields["id"], None)  # re-added: the bulk keeps last-save order
+            if earlier is not None:
+                write.created = earlier.created
+            self.messages[write.fields["id"]] = write
+        earliest = min(w.created for w in writes)
+        newest = max(w.created for w in writes)
+        pending = self.threads.get(turn.thread_id)
+        if pending is None:
+            self.threads[turn.thread_id] = _ThreadWrite(turn.resource_id, earliest, newest)
+        else:
+            pending.earliest = min(pending.earliest, earliest)
+            pending.newest = max(pending.newest, newest)
+        if current is None:
+            current = Thread(turn.thread_id, turn.resource_id, "", {}, createdAt=earliest, updatedAt=newest)
+        elif current.updatedAt is None or current.updatedAt < newest:
+            current = replace(current, updatedAt=newest)
+        self.state[turn.thread_id] = current
+        return current
+
+
+def _message_write(message: Message, thread_id: str, resource_id: str, now: datetime) -> _MessageWrite:
+    extra = message.model_extra
+    return _MessageWrite(
+        fields={
+            "id": message.id,
+            "thread_id": thread_id,
+            "content": message.content.model_dump_json(exclude_unset=True),
+            "role": message.role,
+            "type": message.type or "v2",
+            "resourceId": message.resourceId or resource_id,
+        },
+        extra=to_json(extra).decode() if extra else None,
+        created=message.createdAt or now,
+    )
+
+
+def _index_present(collection: str, model: IndexModel, existing: Sequence[Mapping[str, Any]]) -> bool:
+    """True when an index with `model`'s keys exists; raises when it exists in a form we cannot use."""
+    spec = model.document
+    keys = list(spec["key"].items())
+    same_keys = next((ix for ix in existing if list(ix["key"].items()) == keys), None)
+    if same_keys is None:
+        if any(ix["name"] == spec["name"] for ix in existing):
+            raise FatalStorageError(f"{collection} has an index named {spec['name']!r} with other keys")
+        return False
+    if spec.get("unique") and not same_keys.get("unique"):
+        raise FatalStorageError(
+            f"{collection} has a non-unique index {same_keys['name']!r} on {dict(keys)}; Mastra and this "
+            "service need it unique (remove duplicates, drop it, restart)"
+        )
+    return True
+
+
+def _check_thread_id(thread_id: str) -> None:
+    if not thread_id or not thread_id.strip():
+        raise InvalidInputError("thread id must not be empty")
+
+
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise InvalidInputError(f"limit must not be negative, got {limit}")
+
+
+# --- the storage -------------------------------------------------------------------------------------------
+
+
+class MongoHistoryStorage:
+    """`mastra_threads` / `mastra_messages`; implements `HistoryStorage` and the batch forms.
+
+    `recall_strategy` picks how `list_messages_many` reads: `"in"` (one `$in` query, the default) or
+    `"concurrent"` (one query per thread, at most `recall_concurrency` in flight).
+    """
+
+    def __init__(
+        self,
+        db: AsyncDatabase[Any],
+        *,
+        recall_strategy: RecallStrategy = "in",
+        recall_concurrency: int = 32,
+    ) -> None:
+        if recall_concurrency < 1:
+            raise ValueError("recall_concurrency must be at least 1")
+        self.db = db
+        self.recall_strategy: RecallStrategy = recall_strategy
+        self.recall_concurrency = recall_concurrency
+        self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=_CODEC)
+        self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=_CODEC)
+
+    def __repr__(self) -> str:
+        return f"MongoHistoryStorage(db={self.db.name!r}, recall_strategy={self.recall_strategy!r})"
+
+    @classmethod
+    @asynccontextmanager
+    async def open(
+        cls, settings: Settings, *, recall_strategy: RecallStrategy = "in"
+    ) -> AsyncIterator[MongoHistoryStorage]:
+        """Connect with the settings' timeouts, ping (fail fast), ensure indexes; close the client on exit."""
+        timeout = settings.mongodb_timeout_ms
+        with storage_errors("connect"):
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                settings.mongodb_uri.get_secret_value(),
+                appname="message-history",
+                tz_aware=True,
+                serverSelectionTimeoutMS=timeout,
+                connectTimeoutMS=timeout,
+                timeoutMS=timeout,
+            )
+        try:
+            storage = cls(client[settings.mongodb_database], recall_strategy=recall_strategy)
+            await storage.ping()
+            await storage.ensure_indexes()
+            yield storage
+        finally:
+            await client.close()
+
+    async def ping(self) -> None:
+        """One `ping`; raises `StorageUnavailableError` when the server cannot be reached."""
+        with storage_errors("ping"):
+            await self.db.command("ping")
+
+    # --- indexes ---
+
+    async def ensure_indexes(self) -> None:
+        """Create @mastra/mongodb 1.19's memory indexes and recall's; idempotent, either side may go first."""
+        await self._ensure(self.messages, MESSAGE_INDEXES)
+        await self._ensure(self.threads, THREAD_INDEXES)
+
+    async def _ensure(
+        self, collection: AsyncCollection[dict[str, Any]], models: Sequence[IndexModel]
+    ) -> None:
+        # One index per createIndexes command, and only the missing ones: FerretDB 1.24 panics (drops the
+        # connection) when one command lists three or more indexes that already exist, and with a partial
+        # overlap it can skip a new one. Mastra's Node driver also sends one index per command.
+        operation = f"createIndexes on {collection.name}"
+        with storage_errors(operation):
+            existing = [index async for index in await collection.list_indexes()]
+        for model in models:
+            if _index_present(collection.name, model, existing):
+                continue
+            with storage_errors(operation):
+                try:
+                    await collection.create_indexes([model])
+                except OperationFailure as exc:
+                    if exc.code not in _INDEX_CONFLICT_CODES:
+                        raise
+                    # Created meanwhile by another process (Mastra's init, another replica), maybe under
+                    # another name: fine when it has our keys.
+                    existing = [index async for index in await collection.list_indexes()]
+                    if not _index_present(collection.name, model, existing):
+                        raise
+
+    # --- reads ---
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        """The thread, or None when it does not exist."""
+        _check_thread_id(thread_id)
+        with storage_errors("get_thread"):
+            doc = await self.threads.find_one({"id": thread_id}, {"_id": 0})
+        return thread_from_doc(doc) if doc is not None else None
+
+    async def get_threads(self, thread_ids: Collection[str]) -> dict[str, Thread]:
+        """The existing threads among `thread_ids`, by id, with one `find` (none for an empty list)."""
+        ids = list(dict.fromkeys(thread_ids))
+        if not ids:
+            return {}
+        for thread_id in ids:
+            _check_thread_id(thread_id)
+        query: dict[str, Any] = {"id": ids[0]} if len(ids) == 1 else {"id": {"$in": ids}}
+        with storage_errors("get_threads"):
+            docs = await self.threads.find(query, {"_id": 0}, batch_size=len(ids) + 1).to_list()
+        found: dict[str, Thread] = {}
+        for doc in docs:
+            thread = thread_from_doc(doc)
+            found.setdefault(thread.id, thread)
+        return found
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        """The thread's newest `limit` messages (all when None), newest first by `(createdAt, id)`."""
+        _check_thread_id(thread_id)
+        _check_limit(limit)
+        if limit == 0:
+            return []
+        return await self._find_page(thread_id, resource_id, limit)
+
+    async def _find_page(self, thread_id: str, resource_id: str | None, limit: int | None) -> list[Message]:
+        query: dict[str, Any] = {"thread_id": thread_id}
+        if resource_id is not None:
+            query["resourceId"] = resource_id
+        cursor = self.messages.find(query, {"_id": 0}).sort(_NEWEST_FIRST)
+        if limit is not None:
+            # batch size = limit, so the page comes back in the first reply (the default first batch is 101)
+            cursor = cursor.limit(limit).batch_size(min(limit, _MONGO_MAX_BATCH))
+        with storage_errors("list_messages"):
+            docs = await cursor.to_list()
+        return [message_from_doc(doc) for doc in docs]
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """Per query's thread id, what `list_messages` returns for it; thread ids must be distinct."""
+        wanted: dict[str, RecallQuery] = {}
+        for query in queries:
+            _check_thread_id(query.thread_id)
+            _check_limit(query.limit)
+            seen = wanted.setdefault(query.thread_id, query)
+            if seen != query:
+                raise InvalidInputError(f"thread {query.thread_id!r} is queried twice with different pages")
+        result: dict[str, list[Message]] = {q.thread_id: [] for q in wanted.values() if q.limit == 0}
+        live = [q for q in wanted.values() if q.limit != 0]
+        if not live:
+            return result
+        if self.recall_strategy == "concurrent" or len(live) == 1:
+            result.update(await self._recall_concurrent(live))
+        else:
+            result.update(await self._recall_in(live))
+        return result
+
+    async def _recall_concurrent(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        gate = asyncio.Semaphore(self.recall_concurrency)
+
+        async def one(query: RecallQuery) -> list[Message]:
+            async with gate:
+                return await self._find_page(query.thread_id, query.resource_id, query.limit)
+
+        pages = await asyncio.gather(*(one(q) for q in queries))
+        return {q.thread_id: page for q, page in zip(queries, pages, strict=True)}
+
+    async def _recall_in(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """One `$in` query, newest first across the batch, cut client-side per thread.
+
+        MongoDB has no per-group limit in `find` (and FerretDB's `$group` has no `$push`), so the query asks
+        for at most `sum(limits) + 1` rows. If fewer come back, every thread is complete. If the cap was hit,
+        a thread that got fewer rows than its limit may have been crowded out by busier threads; only those
+        are read again, one query each. With equal-length histories (the common case) that never happens.
+        """
+        by_thread = {q.thread_id: q for q in queries}
+        ids = list(by_thread)
+        resources = {q.resource_id for q in queries}
+        query: dict[str, Any] = {"thread_id": {"$in": ids}}
+        shared_resource = next(iter(resources)) if len(resources) == 1 else None
+        if shared_resource is not None:
+            query["resourceId"] = shared_resource
+        cap: int | None = None
+        if all(q.limit is not None for q in queries):
+            cap = sum(q.limit for q in queries if q.limit is not None) + 1
+        cursor = self.messages.find(query, {"_id": 0}).sort(_NEWEST_FIRST)
+        if cap is not None:
+            cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
+        with storage_errors("list_messages_many"):
+            docs = await cursor.to_list()
+        pages: dict[str, list[Message]] = {tid: [] for tid in ids}
+        for doc in docs:
+            wanted = by_thread.get(doc.get("thread_id", ""))
+            if wanted is None:
+                continue
+            if wanted.resource_id is not None and doc.get("resourceId") != wanted.resource_id:
+                continue
+            page = pages[wanted.thread_id]
+            if wanted.limit is None or len(page) < wanted.limit:
+                page.append(message_from_doc(doc))
+        if cap is not None and len(docs) >= cap:
+            short = [q for q in queries if q.limit is not None and len(pages[q.thread_id]) < q.limit]
+            if short:
+                pages.update(await self._recall_concurrent(short))
+        return pages
+
+    # --- writes ---
+
+    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
+        """Upsert `messages` by id and touch the thread (see `save_many`); raises `ThreadOwnershipError`."""
+        [result] = await self.save_many([SaveTurn(thread_id, resource_id, messages)])
+        if isinstance(result, ThreadOwnershipError):
+            raise result
+        return result
+
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        """`save_messages` for each turn, in order, with one `find` and at most two unordered bulk writes.
+
+        A turn whose thread belongs to another resource (stored, or created by an earlier turn of the batch)
+        gets its `ThreadOwnershipError` and writes nothing. Messages of one id saved twice in the batch are
+        written once: the last save's fields, the first save's `createdAt` (what two saves in a row give).
+        A turn with no messages writes nothing and reports the thread; if the thread does not exist either,
+        the batch is refused with `InvalidInputError` before anything is written.
+        """
+        if not turns:
+            return []
+        for turn in turns:
+            _check_thread_id(turn.thread_id)
+            for message in turn.messages:
+                if not message.id:
+                    raise InvalidInputError(f"a message to save into thread {turn.thread_id!r} has no id")
+        state = await self.get_threads([t.thread_id for t in turns])
+        plan = _SavePlan(state, _utc_now_ms())
+        results = [plan.add(turn) for turn in turns]
+        if plan.messages:
+            await self._bulk_write(self.messages, [w.op() for w in plan.messages.values()], "save messages")
+        if plan.threads:
+            await self._bulk_write(
+                self.threads, [w.op(tid) for tid, w in plan.threads.items()], "update threads"
+            )
+        return results
+
+    async def _bulk_write(
+        self, collection: AsyncCollection[dict[str, Any]], ops: list[UpdateOne], operation: str
+    ) -> None:
+        """One unordered `bulk_write`, retried once when an upsert lost a race on a unique index.
+
+        Two writers upserting the same new id can both miss and both insert; the loser gets a duplicate key
+        (MongoDB 4.2+ retries that itself for equality filters; FerretDB does not). Every op here is an
+        idempotent upsert, so running the whole batch again is safe and converges. FerretDB reports such a
+        failure either as code 1 or as a reply without counts, which makes PyMongo's bulk merger raise
+        `KeyError`; both are treated as that race.
+        """
+        for attempt in (1, 2):
+            try:
+                await collection.bulk_write(ops, ordered=False)
+            except BulkWriteError as exc:
+                codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
+                if attempt == 1 and codes and codes <= _UPSERT_RACE_CODES:
+                    log.warning("retrying %s once after a duplicate key on upsert", operation)
+                    continue
+                raise to_storage_error(exc, operation) from exc
+            except OperationFailure as exc:
+                if attempt == 1 and exc.code in _UPSERT_RACE_CODES:
+                    log.warning("retrying %s once after error code %s", operation, exc.code)
+                    continue
+                raise to_storage_error(exc, operation) from exc
+            except KeyError as exc:
+                if attempt == 1:
+                    log.warning("retrying %s once after a write error reply without counts", operation)
+                    continue
+                raise FatalStorageError(
+                    f"MongoDB refused {operation}: a write error the server reported without counts "
+                    "(FerretDB: an upsert hit a unique index)"
+                ) from exc
+            except PyMongoError as exc:
+                raise to_storage_error(exc, operation) from exc
+            else:
+                return
