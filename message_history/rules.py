@@ -149,7 +149,12 @@ def with_source(message: Message, source: Source) -> Message:
 
 
 def without_source(message: Message) -> Message:
-    """`message` without a top-level `source` tag (the same object when it has none)."""
+    """`message` without a top-level `source` tag (the same object when it has none).
+
+    The tag is usually an extra field; a `Message` subclass declaring `source` gives a plain `Message` back.
+    """
+    if SOURCE_FIELD in type(message).model_fields:
+        return Message.model_validate(message.model_dump(exclude={SOURCE_FIELD}, exclude_unset=True))
     extra = message.model_extra
     if not extra or SOURCE_FIELD not in extra:
         return message
@@ -161,9 +166,11 @@ def without_source(message: Message) -> Message:
 
 
 def is_memory_sourced(message: Message) -> bool:
-    """True when the message carries `source: "memory"`, i.e. it was recalled, not sent by the caller."""
-    extra = message.model_extra
-    return extra is not None and extra.get(SOURCE_FIELD) == "memory"
+    """True when the message carries `source: "memory"`, i.e. it was recalled, not sent by the caller.
+
+    Reads the tag whether it is an extra field or a field a `Message` subclass declares.
+    """
+    return getattr(message, SOURCE_FIELD, None) == "memory"
 
 
 # --- persistence -----------------------------------------------------------------------------------------

@@ -416,3 +416,24 @@ def test_assign_thread(message: Message, error: str | None) -> None:
     (stamped,) = assign_thread([message], thread_id=THREAD, resource_id=RESOURCE)
     assert (stamped.threadId, stamped.resourceId) == (THREAD, RESOURCE)
     assert (stamped is message) == (message.threadId is not None)
+
+
+class TaggedMessage(Message):
+    """A message model declaring `source` as a field (as an event schema may)."""
+
+    source: str | None = None
+
+
+def test_source_helpers_handle_a_declared_source_field() -> None:
+    """A subclass with a declared `source` is recognised as memory-sourced and saved as a plain Message."""
+    data = msg("u", t=1).wire()
+    recalled = TaggedMessage.model_validate({**data, "source": "memory"})
+    typed_input = TaggedMessage.model_validate({**data, "source": "input"})
+    assert is_memory_sourced(recalled)
+    assert not is_memory_sourced(typed_input)
+    decision = select_for_persistence(
+        [recalled, typed_input], [], finish_reason=None, read_only=False, has_thread=True
+    )
+    (saved,) = decision.messages
+    assert type(saved) is Message
+    assert saved.wire() == data
