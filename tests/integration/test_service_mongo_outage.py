@@ -1,0 +1,198 @@
+"""A MongoDB-wire server that goes away mid-stream: the service waits, then loses and repeats nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+from message_history.health import Health
+from tests.conftest import MakeTopic
+from tests.integration.service_harness import (
+    ROOT,
+    encoded,
+    fresh_settings,
+    request_event,
+    response_event,
+    running_service,
+    stored_messages,
+    values,
+)
+from tests.integration.stream_helpers import produce, read_all, read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
+
+LAUNCHER = ROOT / ".cache" / "bin" / "ferretdb-launcher"
+OUTAGE_S = 10.0
+THREADS = [f"th{i}" for i in range(6)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class _FerretDB:
+    """A private FerretDB (SQLite) that the test can stop and start again on the same port and files."""
+
+    def __init__(self, port: int, data: Path, log: Path) -> None:
+        self.port = port
+        self.data = data
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"mongodb://127.0.0.1:{self.port}/?directConnection=true&serverSelectionTimeoutMS=1500"
+
+    def start(self) -> None:
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    str(LAUNCHER),
+                    "-listen-addr",
+                    f"127.0.0.1:{self.port}",
+                    "-sqlite-url",
+                    f"file:{self.data}/",
+                    "-log-level",
+                    "error",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"FerretDB did not start: {self.log.read_text(errors='replace')[-2000:]}"
+                )
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+        self.process = None
+
+
+@pytest.fixture
+def ferretdb(tmp_path: Path) -> Iterator[_FerretDB]:
+    if not LAUNCHER.exists():
+        reason = f"{LAUNCHER} is missing: run `deploy/local/stack install` first"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    data = tmp_path / "ferretdb"
+    data.mkdir()
+    server = _FerretDB(_free_port(), data, tmp_path / "ferretdb.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def _wait_not_ready(health: Health, timeout_s: float) -> dict[str, str]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready, reasons = health.readiness()
+        if not ready:
+            return reasons
+        if time.monotonic() > deadline:
+            raise AssertionError("the service never reported not-ready during the outage")
+        await asyncio.sleep(0.1)
+
+
+async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
+    kafka_bootstrap: str, make_topic: MakeTopic, ferretdb: _FerretDB
+) -> None:
+    """MongoDB stopped ~10 s mid-stream: not-ready meanwhile; afterwards every turn stored once, no DLQ."""
+    settings = fresh_settings(kafka_bootstrap, ferretdb.uri, mongodb_timeout_ms=1500, retry_max_backoff_s=1.0)
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(partitions=2, name=settings.requests_topic)
+    await make_topic(partitions=2, name=settings.responses_topic)
+
+    def wave(turns: range) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+        requests, responses = [], []
+        for turn in turns:
+            for thread in THREADS:
+                request = request_event(thread, "u", turn, f"q{turn}")
+                requests.append(encoded(request))
+                responses.append(encoded(response_event(thread, "u", turn, request["messages"], f"a{turn}")))
+        return requests, responses
+
+    total_turns = 9
+    health = Health()
+    async with running_service(settings, health=health):
+        requests, responses = wave(range(1, 4))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= len(responses))
+
+        ferretdb.stop()
+        outage_started = time.monotonic()
+        requests, responses = wave(range(4, 7))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        reasons = await _wait_not_ready(health, OUTAGE_S)
+        await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - outage_started)))
+        ferretdb.start()
+
+        requests, responses = wave(range(7, total_turns + 1))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        want = len(THREADS) * total_turns
+        persisted = await read_topic(
+            bootstrap,
+            settings.persisted_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
+            timeout_s=120,
+        )
+        enriched = await read_topic(
+            bootstrap,
+            settings.enriched_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(THREADS) * 6,
+            timeout_s=120,
+        )
+        ready_again, _ = health.readiness()
+    rows = await stored_messages(settings)
+    letters = await read_all(bootstrap, settings.requests_dlq, settle_s=0.5)
+    letters += await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
+    await _drop(settings.mongodb_uri.get_secret_value(), settings.mongodb_database)
+
+    assert any("mongodb" in reason for reason in reasons.values())
+    assert ready_again
+    assert letters == []
+    counts = Counter(r["id"] for r in rows)
+    assert len(counts) == 2 * want  # one user and one assistant message per turn
+    assert set(counts.values()) == {1}
+    assert {v["requestId"] for v in values(persisted)} == {
+        f"{t}-turn{n}" for t in THREADS for n in range(1, total_turns + 1)
+    }
+    assert all(v["skipped"] is None for v in values(persisted))
+    assert len({v["requestId"] for v in values(enriched)}) == len(THREADS) * 6
+
+
+async def _drop(uri: str, database: str) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
+    try:
+        await client.drop_database(database)
+    finally:
+        await client.close()
