@@ -53,23 +53,28 @@ def setting_default(field_name: str) -> Any:
     return Settings.model_fields[field_name].default
 
 
-def find_helm() -> str | None:
-    """The helm binary: the project's own build first (`.cache/bin/helm`), then PATH."""
-    local = REPO / ".cache" / "bin" / "helm"
+def find_tool(name: str) -> str | None:
+    """A tool the project builds (`.cache/bin/<name>`, see deploy/helm/install-helm.sh), else one on PATH."""
+    local = REPO / ".cache" / "bin" / name
     if local.is_file() and os.access(local, os.X_OK):
         return str(local)
-    return shutil.which("helm")
+    return shutil.which(name)
 
 
-def require_helm() -> str:
-    """helm, or a skip with the way to install it; under CI (CI=true) a missing helm is a failure."""
-    found = find_helm()
+def require_tool(name: str) -> str:
+    """The tool, or a skip saying how to install it; under CI (CI=true) a missing tool is a failure."""
+    found = find_tool(name)
     if found is None:
-        message = f"helm not found in .cache/bin or on PATH; install it with {HELM_INSTALLER}"
+        message = f"{name} not found in .cache/bin or on PATH; install it with {HELM_INSTALLER}"
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)
         pytest.skip(message)
     return found
+
+
+def require_helm() -> str:
+    """helm (see `require_tool`)."""
+    return require_tool("helm")
 
 
 def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -78,12 +83,18 @@ def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @functools.cache
-def render(helm: str, *args: str) -> tuple[Doc, ...]:
-    """`helm template` of the chart with extra arguments, parsed; fails the test with helm's error."""
+def render_text(helm: str, *args: str) -> str:
+    """`helm template` of the chart with extra arguments; fails the test with helm's error."""
     result = run_helm(helm, "template", "mh", str(CHART), "--namespace", "agents", *args)
     if result.returncode != 0:
         pytest.fail(f"helm template {' '.join(args)} failed:\n{result.stderr}")
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
+    return result.stdout
+
+
+@functools.cache
+def render(helm: str, *args: str) -> tuple[Doc, ...]:
+    """`helm template` of the chart with extra arguments, parsed."""
+    return tuple(doc for doc in yaml.safe_load_all(render_text(helm, *args)) if doc)
 
 
 def of_kind(docs: tuple[Doc, ...], *kinds: str) -> list[Doc]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+import subprocess
 from typing import Any
 
 import pytest
@@ -28,7 +29,9 @@ from tests.unit.deploy_support import (
     pod_docs,
     pod_spec,
     render,
+    render_text,
     require_helm,
+    require_tool,
     run_helm,
     setting_default,
     settings_env_names,
@@ -46,6 +49,8 @@ CASES: dict[str, tuple[str, ...]] = {
 }
 CASE_PARAMS = [pytest.param(args, id=name) for name, args in CASES.items()]
 LIVENESS_PATH = "/livez"
+# Objects of CRDs (Prometheus Operator, KEDA): kubecheck has no Go type for them.
+CUSTOM_RESOURCES = frozenset({"ServiceMonitor", "ScaledObject"})
 READINESS_PATH = "/readyz"
 # Settings the chart fills from other values than `config` (endpoints, security, downward API).
 SET_OUTSIDE_CONFIG = {
@@ -104,6 +109,22 @@ def test_helm_template_renders_a_workload_per_path(helm: str, args: tuple[str, .
     split = "paths=split" in args or (args == ALL_ON and load_yaml(VALUES_ALL_ON)["paths"] == "split")
     expected = [["run", "--only", "recall"], ["run", "--only", "persist"]] if split else [["run"]]
     assert sorted(_service_container(w)["args"] for w in _workloads(docs)) == sorted(expected)
+
+
+@pytest.mark.parametrize("args", CASE_PARAMS)
+def test_rendered_objects_decode_strictly_into_kubernetes_types(helm: str, args: tuple[str, ...]) -> None:
+    """Every built-in object decodes into its k8s.io/api type with no unknown field and no wrong type
+    (deploy/helm/kubecheck), which helm lint does not check."""
+    kubecheck = require_tool("kubecheck")
+    done = subprocess.run(
+        [kubecheck], input=render_text(helm, *args), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    docs = render(helm, *args)
+    custom = [d for d in docs if d["kind"] in CUSTOM_RESOURCES]
+    assert len([line for line in lines if line.startswith("OK ")]) == len(docs) - len(custom)
+    assert len([line for line in lines if line.startswith("SKIP ")]) == len(custom)
 
 
 # --- probes and ports -----------------------------------------------------------------------------
