@@ -24,16 +24,23 @@ from pydantic import (
 )
 
 
+def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is UTC:
+        return value
+    return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 def format_timestamp(value: datetime) -> str:
     """ISO-8601 in UTC with exactly three fraction digits, as JavaScript's `Date.toISOString()` writes it."""
-    value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
-    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    # isoformat ends in "+00:00" for UTC; it is C code, several times faster than strftime on the encode path.
+    return _as_utc(value).isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def _to_utc_ms(value: datetime) -> datetime:
     # MongoDB and JavaScript keep milliseconds; truncating here keeps ordering identical on both sides.
-    value = value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
-    return value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+    value = _as_utc(value)
+    sub_ms = value.microsecond % 1000
+    return value.replace(microsecond=value.microsecond - sub_ms) if sub_ms else value
 
 
 Timestamp = Annotated[
@@ -173,7 +180,25 @@ PART_TYPES: tuple[type[Open], ...] = (
 )
 
 
+_TAG_OF_MODEL: dict[type[Open], str] = {
+    TextPart: "text",
+    ReasoningPart: "reasoning",
+    ToolInvocationPart: "tool-invocation",
+    SourcePart: "source",
+    SourceDocumentPart: "source-document",
+    FilePart: "file",
+    StepStartPart: "step-start",
+    ErrorPart: "error",
+    DataPart: "data",
+    UnknownPart: "unknown",
+}
+
+
 def _part_tag(value: Any) -> str:
+    # Called for every part on decode (a dict) and on encode (a model): the model case is a dict lookup.
+    tag = _TAG_OF_MODEL.get(type(value))
+    if tag is not None:
+        return tag
     kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
     if not isinstance(kind, str):
         return "missing"  # no tag matches, so pydantic reports a clear error for the part
