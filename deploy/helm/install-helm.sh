@@ -2,7 +2,8 @@
 # Install the tools the chart tests use, into <repo>/.cache/bin, from the Go module proxy (no Docker, no
 # curl | sh):
 #   helm       helm.sh/helm/v3 at HELM_VERSION, for `helm lint` and `helm template`;
-#   kubecheck  deploy/helm/kubecheck: decodes rendered manifests strictly into the k8s.io/api types.
+#   kubecheck     deploy/helm/kubecheck: decodes rendered manifests strictly into the k8s.io/api types;
+#   composecheck  deploy/composecheck: loads deploy/compose.yaml with the Compose Specification's loader.
 # Idempotent: each tool is rebuilt only when its version or sources change (a stamp file records them); Go's
 # module and build caches make a rebuild fast. The first helm build takes a few minutes on 2 cores.
 #
@@ -13,7 +14,6 @@ set -euo pipefail
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BIN_DIR="$REPO/.cache/bin"
-KUBECHECK_SRC="$REPO/deploy/helm/kubecheck"
 
 command -v go >/dev/null || { echo "install-helm: go is needed (Go module proxy build)" >&2; exit 1; }
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
@@ -46,18 +46,18 @@ install_helm() {
   echo "$want" > "$BIN_DIR/helm.stamp"
 }
 
-install_kubecheck() {
-  local want
-  want="kubecheck $(cat "$KUBECHECK_SRC/main.go" "$KUBECHECK_SRC/go.mod" "$KUBECHECK_SRC/go.sum" \
-    | sha256sum | cut -c1-16) $(go env GOVERSION)"
-  if up_to_date kubecheck "$want"; then
-    echo "kubecheck already at $BIN_DIR/kubecheck"
+install_checker() {  # install_checker NAME SOURCE_DIR: a small Go program of this repository
+  local name="$1" src="$2" want
+  want="$name $(cat "$src/main.go" "$src/go.mod" "$src/go.sum" | sha256sum | cut -c1-16) $(go env GOVERSION)"
+  if up_to_date "$name" "$want"; then
+    echo "$name already at $BIN_DIR/$name"
     return
   fi
-  echo "building kubecheck into $BIN_DIR"
-  (cd "$KUBECHECK_SRC" && go build -trimpath -ldflags "-s -w" -o "$BIN_DIR/kubecheck" .)
-  echo "$want" > "$BIN_DIR/kubecheck.stamp"
+  echo "building $name into $BIN_DIR"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$BIN_DIR/$name" .)
+  echo "$want" > "$BIN_DIR/$name.stamp"
 }
 
 install_helm
-install_kubecheck
+install_checker kubecheck "$REPO/deploy/helm/kubecheck"
+install_checker composecheck "$REPO/deploy/composecheck"

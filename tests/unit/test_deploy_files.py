@@ -8,14 +8,23 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import re
+import subprocess
 import tomllib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
 
-from tests.unit.deploy_support import DEPLOY, REPO, load_yaml, setting_default, settings_env_names
+from tests.unit.deploy_support import (
+    DEPLOY,
+    REPO,
+    load_yaml,
+    require_tool,
+    setting_default,
+    settings_env_names,
+)
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 LOCK = DEPLOY / "requirements.txt"
@@ -204,6 +213,27 @@ def test_lock_is_the_complete_dependency_closure() -> None:
 def compose() -> dict[str, Any]:
     loaded: dict[str, Any] = load_yaml(COMPOSE)
     return loaded
+
+
+def test_compose_file_passes_the_compose_specification_loader() -> None:
+    """The Compose Specification's own loader (deploy/composecheck, as `docker compose config`) accepts
+    the file, resolves the build to deploy/Dockerfile and turns the `$$` escapes into shell variables."""
+    composecheck = require_tool("composecheck")
+    done = subprocess.run(
+        [composecheck, str(COMPOSE)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={"PATH": ""},
+    )
+    assert done.returncode == 0, done.stderr
+    services = json.loads(done.stdout)["services"]
+    assert set(services) == {"kafka", "kafka-init", "mongo", "message-history"}
+    build = services["message-history"]["build"]
+    assert Path(build["context"], build["dockerfile"]).resolve() == DOCKERFILE.resolve()
+    assert '--topic "$topic" --partitions "$PARTITIONS"' in services["kafka-init"]["command"][0]
+    assert services["kafka-init"]["environment"]["PARTITIONS"] == "3"
 
 
 def test_compose_service_env_names_are_settings(compose: dict[str, Any]) -> None:
