@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -65,9 +67,41 @@ async def mongo_db(
         await mongo_client.drop_database(name)
 
 
+@pytest.fixture(scope="session")
+def _topics_to_delete() -> Iterator[list[str]]:
+    """Topic names handed out this session, deleted at the end from a long-lived broker (the local stack):
+    thousands of leftover one-partition topics would slow it down run after run."""
+    names: list[str] = []
+    yield names
+    bootstrap = os.environ.get(infra.KAFKA_ENV, "").strip()
+    if names and bootstrap:  # a Docker broker goes away with its container
+        # Its own thread and loop: asyncio.run here would disturb pytest-asyncio's event-loop bookkeeping.
+        cleaner = threading.Thread(target=_delete_topics, args=(bootstrap, names), daemon=True)
+        cleaner.start()
+        cleaner.join(timeout=30)
+
+
+def _delete_topics(bootstrap: str, names: list[str]) -> None:
+    from aiokafka.admin import AIOKafkaAdminClient  # noqa: PLC0415
+
+    async def delete() -> None:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=15_000)
+        await admin.start()
+        try:
+            for start in range(0, len(names), 200):  # names never produced to are refused one by one: fine
+                await admin.delete_topics(names[start : start + 200], timeout_ms=10_000)
+        finally:
+            await admin.close()
+
+    with contextlib.suppress(Exception):  # best effort: cleanup must never fail the session
+        asyncio.run(delete())
+
+
 @pytest.fixture
-def topic() -> str:
-    return infra.unique_name("t-")
+def topic(_topics_to_delete: list[str]) -> str:
+    name = infra.unique_name("t-")
+    _topics_to_delete.append(name)
+    return name
 
 
 @pytest.fixture
