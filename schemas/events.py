@@ -317,7 +317,12 @@ def decode_persisted(raw: bytes | str, limits: Limits = Limits()) -> HistoryPers
 
 
 def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
-    size = len(raw.encode()) if isinstance(raw, str) else len(raw)
+    if isinstance(raw, str):
+        try:
+            raw = raw.encode()
+        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form, so it could never be a record value
+            raise EventValidationError("not valid UTF-8") from None
+    size = len(raw)
     if size > limits.max_event_bytes:
         raise EventValidationError(f"event is {size} bytes; the limit is {limits.max_event_bytes}")
     try:

@@ -432,6 +432,21 @@ def test_str_input_is_measured_in_utf8_bytes() -> None:
         decode_request(text, SMALL)
 
 
+def test_str_input_that_has_no_utf8_form_is_refused() -> None:
+    """A str holding a lone surrogate (no UTF-8 encoding) is an EventValidationError, not a UnicodeError."""
+    text = json.dumps(request(metadata={"x": "\ud800"}), ensure_ascii=False)
+    with pytest.raises(EventValidationError, match="not valid UTF-8"):
+        decode_request(text)
+
+
+def test_too_deep_nesting_is_refused_as_invalid_json() -> None:
+    """JSON nested deeper than the parser's recursion limit is refused cleanly, not with a crash."""
+    deep = '{"a":' * 3000 + "1" + "}" * 3000
+    data = json.dumps(request())[:-1] + f', "metadata": {deep}}}'
+    with pytest.raises(EventValidationError, match="recursion limit"):
+        decode_request(data.encode())
+
+
 def test_default_limits_match_the_settings_defaults() -> None:
     """`Limits()` and `Limits.from_settings(Settings())` agree, so the documented defaults are one set."""
     from message_history.settings import Settings  # noqa: PLC0415
