@@ -239,6 +239,16 @@ BAD_MESSAGES = [
         ("content", "parts", 0, "error", "error", "message"),
         id="err",
     ),
+    pytest.param(
+        _message({"type": "reasoning", "reasoning": 5}),
+        ("content", "parts", 0, "reasoning", "reasoning"),
+        id="reasoning-not-string",
+    ),
+    pytest.param(
+        _message({"type": "source-document", "sourceId": "d", "mediaType": "text/plain"}),
+        ("content", "parts", 0, "source-document", "title"),
+        id="source-document-without-title",
+    ),
 ]
 
 
