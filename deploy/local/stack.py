@@ -367,13 +367,22 @@ def install_npm() -> None:
         write_stamp(stamp, want)
 
 
+def install_hooks() -> None:
+    """Run every `deploy/**/install-*.sh` (e.g. the Helm chart's tools); each must be idempotent."""
+    for script in sorted((ROOT / "deploy").rglob("install-*.sh")):
+        if "node_modules" in script.parts:
+            continue
+        run(["bash", script], what=f"run {script.relative_to(ROOT)}")
+
+
 def install() -> None:
     started = time.monotonic()
     install_venv()
     install_kafka_libs()
     install_ferretdb()
     install_npm()
-    say(f"install: up to date ({time.monotonic() - started:.1f} s)")
+    install_hooks()
+    say(f"install: everything in place ({time.monotonic() - started:.1f} s)")
 
 
 # ----------------------------------------------------------------------------------------------- state
