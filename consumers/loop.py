@@ -262,28 +262,41 @@ class StreamLoop:
     # --- processing -----------------------------------------------------------------------------------------
 
     async def _process(self, records: list[ConsumerRecord], stop: asyncio.Event) -> None:
-        """Process one batch to the end: every record done, dead-lettered, or abandoned by a revoke/stop."""
+        """Process one batch to the end: every record done, dead-lettered, or abandoned by a revoke/stop.
+
+        After a failure the rest of the batch goes in halving chunks (doubling again on success): a dependency
+        that is slow rather than down then gets work it can finish within its timeout, instead of the same
+        batch timing out forever. Chunks keep batch order, so a thread's records still go in order.
+        """
         metrics.RECORDS_CONSUMED.labels(path=self.path).inc(len(records))
         metrics.BATCH_SIZE.labels(path=self.path).observe(len(records))
         pending = [(rec, self._tracker.track(_tp(rec), rec.offset)) for rec in records]
         metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
         self._idle.clear()
         attempt = 0
+        chunk = len(pending)
         try:
             while True:
                 pending = [(rec, part) for rec, part in pending if self._tracker.owns(_tp(rec), part)]
                 if not pending:
                     return
+                head, tail = pending[:chunk], pending[chunk:]
+                error: BaseException | None = None
                 try:
-                    pending = await self._attempt(pending)
-                    error: BaseException | None = None
+                    failed = await self._attempt(head)
                 except Exception as exc:
                     if not is_outage(exc):
                         raise
-                    error = exc
-                if not pending:
-                    return
+                    failed, error = head, exc
+                pending = failed + tail
+                if not failed:
+                    if self._outage:
+                        self._leave_outage()
+                    attempt = 0
+                    chunk = min(len(records), chunk * 2)
+                    continue
                 attempt += 1
+                chunk = max(1, len(head) // 2)
                 self._enter_outage(error, attempt)
                 if stop.is_set():
                     log.warning(
@@ -363,7 +376,10 @@ class StreamLoop:
         reason = f"{dependency} unavailable: {type(error).__name__ if error else 'outputs not acknowledged'}"
         if not self._outage:
             self._outage = True
-            log.warning("outage: pausing intake", extra={"path": self.path, "reason": reason})
+            log.warning(
+                "outage: pausing intake",
+                extra={"path": self.path, "reason": reason, "error": str(error or "")},
+            )
         self._health.set_ready(self.path, False, reason)
         self._pause_all()
         log.info("retrying batch", extra={"path": self.path, "attempt": attempt, "reason": reason})

@@ -51,6 +51,8 @@ def fresh_settings(kafka_bootstrap: str, mongo_uri: str, **overrides: Any) -> Se
         "commit_interval_ms": 100,
         "retry_initial_backoff_s": 0.2,
         "retry_max_backoff_s": 2.0,
+        # FerretDB on a shared 2-core box can take seconds for a bulk upsert: slow is not down
+        "mongodb_timeout_ms": 20_000,
         "shutdown_grace_s": 15.0,
         "http_host": "127.0.0.1",
         "http_port": 0,
