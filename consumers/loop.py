@@ -228,7 +228,9 @@ class StreamLoop:
         records: list[ConsumerRecord] = []
         for tp, recs in fetched.items():
             if tp not in self._assigned:
-                continue  # fetched just before a revoke: the partition's next owner reads it again
+                if recs and tp in self._consumer.assignment():
+                    self._consumer.seek(tp, recs[0].offset)  # ours, listener not run yet: read them again
+                continue  # else revoked meanwhile: the partition's next owner reads them from the commit
             records.extend(recs)
             highwater = self._consumer.highwater(tp)
             if highwater is not None:
@@ -298,13 +300,6 @@ class StreamLoop:
                 attempt += 1
                 chunk = max(1, len(head) // 2)
                 self._enter_outage(error, attempt)
-                if stop.is_set():
-                    log.warning(
-                        "stopping during an outage: %d records left for the next owner",
-                        len(pending),
-                        extra={"path": self.path},
-                    )
-                    return
                 delay = backoff_delay(
                     attempt,
                     initial=self._opts.retry_initial_s,
@@ -312,6 +307,13 @@ class StreamLoop:
                     rand=self._random.random,
                 )
                 await self._wait_polling(delay, stop)
+                if stop.is_set():
+                    log.warning(
+                        "stopping during an outage: %d records left for the next owner",
+                        len(pending),
+                        extra={"path": self.path},
+                    )
+                    return
         finally:
             if self._outage:
                 self._leave_outage()

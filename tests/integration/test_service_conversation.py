@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -21,7 +23,13 @@ from tests.integration.service_harness import (
     stored_threads,
     values,
 )
-from tests.integration.stream_helpers import Record, produce, read_all, read_topic
+from tests.integration.stream_helpers import (
+    Record,
+    committed_offsets,
+    produce,
+    read_all,
+    read_topic,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -164,3 +172,39 @@ async def test_same_request_twice_gives_the_same_enriched_event(
     assert ("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01") in list(first.headers)
     assert values([first])[0]["history"]["recalled"] == 2
     assert letters == []
+
+
+async def test_only_recall_leaves_the_persist_path_alone(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """`run --only recall` enriches requests and neither reads nor commits the responses topic."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    request = request_event("t1", "u1", 1, "hello")
+    try:
+        async with running_service(settings, only="recall"):
+            await produce(
+                bootstrap, settings.responses_topic, [encoded(response_event("t1", "u1", 1, [], "x"))]
+            )
+            await produce(bootstrap, settings.requests_topic, [encoded(request)])
+            enriched = await read_topic(bootstrap, settings.enriched_topic, until=lambda rs: len(rs) >= 1)
+            await _wait_committed_total(settings, settings.requests_topic, 1)
+        persisted = await read_all(bootstrap, settings.persisted_topic, settle_s=0.5)
+        committed = await committed_offsets(bootstrap, settings.group_id, settings.responses_topic)
+        rows = await stored_messages(settings)
+    finally:
+        await drop_database(settings)
+    assert values(enriched)[0]["requestId"] == request["requestId"]
+    assert persisted == []
+    assert committed == {}
+    assert rows == []
+
+
+async def _wait_committed_total(settings: Settings, topic: str, total: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (
+        sum((await committed_offsets(settings.kafka_bootstrap_servers, settings.group_id, topic)).values())
+        < total
+    ):
+        assert time.monotonic() < deadline, f"{topic}: fewer than {total} records committed"
+        await asyncio.sleep(0.2)
