@@ -1,0 +1,56 @@
+// Drives @mastra/mongodb's own MongoDBStore against a database, for tests/interop/test_mastra_mongodb_interop.py.
+//
+//   MONGODB_URI=... node store.mjs <dbName> init
+//       Mastra's init(): creates its collections and default indexes.
+//   MONGODB_URI=... node store.mjs <dbName> list <threadId> [resourceId]
+//       Prints {thread, messages}: getThreadById and listMessages (perPage false = all, createdAt ASC).
+//   MONGODB_URI=... node store.mjs <dbName> save < {thread, messages}
+//       saveThread (when `thread` is given) then saveMessages; ISO dates become Date. Prints {saved}.
+//
+// disableInit keeps list/save from creating indexes, so the test decides who creates them and when.
+import { MongoDBStore } from '@mastra/mongodb';
+
+const [dbName, command, ...args] = process.argv.slice(2);
+const uri = process.env.MONGODB_URI;
+if (!uri || !dbName || !command) {
+  console.error('usage: MONGODB_URI=... node store.mjs <dbName> init|list|save ...');
+  process.exit(2);
+}
+
+async function readStdin() {
+  const chunks = [];
+  for await (const chunk of process.stdin) chunks.push(chunk);
+  return JSON.parse(Buffer.concat(chunks).toString('utf8'));
+}
+
+const asDate = (value) => (typeof value === 'string' ? new Date(value) : value);
+
+const store = new MongoDBStore({ id: 'interop', uri, dbName, disableInit: command !== 'init' });
+try {
+  if (command === 'init') {
+    await store.init();
+    console.log(JSON.stringify({ ok: true }));
+  } else {
+    const memory = await store.getStore('memory');
+    if (command === 'list') {
+      const [threadId, resourceId] = args;
+      const thread = await memory.getThreadById({ threadId, ...(resourceId ? { resourceId } : {}) });
+      const page = await memory.listMessages({ threadId, ...(resourceId ? { resourceId } : {}), perPage: false });
+      if (thread) delete thread._id; // Mastra leaks the ObjectId; it is not part of the thread
+      console.log(JSON.stringify({ thread, messages: page.messages, total: page.total }));
+    } else if (command === 'save') {
+      const input = await readStdin();
+      if (input.thread) {
+        const t = input.thread;
+        await memory.saveThread({ thread: { ...t, createdAt: asDate(t.createdAt), updatedAt: asDate(t.updatedAt) } });
+      }
+      const messages = input.messages.map((m) => ({ ...m, createdAt: asDate(m.createdAt) }));
+      const result = await memory.saveMessages({ messages });
+      console.log(JSON.stringify({ saved: result.messages.map((m) => m.id) }));
+    } else {
+      throw new Error(`unknown command ${command}`);
+    }
+  }
+} finally {
+  await store.close();
+}
