@@ -1,0 +1,107 @@
+"""`python -m bench`: the benchmark, run from the repository root against the local stack's endpoints."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.context import REPO, Budget
+from bench.run import ALL_LINES, Options, run
+from bench.stats import ratios, render_table
+from bench.workload import Workload
+
+# --quick: a small workload and short budgets for CI smoke runs (under two minutes on the local stack)
+QUICK = {
+    "threads": 120,
+    "history": 6,
+    "message_bytes": 512,
+    "batch": 20,
+    "partitions": 2,
+    "line_seconds": 8.0,
+    "latency_events": 20,
+    "latency_seconds": 3.0,
+    "mastra_concurrency": 8,
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Both paths against the physical limit (B1/B2/B3), a naive baseline and Mastra itself, "
+        "on one workload in one run. Progress on stderr; the table on stdout; JSON in --out.",
+    )
+    p.add_argument("--quick", action="store_true", help="small workload and budgets, for CI smoke runs")
+    p.add_argument("--threads", type=int, default=10_000, help="threads, and events per line (%(default)s)")
+    p.add_argument("--history", type=int, default=40, help="stored messages per thread (%(default)s)")
+    p.add_argument("--message-bytes", type=int, default=1024, help="text per message (%(default)s)")
+    p.add_argument("--batch", type=int, default=500, help="records per batch, every line (%(default)s)")
+    p.add_argument("--partitions", type=int, default=6, help="partitions per topic (%(default)s)")
+    p.add_argument(
+        "--lines",
+        default=",".join(ALL_LINES),
+        help="comma-separated subset of: " + ", ".join(ALL_LINES),
+    )
+    p.add_argument("--line-seconds", type=float, default=300.0, help="time budget per line (%(default)s)")
+    p.add_argument("--latency-events", type=int, default=1000, help="events timed per line (%(default)s)")
+    p.add_argument("--latency-seconds", type=float, default=20.0, help="latency phase length (%(default)s)")
+    p.add_argument("--mastra-concurrency", type=int, default=32, help="turns in flight in Node (%(default)s)")
+    p.add_argument("--soak", type=int, metavar="N", help="memory flatness: run one path for N events instead")
+    p.add_argument("--soak-path", choices=["recall", "persist"], default="recall")
+    p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where results go")
+    p.add_argument("--keep", action="store_true", help="keep the topics and the benchmark database")
+    return p
+
+
+def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
+    values = vars(args)
+    lines = [name.strip() for name in str(values["lines"]).split(",") if name.strip()]
+    unknown = sorted(set(lines) - set(ALL_LINES))
+    if unknown:
+        raise SystemExit(f"unknown lines: {', '.join(unknown)}")
+    workload = Workload(
+        threads=values["threads"],
+        history=values["history"],
+        message_bytes=values["message_bytes"],
+        batch=values["batch"],
+        partitions=values["partitions"],
+        run_id=secrets.token_hex(3),
+    )
+    budget = Budget(
+        line_seconds=values["line_seconds"],
+        latency_events=values["latency_events"],
+        latency_seconds=values["latency_seconds"],
+        mastra_concurrency=values["mastra_concurrency"],
+    )
+    return Options(
+        workload=workload,
+        budget=budget,
+        lines=lines,
+        out_dir=args.out,
+        command=shlex.join(["python", "-m", "bench", *argv]),
+        soak_events=args.soak,
+        soak_path=args.soak_path,
+        keep=args.keep,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser().parse_args(argv)
+    if args.quick:  # --quick changes the defaults; flags given explicitly still win
+        quick = parser()
+        quick.set_defaults(**QUICK)
+        args = quick.parse_args(argv)
+    options = options_from(args, argv)
+    record, path, lines = asyncio.run(run(options))
+    if lines:
+        print(render_table(lines, ratios(lines)))
+    if record.get("soak"):
+        soak = {k: v for k, v in record["soak"].items() if k != "series"}
+        print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
+    print(f"\nresults: {path}")
+    return 1 if any(line.error for line in lines.values()) else 0

@@ -1,0 +1,64 @@
+"""What every line of one run shares: endpoints, the workload, the seeded database, budgets, names."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.procstat import Servers
+from bench.workload import Turns, Workload
+from message_history.settings import Settings
+
+REPO = Path(__file__).resolve().parent.parent
+MONGODB_TIMEOUT_MS = 600_000
+
+
+@dataclass
+class Budget:
+    """How long lines may take: a line stops after `line_seconds` of measuring and reports what it did."""
+
+    line_seconds: float = 300.0
+    latency_events: int = 1000
+    latency_seconds: float = 20.0
+    load_fraction: float = 0.5  # latency is measured at this share of the line's measured throughput
+    startup_timeout_s: float = 120.0
+    mastra_concurrency: int = 32
+
+
+@dataclass
+class RunContext:
+    settings: Settings
+    workload: Workload
+    db: str
+    servers: Servers
+    budget: Budget
+    log_dir: Path
+    turns: Turns
+    topics: list[str] = field(default_factory=list)  # created by the run, deleted at its end
+
+    def topic(self, *parts: str) -> str:
+        name = "-".join(("bench", self.workload.run_id, *parts))
+        self.topics.append(name)
+        return name
+
+    def child_env(self, **extra: str) -> dict[str, str]:
+        """The harness's environment for a child: the repository importable, the settings' endpoints."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        env["KAFKA_BOOTSTRAP_SERVERS"] = self.settings.kafka_bootstrap_servers
+        env["MONGODB_URI"] = self.settings.mongodb_uri.get_secret_value()
+        env["MONGODB_DATABASE"] = self.db
+        env["MESSAGE_HISTORY_LAST_MESSAGES"] = str(self.workload.history)
+        env["MESSAGE_HISTORY_MAX_BATCH_RECORDS"] = str(self.workload.batch)
+        env["MESSAGE_HISTORY_LOG_LEVEL"] = "WARNING"
+        # a whole batch's bulk write is one MongoDB operation: on a slow server it may take longer than the
+        # 5 s default, which the service (rightly) treats as an outage; the benchmark measures capacity
+        env["MESSAGE_HISTORY_MONGODB_TIMEOUT_MS"] = str(MONGODB_TIMEOUT_MS)
+        env.update(extra)
+        return env
+
+    @staticmethod
+    def python() -> str:
+        return sys.executable

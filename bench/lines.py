@@ -1,0 +1,195 @@
+"""Every line of a run, built on the shared workload: what goes in, which process does the work.
+
+Recall lines all read turn `turns.recall` of threads `0 .. events-1` (they write nothing). Each persist
+line writes a turn of its own (`turns.fresh()`), and so does each latency phase, so that every write is a new
+message, as in production; wrapping around the threads moves on to a later turn.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+
+from bench import processes
+from bench.context import RunContext
+from bench.kafka_io import Record
+from bench.progress import log
+from bench.stats import LineResult
+from bench.stream_line import Launch, StreamLine
+from bench.workload import Workload, encode_json, enriched_event, request_event, response_event
+
+
+def _key(w: Workload, i: int) -> bytes:
+    return w.thread_id(i).encode()
+
+
+def requests(w: Workload, turn: int) -> Callable[[int], Record]:
+    def record(j: int) -> Record:
+        i = j % w.threads
+        return _key(w, i), encode_json(request_event(w, i, turn + j // w.threads))
+
+    return record
+
+
+def responses(w: Workload, turn: int) -> Callable[[int], Record]:
+    def record(j: int) -> Record:
+        i = j % w.threads
+        return _key(w, i), encode_json(response_event(w, i, turn + j // w.threads))
+
+    return record
+
+
+def enriched(w: Workload, turn: int) -> Callable[[int], Record]:
+    cache: dict[int, bytes] = {}
+
+    def record(j: int) -> Record:
+        i = j % w.threads
+        if i not in cache:
+            cache[i] = encode_json(enriched_event(w, i, turn, w.history))
+        return _key(w, i), cache.pop(i)
+
+    return record
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def service_launch(ctx: RunContext, path: str, name: str) -> Callable[[str, str, str], Launch]:
+    """`message-history run --only PATH`, configured through its environment as an operator would."""
+
+    def launch(in_topic: str, out_topic: str, tag: str) -> Launch:
+        port = _free_port()
+        unused = f"{in_topic}-unused"
+        topics = (
+            {"REQUESTS": in_topic, "ENRICHED": out_topic, "RESPONSES": unused, "PERSISTED": unused + "-out"}
+            if path == "recall"
+            else {
+                "REQUESTS": unused,
+                "ENRICHED": unused + "-out",
+                "RESPONSES": in_topic,
+                "PERSISTED": out_topic,
+            }
+        )
+        env = ctx.child_env(
+            MESSAGE_HISTORY_GROUP_ID=f"bench-{ctx.workload.run_id}-{name}-{tag}",
+            MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
+            MESSAGE_HISTORY_HTTP_PORT=str(port),
+            **{f"MESSAGE_HISTORY_{k}_TOPIC": v for k, v in topics.items()},
+        )
+        argv = [ctx.python(), "-m", "message_history", "run", "--only", path]
+        return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics")
+
+    return launch
+
+
+def worker_launch(
+    ctx: RunContext, kind: str, name: str, **config: object
+) -> Callable[[str, str, str], Launch]:
+    """`python -m bench.worker KIND CONFIG` for the pass-through and naive lines."""
+
+    def launch(in_topic: str, out_topic: str, tag: str) -> Launch:
+        settings = {
+            "in_topic": in_topic,
+            "out_topic": out_topic,
+            "group_id": f"bench-{ctx.workload.run_id}-{name}-{tag}",
+            "batch": ctx.workload.batch,
+            "db": ctx.db,
+            **config,
+        }
+        argv = [ctx.python(), "-m", "bench.worker", kind, json.dumps(settings)]
+        return Launch(argv, ctx.child_env())
+
+    return launch
+
+
+def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
+    """B1, the service and naive for one path, each with its turns."""
+    w, turns = ctx.workload, ctx.turns
+    if path == "recall":
+        return [
+            StreamLine(
+                "b1_recall",
+                events,
+                enriched(w, turns.recall),
+                enriched(w, turns.recall),
+                worker_launch(ctx, "passthrough", "b1_recall"),
+            ),
+            StreamLine(
+                "service_recall",
+                events,
+                requests(w, turns.recall),
+                requests(w, turns.recall),
+                service_launch(ctx, "recall", "service_recall"),
+            ),
+            StreamLine(
+                "naive_recall",
+                events,
+                requests(w, turns.recall),
+                requests(w, turns.recall),
+                worker_launch(ctx, "naive", "naive_recall", path="recall"),
+            ),
+        ]
+    b1_turn = turns.fresh()  # never written: B1 only moves the bytes
+    return [
+        StreamLine(
+            "b1_persist",
+            events,
+            responses(w, b1_turn),
+            responses(w, b1_turn),
+            worker_launch(ctx, "passthrough", "b1_persist"),
+        ),
+        StreamLine(
+            "service_persist",
+            events,
+            responses(w, turns.fresh()),
+            responses(w, turns.fresh()),
+            service_launch(ctx, "persist", "service_persist"),
+        ),
+        StreamLine(
+            "naive_persist",
+            events,
+            responses(w, turns.fresh()),
+            responses(w, turns.fresh()),
+            worker_launch(ctx, "naive", "naive_persist", path="persist"),
+        ),
+    ]
+
+
+async def run_mongo_line(ctx: RunContext, kind: str, events: int) -> LineResult:
+    """B2 (`kind="b2"`) or B3 in a worker process."""
+    name = "b2_recall_queries" if kind == "b2" else "b3_bulk_upserts"
+    result = LineResult(name, 0, 0.0, None, None, latency_kind="per batch round trip")
+    config = {
+        "kind": kind,
+        "db": ctx.db,
+        "events": events,
+        "seconds": ctx.budget.line_seconds,
+        "workload": ctx.workload.as_dict(),
+        "turn": ctx.turns.recall if kind == "b2" else ctx.turns.fresh(),
+    }
+    try:
+        raw, server_cpu = await processes.run_to_end(
+            [ctx.python(), "-m", "bench.worker", "mongo", json.dumps(config)],
+            env=ctx.child_env(),
+            log=ctx.log_dir / f"{name}.log",
+            servers=ctx.servers,
+            timeout_s=ctx.budget.line_seconds + 600,
+        )
+    except Exception as exc:  # noqa: BLE001 -- keep the other lines' figures
+        result.error = f"{type(exc).__name__}: {exc}"
+        log(f"{name} failed: {result.error}")
+        return result
+    result.events = int(raw["events"])
+    result.wall_s = float(raw["wall_s"])
+    result.cpu_s = float(raw["cpu_s"])
+    result.peak_rss_bytes = raw.get("peak_rss_bytes")
+    result.latencies_ms = [float(v) for v in raw["latencies_ms"]]
+    result.server_cpu_s = server_cpu
+    result.details = dict(raw.get("details", {}))
+    result.details["completed"] = result.events >= events
+    return result

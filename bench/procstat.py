@@ -1,0 +1,88 @@
+"""CPU seconds and memory of a process, read from `/proc` (Linux), and where the local servers run.
+
+`/proc/<pid>/stat` fields 14 and 15 are user and system time of all the process's threads, in clock ticks;
+`/proc/<pid>/status` has `VmRSS` (resident now) and `VmHWM` (the peak resident size so far).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds the process has used; None when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces: split after its closing parenthesis
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _TICKS
+
+
+def _status_kb(pid: int, key: str) -> int | None:
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return None
+
+
+def rss_bytes(pid: int) -> int | None:
+    """Resident set size now."""
+    kb = _status_kb(pid, "VmRSS")
+    return kb * 1024 if kb is not None else None
+
+
+def peak_rss_bytes(pid: int) -> int | None:
+    """The largest resident set size the process has had (VmHWM)."""
+    kb = _status_kb(pid, "VmHWM")
+    return kb * 1024 if kb is not None else None
+
+
+@dataclass(frozen=True)
+class Servers:
+    """The pids of the MongoDB-wire server and the Kafka broker on this machine, when found."""
+
+    mongo: int | None
+    kafka: int | None
+
+    def cpu(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, pid in (("mongo", self.mongo), ("kafka", self.kafka)):
+            value = cpu_seconds(pid) if pid is not None else None
+            if value is not None:
+                out[name] = value
+        return out
+
+
+def find_servers(mongo_port: int | None) -> Servers:
+    """Local `mongod` / FerretDB (listening on `mongo_port` when its command line says so) and `kafka.Kafka`.
+
+    Only read, never touched: their CPU is reported beside each line. A server that is not local (or not
+    unique) is None.
+    """
+    mongo: list[int] = []
+    kafka: list[int] = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        line = b" ".join(argv)
+        if b"kafka.Kafka" in line and b"java" in argv[0]:
+            kafka.append(int(entry.name))
+        elif any(name in argv[0] for name in (b"ferretdb", b"mongod")) and (
+            mongo_port is None or str(mongo_port).encode() in line
+        ):
+            mongo.append(int(entry.name))
+    return Servers(mongo=mongo[0] if len(mongo) == 1 else None, kafka=kafka[0] if len(kafka) == 1 else None)

@@ -1,0 +1,130 @@
+"""One benchmark run: seed, every line in turn on the same workload, the record, the cleanup."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pymongo import AsyncMongoClient
+
+from bench import report
+from bench.anchor import run_anchor
+from bench.context import Budget, RunContext
+from bench.kafka_io import delete_topics
+from bench.lines import run_mongo_line, stream_lines
+from bench.procstat import find_servers
+from bench.progress import log
+from bench.seed import seed
+from bench.soak import run_soak
+from bench.stats import LINES, LineResult
+from bench.stream_line import run_stream_line
+from bench.workload import Turns, Workload
+from message_history.settings import Settings
+
+ALL_LINES: tuple[str, ...] = tuple(LINES)
+
+
+@dataclass(frozen=True)
+class Options:
+    workload: Workload
+    budget: Budget
+    lines: Sequence[str]
+    out_dir: Path
+    command: str
+    soak_events: int | None = None
+    soak_path: str = "recall"
+    keep: bool = False
+
+
+def _mongo_port(uri: str) -> int | None:
+    try:
+        return urlsplit(uri).port
+    except ValueError:
+        return None
+
+
+async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineResult]]:
+    """Run everything `options` selects; returns the record, where it was written, and the lines."""
+    settings = Settings()
+    w = options.workload
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    uri = settings.mongodb_uri.get_secret_value()
+    ctx = RunContext(
+        settings=settings,
+        workload=w,
+        db=f"bench_{w.run_id}",
+        servers=find_servers(_mongo_port(uri)),
+        budget=options.budget,
+        log_dir=options.out_dir / f"{stamp}-logs",
+        turns=Turns(w),
+    )
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
+    lines: dict[str, LineResult] = {}
+    soak: dict[str, Any] | None = None
+    environment: dict[str, Any] = {"database": ctx.db}
+    try:
+        environment.update(await _servers_info(client, ctx))
+        environment["seeded"] = await seed(client[ctx.db], w)
+        if options.soak_events:
+            soak = await run_soak(ctx, options.soak_path, options.soak_events)
+        else:
+            await _run_lines(ctx, options, lines)
+    finally:
+        if not options.keep:
+            log("cleaning up: topics and the benchmark database")
+            await delete_topics(settings, ctx.topics)
+            with contextlib.suppress(Exception):
+                await client.drop_database(ctx.db)
+        await client.close()
+    record = report.build(
+        command=options.command,
+        started_at=stamp,
+        workload=w.as_dict() | {"budget": vars(options.budget)},
+        environment=environment,
+        lines=lines,
+        soak=soak,
+    )
+    path = options.out_dir / f"{stamp}.json"
+    report.write(record, path)
+    return record, path, lines
+
+
+async def _run_lines(ctx: RunContext, options: Options, lines: dict[str, LineResult]) -> None:
+    selected = set(options.lines)
+    events = ctx.workload.threads
+    for path in ("recall", "persist"):
+        for line in stream_lines(ctx, path, events):
+            if line.name in selected:
+                log(f"--- {line.name}")
+                lines[line.name] = await run_stream_line(ctx, line)
+        mongo = ("b2", "b2_recall_queries") if path == "recall" else ("b3", "b3_bulk_upserts")
+        if mongo[1] in selected:
+            log(f"--- {mongo[1]}")
+            lines[mongo[1]] = await run_mongo_line(ctx, mongo[0], events)
+        name = f"mastra_{path}"
+        if name in selected:
+            log(f"--- {name}")
+            turn = ctx.turns.recall if path == "recall" else ctx.turns.fresh()
+            lines[name] = await run_anchor(
+                ctx, path, events=events, turn=turn, latency_turn=ctx.turns.fresh()
+            )
+
+
+async def _servers_info(client: AsyncMongoClient[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:
+    info = await client.admin.command("buildInfo")
+    server = (
+        f"FerretDB ({info.get('version')} wire)"
+        if "ferretdbVersion" in info
+        else f"MongoDB {info.get('version')}"
+    )
+    return {
+        "mongo_server": server,
+        "mongo_server_pid_found": ctx.servers.mongo is not None,
+        "kafka_broker_pid_found": ctx.servers.kafka is not None,
+        "kafka_bootstrap": ctx.settings.kafka_bootstrap_servers,
+    }

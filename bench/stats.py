@@ -1,0 +1,224 @@
+"""Figures of one benchmark run: per-line results, the ratios between lines, the table. Pure, no I/O.
+
+A line's throughput is events per wall-clock second over its measured window; its cost is the CPU seconds of
+the process doing the work (the service, the pass-through, the naive loop, the Mongo worker or Node) per
+1,000 events, and `events_per_cpu_s` is the same figure inverted ("events/s per core"). The servers' CPU
+(MongoDB-wire server, Kafka broker) is reported beside it when their processes could be found: on a shared
+machine it also contains whatever else used them meanwhile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+# name -> (label, path): the lines of one run, in table order
+LINES: Final[dict[str, tuple[str, str]]] = {
+    "b1_recall": ("B1 Kafka pass-through, enriched-size records", "recall"),
+    "b2_recall_queries": ("B2 MongoDB batched recall queries", "recall"),
+    "service_recall": ("service recall path (request -> enriched)", "recall"),
+    "naive_recall": ("naive recall (await each find/send/commit)", "recall"),
+    "mastra_recall": ("Mastra MessageHistory.processInput (Node)", "recall"),
+    "b1_persist": ("B1 Kafka pass-through, response-size records", "persist"),
+    "b3_bulk_upserts": ("B3 MongoDB batched bulk upserts", "persist"),
+    "service_persist": ("service persist path (response -> persisted)", "persist"),
+    "naive_persist": ("naive persist (await each save/send/commit)", "persist"),
+    "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node)", "persist"),
+}
+
+RATIOS: Final[dict[str, str]] = {
+    "recall_vs_limit": "service recall / min(B1, B2)  (target >= 0.7)",
+    "persist_vs_limit": "service persist / min(B1, B3)  (target >= 0.7)",
+    "recall_service_vs_naive": "service recall / naive recall  (target >= 10)",
+    "persist_service_vs_naive": "service persist / naive persist  (target >= 10)",
+    "turn_service_vs_naive": "service / naive, whole turn (recall + persist)",
+    "recall_service_vs_mastra_per_core": "service recall / Mastra processInput, events per CPU second",
+    "persist_service_vs_mastra_per_core": "service persist / Mastra processOutputResult, per CPU second",
+    "turn_service_vs_mastra_per_core": "service / Mastra, whole turn, events per CPU second (target > 1)",
+    "recall_service_vs_mastra_wall": "service recall / Mastra processInput, events per second",
+    "persist_service_vs_mastra_wall": "service persist / Mastra processOutputResult, events per second",
+}
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The `q`-th percentile (0..100) by linear interpolation between closest ranks; None when empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+@dataclass
+class LineResult:
+    """What one line measured. `latencies_ms`: per event (or per batch for the MongoDB lines)."""
+
+    name: str
+    events: int
+    wall_s: float
+    cpu_s: float | None
+    peak_rss_bytes: int | None
+    latencies_ms: list[float] = field(default_factory=list)
+    latency_kind: str = ""
+    server_cpu_s: dict[str, float] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def events_per_s(self) -> float | None:
+        return self.events / self.wall_s if self.events and self.wall_s > 0 else None
+
+    @property
+    def events_per_cpu_s(self) -> float | None:
+        return self.events / self.cpu_s if self.events and self.cpu_s else None
+
+    @property
+    def cpu_s_per_1k(self) -> float | None:
+        return 1000 * self.cpu_s / self.events if self.events and self.cpu_s is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        label, path = LINES.get(self.name, (self.name, ""))
+        out: dict[str, Any] = {
+            "label": label,
+            "path": path,
+            "events": self.events,
+            "wall_s": _round(self.wall_s),
+            "events_per_s": _round(self.events_per_s),
+            "latency_ms": {
+                "p50": _round(percentile(self.latencies_ms, 50)),
+                "p95": _round(percentile(self.latencies_ms, 95)),
+                "p99": _round(percentile(self.latencies_ms, 99)),
+                "samples": len(self.latencies_ms),
+                "kind": self.latency_kind,
+            },
+            "cpu_s": _round(self.cpu_s),
+            "cpu_s_per_1k_events": _round(self.cpu_s_per_1k),
+            "events_per_cpu_s": _round(self.events_per_cpu_s),
+            "peak_rss_mb": _round(self.peak_rss_bytes / 2**20 if self.peak_rss_bytes else None),
+            "server_cpu_s_per_1k_events": {
+                k: _round(1000 * v / self.events) for k, v in self.server_cpu_s.items() if self.events
+            },
+            "details": self.details,
+        }
+        if self.error:
+            out["error"] = self.error
+        return out
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    if value is None:
+        return None
+    return float(f"{value:.{digits}g}")
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def _turn_rate(recall: float | None, persist: float | None) -> float | None:
+    """Whole turns per second when a turn costs one recall event and one persist event (harmonic sum)."""
+    if not recall or not persist:
+        return None
+    return 1 / (1 / recall + 1 / persist)
+
+
+def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
+    """The run's ratios (None where a line is missing or measured nothing)."""
+
+    def eps(name: str) -> float | None:
+        line = lines.get(name)
+        return line.events_per_s if line else None
+
+    def per_core(name: str) -> float | None:
+        line = lines.get(name)
+        return line.events_per_cpu_s if line else None
+
+    def lowest(*names: str) -> float | None:
+        values = [v for v in (eps(n) for n in names) if v is not None]
+        return min(values) if len(values) == len(names) else None
+
+    out = {
+        "recall_vs_limit": _ratio(eps("service_recall"), lowest("b1_recall", "b2_recall_queries")),
+        "persist_vs_limit": _ratio(eps("service_persist"), lowest("b1_persist", "b3_bulk_upserts")),
+        "recall_service_vs_naive": _ratio(eps("service_recall"), eps("naive_recall")),
+        "persist_service_vs_naive": _ratio(eps("service_persist"), eps("naive_persist")),
+        "turn_service_vs_naive": _ratio(
+            _turn_rate(eps("service_recall"), eps("service_persist")),
+            _turn_rate(eps("naive_recall"), eps("naive_persist")),
+        ),
+        "recall_service_vs_mastra_per_core": _ratio(per_core("service_recall"), per_core("mastra_recall")),
+        "persist_service_vs_mastra_per_core": _ratio(per_core("service_persist"), per_core("mastra_persist")),
+        "turn_service_vs_mastra_per_core": _ratio(
+            _turn_rate(per_core("service_recall"), per_core("service_persist")),
+            _turn_rate(per_core("mastra_recall"), per_core("mastra_persist")),
+        ),
+        "recall_service_vs_mastra_wall": _ratio(eps("service_recall"), eps("mastra_recall")),
+        "persist_service_vs_mastra_wall": _ratio(eps("service_persist"), eps("mastra_persist")),
+    }
+    return {k: _round(v) for k, v in out.items()}
+
+
+# --- the table -----------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    if value is None:
+        return "-"
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}g}"
+
+
+_HEADER: Final = (
+    "line",
+    "events",
+    "events/s",
+    "p50 ms",
+    "p95 ms",
+    "p99 ms",
+    "CPU s/1k",
+    "ev/CPU-s",
+    "peak RSS MB",
+    "mongo CPU s/1k",
+    "kafka CPU s/1k",
+)
+
+
+def render_table(lines: Mapping[str, LineResult], ratio_values: Mapping[str, float | None]) -> str:
+    """A plain-text table of every line, then the ratios; readable in a terminal and in Markdown."""
+    rows = [list(_HEADER)]
+    for name in [*LINES, *(n for n in lines if n not in LINES)]:
+        line = lines.get(name)
+        if line is None:
+            continue
+        per_k = {k: 1000 * v / line.events for k, v in line.server_cpu_s.items()} if line.events else {}
+        rows.append(
+            [
+                name + (" (FAILED)" if line.error else ""),
+                str(line.events),
+                _fmt(line.events_per_s),
+                _fmt(percentile(line.latencies_ms, 50)),
+                _fmt(percentile(line.latencies_ms, 95)),
+                _fmt(percentile(line.latencies_ms, 99)),
+                _fmt(line.cpu_s_per_1k),
+                _fmt(line.events_per_cpu_s),
+                _fmt(line.peak_rss_bytes / 2**20 if line.peak_rss_bytes else None),
+                _fmt(per_k.get("mongo")),
+                _fmt(per_k.get("kafka")),
+            ]
+        )
+    widths = [max(len(row[c]) for row in rows) for c in range(len(_HEADER))]
+    text = ["| " + " | ".join(cell.ljust(widths[c]) for c, cell in enumerate(row)) + " |" for row in rows]
+    text.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    text.append("")
+    width = max(len(v) for v in RATIOS.values())
+    for key, label in RATIOS.items():
+        value = ratio_values.get(key)
+        text.append(f"{label.ljust(width)}  {_fmt(value) if value is not None else '-'}")
+    return "\n".join(text)

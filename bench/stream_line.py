@@ -1,0 +1,207 @@
+"""A line that moves events through Kafka (the service, B1, naive), measured from outside its process.
+
+1. The line's process starts on fresh topics and is warmed up: one event is sent and its output awaited
+   (the group is joined, connections are open, code paths are warm).
+2. Throughput: the harness writes the whole input in one Kafka transaction. The line reads committed records
+   only, so it sees nothing until the commit and then the whole backlog at once: the window starts at the
+   commit and ends when the last output is on the output topic (or at the time budget). Outputs are counted
+   from the output topic's end offsets every 50 ms; the process's CPU seconds (and the servers') are read at
+   the same instants.
+3. Latency: once the backlog is worked off, the same process is sent events at `load_fraction` of the
+   throughput just measured (an open loop: the sender does not wait for outputs); each event is timed from
+   its send to its output being read. When the budget cut the backlog short, a fresh process on fresh
+   topics does this phase instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from bench import processes
+from bench.context import RunContext
+from bench.kafka_io import LatencyProbe, OutputCounter, Record, create_topics, preload
+from bench.procstat import cpu_seconds, peak_rss_bytes
+from bench.progress import Progress, log
+from bench.stats import LineResult
+
+_POLL_S = 0.05
+_SETTLE_S = 1.0  # let the servers finish what a stopped process left in flight before the next phase
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str]
+    metrics_url: str | None = None
+
+
+@dataclass(frozen=True)
+class StreamLine:
+    """`launch(in_topic, out_topic, tag)` builds the process; records are by index (`record(i)`)."""
+
+    name: str
+    events: int
+    record: Callable[[int], Record]
+    latency_record: Callable[[int], Record]
+    launch: Callable[[str, str, str], Launch]
+
+
+@dataclass
+class _Sample:
+    at: float
+    outputs: int
+    cpu: float
+    servers: dict[str, float]
+
+
+class _Running:
+    """A line's process on its topics, warmed up."""
+
+    def __init__(self, ctx: RunContext, line: StreamLine, tag: str) -> None:
+        self.ctx, self.line, self.tag = ctx, line, tag
+        self.in_topic = ctx.topic(line.name, tag, "in")
+        self.out_topic = ctx.topic(line.name, tag, "out")
+        self.launch = line.launch(self.in_topic, self.out_topic, tag)
+        self.process: asyncio.subprocess.Process | None = None
+        self.next_latency = 0  # index of the next latency record
+        self.output_bytes: float | None = None  # mean size of the outputs timed last
+
+    async def start(self) -> asyncio.subprocess.Process:
+        ctx = self.ctx
+        await create_topics(ctx.settings, [self.in_topic, self.out_topic], ctx.workload.partitions)
+        self.process = await processes.spawn(
+            self.launch.argv, env=self.launch.env, log=ctx.log_dir / f"{self.line.name}.log"
+        )
+        timed = await self.timed(count=1, rate=1.0, timeout_s=ctx.budget.startup_timeout_s)
+        if not timed:
+            raise RuntimeError(f"{self.line.name}: no output for the warm-up event (see its log)")
+        return self.process
+
+    async def timed(self, *, count: int, rate: float, timeout_s: float) -> tuple[float, ...]:
+        """Send `count` latency records at `rate`; the latencies of those whose output came in time."""
+        probe = LatencyProbe(self.ctx.settings, self.in_topic, self.out_topic, self.ctx.workload.partitions)
+        first = self.next_latency
+        self.next_latency += count
+        latencies = await probe.run(
+            lambda j: self.line.latency_record(first + j),
+            first_seq=self.line.events + first,  # throughput records use 0 .. events-1
+            count=count,
+            rate=rate,
+            timeout_s=timeout_s,
+        )
+        self.output_bytes = probe.output_bytes / probe.output_count if probe.output_count else None
+        return tuple(latencies)
+
+    async def stop(self) -> None:
+        if self.process is not None:
+            code = await processes.stop(self.process)
+            if code not in (0, None, -15):
+                log(f"{self.line.name}: process exited with {code}")
+            await asyncio.sleep(_SETTLE_S)
+
+
+async def run_stream_line(ctx: RunContext, line: StreamLine) -> LineResult:
+    """Throughput, then latency; a failure is recorded in the result, not raised."""
+    result = LineResult(line.name, 0, 0.0, None, None, latency_kind="per event, send -> output read")
+    running = _Running(ctx, line, "main")
+    try:
+        process = await running.start()
+        await _throughput(ctx, line, running, process, result)
+        if result.events:
+            if result.details.get("completed"):
+                await _latency(ctx, running, result)
+            else:
+                await running.stop()
+                running = _Running(ctx, line, "latency")
+                await running.start()
+                await _latency(ctx, running, result)
+    except Exception as exc:  # noqa: BLE001 -- a broken line must not lose the others' figures
+        result.error = f"{type(exc).__name__}: {exc}"
+        log(f"{line.name} failed: {result.error}")
+    finally:
+        await running.stop()
+    return result
+
+
+async def _throughput(
+    ctx: RunContext,
+    line: StreamLine,
+    running: _Running,
+    process: asyncio.subprocess.Process,
+    result: LineResult,
+) -> None:
+    async with OutputCounter(ctx.settings, running.out_topic, ctx.workload.partitions) as counter:
+        base = await counter.count()  # the warm-up's output(s)
+        written, released = await preload(
+            ctx.settings, running.in_topic, line.events, line.record, Progress(f"{line.name} preload")
+        )
+        first = _Sample(released, base, cpu_seconds(process.pid) or 0.0, ctx.servers.cpu())
+        last = await _watch(ctx, line, process, counter, first)
+    result.events = last.outputs - first.outputs
+    result.wall_s = last.at - first.at
+    result.cpu_s = last.cpu - first.cpu
+    result.server_cpu_s = {k: last.servers[k] - first.servers[k] for k in first.servers.keys() & last.servers}
+    result.peak_rss_bytes = peak_rss_bytes(process.pid)
+    result.details.update(
+        input_bytes_per_event=round(written / line.events), completed=result.events >= line.events
+    )
+    if running.launch.metrics_url:
+        result.details["stage_seconds"] = scrape_stages(running.launch.metrics_url)
+
+
+async def _watch(
+    ctx: RunContext,
+    line: StreamLine,
+    process: asyncio.subprocess.Process,
+    counter: OutputCounter,
+    first: _Sample,
+) -> _Sample:
+    progress = Progress(f"{line.name} throughput")
+    while True:
+        if process.returncode is not None:
+            raise RuntimeError(f"{line.name} exited with {process.returncode} (see its log)")
+        outputs = await counter.count()
+        sample = _Sample(time.perf_counter(), outputs, cpu_seconds(process.pid) or 0.0, ctx.servers.cpu())
+        done = outputs - first.outputs
+        if done >= line.events or sample.at - first.at >= ctx.budget.line_seconds:
+            progress.update(done, line.events, force=True)
+            return sample
+        progress.update(done, line.events)
+        await asyncio.sleep(_POLL_S)
+
+
+async def _latency(ctx: RunContext, running: _Running, result: LineResult) -> None:
+    budget = ctx.budget
+    rate = max(0.2, budget.load_fraction * (result.events_per_s or 1.0))
+    count = int(max(3, min(budget.latency_events, rate * budget.latency_seconds)))
+    Progress(f"{running.line.name} latency").say(f"{count} events at {rate:,.1f}/s")
+    latencies = await running.timed(count=count, rate=rate, timeout_s=max(30.0, 3 * count / rate))
+    result.latencies_ms = list(latencies)
+    result.details.update(
+        latency_rate_per_s=round(rate, 2),
+        latency_sent=count,
+        latency_received=len(latencies),
+        output_bytes_per_event=round(running.output_bytes) if running.output_bytes else None,
+    )
+
+
+def scrape_stages(url: str) -> Mapping[str, float]:
+    """Seconds spent per `path/stage` from the service's `message_history_stage_seconds_sum` metric."""
+    stages: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 -- our own local endpoint
+            body = response.read().decode()
+    except OSError:
+        return stages
+    prefix = "message_history_stage_seconds_sum{"
+    for row in body.splitlines():
+        if not row.startswith(prefix):
+            continue
+        labels, value = row[len(prefix) :].rsplit("} ", 1)
+        parts = dict(item.split("=", 1) for item in labels.split(","))
+        stages[f"{parts['path'].strip(chr(34))}/{parts['stage'].strip(chr(34))}"] = round(float(value), 3)
+    return stages

@@ -1,0 +1,163 @@
+"""The benchmark's pure parts: the workload's events are valid contract events, and the figures add up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.soak import summarize
+from bench.stats import LINES, RATIOS, LineResult, percentile, ratios, render_table
+from bench.workload import (
+    Turns,
+    Workload,
+    encode_json,
+    enriched_event,
+    request_event,
+    response_event,
+    seed_documents,
+    text,
+)
+from schemas.events import decode_enriched, decode_request, decode_response
+from storage.mongodb import message_from_doc
+
+W = Workload(threads=3, history=6, message_bytes=200, batch=2, partitions=2, run_id="unit")
+
+
+@pytest.mark.parametrize(
+    ("values", "q", "expected"),
+    [
+        ([], 50, None),
+        ([7.0], 99, 7.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 2.5),
+        ([4.0, 1.0, 3.0, 2.0], 0, 1.0),
+        ([4.0, 1.0, 3.0, 2.0], 100, 4.0),
+        ([float(v) for v in range(1, 101)], 95, 95.05),
+    ],
+    ids=["empty", "single", "median-even", "min-unsorted", "max-unsorted", "p95-of-100"],
+)
+def test_percentile(values: list[float], q: float, expected: float | None) -> None:
+    """Percentiles interpolate between closest ranks, whatever the input order; none of an empty list."""
+    assert percentile(values, q) == pytest.approx(expected)
+
+
+def _line(name: str, events: int, wall: float, cpu: float | None) -> LineResult:
+    return LineResult(name, events, wall, cpu, 10 * 2**20, latencies_ms=[1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        ("recall_vs_limit", 100 / 200),  # min(B1 400/s, B2 200/s) = 200
+        ("persist_vs_limit", 50 / 100),  # min(B1 100/s, B3 300/s) = 100
+        ("recall_service_vs_naive", 100 / 5),
+        ("persist_service_vs_naive", 50 / 2),
+        ("turn_service_vs_naive", (1 / (1 / 100 + 1 / 50)) / (1 / (1 / 5 + 1 / 2))),
+        ("recall_service_vs_mastra_per_core", (1000 / 2) / (1000 / 20)),
+        ("persist_service_vs_mastra_per_core", (1000 / 4) / (1000 / 10)),
+        ("turn_service_vs_mastra_per_core", (1 / (2 / 1000 + 4 / 1000)) / (1 / (20 / 1000 + 10 / 1000))),
+        ("recall_service_vs_mastra_wall", 100 / 25),
+        ("persist_service_vs_mastra_wall", 50 / 10),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "x",
+)
+def test_ratios(key: str, expected: float) -> None:
+    """Each ratio divides the service's figure by its baseline's (throughput, or events per CPU second)."""
+    lines = {
+        "b1_recall": _line("b1_recall", 4000, 10, 1),
+        "b2_recall_queries": _line("b2_recall_queries", 1000, 5, 1),
+        "service_recall": _line("service_recall", 1000, 10, 2),
+        "naive_recall": _line("naive_recall", 50, 10, 1),
+        "mastra_recall": _line("mastra_recall", 1000, 40, 20),
+        "b1_persist": _line("b1_persist", 1000, 10, 1),
+        "b3_bulk_upserts": _line("b3_bulk_upserts", 3000, 10, 1),
+        "service_persist": _line("service_persist", 1000, 20, 4),
+        "naive_persist": _line("naive_persist", 20, 10, 1),
+        "mastra_persist": _line("mastra_persist", 1000, 100, 10),
+    }
+    assert ratios(lines)[key] == pytest.approx(expected, rel=1e-3)
+
+
+def test_ratios_missing_lines_are_none() -> None:
+    """A ratio whose lines were not run (or measured nothing) is None, never zero or an error."""
+    values = ratios(
+        {"service_recall": _line("service_recall", 10, 1, 0.1), "b1_recall": _line("b1_recall", 0, 1, 0)}
+    )
+    assert set(values) == set(RATIOS)
+    assert all(value is None for value in values.values())
+
+
+def test_table_lists_every_line_and_ratio() -> None:
+    """The printed table has a row per measured line and a row per ratio label."""
+    lines = {name: _line(name, 100, 1.0, 0.5) for name in LINES}
+    rendered = render_table(lines, ratios(lines))
+    for name in LINES:
+        assert f"| {name} " in rendered
+    for label in RATIOS.values():
+        assert label in rendered
+
+
+def test_line_json_figures() -> None:
+    """A line's JSON carries throughput, latency percentiles, CPU per 1,000 events and peak RSS."""
+    line = LineResult("service_recall", 500, 2.0, 1.5, 64 * 2**20, latencies_ms=[1, 2, 3, 4, 5])
+    line.server_cpu_s = {"mongo": 3.0}
+    out = line.to_json()
+    assert out["events_per_s"] == 250
+    assert out["latency_ms"]["p50"] == 3
+    assert out["cpu_s_per_1k_events"] == 3
+    assert out["peak_rss_mb"] == 64
+    assert out["server_cpu_s_per_1k_events"] == {"mongo": 6}
+
+
+@pytest.mark.parametrize("i", [0, 2], ids=["first-thread", "last-thread"])
+def test_workload_events_decode_as_contract_events(i: int) -> None:
+    """The requests, responses and pass-through payloads are valid events of the contract."""
+    turn = Turns(W).recall
+    request = decode_request(encode_json(request_event(W, i, turn)))
+    assert request.threadId == W.thread_id(i)
+    assert [m.id for m in request.messages] == [f"{W.thread_id(i)}:t{turn}:in"]
+    response = decode_response(encode_json(response_event(W, i, turn)))
+    assert [m.role for m in response.response] == ["assistant"]
+    enriched = decode_enriched(encode_json(enriched_event(W, i, turn, W.history)))
+    assert [m.source for m in enriched.messages] == ["memory"] * W.history + ["input"]
+
+
+def test_seeded_rows_read_as_messages_oldest_first() -> None:
+    """Seeded rows are in Mastra's layout (JSON-string content, `thread_id`); a new turn sorts last."""
+    thread, rows = seed_documents(W, 1)
+    assert thread["id"] == W.thread_id(1)
+    assert len(rows) == W.history
+    messages = [message_from_doc(row) for row in rows]
+    assert [m.role for m in messages[:2]] == ["user", "assistant"]
+    assert all(len(json.loads(row["content"])["parts"][0]["text"]) == W.message_bytes for row in rows)
+    turn_time = decode_request(encode_json(request_event(W, 1, Turns(W).recall))).messages[0].createdAt
+    assert turn_time is not None
+    assert all(m.createdAt is not None and m.createdAt < turn_time for m in messages)
+
+
+def test_turns_are_distinct() -> None:
+    """Every writing phase gets a turn of its own, after the recall turn."""
+    turns = Turns(W)
+    handed = [turns.fresh() for _ in range(5)]
+    assert len(set(handed)) == 5
+    assert min(handed) > turns.recall >= W.history // 2
+
+
+@pytest.mark.parametrize(("seed", "size"), [(0, 16), (7, 1024), (123, 999)], ids=["tiny", "1k", "odd"])
+def test_text_has_the_requested_size(seed: int, size: int) -> None:
+    """Message text is exactly `size` ASCII characters, and varies with the seed."""
+    body = text(seed, size)
+    assert len(body.encode()) == size
+    assert body != text(seed + 1, size)
+
+
+def test_soak_summary() -> None:
+    """The soak compares RSS once 10% of the events are done with RSS at the end."""
+    mb = 2**20
+    series = [(0, 0.0, 50 * mb), (100, 1.0, 80 * mb), (500, 2.0, 84 * mb), (1000, 3.0, 88 * mb)]
+    out = summarize("recall", 1000, series, wall=4.0, cpu=2.0, peak=90 * mb)
+    assert out["rss_mb_after_10pct"] == 80
+    assert out["rss_mb_at_end"] == 88
+    assert out["rss_end_over_10pct"] == pytest.approx(1.1)
+    assert out["events_per_s"] == 250
+    assert out["cpu_s_per_1k_events"] == 2
