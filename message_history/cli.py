@@ -33,6 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="a scripted conversation through the running service, printed")
     demo.add_argument("--threads", type=int, default=2)
     demo.add_argument("--turns", type=int, default=3)
+
+    from message_history.replay_plan import add_replay_arguments  # noqa: PLC0415 -- stdlib only, cheap
+
+    replay = sub.add_parser("replay", help="backfill or repair MongoDB from a topic (bounded, no group)")
+    add_replay_arguments(replay)
     return parser
 
 
@@ -59,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from message_history.demo import main as demo_main  # noqa: PLC0415
 
         return demo_main(threads=args.threads, turns=args.turns)
+    if args.command == "replay":
+        from message_history.replay import main as replay_main  # noqa: PLC0415
+
+        return replay_main(args)
     raise AssertionError(args.command)  # argparse guarantees a known command
 
 
