@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Collection, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -199,13 +199,15 @@ class _MessageWrite:
     extra: str | None
     created: datetime
 
-    def op(self) -> UpdateOne:
+    def op(self, *, by_id_field: bool = False) -> UpdateOne:
+        """The upsert, by `_id` (= the message id, one primary-key lookup even on FerretDB) or by `id`."""
         update: dict[str, Any] = {"$set": dict(self.fields), "$setOnInsert": {"createdAt": self.created}}
         if self.extra is None:
             update["$unset"] = {EXTRA_FIELD: ""}
         else:
             update["$set"][EXTRA_FIELD] = self.extra
-        return UpdateOne({"id": self.fields["id"]}, update, upsert=True)
+        key = self.fields["id"]
+        return UpdateOne({"id": key} if by_id_field else {"_id": key}, update, upsert=True)
 
 
 @dataclass(slots=True)
@@ -213,14 +215,23 @@ class _ThreadWrite:
     resource_id: str
     earliest: datetime
     newest: datetime
+    doc_key: Any = None  # the stored thread's `_id` (Mastra's are ObjectIds), None for a new thread
 
-    def op(self, thread_id: str) -> UpdateOne:
-        # `$setOnInsert`: an existing thread keeps title, metadata and createdAt. `$max`: updatedAt only moves
-        # forward, atomically on MongoDB, and from message timestamps so that a replayed turn changes nothing.
+    def op(self, thread_id: str, *, by_id_field: bool = False) -> UpdateOne:
+        """The thread's upsert, keyed by its stored `_id`, else `_id` = thread id, or (fallback) by `id`.
+
+        `$setOnInsert` keeps an existing thread's title, metadata and createdAt; `$max` moves updatedAt
+        forward only (atomically on MongoDB), from message times, so that a replayed turn changes nothing.
+        """
+        if by_id_field:
+            key: dict[str, Any] = {"id": thread_id}
+        else:
+            key = {"_id": thread_id if self.doc_key is None else self.doc_key}
         return UpdateOne(
-            {"id": thread_id},
+            key,
             {
                 "$setOnInsert": {
+                    "id": thread_id,
                     "resourceId": self.resource_id,
                     "title": "",
                     "metadata": {},
@@ -235,8 +246,9 @@ class _ThreadWrite:
 class _SavePlan:
     """The writes of a batch of turns, planned in turn order against the threads as they stand."""
 
-    def __init__(self, threads: dict[str, Thread], now: datetime) -> None:
+    def __init__(self, threads: dict[str, Thread], keys: dict[str, Any], now: datetime) -> None:
         self.state = threads  # stored threads, then as each accepted turn leaves them
+        self.keys = keys  # stored threads' `_id`s
         self.now = now
         self.messages: dict[str, _MessageWrite] = {}
         self.threads: dict[str, _ThreadWrite] = {}
@@ -260,7 +272,9 @@ class _SavePlan:
         newest = max(w.created for w in writes)
         pending = self.threads.get(turn.thread_id)
         if pending is None:
-            self.threads[turn.thread_id] = _ThreadWrite(turn.resource_id, earliest, newest)
+            self.threads[turn.thread_id] = _ThreadWrite(
+                turn.resource_id, earliest, newest, self.keys.get(turn.thread_id)
+            )
         else:
             pending.earliest = min(pending.earliest, earliest)
             pending.newest = max(pending.newest, newest)
@@ -414,19 +428,27 @@ class MongoHistoryStorage:
 
     async def get_threads(self, thread_ids: Collection[str]) -> dict[str, Thread]:
         """The existing threads among `thread_ids`, by id, with one `find` (none for an empty list)."""
+        threads, _ = await self._get_threads(thread_ids)
+        return threads
+
+    async def _get_threads(self, thread_ids: Collection[str]) -> tuple[dict[str, Thread], dict[str, Any]]:
+        """The threads by id, and their documents' `_id`s (for keyed writes)."""
         ids = list(dict.fromkeys(thread_ids))
         if not ids:
-            return {}
+            return {}, {}
         for thread_id in ids:
             _check_thread_id(thread_id)
         query: dict[str, Any] = {"id": ids[0]} if len(ids) == 1 else {"id": {"$in": ids}}
         with storage_errors("get_threads"):
-            docs = await self.threads.find(query, {"_id": 0}, batch_size=len(ids) + 1).to_list()
+            docs = await self.threads.find(query, batch_size=len(ids) + 1).to_list()
         found: dict[str, Thread] = {}
+        keys: dict[str, Any] = {}
         for doc in docs:
             thread = thread_from_doc(doc)
-            found.setdefault(thread.id, thread)
-        return found
+            if thread.id not in found:
+                found[thread.id] = thread
+                keys[thread.id] = doc.get("_id")
+        return found, keys
 
     async def list_messages(
         self, thread_id: str, *, resource_id: str | None, limit: int | None
@@ -543,51 +565,91 @@ class MongoHistoryStorage:
             for message in turn.messages:
                 if not message.id:
                     raise InvalidInputError(f"a message to save into thread {turn.thread_id!r} has no id")
-        state = await self.get_threads([t.thread_id for t in turns])
-        plan = _SavePlan(state, _utc_now_ms())
+        state, keys = await self._get_threads([t.thread_id for t in turns])
+        plan = _SavePlan(state, keys, _utc_now_ms())
         results = [plan.add(turn) for turn in turns]
         if plan.messages:
-            await self._bulk_write(self.messages, [w.op() for w in plan.messages.values()], "save messages")
+            await self._keyed_bulk_write(
+                self.messages,
+                lambda by_id_field: [w.op(by_id_field=by_id_field) for w in plan.messages.values()],
+                "save messages",
+            )
         if plan.threads:
-            await self._bulk_write(
-                self.threads, [w.op(tid) for tid, w in plan.threads.items()], "update threads"
+            await self._keyed_bulk_write(
+                self.threads,
+                lambda by_id_field: [w.op(t, by_id_field=by_id_field) for t, w in plan.threads.items()],
+                "update threads",
             )
         return results
 
-    async def _bulk_write(
-        self, collection: AsyncCollection[dict[str, Any]], ops: list[UpdateOne], operation: str
+    async def _keyed_bulk_write(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        ops: Callable[[bool], list[UpdateOne]],
+        operation: str,
     ) -> None:
-        """One unordered `bulk_write`, retried once when an upsert lost a race on a unique index.
+        """The bulk keyed by `_id`; if it collides with a row Mastra inserted, the same bulk keyed by `id`.
+
+        Rows this service inserts have `_id` = their id, so an upsert is a primary-key lookup: the one kind of
+        filter FerretDB's SQLite backend answers without scanning the collection (and free on MongoDB too).
+        A message or thread that Mastra inserted has an ObjectId `_id`, so the `_id`-keyed upsert misses it
+        and tries to insert a second row with the same `id`, which the unique `id` index refuses. Then the
+        whole bulk runs again keyed by `id` as Mastra's own upserts are; every op is an idempotent upsert, so
+        the ops of the first attempt that did apply are applied again without change.
+        """
+        try:
+            await self._bulk_write(collection, ops(False), operation, retry_race=False)
+        except _UniqueIndexCollisionError:
+            log.debug("%s: a row keyed by ObjectId, rewriting the batch keyed by id", operation)
+            await self._bulk_write(collection, ops(True), operation, retry_race=True)
+
+    async def _bulk_write(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        ops: list[UpdateOne],
+        operation: str,
+        *,
+        retry_race: bool,
+    ) -> None:
+        """One unordered `bulk_write`. A unique-index collision raises `_UniqueIndexCollisionError`, or, with
+        `retry_race`, first runs the bulk once more.
 
         Two writers upserting the same new id can both miss and both insert; the loser gets a duplicate key
         (MongoDB 4.2+ retries that itself for equality filters; FerretDB does not). Every op here is an
-        idempotent upsert, so running the whole batch again is safe and converges. FerretDB reports such a
-        failure either as code 1 or as a reply without counts, which makes PyMongo's bulk merger raise
-        `KeyError`; both are treated as that race.
+        idempotent upsert, so running the whole batch again is safe and converges. FerretDB reports a unique
+        index collision on upsert either as code 1 or as a reply without counts, on which PyMongo's bulk
+        merger raises `KeyError`; both count as a collision.
         """
         for attempt in (1, 2):
             try:
                 await collection.bulk_write(ops, ordered=False)
             except BulkWriteError as exc:
                 codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
-                if attempt == 1 and codes and codes <= _UPSERT_RACE_CODES:
-                    log.warning("retrying %s once after a duplicate key on upsert", operation)
-                    continue
-                raise to_storage_error(exc, operation) from exc
+                if not (codes and codes <= _UPSERT_RACE_CODES):
+                    raise to_storage_error(exc, operation) from exc
+                collision: BaseException = exc
             except OperationFailure as exc:
-                if attempt == 1 and exc.code in _UPSERT_RACE_CODES:
-                    log.warning("retrying %s once after error code %s", operation, exc.code)
-                    continue
-                raise to_storage_error(exc, operation) from exc
+                if exc.code not in _UPSERT_RACE_CODES:
+                    raise to_storage_error(exc, operation) from exc
+                collision = exc
             except KeyError as exc:
-                if attempt == 1:
-                    log.warning("retrying %s once after a write error reply without counts", operation)
-                    continue
-                raise FatalStorageError(
-                    f"MongoDB refused {operation}: a write error the server reported without counts "
-                    "(FerretDB: an upsert hit a unique index)"
-                ) from exc
+                collision = exc
             except PyMongoError as exc:
                 raise to_storage_error(exc, operation) from exc
             else:
                 return
+            if not retry_race:
+                raise _UniqueIndexCollisionError(operation) from collision
+            if attempt == 1:
+                log.warning("retrying %s once after a duplicate key on upsert", operation)
+                continue
+            if isinstance(collision, KeyError):
+                raise FatalStorageError(
+                    f"MongoDB refused {operation}: a write error the server reported without counts "
+                    "(FerretDB: an upsert hit a unique index)"
+                ) from collision
+            raise to_storage_error(collision, operation) from collision
+
+
+class _UniqueIndexCollisionError(Exception):
+    """An `_id`-keyed upsert met a row with the same `id` under another `_id` (internal signal)."""

@@ -28,21 +28,9 @@ from tests.rule_cases import (
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 
-# Seeding a 2,000-message thread is one bulk of 2,000 upserts by `id`. FerretDB's SQLite backend uses no index
-# for a filter other than `_id`, so each upsert scans the collection: quadratic, minutes. These cases check
-# that the rules are linear, which the in-memory run covers; on MongoDB (indexed) they run here too.
-_SCAN_BOUND = {"2000-message-thread-recall-all", "2000-message-thread-recall-default-40"}
-
-
 @pytest_asyncio.fixture
-async def history_storage(
-    request: pytest.FixtureRequest, mongo_db: AsyncDatabase[dict[str, Any]], is_ferretdb: bool
-) -> HistoryStorage:
+async def history_storage(mongo_db: AsyncDatabase[dict[str, Any]]) -> HistoryStorage:
     """A `MongoHistoryStorage` on a fresh database, indexes created."""
-    case = getattr(request.node, "callspec", None)
-    case_id = getattr(case.params.get("case"), "id", "") if case is not None else ""
-    if is_ferretdb and case_id in _SCAN_BOUND:
-        pytest.skip("FerretDB/SQLite scans the collection per upsert; the 2,000-message seed takes minutes")
     storage = MongoHistoryStorage(mongo_db)
     await storage.ensure_indexes()
     return storage

@@ -107,12 +107,14 @@ async def test_documents_have_mastras_shape(storage: MongoHistoryStorage, mongo_
     [message] = await raw(mongo_db, MESSAGES)
     assert set(message) == {"_id", "id", "thread_id", "resourceId", "role", "type", "content", "createdAt"}
     assert (message["id"], message["thread_id"], message["resourceId"]) == ("m1", "t1", "r1")
+    assert message["_id"] == "m1"  # rows we insert are keyed by their id (see `_keyed_bulk_write`)
     assert (message["role"], message["type"]) == ("user", "v2")
     assert json.loads(message["content"]) == {"format": 2, "parts": [{"type": "text", "text": "user m1"}]}
     assert message["createdAt"].replace(tzinfo=UTC) == at(5)
     [thread] = await raw(mongo_db, THREADS)
     assert set(thread) == {"_id", "id", "resourceId", "title", "metadata", "createdAt", "updatedAt"}
     assert (thread["id"], thread["resourceId"], thread["title"], thread["metadata"]) == ("t1", "r1", "", {})
+    assert thread["_id"] == "t1"
 
 
 async def test_storage_satisfies_the_protocol(storage: MongoHistoryStorage) -> None:
@@ -302,6 +304,58 @@ async def test_losing_the_unknown_fields_on_resave_removes_them(
     await storage.save_messages(thread_id="t1", resource_id="r1", messages=[msg("m1", t=0)])
     [doc] = await raw(mongo_db, MESSAGES)
     assert "_mh_extra" not in doc
+
+
+async def test_resaving_a_row_mastra_inserted_falls_back_to_the_id_key(
+    monitored: tuple[MongoHistoryStorage, CommandLog], mongo_db: Db
+) -> None:
+    """A message Mastra inserted (ObjectId `_id`) is updated in place by id, never duplicated."""
+    storage, log = monitored
+    await mongo_db[THREADS].insert_one(
+        {"id": "t1", "resourceId": "r1", "title": "", "metadata": {}, "createdAt": at(0), "updatedAt": at(0)}
+    )
+    await mongo_db[MESSAGES].insert_one(
+        {"id": "m1", "thread_id": "t1", "resourceId": "r1", "role": "user", "type": "v2",
+         "content": '{"format":2,"parts":[{"type":"text","text":"old"}]}', "createdAt": at(0)}
+    )  # fmt: skip
+    log.names.clear()
+    thread = await storage.save_messages(
+        thread_id="t1", resource_id="r1", messages=[msg("m1", t=7, text="new"), msg("m2", t=8)]
+    )
+    assert log.names == ["find", "update", "update", "update"]  # threads, messages by _id, by id, thread
+    assert thread.updatedAt == at(8)
+    docs = await raw(mongo_db, MESSAGES)
+    assert sorted(d["id"] for d in docs) == ["m1", "m2"]
+    [m1] = [d for d in docs if d["id"] == "m1"]
+    assert m1["_id"] != "m1"  # still Mastra's row
+    assert m1["createdAt"].replace(tzinfo=UTC) == at(0)
+    assert json.loads(m1["content"])["parts"][0]["text"] == "new"
+    assert len(await raw(mongo_db, THREADS)) == 1
+
+
+class BlindToThreads(MongoHistoryStorage):
+    """Sees no stored thread, as if another writer created it between the ownership read and the write."""
+
+    async def _get_threads(self, thread_ids: Any) -> tuple[dict[str, Thread], dict[str, Any]]:
+        return {}, {}
+
+
+async def test_a_thread_created_meanwhile_by_mastra_is_updated_not_duplicated(mongo_db: Db) -> None:
+    """If Mastra creates the thread after our read, our upsert falls back to the id key and only bumps it."""
+    storage = BlindToThreads(mongo_db)
+    await storage.ensure_indexes()
+    await mongo_db[THREADS].insert_one(
+        {"id": "t1", "resourceId": "r1", "title": "Mastra's", "metadata": {"a": 1}, "createdAt": at(-9),
+         "updatedAt": at(-9)}
+    )  # fmt: skip
+    await storage.save_messages(thread_id="t1", resource_id="r1", messages=[msg("m1", t=5)])
+    [thread] = await raw(mongo_db, THREADS)
+    assert (thread["title"], thread["metadata"], thread["createdAt"].replace(tzinfo=UTC)) == (
+        "Mastra's",
+        {"a": 1},
+        at(-9),
+    )
+    assert thread["updatedAt"].replace(tzinfo=UTC) == at(5)
 
 
 # --- reading -----------------------------------------------------------------------------------------------

@@ -188,7 +188,7 @@ async def test_a_thread_mastra_wrote_is_recalled_by_us(ours: MongoHistoryStorage
 
 
 async def test_one_thread_written_by_both_sides(ours: MongoHistoryStorage, mastra: Mastra) -> None:
-    """Turns saved alternately by Mastra and by us form one history both sides list identically."""
+    """Turns saved by Mastra and by us (Mastra's re-saved by us too) form one history both list alike."""
     await ours.ensure_indexes()
     mastra.init()
     turn1, turn2 = conversation("t-both", "r3")[:2], conversation("t-both", "r3", start=50)[2:]
@@ -198,6 +198,7 @@ async def test_one_thread_written_by_both_sides(ours: MongoHistoryStorage, mastr
         "createdAt": format_timestamp(T0), "updatedAt": format_timestamp(T0),
     })  # fmt: skip
     await ours.save_messages(thread_id="t-both", resource_id="r3", messages=turn2)
+    await ours.save_messages(thread_id="t-both", resource_id="r3", messages=turn1)  # re-save Mastra's rows
     with pytest.raises(ThreadOwnershipError):
         await ours.save_messages(thread_id="t-both", resource_id="intruder", messages=turn2)
 
