@@ -1,0 +1,181 @@
+"""`message-history replay` flags: what is accepted, what each combination means, what is refused (exit 2)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from message_history.cli import main as cli_main
+from message_history.replay import ReplayOptions, StartAt, options_from_args
+from message_history.replay_plan import UsageError, add_replay_arguments
+from message_history.settings import Settings
+
+SETTINGS = Settings(
+    requests_topic="rq",
+    enriched_topic="en",
+    responses_topic="rs",
+    persisted_topic="pe",
+    responses_dlq_topic="rs-dead",
+    max_batch_records=321,
+)
+
+
+def parse(*argv: str, tty: bool = False) -> ReplayOptions:
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_replay_arguments(parser)
+    return options_from_args(parser.parse_args(argv), SETTINGS, tty=tty)
+
+
+def test_defaults_replay_the_responses_topic_quietly_with_dead_letters() -> None:
+    """By default: the responses topic, persist path, nothing emitted, bad records dead-lettered."""
+    options = parse("--from-beginning")
+    assert options == ReplayOptions(
+        topic="rs",
+        path="persist",
+        start=StartAt(beginning=True),
+        dead_letter_topic="rs-dead",
+        batch_size=321,
+        progress="log",
+    )
+    assert (options.emits, options.dead_letters) == (False, True)
+
+
+@pytest.mark.parametrize(
+    ("argv", "check"),
+    [
+        (["--from-offsets", "0:5,2:9"], lambda o: o.start == StartAt(offsets={0: 5, 2: 9})),
+        (
+            ["--from-timestamp", "2026-01-10T08:00:00Z", "--until-timestamp", "2026-01-10T12:00:00Z"],
+            lambda o: (o.start.timestamp, o.until)
+            == (datetime(2026, 1, 10, 8, tzinfo=UTC), datetime(2026, 1, 10, 12, tzinfo=UTC)),
+        ),
+        (
+            ["--from-beginning", "--topic", "mirror"],
+            lambda o: (o.topic, o.dead_letter_topic) == ("mirror", "mirror.dlq"),
+        ),
+        (["--from-beginning", "--emit-persisted"], lambda o: o.emits and o.path == "persist"),
+        (["--from-beginning", "--emit-persisted", "--dry-run"], lambda o: not o.emits and not o.dead_letters),
+        (
+            ["--from-beginning", "--emit-to", "side"],
+            lambda o: (o.path, o.topic, o.emit_to, o.dead_letter_topic, o.emits)
+            == ("recall", "rq", "side", "rq.dlq", True),
+        ),
+        (["--from-beginning", "--emit-to", "en", "--force"], lambda o: o.emit_to == "en"),
+        (["--from-beginning", "--skip-invalid"], lambda o: not o.dead_letters),
+        (
+            ["--from-beginning", "--invalid-report", "bad.jsonl", "--skip-invalid"],
+            lambda o: o.invalid_report == Path("bad.jsonl"),
+        ),
+        (
+            [
+                "--from-beginning",
+                "--rate",
+                "2.5",
+                "--concurrency",
+                "8",
+                "--batch-size",
+                "50",
+                "--max-retry-s",
+                "9",
+            ],
+            lambda o: (o.rate, o.concurrency, o.batch_size, o.max_retry_s) == (2.5, 8, 50, 9.0),
+        ),
+        (["--from-beginning", "--progress", "none"], lambda o: o.progress == "none"),
+    ],
+    ids=[
+        "from-offsets",
+        "time-window",
+        "other-topic-dlq",
+        "emit-persisted",
+        "dry-run-emits-nothing",
+        "emit-to-is-recall",
+        "emit-to-enriched-forced",
+        "skip-invalid",
+        "report",
+        "knobs",
+        "progress-none",
+    ],
+)
+def test_accepted_combinations(argv: list[str], check: object) -> None:
+    """Each accepted flag combination maps to the options it names."""
+    assert callable(check)
+    assert check(parse(*argv))
+
+
+@pytest.mark.parametrize(("tty", "mode"), [(True, "bar"), (False, "log")], ids=["terminal", "pipe"])
+def test_auto_progress_is_a_bar_on_a_terminal_only(tty: bool, mode: str) -> None:
+    """`--progress auto` draws a bar on a terminal and logs lines elsewhere."""
+    assert parse("--from-beginning", tty=tty).progress == mode
+
+
+@pytest.mark.parametrize(
+    ("argv", "complaint"),
+    [
+        (["--from-beginning", "--emit-to", "en"], "live enriched topic"),
+        (["--from-beginning", "--emit-to", "rq"], "must not be the topic being replayed"),
+        (["--from-beginning", "--emit-to", "side", "--topic", "rs"], "rs is the responses topic"),
+        (
+            ["--from-beginning", "--emit-to", "side", "--emit-persisted"],
+            "--emit-persisted is for the responses",
+        ),
+        (["--from-beginning", "--topic", "rq"], "replay it with --emit-to"),
+        (["--from-offsets", "0"], "is not PARTITION:OFFSET"),
+        (["--from-timestamp", "noon"], "--from-timestamp 'noon'"),
+        (
+            ["--from-timestamp", "2026-01-10T12:00:00Z", "--until-timestamp", "2026-01-10T08:00:00Z"],
+            "must be later",
+        ),
+        (["--from-beginning", "--rate", "0"], "--rate must be positive"),
+        (["--from-beginning", "--max-retry-s", "-1"], "--max-retry-s must be positive"),
+        (["--from-beginning", "--concurrency", "0"], "--concurrency must be at least 1"),
+        (["--from-beginning", "--batch-size", "0"], "--batch-size must be at least 1"),
+    ],
+    ids=[
+        "emit-to-live-enriched",
+        "emit-to-source",
+        "emit-to-from-responses",
+        "emit-both",
+        "requests-without-emit-to",
+        "bad-offsets",
+        "bad-timestamp",
+        "until-before-from",
+        "rate-zero",
+        "retry-negative",
+        "concurrency-zero",
+        "batch-zero",
+    ],
+)
+def test_refused_combinations(argv: list[str], complaint: str) -> None:
+    """Unusable combinations are usage errors that say why."""
+    with pytest.raises(UsageError, match=complaint):
+        parse(*argv)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["--from-beginning", "--from-offsets", "0:1"], ["--from-beginning", "--rate", "fast"]],
+    ids=["no-start", "two-starts", "not-a-number"],
+)
+def test_cli_exits_2_on_usage_errors_argparse_catches(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console script refuses a missing or doubled start (and non-numbers) with exit code 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["replay", *argv])
+    assert exit_info.value.code == 2
+    assert "message-history replay: error:" in capsys.readouterr().err
+
+
+def test_cli_exits_2_on_usage_errors_found_after_parsing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A refused combination returns 2 with the reason, before connecting to anything."""
+    monkeypatch.setenv("MESSAGE_HISTORY_ENRICHED_TOPIC", "live-enriched")
+    monkeypatch.setattr(
+        "message_history.replay.configure_logging", lambda level: None
+    )  # keep pytest's handlers
+    assert cli_main(["replay", "--from-beginning", "--emit-to", "live-enriched"]) == 2
+    assert "live enriched topic" in capsys.readouterr().err

@@ -1,0 +1,233 @@
+"""Replay's batch runner with a scripted handler and a fake clock: retries, give-up, stop, bad records."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+
+from consumers.loop import Ack
+from message_history.errors import EventValidationError, InvalidInputError, StorageUnavailableError
+from message_history.replay import BatchRunner, InvalidReport, PartitionState, ReplayAbortedError
+from message_history.replay_plan import Counts
+from message_history.settings import Settings
+from producers.dead_letters import DeadLetterPublisher, SourceRecord
+from producers.output import OutputProducer
+from schemas.events import HistoryPersisted
+
+pytestmark = pytest.mark.timeout(20)
+
+Outcome = str | BaseException  # "ok", "invalid", or an exception the ack fails with
+
+
+def record(offset: int, partition: int = 3) -> Any:
+    return SimpleNamespace(
+        topic="rs",
+        partition=partition,
+        offset=offset,
+        key=b"thread",
+        value=b"{}",
+        headers=[("traceparent", b"00-abc")],
+        timestamp=1_700_000_000_000,
+    )
+
+
+def persisted(offset: int) -> HistoryPersisted:
+    return HistoryPersisted(
+        requestId=f"r{offset}",
+        threadId="thread",
+        resourceId="user",
+        createdAt=datetime(2026, 1, 1, tzinfo=UTC),
+        eventId=f"r{offset}",
+        savedMessageIds=[f"m{offset}"],
+    )
+
+
+class ScriptedHandler:
+    """Plays `script` in order: per call, an exception to raise, or an outcome per record by offset."""
+
+    def __init__(self, script: Sequence[BaseException | dict[int, Outcome]]) -> None:
+        self.script = list(script)
+        self.calls: list[list[int]] = []
+
+    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+        self.calls.append([r.offset for r in records])
+        step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
+        if isinstance(step, BaseException):
+            raise step
+        out: list[Ack | InvalidInputError] = []
+        loop = asyncio.get_running_loop()
+        for rec in records:
+            outcome = step.get(rec.offset, "ok")
+            if outcome == "invalid":
+                out.append(EventValidationError("not valid JSON", "input.0"))
+                continue
+            future: asyncio.Future[Any] = loop.create_future()
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(persisted(rec.offset))
+            out.append(future)
+        return out
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float, stop: asyncio.Event) -> bool:
+        self.sleeps.append(seconds)
+        self.now += seconds
+        return stop.is_set()
+
+
+class RecordingDeadLetters(DeadLetterPublisher):
+    def __init__(self) -> None:
+        super().__init__(OutputProducer(Settings()), "rs.dlq")  # the producer is never started nor used
+        self.sent: list[tuple[int, str]] = []
+
+    async def publish(self, record: SourceRecord, error: BaseException) -> asyncio.Future[Any]:
+        self.sent.append((record.offset, type(error).__name__))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+def runner(
+    handler: ScriptedHandler,
+    time: FakeTime,
+    *,
+    report: InvalidReport | None = None,
+    dead_letters: DeadLetterPublisher | None = None,
+    max_retry_s: float = 30.0,
+) -> tuple[BatchRunner, Counts]:
+    counts = Counts()
+    return (
+        BatchRunner(
+            handler=handler,
+            counts=counts,
+            report=report or InvalidReport(None),
+            dead_letters=dead_letters,
+            max_retry_s=max_retry_s,
+            retry_initial_s=1.0,
+            retry_max_s=8.0,
+            clock=time.clock,
+            sleep=time.sleep,
+            rand=lambda: 1.0,  # no jitter: the nominal delay
+        ),
+        counts,
+    )
+
+
+def state(start: int = 10, end: int = 100) -> PartitionState:
+    return PartitionState(partition=3, start=start, end=end, next=start)
+
+
+async def test_a_clean_batch_moves_the_partition_past_it() -> None:
+    """When every record is acknowledged the partition's resume point is one past the batch."""
+    time, part = FakeTime(), state()
+    run, counts = runner(ScriptedHandler([{}]), time)
+    await run.run([record(10), record(11), record(13)], part, asyncio.Event())
+    assert (part.next, counts.events, counts.persisted, time.sleeps) == (14, 3, 3, [])
+
+
+async def test_an_outage_is_retried_with_the_live_backoff_then_succeeds() -> None:
+    """A MongoDB outage retries the whole batch with exponential backoff; outcomes are counted once."""
+    down = StorageUnavailableError("MongoDB unavailable")
+    handler = ScriptedHandler([down, down, {}])
+    time, part = FakeTime(), state()
+    run, counts = runner(handler, time)
+    await run.run([record(10), record(11)], part, asyncio.Event())
+    assert handler.calls == [[10, 11], [10, 11], [10, 11]]
+    assert time.sleeps == [1.0, 2.0]
+    assert (part.next, counts.events) == (12, 2)
+
+
+async def test_only_records_whose_output_failed_are_retried() -> None:
+    """A record whose acknowledgement failed for an outage is retried alone; the others are done once."""
+    handler = ScriptedHandler([{11: KafkaConnectionError()}, {}])
+    time, part = FakeTime(), state()
+    run, counts = runner(handler, time)
+    await run.run([record(10), record(11), record(12)], part, asyncio.Event())
+    assert handler.calls == [[10, 11, 12], [11]]
+    assert (part.next, counts.events, counts.persisted) == (13, 3, 3)
+
+
+async def test_an_outage_longer_than_max_retry_gives_up_at_the_first_record_not_done() -> None:
+    """After `--max-retry-s` of failures the runner raises and the resume point is the first undone record."""
+    handler = ScriptedHandler([{10: "ok", 11: KafkaConnectionError(), 12: KafkaConnectionError()}])
+    time, part = FakeTime(), state()
+    run, counts = runner(handler, time, max_retry_s=10.0)
+    with pytest.raises(ReplayAbortedError, match=r"partition 3: dependency unavailable .*--max-retry-s 10"):
+        await run.run([record(10), record(11), record(12)], part, asyncio.Event())
+    assert part.next == 11
+    assert counts.events == 1
+    assert sum(time.sleeps) >= 10.0
+
+
+async def test_a_stop_during_the_backoff_leaves_the_undone_records_for_the_resume() -> None:
+    """A signal during a retry wait ends the batch without error, resuming at the first record not done."""
+    handler = ScriptedHandler([{10: "ok", 11: KafkaConnectionError()}])
+    stop = asyncio.Event()
+    stop.set()
+    time, part = FakeTime(), state()
+    run, _ = runner(handler, time)
+    await run.run([record(10), record(11), record(12)], part, stop)
+    assert part.next == 11
+
+
+async def test_an_error_that_is_not_an_outage_propagates_and_keeps_the_resume_point() -> None:
+    """A bug is not retried: it propagates, and the partition resumes before the batch."""
+    time, part = FakeTime(), state()
+    run, _ = runner(ScriptedHandler([RuntimeError("bug")]), time)
+    with pytest.raises(RuntimeError, match="bug"):
+        await run.run([record(10)], part, asyncio.Event())
+    assert (part.next, time.sleeps) == (10, [])
+
+
+async def test_bad_records_are_dead_lettered_and_counted() -> None:
+    """By default a bad record is sent to the dead-letter publisher, counted and sampled with its position."""
+    dead = RecordingDeadLetters()
+    time, part = FakeTime(), state()
+    run, counts = runner(ScriptedHandler([{11: "invalid"}]), time, dead_letters=dead)
+    await run.run([record(10), record(11)], part, asyncio.Event())
+    assert dead.sent == [(11, "EventValidationError")]
+    assert (counts.events, counts.persisted, counts.invalid, counts.dead_lettered) == (2, 1, 1, 1)
+    assert counts.invalid_samples == ["3/11: EventValidationError: input.0: not valid JSON"]
+    assert part.next == 12
+
+
+async def test_a_record_kafka_refuses_for_size_is_treated_as_bad_input() -> None:
+    """An output too large for Kafka dead-letters its input, like the live loop does."""
+    dead = RecordingDeadLetters()
+    run, counts = runner(ScriptedHandler([{10: MessageSizeTooLargeError()}]), FakeTime(), dead_letters=dead)
+    part = state()
+    await run.run([record(10)], part, asyncio.Event())
+    assert dead.sent == [(10, "MessageSizeTooLargeError")]
+    assert (counts.invalid, part.next) == (1, 11)
+
+
+async def test_skipped_bad_records_are_written_to_the_report(tmp_path: Path) -> None:
+    """With `--skip-invalid` a bad record is not dead-lettered but goes to the JSONL report with its place."""
+    path = tmp_path / "invalid.jsonl"
+    with InvalidReport(path) as report:
+        run, counts = runner(ScriptedHandler([{10: "invalid", 12: "invalid"}]), FakeTime(), report=report)
+        await run.run([record(10), record(11), record(12)], state(), asyncio.Event())
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(e["topic"], e["partition"], e["offset"]) for e in lines] == [("rs", 3, 10), ("rs", 3, 12)]
+    assert lines[0]["error_type"] == "EventValidationError"
+    assert lines[0]["error_path"] == "input.0"
+    assert lines[0]["key"] == "thread"
+    assert lines[0]["dead_letter_topic"] is None
+    assert (counts.invalid, counts.dead_lettered) == (2, 0)
