@@ -40,4 +40,7 @@ class DeadLetterPublisher:
             service_version=__version__,
             original_headers=[(k, v or b"") for k, v in (record.headers or ())],
         )
-        return await self._producer.send(self.topic, key=record.key, value=record.value, headers=headers)
+        value = record.value
+        if value is None and record.key is None:
+            value = b""  # a record with neither key nor value cannot be produced as is; empty is the closest
+        return await self._producer.send(self.topic, key=record.key, value=value, headers=headers)

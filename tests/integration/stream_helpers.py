@@ -16,7 +16,7 @@ Record = Any  # aiokafka's ConsumerRecord (untyped)
 async def produce(
     bootstrap: str,
     topic: str,
-    items: Sequence[tuple[bytes | None, bytes]],
+    items: Sequence[tuple[bytes | None, bytes | None]],
     *,
     headers: Sequence[tuple[str, bytes]] = (),
 ) -> None:

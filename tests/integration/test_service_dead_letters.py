@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 async def test_poison_records_are_dead_lettered_and_the_rest_processed(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
 ) -> None:
-    """Not JSON, schema-invalid, oversized and foreign-owner records are dead-lettered; offsets pass all."""
+    """Not JSON, invalid, empty, oversized and foreign-owner records are dead-lettered; offsets pass all."""
     settings = fresh_settings(kafka_bootstrap, mongo_uri, max_event_bytes=2048)
     bootstrap = settings.kafka_bootstrap_servers
     await make_topic(partitions=1, name=settings.requests_topic)
@@ -34,7 +34,7 @@ async def test_poison_records_are_dead_lettered_and_the_rest_processed(
 
     owned = request_event("owned", "alice", 1, "mine")
     oversized = request_event("big", "u", 1, "x" * 3000)
-    requests: list[tuple[bytes | None, bytes]] = [
+    requests: list[tuple[bytes | None, bytes | None]] = [
         encoded(request_event("a", "u", 1, "first")),
         (b"a", b"{not json"),
         encoded(request_event("b", "u", 1, "second")),
@@ -46,13 +46,14 @@ async def test_poison_records_are_dead_lettered_and_the_rest_processed(
     ]
     bad_requests = {1: "EventValidationError", 3: "EventValidationError", 4: "EventValidationError"}
     bad_requests[6] = "ThreadOwnershipError"
-    responses = [
+    responses: list[tuple[bytes | None, bytes | None]] = [
         encoded(response_event("owned", "alice", 1, owned["messages"], "ok")),
         encoded(response_event("owned", "mallory", 2, [], "stolen")),
         (b"x", b"[]"),
+        (b"tombstone", None),
         encoded(response_event("d", "u", 1, [], "fine")),
     ]
-    bad_responses = {1: "ThreadOwnershipError", 2: "EventValidationError"}
+    bad_responses = {1: "ThreadOwnershipError", 2: "EventValidationError", 3: "EventValidationError"}
 
     try:
         async with running_service(settings):
