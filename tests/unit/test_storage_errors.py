@@ -1,0 +1,86 @@
+"""Driver errors map to the service's errors in one place: outages and timeouts retriable, the rest fatal."""
+
+from __future__ import annotations
+
+import pytest
+from pymongo.errors import (
+    AutoReconnect,
+    BulkWriteError,
+    ConfigurationError,
+    ConnectionFailure,
+    DuplicateKeyError,
+    ExecutionTimeout,
+    NetworkTimeout,
+    NotPrimaryError,
+    OperationFailure,
+    PyMongoError,
+    ServerSelectionTimeoutError,
+    WTimeoutError,
+)
+
+from message_history.errors import FatalStorageError, StorageUnavailableError
+from storage.errors import is_retriable, storage_errors, to_storage_error
+
+
+def _labelled(label: str) -> PyMongoError:
+    exc = OperationFailure("labelled", code=2)
+    exc._add_error_label(label)
+    return exc
+
+
+CASES: list[tuple[str, BaseException, bool]] = [
+    ("auto-reconnect", AutoReconnect("127.0.0.1:27017: connection closed"), True),
+    ("network-timeout", NetworkTimeout("timed out"), True),
+    ("server-selection", ServerSelectionTimeoutError("No servers found"), True),
+    ("connection-failure", ConnectionFailure("refused"), True),
+    ("not-primary", NotPrimaryError("not primary", {"code": 10107}), True),
+    ("execution-timeout", ExecutionTimeout("operation exceeded time limit", code=50), True),
+    ("w-timeout", WTimeoutError("waiting for replication timed out", code=64), True),
+    ("retryable-write-label", _labelled("RetryableWriteError"), True),
+    ("primary-stepped-down-code", OperationFailure("stepped down", code=189), True),
+    ("shutdown-code", OperationFailure("shutting down", code=91), True),
+    (
+        "bulk-write-concern-timeout",
+        BulkWriteError({"writeErrors": [], "writeConcernErrors": [{"code": 64, "errmsg": "wtimeout"}]}),
+        True,
+    ),
+    ("auth-failed", OperationFailure("Authentication failed.", code=18), False),
+    ("unauthorized", OperationFailure("not authorized", code=13), False),
+    ("no-such-command", OperationFailure("no such command", code=59), False),
+    ("duplicate-key", DuplicateKeyError("E11000", code=11000), False),
+    (
+        "bulk-duplicate-key",
+        BulkWriteError({"writeErrors": [{"code": 11000, "errmsg": "E11000"}], "writeConcernErrors": []}),
+        False,
+    ),
+    ("configuration", ConfigurationError("bad uri"), False),
+    ("not-a-driver-error", ValueError("x"), False),
+]
+
+
+@pytest.mark.parametrize(("exc", "retriable"), [(e, r) for _, e, r in CASES], ids=[i for i, _, _ in CASES])
+def test_retriable_classification(exc: BaseException, retriable: bool) -> None:
+    """Each driver error is classified retriable (outage, timeout, not primary) or not."""
+    assert is_retriable(exc) is retriable
+
+
+@pytest.mark.parametrize(
+    ("exc", "retriable"), [(e, r) for _, e, r in CASES[:-1]], ids=[i for i, _, _ in CASES[:-1]]
+)
+def test_mapped_type_and_short_message(exc: BaseException, retriable: bool) -> None:
+    """The mapped error is StorageUnavailableError or FatalStorageError; it names the operation, no host."""
+    mapped = to_storage_error(exc, "list_messages")
+    assert isinstance(mapped, StorageUnavailableError if retriable else FatalStorageError)
+    assert mapped.retriable is retriable
+    assert "list_messages" in str(mapped)
+    assert type(exc).__name__ in str(mapped)
+    assert "127.0.0.1" not in str(mapped)
+
+
+def test_context_manager_chains_the_driver_error() -> None:
+    """`storage_errors` raises the mapped error from the driver's, and lets other exceptions through."""
+    with pytest.raises(StorageUnavailableError) as caught, storage_errors("ping"):
+        raise AutoReconnect("gone")
+    assert isinstance(caught.value.__cause__, AutoReconnect)
+    with pytest.raises(KeyError), storage_errors("ping"):
+        raise KeyError("not a driver error")
