@@ -54,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soak-path", choices=["recall", "persist"], default="recall")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where results go")
     p.add_argument("--keep", action="store_true", help="keep the topics and the benchmark database")
+    p.add_argument("--profile", action="store_true", help="py-spy the service's lines (needs py-spy)")
+    p.add_argument("--repeat", type=int, default=1, help="rounds of every line; each keeps its median")
     return p
 
 
@@ -86,6 +88,8 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         soak_events=args.soak,
         soak_path=args.soak_path,
         keep=args.keep,
+        profile=args.profile,
+        repeat=max(1, args.repeat),
     )
 
 

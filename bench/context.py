@@ -37,6 +37,7 @@ class RunContext:
     log_dir: Path
     turns: Turns
     topics: list[str] = field(default_factory=list)  # created by the run, deleted at its end
+    profile: bool = False  # py-spy the service during its throughput windows
 
     def topic(self, *parts: str) -> str:
         name = "-".join(("bench", self.workload.run_id, *parts))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,7 +21,7 @@ from bench.procstat import find_servers
 from bench.progress import log
 from bench.seed import seed
 from bench.soak import run_soak
-from bench.stats import LINES, LineResult
+from bench.stats import LINES, LineResult, median_round
 from bench.stream_line import run_stream_line
 from bench.workload import Turns, Workload
 from message_history.settings import Settings
@@ -39,6 +39,8 @@ class Options:
     soak_events: int | None = None
     soak_path: str = "recall"
     keep: bool = False
+    profile: bool = False
+    repeat: int = 1
 
 
 def _mongo_port(uri: str) -> int | None:
@@ -62,6 +64,7 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         budget=options.budget,
         log_dir=options.out_dir / f"{stamp}-logs",
         turns=Turns(w),
+        profile=options.profile,
     )
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
     lines: dict[str, LineResult] = {}
@@ -95,24 +98,33 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
 
 
 async def _run_lines(ctx: RunContext, options: Options, lines: dict[str, LineResult]) -> None:
-    selected = set(options.lines)
+    """Every selected line, `options.repeat` rounds; each line keeps its median round (by events/s)."""
+    rounds: dict[str, list[LineResult]] = {}
+    for number in range(options.repeat):
+        if options.repeat > 1:
+            log(f"=== round {number + 1}/{options.repeat}")
+        async for result in _one_round(ctx, set(options.lines)):
+            rounds.setdefault(result.name, []).append(result)
+    for name, results in rounds.items():
+        lines[name] = median_round(results)
+
+
+async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineResult]:
     events = ctx.workload.threads
     for path in ("recall", "persist"):
         for line in stream_lines(ctx, path, events):
             if line.name in selected:
                 log(f"--- {line.name}")
-                lines[line.name] = await run_stream_line(ctx, line)
+                yield await run_stream_line(ctx, line)
         mongo = ("b2", "b2_recall_queries") if path == "recall" else ("b3", "b3_bulk_upserts")
         if mongo[1] in selected:
             log(f"--- {mongo[1]}")
-            lines[mongo[1]] = await run_mongo_line(ctx, mongo[0], events)
+            yield await run_mongo_line(ctx, mongo[0], events)
         name = f"mastra_{path}"
         if name in selected:
             log(f"--- {name}")
             turn = ctx.turns.recall if path == "recall" else ctx.turns.fresh()
-            lines[name] = await run_anchor(
-                ctx, path, events=events, turn=turn, latency_turn=ctx.turns.fresh()
-            )
+            yield await run_anchor(ctx, path, events=events, turn=turn, latency_turn=ctx.turns.fresh())
 
 
 async def _servers_info(client: AsyncMongoClient[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:

@@ -111,6 +111,19 @@ class LineResult:
         return out
 
 
+def median_round(results: Sequence[LineResult]) -> LineResult:
+    """Of one line's rounds, the one with the median throughput (the lower one of an even count), with
+    every round's throughput and CPU cost noted in its details."""
+    ordered = sorted(results, key=lambda r: r.events_per_s or 0.0)
+    chosen = ordered[(len(ordered) - 1) // 2]
+    if len(results) > 1:
+        chosen.details["rounds"] = [
+            {"events_per_s": _round(r.events_per_s), "cpu_s_per_1k_events": _round(r.cpu_s_per_1k)}
+            for r in results
+        ]
+    return chosen
+
+
 def _round(value: float | None, digits: int = 4) -> float | None:
     if value is None:
         return None

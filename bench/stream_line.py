@@ -25,6 +25,7 @@ from bench import processes
 from bench.context import RunContext
 from bench.kafka_io import LatencyProbe, OutputCounter, Record, create_topics, preload
 from bench.procstat import cpu_seconds, peak_rss_bytes
+from bench.profile import Sampler
 from bench.progress import Progress, log
 from bench.stats import LineResult
 
@@ -134,6 +135,10 @@ async def _throughput(
     process: asyncio.subprocess.Process,
     result: LineResult,
 ) -> None:
+    sampler = None
+    if ctx.profile and running.launch.metrics_url:  # the service's lines only
+        sampler = Sampler(process.pid, ctx.log_dir / f"{line.name}.py-spy.txt")
+        await sampler.start()  # idle until the backlog is released: py-spy skips idle threads
     async with OutputCounter(ctx.settings, running.out_topic, ctx.workload.partitions) as counter:
         base = await counter.count()  # the warm-up's output(s)
         written, released = await preload(
@@ -141,6 +146,8 @@ async def _throughput(
         )
         first = _Sample(released, base, cpu_seconds(process.pid) or 0.0, ctx.servers.cpu())
         last = await _watch(ctx, line, process, counter, first)
+    if sampler is not None:
+        result.details["profile"] = await sampler.stop()
     result.events = last.outputs - first.outputs
     result.wall_s = last.at - first.at
     result.cpu_s = last.cpu - first.cpu
@@ -190,18 +197,32 @@ async def _latency(ctx: RunContext, running: _Running, result: LineResult) -> No
 
 
 def scrape_stages(url: str) -> Mapping[str, float]:
-    """Seconds spent per `path/stage` from the service's `message_history_stage_seconds_sum` metric."""
-    stages: dict[str, float] = {}
+    """From the service's /metrics: seconds per `path/stage` (`message_history_stage_seconds_sum`), and
+    `path/batches` / `path/mean_batch` (`message_history_batch_size`)."""
     try:
         with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 -- our own local endpoint
             body = response.read().decode()
     except OSError:
-        return stages
-    prefix = "message_history_stage_seconds_sum{"
+        return {}
+    return parse_metrics(body)
+
+
+def parse_metrics(body: str) -> dict[str, float]:
+    """The stage and batch figures out of a Prometheus text exposition. Pure."""
+    out: dict[str, float] = {}
+    sizes: dict[str, dict[str, float]] = {}
     for row in body.splitlines():
-        if not row.startswith(prefix):
+        name, brace, rest = row.partition("{")
+        if not brace or "} " not in rest:
             continue
-        labels, value = row[len(prefix) :].rsplit("} ", 1)
-        parts = dict(item.split("=", 1) for item in labels.split(","))
-        stages[f"{parts['path'].strip(chr(34))}/{parts['stage'].strip(chr(34))}"] = round(float(value), 3)
-    return stages
+        labels_text, value = rest.rsplit("} ", 1)
+        labels = {k: v.strip('"') for k, v in (item.split("=", 1) for item in labels_text.split(","))}
+        if name == "message_history_stage_seconds_sum":
+            out[f"{labels['path']}/{labels['stage']}"] = round(float(value), 3)
+        elif name in ("message_history_batch_size_sum", "message_history_batch_size_count"):
+            sizes.setdefault(labels["path"], {})[name.rsplit("_", 1)[1]] = float(value)
+    for path, figures in sizes.items():
+        if figures.get("count"):
+            out[f"{path}/batches"] = figures["count"]
+            out[f"{path}/mean_batch"] = round(figures.get("sum", 0.0) / figures["count"], 1)
+    return out

@@ -6,8 +6,10 @@ import json
 
 import pytest
 
+from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
-from bench.stats import LINES, RATIOS, LineResult, percentile, ratios, render_table
+from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
+from bench.stream_line import parse_metrics
 from bench.workload import (
     Turns,
     Workload,
@@ -161,3 +163,53 @@ def test_soak_summary() -> None:
     assert out["rss_end_over_10pct"] == pytest.approx(1.1)
     assert out["events_per_s"] == 250
     assert out["cpu_s_per_1k_events"] == 2
+
+
+def test_parse_metrics_stages_and_batches() -> None:
+    """Stage seconds and the mean batch size come out of the service's /metrics text."""
+    body = "\n".join(
+        [
+            "# HELP message_history_stage_seconds Time spent per batch in each stage",
+            'message_history_stage_seconds_sum{path="recall",stage="recall"} 12.5',
+            'message_history_stage_seconds_sum{path="recall",stage="build"} 0.5',
+            'message_history_stage_seconds_count{path="recall",stage="build"} 9.0',
+            'message_history_batch_size_sum{path="recall"} 900.0',
+            'message_history_batch_size_count{path="recall"} 10.0',
+            'message_history_batch_size_bucket{le="1.0",path="recall"} 1.0',
+        ]
+    )
+    assert parse_metrics(body) == {
+        "recall/recall": 12.5,
+        "recall/build": 0.5,
+        "recall/batches": 10.0,
+        "recall/mean_batch": 90.0,
+    }
+
+
+def test_profile_summary_shares() -> None:
+    """py-spy stacks fold into shares by innermost package, per stage (inclusive) and by function."""
+    rows = [
+        "thread (0x1);run (consumers/loop.py:1);decode_request (schemas/events.py:9) 3",
+        "thread (0x1);run (consumers/loop.py:1);load (message_history/batch_storage.py:5);"
+        "decode_all (site-packages/bson/__init__.py:1) 6",
+        "thread (0x1);run (consumers/loop.py:1) 1",
+        "not a row",
+    ]
+    out = summarize_profile(rows)
+    assert out["samples"] == 10
+    assert out["share_by_package"] == {"bson": 0.6, "schemas": 0.3, "consumers": 0.1}
+    assert out["inclusive_share"] == {"load": 0.6, "decode_request": 0.3}
+    assert out["top_self"][0] == {"frame": "decode_all (site-packages/bson/__init__.py:1)", "share": 0.6}
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [([5.0], 5.0), ([9.0, 3.0, 6.0], 6.0), ([4.0, 8.0], 4.0)],
+    ids=["one", "odd", "even-takes-lower"],
+)
+def test_median_round(rates: list[float], expected: float) -> None:
+    """With repeated rounds a line keeps its median round by throughput, and lists every round."""
+    results = [_line("service_recall", int(rate * 10), 10.0, 1.0) for rate in rates]
+    chosen = median_round(results)
+    assert chosen.events_per_s == expected
+    assert len(chosen.details.get("rounds", [])) == (len(rates) if len(rates) > 1 else 0)
