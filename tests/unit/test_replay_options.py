@@ -179,3 +179,25 @@ def test_cli_exits_2_on_usage_errors_found_after_parsing(
     )  # keep pytest's handlers
     assert cli_main(["replay", "--from-beginning", "--emit-to", "live-enriched"]) == 2
     assert "live enriched topic" in capsys.readouterr().err
+
+
+def _deploy_replay_args() -> list[tuple[str, list[str]]]:
+    import yaml  # noqa: PLC0415
+
+    root = Path(__file__).resolve().parents[2] / "deploy"
+    job = yaml.safe_load((root / "k8s" / "replay-job.yaml").read_text())
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    found = [("deploy/k8s/replay-job.yaml", [str(a) for a in container["args"]])]
+    for values in ("helm/message-history/values.yaml", "helm/values-all-on.yaml"):
+        args = yaml.safe_load((root / values).read_text())["replay"]["args"]
+        found.append((f"deploy/{values}", ["replay", *(str(a) for a in args)]))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("where", "argv"), _deploy_replay_args(), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_the_replay_jobs_under_deploy_pass_flags_replay_accepts(where: str, argv: list[str]) -> None:
+    """The plain Job and the chart's replay args are a valid `message-history replay` command line."""
+    assert argv[0] == "replay", where
+    parse(*argv[1:])
