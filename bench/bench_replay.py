@@ -1,0 +1,280 @@
+"""Replay throughput against the live persist path, in one run, on the same responses topic.
+
+    eval "$(deploy/local/stack up)"
+    .venv/bin/python bench/bench_replay.py [--threads 100] [--turns 10] [--partitions 4] [--batch 500]
+
+With a fresh topic, group and databases (all removed afterwards):
+
+1. produces `threads x turns` `AgentResponse`s (one user + one assistant message each, ~320 B of text each,
+   turn-major so threads interleave) to one responses topic;
+2. live: starts `message-history run --only persist` (database A) and waits until a `HistoryPersisted` per
+   response is readable; its window runs from the "partitions assigned" log line to the last output record;
+3. replay: `message-history replay --from-beginning` of the same topic into an empty database B; its window
+   runs from its "replay starting" log line to its "replay done" line;
+4. replay --emit-persisted into database C (the same outputs as the live path: a HistoryPersisted each).
+
+Figures: messages/s over each window (two messages per response), the same over the whole process lifetime
+(start-up included), and the child process's CPU milliseconds per message. The databases are checked to hold
+the same number of messages. Both read a backlog: this measures capacity, not latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from pymongo import AsyncMongoClient
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "the agent recalls what the user said before and answers with the whole context " * 4  # ~320 B
+
+
+@dataclass(frozen=True)
+class Result:
+    name: str
+    messages: int
+    window_s: float
+    wall_s: float
+    cpu_s: float | None
+
+    def line(self) -> str:
+        cpu = f"{self.cpu_s * 1000 / self.messages:6.2f} CPU-ms/msg" if self.cpu_s is not None else ""
+        return (
+            f"{self.name:<24} {self.messages:>7} msgs  {self.messages / self.window_s:>8.0f} msg/s processing"
+            f" ({self.window_s:6.2f} s)  {self.messages / self.wall_s:>7.0f} msg/s incl. start"
+            f" ({self.wall_s:6.2f} s)  {cpu}"
+        )
+
+
+def _at(turn: int, ms: int) -> str:
+    minutes, seconds = divmod(turn, 60)
+    return f"2025-01-01T{10 + minutes // 60:02d}:{minutes % 60:02d}:{seconds:02d}.{ms:03d}Z"
+
+
+def _message(role: str, text: str) -> dict[str, Any]:
+    return {"role": role, "content": {"format": 2, "parts": [{"type": "text", "text": text}]}}
+
+
+def response(thread: str, turn: int) -> bytes:
+    return json.dumps(
+        {
+            "schemaVersion": 1,
+            "requestId": f"{thread}-t{turn}",
+            "threadId": thread,
+            "resourceId": f"user-{thread}",
+            "createdAt": _at(turn, 0),
+            "input": [_message("user", f"question {turn}: {TEXT}")],
+            "response": [_message("assistant", f"answer {turn}: {TEXT}")],
+            "finishReason": "stop",
+        }
+    ).encode()
+
+
+async def produce(bootstrap: str, topic: str, items: list[tuple[bytes, bytes]]) -> None:
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=20, max_batch_size=512 * 1024
+    )
+    await producer.start()
+    try:
+        futures = [await producer.send(topic, key=k, value=v) for k, v in items]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+
+
+async def last_output_at(bootstrap: str, topic: str, count: int, timeout_s: float) -> float:
+    """Read `topic` until `count` records; the last record's timestamp in epoch seconds."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    await consumer.start()
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not consumer.partitions_for_topic(topic):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic} never appeared")
+            await consumer._client.force_metadata_update()  # the service creates it on first send
+            await asyncio.sleep(0.2)
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        seen, last = 0, 0
+        while seen < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: {seen} of {count} outputs after {timeout_s} s")
+            for records in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
+                seen += len(records)
+                last = max(last, *(r.timestamp for r in records))
+        return last / 1000
+    finally:
+        await consumer.stop()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def log_time(log: str, msg: str, *, with_field: str | None = None) -> float:
+    """Epoch seconds of the first JSON log line with message `msg` (and a truthy `with_field`)."""
+    for line in log.splitlines():
+        if not line.startswith("{"):
+            continue
+        entry = json.loads(line)
+        if entry.get("msg") == msg and (with_field is None or entry.get(with_field)):
+            return datetime.fromisoformat(entry["ts"].replace("Z", "+00:00")).timestamp()
+    raise RuntimeError(f"no {msg!r} line in the log:\n{log[-2000:]}")
+
+
+async def live_persist(env: dict[str, str], bootstrap: str, persisted: str, responses: int) -> Result:
+    """`run --only persist` until every response has its HistoryPersisted; stopped with SIGTERM."""
+    with tempfile.TemporaryFile() as sink:
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "message_history",
+            "run",
+            "--only",
+            "persist",
+            cwd=ROOT,
+            env=env,
+            stderr=sink,
+        )
+        try:
+            last = await last_output_at(bootstrap, persisted, responses, timeout_s=1800)
+            wall = time.monotonic() - started
+            cpu = cpu_seconds(proc.pid)
+            proc.send_signal(signal.SIGTERM)
+            code = await asyncio.wait_for(proc.wait(), 60)
+            sink.seek(0)
+            log = sink.read().decode(errors="replace")
+            if code != 0:
+                raise RuntimeError(f"service exited {code}: {log[-2000:]}")
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    window = last - log_time(log, "partitions assigned", with_field="partitions")
+    return Result("live persist path", responses * 2, max(0.001, window), wall, cpu)
+
+
+async def replay(name: str, env: dict[str, str], messages: int, *extra: str) -> Result:
+    """`message-history replay --from-beginning` to the end; its window from its start to its done line."""
+    with tempfile.TemporaryFile() as sink, tempfile.TemporaryFile() as out:
+        started = time.monotonic()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            *("-m", "message_history", "replay", "--from-beginning", "--progress", "none", *extra),
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=sink,
+        )
+        cpu: float | None = None
+        while proc.returncode is None:  # sample CPU just before it exits (the /proc entry goes with it)
+            cpu = cpu_seconds(proc.pid) or cpu
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 0.05)
+        wall = time.monotonic() - started
+        sink.seek(0)
+        out.seek(0)
+        log = sink.read().decode(errors="replace")
+        if proc.returncode != 0:
+            raise RuntimeError(f"replay exited {proc.returncode}: {out.read().decode()}\n{log[-2000:]}")
+    window = log_time(log, "replay done") - log_time(log, "replay starting")
+    return Result(name, messages, max(0.001, window), wall, cpu)
+
+
+async def stored(mongo_uri: str, database: str) -> int:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri)
+    try:
+        return await client[database]["mastra_messages"].count_documents({})
+    finally:
+        await client.close()
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--threads", type=int, default=100)
+    parser.add_argument("--turns", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=500, help="MESSAGE_HISTORY_MAX_BATCH_RECORDS")
+    args = parser.parse_args()
+
+    bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    mongo_uri = os.environ.get("MONGODB_URI", "mongodb://127.0.0.1:27017")
+    run = uuid.uuid4().hex[:8]
+    topics = {name: f"bench-{name}-{run}" for name in ("requests", "enriched", "responses", "persisted")}
+    databases = {name: f"bench_{name}_{run}" for name in ("live", "replay", "emit")}
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MESSAGE_HISTORY_")}
+    base.update(
+        KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+        MONGODB_URI=mongo_uri,
+        MESSAGE_HISTORY_GROUP_ID=f"bench-{run}",
+        MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
+        MESSAGE_HISTORY_HTTP_PORT="0",
+        MESSAGE_HISTORY_LOG_LEVEL="INFO",
+        MESSAGE_HISTORY_MAX_BATCH_RECORDS=str(args.batch),
+        MESSAGE_HISTORY_MONGODB_TIMEOUT_MS="60000",
+        **{f"MESSAGE_HISTORY_{name.upper()}_TOPIC": topic for name, topic in topics.items()},
+    )
+    env = {name: {**base, "MONGODB_DATABASE": db} for name, db in databases.items()}
+    responses = args.threads * args.turns
+    messages = responses * 2
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topics["responses"], args.partitions, 1)], timeout_ms=30_000)
+        print(
+            f"workload: {args.threads} threads x {args.turns} turns = {responses} responses"
+            f" ({messages} messages) on {args.partitions} partitions, batch {args.batch};"
+            " one topic, three consumers in turn",
+            flush=True,
+        )
+        threads = [f"th{i:05d}" for i in range(args.threads)]
+        await produce(
+            bootstrap,
+            topics["responses"],
+            [(t.encode(), response(t, k)) for k in range(args.turns) for t in threads],
+        )
+        results = [await live_persist(env["live"], bootstrap, topics["persisted"], responses)]
+        print(results[-1].line(), flush=True)
+        results.append(await replay("replay (default)", env["replay"], messages))
+        print(results[-1].line(), flush=True)
+        results.append(await replay("replay --emit-persisted", env["emit"], messages, "--emit-persisted"))
+        print(results[-1].line(), flush=True)
+        counts = {name: await stored(mongo_uri, db) for name, db in databases.items()}
+        print(f"messages stored: {counts}")
+        if set(counts.values()) != {messages}:
+            raise SystemExit(f"the databases differ: {counts}")
+        live = results[0].messages / results[0].window_s
+        for result in results[1:]:
+            print(f"{result.name}: {result.messages / result.window_s / live:.2f}x the live persist path")
+    finally:
+        await admin.delete_topics([*topics.values(), f"{topics['responses']}.dlq"], timeout_ms=30_000)
+        await admin.close()
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri)
+        for db in databases.values():
+            await client.drop_database(db)
+        await client.close()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
