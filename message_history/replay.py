@@ -736,6 +736,7 @@ class Replay:
         self.counts = Counts()
         self.partitions: list[PartitionState] = []
         self.notes: list[str] = []
+        self.read_s = 0.0  # time spent reading and processing (setup and summary left out)
         self._bucket = TokenBucket(options.rate, now=time.monotonic()) if options.rate else None
         self._batch_limit = min(
             options.batch_size, self._bucket.batch_limit() if self._bucket else options.batch_size
@@ -782,6 +783,13 @@ class Replay:
 
     async def run_partitions(self, runner: BatchRunner, abandon: asyncio.Event) -> BaseException | None:
         """Run every partition (at most `--concurrency` at once); the first failure stops the others."""
+        started = time.monotonic()
+        try:
+            return await self._run_partitions(runner, abandon)
+        finally:
+            self.read_s = time.monotonic() - started
+
+    async def _run_partitions(self, runner: BatchRunner, abandon: asyncio.Event) -> BaseException | None:
         workers = [
             asyncio.create_task(self._partition(state, runner), name=f"replay-p{state.partition}")
             for state in self.partitions
@@ -1067,6 +1075,7 @@ def _finish(
             "messages_present": counts.messages_present,
             "threads": counts.threads,
             "elapsed_s": round(summary.elapsed_s, 2),
+            "read_s": round(replay.read_s, 3),
             "resume": resume,
         },
     )
