@@ -7,15 +7,19 @@ With a fresh topic, group and databases (all removed afterwards):
 
 1. produces `threads x turns` `AgentResponse`s (one user + one assistant message each, ~320 B of text each,
    turn-major so threads interleave) to one responses topic;
-2. live: starts `message-history run --only persist` (database A) and waits until a `HistoryPersisted` per
-   response is readable; its window runs from the "partitions assigned" log line to the last output record;
-3. replay: `message-history replay --from-beginning` of the same topic into an empty database B; its window
-   runs from its "replay starting" log line to its "replay done" line;
-4. replay --emit-persisted into database C (the same outputs as the live path: a HistoryPersisted each).
+2. then, `--rounds` times, consumes that topic with each of three consumers, each into its own empty database
+   (checked to hold every message, then dropped), the order rotated every round so that a shared machine's
+   load drifts over all three alike:
+   - live: `message-history run --only persist` (a fresh group), until a `HistoryPersisted` per response is
+     readable; its window runs from the "partitions assigned" log line to the last output record;
+   - replay: `message-history replay --from-beginning`; its window is the `read_s` of its "replay done" log
+     line (from its partitions' start to the last one's end: connecting and planning left out, as the live
+     window leaves out the group join);
+   - replay --emit-persisted: the same, also sending a HistoryPersisted per response (the live outputs).
 
 Figures: messages/s over each window (two messages per response), the same over the whole process lifetime
-(start-up included), and the child process's CPU milliseconds per message. The databases are checked to hold
-the same number of messages. Both read a backlog: this measures capacity, not latency.
+(start-up included), the child process's CPU milliseconds per message, and per consumer the median over the
+rounds with its ratio to the live path. All read a backlog: this measures capacity, not latency.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -142,6 +147,16 @@ def log_time(log: str, msg: str, *, with_field: str | None = None) -> float:
     raise RuntimeError(f"no {msg!r} line in the log:\n{log[-2000:]}")
 
 
+def log_field(log: str, msg: str, name: str) -> float:
+    """A numeric field of the first JSON log line with message `msg`."""
+    for line in log.splitlines():
+        if line.startswith("{"):
+            entry = json.loads(line)
+            if entry.get("msg") == msg:
+                return float(entry[name])
+    raise RuntimeError(f"no {msg!r} line in the log:\n{log[-2000:]}")
+
+
 async def live_persist(env: dict[str, str], bootstrap: str, persisted: str, responses: int) -> Result:
     """`run --only persist` until every response has its HistoryPersisted; stopped with SIGTERM."""
     with tempfile.TemporaryFile() as sink:
@@ -198,7 +213,7 @@ async def replay(name: str, env: dict[str, str], messages: int, *extra: str) -> 
         log = sink.read().decode(errors="replace")
         if proc.returncode != 0:
             raise RuntimeError(f"replay exited {proc.returncode}: {out.read().decode()}\n{log[-2000:]}")
-    window = log_time(log, "replay done") - log_time(log, "replay starting")
+    window = log_field(log, "replay done", "read_s")
     return Result(name, messages, max(0.001, window), wall, cpu)
 
 
@@ -210,69 +225,99 @@ async def stored(mongo_uri: str, database: str) -> int:
         await client.close()
 
 
+CONSUMERS = ("live", "replay", "emit")
+
+
+async def consume(name: str, env: dict[str, str], bootstrap: str, persisted: str, responses: int) -> Result:
+    """One consumer of the topic: the live persist path, or a replay (with or without emitted events)."""
+    if name == "live":
+        return await live_persist(env, bootstrap, persisted, responses)
+    if name == "replay":
+        return await replay("replay (default)", env, responses * 2)
+    return await replay("replay --emit-persisted", env, responses * 2, "--emit-persisted")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch", type=int, default=500, help="MESSAGE_HISTORY_MAX_BATCH_RECORDS")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds, each consumer once per round, order rotated (default 3)",
+    )
     args = parser.parse_args()
 
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     mongo_uri = os.environ.get("MONGODB_URI", "mongodb://127.0.0.1:27017")
     run = uuid.uuid4().hex[:8]
-    topics = {name: f"bench-{name}-{run}" for name in ("requests", "enriched", "responses", "persisted")}
-    databases = {name: f"bench_{name}_{run}" for name in ("live", "replay", "emit")}
+    source = f"bench-responses-{run}"
     base = {k: v for k, v in os.environ.items() if not k.startswith("MESSAGE_HISTORY_")}
     base.update(
         KAFKA_BOOTSTRAP_SERVERS=bootstrap,
         MONGODB_URI=mongo_uri,
-        MESSAGE_HISTORY_GROUP_ID=f"bench-{run}",
         MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
         MESSAGE_HISTORY_HTTP_PORT="0",
         MESSAGE_HISTORY_LOG_LEVEL="INFO",
         MESSAGE_HISTORY_MAX_BATCH_RECORDS=str(args.batch),
         MESSAGE_HISTORY_MONGODB_TIMEOUT_MS="60000",
-        **{f"MESSAGE_HISTORY_{name.upper()}_TOPIC": topic for name, topic in topics.items()},
+        MESSAGE_HISTORY_RESPONSES_TOPIC=source,
+        MESSAGE_HISTORY_REQUESTS_TOPIC=f"bench-requests-{run}",
     )
-    env = {name: {**base, "MONGODB_DATABASE": db} for name, db in databases.items()}
     responses = args.threads * args.turns
     messages = responses * 2
+    results: dict[str, list[Result]] = {name: [] for name in CONSUMERS}
+    created = [source, f"{source}.dlq"]
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri)
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await admin.start()
     try:
-        await admin.create_topics([NewTopic(topics["responses"], args.partitions, 1)], timeout_ms=30_000)
+        await admin.create_topics([NewTopic(source, args.partitions, 1)], timeout_ms=30_000)
         print(
             f"workload: {args.threads} threads x {args.turns} turns = {responses} responses"
             f" ({messages} messages) on {args.partitions} partitions, batch {args.batch};"
-            " one topic, three consumers in turn",
+            f" one topic, {len(CONSUMERS)} consumers x {args.rounds} rounds, each into an empty database",
             flush=True,
         )
         threads = [f"th{i:05d}" for i in range(args.threads)]
         await produce(
-            bootstrap,
-            topics["responses"],
-            [(t.encode(), response(t, k)) for k in range(args.turns) for t in threads],
+            bootstrap, source, [(t.encode(), response(t, k)) for k in range(args.turns) for t in threads]
         )
-        results = [await live_persist(env["live"], bootstrap, topics["persisted"], responses)]
-        print(results[-1].line(), flush=True)
-        results.append(await replay("replay (default)", env["replay"], messages))
-        print(results[-1].line(), flush=True)
-        results.append(await replay("replay --emit-persisted", env["emit"], messages, "--emit-persisted"))
-        print(results[-1].line(), flush=True)
-        counts = {name: await stored(mongo_uri, db) for name, db in databases.items()}
-        print(f"messages stored: {counts}")
-        if set(counts.values()) != {messages}:
-            raise SystemExit(f"the databases differ: {counts}")
-        live = results[0].messages / results[0].window_s
-        for result in results[1:]:
-            print(f"{result.name}: {result.messages / result.window_s / live:.2f}x the live persist path")
+        for round_no in range(args.rounds):
+            order = CONSUMERS[round_no % len(CONSUMERS) :] + CONSUMERS[: round_no % len(CONSUMERS)]
+            for name in order:
+                tag = f"{run}_{round_no}_{name}"
+                persisted = f"bench-persisted-{tag}"
+                created.append(persisted)
+                env = {
+                    **base,
+                    "MONGODB_DATABASE": f"bench_{tag}",
+                    "MESSAGE_HISTORY_GROUP_ID": f"bench-{tag}",
+                    "MESSAGE_HISTORY_PERSISTED_TOPIC": persisted,
+                }
+                result = await consume(name, env, bootstrap, persisted, responses)
+                count = await client[f"bench_{tag}"]["mastra_messages"].count_documents({})
+                await client.drop_database(f"bench_{tag}")
+                if count != messages:
+                    raise SystemExit(f"{result.name} stored {count} messages, not {messages}")
+                results[name].append(result)
+                print(f"round {round_no + 1}  {result.line()}", flush=True)
+        print("median over rounds:")
+        medians = {
+            name: statistics.median(r.messages / r.window_s for r in rs) for name, rs in results.items()
+        }
+        for name, rs in results.items():
+            rates = sorted(r.messages / r.window_s for r in rs)
+            print(
+                f"  {rs[0].name:<24} {medians[name]:>7.0f} msg/s  (min {rates[0]:.0f}, max {rates[-1]:.0f})"
+                f"  {medians[name] / medians['live']:.2f}x the live persist path"
+            )
     finally:
-        await admin.delete_topics([*topics.values(), f"{topics['responses']}.dlq"], timeout_ms=30_000)
+        await admin.delete_topics(created, timeout_ms=30_000)
         await admin.close()
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri)
-        for db in databases.values():
-            await client.drop_database(db)
         await client.close()
 
 
