@@ -290,7 +290,7 @@ async def test_a_run_stops_at_the_end_captured_at_start_while_a_producer_keeps_w
     async with databases(settings):
         try:
             await asyncio.wait_for(writing.wait(), 30)
-            result, printed = await replay(settings, "--from-beginning", "--rate", "150")
+            result, printed = await replay(settings, "--from-beginning", "--rate", "40")
         finally:
             done.set()
             await producer
