@@ -258,3 +258,13 @@ def test_counts_tally_outcomes_and_keep_a_few_invalid_samples() -> None:
     assert counts.dead_lettered == len([o for o in range(Counts.SAMPLES + 3) if o % 2 == 0])
     assert counts.invalid_samples[0] == "1/0: EventValidationError: x"
     assert len(counts.invalid_samples) == Counts.SAMPLES
+
+
+@pytest.mark.parametrize("module", ["message_history.replay_plan", "message_history.progress"])
+def test_replay_rules_and_display_import_no_io(module: str) -> None:
+    """The replay's pure rules and its progress display load neither Kafka, MongoDB nor asyncio."""
+    from tests.unit.test_purity import FORBIDDEN, loaded_top_level_modules  # noqa: PLC0415
+
+    loaded = loaded_top_level_modules(module)
+    assert "message_history" in loaded
+    assert sorted(loaded.intersection(FORBIDDEN)) == []
