@@ -15,7 +15,7 @@ from message_history import __version__
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="message-history",
-        description="Conversation memory for AI agents as a Kafka stream (Mastra MessageHistory over MongoDB).",
+        description="Conversation memory for AI agents as a Kafka stream (Mastra MessageHistory, MongoDB).",
     )
     parser.add_argument("--version", action="version", version=f"message-history {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
