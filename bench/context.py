@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.procstat import Servers
+from bench.progress import log
 from bench.workload import Turns, Workload
 from message_history.settings import Settings
 
@@ -38,6 +40,14 @@ class RunContext:
     turns: Turns
     topics: list[str] = field(default_factory=list)  # created by the run, deleted at its end
     profile: bool = False  # py-spy the service during its throughput windows
+    settle: Callable[[], Awaitable[float]] | None = None  # waits until the servers are quiet again
+
+    async def quiet(self) -> None:
+        """Between lines: wait until the servers have finished what the last line left in flight."""
+        if self.settle is not None:
+            waited = await self.settle()
+            if waited > 5:
+                log(f"waited {waited:.0f} s for the servers to finish the previous line's work")
 
     def topic(self, *parts: str) -> str:
         name = "-".join(("bench", self.workload.run_id, *parts))

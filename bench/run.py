@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+import signal
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,13 +14,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pymongo import AsyncMongoClient
+from pymongo.asynchronous.database import AsyncDatabase
 
 from bench import report
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
 from bench.kafka_io import delete_topics
 from bench.lines import run_mongo_line, stream_lines
-from bench.procstat import find_servers
+from bench.procstat import cpu_seconds, find_servers
 from bench.progress import log
 from bench.seed import seed
 from bench.soak import run_soak
@@ -27,6 +31,8 @@ from bench.workload import Turns, Workload
 from message_history.settings import Settings
 
 ALL_LINES: tuple[str, ...] = tuple(LINES)
+_QUIET_MAX_S = 60.0
+_QUIET_CORES = 0.8
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,9 @@ def _mongo_port(uri: str) -> int | None:
 
 async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineResult]]:
     """Run everything `options` selects; returns the record, where it was written, and the lines."""
+    task = asyncio.current_task()
+    if task is not None:  # SIGTERM (and Ctrl-C, as asyncio does) unwinds through the cleanup below
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     settings = Settings()
     w = options.workload
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
@@ -67,6 +76,7 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         profile=options.profile,
     )
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
+    ctx.settle = _settler(client[ctx.db], ctx)
     lines: dict[str, LineResult] = {}
     soak: dict[str, Any] | None = None
     environment: dict[str, Any] = {"database": ctx.db}
@@ -120,11 +130,36 @@ async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineR
         if mongo[1] in selected:
             log(f"--- {mongo[1]}")
             yield await run_mongo_line(ctx, mongo[0], events)
+            await ctx.quiet()
         name = f"mastra_{path}"
         if name in selected:
             log(f"--- {name}")
             turn = ctx.turns.recall if path == "recall" else ctx.turns.fresh()
             yield await run_anchor(ctx, path, events=events, turn=turn, latency_turn=ctx.turns.fresh())
+            await ctx.quiet()
+
+
+def _settler(db: AsyncDatabase[Any], ctx: RunContext) -> Callable[[], Awaitable[float]]:
+    async def settle() -> float:
+        """Seconds waited until the last line's leftovers are done on the MongoDB-wire server.
+
+        A stopped line's last bulk write or scan goes on inside the server after the client is gone. A
+        write to the benchmark database queues behind any write still running there (FerretDB's SQLite
+        has one writer per database); then the server's CPU is watched until it drops below most of a
+        core (its in-flight reads are done), for at most `_QUIET_MAX_S` (other clients may keep it busy).
+        """
+        started = time.perf_counter()
+        await db["bench_settle"].insert_one({"at": datetime.now(UTC)})
+        pid = ctx.servers.mongo
+        while pid is not None and time.perf_counter() - started < _QUIET_MAX_S:
+            before = cpu_seconds(pid)
+            await asyncio.sleep(1.0)
+            after = cpu_seconds(pid)
+            if before is None or after is None or after - before < _QUIET_CORES:
+                break
+        return time.perf_counter() - started
+
+    return settle
 
 
 async def _servers_info(client: AsyncMongoClient[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:

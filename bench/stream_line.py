@@ -30,7 +30,6 @@ from bench.progress import Progress, log
 from bench.stats import LineResult
 
 _POLL_S = 0.05
-_SETTLE_S = 1.0  # let the servers finish what a stopped process left in flight before the next phase
 
 
 @dataclass(frozen=True)
@@ -102,7 +101,7 @@ class _Running:
             code = await processes.stop(self.process)
             if code not in (0, None, -15):
                 log(f"{self.line.name}: process exited with {code}")
-            await asyncio.sleep(_SETTLE_S)
+            await self.ctx.quiet()
 
 
 async def run_stream_line(ctx: RunContext, line: StreamLine) -> LineResult:
