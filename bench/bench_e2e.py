@@ -147,7 +147,9 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run_path(path: str, env: dict[str, str], bootstrap: str, topic: str, count: int) -> PathResult:
+async def run_path(
+    path: str, env: dict[str, str], bootstrap: str, topic: str, count: int, timeout_s: float
+) -> PathResult:
     """Start `run --only <path>`, wait for `count` outputs on `topic`, stop it with SIGTERM."""
     with tempfile.TemporaryFile() as sink:  # the service's log, shown if it fails
         started = time.monotonic()
@@ -155,20 +157,28 @@ async def run_path(path: str, env: dict[str, str], bootstrap: str, topic: str, c
             sys.executable, "-m", "message_history", "run", "--only", path, cwd=ROOT, env=env, stderr=sink
         )
         try:
-            _, last = await wait_outputs(bootstrap, topic, count, timeout_s=900)
+            _, last = await wait_outputs(bootstrap, topic, count, timeout_s=timeout_s)
             wall = time.monotonic() - started
             cpu = cpu_seconds(proc.pid)
             proc.send_signal(signal.SIGTERM)
             code = await asyncio.wait_for(proc.wait(), 60)
             sink.seek(0)
             log = sink.read().decode(errors="replace")
-            if code != 0:
-                raise RuntimeError(f"service exited {code}: {log[-2000:]}")
+            _check_exit(code, log)
+        except BaseException:
+            sink.seek(0)
+            print(sink.read()[-4000:].decode(errors="replace"), file=sys.stderr)
+            raise
         finally:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
     return PathResult(path, count, max(0.001, last / 1000 - assigned_at(log)), wall, cpu)
+
+
+def _check_exit(code: int, log: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"service exited {code}: {log[-2000:]}")
 
 
 def assigned_at(log: str) -> float:
@@ -189,6 +199,13 @@ async def main() -> None:
     parser.add_argument("--requests", type=int, default=10, help="requests per thread (recall path)")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--batch", type=int, default=500, help="MESSAGE_HISTORY_MAX_BATCH_RECORDS")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for a path's outputs")
+    parser.add_argument(
+        "--mongodb-timeout-ms",
+        type=int,
+        default=None,
+        help="MESSAGE_HISTORY_MONGODB_TIMEOUT_MS for the service",
+    )
     args = parser.parse_args()
 
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
@@ -206,9 +223,11 @@ async def main() -> None:
         MESSAGE_HISTORY_HTTP_PORT="0",
         MESSAGE_HISTORY_LOG_LEVEL="INFO",
         MESSAGE_HISTORY_MAX_BATCH_RECORDS=str(args.batch),
-        MESSAGE_HISTORY_MONGODB_TIMEOUT_MS="60000",
         **{f"MESSAGE_HISTORY_{name.upper()}_TOPIC": topic for name, topic in topics.items()},
     )
+
+    if args.mongodb_timeout_ms is not None:
+        env["MESSAGE_HISTORY_MONGODB_TIMEOUT_MS"] = str(args.mongodb_timeout_ms)
 
     threads = [f"th{i:05d}" for i in range(args.threads)]
     count = args.threads * args.turns
@@ -225,12 +244,12 @@ async def main() -> None:
         )
         responses = [(t.encode(), response(t, k)) for k in range(args.turns) for t in threads]
         await produce(bootstrap, topics["responses"], responses)
-        persist = await run_path("persist", env, bootstrap, topics["persisted"], count)
+        persist = await run_path("persist", env, bootstrap, topics["persisted"], count, args.timeout)
         print(persist.line(), flush=True)
 
         requests = [(t.encode(), request(t, args.turns + k)) for k in range(args.requests) for t in threads]
         await produce(bootstrap, topics["requests"], requests)
-        recall = await run_path("recall", env, bootstrap, topics["enriched"], len(requests))
+        recall = await run_path("recall", env, bootstrap, topics["enriched"], len(requests), args.timeout)
         print(recall.line(), flush=True)
     finally:
         await admin.delete_topics(

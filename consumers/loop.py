@@ -55,6 +55,7 @@ Ack = Awaitable[object]
 """Resolves when every output of one record is durable; raises when one could not be written."""
 
 _OUTAGE_KAFKA_ERRORS = (KafkaConnectionError, KafkaTimeoutError, KafkaUnavailableError)
+_GROW_AFTER = 8  # clean attempts before a shrunken chunk limit doubles again
 
 
 class BatchHandler(Protocol):
@@ -181,6 +182,8 @@ class StreamLoop:
         self._commit_task: asyncio.Task[None] | None = None
         self._last_commit = time.monotonic()
         self._random = random.Random()  # noqa: S311 -- jitter, not security
+        self._chunk_limit = options.max_batch_records  # records per attempt; shrinks after failures
+        self._clean_chunks = 0
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -255,9 +258,10 @@ class StreamLoop:
                     raise
                 await asyncio.sleep(min(remaining, self._opts.poll_timeout_ms / 1000))
                 continue
+            owned = self._consumer.assignment()
             for tp, recs in fetched.items():
                 # assigned during the wait and not paused yet: hand the records back for later
-                if recs and tp in self._assigned:
+                if recs and tp in owned:
                     self._consumer.seek(tp, recs[0].offset)
             self._maybe_commit()
 
@@ -266,9 +270,11 @@ class StreamLoop:
     async def _process(self, records: list[ConsumerRecord], stop: asyncio.Event) -> None:
         """Process one batch to the end: every record done, dead-lettered, or abandoned by a revoke/stop.
 
-        After a failure the rest of the batch goes in halving chunks (doubling again on success): a dependency
-        that is slow rather than down then gets work it can finish within its timeout, instead of the same
-        batch timing out forever. Chunks keep batch order, so a thread's records still go in order.
+        After a failure the rest of the batch goes in halving chunks, and the loop remembers the size that
+        worked: a dependency that is slow (or, like FerretDB, stalls on large bulk writes) rather than down
+        then gets work it can finish within its timeout, instead of the same batch timing out forever. The
+        limit doubles again after `_GROW_AFTER` attempts in a row without a failure. Chunks keep batch order,
+        so a thread's records still go in order.
         """
         metrics.RECORDS_CONSUMED.labels(path=self.path).inc(len(records))
         metrics.BATCH_SIZE.labels(path=self.path).observe(len(records))
@@ -276,7 +282,7 @@ class StreamLoop:
         metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
         self._idle.clear()
         attempt = 0
-        chunk = len(pending)
+        chunk = self._chunk_limit
         try:
             while True:
                 pending = [(rec, part) for rec, part in pending if self._tracker.owns(_tp(rec), part)]
@@ -295,10 +301,10 @@ class StreamLoop:
                     if self._outage:
                         self._leave_outage()
                     attempt = 0
-                    chunk = min(len(records), chunk * 2)
+                    chunk = self._learn_chunk_limit(failed=False)
                     continue
                 attempt += 1
-                chunk = max(1, len(head) // 2)
+                chunk = self._learn_chunk_limit(failed=True, tried=len(head))
                 self._enter_outage(error, attempt)
                 delay = backoff_delay(
                     attempt,
@@ -319,6 +325,18 @@ class StreamLoop:
                 self._leave_outage()
             metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
             self._idle.set()
+
+    def _learn_chunk_limit(self, *, failed: bool, tried: int = 0) -> int:
+        """Records per attempt from now on: half of what failed, or x2 after `_GROW_AFTER` clean attempts."""
+        if failed:
+            self._chunk_limit = max(1, tried // 2)
+            self._clean_chunks = 0
+        else:
+            self._clean_chunks += 1
+            if self._clean_chunks >= _GROW_AFTER and self._chunk_limit < self._opts.max_batch_records:
+                self._chunk_limit = min(self._opts.max_batch_records, self._chunk_limit * 2)
+                self._clean_chunks = 0
+        return self._chunk_limit
 
     async def _attempt(
         self, pending: list[tuple[ConsumerRecord, PartitionOffsets]]
