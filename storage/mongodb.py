@@ -95,6 +95,10 @@ _INDEX_CONFLICT_CODES = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpe
 # without counts (see `_bulk_write`). Two writers upserting the same new id race this way.
 _UPSERT_RACE_CODES = frozenset({11000, 11001, 1})
 _MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch at 16 MiB anyway
+# Write ops per `update` command. FerretDB 1.24 never answers an update command that modifies 100 or more
+# existing documents, and then blocks the whole server; MongoDB is indifferent to the split (a few more round
+# trips on a batch of thousands).
+_MAX_OPS_PER_COMMAND = 50
 
 RecallStrategy = Literal["in", "concurrent"]
 
@@ -604,6 +608,23 @@ class MongoHistoryStorage:
             await self._bulk_write(collection, ops(True), operation, retry_race=True)
 
     async def _bulk_write(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        ops: list[UpdateOne],
+        operation: str,
+        *,
+        retry_race: bool,
+    ) -> None:
+        """`ops` as unordered bulk writes of at most `_MAX_OPS_PER_COMMAND` each (see the constant).
+
+        Chunks run one after the other; every op is an idempotent upsert, so a failure part-way leaves the
+        batch to be written again whole by the caller's retry, without changing what already applied.
+        """
+        for start in range(0, len(ops), _MAX_OPS_PER_COMMAND):
+            chunk = ops[start : start + _MAX_OPS_PER_COMMAND]
+            await self._bulk_write_chunk(collection, chunk, operation, retry_race=retry_race)
+
+    async def _bulk_write_chunk(
         self,
         collection: AsyncCollection[dict[str, Any]],
         ops: list[UpdateOne],

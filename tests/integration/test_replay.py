@@ -499,18 +499,10 @@ async def test_replaying_a_batch_of_more_than_100_stored_messages_again_changes_
     kafka_bootstrap: str,
     mongo_uri: str,
     make_topic: MakeTopic,
-    is_ferretdb: bool,
-    request: pytest.FixtureRequest,
 ) -> None:
     """A second replay whose batch re-saves more than 100 stored messages succeeds and changes nothing."""
-    if is_ferretdb:
-        # Reproduced with MongoHistoryStorage.save_many alone (no replay): FerretDB 1.24 (SQLite) stops
-        # answering every query on the database after one bulk `update` of more than 100 upserts that match
-        # existing documents (100 pass, 102 hang). The live persist path re-saving a redelivered batch hits it
-        # the same way; the fix belongs in storage/mongodb.py (bulk writes of at most 100 operations).
-        request.applymarker(
-            pytest.mark.xfail(strict=True, reason="FerretDB 1.24 hangs on >100 matched upserts")
-        )
+    # FerretDB 1.24 hangs on one bulk `update` re-saving 100+ stored documents; storage splits its bulk
+    # writes (storage.mongodb._MAX_OPS_PER_COMMAND), which this test proves on the real server.
     settings = fresh_settings(kafka_bootstrap, mongo_uri, mongodb_timeout_ms=3000)
     await make_topic(partitions=1, name=settings.responses_topic)
     await produce(kafka_bootstrap, settings.responses_topic, simple_events(60))  # one batch, 120 messages
