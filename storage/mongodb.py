@@ -95,9 +95,10 @@ _INDEX_CONFLICT_CODES = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpe
 # without counts (see `_bulk_write`). Two writers upserting the same new id race this way.
 _UPSERT_RACE_CODES = frozenset({11000, 11001, 1})
 _MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch at 16 MiB anyway
-# Write ops per `update` command. FerretDB 1.24 never answers an update command that modifies 100 or more
-# existing documents, and then blocks the whole server; MongoDB is indifferent to the split (a few more round
-# trips on a batch of thousands).
+# Write ops per `update` command on FerretDB. FerretDB 1.24 (SQLite) keeps each matched update's query cursor,
+# and so a pooled connection, open until the whole command ends (`msg_update.go` defers the close inside the
+# loop); the pool has 100 connections per database, so an update command that matches 100 or more existing
+# documents never answers and blocks every other command on that database. On MongoDB a batch is one command.
 _MAX_OPS_PER_COMMAND = 50
 
 RecallStrategy = Literal["in", "concurrent"]
@@ -349,12 +350,15 @@ class MongoHistoryStorage:
         *,
         recall_strategy: RecallStrategy = "in",
         recall_concurrency: int = 32,
+        ops_per_command: int | None = _MAX_OPS_PER_COMMAND,
     ) -> None:
         if recall_concurrency < 1:
             raise ValueError("recall_concurrency must be at least 1")
         self.db = db
         self.recall_strategy: RecallStrategy = recall_strategy
         self.recall_concurrency = recall_concurrency
+        # Until `detect_server` has run, writes are split as FerretDB needs (safe on any server).
+        self.ops_per_command = ops_per_command
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=_CODEC)
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=_CODEC)
 
@@ -380,6 +384,7 @@ class MongoHistoryStorage:
         try:
             storage = cls(client[settings.mongodb_database], recall_strategy=recall_strategy)
             await storage.ping()
+            await storage.detect_server()
             await storage.ensure_indexes()
             yield storage
         finally:
@@ -391,6 +396,17 @@ class MongoHistoryStorage:
             await self.db.command("ping")
 
     # --- indexes ---
+
+    async def detect_server(self) -> bool:
+        """One `buildInfo`: on FerretDB keep writes split, on MongoDB send each bulk as one command.
+
+        Returns True on FerretDB (it adds `ferretdbVersion` to `buildInfo`). `open` calls it.
+        """
+        with storage_errors("buildInfo"):
+            info = await self.db.command("buildInfo")
+        ferretdb = "ferretdbVersion" in info
+        self.ops_per_command = _MAX_OPS_PER_COMMAND if ferretdb else None
+        return ferretdb
 
     async def ensure_indexes(self) -> None:
         """Create @mastra/mongodb 1.19's memory indexes and recall's; idempotent, either side may go first."""
@@ -615,13 +631,14 @@ class MongoHistoryStorage:
         *,
         retry_race: bool,
     ) -> None:
-        """`ops` as unordered bulk writes of at most `_MAX_OPS_PER_COMMAND` each (see the constant).
+        """`ops` as unordered bulk writes of at most `ops_per_command` each (see `_MAX_OPS_PER_COMMAND`).
 
         Chunks run one after the other; every op is an idempotent upsert, so a failure part-way leaves the
         batch to be written again whole by the caller's retry, without changing what already applied.
         """
-        for start in range(0, len(ops), _MAX_OPS_PER_COMMAND):
-            chunk = ops[start : start + _MAX_OPS_PER_COMMAND]
+        size = self.ops_per_command or max(len(ops), 1)
+        for start in range(0, len(ops), size):
+            chunk = ops[start : start + size]
             await self._bulk_write_chunk(collection, chunk, operation, retry_race=retry_race)
 
     async def _bulk_write_chunk(
