@@ -108,4 +108,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         soak = {k: v for k, v in record["soak"].items() if k != "series"}
         print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
     print(f"\nresults: {path}")
+    if record["environment"].get("interrupted"):
+        return 130
     return 1 if any(line.error for line in lines.values()) else 0

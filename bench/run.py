@@ -87,6 +87,9 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
             soak = await run_soak(ctx, options.soak_path, options.soak_events)
         else:
             await _run_lines(ctx, options, lines)
+    except asyncio.CancelledError:
+        environment["interrupted"] = True  # the record keeps the lines finished so far
+        log("interrupted: cleaning up, then writing what was measured")
     finally:
         if not options.keep:
             log("cleaning up: topics and the benchmark database")
@@ -115,8 +118,7 @@ async def _run_lines(ctx: RunContext, options: Options, lines: dict[str, LineRes
             log(f"=== round {number + 1}/{options.repeat}")
         async for result in _one_round(ctx, set(options.lines)):
             rounds.setdefault(result.name, []).append(result)
-    for name, results in rounds.items():
-        lines[name] = median_round(results)
+            lines[result.name] = median_round(rounds[result.name])  # kept current: an interrupt keeps it
 
 
 async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineResult]:
