@@ -41,13 +41,18 @@ class RunContext:
     topics: list[str] = field(default_factory=list)  # created by the run, deleted at its end
     profile: bool = False  # py-spy the service during its throughput windows
     settle: Callable[[], Awaitable[float]] | None = None  # waits until the servers are quiet again
+    restore: Callable[[], Awaitable[int]] | None = None  # removes every message written after seeding
 
-    async def quiet(self) -> None:
-        """Between lines: wait until the servers have finished what the last line left in flight."""
+    async def quiet(self, *, wrote: bool = False) -> None:
+        """Between lines: wait until the servers have finished what the last line left in flight; after a
+        line that wrote, put the database back as seeded, so that every line meets the same collection
+        (on a server that scans, a larger collection alone would make later lines slower)."""
         if self.settle is not None:
             waited = await self.settle()
             if waited > 5:
                 log(f"waited {waited:.0f} s for the servers to finish the previous line's work")
+        if wrote and self.restore is not None:
+            await self.restore()
 
     def topic(self, *parts: str) -> str:
         name = "-".join(("bench", self.workload.run_id, *parts))

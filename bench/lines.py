@@ -149,6 +149,7 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
             responses(w, turns.fresh()),
             responses(w, turns.fresh()),
             service_launch(ctx, "persist", "service_persist"),
+            writes=True,
         ),
         StreamLine(
             "naive_persist",
@@ -156,6 +157,7 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
             responses(w, turns.fresh()),
             responses(w, turns.fresh()),
             worker_launch(ctx, "naive", "naive_persist", path="persist"),
+            writes=True,
         ),
     ]
 

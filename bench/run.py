@@ -27,8 +27,9 @@ from bench.seed import seed
 from bench.soak import run_soak
 from bench.stats import LINES, LineResult, median_round
 from bench.stream_line import run_stream_line
-from bench.workload import Turns, Workload
+from bench.workload import Turns, Workload, history_time
 from message_history.settings import Settings
+from storage.mongodb import MESSAGES
 
 ALL_LINES: tuple[str, ...] = tuple(LINES)
 _QUIET_MAX_S = 60.0
@@ -77,6 +78,7 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
     )
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
     ctx.settle = _settler(client[ctx.db], ctx)
+    ctx.restore = _restorer(client[ctx.db], w)
     lines: dict[str, LineResult] = {}
     soak: dict[str, Any] | None = None
     environment: dict[str, Any] = {"database": ctx.db}
@@ -132,13 +134,13 @@ async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineR
         if mongo[1] in selected:
             log(f"--- {mongo[1]}")
             yield await run_mongo_line(ctx, mongo[0], events)
-            await ctx.quiet()
+            await ctx.quiet(wrote=path == "persist")
         name = f"mastra_{path}"
         if name in selected:
             log(f"--- {name}")
             turn = ctx.turns.recall if path == "recall" else ctx.turns.fresh()
             yield await run_anchor(ctx, path, events=events, turn=turn, latency_turn=ctx.turns.fresh())
-            await ctx.quiet()
+            await ctx.quiet(wrote=path == "persist")
 
 
 def _settler(db: AsyncDatabase[Any], ctx: RunContext) -> Callable[[], Awaitable[float]]:
@@ -162,6 +164,16 @@ def _settler(db: AsyncDatabase[Any], ctx: RunContext) -> Callable[[], Awaitable[
         return time.perf_counter() - started
 
     return settle
+
+
+def _restorer(db: AsyncDatabase[Any], w: Workload) -> Callable[[], Awaitable[int]]:
+    async def restore() -> int:
+        """Delete every message newer than the seeded history (turns sort after it): the messages a line
+        wrote. Threads keep their rows (a later `updatedAt` costs nothing)."""
+        result = await db[MESSAGES].delete_many({"createdAt": {"$gte": history_time(w.history)}})
+        return int(result.deleted_count)
+
+    return restore
 
 
 async def _servers_info(client: AsyncMongoClient[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:

@@ -48,6 +48,7 @@ class StreamLine:
     record: Callable[[int], Record]
     latency_record: Callable[[int], Record]
     launch: Callable[[str, str, str], Launch]
+    writes: bool = False  # it saves messages (the persist path, not B1)
 
 
 @dataclass
@@ -101,7 +102,7 @@ class _Running:
             code = await processes.stop(self.process)
             if code not in (0, None, -15):
                 log(f"{self.line.name}: process exited with {code}")
-            await self.ctx.quiet()
+            await self.ctx.quiet(wrote=self.line.writes)
 
 
 async def run_stream_line(ctx: RunContext, line: StreamLine) -> LineResult:
