@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from pydantic import ValidationError
 
 from message_history.settings import Settings
+from producers.connection import kafka_options
 
 Dependency = Literal["kafka", "mongodb"]
 
@@ -86,24 +87,6 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}"
 
 
-def _kafka_options(settings: Settings) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "bootstrap_servers": settings.kafka_bootstrap_servers,
-        "security_protocol": settings.kafka_security_protocol,
-        "client_id": "message-history-check",
-    }
-    if settings.kafka_sasl_mechanism is not None:
-        options["sasl_mechanism"] = settings.kafka_sasl_mechanism
-        options["sasl_plain_username"] = settings.kafka_sasl_username
-        if settings.kafka_sasl_password is not None:
-            options["sasl_plain_password"] = settings.kafka_sasl_password.get_secret_value()
-    if settings.kafka_security_protocol in ("SSL", "SASL_SSL"):
-        from aiokafka.helpers import create_ssl_context  # noqa: PLC0415 -- only when TLS is configured
-
-        options["ssl_context"] = create_ssl_context(cafile=settings.kafka_ssl_cafile)
-    return options
-
-
 async def check_kafka(
     settings: Settings, *, topic: str = PROBE_TOPIC, timeout_s: float = DEFAULT_KAFKA_TIMEOUT_S
 ) -> CheckResult:
@@ -111,7 +94,7 @@ async def check_kafka(
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: PLC0415
 
     target = settings.kafka_bootstrap_servers
-    options = _kafka_options(settings)
+    options = kafka_options(settings, client_id="message-history-check")
     token = uuid.uuid4().hex.encode()
     producer = AIOKafkaProducer(**options, acks="all", request_timeout_ms=int(timeout_s * 1000))
     consumer = AIOKafkaConsumer(**options, enable_auto_commit=False, request_timeout_ms=int(timeout_s * 1000))
