@@ -55,6 +55,8 @@ Ack = Awaitable[object]
 """Resolves when every output of one record is durable; raises when one could not be written."""
 
 _OUTAGE_KAFKA_ERRORS = (KafkaConnectionError, KafkaTimeoutError, KafkaUnavailableError)
+_TOPIC_POLL_S = 1.0  # how often a missing input topic is looked for
+_TOPIC_REPORT_EVERY_S = 30.0  # how often the wait for it is logged
 _GROW_AFTER = 8  # clean attempts before a shrunken chunk limit doubles again
 
 
@@ -189,8 +191,6 @@ class StreamLoop:
 
     async def __aenter__(self) -> StreamLoop:
         await self._consumer.start()
-        self._consumer.subscribe([self.topic], listener=_Listener(self))
-        self._health.set_ready(self.path, True)
         return self
 
     async def __aexit__(
@@ -206,6 +206,8 @@ class StreamLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and process batches until `stop` is set; returns once the batch in hand is finished."""
+        if not await self._subscribe_once_topic_exists(stop):
+            return
         while not stop.is_set():
             self._health.beat(self.path)
             batch = await self._fetch()
@@ -213,6 +215,42 @@ class StreamLoop:
                 await self._process(batch, stop)
             self._maybe_commit()
         self._stopping = True
+
+    async def _subscribe_once_topic_exists(self, stop: asyncio.Event) -> bool:
+        """Join the group only once the input topic exists; False if told to stop while waiting.
+
+        Subscribing to a topic that does not exist yet gets an empty assignment, and when a producer's
+        auto-create makes the topic later the consumer only notices at its next metadata refresh (five minutes
+        by default): records would sit unread. So wait, not ready, saying why.
+        """
+        started = time.monotonic()
+        next_report = started
+        while not stop.is_set():
+            try:
+                exists = self.topic in await self._consumer.topics()
+            except KafkaError as exc:
+                if not is_outage(exc):
+                    raise
+                exists = False
+            if exists:
+                break
+            now = time.monotonic()
+            if now >= next_report:
+                waited = round(now - started)
+                log.warning(
+                    "input topic does not exist yet; waiting for it (create it, or produce to it)",
+                    extra={"path": self.path, "topic": self.topic, "waited_s": waited},
+                )
+                self._health.set_ready(self.path, False, f"input topic {self.topic!r} does not exist")
+                next_report = now + _TOPIC_REPORT_EVERY_S
+            self._health.beat(self.path)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _TOPIC_POLL_S)
+        if stop.is_set():
+            return False
+        self._consumer.subscribe([self.topic], listener=_Listener(self))
+        self._health.set_ready(self.path, True)
+        return True
 
     # --- fetching -------------------------------------------------------------------------------------------
 

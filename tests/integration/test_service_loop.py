@@ -17,6 +17,7 @@ from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
 from schemas.dead_letters import parse_dead_letter_headers
+from tests import infra
 from tests.conftest import MakeTopic
 from tests.integration.stream_helpers import produce, read_all, read_topic, wait_committed
 
@@ -26,9 +27,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 class _Health:
     def __init__(self) -> None:
         self.ready: list[tuple[str, bool, str]] = []
+        self.not_ready = asyncio.Event()
 
     def set_ready(self, component: str, ready: bool, reason: str = "") -> None:
         self.ready.append((component, ready, reason))
+        if not ready:
+            self.not_ready.set()
 
     def beat(self, component: str) -> None:
         pass
@@ -177,6 +181,31 @@ async def test_loop_retries_an_outage_without_dead_letters(
     states = [(ready, reason) for component, ready, reason in health.ready if component == "recall"]
     assert any(not ready and "mongodb" in reason for ready, reason in states)
     assert states[-2][0] is True  # ready again before stopping
+
+
+async def test_loop_waits_for_a_missing_input_topic_then_consumes_it(
+    kafka_bootstrap: str, group_id: str, make_topic: MakeTopic
+) -> None:
+    """Started before its input topic exists, the loop reports not-ready saying why, and once the topic is
+    created it joins and reads it (a plain subscribe would sit on an empty assignment for minutes)."""
+    topic = infra.unique_name("t-")
+    out = await make_topic(partitions=1)
+    settings = _settings(kafka_bootstrap, group_id, topic)
+    health = _Health()
+    async with OutputProducer(settings) as producer:
+        handler = _EchoHandler(producer, out)
+        async with _run_loop(settings, handler, producer, health):
+            await asyncio.wait_for(health.not_ready.wait(), 30)
+            await make_topic(partitions=1, name=topic)
+            await produce(
+                kafka_bootstrap, topic, [(b"k", json.dumps({"k": "k", "n": n}).encode()) for n in range(5)]
+            )
+            outputs = await read_topic(kafka_bootstrap, out, until=lambda rs: len(rs) >= 5)
+
+    assert [v["n"] for v in _values(outputs)] == list(range(5))
+    states = [(ready, reason) for component, ready, reason in health.ready if component == "recall"]
+    assert states[0] == (False, f"input topic {topic!r} does not exist")
+    assert (True, "") in states[1:]
 
 
 async def _end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
