@@ -55,6 +55,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where results go")
     p.add_argument("--keep", action="store_true", help="keep the topics and the benchmark database")
     p.add_argument("--profile", action="store_true", help="py-spy the service's lines (needs py-spy)")
+    p.add_argument(
+        "--no-sqlite-id-index",
+        dest="sqlite_id_index",
+        action="store_false",
+        help="leave a local FerretDB/SQLite without the _id index its queries use (bench/sqlite_id_index.py)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="rounds of every line; each keeps its median")
     return p
 
@@ -90,6 +96,7 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         keep=args.keep,
         profile=args.profile,
         repeat=max(1, args.repeat),
+        sqlite_id_index=args.sqlite_id_index,
     )
 
 

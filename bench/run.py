@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from bench import report
+from bench import report, sqlite_id_index
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
 from bench.kafka_io import delete_topics
@@ -48,6 +48,7 @@ class Options:
     keep: bool = False
     profile: bool = False
     repeat: int = 1
+    sqlite_id_index: bool = True
 
 
 def _mongo_port(uri: str) -> int | None:
@@ -85,6 +86,7 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
     try:
         environment.update(await _servers_info(client, ctx))
         environment["seeded"] = await seed(client[ctx.db], w)
+        environment["sqlite_id_index"] = _sqlite_id_index(ctx, enabled=options.sqlite_id_index)
         if options.soak_events:
             soak = await run_soak(ctx, options.soak_path, options.soak_events)
         else:
@@ -174,6 +176,18 @@ def _restorer(db: AsyncDatabase[Any], w: Workload) -> Callable[[], Awaitable[int
         return int(result.deleted_count)
 
     return restore
+
+
+def _sqlite_id_index(ctx: RunContext, *, enabled: bool) -> list[str] | str:
+    """A local FerretDB/SQLite gets the `_id` index its pushed-down filters use (bench/sqlite_id_index.py)."""
+    data_dir = sqlite_id_index.sqlite_dir(ctx.servers.mongo)
+    if data_dir is None:
+        return "not applicable: no local FerretDB on SQLite"
+    if not enabled:
+        return "off (--no-sqlite-id-index): FerretDB scans for every _id lookup"
+    tables = sqlite_id_index.add_id_indexes(data_dir, ctx.db)
+    log(f"FerretDB/SQLite: indexed the pushed-down _id expression of {len(tables)} collections")
+    return tables
 
 
 async def _servers_info(client: AsyncMongoClient[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:
