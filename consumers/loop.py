@@ -238,7 +238,7 @@ class StreamLoop:
             if now >= next_report:
                 waited = round(now - started)
                 log.warning(
-                    "input topic does not exist yet; waiting for it (create it, or produce to it)",
+                    "input topic does not exist yet (or this principal may not describe it); waiting for it",
                     extra={"path": self.path, "topic": self.topic, "waited_s": waited},
                 )
                 self._health.set_ready(self.path, False, f"input topic {self.topic!r} does not exist")
