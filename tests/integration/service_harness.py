@@ -196,6 +196,17 @@ def encoded(event: dict[str, Any]) -> tuple[bytes, bytes]:
     return event["threadId"].encode(), json.dumps(event).encode()
 
 
+def wave(threads: Sequence[str], turns: range) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """Encoded requests and matching responses for `turns` of every thread (resource "u"), turn by turn."""
+    requests, responses = [], []
+    for turn in turns:
+        for thread in threads:
+            request = request_event(thread, "u", turn, f"q{turn}")
+            requests.append(encoded(request))
+            responses.append(encoded(response_event(thread, "u", turn, request["messages"], f"a{turn}")))
+    return requests, responses
+
+
 def values(records: Iterable[Record]) -> list[dict[str, Any]]:
     return [json.loads(r.value) for r in records]
 

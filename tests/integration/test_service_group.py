@@ -20,15 +20,13 @@ from storage.protocol import Thread
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     drop_database,
-    encoded,
     first_occurrences,
     fresh_settings,
-    request_event,
     request_id,
-    response_event,
     running_service,
     stored_messages,
     values,
+    wave,
 )
 from tests.integration.stream_helpers import Record, produce, read_topic
 
@@ -72,16 +70,6 @@ class _Counting:
         return results
 
 
-def _wave(turns: range) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
-    requests, responses = [], []
-    for turn in turns:
-        for thread in THREADS:
-            request = request_event(thread, "u", turn, f"q{turn}")
-            requests.append(encoded(request))
-            responses.append(encoded(response_event(thread, "u", turn, request["messages"], f"a{turn}")))
-    return requests, responses
-
-
 async def _wait_members(bootstrap: str, group_id: str, members: int, timeout_s: float = 60) -> None:
     """Until the group is Stable with `members` members (each instance runs one consumer per path)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
@@ -122,8 +110,8 @@ async def test_two_instances_share_partitions_in_order(
     await make_topic(partitions=PARTITIONS, name=settings.requests_topic)
     await make_topic(partitions=PARTITIONS, name=settings.responses_topic)
     turns = 8
-    first_requests, first_responses = _wave(range(1, 5))
-    later_requests, later_responses = _wave(range(5, turns + 1))
+    first_requests, first_responses = wave(THREADS, range(1, 5))
+    later_requests, later_responses = wave(THREADS, range(5, turns + 1))
     total = len(THREADS) * turns
 
     try:

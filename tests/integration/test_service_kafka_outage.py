@@ -17,22 +17,19 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from pymongo import AsyncMongoClient
 
 from message_history.health import Health
 from tests.integration.service_harness import (
     ROOT,
-    encoded,
+    drop_database,
     fresh_settings,
-    request_event,
-    response_event,
     running_service,
     stored_messages,
     values,
+    wave,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic
 
@@ -135,16 +132,6 @@ async def _make_topics(bootstrap: str, names: list[str]) -> None:
         await admin.close()
 
 
-def _wave(turns: range) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
-    requests, responses = [], []
-    for turn in turns:
-        for thread in THREADS:
-            request = request_event(thread, "u", turn, f"q{turn}")
-            requests.append(encoded(request))
-            responses.append(encoded(response_event(thread, "u", turn, request["messages"], f"a{turn}")))
-    return requests, responses
-
-
 async def test_kafka_outage_is_waited_out_without_loss_or_duplicates(
     kafka: _Kafka, mongo_uri: str, tmp_path: Path
 ) -> None:
@@ -156,13 +143,13 @@ async def test_kafka_outage_is_waited_out_without_loss_or_duplicates(
     total_turns = 9
     health = Health()
     async with running_service(settings, health=health) as service:
-        requests, responses = _wave(range(1, 4))
+        requests, responses = wave(THREADS, range(1, 4))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= len(responses))
 
         # A wave lands in the broker, which then goes away before (or while) the service handles it.
-        requests, responses = _wave(range(4, 7))
+        requests, responses = wave(THREADS, range(4, 7))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         await asyncio.to_thread(kafka.stop)
@@ -170,7 +157,7 @@ async def test_kafka_outage_is_waited_out_without_loss_or_duplicates(
         assert not service.done(), "the service gave up during the outage"
         await asyncio.to_thread(kafka.start)
 
-        requests, responses = _wave(range(7, total_turns + 1))
+        requests, responses = wave(THREADS, range(7, total_turns + 1))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         want = len(THREADS) * total_turns
@@ -189,7 +176,7 @@ async def test_kafka_outage_is_waited_out_without_loss_or_duplicates(
     rows = await stored_messages(settings)
     letters = await read_all(bootstrap, settings.requests_dlq, settle_s=0.5)
     letters += await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
-    await _drop(mongo_uri, settings.mongodb_database)
+    await drop_database(settings)
 
     assert letters == []
     counts = Counter(r["id"] for r in rows)
@@ -207,11 +194,3 @@ async def test_kafka_outage_is_waited_out_without_loss_or_duplicates(
         assert len(ids) == event["history"]["recalled"], event["requestId"]
         assert set(ids) <= set(counts), event["requestId"]
         assert ids == [m["id"] for m in sorted(recalled, key=lambda m: (m["createdAt"], m["id"]))]
-
-
-async def _drop(uri: str, database: str) -> None:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
-    try:
-        await client.drop_database(database)
-    finally:
-        await client.close()

@@ -10,22 +10,19 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
 
 from message_history.health import Health
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     ROOT,
-    encoded,
+    drop_database,
     fresh_settings,
-    request_event,
-    response_event,
     running_service,
     stored_messages,
     values,
+    wave,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic
 
@@ -130,32 +127,23 @@ async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
     await make_topic(partitions=2, name=settings.requests_topic)
     await make_topic(partitions=2, name=settings.responses_topic)
 
-    def wave(turns: range) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
-        requests, responses = [], []
-        for turn in turns:
-            for thread in THREADS:
-                request = request_event(thread, "u", turn, f"q{turn}")
-                requests.append(encoded(request))
-                responses.append(encoded(response_event(thread, "u", turn, request["messages"], f"a{turn}")))
-        return requests, responses
-
     total_turns = 9
     health = Health()
     async with running_service(settings, health=health):
-        requests, responses = wave(range(1, 4))
+        requests, responses = wave(THREADS, range(1, 4))
         await produce(bootstrap, settings.responses_topic, responses)
         await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= len(responses))
 
         ferretdb.stop()
         outage_started = time.monotonic()
-        requests, responses = wave(range(4, 7))
+        requests, responses = wave(THREADS, range(4, 7))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         reasons = await _wait_not_ready(health, OUTAGE_S)
         await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - outage_started)))
         ferretdb.start()
 
-        requests, responses = wave(range(7, total_turns + 1))
+        requests, responses = wave(THREADS, range(7, total_turns + 1))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         want = len(THREADS) * total_turns
@@ -175,7 +163,7 @@ async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
     rows = await stored_messages(settings)
     letters = await read_all(bootstrap, settings.requests_dlq, settle_s=0.5)
     letters += await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
-    await _drop(settings.mongodb_uri.get_secret_value(), settings.mongodb_database)
+    await drop_database(settings)
 
     assert any("mongodb" in reason for reason in reasons.values())
     assert ready_again
@@ -188,11 +176,3 @@ async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
     }
     assert all(v["skipped"] is None for v in values(persisted))
     assert len({v["requestId"] for v in values(enriched)}) == len(THREADS) * 6
-
-
-async def _drop(uri: str, database: str) -> None:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri)
-    try:
-        await client.drop_database(database)
-    finally:
-        await client.close()
