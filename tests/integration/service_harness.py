@@ -27,7 +27,7 @@ from message_history.service import run_service
 from message_history.settings import Settings
 from storage.protocol import HistoryStorage
 from tests import infra
-from tests.integration.stream_helpers import Record
+from tests.integration.stream_helpers import Record, read_all, read_topic
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = "2025-03-01T10:00:00.000Z"
@@ -205,6 +205,22 @@ def wave(threads: Sequence[str], turns: range) -> tuple[list[tuple[bytes, bytes]
             requests.append(encoded(request))
             responses.append(encoded(response_event(thread, "u", turn, request["messages"], f"a{turn}")))
     return requests, responses
+
+
+async def read_request_ids(bootstrap: str, topic: str, want: int, timeout_s: float = 120) -> list[Record]:
+    """`topic`'s records once they hold `want` distinct request ids (redelivered copies count once)."""
+
+    def enough(records: Sequence[Record]) -> bool:
+        return len({v["requestId"] for v in values(records)}) >= want
+
+    return await read_topic(bootstrap, topic, until=enough, timeout_s=timeout_s)
+
+
+async def dead_letters(settings: Settings) -> list[Record]:
+    """Every record of both dead-letter topics."""
+    bootstrap = settings.kafka_bootstrap_servers
+    letters = await read_all(bootstrap, settings.requests_dlq, settle_s=0.5)
+    return letters + await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
 
 
 def values(records: Iterable[Record]) -> list[dict[str, Any]]:

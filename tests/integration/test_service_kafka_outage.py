@@ -24,14 +24,16 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from message_history.health import Health
 from tests.integration.service_harness import (
     ROOT,
+    dead_letters,
     drop_database,
     fresh_settings,
+    read_request_ids,
     running_service,
     stored_messages,
     values,
     wave,
 )
-from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.integration.stream_helpers import produce, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -161,21 +163,10 @@ async def test_kafka_outage_is_waited_out_without_loss_or_duplicates(
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         want = len(THREADS) * total_turns
-        persisted = await read_topic(
-            bootstrap,
-            settings.persisted_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
-            timeout_s=180,
-        )
-        enriched = await read_topic(
-            bootstrap,
-            settings.enriched_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
-            timeout_s=180,
-        )
+        persisted = await read_request_ids(bootstrap, settings.persisted_topic, want, timeout_s=180)
+        enriched = await read_request_ids(bootstrap, settings.enriched_topic, want, timeout_s=180)
     rows = await stored_messages(settings)
-    letters = await read_all(bootstrap, settings.requests_dlq, settle_s=0.5)
-    letters += await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
+    letters = await dead_letters(settings)
     await drop_database(settings)
 
     assert letters == []

@@ -17,14 +17,16 @@ from message_history.health import Health
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     ROOT,
+    dead_letters,
     drop_database,
     fresh_settings,
+    read_request_ids,
     running_service,
     stored_messages,
     values,
     wave,
 )
-from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.integration.stream_helpers import produce, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -147,22 +149,11 @@ async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         want = len(THREADS) * total_turns
-        persisted = await read_topic(
-            bootstrap,
-            settings.persisted_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
-            timeout_s=120,
-        )
-        enriched = await read_topic(
-            bootstrap,
-            settings.enriched_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(THREADS) * 6,
-            timeout_s=120,
-        )
+        persisted = await read_request_ids(bootstrap, settings.persisted_topic, want, timeout_s=120)
+        enriched = await read_request_ids(bootstrap, settings.enriched_topic, len(THREADS) * 6, timeout_s=120)
         ready_again, _ = health.readiness()
     rows = await stored_messages(settings)
-    letters = await read_all(bootstrap, settings.requests_dlq, settle_s=0.5)
-    letters += await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
+    letters = await dead_letters(settings)
     await drop_database(settings)
 
     assert any("mongodb" in reason for reason in reasons.values())
