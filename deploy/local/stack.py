@@ -1,4 +1,4 @@
-"""The local stack without Docker: one Kafka node (KRaft) and FerretDB (MongoDB wire, SQLite) on loopback.
+"""The local stack without Docker: one Kafka node (KRaft) and SecantusDB (MongoDB wire, WiredTiger), loopback.
 
 Run through `deploy/local/stack COMMAND`; `--help` lists the commands. Standard library only, because
 `install` runs before the project's virtualenv exists. Everything it downloads, builds or runs lives under the
@@ -46,8 +46,18 @@ VENV_STAMP = VENV / ".message-history-install-stamp"
 KAFKA_POM = HERE / "kafka" / "pom.xml"
 KAFKA_LOG4J = HERE / "kafka" / "log4j2.properties"
 KAFKA_LIBS = CACHE / "kafka-libs"
-FERRETDB_SRC = HERE / "ferretdb"
-FERRETDB_BIN = CACHE / "bin" / "ferretdb-launcher"
+# SecantusDB: a MongoDB-compatible server on WiredTiger, GPL-2.0 and beta, so pinned exactly and run as a
+# separate development/test server (never in the image or the wheel). The Rust server is the default; the
+# Python one (a PyPI wheel, slower) is the fallback where cargo is missing (or STACK_MONGO_SERVER=python).
+SECANTUS_RS_CRATE = "secantus-mdb"
+SECANTUS_RS_VERSION = "0.5.3-beta.196"
+SECANTUS_PY_PACKAGE = "SecantusDB"
+SECANTUS_PY_VERSION = "0.7.0b3"
+SECANTUS_RS_ROOT = CACHE / "secantus"
+SECANTUS_RS_BIN = SECANTUS_RS_ROOT / "bin" / "secantusd-rs"
+SECANTUS_PY_VENV = CACHE / "secantus-py"
+SECANTUS_PY_BIN = SECANTUS_PY_VENV / "bin" / "secantusd-py"
+SECANTUS_CACHE_SIZE = os.environ.get("STACK_SECANTUS_CACHE_SIZE", "1G")
 DEPENDENCY_PLUGIN = "org.apache.maven.plugins:maven-dependency-plugin:3.8.1:copy-dependencies"
 
 KAFKA_READY_LINE = "Kafka Server started"
@@ -324,24 +334,112 @@ def install_kafka_libs() -> None:
     say(f"{len(list(KAFKA_LIBS.glob('*.jar')))} jars in {KAFKA_LIBS}")
 
 
-def install_ferretdb() -> None:
-    go = require_tool("go", "build the FerretDB launcher")
-    go_version = subprocess.run([go, "version"], capture_output=True, text=True, check=False).stdout
-    sources = [*sorted(FERRETDB_SRC.glob("*.go")), FERRETDB_SRC / "go.mod", FERRETDB_SRC / "go.sum"]
-    want = digest(go_version, *(str(path.name) for path in sources), *sources)
-    stamp = STAMPS / "ferretdb-launcher"
-    if stamp_matches(stamp, want) and FERRETDB_BIN.exists():
+def mongo_server_kind() -> str:
+    """Which SecantusDB server the stack runs: "rust" when cargo is there (or built it), else "python"."""
+    wanted = os.environ.get("STACK_MONGO_SERVER", "").strip().lower()
+    if wanted in ("rust", "python"):
+        return wanted
+    if wanted:
+        raise StackError(f"STACK_MONGO_SERVER must be `rust` or `python`, not {wanted!r}")
+    return "rust" if SECANTUS_RS_BIN.exists() or shutil.which("cargo") else "python"
+
+
+def mongo_server_bin() -> Path:
+    return SECANTUS_RS_BIN if mongo_server_kind() == "rust" else SECANTUS_PY_BIN
+
+
+def install_secantus_rs() -> None:
+    stamp = STAMPS / "secantusd-rs"
+    want = digest(SECANTUS_RS_CRATE, SECANTUS_RS_VERSION)
+    if stamp_matches(stamp, want) and SECANTUS_RS_BIN.exists():
         return
-    FERRETDB_BIN.parent.mkdir(parents=True, exist_ok=True)
-    staging = FERRETDB_BIN.with_name(FERRETDB_BIN.name + ".new")
-    # ferretdb_no_postgresql: the SQLite backend is all we run; skipping pgx makes the build smaller.
+    cargo = require_tool("cargo", "build SecantusDB's Rust server from crates.io")
+    target = CACHE / "secantus-build"
+    env = dict(os.environ, CARGO_TARGET_DIR=str(target))
+    # --ignore-rust-version: the crate declares rust-version 1.98 while the machines have rustc 1.95; it
+    # builds and runs correctly there, and the smoke run below plus the suite's storage and index-plan tests
+    # guard it.
+    # --locked: exactly the dependency versions the crate was published with. Builds WiredTiger (~3-5 min).
     run(
-        [go, "build", "-tags", "ferretdb_no_postgresql", "-o", staging, "."],
-        cwd=FERRETDB_SRC,
-        what="build the FerretDB launcher",
+        [cargo, "install", SECANTUS_RS_CRATE, "--version", SECANTUS_RS_VERSION, "--locked",
+         "--ignore-rust-version", "--root", SECANTUS_RS_ROOT],
+        env=env,
+        what=f"build SecantusDB's Rust server ({SECANTUS_RS_CRATE} {SECANTUS_RS_VERSION})",
     )
-    staging.replace(FERRETDB_BIN)
+    shutil.rmtree(target, ignore_errors=True)  # ~600 MB of build output; the binary is all we keep
+    smoke_test_mongo_server(SECANTUS_RS_BIN)
     write_stamp(stamp, want)
+
+
+def install_secantus_py() -> None:
+    stamp = STAMPS / "secantusd-py"
+    want = digest(SECANTUS_PY_PACKAGE, SECANTUS_PY_VERSION, sys.version)
+    if stamp_matches(stamp, want) and SECANTUS_PY_BIN.exists():
+        return
+    # A virtualenv of its own: the server is GPL-2.0 and must not mix into the project's environment.
+    run([sys.executable, "-m", "venv", "--clear", SECANTUS_PY_VENV], what="create SecantusDB's virtualenv")
+    run(
+        [SECANTUS_PY_VENV / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q",
+         f"{SECANTUS_PY_PACKAGE}=={SECANTUS_PY_VERSION}"],
+        what=f"install SecantusDB's Python server ({SECANTUS_PY_PACKAGE} {SECANTUS_PY_VERSION})",
+    )
+    smoke_test_mongo_server(SECANTUS_PY_BIN)
+    write_stamp(stamp, want)
+
+
+def install_mongo_server() -> None:
+    kind = mongo_server_kind()
+    if kind == "rust":
+        install_secantus_rs()
+        say(f"MongoDB-wire server: SecantusDB Rust server {SECANTUS_RS_VERSION} ({SECANTUS_RS_BIN})")
+    else:
+        install_secantus_py()
+        why = "STACK_MONGO_SERVER=python" if os.environ.get("STACK_MONGO_SERVER") else "cargo not found"
+        say(f"MongoDB-wire server: SecantusDB Python server {SECANTUS_PY_VERSION} ({why}; {SECANTUS_PY_BIN})")
+
+
+def mongo_server_command(binary: Path, port: int, data: Path) -> list[str | Path]:
+    cmd: list[str | Path] = [binary, "--host", "127.0.0.1", "--port", str(port), "--storage-path", data,
+                             "--log-level", os.environ.get("STACK_SECANTUS_LOG_LEVEL", "WARNING")]
+    if binary == SECANTUS_RS_BIN:
+        cmd += ["--cache-size", SECANTUS_CACHE_SIZE]
+    return cmd
+
+
+def smoke_test_mongo_server(binary: Path) -> None:
+    """Start the freshly installed server on a scratch directory and make a real round trip through it."""
+    with tempfile.TemporaryDirectory(prefix="secantus-smoke.", dir=CACHE) as scratch:
+        port = free_ports(1)[0]
+        log = Path(scratch) / "server.log"
+        data = Path(scratch) / "data"
+        data.mkdir()
+        pid = spawn(mongo_server_command(binary, port, data), log, Path(scratch))
+        try:
+            deadline = time.monotonic() + 60
+            while not port_accepts(port):
+                if not pid_alive(pid) or time.monotonic() > deadline:
+                    raise StackError(f"{binary.name} did not start for its smoke test\n{tail(log)}")
+                time.sleep(0.2)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("MESSAGE_HISTORY_")}
+            env.update(MONGODB_URI=f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                       MONGODB_DATABASE="message_history_smoke")
+            done = subprocess.run(
+                [VENV_PYTHON, "-m", "message_history.check", "--only", "mongodb", "--timeout", "30"],
+                cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+            )
+            if done.returncode != 0:
+                output = done.stdout + done.stderr
+                raise StackError(f"{binary.name} failed its smoke test:\n{output}\n{tail(log)}")
+            say(f"smoke test of {binary.name}: {done.stdout.strip()}")
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + STOP_GRACE_S
+            while pid_alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def install_npm() -> None:
@@ -379,7 +477,7 @@ def install() -> None:
     started = time.monotonic()
     install_venv()
     install_kafka_libs()
-    install_ferretdb()
+    install_mongo_server()
     install_npm()
     install_hooks()
     say(f"install: everything in place ({time.monotonic() - started:.1f} s)")
@@ -465,18 +563,19 @@ group.initial.rebalance.delay.ms=0
 
 def start_stack() -> dict[str, Any]:
     java = java_executable()
-    for needed in (KAFKA_LIBS, FERRETDB_BIN, VENV_PYTHON):
+    mongo_bin = mongo_server_bin()
+    for needed in (KAFKA_LIBS, mongo_bin, VENV_PYTHON):
         if not needed.exists():
             raise StackError(f"{needed} is missing; run `deploy/local/stack install`")
     shutil.rmtree(STATE_DIR, ignore_errors=True)
-    kafka_dir, mongo_dir = STATE_DIR / "kafka", STATE_DIR / "ferretdb"
+    kafka_dir, mongo_dir = STATE_DIR / "kafka", STATE_DIR / "secantusdb"
     (kafka_dir / "data").mkdir(parents=True)
     (mongo_dir / "data").mkdir(parents=True)
     kafka_port, controller_port, mongo_port = free_ports(3)
     config = kafka_dir / "server.properties"
     write_kafka_config(config, kafka_dir / "data", kafka_port, controller_port)
     kafka_log, format_log = kafka_dir / "kafka.log", kafka_dir / "format.log"
-    mongo_log = mongo_dir / "ferretdb.log"
+    mongo_log = mongo_dir / "secantusdb.log"
     classpath = f"{KAFKA_LIBS}/*"  # Java expands the wildcard, not the shell
     log4j = f"-Dlog4j2.configurationFile=file:{KAFKA_LOG4J}"
 
@@ -497,9 +596,11 @@ def start_stack() -> dict[str, Any]:
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "ready": False,
         "services": {
-            "ferretdb": {
+            "secantusdb": {
                 "pid": 0,
-                "marker": f"-listen-addr {mongo_addr}",
+                "marker": f"--storage-path {mongo_dir / 'data'}",
+                "server": f"{mongo_bin.name} "
+                + (SECANTUS_RS_VERSION if mongo_bin == SECANTUS_RS_BIN else SECANTUS_PY_VERSION),
                 "ports": [mongo_port],
                 "log": str(mongo_log),
                 "data": str(mongo_dir / "data"),
@@ -519,10 +620,8 @@ def start_stack() -> dict[str, Any]:
         },
     }
     services = state["services"]
-    services["ferretdb"]["pid"] = spawn(
-        [FERRETDB_BIN, "-listen-addr", mongo_addr, "-sqlite-url", f"file:{mongo_dir / 'data'}/",
-         "-log-level", os.environ.get("STACK_FERRETDB_LOG_LEVEL", "error")],
-        mongo_log, mongo_dir,
+    services["secantusdb"]["pid"] = spawn(
+        mongo_server_command(mongo_bin, mongo_port, mongo_dir / "data"), mongo_log, mongo_dir
     )
     heap = shlex.split(os.environ.get("KAFKA_HEAP_OPTS", KAFKA_HEAP_DEFAULT))
     services["kafka"]["pid"] = spawn(
@@ -532,14 +631,14 @@ def start_stack() -> dict[str, Any]:
     )
     save_state(state)  # recorded before readiness, so that `down` can clean up an interrupted `up`
     say(
-        f"started FerretDB (pid {services['ferretdb']['pid']}, port {mongo_port}) and "
+        f"started SecantusDB ({mongo_bin.name}, pid {services['secantusdb']['pid']}, port {mongo_port}) and "
         f"Kafka (pid {services['kafka']['pid']}, ports {kafka_port}/{controller_port})"
     )
 
     deadline = time.monotonic() + START_TIMEOUT_S
     kafka_up = mongo_up = False
     while not (kafka_up and mongo_up):
-        for name in ("kafka", "ferretdb"):
+        for name in ("kafka", "secantusdb"):
             svc = services[name]
             if not pid_alive(svc["pid"]):
                 raise StackError(f"{name} exited during start-up\n{tail(Path(svc['log']))}")
@@ -548,7 +647,7 @@ def start_stack() -> dict[str, Any]:
         if not mongo_up:
             mongo_up = port_accepts(mongo_port)
         if time.monotonic() > deadline:
-            waiting = [name for name, up in (("kafka", kafka_up), ("ferretdb", mongo_up)) if not up]
+            waiting = [name for name, up in (("kafka", kafka_up), ("secantusdb", mongo_up)) if not up]
             logs = "\n".join(tail(Path(services[name]["log"])) for name in waiting)
             raise StackError(f"{', '.join(waiting)} not up after {START_TIMEOUT_S:.0f} s\n{logs}")
         time.sleep(0.2)
@@ -698,10 +797,10 @@ def demo(args: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="deploy/local/stack",
-        description="Kafka 4 (KRaft, one node) and FerretDB (MongoDB wire) on loopback, without Docker.",
+        description="Kafka 4 (KRaft, one node) and SecantusDB (MongoDB wire) on loopback, without Docker.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("install", help="create .venv, fetch Kafka jars, build FerretDB, npm packages of tests")
+    sub.add_parser("install", help="create .venv, fetch Kafka jars, build SecantusDB, npm packages of tests")
     sub.add_parser("up", help="start the stack (or reuse a healthy one); prints export lines on stdout")
     sub.add_parser("env", help="print the export lines of the running stack")
     sub.add_parser("down", help="stop the stack and remove its state")
