@@ -146,9 +146,12 @@ async def check_mongodb(settings: Settings, *, timeout_s: float | None = None) -
         step = "ping"
         await client.admin.command("ping")
         info = await client.admin.command("buildInfo")
-        # FerretDB answers buildInfo with a MongoDB-like version plus its own `ferretdbVersion` key.
-        is_ferretdb = "ferretdbVersion" in info
-        server = f"FerretDB {info['ferretdbVersion']}" if is_ferretdb else f"MongoDB {info.get('version')}"
+        # SecantusDB (the local stack's server) answers with a MongoDB version and its own key.
+        server = (
+            f"SecantusDB {info['secantusVersion']}, MongoDB {info.get('version')} wire"
+            if "secantusVersion" in info
+            else f"MongoDB {info.get('version')}"
+        )
         collection = client[settings.mongodb_database][PROBE_COLLECTION]
         probe_id = uuid.uuid4().hex
         step = f"write to {settings.mongodb_database}.{PROBE_COLLECTION}"

@@ -9,7 +9,7 @@ A Mastra application using `@mastra/mongodb` and this service share one database
 
 Top-level message keys that Mastra's row has no column for (unknown keys of the `Message`) are kept in one
 more field, `_mh_extra`, holding their JSON text. Mastra's `parseRow` picks its own fields by name and
-never sees it, and JSON text survives what BSON on FerretDB cannot hold (nested arrays, dotted keys).
+never sees it, and JSON text keeps any key as it came (dotted or `$`-prefixed keys included).
 
 Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
 
@@ -21,8 +21,9 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
 * `list_messages_many`: one `find` with `$in` (the default, measured faster, see `docs/storage.md`), or one
   `find` per thread issued concurrently.
 
-FerretDB has no transactions, so a save is not atomic across the two collections: messages are written
-first, then the threads, and every write is an idempotent upsert, so a retried save converges.
+A save uses no transaction (it must work on a standalone server, which has none), so it is not atomic across
+the two collections: messages are written first, then the threads, and every write is an idempotent upsert,
+so a retried save converges.
 """
 
 from __future__ import annotations
@@ -91,15 +92,9 @@ THREAD_INDEXES: tuple[IndexModel, ...] = (
 _NEWEST_FIRST = [("createdAt", -1), ("id", -1)]
 _CODEC: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 _INDEX_CONFLICT_CODES = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
-# Unique-index violation on an upsert: 11000 on MongoDB, and FerretDB answers 1 (InternalError) or a reply
-# without counts (see `_bulk_write`). Two writers upserting the same new id race this way.
-_UPSERT_RACE_CODES = frozenset({11000, 11001, 1})
+# Unique-index violation on an upsert (duplicate key). Two writers upserting the same new id race this way.
+_UPSERT_RACE_CODES = frozenset({11000, 11001})
 _MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch at 16 MiB anyway
-# Write ops per `update` command on FerretDB. FerretDB 1.24 (SQLite) keeps each matched update's query cursor,
-# and so a pooled connection, open until the whole command ends (`msg_update.go` defers the close inside the
-# loop); the pool has 100 connections per database, so an update command that matches 100 or more existing
-# documents never answers and blocks every other command on that database. On MongoDB a batch is one command.
-_MAX_OPS_PER_COMMAND = 50
 
 RecallStrategy = Literal["in", "concurrent"]
 
@@ -205,7 +200,7 @@ class _MessageWrite:
     created: datetime
 
     def op(self, *, by_id_field: bool = False) -> UpdateOne:
-        """The upsert, by `_id` (= the message id, one primary-key lookup even on FerretDB) or by `id`."""
+        """The upsert, by `_id` (= the message id: a primary-key lookup) or by `id` (Mastra's own rows)."""
         update: dict[str, Any] = {"$set": dict(self.fields), "$setOnInsert": {"createdAt": self.created}}
         if self.extra is None:
             update["$unset"] = {EXTRA_FIELD: ""}
@@ -350,15 +345,12 @@ class MongoHistoryStorage:
         *,
         recall_strategy: RecallStrategy = "in",
         recall_concurrency: int = 32,
-        ops_per_command: int | None = _MAX_OPS_PER_COMMAND,
     ) -> None:
         if recall_concurrency < 1:
             raise ValueError("recall_concurrency must be at least 1")
         self.db = db
         self.recall_strategy: RecallStrategy = recall_strategy
         self.recall_concurrency = recall_concurrency
-        # Until `detect_server` has run, writes are split as FerretDB needs (safe on any server).
-        self.ops_per_command = ops_per_command
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=_CODEC)
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=_CODEC)
 
@@ -384,7 +376,6 @@ class MongoHistoryStorage:
         try:
             storage = cls(client[settings.mongodb_database], recall_strategy=recall_strategy)
             await storage.ping()
-            await storage.detect_server()
             await storage.ensure_indexes()
             yield storage
         finally:
@@ -397,17 +388,6 @@ class MongoHistoryStorage:
 
     # --- indexes ---
 
-    async def detect_server(self) -> bool:
-        """One `buildInfo`: on FerretDB keep writes split, on MongoDB send each bulk as one command.
-
-        Returns True on FerretDB (it adds `ferretdbVersion` to `buildInfo`). `open` calls it.
-        """
-        with storage_errors("buildInfo"):
-            info = await self.db.command("buildInfo")
-        ferretdb = "ferretdbVersion" in info
-        self.ops_per_command = _MAX_OPS_PER_COMMAND if ferretdb else None
-        return ferretdb
-
     async def ensure_indexes(self) -> None:
         """Create @mastra/mongodb 1.19's memory indexes and recall's; idempotent, either side may go first."""
         await self._ensure(self.messages, MESSAGE_INDEXES)
@@ -416,9 +396,8 @@ class MongoHistoryStorage:
     async def _ensure(
         self, collection: AsyncCollection[dict[str, Any]], models: Sequence[IndexModel]
     ) -> None:
-        # One index per createIndexes command, and only the missing ones: FerretDB 1.24 panics (drops the
-        # connection) when one command lists three or more indexes that already exist, and with a partial
-        # overlap it can skip a new one. Mastra's Node driver also sends one index per command.
+        # One index per createIndexes command, and only the missing ones, as Mastra's Node driver does: an
+        # existing index under another name (made by Mastra or an operator) then fails only its own command.
         operation = f"createIndexes on {collection.name}"
         with storage_errors(operation):
             existing = [index async for index in await collection.list_indexes()]
@@ -524,7 +503,7 @@ class MongoHistoryStorage:
     async def _recall_in(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         """One `$in` query, newest first across the batch, cut client-side per thread.
 
-        MongoDB has no per-group limit in `find` (and FerretDB's `$group` has no `$push`), so the query asks
+        MongoDB has no per-group limit in `find` (an aggregation loses the index order), so the query asks
         for at most `sum(limits) + 1` rows. If fewer come back, every thread is complete. If the cap was hit,
         a thread that got fewer rows than its limit may have been crowded out by busier threads; only those
         are read again, one query each. With equal-length histories (the common case) that never happens.
@@ -610,9 +589,8 @@ class MongoHistoryStorage:
     ) -> None:
         """The bulk keyed by `_id`; if it collides with a row Mastra inserted, the same bulk keyed by `id`.
 
-        Rows this service inserts have `_id` = their id, so an upsert is a primary-key lookup: the one kind of
-        filter FerretDB's SQLite backend answers without scanning the collection (and free on MongoDB too).
-        A message or thread that Mastra inserted has an ObjectId `_id`, so the `_id`-keyed upsert misses it
+        Rows this service inserts have `_id` = their id, so an upsert is a primary-key lookup. A message or
+        thread that Mastra inserted has an ObjectId `_id`, so the `_id`-keyed upsert misses it
         and tries to insert a second row with the same `id`, which the unique `id` index refuses. Then the
         whole bulk runs again keyed by `id` as Mastra's own upserts are; every op is an idempotent upsert, so
         the ops of the first attempt that did apply are applied again without change.
@@ -631,32 +609,12 @@ class MongoHistoryStorage:
         *,
         retry_race: bool,
     ) -> None:
-        """`ops` as unordered bulk writes of at most `ops_per_command` each (see `_MAX_OPS_PER_COMMAND`).
-
-        Chunks run one after the other; every op is an idempotent upsert, so a failure part-way leaves the
-        batch to be written again whole by the caller's retry, without changing what already applied.
-        """
-        size = self.ops_per_command or max(len(ops), 1)
-        for start in range(0, len(ops), size):
-            chunk = ops[start : start + size]
-            await self._bulk_write_chunk(collection, chunk, operation, retry_race=retry_race)
-
-    async def _bulk_write_chunk(
-        self,
-        collection: AsyncCollection[dict[str, Any]],
-        ops: list[UpdateOne],
-        operation: str,
-        *,
-        retry_race: bool,
-    ) -> None:
         """One unordered `bulk_write`. A unique-index collision raises `_UniqueIndexCollisionError`, or, with
         `retry_race`, first runs the bulk once more.
 
         Two writers upserting the same new id can both miss and both insert; the loser gets a duplicate key
-        (MongoDB 4.2+ retries that itself for equality filters; FerretDB does not). Every op here is an
-        idempotent upsert, so running the whole batch again is safe and converges. FerretDB reports a unique
-        index collision on upsert either as code 1 or as a reply without counts, on which PyMongo's bulk
-        merger raises `KeyError`; both count as a collision.
+        (MongoDB 4.2+ retries that itself for equality filters, other servers may not). Every op here is an
+        idempotent upsert, so running the whole batch again is safe and converges.
         """
         for attempt in (1, 2):
             try:
@@ -670,8 +628,6 @@ class MongoHistoryStorage:
                 if exc.code not in _UPSERT_RACE_CODES:
                     raise to_storage_error(exc, operation) from exc
                 collision = exc
-            except KeyError as exc:
-                collision = exc
             except PyMongoError as exc:
                 raise to_storage_error(exc, operation) from exc
             else:
@@ -681,11 +637,6 @@ class MongoHistoryStorage:
             if attempt == 1:
                 log.warning("retrying %s once after a duplicate key on upsert", operation)
                 continue
-            if isinstance(collision, KeyError):
-                raise FatalStorageError(
-                    f"MongoDB refused {operation}: a write error the server reported without counts "
-                    "(FerretDB: an upsert hit a unique index)"
-                ) from collision
             raise to_storage_error(collision, operation) from collision
 
 
