@@ -1,6 +1,6 @@
 """Shared fixtures: real Kafka and MongoDB endpoints (see tests/infra.py), and fresh names per test.
 
-Session: `kafka_bootstrap`, `mongo_uri`, `is_ferretdb`.
+Session: `kafka_bootstrap`, `mongo_uri`.
 Per test: `mongo_client` (AsyncMongoClient, closed after), `mongo_db` (fresh database `t_<hex>`, dropped
 after), `topic` (fresh name; auto-created with one partition on first use), `group_id` (fresh consumer group),
 `make_topic` (creates topics with N partitions and deletes them after).
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from pymongo import AsyncMongoClient, MongoClient
+from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from tests import infra
@@ -35,16 +35,6 @@ def kafka_bootstrap() -> Iterator[str]:
 def mongo_uri() -> Iterator[str]:
     """URI of a real MongoDB-wire server (env, else Docker, else fail under CI / skip)."""
     yield from infra.endpoint(infra.MONGO_ENV, "MongoDB", infra.mongo_container)
-
-
-@pytest.fixture(scope="session")
-def is_ferretdb(mongo_uri: str) -> bool:
-    """True on FerretDB: no transactions, change streams or TTL; `$group` has only `$sum`/`$count`."""
-    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri)
-    try:
-        return infra.is_ferretdb(client.admin.command("buildInfo"))
-    finally:
-        client.close()
 
 
 @pytest_asyncio.fixture

@@ -139,9 +139,15 @@ def endpoint(
         pytest.skip(choice.value)
 
 
-def is_ferretdb(build_info: Mapping[str, Any]) -> bool:
-    """FerretDB reports a MongoDB-like `version` (7.0.42 for v1.24) but adds its own `ferretdbVersion`."""
-    return "ferretdbVersion" in build_info
+def mongo_server_binary(root: Path, environ: Mapping[str, str] | None = None) -> Path | None:
+    """The MongoDB-wire server binary `deploy/local/stack install` built (Rust first, then the Python one),
+    or `$SECANTUSD` when set; None when there is none. For tests that stop and restart a server of their own.
+    """
+    env = os.environ if environ is None else environ
+    candidates = [Path(env["SECANTUSD"])] if env.get("SECANTUSD") else []
+    candidates += [root / ".cache" / "secantus" / "bin" / "secantusd-rs",
+                   root / ".cache" / "secantus-py" / "bin" / "secantusd-py"]
+    return next((path for path in candidates if path.is_file() and os.access(path, os.X_OK)), None)
 
 
 def unique_name(prefix: str) -> str:

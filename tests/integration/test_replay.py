@@ -501,8 +501,7 @@ async def test_replaying_a_batch_of_more_than_100_stored_messages_again_changes_
     make_topic: MakeTopic,
 ) -> None:
     """A second replay whose batch re-saves more than 100 stored messages succeeds and changes nothing."""
-    # FerretDB 1.24 hangs on one bulk `update` re-saving 100+ stored documents; storage splits its bulk
-    # writes (storage.mongodb._MAX_OPS_PER_COMMAND), which this test proves on the real server.
+    # A bulk `update` whose every upsert matches a stored row (FerretDB 1.24 hung on 100+ of them).
     settings = fresh_settings(kafka_bootstrap, mongo_uri, mongodb_timeout_ms=3000)
     await make_topic(partitions=1, name=settings.responses_topic)
     await produce(kafka_bootstrap, settings.responses_topic, simple_events(60))  # one batch, 120 messages

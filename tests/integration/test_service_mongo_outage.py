@@ -15,6 +15,7 @@ import pytest
 
 from message_history.health import Health
 from tests.conftest import MakeTopic
+from tests.infra import mongo_server_binary
 from tests.integration.service_harness import (
     ROOT,
     dead_letters,
@@ -30,7 +31,6 @@ from tests.integration.stream_helpers import produce, read_topic
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240)]
 
-LAUNCHER = ROOT / ".cache" / "bin" / "ferretdb-launcher"
 OUTAGE_S = 10.0
 THREADS = [f"th{i}" for i in range(6)]
 
@@ -42,10 +42,12 @@ def _free_port() -> int:
         return port
 
 
-class _FerretDB:
-    """A private FerretDB (SQLite) that the test can stop and start again on the same port and files."""
+class _PrivateServer:
+    """A private MongoDB-wire server (the local stack's SecantusDB binary) that the test can stop and start
+    again on the same port and data directory."""
 
-    def __init__(self, port: int, data: Path, log: Path) -> None:
+    def __init__(self, binary: Path, port: int, data: Path, log: Path) -> None:
+        self.binary = binary
         self.port = port
         self.data = data
         self.log = log
@@ -59,13 +61,15 @@ class _FerretDB:
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(
                 [
-                    str(LAUNCHER),
-                    "-listen-addr",
-                    f"127.0.0.1:{self.port}",
-                    "-sqlite-url",
-                    f"file:{self.data}/",
-                    "-log-level",
-                    "error",
+                    str(self.binary),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--storage-path",
+                    str(self.data),
+                    "--log-level",
+                    "ERROR",
                 ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -77,7 +81,7 @@ class _FerretDB:
                     return
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(
-                    f"FerretDB did not start: {self.log.read_text(errors='replace')[-2000:]}"
+                    f"{self.binary.name} did not start: {self.log.read_text(errors='replace')[-2000:]}"
                 )
             time.sleep(0.1)
 
@@ -93,15 +97,16 @@ class _FerretDB:
 
 
 @pytest.fixture
-def ferretdb(tmp_path: Path) -> Iterator[_FerretDB]:
-    if not LAUNCHER.exists():
-        reason = f"{LAUNCHER} is missing: run `deploy/local/stack install` first"
+def mongo_server(tmp_path: Path) -> Iterator[_PrivateServer]:
+    binary = mongo_server_binary(ROOT)
+    if binary is None:
+        reason = "no SecantusDB server binary under .cache: run `deploy/local/stack install` first"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    data = tmp_path / "ferretdb"
+    data = tmp_path / "mongo-data"
     data.mkdir()
-    server = _FerretDB(_free_port(), data, tmp_path / "ferretdb.log")
+    server = _PrivateServer(binary, _free_port(), data, tmp_path / "mongo.log")
     server.start()
     try:
         yield server
@@ -121,10 +126,12 @@ async def _wait_not_ready(health: Health, timeout_s: float) -> dict[str, str]:
 
 
 async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
-    kafka_bootstrap: str, make_topic: MakeTopic, ferretdb: _FerretDB
+    kafka_bootstrap: str, make_topic: MakeTopic, mongo_server: _PrivateServer
 ) -> None:
     """MongoDB stopped ~10 s mid-stream: not-ready meanwhile; afterwards every turn stored once, no DLQ."""
-    settings = fresh_settings(kafka_bootstrap, ferretdb.uri, mongodb_timeout_ms=1500, retry_max_backoff_s=1.0)
+    settings = fresh_settings(
+        kafka_bootstrap, mongo_server.uri, mongodb_timeout_ms=1500, retry_max_backoff_s=1.0
+    )
     bootstrap = settings.kafka_bootstrap_servers
     await make_topic(partitions=2, name=settings.requests_topic)
     await make_topic(partitions=2, name=settings.responses_topic)
@@ -136,14 +143,14 @@ async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
         await produce(bootstrap, settings.responses_topic, responses)
         await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= len(responses))
 
-        ferretdb.stop()
+        mongo_server.stop()
         outage_started = time.monotonic()
         requests, responses = wave(THREADS, range(4, 7))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         reasons = await _wait_not_ready(health, OUTAGE_S)
         await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - outage_started)))
-        ferretdb.start()
+        mongo_server.start()
 
         requests, responses = wave(THREADS, range(7, total_turns + 1))
         await produce(bootstrap, settings.responses_topic, responses)

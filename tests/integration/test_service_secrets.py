@@ -5,6 +5,7 @@ outputs: logs, /metrics, /readyz, /livez, dead-letter headers, `config` and `che
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -13,12 +14,15 @@ import time
 import urllib.request
 import uuid
 from asyncio.subprocess import PIPE, STDOUT
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import pytest
 from pydantic import SecretStr
+from pymongo import MongoClient
+from pymongo.errors import OperationFailure
 
 from tests.integration.service_harness import (
     ServiceProcess,
@@ -34,14 +38,30 @@ from tests.integration.stream_helpers import produce, read_topic
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def _uri_with_password(base: str, user: str, password: str, *, ferretdb: bool) -> str:
-    """`base` with credentials; FerretDB on SQLite accepts any PLAIN credentials, so the service works."""
+def _uri_with_password(base: str, user: str, password: str) -> str:
+    """`base` with SCRAM credentials of a user in the `admin` database."""
     parts = urlsplit(base)
-    query = parts.query
-    if ferretdb:
-        query = "&".join(filter(None, [query, "authMechanism=PLAIN", "authSource=%24external"]))
     netloc = f"{quote(user)}:{quote(password)}@{parts.netloc.rsplit('@', 1)[-1]}"
-    return urlunsplit((parts.scheme, netloc, parts.path or "/", query, parts.fragment))
+    return urlunsplit((parts.scheme, netloc, parts.path or "/", parts.query, parts.fragment))
+
+
+@contextlib.contextmanager
+def _scram_user(mongo_uri: str, user: str, password: str) -> Iterator[None]:
+    """A SCRAM user created for the test (MongoDB and SecantusDB both do SCRAM-SHA-256), dropped after."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri, serverSelectionTimeoutMS=10_000)
+    try:
+        try:
+            client.admin.command("createUser", user, pwd=password, roles=[{"role": "root", "db": "admin"}])
+        except OperationFailure as exc:
+            reason = f"cannot create a SCRAM user on the test server: {exc.details or exc}"
+            if os.environ.get("CI"):
+                pytest.fail(reason)
+            pytest.skip(reason)
+        yield
+    finally:
+        with contextlib.suppress(OperationFailure):
+            client.admin.command("dropUser", user)
+        client.close()
 
 
 def _get(url: str) -> str:
@@ -76,17 +96,27 @@ async def _metrics_when(url: str, done: str, timeout_s: float = 60.0) -> str:
 
 
 async def test_secrets_stay_out_of_logs_metrics_probes_and_dead_letters(
-    kafka_bootstrap: str, mongo_uri: str, is_ferretdb: bool, tmp_path: Path
+    kafka_bootstrap: str, mongo_uri: str, tmp_path: Path
 ) -> None:
     """With a password in MONGODB_URI and a SASL password set, at DEBUG, after good and poison records, every
     log line is a JSON object and neither secret nor the full URI shows up anywhere the service writes."""
-    if not is_ferretdb and "@" not in urlsplit(mongo_uri).netloc:
-        pytest.skip(
-            "needs a MongoDB that accepts a password in the URI (the local FerretDB or a URI with one)"
-        )
     password = f"mongo-pw-{uuid.uuid4().hex}"
     sasl_password = f"sasl-pw-{uuid.uuid4().hex}"
-    uri = _uri_with_password(mongo_uri, "message-history", password, ferretdb=is_ferretdb)
+    if "@" in urlsplit(mongo_uri).netloc:  # a server that needs credentials: its password is the secret
+        uri = mongo_uri
+        password = urlsplit(mongo_uri).password or password
+        user_cm: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    else:
+        user = f"mh-{uuid.uuid4().hex[:8]}"
+        uri = _uri_with_password(mongo_uri, user, password)
+        user_cm = _scram_user(mongo_uri, user, password)
+    with user_cm:
+        await _run_and_check(kafka_bootstrap, uri, password, sasl_password, tmp_path)
+
+
+async def _run_and_check(
+    kafka_bootstrap: str, uri: str, password: str, sasl_password: str, tmp_path: Path
+) -> None:
     settings = fresh_settings(
         kafka_bootstrap,
         uri,

@@ -55,17 +55,6 @@ def test_choose(environ: dict[str, str], docker_ok: Any, kind: str) -> None:
         assert "deploy/local/stack" in choice.value
 
 
-@pytest.mark.parametrize(
-    ("build_info", "expected"),
-    [
-        pytest.param({"version": "7.0.42", "ferretdbVersion": "unknown", "ok": 1.0}, True, id="ferretdb-v1"),
-        pytest.param({"version": "7.0.42", "ferretdbVersion": "v1.24.2", "ok": 1.0}, True, id="ferretdb-tag"),
-        pytest.param({"version": "7.0.14", "gitVersion": "ce59cfc", "ok": 1.0}, False, id="mongod"),
-    ],
-)
-def test_is_ferretdb(build_info: dict[str, Any], expected: bool) -> None:
-    """FerretDB is recognised by the `ferretdbVersion` key of buildInfo, whatever version it reports."""
-    assert infra.is_ferretdb(build_info) is expected
 
 
 CHILD_TEST = '''
