@@ -89,7 +89,10 @@ async def test_sigkill_mid_batch_then_restart_loses_nothing(
     await _make_topics(settings, make_topic)
     turns = 20
     requests, responses = _input(turns)
-    await produce(bootstrap, settings.responses_topic, responses)
+    # The second half of the responses arrives only after the kill: on a fast server the first instance could
+    # otherwise finish everything before the kill lands, and the restart would have nothing to prove.
+    half = len(responses) // 2
+    await produce(bootstrap, settings.responses_topic, responses[:half])
     await produce(bootstrap, settings.requests_topic, requests)
 
     first = _start(settings, tmp_path, service, "first")
@@ -99,6 +102,7 @@ async def test_sigkill_mid_batch_then_restart_loses_nothing(
         assert await first.wait(10) == -signal.SIGKILL
         done_before = len(await read_all(bootstrap, settings.persisted_topic, settle_s=0.2))
         assert done_before < len(responses), "the kill came too late to test anything"
+        await produce(bootstrap, settings.responses_topic, responses[half:])
 
         second = _start(settings, tmp_path, service, "second")
         persisted = await read_topic(
@@ -135,8 +139,10 @@ async def test_sigterm_exits_zero_commits_and_nothing_is_reprocessed(
     await _make_topics(settings, make_topic)
     turns = 20
     requests, responses = _input(turns)
-    half = len(requests) // 2  # the second half of the requests arrives while the service is down
-    await produce(bootstrap, settings.responses_topic, responses)
+    # The second halves of the requests and of the responses arrive while the service is down (on a fast
+    # server the first instance could otherwise finish every response before the stop lands).
+    half = len(requests) // 2
+    await produce(bootstrap, settings.responses_topic, responses[:half])
     await produce(bootstrap, settings.requests_topic, requests[:half])
 
     try:
@@ -153,6 +159,7 @@ async def test_sigterm_exits_zero_commits_and_nothing_is_reprocessed(
         assert sum(committed_responses.values()) == len(persisted_before)
         assert len(persisted_before) < len(responses), "the stop came too late to test anything"
         await produce(bootstrap, settings.requests_topic, requests[half:])
+        await produce(bootstrap, settings.responses_topic, responses[half:])
 
         second = _start(settings, tmp_path, service, "second")
         enriched = await read_topic(
