@@ -4,7 +4,7 @@
         [--recall-samples 20] [--batches 100,500] [--batch-reps 3] [--strategies in,concurrent]
         [--persist-batches 3] [--persist-docs 500] [--budget-s 300] [--db NAME] [--keep] [--json FILE]
 
-Against the server in `MONGODB_URI` (the local stack's FerretDB by default). Phases:
+Against the server in `MONGODB_URI` (the local stack's SecantusDB by default). Phases:
 
 1. seed: a fresh database with `--threads` threads of `--history` messages each (alternating user / assistant,
    one text part of ~200 characters, distinct createdAt), written with `insert_many` in Mastra's layout after
@@ -15,10 +15,10 @@ Against the server in `MONGODB_URI` (the local stack's FerretDB by default). Pha
 4. persist: `save_many` batches of `--persist-docs` message documents (turns of a user and an assistant
    message appended to distinct existing threads): documents per second.
 
-Every measurement stops at `--budget-s` seconds (a batch still running is cancelled and reported as such),
-so a run on a slow server ends. A cancelled command may keep the server busy until it finishes (FerretDB has
-no `killOp`), so persist first times a 20-document probe and skips full batches that would outlast the
-budget. Results go to stdout as JSON (and to `--json`); progress goes to stderr.
+Every measurement stops at `--budget-s` seconds (a batch still running is cancelled and reported as such), so
+a run on a slow server ends. A cancelled command may keep the server busy until it finishes, so persist first
+times a 20-document probe and skips full batches that would outlast the budget. Results go to stdout as JSON
+(and to `--json`); progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ async def bench_persist(
         assert all(not isinstance(r, Exception) for r in results)
 
     out: dict[str, Any] = {"docs_per_batch": turns_per_batch * 2}
-    # A cancelled bulk write keeps running on the server (FerretDB has no killOp), so first time a small
+    # A cancelled bulk write may keep running on the server, so first time a small
     # probe and skip the full batches when they cannot finish within the budget.
     probe_turns = min(10, turns_per_batch)
     started = time.perf_counter()
@@ -289,7 +289,7 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     try:
         build = await db.command("buildInfo")
-        results["server"] = "FerretDB" if "ferretdb" in json.dumps(build, default=str).lower() else "MongoDB"
+        results["server"] = "SecantusDB" if "secantusVersion" in build else "MongoDB"
         results["server_version"] = build.get("version")
         seeded = await db[MESSAGES].estimated_document_count() if args.keep else 0
         if seeded == 0:

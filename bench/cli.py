@@ -12,6 +12,7 @@ from pathlib import Path
 
 from bench.context import REPO, Budget
 from bench.run import ALL_LINES, Options, run
+from bench.scale import render_scale, run_scale
 from bench.stats import ratios, render_table
 from bench.workload import Workload
 
@@ -55,13 +56,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where results go")
     p.add_argument("--keep", action="store_true", help="keep the topics and the benchmark database")
     p.add_argument("--profile", action="store_true", help="py-spy the service's lines (needs py-spy)")
-    p.add_argument(
-        "--no-sqlite-id-index",
-        dest="sqlite_id_index",
-        action="store_false",
-        help="leave a local FerretDB/SQLite without the _id index its queries use (bench/sqlite_id_index.py)",
-    )
     p.add_argument("--repeat", type=int, default=1, help="rounds of every line; each keeps its median")
+    p.add_argument(
+        "--scale",
+        metavar="SIZES",
+        help="recall latency as history grows: comma-separated stored-message counts, a run each "
+        "(e.g. 10000,100000,1000000); lines service_recall and b2_recall_queries",
+    )
     return p
 
 
@@ -96,7 +97,6 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         keep=args.keep,
         profile=args.profile,
         repeat=max(1, args.repeat),
-        sqlite_id_index=args.sqlite_id_index,
     )
 
 
@@ -108,6 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         quick.set_defaults(**QUICK)
         args = quick.parse_args(argv)
     options = options_from(args, argv)
+    if args.scale:
+        sizes = [int(size.replace("_", "")) for size in args.scale.split(",") if size.strip()]
+        scale, scale_path = asyncio.run(run_scale(options, sizes))
+        print(render_scale(scale))
+        print(f"\nresults: {scale_path}")
+        return 130 if any(row["interrupted"] for row in scale["sizes"]) else 0
     record, path, lines = asyncio.run(run(options))
     if lines:
         print(render_table(lines, ratios(lines)))

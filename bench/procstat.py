@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -64,7 +66,7 @@ class Servers:
 
 
 def find_servers(mongo_port: int | None) -> Servers:
-    """Local `mongod` / FerretDB (listening on `mongo_port` when its command line says so) and `kafka.Kafka`.
+    """Local `mongod` / SecantusDB (listening on `mongo_port` if its command line says) and `kafka.Kafka`.
 
     Only read, never touched: their CPU is reported beside each line. A server that is not local (or not
     unique) is None.
@@ -81,8 +83,20 @@ def find_servers(mongo_port: int | None) -> Servers:
         line = b" ".join(argv)
         if b"kafka.Kafka" in line and b"java" in argv[0]:
             kafka.append(int(entry.name))
-        elif any(name in argv[0] for name in (b"ferretdb", b"mongod")) and (
+        elif any(name in argv[0] for name in (b"secantusd", b"mongod")) and (
             mongo_port is None or str(mongo_port).encode() in line
         ):
             mongo.append(int(entry.name))
     return Servers(mongo=mongo[0] if len(mongo) == 1 else None, kafka=kafka[0] if len(kafka) == 1 else None)
+
+
+def server_name(pid: int | None, build_info: Mapping[str, Any]) -> str:
+    """What the MongoDB-wire server is, for the record: SecantusDB is named as itself, never as MongoDB.
+
+    SecantusDB answers `buildInfo` with a MongoDB version (8.2.x) plus its own `secantusVersion`.
+    """
+    version = build_info.get("version")
+    local = "local" if pid is not None else "not a local process"
+    if "secantusVersion" in build_info:
+        return f"SecantusDB/WiredTiger {build_info['secantusVersion']} (MongoDB {version} wire, {local})"
+    return f"MongoDB {version} ({local})"

@@ -16,12 +16,12 @@ from urllib.parse import urlsplit
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from bench import report, sqlite_id_index
+from bench import report
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
 from bench.kafka_io import delete_topics
 from bench.lines import run_mongo_line, stream_lines
-from bench.procstat import cpu_seconds, find_servers
+from bench.procstat import cpu_seconds, find_servers, server_name
 from bench.progress import log
 from bench.seed import seed
 from bench.soak import run_soak
@@ -48,7 +48,6 @@ class Options:
     keep: bool = False
     profile: bool = False
     repeat: int = 1
-    sqlite_id_index: bool = True
 
 
 def _mongo_port(uri: str) -> int | None:
@@ -86,7 +85,6 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
     try:
         environment.update(await _servers_info(client, ctx))
         environment["seeded"] = await seed(client[ctx.db], w)
-        environment["sqlite_id_index"] = _sqlite_id_index(ctx, enabled=options.sqlite_id_index)
         if options.soak_events:
             soak = await run_soak(ctx, options.soak_path, options.soak_events)
         else:
@@ -149,10 +147,10 @@ def _settler(db: AsyncDatabase[Any], ctx: RunContext) -> Callable[[], Awaitable[
     async def settle() -> float:
         """Seconds waited until the last line's leftovers are done on the MongoDB-wire server.
 
-        A stopped line's last bulk write or scan goes on inside the server after the client is gone. A
-        write to the benchmark database queues behind any write still running there (FerretDB's SQLite
-        has one writer per database); then the server's CPU is watched until it drops below most of a
-        core (its in-flight reads are done), for at most `_QUIET_MAX_S` (other clients may keep it busy).
+        A stopped line's last bulk write or scan goes on inside the server after the client is gone. A write
+        to the benchmark database queues behind any write still running there; then the server's CPU is
+        watched until it drops below most of a core (its in-flight reads are done), for at most `_QUIET_MAX_S`
+        (other clients may keep it busy).
         """
         started = time.perf_counter()
         await db["bench_settle"].insert_one({"at": datetime.now(UTC)})
@@ -178,25 +176,9 @@ def _restorer(db: AsyncDatabase[Any], w: Workload) -> Callable[[], Awaitable[int
     return restore
 
 
-def _sqlite_id_index(ctx: RunContext, *, enabled: bool) -> list[str] | str:
-    """A local FerretDB/SQLite gets the `_id` index its pushed-down filters use (bench/sqlite_id_index.py)."""
-    data_dir = sqlite_id_index.sqlite_dir(ctx.servers.mongo)
-    if data_dir is None:
-        return "not applicable: no local FerretDB on SQLite"
-    if not enabled:
-        return "off (--no-sqlite-id-index): FerretDB scans for every _id lookup"
-    tables = sqlite_id_index.add_id_indexes(data_dir, ctx.db)
-    log(f"FerretDB/SQLite: indexed the pushed-down _id expression of {len(tables)} collections")
-    return tables
-
-
 async def _servers_info(client: AsyncMongoClient[dict[str, Any]], ctx: RunContext) -> dict[str, Any]:
     info = await client.admin.command("buildInfo")
-    server = (
-        f"FerretDB ({info.get('version')} wire)"
-        if "ferretdbVersion" in info
-        else f"MongoDB {info.get('version')}"
-    )
+    server = server_name(ctx.servers.mongo, info)
     return {
         "mongo_server": server,
         "mongo_server_pid_found": ctx.servers.mongo is not None,
