@@ -70,6 +70,7 @@ class DlqOptions:
 
     command: str
     topics: tuple[str, ...]
+    topics_named: bool  # given with --topic: a missing one is an error, not "no dead letters yet"
     selection: Selection
     limit: int | None = None
     progress_interval_s: float = 2.0
@@ -97,6 +98,7 @@ def options_from_args(args: argparse.Namespace, settings: Settings) -> DlqOption
     return DlqOptions(
         command=command,
         topics=tuple(topics),
+        topics_named=bool(args.topic),
         selection=selection,
         limit=args.limit,
         progress_interval_s=args.progress_interval,
@@ -211,7 +213,7 @@ class _Progress:
     """A progress line on stderr at most every `interval_s` seconds (and one at the end)."""
 
     def __init__(self, command: str, tally: Tally, interval_s: float, out: TextIO) -> None:
-        self._command, self._tally, self._interval_s, self._out = command, tally, interval_s, out
+        self._command, self._tally, self._interval_s, self.out = command, tally, interval_s, out
         self._last = time.monotonic()
 
     def tick(self, *, force: bool = False) -> None:
@@ -227,7 +229,7 @@ class _Progress:
         if self._command == "redrive":
             text += f", redriven {format_count(t.redriven)}"
             text += f", already redriven {format_count(t.already_redriven)}"
-        print(text, file=self._out, flush=True)
+        print(text, file=self.out, flush=True)
 
 
 async def collect(
@@ -240,7 +242,16 @@ async def collect(
     emit: Callable[[DeadLetter], None] | None = None,
 ) -> list[DeadLetter]:
     """Read the dead-letter topics within bounds; return the selected dead letters (at most `--limit`)."""
-    partitions = await topic_partitions(settings, options.topics)
+    if options.topics_named:
+        partitions = await topic_partitions(settings, options.topics)
+    else:
+        # The service's dead-letter topics exist once something was refused; a missing one holds nothing.
+        partitions = await existing_partitions(settings, options.topics)
+        for topic in options.topics:
+            if topic not in partitions:
+                print(
+                    f"dlq {options.command}: {topic} does not exist (no dead letters yet)", file=progress.out
+                )
     consumer = _consumer(settings)
     await consumer.start()
     chosen: list[DeadLetter] = []
@@ -263,7 +274,9 @@ async def collect(
     return chosen
 
 
-async def redriven_markers(settings: Settings, letters: Sequence[DeadLetter], to: str | None) -> set[str]:
+async def redriven_markers(
+    settings: Settings, letters: Sequence[DeadLetter], to: str | None, *, err: TextIO
+) -> set[str]:
     """`redrive.of` values already in the target topics, read from the earliest selected failure on."""
     targets: dict[str, list[DeadLetter]] = {}
     for letter in letters:
@@ -286,6 +299,11 @@ async def redriven_markers(settings: Settings, letters: Sequence[DeadLetter], to
                 at = await consumer.offsets_for_times({tp: to_millis(since) for tp in tps})
                 start = {tp: (meta.offset if meta is not None else end[tp]) for tp, meta in at.items()}
             ranges.update({tp: (start[tp], end[tp]) for tp in tps if start[tp] < end[tp]})
+        scanned = sum(end - start for start, end in ranges.values())
+        print(
+            f"dlq redrive: looking for earlier redrives in {scanned:,} record(s) of {', '.join(targets)}",
+            file=err,
+        )
         async for record in read_bounded(consumer, ranges, asyncio.Event()):
             ref = marker(record.headers or ())
             if ref is not None:
@@ -348,7 +366,7 @@ async def run_dlq(
         else:
             letters = await collect(settings, options, tally=tally, progress=progress, stop=stop)
             if letters and not options.force and not stop.is_set():
-                done = await redriven_markers(settings, letters, options.to)
+                done = await redriven_markers(settings, letters, options.to, err=err)
                 todo = [letter for letter in letters if letter.ref not in done]
                 tally.already_redriven = len(letters) - len(todo)
                 letters = todo

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -24,8 +25,11 @@ from tests.integration.service_harness import (
     encoded,
     fresh_settings,
     request_event,
+    response_event,
     running_service,
     settings_env,
+    stored_messages,
+    text_message,
     values,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic, wait_committed
@@ -143,6 +147,50 @@ async def test_redrive_of_selected_dead_letters_after_a_fix(
     assert big["messages"][-1]["content"]["parts"][0]["text"] == "x" * 3000
     # The dead letters not chosen are still there, and none was added.
     assert sorted(parse_dead_letter_headers(r.headers).source_offset for r in letters) == [1, 2, 3]
+
+
+async def test_redrive_on_the_persist_path_stores_only_the_selected_turn(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """Two oversized responses are dead-lettered at different times; after the fix, `dlq redrive --since`
+    between them sends back only the later one, whose turn is then stored; the earlier one stays a dead
+    letter and nothing of it reaches MongoDB."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, max_event_bytes=2048)
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(partitions=1, name=settings.requests_topic)
+    await make_topic(partitions=1, name=settings.responses_topic)
+    early = response_event("early", "u", 1, [text_message("user", "q", id="early-q")], "e" * 3000)
+    late = response_event("late", "u", 1, [text_message("user", "q", id="late-q")], "l" * 3000)
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [encoded(early)])
+            await read_topic(bootstrap, settings.responses_dlq, until=lambda rs: len(rs) >= 1)
+            mark = datetime.now(UTC)
+            await produce(bootstrap, settings.responses_topic, [encoded(late)])
+            await read_topic(bootstrap, settings.responses_dlq, until=lambda rs: len(rs) >= 2)
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 2})
+
+        # Both dead-letter topics by default; the recall path's was never created (nothing refused there).
+        code, out, err = await dlq(settings, "inspect")
+        assert code == 0, err
+        assert f"{settings.requests_dlq} does not exist (no dead letters yet)" in err
+        assert len(out.splitlines()) == 2
+
+        fixed = settings.model_copy(update={"max_event_bytes": 16384})
+        async with running_service(fixed):
+            since = mark.isoformat()
+            code, out, err = await dlq(fixed, "redrive", "--path", "persist", "--since", since)
+            assert code == 0, err
+            assert out.count("redrove ") == 1
+            persisted = await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= 1)
+        rows = await stored_messages(settings)
+        letters = await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
+    finally:
+        await drop_database(settings)
+
+    assert [v["requestId"] for v in values(persisted)] == ["late-turn1"]
+    assert sorted(r["id"] for r in rows) == ["late-q", "late-turn1:response:0"]
+    assert len(letters) == 2  # the early one is still there, nothing was added
 
 
 async def test_inspect_filters_by_reason_time_and_offsets(
