@@ -23,7 +23,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
@@ -62,6 +62,7 @@ EXIT_INTERRUPTED = 130
 
 CLIENT_ID = "message-history-dlq"
 FETCH_TIMEOUT_MS = 500
+SEND_CHUNK = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +190,7 @@ async def _ranges(
 
 async def read_bounded(
     consumer: AIOKafkaConsumer, ranges: dict[TopicPartition, tuple[int, int]], stop: asyncio.Event
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """The records of each partition in [start, end), in offset order per partition; ends at the ends."""
     if not ranges:
         return
@@ -258,17 +259,18 @@ async def collect(
     try:
         ranges = await _ranges(consumer, partitions, options.selection)
         tally.total = sum(end - start for start, end in ranges.values())
-        async for record in read_bounded(consumer, ranges, stop):
-            letter = _to_letter(record)
-            is_selected = selected(letter, options.selection)
-            tally.count(letter, is_selected=is_selected)
-            if is_selected:
-                chosen.append(letter)
-                if emit is not None:
-                    emit(letter)
-                if options.limit is not None and len(chosen) >= options.limit:
-                    break
-            progress.tick()
+        async with contextlib.aclosing(read_bounded(consumer, ranges, stop)) as records:
+            async for record in records:
+                letter = _to_letter(record)
+                is_selected = selected(letter, options.selection)
+                tally.count(letter, is_selected=is_selected)
+                if is_selected:
+                    chosen.append(letter)
+                    if emit is not None:
+                        emit(letter)
+                    if options.limit is not None and len(chosen) >= options.limit:
+                        break
+                progress.tick()
     finally:
         await consumer.stop()
     return chosen
@@ -304,10 +306,11 @@ async def redriven_markers(
             f"dlq redrive: looking for earlier redrives in {scanned:,} record(s) of {', '.join(targets)}",
             file=err,
         )
-        async for record in read_bounded(consumer, ranges, asyncio.Event()):
-            ref = marker(record.headers or ())
-            if ref is not None:
-                found.add(ref)
+        async with contextlib.aclosing(read_bounded(consumer, ranges, asyncio.Event())) as records:
+            async for record in records:
+                ref = marker(record.headers or ())
+                if ref is not None:
+                    found.add(ref)
     finally:
         await consumer.stop()
     return found
@@ -323,7 +326,9 @@ async def produce(
     stop: asyncio.Event,
     out: TextIO,
 ) -> None:
-    """Send each dead letter back (in the order read, so one thread's records keep their order)."""
+    """Send each dead letter back, in the order read (the idempotent producer keeps one thread's records in
+    order), `SEND_CHUNK` at a time: each chunk is acknowledged before the next is sent, so an interruption
+    leaves at most one chunk unreported, and a rerun skips whatever did arrive (its markers)."""
     producer = AIOKafkaProducer(
         **kafka_options(settings, client_id=CLIENT_ID),
         acks="all",
@@ -332,14 +337,28 @@ async def produce(
     )
     await producer.start()
     try:
-        for letter in letters:
+        for first in range(0, len(letters), SEND_CHUNK):
             if stop.is_set():
                 break
-            target = redrive_target(letter, options.to)
-            headers = redrive_headers(letter, now=format_timestamp(datetime.now(UTC)))
-            meta = await producer.send_and_wait(target, letter.value, key=letter.key, headers=headers)
-            tally.redriven += 1
-            print(f"redrove {letter.ref} -> {target}:{meta.partition}:{meta.offset}", file=out, flush=True)
+            chunk = letters[first : first + SEND_CHUNK]
+            now = format_timestamp(datetime.now(UTC))
+            sent = []
+            for letter in chunk:
+                target = redrive_target(letter, options.to)
+                headers = redrive_headers(letter, now=now)
+                sent.append(
+                    (
+                        letter,
+                        target,
+                        await producer.send(target, letter.value, key=letter.key, headers=headers),
+                    )
+                )
+            for letter, target, future in sent:
+                meta = await future
+                tally.redriven += 1
+                print(
+                    f"redrove {letter.ref} -> {target}:{meta.partition}:{meta.offset}", file=out, flush=True
+                )
             progress.tick()
     finally:
         await producer.stop()
