@@ -277,9 +277,10 @@ async def collect(
 
 
 async def redriven_markers(
-    settings: Settings, letters: Sequence[DeadLetter], to: str | None, *, err: TextIO
+    settings: Settings, letters: Sequence[DeadLetter], to: str | None, *, err: TextIO, stop: asyncio.Event
 ) -> set[str]:
-    """`redrive.of` values already in the target topics, read from the earliest selected failure on."""
+    """`redrive.of` values already in the target topics, read from the earliest selected failure on (a stop
+    leaves the set incomplete: the caller then produces nothing)."""
     targets: dict[str, list[DeadLetter]] = {}
     for letter in letters:
         targets.setdefault(redrive_target(letter, to), []).append(letter)
@@ -306,7 +307,7 @@ async def redriven_markers(
             f"dlq redrive: looking for earlier redrives in {scanned:,} record(s) of {', '.join(targets)}",
             file=err,
         )
-        async with contextlib.aclosing(read_bounded(consumer, ranges, asyncio.Event())) as records:
+        async with contextlib.aclosing(read_bounded(consumer, ranges, stop)) as records:
             async for record in records:
                 ref = marker(record.headers or ())
                 if ref is not None:
@@ -385,15 +386,15 @@ async def run_dlq(
         else:
             letters = await collect(settings, options, tally=tally, progress=progress, stop=stop)
             if letters and not options.force and not stop.is_set():
-                done = await redriven_markers(settings, letters, options.to, err=err)
+                done = await redriven_markers(settings, letters, options.to, err=err, stop=stop)
                 todo = [letter for letter in letters if letter.ref not in done]
                 tally.already_redriven = len(letters) - len(todo)
                 letters = todo
-            if options.dry_run:
+            if options.dry_run and not stop.is_set():
                 for letter in letters:
                     print(f"would redrive {line(letter)} -> {redrive_target(letter, options.to)}", file=out)
                 tally.redriven = len(letters)
-            elif not stop.is_set():
+            elif not stop.is_set():  # interrupted while reading: nothing is sent
                 await produce(settings, letters, options, tally=tally, progress=progress, stop=stop, out=out)
     except UsageError as exc:
         print(f"message-history dlq: error: {exc}", file=err)

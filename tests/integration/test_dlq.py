@@ -257,6 +257,11 @@ async def test_redrive_copies_the_original_bytes_back(kafka_bootstrap: str, make
         await produce(kafka_bootstrap, dlq_topic, [(f"thread-{index}".encode(), value)], headers=headers)
     settings = Settings(KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap)
 
+    code, out, err = await dlq(settings, "redrive", "--topic", dlq_topic, "--offsets", "0:1-2", "--dry-run")
+    assert code == 0, err
+    assert out.count("would redrive") == 2
+    assert "redrive: would redrive 2" in err
+    assert await read_all(kafka_bootstrap, source, settle_s=0.2) == []  # a dry run sends nothing
     code, _, err = await dlq_process(settings, "redrive", "--topic", dlq_topic, "--offsets", "0:1-2")
     assert code == 0, err
     assert "dlq redrive: read 2/2" in err  # the progress line
