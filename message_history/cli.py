@@ -38,10 +38,15 @@ def _parser() -> argparse.ArgumentParser:
 
     replay = sub.add_parser("replay", help="backfill or repair MongoDB from a topic (bounded, no group)")
     add_replay_arguments(replay)
+
+    from message_history.dlq_plan import add_dlq_arguments  # noqa: PLC0415 -- no Kafka import, cheap
+
+    dlq = sub.add_parser("dlq", help="list dead letters with their reasons, or redrive selected ones")
+    add_dlq_arguments(dlq)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one return per subcommand
     args = _parser().parse_args(argv)
     if args.command == "config":
         from message_history.settings import Settings  # noqa: PLC0415
@@ -68,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from message_history.replay import main as replay_main  # noqa: PLC0415
 
         return replay_main(args)
+    if args.command == "dlq":
+        from message_history.dlq import main as dlq_main  # noqa: PLC0415
+
+        return dlq_main(args)
     raise AssertionError(args.command)  # argparse guarantees a known command
 
 

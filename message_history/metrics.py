@@ -1,13 +1,66 @@
 """Prometheus metrics of the service, in one registry, served at `/metrics`.
 
 Label values are bounded sets (path, topic, stage, dependency, error type, partition): never ids or payloads.
+
+The registry is private (tests and the replay command import this module without touching the global one),
+so the standard process, platform and GC collectors that `prometheus_client` puts on its default registry are
+registered here explicitly: dashboards expect `process_cpu_seconds_total`, `process_resident_memory_bytes`,
+`python_info` and `python_gc_*` next to the service's own series. `message_history_build_info` says which
+version runs (constant 1, the facts in labels, as Prometheus' own `*_build_info`).
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+)
+
+from message_history import __version__
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+# The collectors the default registry has, as new instances bound to ours.
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+BUILD_LIBRARIES = ("aiokafka", "pymongo", "pydantic", "prometheus-client")
+
+
+def _library_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:  # a source tree without the dependency installed: say so, do not fail
+        return "unknown"
+
+
+def build_labels() -> dict[str, str]:
+    """Labels of `message_history_build_info`: the service's version, Python's, and its main libraries'."""
+    labels = {
+        "version": __version__,
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+    }
+    labels.update({name.replace("-", "_"): _library_version(name) for name in BUILD_LIBRARIES})
+    return labels
+
+
+BUILD_INFO = Info(
+    "message_history_build",
+    "Version of the running service, of Python and of its main libraries (always 1).",
+    registry=REGISTRY,
+)
+BUILD_INFO.info(build_labels())
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BATCH_BUCKETS = (1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500)

@@ -3,7 +3,10 @@
 # curl | sh):
 #   helm       helm.sh/helm/v3 at HELM_VERSION, for `helm lint` and `helm template`;
 #   kubecheck     deploy/helm/kubecheck: decodes rendered manifests strictly into the k8s.io/api types;
-#   composecheck  deploy/composecheck: loads deploy/compose.yaml with the Compose Specification's loader.
+#   composecheck  deploy/composecheck: loads deploy/compose.yaml with the Compose Specification's loader;
+#   rulecheck     deploy/helm/rulecheck: the chart's PrometheusRule and the dashboard's PromQL through
+#                 Prometheus' own rule and PromQL parsers (what `promtool check rules` runs, without building
+#                 promtool and its service discovery).
 # Idempotent: each tool is rebuilt only when its version or sources change (a stamp file records them); Go's
 # module and build caches make a rebuild fast. The first helm build takes a few minutes on 2 cores.
 #
@@ -61,3 +64,4 @@ install_checker() {  # install_checker NAME SOURCE_DIR: a small Go program of th
 install_helm
 install_checker kubecheck "$REPO/deploy/helm/kubecheck"
 install_checker composecheck "$REPO/deploy/composecheck"
+install_checker rulecheck "$REPO/deploy/helm/rulecheck"

@@ -116,7 +116,8 @@ def pod_docs(docs: tuple[Doc, ...]) -> Iterator[Doc]:
 
 
 def config_map(docs: tuple[Doc, ...]) -> dict[str, str]:
-    (found,) = of_kind(docs, "ConfigMap")
+    """The service's settings ConfigMap (not the Grafana dashboard's)."""
+    (found,) = [d for d in of_kind(docs, "ConfigMap") if not d["metadata"]["name"].endswith("-dashboard")]
     data: dict[str, str] = found["data"]
     return data
 

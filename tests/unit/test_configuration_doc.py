@@ -133,8 +133,12 @@ def render_metrics() -> str:
         if not isinstance(value, MetricWrapperBase):
             continue
         (family,) = value.describe()
-        name = f"{family.name}_total" if family.type == "counter" else family.name
-        labels = ", ".join(f"`{label}`" for label in getattr(value, "_labelnames", ()))
+        suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
+        name = f"{family.name}{suffix}"
+        names = list(getattr(value, "_labelnames", ()))
+        if family.type == "info":  # an info metric's labels are its content, set once at import
+            names = [k for fam in value.collect() for sample in fam.samples for k in sample.labels]
+        labels = ", ".join(f"`{label}`" for label in names)
         meaning = family.documentation.replace("<", "&lt;").replace(">", "&gt;")  # not an HTML tag
         rows.append(f"| `{name}` | {family.type} | {labels} | {meaning} |")
     return "\n".join(rows)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+from message_history import __version__, metrics
 from message_history import health as health_module
-from message_history import metrics
 from message_history.errors import StartupError
 from message_history.health import Health, HealthServer, serve_http
 from message_history.logs import clear_secrets, register_secret
@@ -234,6 +235,26 @@ async def test_metrics_serves_the_registry(server: HealthServer, health: Health)
         'message_history_ready{component="http-test"} 1.0',
     ):
         assert name in text
+
+
+async def test_metrics_serves_process_platform_gc_and_build_info(server: HealthServer) -> None:
+    """/metrics carries the standard process, Python and GC series and `message_history_build_info` with the
+    running version, although the registry is private (the default registry's collectors are not on it)."""
+    status, _, body = await get(server.port, "/metrics")
+    assert status == 200
+    lines = body.decode().splitlines()
+    for name in (
+        "process_cpu_seconds_total",
+        "process_resident_memory_bytes",
+        "process_start_time_seconds",
+        "python_info",
+        "python_gc_collections_total",
+    ):
+        assert any(line.startswith(name) for line in lines), name
+    (build,) = [line for line in lines if line.startswith("message_history_build_info{")]
+    assert f'version="{__version__}"' in build
+    assert f'python="{platform.python_version()}"' in build
+    assert build.endswith(" 1.0")
 
 
 @pytest.mark.parametrize(

@@ -50,7 +50,7 @@ CASES: dict[str, tuple[str, ...]] = {
 CASE_PARAMS = [pytest.param(args, id=name) for name, args in CASES.items()]
 LIVENESS_PATH = "/livez"
 # Objects of CRDs (Prometheus Operator, KEDA): kubecheck has no Go type for them.
-CUSTOM_RESOURCES = frozenset({"ServiceMonitor", "ScaledObject"})
+CUSTOM_RESOURCES = frozenset({"ServiceMonitor", "ScaledObject", "PrometheusRule"})
 READINESS_PATH = "/readyz"
 # Settings the chart fills from other values than `config` (endpoints, security, downward API).
 SET_OUTSIDE_CONFIG = {

@@ -25,9 +25,9 @@ def loaded_top_level_modules(module: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
-@pytest.mark.parametrize("module", ["message_history.rules"])
+@pytest.mark.parametrize("module", ["message_history.rules", "message_history.dlq_plan"])
 def test_pure_rules_import_no_io(module: str) -> None:
-    """Importing the rules loads neither Kafka, MongoDB nor asyncio."""
+    """Importing the rules (and the dlq selection rules) loads neither Kafka, MongoDB nor asyncio."""
     loaded = loaded_top_level_modules(module)
     assert module.split(".")[0] in loaded
     assert sorted(loaded.intersection(FORBIDDEN)) == []

@@ -1,7 +1,7 @@
 // kubecheck reads Kubernetes manifests (multi-document YAML, as `helm template` prints them) on stdin and
 // decodes each built-in object strictly into its Go type from k8s.io/api: an unknown or misplaced field, or a
 // value of the wrong type, is an error. helm lint does not check this, and the tests have no cluster to ask.
-// Custom resources (ServiceMonitor, ScaledObject) are listed as skipped.
+// Custom resources (ServiceMonitor, ScaledObject, PrometheusRule) are listed as skipped.
 package main
 
 import (

@@ -1,4 +1,4 @@
-"""The Python examples of the README's "Use it as a library" section run as written."""
+"""The Python examples of docs/library.md (moved there from the README) run as written."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-SECTION = "## Use it as a library"
+ROOT = Path(__file__).resolve().parents[2]
+LIBRARY = ROOT / "docs" / "library.md"
+SECTION = "# Use it as a library"
 
 
 def library_section(text: str) -> str:
-    """The README text from the section heading to the next second-level heading."""
+    """The page from its title to the next first-level heading (the whole page: its `##` parts included)."""
     start = text.index(SECTION)
-    following = re.search(r"^## ", text[start + len(SECTION) :], flags=re.MULTILINE)
+    following = re.search(r"^# ", text[start + len(SECTION) :], flags=re.MULTILINE)
     return text[start:] if following is None else text[start : start + len(SECTION) + following.start()]
 
 
@@ -25,7 +26,7 @@ def python_blocks(section: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
 
 
-BLOCKS = python_blocks(library_section(README.read_text(encoding="utf-8")))
+BLOCKS = python_blocks(library_section(LIBRARY.read_text(encoding="utf-8")))
 
 
 def test_section_has_the_seed_examples() -> None:
@@ -45,7 +46,7 @@ def test_example_runs(block: str) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=README.parent,
+        cwd=ROOT,
         check=False,
     )
     assert done.returncode == 0, done.stderr

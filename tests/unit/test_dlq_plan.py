@@ -1,0 +1,224 @@
+"""`dlq` selection and redrive rules (pure): offset ranges, filters, the redriven headers, markers."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+
+import pytest
+
+from message_history.dlq import options_from_args
+from message_history.dlq_plan import (
+    REDRIVE_AT,
+    REDRIVE_OF,
+    DeadLetter,
+    OffsetRange,
+    Selection,
+    Tally,
+    add_dlq_arguments,
+    describe,
+    earliest_failure,
+    line,
+    marker,
+    parse_offset_ranges,
+    preview,
+    redrive_headers,
+    redrive_target,
+    selected,
+    summary,
+)
+from message_history.replay_plan import UsageError
+from message_history.settings import Settings
+from schemas.dead_letters import DEAD_LETTER_HEADERS, parse_dead_letter_headers
+
+
+def letter(
+    offset: int = 5,
+    *,
+    partition: int = 0,
+    error_type: str = "EventValidationError",
+    failed_at: str = "2026-01-10T09:00:00.000Z",
+    source_topic: str = "agent.requests",
+    extra: tuple[tuple[str, bytes], ...] = (("traceparent", b"00-abc-def-01"),),
+) -> DeadLetter:
+    headers = (
+        *extra,
+        ("error.type", error_type.encode()),
+        ("error.message", b"too big"),
+        ("source.topic", source_topic.encode()),
+        ("source.partition", b"2"),
+        ("source.offset", b"41"),
+        ("failed.at", failed_at.encode()),
+        ("service.version", b"0.1.0"),
+    )
+    return DeadLetter(
+        topic="agent.requests.dlq",
+        partition=partition,
+        offset=offset,
+        key=b"thread-1",
+        value=b'{"x": 1}',
+        headers=headers,
+        info=parse_dead_letter_headers(headers),
+    )
+
+
+NOT_OURS = DeadLetter(
+    "agent.requests.dlq", 0, 9, b"k", b"v", (), None, "not a dead letter: missing header(s)"
+)
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("0:100-120", (OffsetRange(0, 100, 120),)),
+        ("0:7", (OffsetRange(0, 7, 7),)),
+        (" 0:1-2, 3:5-5 ,0:9-10", (OffsetRange(0, 1, 2), OffsetRange(3, 5, 5), OffsetRange(0, 9, 10))),
+    ],
+)
+def test_offset_ranges_parse(spec: str, expected: tuple[OffsetRange, ...]) -> None:
+    """`P:FIRST-LAST` lists parse into inclusive ranges; a single offset is a range of one."""
+    assert parse_offset_ranges(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["", "0", "0:", "0:5-3", "-1:2", "a:1-2", "0:1-2,", "0:x-3"])
+def test_bad_offset_ranges_are_usage_errors(spec: str) -> None:
+    """Anything but `P:FIRST-LAST` with non-negative, ordered integers is refused."""
+    with pytest.raises(UsageError):
+        parse_offset_ranges(spec)
+
+
+T9 = datetime(2026, 1, 10, 9, 0, tzinfo=UTC)
+T10 = datetime(2026, 1, 10, 10, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("selection", "record", "expected"),
+    [
+        (Selection(), letter(), True),
+        (Selection(), NOT_OURS, False),
+        (Selection(error_types=frozenset({"EventValidationError"})), letter(), True),
+        (Selection(error_types=frozenset({"ThreadOwnershipError"})), letter(), False),
+        (Selection(ranges=(OffsetRange(0, 5, 5),)), letter(5), True),
+        (Selection(ranges=(OffsetRange(0, 6, 9),)), letter(5), False),
+        (Selection(ranges=(OffsetRange(1, 0, 9),)), letter(5), False),  # another partition
+        (Selection(since=T9), letter(failed_at="2026-01-10T09:00:00.000Z"), True),  # since is inclusive
+        (Selection(until=T9), letter(failed_at="2026-01-10T09:00:00.000Z"), False),  # until is exclusive
+        (Selection(since=T9, until=T10), letter(failed_at="2026-01-10T09:59:59.999Z"), True),
+        (Selection(since=T9), letter(failed_at="not a time"), False),
+        (Selection(source_topics=frozenset({"agent.responses"})), letter(), False),
+        (
+            Selection(error_types=frozenset({"EventValidationError"}), ranges=(OffsetRange(0, 0, 3),)),
+            letter(5),
+            False,  # every filter must match
+        ),
+    ],
+)
+def test_selection(selection: Selection, record: DeadLetter, expected: bool) -> None:
+    """A dead letter is selected when it passes every filter; a record without our headers never is."""
+    assert selected(record, selection) is expected
+
+
+def test_redrive_headers_keep_the_original_ones_and_mark_the_dead_letter() -> None:
+    """The redriven record keeps its own headers (traceparent), loses the service's and any earlier marker,
+    and names the dead letter it came from."""
+    earlier = (("traceparent", b"00-abc-def-01"), (REDRIVE_OF, b"old:0:1"), (REDRIVE_AT, b"then"))
+    headers = redrive_headers(letter(extra=earlier), now="2026-01-11T00:00:00.000Z")
+    assert headers == [
+        ("traceparent", b"00-abc-def-01"),
+        (REDRIVE_OF, b"agent.requests.dlq:0:5"),
+        (REDRIVE_AT, b"2026-01-11T00:00:00.000Z"),
+    ]
+    assert not {k for k, _ in headers} & set(DEAD_LETTER_HEADERS)
+
+
+def test_redrive_target_is_the_source_topic_unless_overridden() -> None:
+    """`--to` wins; otherwise the dead letter goes back where it was read from."""
+    assert redrive_target(letter(), None) == "agent.requests"
+    assert redrive_target(letter(), "staging.requests") == "staging.requests"
+
+
+def test_marker_reads_redrive_of() -> None:
+    """Only `redrive.of` counts as a marker."""
+    assert marker([("traceparent", b"x"), (REDRIVE_OF, b"t:0:5")]) == "t:0:5"
+    assert marker([("traceparent", b"x"), (REDRIVE_OF, None)]) is None
+    assert marker([]) is None
+
+
+def test_earliest_failure_allows_for_clock_skew() -> None:
+    """Markers are looked for from a few minutes before the earliest selected failure."""
+    letters = [letter(failed_at="2026-01-10T10:00:00.000Z"), letter(failed_at="2026-01-10T09:00:00.000Z")]
+    assert earliest_failure(letters) == datetime(2026, 1, 10, 8, 55, tzinfo=UTC)
+    assert earliest_failure([letter(failed_at="?")]) is None
+
+
+def test_line_and_json_name_the_reason_and_the_source() -> None:
+    """The listing says where the dead letter is, why it was refused and where it came from."""
+    text = line(letter(), show_value=True)
+    assert text.startswith("agent.requests.dlq:0:5  2026-01-10T09:00:00.000Z  EventValidationError")
+    assert "from agent.requests:2:41" in text
+    assert "too big" in text
+    assert 'value: {"x": 1}' in text
+    doc = describe(letter())
+    assert doc["errorType"] == "EventValidationError"
+    assert doc["source"] == {"topic": "agent.requests", "partition": 2, "offset": 41}
+    assert doc["headers"] == {"traceparent": "00-abc-def-01"}
+    assert describe(NOT_OURS)["deadLetter"] is False
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, "(null)"), (b"plain", "plain"), (b"\xff\x00a", "\\xff\\x00a"), (b"x" * 5, "xxx…")],
+)
+def test_preview(value: bytes | None, expected: str) -> None:
+    """Values print as text where they are text, escaped otherwise, cut with an ellipsis."""
+    assert preview(value, limit=3 if value == b"x" * 5 else 200) == expected
+
+
+def test_summary_counts_by_reason() -> None:
+    """The summary gives the totals and one line per error.type, most frequent first."""
+    tally = Tally()
+    for record in (letter(1), letter(2, error_type="ThreadOwnershipError"), letter(3)):
+        tally.count(record, is_selected=True)
+    tally.count(NOT_OURS, is_selected=False)
+    tally.redriven, tally.already_redriven = 2, 1
+    assert summary(tally, command="redrive") == [
+        "redrive: read 4 record(s), 3 selected, 1 without dead-letter headers",
+        "  EventValidationError: 2",
+        "  ThreadOwnershipError: 1",
+        "redrive: redriven 2, skipped 1 already redriven",
+    ]
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_dlq_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_redrive_without_a_filter_needs_all() -> None:
+    """A redrive of every dead letter must be asked for explicitly; inspect lists everything by default."""
+    settings = Settings()
+    with pytest.raises(UsageError, match="--all"):
+        options_from_args(_args("redrive"), settings)
+    assert options_from_args(_args("redrive", "--all"), settings).selection == Selection()
+    assert options_from_args(_args("inspect"), settings).topics == (
+        settings.requests_dlq,
+        settings.responses_dlq,
+    )
+
+
+def test_topics_follow_path_or_topic() -> None:
+    """`--path` picks that path's dead-letter topic; `--topic` names them outright."""
+    settings = Settings()
+    assert options_from_args(_args("inspect", "--path", "persist"), settings).topics == (
+        settings.responses_dlq,
+    )
+    assert options_from_args(_args("inspect", "--topic", "a", "--topic", "b"), settings).topics == ("a", "b")
+
+
+def test_since_must_precede_until() -> None:
+    """An empty time window is a usage error, not an empty result."""
+    with pytest.raises(UsageError, match="later"):
+        options_from_args(
+            _args("inspect", "--since", "2026-01-10T10:00Z", "--until", "2026-01-10T09:00Z"), Settings()
+        )
