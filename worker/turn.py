@@ -8,6 +8,8 @@ The response follows the contract (section 3) so the persist path saves the righ
   not saved again and the turn's own (`"input"`) are;
 - `response` is what the handler produced; a message without `id`/`createdAt` gets them from the service
   (`{requestId}:response:{i}`), so an answer produced twice is stored once;
+- `createdAt` is now, but never before the context's newest message (+1 ms), so the answer sorts after its
+  question even when the worker's clock is behind the client's;
 - `finishReason` is the handler's (`"stop"` by default); a failed turn is `"error"` with no response
   message, which the persist path skips as `failed-turn`, saving nothing of it (no orphaned user message);
 - `memory.readOnly` is the request's unless the reply says otherwise.
@@ -18,7 +20,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from schemas.events import AgentResponse, EnrichedMessage, EnrichedRequest, HistoryInfo
@@ -109,12 +111,15 @@ def build_response(turn: Turn, reply: Reply | str, *, now: datetime) -> AgentRes
     if isinstance(reply, str):
         reply = Reply.text(reply)
     event = turn.event
+    # Never before the context's newest message: a worker clock behind the client's must not sort the answer
+    # before its question (the service stamps response messages from this createdAt).
+    newest = max((m.createdAt for m in event.messages), default=now)
     values: dict[str, Any] = {
         "schemaVersion": 1,
         "requestId": event.requestId,
         "threadId": event.threadId,
         "resourceId": event.resourceId,
-        "createdAt": format_timestamp(now),
+        "createdAt": format_timestamp(max(now, newest + timedelta(milliseconds=1))),
         "input": [m.wire() for m in event.messages],
         "response": [m.wire() if isinstance(m, Message) else dict(m) for m in reply.messages],
     }
