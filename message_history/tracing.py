@@ -13,7 +13,7 @@ name, so an output has exactly one `traceparent`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry import propagate, trace
@@ -52,6 +52,21 @@ def enabled() -> bool:
     if _override is not None:
         return True
     return not isinstance(trace.get_tracer_provider(), ProxyTracerProvider | NoOpTracerProvider)
+
+
+def sdk_configured(env: Mapping[str, str]) -> bool:
+    """Whether the standard `OTEL_*` variables ask for exported traces (the service then sets up the SDK).
+
+    `OTEL_SDK_DISABLED=true` turns it off; `OTEL_TRACES_EXPORTER` (other than `none`) or an OTLP endpoint
+    (`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) turns it on. Nothing set: off, so a
+    service without a collector does not try to export to the default endpoint.
+    """
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = env.get("OTEL_TRACES_EXPORTER")
+    if exporters is not None:
+        return any(name.strip() not in ("", "none") for name in exporters.split(","))
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
 def tracer() -> trace.Tracer:
