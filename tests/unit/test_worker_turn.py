@@ -126,3 +126,25 @@ def test_seen_events_needs_room_for_one() -> None:
     """A zero bound would drop nothing; it is refused."""
     with pytest.raises(ValueError, match="at least 1"):
         SeenEvents(per_partition=0)
+
+
+def test_the_docs_example_uses_what_the_sdk_exports() -> None:
+    """docs/worker.md's Python example parses and imports only names the `worker` package provides."""
+    import ast  # noqa: PLC0415
+    import re  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    import worker  # noqa: PLC0415
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "worker.md").read_text(encoding="utf-8")
+    (block,) = re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+    tree = ast.parse(block)
+    imported = [
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "worker"
+        for alias in node.names
+    ]
+    assert imported
+    assert all(hasattr(worker, name) for name in imported)
+    assert "from_settings" in block
