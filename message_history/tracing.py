@@ -69,9 +69,17 @@ def sdk_configured(env: Mapping[str, str]) -> bool:
     return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
+_cached: tuple[trace.TracerProvider, trace.Tracer] | None = None
+
+
 def tracer() -> trace.Tracer:
+    """This package's tracer from the current provider (cached: the SDK builds a new one per call)."""
+    global _cached  # noqa: PLW0603 -- a cache of one, renewed when the provider changes
     provider = _override or trace.get_tracer_provider()
-    return provider.get_tracer(INSTRUMENTATION, __version__)
+    cached = _cached
+    if cached is None or cached[0] is not provider:
+        cached = _cached = (provider, provider.get_tracer(INSTRUMENTATION, __version__))
+    return cached[1]
 
 
 class _HeaderGetter(Getter[Sequence[tuple[str, bytes | None]]]):
@@ -143,15 +151,17 @@ def end_when_done(span: Span | None, ack: Any) -> None:
 class BatchSpans:
     """A batch's span and one span per record, by index; every method is a no-op when tracing is off."""
 
-    __slots__ = ("_batch", "_closed", "_path", "_spans")
+    __slots__ = ("_batch", "_closed", "_path", "_spans", "_tracer")
 
     def __init__(self, path: str, records: Sequence[Any]) -> None:
         self._path = path
         self._batch: Span | None = None
         self._spans: list[Span | None] = []
         self._closed: set[int] = set()  # records whose span is ended, or will be when their ack resolves
+        self._tracer: trace.Tracer | None = None
         if enabled():
-            self._batch = tracer().start_span(
+            self._tracer = tracer()
+            self._batch = self._tracer.start_span(
                 f"{path} batch",
                 kind=SpanKind.INTERNAL,
                 attributes={"messaging.batch.message_count": len(records), "message_history.path": path},
@@ -160,9 +170,9 @@ class BatchSpans:
 
     def start(self, index: int, record: Any) -> None:
         """Start record `index`'s span: a child of its `traceparent`, linked to the batch span."""
-        if self._batch is None:
+        if self._batch is None or self._tracer is None:
             return
-        self._spans[index] = tracer().start_span(
+        self._spans[index] = self._tracer.start_span(
             self._path,
             context=parent_context(record.headers),
             kind=SpanKind.CONSUMER,
