@@ -135,6 +135,10 @@ class PersistHandler:
                 results[index] = event
                 spans.fail(index, event)
                 continue
+            span = spans.span(index)
+            if span is not None:
+                span.set_attribute("message_history.skipped", event.skipped or "")
+                span.set_attribute("message_history.saved", len(event.savedMessageIds))
             ack = await self._publisher.publish(event, headers=spans.headers(index, item.record))
             spans.end_when_done(index, ack)
             results[index] = ack

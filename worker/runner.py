@@ -273,9 +273,12 @@ class AgentWorker:
                     await self._answer(rec)
                     done.add((rec.partition, rec.offset))
 
-        async with asyncio.TaskGroup() as group:
-            for recs in lanes.values():
-                group.create_task(lane(recs))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for recs in lanes.values():
+                    group.create_task(lane(recs))
+        except ExceptionGroup as failed:  # a lane failed (Kafka refused a send): its first error, unwrapped
+            raise failed.exceptions[0] from None
 
     async def _commit(self, records: Sequence[ConsumerRecord], done: set[tuple[int, int]]) -> None:
         """Commit, per partition, past the longest run of answered records from the batch's start."""
