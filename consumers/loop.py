@@ -40,9 +40,10 @@ from aiokafka.errors import (
     KafkaTimeoutError,
     KafkaUnavailableError,
 )
+from opentelemetry.trace import Span
 
 from consumers.offsets import OffsetTracker, PartitionOffsets
-from message_history import metrics
+from message_history import metrics, tracing
 from message_history.errors import InvalidInputError, RetriableError
 from message_history.settings import Settings
 from producers.connection import kafka_options
@@ -408,7 +409,13 @@ class StreamLoop:
 
     async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
         """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
-        ack = await self._dead_letters.publish(record, error)
+        with tracing.output_span("dead-letter", record, **{"message_history.path": self.path}) as span:
+            return await self._send_dead_letter(record, error, span)
+
+    async def _send_dead_letter(
+        self, record: ConsumerRecord, error: BaseException, span: Span | None
+    ) -> object:
+        ack = await self._dead_letters.publish(record, error, span=span)
         result = await ack
         error_type = getattr(error, "error_type", type(error).__name__)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=error_type).inc()

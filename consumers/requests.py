@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack, record_headers
-from message_history import metrics
+from consumers.loop import Ack
+from message_history import metrics, tracing
 from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory
@@ -63,16 +63,24 @@ class RecallHandler:
         self._max_in_flight = max_in_flight_threads
 
     async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+        with tracing.batch_spans(PATH, records) as spans:
+            return await self._handle(records, spans)
+
+    async def _handle(
+        self, records: Sequence[Any], spans: tracing.BatchSpans
+    ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
         results: list[Ack | InvalidInputError | None] = [None] * len(records)
         items: list[tuple[int, _Item]] = []
         for index, record in enumerate(records):
+            spans.start(index, record)
             try:
                 if record.value is None:
                     raise EventValidationError("empty record (no value)")
                 items.append((index, _Item(record, decode_request(record.value, self._limits))))
             except InvalidInputError as exc:
                 results[index] = exc
+                spans.fail(index, exc)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
@@ -83,8 +91,9 @@ class RecallHandler:
         processor = MessageHistory(storage=history, last_messages=self._last_messages)
 
         async def enrich(entry: tuple[int, _Item]) -> Ack:
-            item = entry[1]
+            index, item = entry
             request = item.request
+            spans.identify(index, request.requestId)
             outcome = await processor.recall(
                 thread_id=request.threadId,
                 resource_id=request.resourceId,
@@ -95,7 +104,9 @@ class RecallHandler:
                 request, outcome.context, recalled=outcome.recalled, limit=outcome.limit
             )
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
-            return await self._publisher.publish(enriched, headers=record_headers(item.record))
+            ack = await self._publisher.publish(enriched, headers=spans.headers(index, item.record))
+            spans.end_when_done(index, ack)
+            return ack
 
         sent_from = time.perf_counter()
         outcomes = await run_lanes(
@@ -110,6 +121,7 @@ class RecallHandler:
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
                 results[index] = outcome.error
+                spans.fail(index, outcome.error)
             else:
                 results[index] = outcome
                 metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack, record_headers
-from message_history import metrics
+from consumers.loop import Ack
+from message_history import metrics, tracing
 from message_history.batch_storage import BatchHistoryStorage, CollectedTurn, CollectingHistory
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
@@ -72,16 +72,24 @@ class PersistHandler:
         self._max_in_flight = max_in_flight_threads
 
     async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+        with tracing.batch_spans(PATH, records) as spans:
+            return await self._handle(records, spans)
+
+    async def _handle(
+        self, records: Sequence[Any], spans: tracing.BatchSpans
+    ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
         results: list[Ack | InvalidInputError | None] = [None] * len(records)
         items: list[tuple[int, _Item]] = []
         for index, record in enumerate(records):
+            spans.start(index, record)
             try:
                 if record.value is None:
                     raise EventValidationError("empty record (no value)")
                 items.append((index, _Item(record, decode_response(record.value, self._limits))))
             except InvalidInputError as exc:
                 results[index] = exc
+                spans.fail(index, exc)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
@@ -90,6 +98,7 @@ class PersistHandler:
 
         async def persist(entry: tuple[int, _Item]) -> _Done:
             response = entry[1].response
+            spans.identify(entry[0], response.requestId)
             turn = batch.for_turn()
             before = last_write.get(response.threadId)
             outcome = await MessageHistory(storage=turn).persist_turn(
@@ -119,12 +128,20 @@ class PersistHandler:
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
                 results[index] = outcome.error
+                spans.fail(index, outcome.error)
                 continue
             event = self._persisted(item.response, outcome)
             if isinstance(event, InvalidInputError):
                 results[index] = event
+                spans.fail(index, event)
                 continue
-            results[index] = await self._publisher.publish(event, headers=record_headers(item.record))
+            span = spans.span(index)
+            if span is not None:
+                span.set_attribute("message_history.skipped", event.skipped or "")
+                span.set_attribute("message_history.saved", len(event.savedMessageIds))
+            ack = await self._publisher.publish(event, headers=spans.headers(index, item.record))
+            spans.end_when_done(index, ack)
+            results[index] = ack
             label = "persisted" if event.skipped is None else f"skipped-{event.skipped}"
             metrics.OUTCOMES.labels(path=PATH, outcome=label).inc()
         done = [r for r in results if r is not None]

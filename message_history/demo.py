@@ -6,8 +6,9 @@ the service in this process, and plays three parts:
 
 - a **driver** (the client): sends each thread's `AgentRequest`, then waits for that turn's `HistoryPersisted`
   before sending the thread's next turn, as a real client would;
-- a **stand-in agent worker**: reads `agent.requests.enriched`, prints the context it got (the recalled
-  history visibly grows turn by turn), "answers from memory" deterministically, and sends an `AgentResponse`;
+- a **stand-in agent worker** built on the worker SDK (`worker.AgentWorker`): reads
+  `agent.requests.enriched`, prints the context it got (the recalled history visibly grows turn by turn),
+  "answers from memory" deterministically, and the SDK sends the `AgentResponse`;
 - at the end, the threads **as stored in MongoDB** (`mastra_threads` and `mastra_messages` rows).
 
 Every wait is bounded; the exit code is 0 on success and 1 with a message on failure. The service is stopped
@@ -36,13 +37,12 @@ from message_history.settings import Settings
 from producers.connection import kafka_options as connection_options
 from schemas.events import (
     AgentRequest,
-    AgentResponse,
     EnrichedRequest,
     HistoryPersisted,
-    decode_enriched,
     decode_persisted,
     encode,
 )
+from worker import AgentWorker, Reply, Turn
 
 FIRST_TURN_TIMEOUT_S = 90.0  # the first turn also waits for three consumer groups to form
 TURN_TIMEOUT_S = 30.0
@@ -106,24 +106,6 @@ def build_request(thread: DemoThread, turn: int, request_id: str) -> AgentReques
             "createdAt": _now(),
             "metadata": {"demo": True, "turn": turn},
             "messages": [{"role": "user", "content": _content(text)}],
-        }
-    )
-
-
-def build_response(enriched: EnrichedRequest, answer: str) -> AgentResponse:
-    """The worker's `AgentResponse`: the context exactly as received (memory ones are not re-saved), plus
-    one assistant message."""
-    return AgentResponse.model_validate(
-        {
-            "schemaVersion": 1,
-            "requestId": enriched.requestId,
-            "threadId": enriched.threadId,
-            "resourceId": enriched.resourceId,
-            "createdAt": _now(),
-            "metadata": enriched.metadata,
-            "input": [m.wire() for m in enriched.messages],
-            "response": [{"role": "assistant", "content": _content(answer)}],
-            "finishReason": "stop",
         }
     )
 
@@ -303,7 +285,6 @@ class Demo:
     out: TextIO
     turn_of: dict[str, int] = field(default_factory=dict)  # requestId -> turn number
     persisted: dict[str, asyncio.Future[HistoryPersisted]] = field(default_factory=dict)
-    answered: set[str] = field(default_factory=set)
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -313,22 +294,11 @@ class Demo:
             self.persisted[request_id] = asyncio.get_running_loop().create_future()
         return self.persisted[request_id]
 
-    async def agent_worker(self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer) -> None:
-        """The stand-in agent: enriched request in, printed, answered from memory, response out."""
-        async for record in consumer:
-            enriched = decode_enriched(record.value)
-            if enriched.eventId in self.answered:
-                continue  # at-least-once: a redelivered request was already answered
-            answer = answer_from_memory(enriched)
-            self.say(render_enriched(enriched, self.turn_of.get(enriched.requestId), answer))
-            response = build_response(enriched, answer)
-            await producer.send_and_wait(
-                self.settings.responses_topic,
-                encode(response),
-                key=enriched.threadId.encode(),
-                headers=list(record.headers or ()),
-            )
-            self.answered.add(enriched.eventId)
+    async def answer(self, turn: Turn) -> Reply:
+        """The stand-in agent, as the worker SDK's handler: the context printed, answered from memory."""
+        answer = answer_from_memory(turn.event)
+        self.say(render_enriched(turn.event, self.turn_of.get(turn.request_id), answer))
+        return Reply.text(answer)
 
     async def persisted_reader(self, consumer: AIOKafkaConsumer) -> None:
         """Resolves the driver's waits as `HistoryPersisted` events arrive."""
@@ -455,11 +425,8 @@ async def _run_parts(demo: Demo) -> None:
     stop = asyncio.Event()
     service = asyncio.create_task(start_service(settings, stop), name="the service")
     producer = AIOKafkaProducer(**kafka_options(settings, "demo-client"), acks="all", enable_idempotence=True)
-    worker_consumer = AIOKafkaConsumer(
-        settings.enriched_topic,
-        **kafka_options(settings, "demo-agent"),
-        group_id=f"demo-{demo.run_id}-agent",
-        auto_offset_reset="earliest",
+    agent = AgentWorker.from_settings(
+        demo.answer, settings, group_id=f"demo-{demo.run_id}-agent", handle_signals=False
     )
     reader_consumer = AIOKafkaConsumer(
         settings.persisted_topic,
@@ -467,17 +434,16 @@ async def _run_parts(demo: Demo) -> None:
         group_id=f"demo-{demo.run_id}-client",
         auto_offset_reset="earliest",
     )
-    clients = (worker_consumer, reader_consumer, producer)
+    clients = (reader_consumer, producer, agent)
     tasks: list[asyncio.Task[Any]] = [service]
     try:
         await wait_or_fail(
-            _start_all(producer, worker_consumer, reader_consumer),
+            _start_all(producer, reader_consumer, agent),
             tasks,
             SETUP_TIMEOUT_S,
             "the demo's Kafka clients to connect",
         )
-        worker = demo.agent_worker(worker_consumer, producer)
-        tasks.append(asyncio.create_task(worker, name="the agent worker"))
+        tasks.append(asyncio.create_task(agent.run(), name="the agent worker"))
         tasks.append(asyncio.create_task(demo.persisted_reader(reader_consumer), name="the persisted reader"))
         await demo.drive(producer, tasks)
         await demo.dump_mongodb()
@@ -494,7 +460,7 @@ async def _shutdown(
     stop: asyncio.Event,
     service: asyncio.Task[Any],
     parts: Sequence[asyncio.Task[Any]],
-    clients: Sequence[AIOKafkaProducer | AIOKafkaConsumer],
+    clients: Sequence[AIOKafkaProducer | AIOKafkaConsumer | AgentWorker],
     settings: Settings,
 ) -> DemoError | None:
     """Stop the demo's parts, then the service through its stop event; return what went wrong, if anything."""
@@ -504,7 +470,10 @@ async def _shutdown(
     await asyncio.gather(*parts, return_exceptions=True)
     for client in clients:
         with contextlib.suppress(Exception):
-            await client.stop()
+            if isinstance(client, AgentWorker):
+                await client.__aexit__(None, None, None)
+            else:
+                await client.stop()
     timeout_s = settings.shutdown_grace_s + 5
     try:
         async with asyncio.timeout(timeout_s):
@@ -519,9 +488,12 @@ async def _shutdown(
     return None
 
 
-async def _start_all(*clients: AIOKafkaProducer | AIOKafkaConsumer) -> None:
+async def _start_all(*clients: AIOKafkaProducer | AIOKafkaConsumer | AgentWorker) -> None:
     for client in clients:
-        await client.start()
+        if isinstance(client, AgentWorker):
+            await client.__aenter__()
+        else:
+            await client.start()
 
 
 def main(threads: int = 2, turns: int = 3) -> int:

@@ -1,7 +1,8 @@
 """Structured logs: one JSON object per line, with secrets scrubbed before anything is written.
 
-Each line has `ts` (ISO-8601 UTC, milliseconds), `level`, `logger`, `msg`, every field passed with
-`extra={...}`, and `exc` (the rendered traceback) when there is one. Log aggregators (Loki, Cloud Logging,
+Each line has `ts` (ISO-8601 UTC, milliseconds), `level`, `logger`, `msg`, `trace_id` and `span_id` (hex, when
+logged inside a recorded OpenTelemetry span), every field passed with `extra={...}`, and `exc` (the rendered
+traceback) when there is one. Log aggregators (Loki, Cloud Logging,
 Elasticsearch) parse these lines without configuration.
 
 Scrubbing happens on every string that goes out (message, extra values, traceback), in this order:
@@ -24,6 +25,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 from urllib.parse import unquote, urlsplit
 
+from opentelemetry import trace
 from pydantic import SecretStr
 
 MASK = "***"
@@ -130,6 +132,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": scrub(msg),
         }
+        span = trace.get_current_span().get_span_context()
+        if span.is_valid:  # inside a record's span (tracing on): the line joins its trace
+            doc["trace_id"] = f"{span.trace_id:032x}"
+            doc["span_id"] = f"{span.span_id:016x}"
         for key, value in record.__dict__.items():
             if key in _RESERVED:
                 continue

@@ -14,15 +14,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Literal
 
 from consumers.loop import LoopOptions, StreamLoop, build_consumer
 from consumers.requests import RecallHandler
 from consumers.responses import PersistHandler
-from message_history import __version__
+from message_history import __version__, tracing
 from message_history.batch_storage import BatchHistoryStorage, as_batch_storage
 from message_history.health import Health, serve_http
 from message_history.logs import configure_logging, register_secret
@@ -178,6 +179,52 @@ async def _run_until_stopped(
     return code
 
 
+def start_tracing(env: Mapping[str, str] = os.environ) -> Callable[[], None] | None:
+    """The OpenTelemetry SDK as the `OTEL_*` variables configure it; returns its shutdown (flushes spans).
+
+    Only when they ask for traces (`tracing.sdk_configured`), the `[otel]` extra is installed and no provider
+    is in place yet (`opentelemetry-instrument` may have set one: it is used as is). The SDK reads the rest
+    itself: `OTEL_TRACES_SAMPLER`, `OTEL_EXPORTER_OTLP_*`, `OTEL_BSP_*`, `OTEL_RESOURCE_ATTRIBUTES`.
+    """
+    if not tracing.sdk_configured(env) or tracing.enabled():
+        return None
+    try:
+        from opentelemetry import trace  # noqa: PLC0415 -- the SDK is optional
+        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
+        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
+        from opentelemetry.sdk.trace.export import (  # noqa: PLC0415
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+            SpanExporter,
+        )
+    except ImportError:
+        log.warning("OTEL_* asks for traces but the SDK is missing: pip install 'message-history[otel]'")
+        return None
+    attributes = {"service.version": __version__}
+    if "OTEL_SERVICE_NAME" not in env and "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
+        attributes["service.name"] = "message-history"
+    provider = TracerProvider(resource=Resource.create(attributes))
+    listed = env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
+    names = [n.strip() for n in listed if n.strip() not in ("", "none")]
+    for name in names:
+        exporter: SpanExporter
+        if name == "console":
+            exporter = ConsoleSpanExporter()
+        elif name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
+                OTLPSpanExporter,
+            )
+
+            exporter = OTLPSpanExporter()
+        else:
+            log.warning("unknown OTEL_TRACES_EXPORTER entry ignored", extra={"exporter": name})
+            continue
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    log.info("tracing on", extra={"exporters": names})
+    return provider.shutdown
+
+
 def main(only: str | None = None) -> int:
     """Entry point of `message-history run [--only recall|persist]`; returns the process exit code."""
     settings = Settings()
@@ -189,7 +236,12 @@ def main(only: str | None = None) -> int:
         if only not in PATHS:
             raise ValueError(f"unknown path {only!r}")
         selected = "recall" if only == "recall" else "persist"
-    return asyncio.run(_main(settings, selected))
+    stop_tracing = start_tracing()
+    try:
+        return asyncio.run(_main(settings, selected))
+    finally:
+        if stop_tracing is not None:
+            stop_tracing()  # exports the spans still buffered
 
 
 async def _main(settings: Settings, only: Path | None) -> int:

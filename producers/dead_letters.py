@@ -6,7 +6,10 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from opentelemetry.trace import Span
+
 from message_history import __version__
+from message_history.tracing import output_headers
 from producers.output import OutputProducer
 from schemas.dead_letters import dead_letter_headers
 
@@ -29,8 +32,13 @@ class DeadLetterPublisher:
         self._producer = producer
         self.topic = topic
 
-    async def publish(self, record: SourceRecord, error: BaseException) -> asyncio.Future[Any]:
-        """Buffer the dead letter for `record`; the future resolves when Kafka acknowledged it."""
+    async def publish(
+        self, record: SourceRecord, error: BaseException, *, span: Span | None = None
+    ) -> asyncio.Future[Any]:
+        """Buffer the dead letter for `record`; the future resolves when Kafka acknowledged it.
+
+        With a `span`, the dead letter carries its trace context instead of the record's (one `traceparent`).
+        """
         headers = dead_letter_headers(
             error=error,
             source_topic=record.topic,
@@ -38,7 +46,7 @@ class DeadLetterPublisher:
             source_offset=record.offset,
             failed_at=datetime.now(UTC),
             service_version=__version__,
-            original_headers=[(k, v or b"") for k, v in (record.headers or ())],
+            original_headers=output_headers([(k, v or b"") for k, v in (record.headers or ())], span),
         )
         value = record.value
         if value is None and record.key is None:

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-FIRST_PARTY = {"message_history", "schemas", "storage", "consumers", "producers"}
+FIRST_PARTY = {"message_history", "schemas", "storage", "consumers", "producers", "worker"}
 ANYTHING = "anything"
 
 

@@ -1,0 +1,378 @@
+"""`AgentWorker`: the other half of the pipeline, `agent.requests.enriched` in, `agent.responses` out.
+
+    async def answer(turn: Turn) -> Reply | str:
+        return Reply.text(await my_model(turn.messages))
+
+    async with AgentWorker(answer, bootstrap_servers="localhost:9092", group_id="my-agent") as worker:
+        await worker.run()  # until SIGTERM/SIGINT or worker.stop()
+
+Per batch of enriched requests: one thread's turns in order, different threads concurrently (at most
+`max_concurrent_turns`). Per turn, the handler is called with the `Turn`; its `Reply` becomes the
+`AgentResponse` (see `worker.turn`), sent with the enriched record's headers (the `traceparent` replaced by
+the turn's span when tracing is on) and waited for. A handler that raises (or times out) answers a failed
+turn, `finishReason: "error"`, logged with the traceback. Offsets are committed once the batch's responses
+are acknowledged by Kafka: a crash redelivers, never loses (at-least-once), and copies of an `eventId`
+already answered are dropped (`worker.turn.SeenEvents` says how far that goes). An enriched record that does
+not decode is logged and skipped (the service never writes one; the worker has no dead-letter topic).
+
+SIGTERM (and SIGINT) stop fetching; the batch in flight gets `shutdown_grace_s` to finish, then what is left
+is cancelled and not committed (the next owner answers it); then the offsets of what was answered are
+committed, the consumer leaves the group and the producer flushes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.abc import ConsumerRebalanceListener
+from aiokafka.errors import (
+    CommitFailedError,
+    IllegalStateError,
+    KafkaConnectionError,
+    KafkaError,
+    KafkaTimeoutError,
+)
+
+from message_history import tracing
+from message_history.errors import InvalidInputError
+from message_history.settings import Settings
+from producers.connection import kafka_options
+from producers.output import OUTPUT_TOO_LARGE
+from schemas.events import AgentResponse, decode_enriched, encode
+from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Turn], Awaitable[Reply | str]]
+"""The user's code: one turn in, its reply out (a string is one assistant text message)."""
+
+RETRY_INITIAL_S: Final = 0.2
+RETRY_MAX_S: Final = 5.0
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What the worker did since it started (for logs, tests, a metrics exporter of the user's)."""
+
+    answered: int = 0
+    failed: int = 0  # answered as failed turns (the handler raised or timed out)
+    duplicates: int = 0  # dropped: the eventId was already answered
+    invalid: int = 0  # skipped: not a valid EnrichedRequest
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _retriable(error: KafkaError) -> bool:
+    """Kafka is down or slow (retry the send), not refusing the record for good."""
+    retriable = bool(getattr(error, "retriable", False))
+    return retriable or isinstance(error, KafkaConnectionError | KafkaTimeoutError)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information
+    def __init__(self, worker: AgentWorker) -> None:
+        self._worker = worker
+
+    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+        await self._worker.wait_idle()  # the batch in flight commits what it answered before we let go
+
+    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        return None
+
+
+class AgentWorker:
+    """Consumes enriched requests, calls `handler` per turn, produces responses; an async context manager."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        bootstrap_servers: str,
+        enriched_topic: str = "agent.requests.enriched",
+        responses_topic: str = "agent.responses",
+        group_id: str = "agent-worker",
+        client_options: Mapping[str, Any] | None = None,
+        max_concurrent_turns: int = 32,
+        max_batch_records: int = 100,
+        poll_timeout_ms: int = 500,
+        seen_per_partition: int = 10_000,
+        handler_timeout_s: float | None = None,
+        shutdown_grace_s: float = 25.0,
+        handle_signals: bool = True,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        if max_concurrent_turns < 1:
+            raise ValueError("max_concurrent_turns must be at least 1")
+        self._handler = handler
+        self._enriched_topic = enriched_topic
+        self._responses_topic = responses_topic
+        self._group_id = group_id
+        options = {"bootstrap_servers": bootstrap_servers, **(client_options or {})}
+        options.setdefault("client_id", f"agent-worker-{group_id}")
+        self._options = options
+        self._max_concurrent = max_concurrent_turns
+        self._max_batch = max_batch_records
+        self._poll_timeout_ms = poll_timeout_ms
+        self._handler_timeout_s = handler_timeout_s
+        self._grace_s = shutdown_grace_s
+        self._handle_signals = handle_signals
+        self._clock = clock
+        self._seen = SeenEvents(seen_per_partition)
+        self._stop = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self._signals: list[signal.Signals] = []
+        self.stats = WorkerStats()
+
+    @classmethod
+    def from_settings(
+        cls, handler: Handler, settings: Settings, *, group_id: str = "agent-worker", **options: Any
+    ) -> AgentWorker:
+        """A worker on the service's Kafka (security included) and topics, from the same environment."""
+        client = kafka_options(settings, client_id=f"agent-worker-{group_id}")
+        return cls(
+            handler,
+            bootstrap_servers=client.pop("bootstrap_servers"),
+            enriched_topic=settings.enriched_topic,
+            responses_topic=settings.responses_topic,
+            group_id=group_id,
+            client_options=client,
+            **options,
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> AgentWorker:
+        producer = AIOKafkaProducer(**self._options, acks="all", enable_idempotence=True, linger_ms=5)
+        consumer = AIOKafkaConsumer(
+            **self._options,
+            group_id=self._group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            max_poll_records=self._max_batch,
+        )
+        await producer.start()
+        try:
+            await consumer.start()
+        except BaseException:
+            await producer.stop()
+            raise
+        consumer.subscribe([self._enriched_topic], listener=_Listener(self))
+        self._producer, self._consumer = producer, consumer
+        if self._handle_signals:
+            self._install_signals()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+        self._remove_signals()
+        consumer, producer = self._consumer, self._producer
+        self._consumer = self._producer = None
+        try:
+            if consumer is not None:
+                await consumer.stop()  # leaves the group
+        finally:
+            if producer is not None:
+                await producer.stop()  # flushes
+
+    def stop(self) -> None:
+        """Stop fetching; `run` returns once the batch in flight is answered (or the grace is over)."""
+        self._stop.set()
+
+    async def wait_idle(self) -> None:
+        """Until no batch is in flight (its answers sent and committed), at most the shutdown grace."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), self._grace_s)
+
+    def _install_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or no signals
+                continue
+            self._signals.append(sig)
+
+    def _remove_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            loop.remove_signal_handler(sig)
+        self._signals.clear()
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("signal received: stopping", extra={"signal": sig.name})
+        self.stop()
+
+    # --- the loop -------------------------------------------------------------------------------------------
+
+    async def run(self) -> WorkerStats:
+        """Answer enriched requests until stopped; returns the stats. Inside `async with` only."""
+        consumer = self._require(self._consumer)
+        log.info(
+            "agent worker started",
+            extra={"topic": self._enriched_topic, "responses_topic": self._responses_topic},
+        )
+        while not self._stop.is_set():
+            fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms, max_records=self._max_batch)
+            records = [rec for recs in fetched.values() for rec in recs]
+            if records:
+                await self._run_batch(records)
+        log.info("agent worker stopped", extra={"stats": self._stats_dict()})
+        return self.stats
+
+    def _stats_dict(self) -> dict[str, int]:
+        s = self.stats
+        return {"answered": s.answered, "failed": s.failed, "duplicates": s.duplicates, "invalid": s.invalid}
+
+    async def _run_batch(self, records: Sequence[ConsumerRecord]) -> None:
+        """Answer the batch (threads concurrently, each in order), then commit what was answered."""
+        self._idle.clear()
+        done: set[tuple[int, int]] = set()
+        batch = asyncio.create_task(self._answer_all(records, done))
+        stopper = asyncio.create_task(self._stop.wait())
+        try:
+            await asyncio.wait({batch, stopper}, return_when=asyncio.FIRST_COMPLETED)
+            if not batch.done():  # stopping: the grace period, then what is left goes to the next owner
+                await asyncio.wait({batch}, timeout=self._grace_s)
+                if not batch.done():
+                    log.warning("shutdown grace over: unanswered turns left for the next owner")
+                    batch.cancel()
+                    await asyncio.gather(batch, return_exceptions=True)
+        finally:
+            stopper.cancel()
+            try:
+                await self._commit(records, done)
+            finally:
+                self._idle.set()
+        if not batch.cancelled() and batch.exception() is not None:
+            raise batch.exception()  # type: ignore[misc]  # checked just above
+
+    async def _answer_all(self, records: Sequence[ConsumerRecord], done: set[tuple[int, int]]) -> None:
+        lanes: dict[object, list[ConsumerRecord]] = {}
+        for rec in records:  # the key is the thread id; one thread's turns in order
+            lanes.setdefault((rec.partition, rec.key), []).append(rec)
+        gate = asyncio.Semaphore(self._max_concurrent)
+
+        async def lane(recs: list[ConsumerRecord]) -> None:
+            async with gate:
+                for rec in recs:
+                    await self._answer(rec)
+                    done.add((rec.partition, rec.offset))
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for recs in lanes.values():
+                    group.create_task(lane(recs))
+        except ExceptionGroup as failed:  # a lane failed (Kafka refused a send): its first error, unwrapped
+            raise failed.exceptions[0] from None
+
+    async def _commit(self, records: Sequence[ConsumerRecord], done: set[tuple[int, int]]) -> None:
+        """Commit, per partition, past the longest run of answered records from the batch's start."""
+        consumer = self._require(self._consumer)
+        offsets: dict[TopicPartition, int] = {}
+        by_partition: dict[TopicPartition, list[int]] = {}
+        for rec in records:
+            by_partition.setdefault(TopicPartition(rec.topic, rec.partition), []).append(rec.offset)
+        for tp, partition_offsets in by_partition.items():
+            for offset in sorted(partition_offsets):
+                if (tp.partition, offset) not in done:
+                    break
+                offsets[tp] = offset + 1
+        if not offsets:
+            return
+        try:
+            await consumer.commit(offsets)
+        except (CommitFailedError, IllegalStateError) as exc:
+            # the group rebalanced meanwhile: the next owner redelivers these turns (and drops none by id)
+            log.warning("commit refused after a rebalance", extra={"error": str(exc)})
+
+    # --- one turn -------------------------------------------------------------------------------------------
+
+    async def _answer(self, record: ConsumerRecord) -> None:
+        where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
+        try:
+            event = decode_enriched(record.value if record.value is not None else b"")
+        except InvalidInputError as exc:
+            self.stats.invalid += 1
+            log.error("not an EnrichedRequest: skipped", extra={**where, "reason": str(exc)})  # noqa: TRY400
+            return
+        if (record.partition, event.eventId) in self._seen:
+            self.stats.duplicates += 1
+            log.info("duplicate enriched request dropped", extra={**where, "event_id": event.eventId})
+            return
+        turn = Turn(event, record.partition, record.offset)
+        ids = {"request_id": event.requestId, "thread_id": event.threadId}
+        with tracing.output_span("agent turn", record, **{"messaging.message.id": event.requestId}) as span:
+            response = await self._respond(turn, ids)
+            headers = tracing.output_headers([(k, v or b"") for k, v in record.headers or ()], span)
+            await self._send(turn, response, headers)
+        self._seen.add(record.partition, event.eventId)
+        self.stats.answered += 1
+
+    async def _respond(self, turn: Turn, ids: dict[str, str]) -> AgentResponse:
+        try:
+            if self._handler_timeout_s is None:
+                reply = await self._handler(turn)
+            else:
+                reply = await asyncio.wait_for(self._handler(turn), self._handler_timeout_s)
+            return build_response(turn, reply, now=self._clock())
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # the user's code: whatever it raises is a failed turn, never a stopped worker
+            self.stats.failed += 1
+            log.exception("handler failed: answering a failed turn", extra=ids)
+            return failed_response(turn, now=self._clock())
+
+    async def _send(self, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]) -> None:
+        """Send the response and wait for Kafka's acknowledgement, retrying while Kafka is unavailable."""
+        producer = self._require(self._producer)
+        attempt = 0
+        while True:
+            try:
+                ack = await producer.send(
+                    self._responses_topic,
+                    value=encode(response),
+                    key=turn.thread_id.encode(),
+                    headers=headers,
+                )
+                await ack
+                return  # noqa: TRY300 -- the retry loop's exit
+            except OUTPUT_TOO_LARGE:
+                ids = {"request_id": turn.request_id}
+                if response.finishReason == FAILED and not response.response:
+                    # even the bare input does not fit: nothing can be said for this turn; the stream goes on
+                    log.error("failed-turn response too large for Kafka: turn dropped", extra=ids)  # noqa: TRY400
+                    return
+                log.error("response too large for Kafka: answering a failed turn", extra=ids)  # noqa: TRY400
+                self.stats.failed += 1
+                response = failed_response(turn, now=self._clock())
+            except KafkaError as exc:
+                if not _retriable(exc):
+                    raise
+                attempt += 1
+                delay = min(RETRY_MAX_S, RETRY_INITIAL_S * 2 ** (attempt - 1))
+                log.warning(
+                    "response not acknowledged, retrying",
+                    extra={"request_id": turn.request_id, "attempt": attempt, "error": type(exc).__name__},
+                )
+                await asyncio.sleep(delay)
+
+    @staticmethod
+    def _require(client: Any) -> Any:
+        if client is None:
+            raise RuntimeError("AgentWorker used outside its `async with`")
+        return client
