@@ -295,11 +295,14 @@ def install_venv() -> None:
     )
     if version.returncode != 0:
         raise StackError(f"{VENV_PYTHON} does not run ({version.stderr.strip()}); delete .venv and retry")
-    want = digest(ROOT / "pyproject.toml", version.stdout)
+    lock = ROOT / "deploy" / "requirements.txt"
+    want = digest(ROOT / "pyproject.toml", lock, version.stdout)
     if stamp_matches(VENV_STAMP, want):
         return
+    # Constrained by the image's lock, so the tests run the exact runtime versions the image ships.
     run(
-        [VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-e", ".[dev]"],
+        [VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", lock,
+         "-e", ".[dev]"],
         what="install the project and its dev dependencies into .venv",
     )
     write_stamp(VENV_STAMP, want)
