@@ -57,6 +57,14 @@ class Settings(BaseSettings):
     max_in_flight_threads: int = Field(256, ge=1)
     commit_interval_ms: int = Field(200, ge=1)
     linger_ms: int = Field(5, ge=0)
+    output_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "none",
+        description=(
+            "Compression of every record the service produces (enriched, persisted, dead letters, answers). "
+            "`none` by default: every Kafka client reads it (KafkaJS reads only gzip without extra codecs). "
+            "Inputs in any of these codecs are always read."
+        ),
+    )
 
     # --- limits on input ---
     max_event_bytes: int = Field(1_048_576, ge=1024)

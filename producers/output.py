@@ -33,6 +33,11 @@ OUTPUT_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
 """Kafka refused a record for its size: a property of that record, not an outage."""
 
 
+def compression_type(settings: Settings) -> str | None:
+    """aiokafka's `compression_type` for `output_compression` (`none` is aiokafka's None)."""
+    return None if settings.output_compression == "none" else settings.output_compression
+
+
 class OutputProducer:
     """Async context manager around `AIOKafkaProducer`; stopping it flushes what is buffered."""
 
@@ -48,6 +53,7 @@ class OutputProducer:
             enable_idempotence=True,
             linger_ms=self._settings.linger_ms,
             max_batch_size=MAX_BATCH_BYTES,
+            compression_type=compression_type(self._settings),
         )
         await producer.start()
         self._producer = producer

@@ -153,6 +153,7 @@ shutdownGraceSeconds: MESSAGE_HISTORY_SHUTDOWN_GRACE_S
 httpHost: MESSAGE_HISTORY_HTTP_HOST
 httpPort: MESSAGE_HISTORY_HTTP_PORT
 logLevel: MESSAGE_HISTORY_LOG_LEVEL
+outputCompression: MESSAGE_HISTORY_OUTPUT_COMPRESSION
 {{- end }}
 
 {{/* A value as the service expects it in the environment: strings verbatim, numbers without exponent. */}}
