@@ -7,6 +7,7 @@ Producers are often configured with `compression.type` snappy, lz4 or zstd; aiok
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 import aiokafka.codec
 import pytest
@@ -27,6 +28,8 @@ from tests.integration.service_harness import (
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic, wait_committed
 from tests.integration.test_replay import replay, simple_events
+
+Item = tuple[bytes | None, bytes | None]
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -59,7 +62,7 @@ async def test_inputs_in_every_codec_are_processed_and_outputs_use_the_setting(
 
 
 async def _produce_to(
-    bootstrap: str, topic: str, partition: int, items: list[tuple[bytes, bytes]], codec: str | None
+    bootstrap: str, topic: str, partition: int, items: Sequence[Item], codec: str | None
 ) -> None:
     """`items` to one partition as one record batch (linger), compressed with `codec`."""
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, compression_type=codec, linger_ms=100)
