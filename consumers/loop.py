@@ -49,7 +49,7 @@ from message_history.errors import InvalidInputError, RetriableError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
-from producers.output import OUTPUT_TOO_LARGE
+from producers.output import OUTPUT_TOO_LARGE, explain_too_large
 
 log = logging.getLogger(__name__)
 
@@ -425,7 +425,7 @@ class StreamLoop:
         failed, too_large = _settle(pending, outcomes)
         if too_large:
             # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
-            letters = [self._dead_letter(rec, err) for rec, _, err in too_large]
+            letters = [self._dead_letter(rec, explain_too_large(err, self.path)) for rec, _, err in too_large]
             again, refused = _settle(
                 [(rec, part) for rec, part, _ in too_large],
                 await asyncio.gather(*letters, return_exceptions=True),
@@ -442,7 +442,11 @@ class StreamLoop:
     async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
         """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
         ack = await self._dead_letters.publish(record, error)
-        result = await ack
+        try:
+            result = await ack
+        except OUTPUT_TOO_LARGE:
+            # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
+            result = await (await self._dead_letters.publish(record, error, omit_value=True))
         error_type = getattr(error, "error_type", type(error).__name__)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=error_type).inc()
         metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()

@@ -24,6 +24,7 @@ from producers.persisted import PersistedPublisher
 from schemas.events import AgentResponse, HistoryPersisted, decode_response
 from schemas.limits import Limits
 from schemas.messages import Message
+from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import Thread
 
 PATH = "persist"
@@ -79,7 +80,15 @@ class PersistHandler:
             try:
                 if record.value is None:
                     raise EventValidationError("empty record (no value)")
-                items.append((index, _Item(record, decode_response(record.value, self._limits))))
+                response = decode_response(record.value, self._limits)
+                if may_exceed(len(record.value)):
+                    # only events this large can hold such a message; the exact check dumps every content
+                    check_document_sizes(
+                        [*turn_input(response), *response.response],
+                        thread_id=response.threadId,
+                        resource_id=response.resourceId,
+                    )
+                items.append((index, _Item(record, response)))
             except InvalidInputError as exc:
                 results[index] = exc
         decoded = time.perf_counter()

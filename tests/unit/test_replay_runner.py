@@ -97,7 +97,9 @@ class RecordingDeadLetters(DeadLetterPublisher):
         super().__init__(OutputProducer(Settings()), "rs.dlq")  # the producer is never started nor used
         self.sent: list[tuple[int, str]] = []
 
-    async def publish(self, record: SourceRecord, error: BaseException) -> asyncio.Future[Any]:
+    async def publish(
+        self, record: SourceRecord, error: BaseException, *, omit_value: bool = False
+    ) -> asyncio.Future[Any]:
         self.sent.append((record.offset, type(error).__name__))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         future.set_result(None)
