@@ -25,7 +25,7 @@ from schemas.events import AgentResponse, HistoryPersisted, decode_response
 from schemas.limits import Limits
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
-from storage.protocol import Thread
+from storage.protocol import Thread, TombstoneReader
 
 PATH = "persist"
 
@@ -66,11 +66,13 @@ class PersistHandler:
         publisher: PersistedPublisher,
         limits: Limits,
         max_in_flight_threads: int,
+        tombstones: TombstoneReader | None = None,
     ) -> None:
         self._storage = storage
         self._publisher = publisher
         self._limits = limits
         self._max_in_flight = max_in_flight_threads
+        self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
 
     async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
@@ -91,6 +93,7 @@ class PersistHandler:
                 items.append((index, _Item(record, response)))
             except InvalidInputError as exc:
                 results[index] = exc
+        items = await self._skip_forgotten(items, results)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
@@ -139,6 +142,33 @@ class PersistHandler:
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
+
+    async def _skip_forgotten(
+        self, items: list[tuple[int, _Item]], results: list[Ack | InvalidInputError | None]
+    ) -> list[tuple[int, _Item]]:
+        """The items whose turn is not forgotten history; the others are answered `skipped: "forgotten"`."""
+        if self._tombstones is None or not items:
+            return items
+        tombstones = await self._tombstones.tombstones(
+            thread_ids=list(dict.fromkeys(item.response.threadId for _, item in items)),
+            resource_ids=list(dict.fromkeys(item.response.resourceId for _, item in items)),
+        )
+        if not tombstones.threads and not tombstones.resources:
+            return items
+        kept: list[tuple[int, _Item]] = []
+        for index, item in items:
+            response = item.response
+            if not tombstones.forgets(
+                thread_id=response.threadId, resource_id=response.resourceId, created_at=response.createdAt
+            ):
+                kept.append((index, item))
+                continue
+            event = HistoryPersisted.for_response(
+                response, saved_ids=[], skipped="forgotten", thread_updated_at=None
+            )
+            results[index] = await self._publisher.publish(event, headers=record_headers(item.record))
+            metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
+        return kept
 
     @staticmethod
     def _persisted(response: AgentResponse, done: _Done) -> HistoryPersisted | InvalidInputError:

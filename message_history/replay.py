@@ -78,6 +78,7 @@ from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.limits import Limits
 from schemas.messages import Message
 from storage.errors import storage_errors
+from storage.forgetting import MongoForgetting
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import Thread
 
@@ -294,6 +295,7 @@ class ReplayStorage:
 
     def __init__(self, mongo: MongoHistoryStorage, counts: Counts, *, dry_run: bool) -> None:
         self._mongo = mongo
+        self.tombstones = MongoForgetting(mongo.db)  # forgotten history is not replayed back
         self._counts = counts
         self.dry_run = dry_run
         self._virtual: dict[str, Thread] = {}  # dry run: threads it would have created
@@ -940,6 +942,7 @@ def _handler(
             publisher=PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
             limits=limits,
             max_in_flight_threads=settings.max_in_flight_threads,
+            tombstones=storage.tombstones,
         )
     )
 

@@ -27,7 +27,7 @@ from schemas.messages import PART_TAGS, Message, Open, Timestamp
 SCHEMA_VERSION: Final = 1
 
 Source = Literal["memory", "input"]
-Skipped = Literal["read-only", "no-thread", "failed-turn", "nothing-to-save"]
+Skipped = Literal["read-only", "no-thread", "failed-turn", "nothing-to-save", "forgotten"]
 
 MAX_REASON_CHARS: Final = 200
 """A reason becomes a header: pydantic's messages do not echo the input, and we cap them anyway."""
