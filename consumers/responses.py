@@ -93,7 +93,7 @@ class PersistHandler:
                 items.append((index, _Item(record, response)))
             except InvalidInputError as exc:
                 results[index] = exc
-        items = await self._skip_forgotten(items, results)
+        items, forgotten = await self._split_forgotten(items)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
@@ -127,6 +127,12 @@ class PersistHandler:
         written = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(written - decoded)
 
+        for index, item in forgotten:  # after the write, as every outcome: a retried batch sends them once
+            skipped = HistoryPersisted.for_response(
+                item.response, saved_ids=[], skipped="forgotten", thread_updated_at=None
+            )
+            results[index] = await self._publisher.publish(skipped, headers=record_headers(item.record))
+            metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
         for (index, item), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
@@ -143,32 +149,27 @@ class PersistHandler:
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
 
-    async def _skip_forgotten(
-        self, items: list[tuple[int, _Item]], results: list[Ack | InvalidInputError | None]
-    ) -> list[tuple[int, _Item]]:
-        """The items whose turn is not forgotten history; the others are answered `skipped: "forgotten"`."""
+    async def _split_forgotten(
+        self, items: list[tuple[int, _Item]]
+    ) -> tuple[list[tuple[int, _Item]], list[tuple[int, _Item]]]:
+        """(turns to persist, forgotten turns): one tombstone read for the batch (see `Tombstones`)."""
         if self._tombstones is None or not items:
-            return items
+            return items, []
         tombstones = await self._tombstones.tombstones(
             thread_ids=list(dict.fromkeys(item.response.threadId for _, item in items)),
             resource_ids=list(dict.fromkeys(item.response.resourceId for _, item in items)),
         )
         if not tombstones.threads and not tombstones.resources:
-            return items
+            return items, []
         kept: list[tuple[int, _Item]] = []
-        for index, item in items:
-            response = item.response
-            if not tombstones.forgets(
+        forgotten: list[tuple[int, _Item]] = []
+        for entry in items:
+            response = entry[1].response
+            gone = tombstones.forgets(
                 thread_id=response.threadId, resource_id=response.resourceId, created_at=response.createdAt
-            ):
-                kept.append((index, item))
-                continue
-            event = HistoryPersisted.for_response(
-                response, saved_ids=[], skipped="forgotten", thread_updated_at=None
             )
-            results[index] = await self._publisher.publish(event, headers=record_headers(item.record))
-            metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
-        return kept
+            (forgotten if gone else kept).append(entry)
+        return kept, forgotten
 
     @staticmethod
     def _persisted(response: AgentResponse, done: _Done) -> HistoryPersisted | InvalidInputError:
