@@ -231,9 +231,9 @@ class StreamLoop:
         while not stop.is_set():
             try:
                 exists = self.topic in await self._consumer.topics()
-            except KafkaError as exc:
-                if not is_outage(exc):
-                    raise
+            except KafkaError:
+                # a metadata request that failed (aiokafka raises a bare KafkaError when no broker answers
+                # it): not found yet. The commands path polls here for as long as its topic is missing.
                 exists = False
             if exists:
                 break
