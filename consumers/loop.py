@@ -14,7 +14,8 @@ Outages (MongoDB or Kafka unreachable: `RetriableError`, retriable or timed-out 
 input: the loop pauses its partitions, reports not-ready, backs off exponentially with jitter, and retries
 the same records that are not done yet. While it waits it keeps calling `getmany` (on paused partitions, so
 nothing is returned) so that the consumer stays in the group. A record whose output is too large for Kafka
-is dead-lettered like bad input. Anything else (a bug, a refused configuration) stops the loop: the service
+is dead-lettered like bad input, and so is each offset of a record batch the consumer cannot decompress or
+parse (see `consumers.unreadable`). Anything else (a bug, a refused configuration) stops the loop: the service
 exits non-zero without committing past the failed work.
 """
 
@@ -43,12 +44,13 @@ from aiokafka.errors import (
 from opentelemetry.trace import Span
 
 from consumers.offsets import OffsetTracker, PartitionOffsets
+from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
 from message_history.errors import InvalidInputError, RetriableError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
-from producers.output import OUTPUT_TOO_LARGE
+from producers.output import OUTPUT_TOO_LARGE, explain_too_large
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +174,7 @@ class StreamLoop:
         self.path = path
         self.topic = topic
         self._consumer = consumer
-        self._handler = handler
+        self._handler = SkippingUnreadable(handler)  # an unreadable record is refused before the path sees it
         self._dead_letters = dead_letters
         self._health = health
         self._opts = options
@@ -187,6 +189,7 @@ class StreamLoop:
         self._random = random.Random()  # noqa: S311 -- jitter, not security
         self._chunk_limit = options.max_batch_records  # records per attempt; shrinks after failures
         self._clean_chunks = 0
+        self._handed_out: dict[TopicPartition, int] = {}  # one past the last record fetched, per partition
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
@@ -229,9 +232,9 @@ class StreamLoop:
         while not stop.is_set():
             try:
                 exists = self.topic in await self._consumer.topics()
-            except KafkaError as exc:
-                if not is_outage(exc):
-                    raise
+            except KafkaError:
+                # a metadata request that failed (aiokafka raises a bare KafkaError when no broker answers
+                # it): not found yet. The commands path polls here for as long as its topic is missing.
                 exists = False
             if exists:
                 break
@@ -255,30 +258,58 @@ class StreamLoop:
 
     # --- fetching -------------------------------------------------------------------------------------------
 
-    async def _fetch(self) -> list[ConsumerRecord]:
+    async def _fetch(self) -> list[ConsumerRecord | UnreadableRecord]:
         try:
             fetched = await self._consumer.getmany(
                 timeout_ms=self._opts.poll_timeout_ms, max_records=self._opts.max_batch_records
             )
         except KafkaError as exc:
             if not is_outage(exc):
+                if is_unreadable(exc):
+                    return await self._fetch_carefully(exc)
                 raise
             log.warning("fetch failed, retrying", extra={"path": self.path, "error": type(exc).__name__})
             metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
             await asyncio.sleep(self._opts.retry_initial_s)
             return []
-        records: list[ConsumerRecord] = []
+        except Exception as exc:
+            if is_outage(exc) or not is_unreadable(exc):
+                raise
+            return await self._fetch_carefully(exc)
+        records: list[ConsumerRecord | UnreadableRecord] = []
         for tp, recs in fetched.items():
             if tp not in self._assigned:
                 if recs and tp in self._consumer.assignment():
                     self._consumer.seek(tp, recs[0].offset)  # ours, listener not run yet: read them again
                 continue  # else revoked meanwhile: the partition's next owner reads them from the commit
             records.extend(recs)
+            if recs:
+                self._handed_out[tp] = recs[-1].offset + 1
             highwater = self._consumer.highwater(tp)
             if highwater is not None:
                 metrics.CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(
                     max(0, highwater - (recs[-1].offset + 1))
                 )
+        return records
+
+    async def _fetch_carefully(self, error: BaseException) -> list[ConsumerRecord | UnreadableRecord]:
+        """After `getmany` failed on a batch it cannot read: rewind, read one record at a time."""
+        log.warning(
+            "a fetched record batch cannot be read; reading record by record to dead-letter it",
+            extra={"path": self.path, "error": type(error).__name__, "reason": str(error)[:200]},
+        )
+        owned = [tp for tp in self._consumer.assignment() if tp in self._assigned]
+        await rewind(self._consumer, owned, self._handed_out)
+        records, found = await read_carefully(
+            self._consumer,
+            owned,
+            max_records=self._opts.max_batch_records,
+            timeout_ms=self._opts.poll_timeout_ms,
+        )
+        for record in records:
+            self._handed_out[_tp(record)] = record.offset + 1
+        if found:
+            log.warning("unreadable records found", extra={"path": self.path, "records": found[:20]})
         return records
 
     async def _wait_polling(self, seconds: float, stop: asyncio.Event) -> None:
@@ -292,9 +323,11 @@ class StreamLoop:
             self._health.beat(self.path)
             try:
                 fetched = await self._consumer.getmany(timeout_ms=max(1, int(min(remaining, 1.0) * 1000)))
-            except KafkaError as exc:
-                if not is_outage(exc):
+            except Exception as exc:
+                if not (is_outage(exc) or is_unreadable(exc)):
                     raise
+                if not is_outage(exc):  # read again (and dead-lettered) once the wait is over
+                    await rewind(self._consumer, self._consumer.assignment(), self._handed_out)
                 await asyncio.sleep(min(remaining, self._opts.poll_timeout_ms / 1000))
                 continue
             owned = self._consumer.assignment()
@@ -306,7 +339,7 @@ class StreamLoop:
 
     # --- processing -----------------------------------------------------------------------------------------
 
-    async def _process(self, records: list[ConsumerRecord], stop: asyncio.Event) -> None:
+    async def _process(self, records: list[ConsumerRecord | UnreadableRecord], stop: asyncio.Event) -> None:
         """Process one batch to the end: every record done, dead-lettered, or abandoned by a revoke/stop.
 
         After a failure the rest of the batch goes in halving chunks, and the loop remembers the size that
@@ -393,7 +426,7 @@ class StreamLoop:
         failed, too_large = _settle(pending, outcomes)
         if too_large:
             # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
-            letters = [self._dead_letter(rec, err) for rec, _, err in too_large]
+            letters = [self._dead_letter(rec, explain_too_large(err, self.path)) for rec, _, err in too_large]
             again, refused = _settle(
                 [(rec, part) for rec, part, _ in too_large],
                 await asyncio.gather(*letters, return_exceptions=True),
@@ -416,7 +449,11 @@ class StreamLoop:
         self, record: ConsumerRecord, error: BaseException, span: Span | None
     ) -> object:
         ack = await self._dead_letters.publish(record, error, span=span)
-        result = await ack
+        try:
+            result = await ack
+        except OUTPUT_TOO_LARGE:
+            # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
+            result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
         error_type = getattr(error, "error_type", type(error).__name__)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=error_type).inc()
         metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
@@ -530,6 +567,8 @@ class StreamLoop:
                 )
         await self._commit_now(sorted(revoked), reason="revoke")
         self._tracker.forget(revoked)
+        for tp in revoked:
+            self._handed_out.pop(tp, None)
         self._assigned -= revoked
         log.info(
             "partitions revoked",
@@ -540,6 +579,8 @@ class StreamLoop:
         """Take the new partitions; fetching starts from the group's committed offsets."""
         metrics.REBALANCES.labels(path=self.path, kind="assigned").inc()
         self._assigned |= assigned
+        for tp in assigned:
+            self._handed_out.pop(tp, None)  # fetching starts again from the committed offset
         if self._outage and assigned:
             self._consumer.pause(*assigned)
         log.info(

@@ -24,7 +24,8 @@ from producers.persisted import PersistedPublisher
 from schemas.events import AgentResponse, HistoryPersisted, decode_response
 from schemas.limits import Limits
 from schemas.messages import Message
-from storage.protocol import Thread
+from storage.document_size import check_document_sizes, may_exceed
+from storage.protocol import Thread, TombstoneReader
 
 PATH = "persist"
 
@@ -65,11 +66,13 @@ class PersistHandler:
         publisher: PersistedPublisher,
         limits: Limits,
         max_in_flight_threads: int,
+        tombstones: TombstoneReader | None = None,
     ) -> None:
         self._storage = storage
         self._publisher = publisher
         self._limits = limits
         self._max_in_flight = max_in_flight_threads
+        self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
 
     async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
         with tracing.batch_spans(PATH, records) as spans:
@@ -84,12 +87,11 @@ class PersistHandler:
         for index, record in enumerate(records):
             spans.start(index, record)
             try:
-                if record.value is None:
-                    raise EventValidationError("empty record (no value)")
-                items.append((index, _Item(record, decode_response(record.value, self._limits))))
+                items.append((index, _Item(record, self._decode(record))))
             except InvalidInputError as exc:
                 results[index] = exc
                 spans.fail(index, exc)
+        items, forgotten = await self._split_forgotten(items)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
@@ -124,6 +126,8 @@ class PersistHandler:
         written = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(written - decoded)
 
+        for index, item in forgotten:  # after the write, as every outcome: a retried batch sends them once
+            results[index] = await self._answer_forgotten(index, item, spans)
         for (index, item), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
@@ -147,6 +151,51 @@ class PersistHandler:
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
+
+    def _decode(self, record: Any) -> AgentResponse:
+        """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
+        if record.value is None:
+            raise EventValidationError("empty record (no value)")
+        response = decode_response(record.value, self._limits)
+        if may_exceed(len(record.value)):
+            # only events this large can hold such a message; the exact check dumps every content
+            check_document_sizes(
+                [*turn_input(response), *response.response],
+                thread_id=response.threadId,
+                resource_id=response.resourceId,
+            )
+        return response
+
+    async def _answer_forgotten(self, index: int, item: _Item, spans: tracing.BatchSpans) -> Ack:
+        skipped = HistoryPersisted.for_response(
+            item.response, saved_ids=[], skipped="forgotten", thread_updated_at=None
+        )
+        ack = await self._publisher.publish(skipped, headers=spans.headers(index, item.record))
+        spans.end_when_done(index, ack)
+        metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
+        return ack
+
+    async def _split_forgotten(
+        self, items: list[tuple[int, _Item]]
+    ) -> tuple[list[tuple[int, _Item]], list[tuple[int, _Item]]]:
+        """(turns to persist, forgotten turns): one tombstone read for the batch (see `Tombstones`)."""
+        if self._tombstones is None or not items:
+            return items, []
+        tombstones = await self._tombstones.tombstones(
+            thread_ids=list(dict.fromkeys(item.response.threadId for _, item in items)),
+            resource_ids=list(dict.fromkeys(item.response.resourceId for _, item in items)),
+        )
+        if not tombstones.threads and not tombstones.resources:
+            return items, []
+        kept: list[tuple[int, _Item]] = []
+        forgotten: list[tuple[int, _Item]] = []
+        for entry in items:
+            response = entry[1].response
+            gone = tombstones.forgets(
+                thread_id=response.threadId, resource_id=response.resourceId, created_at=response.createdAt
+            )
+            (forgotten if gone else kept).append(entry)
+        return kept, forgotten
 
     @staticmethod
     def _persisted(response: AgentResponse, done: _Done) -> HistoryPersisted | InvalidInputError:

@@ -21,7 +21,11 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", help="run the service: recall and persist paths")
-    run.add_argument("--only", choices=["recall", "persist"], help="run a single path")
+    run.add_argument(
+        "--only",
+        choices=["recall", "persist", "commands"],
+        help="run a single path (persist also runs the commands path)",
+    )
 
     sub.add_parser("check", help="check that Kafka and MongoDB answer (a real round trip on each)")
     sub.add_parser("config", help="print the effective settings, secrets masked")
@@ -43,6 +47,15 @@ def _parser() -> argparse.ArgumentParser:
 
     dlq = sub.add_parser("dlq", help="list dead letters with their reasons, or redrive selected ones")
     add_dlq_arguments(dlq)
+    from message_history.forget import add_forget_arguments  # noqa: PLC0415 -- stdlib only, cheap
+    from message_history.prune import add_prune_arguments  # noqa: PLC0415
+
+    forget = sub.add_parser(
+        "forget", help="erase a thread or a resource's whole history (GDPR), with a tombstone"
+    )
+    add_forget_arguments(forget)
+    prune = sub.add_parser("prune", help="retention: delete messages older than a cut-off and empty threads")
+    add_prune_arguments(prune)
     return parser
 
 
@@ -77,6 +90,14 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one retu
         from message_history.dlq import main as dlq_main  # noqa: PLC0415
 
         return dlq_main(args)
+    if args.command == "forget":
+        from message_history.forget import main as forget_main  # noqa: PLC0415
+
+        return forget_main(args)
+    if args.command == "prune":
+        from message_history.prune import main as prune_main  # noqa: PLC0415
+
+        return prune_main(args)
     raise AssertionError(args.command)  # argparse guarantees a known command
 
 

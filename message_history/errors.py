@@ -3,7 +3,9 @@
     MessageHistoryError                 retriable = False
     ├── InvalidInputError (ValueError)  bad input: a dead letter, never retried
     │   ├── EventValidationError        not JSON, not the schema, over a limit; carries the field path
-    │   └── ThreadOwnershipError        the event's resourceId is not the stored thread's owner
+    │   ├── ThreadOwnershipError        the event's resourceId is not the stored thread's owner
+    │   ├── DocumentTooLargeError       a message would be a MongoDB document over its 16 MiB limit
+    │   └── OutputTooLargeError         the output of a record is over Kafka's record size limit
     ├── AbortError                      a processor step called abort(reason): the turn stops, nothing written
     ├── RetriableError                  retriable = True: an outage; back off, pause intake, never dead-letter
     │   └── StorageUnavailableError     MongoDB unreachable, timed out, not primary
@@ -52,6 +54,22 @@ class ThreadOwnershipError(InvalidInputError):
         super().__init__(
             f"thread {thread_id!r} belongs to resource {owner!r}, not {resource_id!r}"
         )
+
+
+class DocumentTooLargeError(InvalidInputError):
+    """A message of the event would be a MongoDB document larger than MongoDB accepts; nothing is written."""
+
+
+class OutputTooLargeError(InvalidInputError):
+    """Kafka refused the record's output for its size; `error_type` stays the Kafka error's name."""
+
+    def __init__(self, reason: str, kafka_error: str) -> None:
+        self.kafka_error = kafka_error
+        super().__init__(reason)
+
+    @property
+    def error_type(self) -> str:
+        return self.kafka_error
 
 
 class AbortError(MessageHistoryError):

@@ -44,11 +44,12 @@ from typing import IO, Any, Literal, TextIO, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError, OffsetOutOfRangeError
+from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.loop import Ack, BatchHandler, backoff_delay, is_outage
 from consumers.requests import RecallHandler
 from consumers.responses import PersistHandler
+from consumers.unreadable import SkippingUnreadable, is_unreadable, read_carefully
 from message_history.batch_storage import RecallQuery, SaveTurn
 from message_history.errors import InvalidInputError, MessageHistoryError, ThreadOwnershipError
 from message_history.logs import configure_logging, register_secret
@@ -77,6 +78,7 @@ from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.limits import Limits
 from schemas.messages import Message
 from storage.errors import storage_errors
+from storage.forgetting import MongoForgetting
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import Thread
 
@@ -293,6 +295,7 @@ class ReplayStorage:
 
     def __init__(self, mongo: MongoHistoryStorage, counts: Counts, *, dry_run: bool) -> None:
         self._mongo = mongo
+        self.tombstones = MongoForgetting(mongo.db)  # forgotten history is not replayed back
         self._counts = counts
         self.dry_run = dry_run
         self._virtual: dict[str, Thread] = {}  # dry run: threads it would have created
@@ -851,15 +854,23 @@ class Replay:
             except OffsetOutOfRangeError:
                 await self._skip_deleted(consumer, tp, state)
                 continue
-            except KafkaError as exc:
+            except Exception as exc:
                 if not is_outage(exc):
-                    raise
-                fetched = {}
-                log.warning(
-                    "fetch failed, retrying",
-                    extra={"partition": state.partition, "error": type(exc).__name__},
-                )
-                await sleep_or_stop(self.settings.retry_initial_backoff_s, self.stop)
+                    if not is_unreadable(exc):
+                        raise
+                    # a batch that cannot be decompressed or parsed: its offsets become invalid records
+                    consumer.seek(tp, state.next)
+                    found, _ = await read_carefully(
+                        consumer, [tp], max_records=self._batch_limit, timeout_ms=FETCH_TIMEOUT_MS
+                    )
+                    fetched = {tp: found}
+                else:
+                    fetched = {}
+                    log.warning(
+                        "fetch failed, retrying",
+                        extra={"partition": state.partition, "error": type(exc).__name__},
+                    )
+                    await sleep_or_stop(self.settings.retry_initial_backoff_s, self.stop)
             records = [r for r in fetched.get(tp, []) if state.next <= r.offset < state.end]
             if not records:
                 if fetched.get(tp):  # only records past the end: this partition is finished
@@ -916,18 +927,23 @@ def _handler(
     limits = Limits.from_settings(settings)
     if options.path == "recall":
         assert options.emit_to is not None
-        return RecallHandler(
-            storage=storage,
-            publisher=EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
-            limits=limits,
-            last_messages=settings.last_messages,
-            max_in_flight_threads=settings.max_in_flight_threads,
+        return SkippingUnreadable(
+            RecallHandler(
+                storage=storage,
+                publisher=EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
+                limits=limits,
+                last_messages=settings.last_messages,
+                max_in_flight_threads=settings.max_in_flight_threads,
+            )
         )
-    return PersistHandler(
-        storage=storage,
-        publisher=PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
-        limits=limits,
-        max_in_flight_threads=settings.max_in_flight_threads,
+    return SkippingUnreadable(
+        PersistHandler(
+            storage=storage,
+            publisher=PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
+            limits=limits,
+            max_in_flight_threads=settings.max_in_flight_threads,
+            tombstones=storage.tombstones,
+        )
     )
 
 

@@ -2,7 +2,7 @@
 
 Resources are entered in dependency order into one exit stack and unwound in reverse:
 
-    MongoDB  ->  producer  ->  HTTP probes  ->  consumers (recall, persist)
+    MongoDB  ->  producer  ->  HTTP probes  ->  [periodic prune]  ->  consumers (recall, persist, commands)
 
 so on the way out the consumers finish their batch, commit and leave the group first, then the probe server
 stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop event; everything
@@ -18,8 +18,9 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from consumers.commands import CommandsHandler
 from consumers.loop import LoopOptions, StreamLoop, build_consumer
 from consumers.requests import RecallHandler
 from consumers.responses import PersistHandler
@@ -27,18 +28,23 @@ from message_history import __version__, tracing
 from message_history.batch_storage import BatchHistoryStorage, as_batch_storage
 from message_history.health import Health, serve_http
 from message_history.logs import configure_logging, register_secret
+from message_history.prune import periodic_prune
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.enriched import EnrichedPublisher
+from producers.forgotten import ForgottenPublisher
 from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
 from schemas.limits import Limits
 from storage.protocol import HistoryStorage
 
+if TYPE_CHECKING:
+    from storage.forgetting import MongoForgetting
+
 log = logging.getLogger(__name__)
 
-Path = Literal["recall", "persist"]
-PATHS: tuple[Path, ...] = ("recall", "persist")
+Path = Literal["recall", "persist", "commands"]
+PATHS: tuple[Path, ...] = ("recall", "persist", "commands")
 
 DRAIN_SHARE = 0.6
 """Share of the grace period given to finishing in-flight batches; the rest is for commit, leave, flush."""
@@ -63,9 +69,21 @@ def build_loop(
 ) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
     limits = Limits.from_settings(settings)
-    if path == "recall":
+    forgetting = _forgetting(storage)
+    loop_health: Health | _Advisory = health
+    if path == "commands":
+        if forgetting is None:
+            raise ValueError("the commands path needs the MongoDB storage")
+        topic, dlq = settings.commands_topic, settings.commands_dlq
+        handler: RecallHandler | PersistHandler | CommandsHandler = CommandsHandler(
+            forgetting=forgetting,
+            publisher=ForgottenPublisher(producer, settings.forgotten_topic),
+            limits=limits,
+        )
+        loop_health = _Advisory(health)
+    elif path == "recall":
         topic, dlq = settings.requests_topic, settings.requests_dlq
-        handler: RecallHandler | PersistHandler = RecallHandler(
+        handler = RecallHandler(
             storage=storage,
             publisher=EnrichedPublisher(producer, settings.enriched_topic),
             limits=limits,
@@ -79,6 +97,7 @@ def build_loop(
             publisher=PersistedPublisher(producer, settings.persisted_topic),
             limits=limits,
             max_in_flight_threads=settings.max_in_flight_threads,
+            tombstones=forgetting,
         )
     return StreamLoop(
         path=path,
@@ -86,9 +105,46 @@ def build_loop(
         consumer=build_consumer(settings, topic=topic, path=path),
         handler=handler,
         dead_letters=DeadLetterPublisher(producer, dlq),
-        health=health,
+        health=loop_health,
         options=LoopOptions.from_settings(settings),
     )
+
+
+def _forgetting(storage: BatchHistoryStorage) -> MongoForgetting | None:
+    """Forget and tombstones on the storage's database; None for a storage that is not MongoDB."""
+    from storage.forgetting import MongoForgetting  # noqa: PLC0415 -- keeps `--help` free of pymongo
+    from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415
+
+    return MongoForgetting(storage.db) if isinstance(storage, MongoHistoryStorage) else None
+
+
+def selected_paths(settings: Settings, only: Path | None) -> tuple[Path, ...]:
+    """The paths `run` starts: all, or one; the commands path runs with the persist path (it writes the same
+    collections) unless `MESSAGE_HISTORY_COMMANDS_TOPIC` is empty."""
+    if only is None:
+        paths: tuple[Path, ...] = PATHS
+    elif only == "persist":
+        paths = ("persist", "commands")
+    else:
+        paths = (only,)
+    return tuple(p for p in paths if p != "commands" or settings.commands_topic)
+
+
+class _Advisory:
+    """The health a path reports to when it must not make the service unready (the commands path).
+
+    A missing commands topic is normal (nobody has sent a command yet); the path waits for it and says so in
+    the log, while recall and persist keep the service ready. Liveness beats pass through.
+    """
+
+    def __init__(self, health: Health) -> None:
+        self._health = health
+
+    def set_ready(self, component: str, ready: bool, reason: str = "") -> None:
+        return None
+
+    def beat(self, component: str) -> None:
+        self._health.beat(component)
 
 
 async def run_service(
@@ -104,7 +160,7 @@ async def run_service(
     `storage` replaces MongoDB (embedded use and tests); by default MongoDB is opened from the settings.
     """
     health = health or Health()
-    paths: Sequence[Path] = (only,) if only else PATHS
+    paths: Sequence[Path] = selected_paths(settings, only)
     stack = contextlib.AsyncExitStack()
     stopped_at: list[float] = []
     code = 1
@@ -116,6 +172,13 @@ async def run_service(
         )
         producer = await stack.enter_async_context(OutputProducer(settings))
         await stack.enter_async_context(serve_http(health, settings.http_host, settings.http_port))
+        forgetting = _forgetting(batch_storage)
+        if forgetting is None:
+            paths = [p for p in paths if p != "commands"]  # forgetting needs MongoDB (embedded use, tests)
+        else:
+            await forgetting.ensure_indexes()
+        if settings.prune_older_than and forgetting is not None:
+            await stack.enter_async_context(periodic_prune(forgetting.db, settings))
         loops = [
             await stack.enter_async_context(
                 build_loop(path, settings=settings, storage=batch_storage, producer=producer, health=health)
@@ -235,7 +298,7 @@ def main(only: str | None = None) -> int:
     if only is not None:
         if only not in PATHS:
             raise ValueError(f"unknown path {only!r}")
-        selected = "recall" if only == "recall" else "persist"
+        selected = "recall" if only == "recall" else "commands" if only == "commands" else "persist"
     stop_tracing = start_tracing()
     try:
         return asyncio.run(_main(settings, selected))

@@ -41,6 +41,19 @@ class Settings(BaseSettings):
     persisted_topic: str = "agent.history.persisted"
     requests_dlq_topic: str | None = None  # default: requests_topic + ".dlq"
     responses_dlq_topic: str | None = None  # default: responses_topic + ".dlq"
+    commands_topic: str = Field(
+        "agent.history.commands",
+        description=(
+            "Input of the commands path: `ForgetThread` / `ForgetResource` events (runs with `run` and "
+            "`run --only persist`); empty = no commands path."
+        ),
+    )
+    forgotten_topic: str = Field(
+        "agent.history.forgotten", description="Output of the commands path: `HistoryForgotten` events."
+    )
+    commands_dlq_topic: str | None = Field(
+        None, description="Dead letters of the commands path; unset = commands topic + `.dlq`."
+    )
 
     # --- consumer group ---
     group_id: str = "message-history"
@@ -57,6 +70,14 @@ class Settings(BaseSettings):
     max_in_flight_threads: int = Field(256, ge=1)
     commit_interval_ms: int = Field(200, ge=1)
     linger_ms: int = Field(5, ge=0)
+    output_compression: Literal["none", "gzip", "snappy", "lz4", "zstd"] = Field(
+        "none",
+        description=(
+            "Compression of every record the service produces (enriched, persisted, dead letters, answers). "
+            "`none` by default: every Kafka client reads it (KafkaJS reads only gzip without extra codecs). "
+            "Inputs in any of these codecs are always read."
+        ),
+    )
 
     # --- limits on input ---
     max_event_bytes: int = Field(1_048_576, ge=1024)
@@ -68,6 +89,17 @@ class Settings(BaseSettings):
     retry_initial_backoff_s: float = Field(0.2, gt=0)
     retry_max_backoff_s: float = Field(10.0, gt=0)
     mongodb_timeout_ms: int = Field(5_000, ge=100)
+
+    # --- retention ---
+    prune_older_than: str | None = Field(
+        None,
+        description=(
+            "Run `prune` from the service every `PRUNE_INTERVAL_S`: delete messages older than this "
+            "(`90d`, `12h`, `30m`, `2w`) and threads left empty. Unset = off."
+        ),
+    )
+    prune_interval_s: float = Field(3600.0, gt=0, description="Interval between the service's prune runs.")
+    prune_batch_size: int = Field(1000, ge=1, description="Rows deleted per batch by `prune`.")
 
     # --- lifecycle and operations ---
     shutdown_grace_s: float = Field(25.0, gt=0)
@@ -82,3 +114,7 @@ class Settings(BaseSettings):
     @property
     def responses_dlq(self) -> str:
         return self.responses_dlq_topic or f"{self.responses_topic}.dlq"
+
+    @property
+    def commands_dlq(self) -> str:
+        return self.commands_dlq_topic or f"{self.commands_topic}.dlq"

@@ -9,9 +9,25 @@ from typing import Any, Protocol
 from opentelemetry.trace import Span
 
 from message_history import __version__
+from message_history.errors import MessageHistoryError
 from message_history.tracing import output_headers
 from producers.output import OutputProducer
-from schemas.dead_letters import dead_letter_headers
+from schemas.dead_letters import dead_letter_headers, error_type
+
+
+class ValueOmittedError(MessageHistoryError):
+    """The reason of a dead letter sent without its value, which is over Kafka's record size limit."""
+
+    def __init__(self, error: BaseException, size: int) -> None:
+        self.original_type = error_type(error)
+        super().__init__(
+            f"[the value ({size} bytes) is omitted from this dead letter: it is over Kafka's record size "
+            f"limit; the record is still in the source topic at source.partition/source.offset] {error}"
+        )
+
+    @property
+    def error_type(self) -> str:
+        return self.original_type
 
 
 class SourceRecord(Protocol):
@@ -33,12 +49,20 @@ class DeadLetterPublisher:
         self.topic = topic
 
     async def publish(
-        self, record: SourceRecord, error: BaseException, *, span: Span | None = None
+        self,
+        record: SourceRecord,
+        error: BaseException,
+        *,
+        span: Span | None = None,
+        omit_value: bool = False,
     ) -> asyncio.Future[Any]:
         """Buffer the dead letter for `record`; the future resolves when Kafka acknowledged it.
 
         With a `span`, the dead letter carries its trace context instead of the record's (one `traceparent`).
+        `omit_value` sends it with an empty value (for a record too large to be sent again), saying so.
         """
+        if omit_value:
+            error = ValueOmittedError(error, len(record.value or b""))
         headers = dead_letter_headers(
             error=error,
             source_topic=record.topic,
@@ -48,7 +72,7 @@ class DeadLetterPublisher:
             service_version=__version__,
             original_headers=output_headers([(k, v or b"") for k, v in (record.headers or ())], span),
         )
-        value = record.value
+        value = b"" if omit_value else record.value
         if value is None and record.key is None:
             value = b""  # a record with neither key nor value cannot be produced as is; empty is the closest
         return await self._producer.send(self.topic, key=record.key, value=value, headers=headers)

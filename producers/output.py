@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
 
 from message_history import metrics
+from message_history.errors import OutputTooLargeError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 
@@ -31,6 +32,29 @@ full, so the 16 KiB default would serialize a burst of multi-KiB enriched events
 
 OUTPUT_TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
 """Kafka refused a record for its size: a property of that record, not an outage."""
+
+_WHAT_TO_LOWER = {
+    "recall": (
+        "the EnrichedRequest carries the recalled history: lower lastMessages (the request's "
+        "memory.lastMessages, or MESSAGE_HISTORY_LAST_MESSAGES) or the size of the thread's messages"
+    ),
+    "persist": "the HistoryPersisted event lists every saved message id: send fewer messages per response",
+}
+
+
+def explain_too_large(error: BaseException, path: str) -> OutputTooLargeError:
+    """Why an input whose output Kafka refused for its size is dead-lettered: the limit, what to lower."""
+    hint = _WHAT_TO_LOWER.get(path, "make the event smaller")
+    return OutputTooLargeError(
+        f"the output is over Kafka's record size limit (the producer's max_request_size, 1 MiB, and the "
+        f"topic's max.message.bytes): {error}. {hint}",
+        type(error).__name__,
+    )
+
+
+def compression_type(settings: Settings) -> str | None:
+    """aiokafka's `compression_type` for `output_compression` (`none` is aiokafka's None)."""
+    return None if settings.output_compression == "none" else settings.output_compression
 
 
 class OutputProducer:
@@ -48,6 +72,7 @@ class OutputProducer:
             enable_idempotence=True,
             linger_ms=self._settings.linger_ms,
             max_batch_size=MAX_BATCH_BYTES,
+            compression_type=compression_type(self._settings),
         )
         await producer.start()
         self._producer = producer

@@ -27,7 +27,7 @@ from schemas.messages import PART_TAGS, Message, Open, Timestamp
 SCHEMA_VERSION: Final = 1
 
 Source = Literal["memory", "input"]
-Skipped = Literal["read-only", "no-thread", "failed-turn", "nothing-to-save"]
+Skipped = Literal["read-only", "no-thread", "failed-turn", "nothing-to-save", "forgotten"]
 
 MAX_REASON_CHARS: Final = 200
 """A reason becomes a header: pydantic's messages do not echo the input, and we cap them anyway."""
@@ -325,6 +325,9 @@ def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
     size = len(raw)
     if size > limits.max_event_bytes:
         raise EventValidationError(f"event is {size} bytes; the limit is {limits.max_event_bytes}")
+    framed = schema_registry_framing(raw)
+    if framed is not None:
+        raise EventValidationError(framed)
     try:
         event = model.model_validate_json(raw)
     except ValidationError as exc:
@@ -335,6 +338,21 @@ def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
     for name in ("requestId", "threadId", "resourceId"):
         _check_id(getattr(event, name), name, limits)
     return event
+
+
+def schema_registry_framing(raw: bytes) -> str | None:
+    """Why a value framed by a Schema Registry serializer (magic byte 0, schema id) is refused, else None.
+
+    Confluent's Avro, Protobuf and JSON Schema serializers put these five bytes before the payload. JSON never
+    starts with a zero byte, so the check cannot refuse a JSON event.
+    """
+    if len(raw) < 5 or raw[0] != 0:
+        return None
+    schema_id = int.from_bytes(raw[1:5], "big")
+    return (
+        f"Schema Registry framing (magic byte 0, schema id {schema_id}): this service reads plain JSON "
+        "values; produce with a plain JSON (string) serializer, not a Schema Registry serializer"
+    )
 
 
 def _check_id(value: str, path: str, limits: Limits) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Final
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from schemas.commands import ForgetResource, ForgetThread, HistoryForgotten
 from schemas.dead_letters import (
     ERROR_MESSAGE,
     ERROR_PATH,
@@ -46,10 +47,15 @@ SCHEMA_MODELS: Final[tuple[type[BaseModel], ...]] = (
     AgentResponse,
     HistoryPersisted,
     Message,
+    ForgetThread,
+    ForgetResource,
+    HistoryForgotten,
 )
+COMMAND_MODELS: Final[tuple[type[BaseModel], ...]] = (ForgetThread, ForgetResource, HistoryForgotten)
 
-# (channel id, default topic, setting, value model or None for a dead letter, description)
-_TOPICS: Final[tuple[tuple[str, str, str, type[BaseModel] | None, str], ...]] = (
+# (channel id, default topic, setting, value model(s) or None for a dead letter, description)
+_Value = type[BaseModel] | tuple[type[BaseModel], ...] | None
+_TOPICS: Final[tuple[tuple[str, str, str, _Value, str], ...]] = (
     ("requests", "agent.requests", "MESSAGE_HISTORY_REQUESTS_TOPIC", AgentRequest,
      "New turns, written by clients or an API gateway; read by the service's recall path."),
     ("enriched", "agent.requests.enriched", "MESSAGE_HISTORY_ENRICHED_TOPIC", EnrichedRequest,
@@ -62,6 +68,12 @@ _TOPICS: Final[tuple[tuple[str, str, str, type[BaseModel] | None, str], ...]] = 
      "Requests the service refused: original key and value bytes, untouched; the reason in headers."),
     ("responsesDeadLetters", "agent.responses.dlq", "MESSAGE_HISTORY_RESPONSES_DLQ_TOPIC", None,
      "Responses the service refused: original key and value bytes, untouched; the reason in headers."),
+    ("commands", "agent.history.commands", "MESSAGE_HISTORY_COMMANDS_TOPIC", (ForgetThread, ForgetResource),
+     "Forget commands (erasure), written by applications or operators; read by the service's commands path."),
+    ("forgotten", "agent.history.forgotten", "MESSAGE_HISTORY_FORGOTTEN_TOPIC", HistoryForgotten,
+     "What each forget command removed (counts and ids); for auditing and the requester."),
+    ("commandsDeadLetters", "agent.history.commands.dlq", "MESSAGE_HISTORY_COMMANDS_DLQ_TOPIC", None,
+     "Commands the service refused: original key and value bytes, untouched; the reason in headers."),
 )  # fmt: skip
 
 # From the service's point of view: what it receives and what it sends.
@@ -72,6 +84,9 @@ _OPERATIONS: Final = (
     ("sendPersisted", "send", "persisted", "Persist: publish what was saved."),
     ("sendRequestDeadLetters", "send", "requestsDeadLetters", "Refuse a bad request."),
     ("sendResponseDeadLetters", "send", "responsesDeadLetters", "Refuse a bad response."),
+    ("receiveCommands", "receive", "commands", "Commands: read a forget command, erase, leave a tombstone."),
+    ("sendForgotten", "send", "forgotten", "Commands: publish what was forgotten."),
+    ("sendCommandDeadLetters", "send", "commandsDeadLetters", "Refuse a bad or unauthorized command."),
 )
 
 
@@ -148,7 +163,8 @@ def asyncapi() -> dict[str, Any]:
     limits = Limits()
     key = {"type": "string", "description": "threadId, UTF-8: one thread always lands on one partition"}
     messages: dict[str, Any] = {}
-    for model in SCHEMA_MODELS[:4]:
+    command_key = {"type": "string", "description": "threadId (ForgetThread) or resourceId (ForgetResource)"}
+    for model in (*SCHEMA_MODELS[:4], *COMMAND_MODELS):
         name = model.__name__
         messages[name] = {
             "name": name,
@@ -157,7 +173,12 @@ def asyncapi() -> dict[str, Any]:
             "contentType": "application/json",
             "payload": {"$ref": f"#/components/schemas/{name}"},
             "headers": _event_headers(),
-            "bindings": {"kafka": {"key": key, "bindingVersion": KAFKA_BINDING_VERSION}},
+            "bindings": {
+                "kafka": {
+                    "key": command_key if model in COMMAND_MODELS else key,
+                    "bindingVersion": KAFKA_BINDING_VERSION,
+                }
+            },
         }
     messages["DeadLetter"] = {
         "name": "DeadLetter",
@@ -174,21 +195,23 @@ def asyncapi() -> dict[str, Any]:
     }
     channels: dict[str, Any] = {}
     for channel, topic, setting, value_model, description in _TOPICS:
-        message = value_model.__name__ if value_model else "DeadLetter"
+        models = value_model if isinstance(value_model, tuple) else (value_model,) if value_model else ()
+        names = [m.__name__ for m in models] or ["DeadLetter"]
         channels[channel] = {
             "address": topic,
             "description": f"{description} Topic name: `{setting}` (default `{topic}`).",
-            "messages": {message: {"$ref": f"#/components/messages/{message}"}},
+            "messages": {name: {"$ref": f"#/components/messages/{name}"} for name in names},
             "bindings": {"kafka": {"topic": topic, "bindingVersion": KAFKA_BINDING_VERSION}},
         }
     operations: dict[str, Any] = {}
     for op_id, action, channel, summary in _OPERATIONS:
-        (message,) = channels[channel]["messages"]
         operation: dict[str, Any] = {
             "action": action,
             "summary": summary,
             "channel": {"$ref": f"#/channels/{channel}"},
-            "messages": [{"$ref": f"#/channels/{channel}/messages/{message}"}],
+            "messages": [
+                {"$ref": f"#/channels/{channel}/messages/{name}"} for name in channels[channel]["messages"]
+            ],
         }
         if action == "receive":
             operation["bindings"] = {

@@ -55,3 +55,32 @@ class HistoryStorage(Protocol):
         Returns the thread as it is after the save.
         """
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Tombstones:
+    """When threads and resources were forgotten (`message-history forget`), by id.
+
+    A turn created at or before its thread's or its resource's tombstone is forgotten history: the persist
+    path skips it (`skipped: "forgotten"`), so that a replay or a late redelivery cannot write it back. A
+    turn created after the tombstone is new history and is saved.
+    """
+
+    threads: dict[str, datetime] = field(default_factory=dict)
+    resources: dict[str, datetime] = field(default_factory=dict)
+
+    def forgets(self, *, thread_id: str, resource_id: str, created_at: datetime) -> bool:
+        """True when the turn made at `created_at` in `thread_id` / `resource_id` was forgotten since."""
+        for forgotten_at in (self.threads.get(thread_id), self.resources.get(resource_id)):
+            if forgotten_at is not None and created_at <= forgotten_at:
+                return True
+        return False
+
+
+@runtime_checkable
+class TombstoneReader(Protocol):
+    """Reads the tombstones of a batch's threads and resources in one round trip."""
+
+    async def tombstones(self, *, thread_ids: Sequence[str], resource_ids: Sequence[str]) -> Tombstones:
+        """The tombstones among `thread_ids` and `resource_ids` (missing ones are absent)."""
+        ...

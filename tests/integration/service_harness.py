@@ -44,6 +44,8 @@ def fresh_settings(kafka_bootstrap: str, mongo_uri: str, **overrides: Any) -> Se
         "enriched_topic": f"en-{run}",
         "responses_topic": f"rs-{run}",
         "persisted_topic": f"pe-{run}",
+        "commands_topic": f"cm-{run}",
+        "forgotten_topic": f"fg-{run}",
         "group_id": f"g-{run}",
         "session_timeout_ms": 6000,
         "max_poll_interval_ms": 30_000,

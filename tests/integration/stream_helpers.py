@@ -19,9 +19,17 @@ async def produce(
     items: Sequence[tuple[bytes | None, bytes | None]],
     *,
     headers: Sequence[tuple[str, bytes]] = (),
+    compression_type: str | None = None,
+    max_request_size: int = 1_048_576,
 ) -> None:
     """Send (key, value) records in order and wait for all acknowledgements."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        compression_type=compression_type,
+        max_request_size=max_request_size,
+    )
     await producer.start()
     try:
         futures = [

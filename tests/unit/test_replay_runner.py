@@ -98,7 +98,7 @@ class RecordingDeadLetters(DeadLetterPublisher):
         self.sent: list[tuple[int, str]] = []
 
     async def publish(
-        self, record: SourceRecord, error: BaseException, *, span: Any = None
+        self, record: SourceRecord, error: BaseException, *, span: Any = None, omit_value: bool = False
     ) -> asyncio.Future[Any]:
         self.sent.append((record.offset, type(error).__name__))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

@@ -60,7 +60,7 @@ def test_one_json_schema_per_event_and_message() -> None:
     """Each event and the message has a 2020-12 JSON Schema requiring the contract's fields."""
     files = export.json_schemas()
     assert set(files) == {f"{m.__name__}.schema.json" for m in export.SCHEMA_MODELS}
-    assert set(export.SCHEMA_MODELS) == {*EVENT_TYPES, Message}
+    assert set(export.SCHEMA_MODELS) == {*EVENT_TYPES, Message, *export.COMMAND_MODELS}
     for model in EVENT_TYPES:
         schema = json.loads(files[f"{model.__name__}.schema.json"])
         assert schema["$schema"] == export.JSON_SCHEMA_DIALECT
@@ -99,6 +99,9 @@ def test_asyncapi_describes_every_topic_of_the_contract() -> None:
         settings.persisted_topic: {"HistoryPersisted"},
         settings.requests_dlq: {"DeadLetter"},
         settings.responses_dlq: {"DeadLetter"},
+        settings.commands_topic: {"ForgetThread", "ForgetResource"},
+        settings.forgotten_topic: {"HistoryForgotten"},
+        settings.commands_dlq: {"DeadLetter"},
     }
     actions = {
         (op["action"], _resolve(document, op["channel"]["$ref"])["address"])
@@ -111,6 +114,9 @@ def test_asyncapi_describes_every_topic_of_the_contract() -> None:
         ("send", "agent.history.persisted"),
         ("send", "agent.requests.dlq"),
         ("send", "agent.responses.dlq"),
+        ("receive", "agent.history.commands"),
+        ("send", "agent.history.forgotten"),
+        ("send", "agent.history.commands.dlq"),
     }
 
 

@@ -153,6 +153,13 @@ shutdownGraceSeconds: MESSAGE_HISTORY_SHUTDOWN_GRACE_S
 httpHost: MESSAGE_HISTORY_HTTP_HOST
 httpPort: MESSAGE_HISTORY_HTTP_PORT
 logLevel: MESSAGE_HISTORY_LOG_LEVEL
+pruneBatchSize: MESSAGE_HISTORY_PRUNE_BATCH_SIZE
+pruneIntervalS: MESSAGE_HISTORY_PRUNE_INTERVAL_S
+pruneOlderThan: MESSAGE_HISTORY_PRUNE_OLDER_THAN
+commandsDlqTopic: MESSAGE_HISTORY_COMMANDS_DLQ_TOPIC
+forgottenTopic: MESSAGE_HISTORY_FORGOTTEN_TOPIC
+commandsTopic: MESSAGE_HISTORY_COMMANDS_TOPIC
+outputCompression: MESSAGE_HISTORY_OUTPUT_COMPRESSION
 {{- end }}
 
 {{/* A value as the service expects it in the environment: strings verbatim, numbers without exponent. */}}

@@ -1,0 +1,130 @@
+"""The commands path: `agent.history.commands` in (`ForgetThread`, `ForgetResource`), `HistoryForgotten` out.
+
+Commands are rare and each one may delete many rows, so a batch runs them one after the other, in order. An
+outage raises (the loop retries the batch; forgetting is idempotent, so a command run twice answers twice with
+the same effect). A command that cannot be decoded, or that names a thread another resource owns, is a dead
+letter. Every forget is written to the log as an audit line (`"audit": "forget"`), with counts and ids but no
+content.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from consumers.loop import Ack, record_headers
+from message_history import metrics
+from message_history.errors import EventValidationError, InvalidInputError
+from producers.forgotten import ForgottenPublisher
+from schemas.commands import (
+    ForgetThread,
+    HistoryForgotten,
+    command_key,
+    decode_command,
+    forgotten_event,
+)
+from schemas.limits import Limits
+
+log = logging.getLogger(__name__)
+
+PATH = "commands"
+
+
+class ForgetOutcomeLike(Protocol):
+    """What `storage.forgetting.ForgetOutcome` reports."""
+
+    scope: Any
+    target: str
+    forgotten_at: Any
+    dry_run: bool
+    message_ids: list[str]
+    thread_ids: list[str]
+    deleted_messages: int
+    deleted_threads: int
+
+
+class Forgetting(Protocol):
+    """The part of `storage.forgetting.MongoForgetting` the path uses."""
+
+    async def forget_thread(
+        self, thread_id: str, *, resource_id: str | None = None, dry_run: bool = False
+    ) -> ForgetOutcomeLike: ...
+
+    async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> ForgetOutcomeLike: ...
+
+
+def audit(outcome: ForgetOutcomeLike, *, request_id: str, via: str) -> None:
+    """The audit line of one forget: what, when, how much, by which request; never message content."""
+    log.info(
+        "history forgotten" if not outcome.dry_run else "history forget (dry run): nothing deleted",
+        extra={
+            "audit": "forget",
+            "via": via,
+            "scope": outcome.scope,
+            "target": outcome.target,
+            "request_id": request_id,
+            "dry_run": outcome.dry_run,
+            "deleted_messages": outcome.deleted_messages,
+            "deleted_threads": outcome.deleted_threads,
+            "thread_ids": outcome.thread_ids[:100],
+            "forgotten_at": outcome.forgotten_at.isoformat(),
+        },
+    )
+
+
+def answer(
+    outcome: ForgetOutcomeLike, command: ForgetThread | Any | None, *, request_id: str
+) -> HistoryForgotten:
+    """The `HistoryForgotten` for `outcome` (the command's createdAt, or the forget time without one)."""
+    thread_id = outcome.target if outcome.scope == "thread" else None
+    resource_id = outcome.target if outcome.scope == "resource" else getattr(command, "resourceId", None)
+    return forgotten_event(
+        command,
+        scope=outcome.scope,
+        thread_id=thread_id,
+        resource_id=resource_id,
+        forgotten_at=outcome.forgotten_at,
+        message_ids=outcome.message_ids,
+        thread_ids=outcome.thread_ids,
+        deleted_messages=outcome.deleted_messages,
+        deleted_threads=outcome.deleted_threads,
+        dry_run=outcome.dry_run,
+        request_id=request_id,
+        created_at=command.createdAt if command is not None else outcome.forgotten_at,
+    )
+
+
+class CommandsHandler:
+    """Runs a batch of forget commands in order and answers each."""
+
+    def __init__(self, *, forgetting: Forgetting, publisher: ForgottenPublisher, limits: Limits) -> None:
+        self._forgetting = forgetting
+        self._publisher = publisher
+        self._limits = limits
+
+    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+        results: list[Ack | InvalidInputError] = []
+        for record in records:
+            try:
+                if record.value is None:
+                    raise EventValidationError("empty record (no value)")
+                command = decode_command(record.value, self._limits)
+                if isinstance(command, ForgetThread):
+                    outcome = await self._forgetting.forget_thread(
+                        command.threadId, resource_id=command.resourceId, dry_run=command.dryRun
+                    )
+                else:
+                    outcome = await self._forgetting.forget_resource(
+                        command.resourceId, dry_run=command.dryRun
+                    )
+            except InvalidInputError as exc:
+                results.append(exc)
+                continue
+            audit(outcome, request_id=command.requestId, via="commands-topic")
+            event = answer(outcome, command, request_id=command.requestId)
+            results.append(
+                await self._publisher.publish(event, key=command_key(command), headers=record_headers(record))
+            )
+            metrics.OUTCOMES.labels(path=PATH, outcome=f"forgot-{outcome.scope}").inc()
+        return results

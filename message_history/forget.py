@@ -1,0 +1,81 @@
+"""`message-history forget`: erase one thread or everything of one resource (user, tenant) from MongoDB.
+
+    message-history forget --thread THREAD_ID [--dry-run]
+    message-history forget --resource RESOURCE_ID [--dry-run]
+
+Prints the `HistoryForgotten` answer (counts and ids) as JSON on stdout and writes the audit line to the log.
+The same as a `ForgetThread` / `ForgetResource` command on the commands topic, without Kafka: it needs only
+MongoDB. A tombstone keeps the persist path (live, or `replay`) from writing the forgotten turns back. Running
+it twice is harmless; the second run counts zero.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from message_history.settings import Settings
+
+
+def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--thread", metavar="ID", help="forget this thread: its messages and the thread")
+    what.add_argument("--resource", metavar="ID", help="forget every thread and message of this resource")
+    parser.add_argument(
+        "--owner", metavar="RESOURCE_ID", help="with --thread: refuse unless this resource owns the thread"
+    )
+    parser.add_argument("--dry-run", action="store_true", help="count and list only; delete nothing")
+    parser.add_argument("--request-id", default=None, help="id for the audit line (default: a new UUID)")
+
+
+async def run_forget(settings: Settings, args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
+    """The `forget` command, on the database of `settings`."""
+    # imported here so that `--help` stays instant (no driver, no Kafka client)
+    from pymongo import AsyncMongoClient  # noqa: PLC0415
+
+    from consumers.commands import answer, audit  # noqa: PLC0415
+    from message_history.errors import MessageHistoryError, ThreadOwnershipError  # noqa: PLC0415
+    from schemas.commands import encode_answer  # noqa: PLC0415
+    from storage.forgetting import MongoForgetting  # noqa: PLC0415
+
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        settings.mongodb_uri.get_secret_value(),
+        appname="message-history-forget",
+        tz_aware=True,
+        serverSelectionTimeoutMS=settings.mongodb_timeout_ms,
+        timeoutMS=max(settings.mongodb_timeout_ms, 60_000),
+    )
+    request_id = args.request_id or str(uuid.uuid4())
+    try:
+        forgetting = MongoForgetting(client[settings.mongodb_database])
+        if args.thread is not None:
+            outcome = await forgetting.forget_thread(
+                args.thread, resource_id=args.owner, dry_run=args.dry_run
+            )
+        else:
+            outcome = await forgetting.forget_resource(args.resource, dry_run=args.dry_run)
+    except ThreadOwnershipError as exc:
+        print(f"message-history forget: refused: {exc}", file=err)
+        return 1
+    except MessageHistoryError as exc:
+        print(f"message-history forget: {exc}", file=err)
+        return 1
+    finally:
+        await client.close()
+    audit(outcome, request_id=request_id, via="cli")
+    out.write(encode_answer(answer(outcome, None, request_id=request_id)).decode() + "\n")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    from message_history.logs import configure_logging, register_secret  # noqa: PLC0415
+    from message_history.settings import Settings  # noqa: PLC0415
+
+    settings = Settings()
+    configure_logging(settings.log_level)
+    register_secret(settings.mongodb_uri)
+    return asyncio.run(run_forget(settings, args, out=sys.stdout, err=sys.stderr))

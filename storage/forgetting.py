@@ -1,0 +1,178 @@
+"""Forgetting history in MongoDB: delete a thread or a whole resource, and keep a tombstone of it.
+
+`message_history_forgotten` (beside Mastra's collections; Mastra never reads it) holds one document per
+forgotten thread or resource:
+
+    {_id: "thread:<id>" | "resource:<id>", kind: "thread" | "resource", threadId?, resourceId?, forgottenAt}
+
+`forgottenAt` only moves forward (`$max`), so forgetting again extends the tombstone to what the second call
+deleted. The persist path reads the tombstones of each batch (`tombstones`, one `find` by `_id`) and skips a
+turn made before its thread or resource was forgotten: a replay of the responses topic, or a late
+redelivery, does not write the history back.
+
+Order, as Mastra's `deleteThread` (messages, then the thread): the tombstone first, so that the persist path
+stops writing the thread from its next batch on, then the messages in batches of `_id`s, then the threads.
+Every step is idempotent, so a forget interrupted part-way is completed by running it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+from bson.codec_options import CodecOptions
+from pymongo import IndexModel
+
+from message_history.errors import ThreadOwnershipError
+from storage.errors import storage_errors
+from storage.mongodb import MESSAGES, THREADS
+from storage.protocol import Tombstones
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.database import AsyncDatabase
+
+TOMBSTONES: Final = "message_history_forgotten"
+DELETE_BATCH: Final = 1000  # `_id`s per deleteMany, as @mastra/mongodb's prune batches
+
+Scope = Literal["thread", "resource"]
+
+
+def _now_ms() -> datetime:
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+
+
+@dataclass(slots=True)
+class ForgetOutcome:
+    """What one forget removed (or, for a dry run, found)."""
+
+    scope: Scope
+    target: str  # the thread id or the resource id
+    forgotten_at: datetime
+    dry_run: bool
+    message_ids: list[str] = field(default_factory=list)
+    thread_ids: list[str] = field(default_factory=list)
+    deleted_messages: int = 0
+    deleted_threads: int = 0
+
+
+class MongoForgetting:
+    """Forget and tombstones on the service's database (the same one as `MongoHistoryStorage`)."""
+
+    def __init__(self, db: AsyncDatabase[Any]) -> None:
+        self.db = db
+        self.tombstones_collection: AsyncCollection[dict[str, Any]] = db.get_collection(
+            TOMBSTONES, codec_options=CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+        )
+        self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES)
+        self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS)
+
+    async def ensure_indexes(self) -> None:
+        """The tombstones are read by `_id` only; a `resourceId` index lets operators list a user's."""
+        with storage_errors(f"createIndexes on {TOMBSTONES}"):
+            await self.tombstones_collection.create_indexes([IndexModel([("resourceId", 1)])])
+
+    # --- the persist path's guard ---
+
+    async def tombstones(self, *, thread_ids: Sequence[str], resource_ids: Sequence[str]) -> Tombstones:
+        """The tombstones among `thread_ids` and `resource_ids`, with one `find` by `_id`."""
+        keys = [f"thread:{t}" for t in thread_ids] + [f"resource:{r}" for r in resource_ids]
+        if not keys:
+            return Tombstones()
+        with storage_errors("find tombstones"):
+            docs = await self.tombstones_collection.find(
+                {"_id": {"$in": keys}}, {"kind": 1, "threadId": 1, "resourceId": 1, "forgottenAt": 1}
+            ).to_list()
+        found = Tombstones()
+        for doc in docs:
+            at = doc.get("forgottenAt")
+            if not isinstance(at, datetime):
+                continue
+            at = at if at.tzinfo else at.replace(tzinfo=UTC)
+            if doc.get("kind") == "thread" and isinstance(doc.get("threadId"), str):
+                found.threads[doc["threadId"]] = at
+            elif doc.get("kind") == "resource" and isinstance(doc.get("resourceId"), str):
+                found.resources[doc["resourceId"]] = at
+        return found
+
+    # --- forgetting ---
+
+    async def forget_thread(
+        self, thread_id: str, *, resource_id: str | None = None, dry_run: bool = False
+    ) -> ForgetOutcome:
+        """Delete the thread and its messages; with `resource_id`, only if that resource owns the thread.
+
+        Raises `ThreadOwnershipError` (nothing deleted) when `resource_id` is given and another owns it.
+        """
+        with storage_errors("find the thread to forget"):
+            thread = await self.threads.find_one({"id": thread_id}, {"_id": 0, "resourceId": 1})
+        owner = thread.get("resourceId") if thread else None
+        if resource_id is not None and owner is not None and owner != resource_id:
+            raise ThreadOwnershipError(thread_id, resource_id, str(owner))
+        outcome = ForgetOutcome(
+            "thread", thread_id, _now_ms(), dry_run, thread_ids=[thread_id] if thread else []
+        )
+        keys = await self._message_keys({"thread_id": thread_id}, outcome)
+        if dry_run:
+            outcome.deleted_messages, outcome.deleted_threads = len(keys), len(outcome.thread_ids)
+            return outcome
+        await self._tombstone(
+            f"thread:{thread_id}", outcome.forgotten_at, kind="thread", threadId=thread_id, resourceId=owner
+        )
+        outcome.deleted_messages = await self._delete_by_keys(self.messages, keys, "forget messages")
+        with storage_errors("forget the thread"):
+            result = await self.threads.delete_many({"id": thread_id})
+        outcome.deleted_threads = result.deleted_count
+        return outcome
+
+    async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> ForgetOutcome:
+        """Delete every thread of `resource_id`, their messages, and any other message of it."""
+        with storage_errors("find the resource's threads"):
+            threads = await self.threads.find({"resourceId": resource_id}, {"_id": 1, "id": 1}).to_list()
+        thread_ids = list(dict.fromkeys(str(doc.get("id")) for doc in threads))
+        outcome = ForgetOutcome("resource", resource_id, _now_ms(), dry_run, thread_ids=thread_ids)
+        query: dict[str, Any] = {"resourceId": resource_id}
+        if thread_ids:
+            query = {"$or": [query, {"thread_id": {"$in": thread_ids}}]}
+        keys = await self._message_keys(query, outcome)
+        if dry_run:
+            outcome.deleted_messages, outcome.deleted_threads = len(keys), len(thread_ids)
+            return outcome
+        await self._tombstone(
+            f"resource:{resource_id}", outcome.forgotten_at, kind="resource", resourceId=resource_id
+        )
+        outcome.deleted_messages = await self._delete_by_keys(self.messages, keys, "forget messages")
+        outcome.deleted_threads = await self._delete_by_keys(
+            self.threads, [doc["_id"] for doc in threads], "forget threads"
+        )
+        return outcome
+
+    async def _message_keys(self, query: dict[str, Any], outcome: ForgetOutcome) -> list[Any]:
+        """The `_id`s of the messages matching `query`; their ids go into `outcome.message_ids`."""
+        with storage_errors("find the messages to forget"):
+            docs = await self.messages.find(query, {"_id": 1, "id": 1}).to_list()
+        outcome.message_ids = [str(doc.get("id")) for doc in docs]
+        return [doc["_id"] for doc in docs]
+
+    async def _tombstone(self, key: str, at: datetime, **fields: Any) -> None:
+        values = {k: v for k, v in fields.items() if v is not None}
+        with storage_errors("write the tombstone"):
+            await self.tombstones_collection.update_one(
+                {"_id": key}, {"$set": values, "$max": {"forgottenAt": at}}, upsert=True
+            )
+
+    @staticmethod
+    async def _delete_by_keys(
+        collection: AsyncCollection[dict[str, Any]], keys: Sequence[Any], what: str
+    ) -> int:
+        deleted = 0
+        for start in range(0, len(keys), DELETE_BATCH):
+            with storage_errors(what):
+                result = await collection.delete_many(
+                    {"_id": {"$in": list(keys[start : start + DELETE_BATCH])}}
+                )
+            deleted += result.deleted_count
+        return deleted
