@@ -187,6 +187,16 @@ class StreamLoop:
         self._chunk_limit = options.max_batch_records  # records per attempt; shrinks after failures
         self._clean_chunks = 0
 
+    def done_offset(self, partition: int) -> int | None:
+        """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
+
+        The turn barrier reads it for the persist path: everything below it is written and acknowledged.
+        """
+        tp = TopicPartition(self.topic, partition)
+        if tp not in self._assigned:
+            return None
+        return self._tracker.watermark(tp)
+
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> StreamLoop:

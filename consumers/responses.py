@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from consumers.lanes import Failed, run_lanes
 from consumers.loop import Ack, record_headers
@@ -27,6 +27,12 @@ from schemas.messages import Message
 from storage.protocol import Thread
 
 PATH = "persist"
+
+
+class AnsweredTurns(Protocol):
+    """What the persist path needs of `storage.turns.MongoTurnMarkers`: record that turns were answered."""
+
+    async def answered(self, turns: dict[str, list[str]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +71,9 @@ class PersistHandler:
         publisher: PersistedPublisher,
         limits: Limits,
         max_in_flight_threads: int,
+        markers: AnsweredTurns | None = None,
     ) -> None:
+        self._markers = markers
         self._storage = storage
         self._publisher = publisher
         self._limits = limits
@@ -112,6 +120,10 @@ class PersistHandler:
             item_errors=(InvalidInputError,),
         )
         await batch.flush()  # the one bulk write; an outage raises here and the batch is retried
+        if self._markers is not None:
+            # after the messages are written, so a request released by this sees them; before the
+            # persisted events, so the batch is retried whole when this write fails
+            await self._markers.answered(_answered(items, outcomes))
         written = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(written - decoded)
 
@@ -152,3 +164,16 @@ class PersistHandler:
             skipped=outcome.skipped,
             thread_updated_at=thread.updatedAt if thread is not None else None,
         )
+
+
+def _answered(items: Sequence[tuple[int, _Item]], outcomes: Sequence[_Done | Failed]) -> dict[str, list[str]]:
+    """Request ids answered by this batch, per thread: every response decoded and not refused (saved,
+    skipped, failed turns alike)."""
+    turns: dict[str, list[str]] = {}
+    for (_, item), outcome in zip(items, outcomes, strict=True):
+        if isinstance(outcome, Failed):
+            continue
+        if outcome.saved is not None and isinstance(outcome.saved.result, InvalidInputError):
+            continue  # refused by the write itself (ownership)
+        turns.setdefault(item.response.threadId, []).append(item.response.requestId)
+    return turns

@@ -2,7 +2,7 @@
 
 Resources are entered in dependency order into one exit stack and unwound in reverse:
 
-    MongoDB  ->  producer  ->  HTTP probes  ->  consumers (recall, persist)
+    MongoDB (+ turn markers)  ->  producer  ->  HTTP probes  ->  turn barrier  ->  consumers (persist, recall)
 
 so on the way out the consumers finish their batch, commit and leave the group first, then the probe server
 stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop event; everything
@@ -17,13 +17,16 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
+from consumers.barrier import TurnBarrier, open_barrier
 from consumers.loop import LoopOptions, StreamLoop, build_consumer
 from consumers.requests import RecallHandler
 from consumers.responses import PersistHandler
+from consumers.turn_gate import TurnGate
 from message_history import __version__
 from message_history.batch_storage import BatchHistoryStorage, as_batch_storage
+from message_history.errors import StartupError
 from message_history.health import Health, serve_http
 from message_history.logs import configure_logging, register_secret
 from message_history.settings import Settings
@@ -34,10 +37,13 @@ from producers.persisted import PersistedPublisher
 from schemas.limits import Limits
 from storage.protocol import HistoryStorage
 
+if TYPE_CHECKING:
+    from storage.turns import MongoTurnMarkers
+
 log = logging.getLogger(__name__)
 
 Path = Literal["recall", "persist"]
-PATHS: tuple[Path, ...] = ("recall", "persist")
+PATHS: tuple[Path, ...] = ("persist", "recall")  # persist first: the recall path's barrier reads its progress
 
 DRAIN_SHARE = 0.6
 """Share of the grace period given to finishing in-flight batches; the rest is for commit, leave, flush."""
@@ -52,6 +58,28 @@ async def open_storage(settings: Settings) -> AsyncIterator[BatchHistoryStorage]
         yield as_batch_storage(storage)
 
 
+@contextlib.asynccontextmanager
+async def open_markers(settings: Settings) -> AsyncIterator[MongoTurnMarkers | None]:
+    """The busy-thread markers (`message_history_turns`), or None with policy `allow` (nobody reads them)."""
+    if settings.busy_thread == "allow":
+        yield None
+        return
+    from storage.turns import MongoTurnMarkers  # noqa: PLC0415 -- keeps `--help` free of pymongo
+
+    async with MongoTurnMarkers.open(settings) as markers:
+        yield markers
+
+
+@contextlib.asynccontextmanager
+async def maybe_barrier(settings: Settings, paths: Sequence[Path]) -> AsyncIterator[TurnBarrier | None]:
+    """The turn barrier when it is on and the recall path runs; refuses to start on unequal partitions."""
+    if settings.barrier == "off" or "recall" not in paths:
+        yield None
+        return
+    async with open_barrier(settings) as barrier:
+        yield barrier
+
+
 def build_loop(
     path: Path,
     *,
@@ -59,6 +87,8 @@ def build_loop(
     storage: BatchHistoryStorage,
     producer: OutputProducer,
     health: Health,
+    gate: TurnGate | None = None,
+    markers: MongoTurnMarkers | None = None,
 ) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
     limits = Limits.from_settings(settings)
@@ -70,6 +100,7 @@ def build_loop(
             limits=limits,
             last_messages=settings.last_messages,
             max_in_flight_threads=settings.max_in_flight_threads,
+            gate=gate,
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
@@ -78,6 +109,7 @@ def build_loop(
             publisher=PersistedPublisher(producer, settings.persisted_topic),
             limits=limits,
             max_in_flight_threads=settings.max_in_flight_threads,
+            markers=markers,
         )
     return StreamLoop(
         path=path,
@@ -113,17 +145,40 @@ async def run_service(
             if storage is not None
             else await stack.enter_async_context(open_storage(settings))
         )
+        markers = await stack.enter_async_context(open_markers(settings))
         producer = await stack.enter_async_context(OutputProducer(settings))
         await stack.enter_async_context(serve_http(health, settings.http_host, settings.http_port))
-        loops = [
-            await stack.enter_async_context(
-                build_loop(path, settings=settings, storage=batch_storage, producer=producer, health=health)
+        barrier = await stack.enter_async_context(maybe_barrier(settings, paths))
+        gate = TurnGate(
+            barrier=barrier,
+            markers=markers,
+            policy=settings.busy_thread,
+            timeout_s=settings.turn_timeout_s,
+            stop=stop,
+        )
+        loops: list[StreamLoop] = []
+        for path in paths:
+            loop = build_loop(
+                path,
+                settings=settings,
+                storage=batch_storage,
+                producer=producer,
+                health=health,
+                gate=gate if gate.barrier or gate.markers else None,
+                markers=markers,
             )
-            for path in paths
-        ]
+            loops.append(await stack.enter_async_context(loop))
+            if path == "persist" and barrier is not None:
+                barrier.local = loop.done_offset
         log.info(
             "message-history started",
-            extra={"version": __version__, "paths": list(paths), "group_id": settings.group_id},
+            extra={
+                "version": __version__,
+                "paths": list(paths),
+                "group_id": settings.group_id,
+                "barrier": settings.barrier,
+                "busy_thread": settings.busy_thread,
+            },
         )
         code = await _run_until_stopped(loops, stop, health, settings, stopped_at)
     finally:
@@ -199,6 +254,9 @@ async def _main(settings: Settings, only: Path | None) -> int:
         loop.add_signal_handler(sig, _on_signal, stop, sig)
     try:
         return await run_service(settings, stop=stop, only=only)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)  # noqa: TRY400 -- the message says it all; no traceback
+        return 1
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

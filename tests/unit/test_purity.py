@@ -25,7 +25,7 @@ def loaded_top_level_modules(module: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
-@pytest.mark.parametrize("module", ["message_history.rules"])
+@pytest.mark.parametrize("module", ["message_history.rules", "message_history.turn_rules"])
 def test_pure_rules_import_no_io(module: str) -> None:
     """Importing the rules loads neither Kafka, MongoDB nor asyncio."""
     loaded = loaded_top_level_modules(module)
