@@ -98,11 +98,12 @@ class TurnBarrier:
         self._checked_at = now
         try:
             async with asyncio.timeout(self._timeout):
-                await self._consumer.topics()  # one metadata round trip for every topic
+                # one metadata round trip for every topic; `topics()` would give names without partitions
+                cluster = await self._consumer._client.fetch_all_metadata()
         except (KafkaError, TimeoutError) as exc:
             raise BarrierUnavailableError(f"barrier: metadata look-up failed: {type(exc).__name__}") from exc
-        requests = self._consumer.partitions_for_topic(self._requests_topic)
-        responses = self._consumer.partitions_for_topic(self._responses_topic)
+        requests = cluster.partitions_for_topic(self._requests_topic)
+        responses = cluster.partitions_for_topic(self._responses_topic)
         if partition_mismatch(len(requests) if requests else None, len(responses) if responses else None):
             raise StartupError(
                 f"MESSAGE_HISTORY_BARRIER=on needs {self._requests_topic!r} and {self._responses_topic!r} to "
