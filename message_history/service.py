@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Path = Literal["recall", "persist"]
-PATHS: tuple[Path, ...] = ("persist", "recall")  # persist first: the recall path's barrier reads its progress
+PATHS: tuple[Path, ...] = ("recall", "persist")
 
 DRAIN_SHARE = 0.6
 """Share of the grace period given to finishing in-flight batches; the rest is for commit, leave, flush."""

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from message_history import metrics
 from message_history.errors import StartupError
 from message_history.service import Path, run_service
 from message_history.settings import Settings
@@ -28,7 +31,7 @@ from tests.integration.service_harness import (
     running_service,
     values,
 )
-from tests.integration.stream_helpers import produce, read_topic
+from tests.integration.stream_helpers import committed_offsets, produce, read_all, read_topic
 from tests.integration.test_service_group import _wait_members
 from tests.integration.turn_scenarios import UserMode, run_conversations
 
@@ -235,3 +238,43 @@ async def test_unequal_partition_counts_refuse_to_start_with_the_barrier_on(
                 await _enriched(settings, request_id("t", 1))
     finally:
         await drop_database(settings)
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout_s}s")
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stop_while_a_request_waits_drains_at_once_and_leaves_it_for_the_next_owner(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stopping ends a busy-thread wait: no batch is abandoned, the request is not committed, and the next
+    run recalls it once the answer came."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, turn_timeout_ms=14_000)
+    bootstrap = settings.kafka_bootstrap_servers
+    waits = metrics.TURN_WAITS.labels(reason="busy-thread")
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.requests_topic, [encoded(request_event("t", "u", 1, "q1"))])
+            [first] = await _enriched(settings, request_id("t", 1))
+            before = waits._value.get()
+            await produce(bootstrap, settings.requests_topic, [encoded(request_event("t", "u", 2, "q2"))])
+            await _until(lambda: waits._value.get() > before, "turn 2 never started waiting")
+        # the wait (14 s) is longer than the drain share of the grace (9 s): only an interrupted wait is clean
+        assert "in-flight batch abandoned at shutdown" not in caplog.text
+        emitted = {v["requestId"] for v in values(await read_all(bootstrap, settings.enriched_topic))}
+        assert emitted == {request_id("t", 1)}
+        committed = await committed_offsets(bootstrap, settings.group_id, settings.requests_topic)
+        assert sum(committed.values()) == 1  # turn 1 only: turn 2 is left for the next owner
+
+        async with running_service(settings):
+            answer = response_event("t", "u", 1, first["messages"], "a1")
+            await produce(bootstrap, settings.responses_topic, [encoded(answer)])
+            [second] = await _enriched(settings, request_id("t", 2))
+    finally:
+        await drop_database(settings)
+    assert second["history"]["complete"] is True
+    assert f"{request_id('t', 1)}:response:0" in _memory_ids(second)
