@@ -7,10 +7,10 @@ the thread's responses are keyed like its requests, so with equal partition coun
 Progress is the furthest of two reports. In process: the persist loop's done watermark when this instance
 owns the partition (fresh, no round trip). Across instances: the group's committed offset on the responses
 partition (both paths share the group id), which trails the other instance's work by about one commit
-interval. Per batch: one ListOffsets for the batch's partitions and, only where the in-process watermark
-does not already reach the end, one OffsetFetch per partition. Nothing waits when the persist side is caught
-up. A look-up that fails is an outage (`BarrierUnavailableError`): the batch is retried, never recalled
-without the barrier and never dead-lettered.
+interval. Per batch: one ListOffsets for the batch's partitions and, beside it, one OffsetFetch per
+partition this instance does not persist (afterwards, also for one it persists but has not caught up on).
+Nothing waits when the persist side is caught up. A look-up that fails is an outage
+(`BarrierUnavailableError`): the batch is retried, never recalled without the barrier, never dead-lettered.
 """
 
 from __future__ import annotations
@@ -129,19 +129,25 @@ class TurnBarrier:
         tps = [TopicPartition(self._responses_topic, p) for p in sorted(set(partitions)) if p in known]
         if not tps:
             return {}
+        # partitions persisted elsewhere: their committed offsets are read beside the end offsets
+        remote = [tp.partition for tp in tps if self.local(tp.partition) is None]
         try:
             async with asyncio.timeout(self._timeout):
-                ends = await self._consumer.end_offsets(tps)
+                ends, committed = await asyncio.gather(
+                    self._consumer.end_offsets(tps), self._fetch_committed(remote)
+                )
         except (KafkaError, TimeoutError) as exc:
             raise BarrierUnavailableError(
                 f"barrier: end offsets look-up failed: {type(exc).__name__}"
             ) from exc
         by_partition = {tp.partition: int(end) for tp, end in ends.items()}
-        behind = lagging(by_partition, {p: self.local(p) for p in by_partition})
-        if not behind:
-            return {}
-        committed = await self._fetch_committed(list(behind))
-        return lagging(behind, {p: best_progress(self.local(p), committed.get(p)) for p in behind})
+        progress = {p: best_progress(self.local(p), committed.get(p)) for p in by_partition}
+        behind = lagging(by_partition, progress)
+        late = [p for p in behind if p not in committed]  # owned here but behind: maybe committed further
+        if late:
+            more = await self._fetch_committed(late)
+            behind = lagging(behind, {p: best_progress(self.local(p), more.get(p)) for p in behind})
+        return behind
 
     async def reach(
         self, partition: int, target: int, timeout_s: float, stop: asyncio.Event | None = None
@@ -177,6 +183,8 @@ class TurnBarrier:
             return value
 
     async def _fetch_committed(self, partitions: list[int]) -> dict[int, int | None]:
+        if not partitions:
+            return {}
         tps = [TopicPartition(self._responses_topic, p) for p in partitions]
         try:
             async with asyncio.timeout(self._timeout):

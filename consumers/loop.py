@@ -579,6 +579,13 @@ def _tp(record: ConsumerRecord) -> TopicPartition:
     return TopicPartition(record.topic, record.partition)
 
 
+async def ack_after(first: Awaitable[object], ack: Ack) -> object:
+    """`ack`, resolved only once `first` (another write the record caused) is durable too; either failing
+    fails the record, so the loop retries it."""
+    await first
+    return await ack
+
+
 def record_headers(record: ConsumerRecord) -> list[tuple[str, bytes]]:
     """The record's headers as (str, bytes) pairs, ready to be passed on to an output."""
     headers: Any = record.headers or ()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack, record_headers
+from consumers.loop import Ack, ack_after, record_headers
 from consumers.turn_gate import GO, BatchGate, TurnGate
 from message_history import metrics
 from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
@@ -113,11 +113,9 @@ class RecallHandler:
                 waited_ms=admission.waited_ms,
             )
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
-            if batch_gate is not None:
-                error = await batch_gate.enriched(request.threadId, request.requestId)
-                if error is not None:
-                    return _failed(error)
-            return await self._publisher.publish(enriched, headers=record_headers(item.record))
+            mark = batch_gate.enriched(request.threadId, request.requestId) if batch_gate else None
+            ack = await self._publisher.publish(enriched, headers=record_headers(item.record))
+            return ack if mark is None else ack_after(mark, ack)
 
         sent_from = time.perf_counter()
         outcomes = await run_lanes(

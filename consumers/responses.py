@@ -8,13 +8,14 @@ response. A turn refused for thread ownership, by the collector or by `save_many
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack, record_headers
+from consumers.loop import Ack, ack_after, record_headers
 from message_history import metrics
 from message_history.batch_storage import BatchHistoryStorage, CollectedTurn, CollectingHistory
 from message_history.errors import EventValidationError, InvalidInputError
@@ -120,10 +121,12 @@ class PersistHandler:
             item_errors=(InvalidInputError,),
         )
         await batch.flush()  # the one bulk write; an outage raises here and the batch is retried
-        if self._markers is not None:
-            # after the messages are written, so a request released by this sees them; before the
-            # persisted events, so the batch is retried whole when this write fails
-            await self._markers.answered(_answered(items, outcomes))
+        answered = _answered(items, outcomes) if self._markers is not None else {}
+        # after the messages are written, so a request released by it sees them; beside the persisted events'
+        # sends, and part of their acknowledgements, so a failed write retries those records
+        marks = None
+        if self._markers is not None and answered:
+            marks = asyncio.ensure_future(self._markers.answered(answered))
         written = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(written - decoded)
 
@@ -136,7 +139,8 @@ class PersistHandler:
             if isinstance(event, InvalidInputError):
                 results[index] = event
                 continue
-            results[index] = await self._publisher.publish(event, headers=record_headers(item.record))
+            ack = await self._publisher.publish(event, headers=record_headers(item.record))
+            results[index] = ack if marks is None else ack_after(marks, ack)
             label = "persisted" if event.skipped is None else f"skipped-{event.skipped}"
             metrics.OUTCOMES.labels(path=PATH, outcome=label).inc()
         done = [r for r in results if r is not None]

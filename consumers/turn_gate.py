@@ -6,7 +6,7 @@ for the batch's partitions and one read of the batch's threads' markers. Then ea
 so other threads go on. Every wait of a batch ends by one deadline (`turn_timeout_ms` after the batch
 started), so a batch never holds its partitions longer than that; a request whose wait ran out goes out with
 `history.complete: false`. After recall, `enriched` marks the thread busy (policies enqueue and reject)
-before the enriched request is sent.
+while the enriched request is sent; the record is acknowledged once both are durable.
 
 A wait interrupted by the stop signal, or a marker read that fails, is not the request's fault: `admit`
 returns it as `retry`, the lane acknowledges the record with that error, the rest of the thread's requests in
@@ -157,18 +157,18 @@ class BatchGate:
     def _left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
-    async def enriched(self, thread_id: str, request_id: str) -> RetriableError | None:
-        """Mark the thread busy with `request_id` before its enriched request is sent; returns an outage."""
+    def enriched(self, thread_id: str, request_id: str) -> asyncio.Future[None] | None:
+        """Mark the thread busy with `request_id`: the write starts now, beside the enriched request's send.
+
+        The caller makes it part of the record's acknowledgement, so the record is committed only once the
+        mark is durable; the order of the mark and the answer does not matter (see `storage.turns`). The
+        batch's own view is updated at once, so the thread's next request in this batch sees it busy.
+        """
         gate = self.gate
         if gate.markers is None or gate.policy == "allow":
             return None
         marker = self.markers.get(thread_id)
         if not should_mark(marker, request_id):
             return None  # already answered: a replay or a redelivery
-        try:
-            await gate.markers.mark(thread_id, request_id)
-        except RetriableError as exc:
-            self.blocked[thread_id] = exc
-            return exc
         self.markers[thread_id] = (marker or TurnMarker()).enriched(request_id)
-        return None
+        return asyncio.ensure_future(gate.markers.mark(thread_id, request_id))

@@ -6,12 +6,13 @@ Mastra never reads or writes it:
     {_id: threadId, pending: requestId | null, enrichedAt: Date | null,
      answered: [requestId, ...] (the newest 64), answeredAt: Date}
 
-The recall path sets `pending` (an upsert by `_id`) before it sends the enriched request, so the answer can
-never be persisted before the marker exists. The persist path, after writing a batch of turns, adds their
-request ids to `answered` and clears `pending` when it names one of them. Failed turns, read-only turns and
-turns with nothing to save count as answers. Round trips: one `find` per recall batch; the marks of one batch
-coalesce into one `bulk_write`; one `bulk_write` per persist batch; and while requests wait, one `find` per
-poll interval for all the threads waited on.
+The recall path sets `pending` (an upsert by `_id`) while it sends the enriched request; the persist path,
+after writing a batch of turns, adds their request ids to `answered` and clears `pending` when it names one
+of them. A pending id found in `answered` is not busy, so the two writes may land in either order (a worker
+may answer before the mark is acknowledged); each input record is committed only after its marker write.
+Failed turns, read-only turns and turns with nothing to save count as answers. Round trips: one `find` per
+recall batch; the marks of one batch coalesce into one `bulk_write`; one `bulk_write` per persist batch
+(one update per thread); and while requests wait, one `find` per poll interval for every thread waited on.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, UpdateOne
 from pymongo.errors import BulkWriteError
 
-from message_history.errors import WaitInterruptedError
+from message_history.errors import FatalStorageError, WaitInterruptedError
 from message_history.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
 from storage.errors import storage_errors, to_storage_error
 
@@ -43,6 +44,40 @@ TURNS = "message_history_turns"
 _CODEC: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 _DUPLICATE_KEY = frozenset({11000, 11001})  # two writers upserting one new _id: the loser retries once
 _OPS_PER_COMMAND = 500
+
+
+def _answered_pipeline(thread_id: str, ids: list[str], now: datetime) -> UpdateOne:
+    """One update: `pending` cleared when it is one of `ids`; `ids` appended to `answered` (newest kept)."""
+    pending = {"$ifNull": ["$pending", None]}
+    return UpdateOne(
+        {"_id": thread_id},
+        [
+            {
+                "$set": {
+                    "pending": {"$cond": [{"$in": [pending, ids]}, None, pending]},
+                    "answered": {
+                        "$slice": [{"$concatArrays": [{"$ifNull": ["$answered", []]}, ids]}, -ANSWERED_KEPT]
+                    },
+                    "answeredAt": now,
+                }
+            }
+        ],
+        upsert=True,
+    )
+
+
+def _answered_plain(thread_id: str, ids: list[str], now: datetime) -> list[UpdateOne]:
+    """The same as `_answered_pipeline` in two plain updates, for servers without pipeline updates."""
+    return [
+        UpdateOne(
+            {"_id": thread_id},
+            {"$push": {"answered": {"$each": ids, "$slice": -ANSWERED_KEPT}}, "$set": {"answeredAt": now}},
+            upsert=True,
+        ),
+        UpdateOne(
+            {"_id": thread_id, "pending": {"$in": ids}}, {"$set": {"pending": None, "enrichedAt": None}}
+        ),
+    ]
 
 
 def marker_from_doc(doc: Mapping[str, Any]) -> TurnMarker:
@@ -63,6 +98,7 @@ class MongoTurnMarkers:
         self._marks = _Coalesced(self._write)
         self._waiters: dict[str, list[tuple[str, asyncio.Future[TurnMarker | None]]]] = {}
         self._poller: asyncio.Task[None] | None = None
+        self._pipelines = True  # until the server refuses one
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -159,27 +195,27 @@ class MongoTurnMarkers:
     # --- persist side ---
 
     async def answered(self, turns: Mapping[str, Sequence[str]]) -> None:
-        """After the turns' messages are written: remember their request ids and clear the pending ones."""
+        """After the turns' messages are written: remember their request ids and clear the pending ones.
+
+        One pipeline update per thread where the server has them (half the cost of two plain updates on
+        the local stack); a server refusing pipelines (FerretDB 1.x) gets the two-update form from then on.
+        """
+        if not turns:
+            return
         now = datetime.now(UTC)
-        ops: list[UpdateOne] = []
-        for thread_id, request_ids in turns.items():
-            ids = list(dict.fromkeys(request_ids))
-            ops.append(
-                UpdateOne(
-                    {"_id": thread_id},
-                    {
-                        "$push": {"answered": {"$each": ids, "$slice": -ANSWERED_KEPT}},
-                        "$set": {"answeredAt": now},
-                    },
-                    upsert=True,
-                )
-            )
-            ops.append(
-                UpdateOne(
-                    {"_id": thread_id, "pending": {"$in": ids}},
-                    {"$set": {"pending": None, "enrichedAt": None}},
-                )
-            )
+        prepared = {t: list(dict.fromkeys(ids)) for t, ids in turns.items()}
+        if self._pipelines:
+            ops = [_answered_pipeline(t, ids, now) for t, ids in prepared.items()]
+            try:
+                await self._write_chunks(ops)
+            except FatalStorageError:
+                log.info("%s: the server refuses pipeline updates; using plain updates", TURNS)
+                self._pipelines = False
+            else:
+                return
+        await self._write_chunks([op for t, ids in prepared.items() for op in _answered_plain(t, ids, now)])
+
+    async def _write_chunks(self, ops: list[UpdateOne]) -> None:
         for start in range(0, len(ops), _OPS_PER_COMMAND):
             await self._write(ops[start : start + _OPS_PER_COMMAND])
 

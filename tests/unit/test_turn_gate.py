@@ -157,7 +157,9 @@ async def test_the_second_request_of_a_thread_in_one_batch_waits_for_the_first()
     markers = FakeMarkers()
     batch = await _gate(markers=markers, timeout_s=0.05).open_batch([(0, "a"), (0, "a")])
     assert await batch.admit(0, "a", "a1") is GO
-    assert await batch.enriched("a", "a1") is None
+    mark = batch.enriched("a", "a1")
+    assert mark is not None
+    await mark
     assert markers.marked == [("a", "a1")]
     second = await batch.admit(0, "a", "a2")
     assert second.complete is False  # no answer came within the timeout
@@ -167,7 +169,7 @@ async def test_an_answered_request_is_not_marked_again() -> None:
     """A replayed request whose answer is recorded leaves the thread idle."""
     markers = FakeMarkers({"a": TurnMarker(pending=None, answered=("a1",))})
     batch = await _gate(markers=markers).open_batch([(0, "a")])
-    assert await batch.enriched("a", "a1") is None
+    assert batch.enriched("a", "a1") is None
     assert markers.marked == []
 
 
