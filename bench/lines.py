@@ -59,13 +59,20 @@ def _free_port() -> int:
         return port
 
 
+_GUARDS = {
+    "all": {},  # the defaults: barrier on, busy-thread enqueue
+    "barrier": {"MESSAGE_HISTORY_BUSY_THREAD": "allow"},
+    "none": {"MESSAGE_HISTORY_BARRIER": "off", "MESSAGE_HISTORY_BUSY_THREAD": "allow"},
+}
+
+
 def service_launch(
-    ctx: RunContext, path: str, name: str, *, guards: bool = True
+    ctx: RunContext, path: str, name: str, *, guards: str = "all"
 ) -> Callable[[str, str, str], Launch]:
     """`message-history run --only PATH`, configured through its environment as an operator would.
 
-    `guards=False`: turn barrier off and busy-thread policy `allow` (the defaults are on and `enqueue`). The
-    recall line's responses topic is `<in>-responses`; `caught_up_responses` makes it exist, caught up.
+    `guards`: which turn guards run (`all`, the defaults; `barrier` only; `none`). The recall line's
+    responses topic is `<in>-responses`; `caught_up_responses` makes it exist, caught up.
     """
 
     def launch(in_topic: str, out_topic: str, tag: str) -> Launch:
@@ -91,7 +98,7 @@ def service_launch(
             MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
             MESSAGE_HISTORY_HTTP_PORT=str(port),
             **{f"MESSAGE_HISTORY_{k}_TOPIC": v for k, v in topics.items()},
-            **({} if guards else {"MESSAGE_HISTORY_BARRIER": "off", "MESSAGE_HISTORY_BUSY_THREAD": "allow"}),
+            **_GUARDS[guards],
         )
         argv = [ctx.python(), "-m", "message_history", "run", "--only", path]
         return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics")
@@ -159,7 +166,15 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
                 events,
                 requests(w, turns.recall),
                 requests(w, turns.recall),
-                service_launch(ctx, "recall", "service_recall_unguarded", guards=False),
+                service_launch(ctx, "recall", "service_recall_unguarded", guards="none"),
+            ),
+            StreamLine(
+                "service_recall_barrier_only",
+                events,
+                requests(w, turns.recall),
+                requests(w, turns.recall),
+                service_launch(ctx, "recall", "service_recall_barrier_only", guards="barrier"),
+                prepare=caught_up_responses,
             ),
             StreamLine(
                 "naive_recall",
@@ -191,7 +206,7 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
             events,
             responses(w, turns.fresh()),
             responses(w, turns.fresh()),
-            service_launch(ctx, "persist", "service_persist_unguarded", guards=False),
+            service_launch(ctx, "persist", "service_persist_unguarded", guards="none"),
             writes=True,
         ),
         StreamLine(
