@@ -123,10 +123,14 @@ class TurnBarrier:
     async def behind(self, partitions: Iterable[int]) -> dict[int, int]:
         """Of the requests' `partitions`, those whose persist progress is below the responses end offset now:
         {partition: end offset to reach}. One ListOffsets; OffsetFetch only where the local watermark lags."""
+        wanted = sorted(set(partitions))
         known = await self._responses_partitions()
+        if known and any(p not in known for p in wanted):
+            # partitions were added to one topic since the last look: check the counts again (may refuse)
+            known = await self._responses_partitions(refresh=True)
         if not known:
             return {}
-        tps = [TopicPartition(self._responses_topic, p) for p in sorted(set(partitions)) if p in known]
+        tps = [TopicPartition(self._responses_topic, p) for p in wanted if p in known]
         if not tps:
             return {}
         # partitions persisted elsewhere: their committed offsets are read beside the end offsets

@@ -14,11 +14,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
 
 from message_history import metrics
 from message_history.errors import StartupError
 from message_history.service import Path, run_service
 from message_history.settings import Settings
+from message_history.topics import ensure_topics, service_topics
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     dead_letters,
@@ -287,3 +289,32 @@ async def test_a_stop_while_a_request_waits_drains_at_once_and_leaves_it_for_the
         await drop_database(settings)
     assert second["history"]["complete"] is True
     assert f"{request_id('t', 1)}:response:0" in _memory_ids(second)
+
+
+async def test_the_topics_command_creates_equal_counts_and_refuses_unequal_ones(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """`message-history topics --partitions 3` creates every topic with 3; unequal input topics fail."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    try:
+        counts, problems = await ensure_topics(settings, partitions=3, replication=1)
+    finally:
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+        await admin.start()
+        try:
+            await admin.delete_topics(service_topics(settings))
+        finally:
+            await admin.close()
+    assert problems == []
+    assert set(counts.values()) == {3}
+    assert set(counts) == set(service_topics(settings))
+
+    unequal = fresh_settings(kafka_bootstrap, mongo_uri)
+    await make_topic(partitions=4, name=unequal.requests_topic)
+    await make_topic(partitions=2, name=unequal.responses_topic)
+    counts, problems = await ensure_topics(unequal, partitions=None, replication=1)
+    assert counts[unequal.requests_topic] == 4
+    assert counts[unequal.enriched_topic] is None  # nothing created without --partitions
+    assert len(problems) == 1
+    assert "4 partitions" in problems[0]
+    assert "BARRIER=off" in problems[0]
