@@ -4,6 +4,11 @@ Per batch: decode every record (a bad one is a dead letter), prefetch the batch'
 messages in one concurrent round trip, then per request `MessageHistory.recall` (answered from the prefetch)
 and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements. Requests of one thread
 run in batch order, so their enriched events leave in the order the requests came.
+
+With a `TurnGate` (the turn barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups
+run beside the prefetch, and each request first passes `admit`: a request that had to wait is recalled from
+MongoDB (the prefetch may predate the turn it waited for), a refused one is a dead letter, and its thread is
+marked busy while its enriched event is sent (the mark is part of the record's acknowledgement).
 """
 
 from __future__ import annotations

@@ -3,7 +3,9 @@
 Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads (one query), run
 `MessageHistory.persist_turn` per response against a collecting storage (responses of one thread in batch
 order), write every collected turn with one `save_many`, and only then send one `HistoryPersisted` per
-response. A turn refused for thread ownership, by the collector or by `save_many`, is a dead letter.
+response. A turn refused for thread ownership, by the collector or by `save_many`, is a dead letter. With
+busy markers (`storage/turns.py`), one more bulk write after `save_many` records the batch's turns as
+answered, beside the `HistoryPersisted` sends and part of their acknowledgements.
 """
 
 from __future__ import annotations

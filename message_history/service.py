@@ -2,7 +2,7 @@
 
 Resources are entered in dependency order into one exit stack and unwound in reverse:
 
-    MongoDB (+ turn markers)  ->  producer  ->  HTTP probes  ->  turn barrier  ->  consumers (persist, recall)
+    MongoDB (+ turn markers)  ->  producer  ->  HTTP probes  ->  turn barrier  ->  consumers (recall, persist)
 
 so on the way out the consumers finish their batch, commit and leave the group first, then the probe server
 stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop event; everything
