@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -67,10 +68,20 @@ async def ensure_topics(
             await admin.create_topics(
                 [NewTopic(name, partitions, replication) for name in missing], timeout_ms=_TIMEOUT_MS
             )
-            counts = await _counts(admin, names)
+            counts = await _created(admin, names, missing)
     finally:
         await admin.close()
     return counts, verdict(counts, (settings.requests_topic, settings.responses_topic), partitions)
+
+
+async def _created(admin: AIOKafkaAdminClient, names: list[str], missing: list[str]) -> dict[str, int | None]:
+    """The counts once the new topics show in the metadata (a broker answers before every node knows)."""
+    deadline = time.monotonic() + _TIMEOUT_MS / 1000
+    while True:
+        counts = await _counts(admin, names)
+        if all(counts[name] is not None for name in missing) or time.monotonic() > deadline:
+            return counts
+        await asyncio.sleep(0.2)
 
 
 async def _counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int | None]:
