@@ -48,6 +48,33 @@ async def create_topics(settings: Settings, names: Sequence[str], partitions: in
         await admin.close()
 
 
+async def caught_up_topic(settings: Settings, topic: str, partitions: int, group_id: str) -> None:
+    """`topic` with one record per partition, and `group_id`'s offsets committed at its end.
+
+    The turn barrier's steady state: the responses topic is not empty and the persist side (here: the
+    group's committed offsets, as when another instance persists) has reached its end.
+    """
+    await create_topics(settings, [topic], partitions)
+    producer = AIOKafkaProducer(**_options(settings, "bench-caught-up"), acks="all")
+    await producer.start()
+    try:
+        sent = [await producer.send(topic, value=b"{}", partition=p) for p in range(partitions)]
+        await asyncio.gather(*sent)
+    finally:
+        await producer.stop()
+    consumer = AIOKafkaConsumer(
+        **_options(settings, "bench-caught-up"), group_id=group_id, enable_auto_commit=False
+    )
+    await consumer.start()
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        ends = await consumer.end_offsets(tps)
+        await consumer.commit(dict(ends))
+    finally:
+        await consumer.stop()
+
+
 async def delete_topics(settings: Settings, names: Sequence[str]) -> None:
     """Best effort: a long-lived local broker should not keep the benchmark's gigabytes."""
     if not names:

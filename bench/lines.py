@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from bench import processes
 from bench.context import RunContext
-from bench.kafka_io import Record
+from bench.kafka_io import Record, caught_up_topic
 from bench.progress import log
 from bench.stats import LineResult
 from bench.stream_line import Launch, StreamLine
@@ -59,14 +59,32 @@ def _free_port() -> int:
         return port
 
 
-def service_launch(ctx: RunContext, path: str, name: str) -> Callable[[str, str, str], Launch]:
-    """`message-history run --only PATH`, configured through its environment as an operator would."""
+_GUARDS = {
+    "all": {},  # the defaults: barrier on, busy-thread enqueue
+    "barrier": {"MESSAGE_HISTORY_BUSY_THREAD": "allow"},
+    "none": {"MESSAGE_HISTORY_BARRIER": "off", "MESSAGE_HISTORY_BUSY_THREAD": "allow"},
+}
+
+
+def service_launch(
+    ctx: RunContext, path: str, name: str, *, guards: str = "all"
+) -> Callable[[str, str, str], Launch]:
+    """`message-history run --only PATH`, configured through its environment as an operator would.
+
+    `guards`: which turn guards run (`all`, the defaults; `barrier` only; `none`). The recall line's
+    responses topic is `<in>-responses`; `caught_up_responses` makes it exist, caught up.
+    """
 
     def launch(in_topic: str, out_topic: str, tag: str) -> Launch:
         port = _free_port()
         unused = f"{in_topic}-unused"
         topics = (
-            {"REQUESTS": in_topic, "ENRICHED": out_topic, "RESPONSES": unused, "PERSISTED": unused + "-out"}
+            {
+                "REQUESTS": in_topic,
+                "ENRICHED": out_topic,
+                "RESPONSES": f"{in_topic}-responses",
+                "PERSISTED": unused + "-out",
+            }
             if path == "recall"
             else {
                 "REQUESTS": unused,
@@ -80,11 +98,27 @@ def service_launch(ctx: RunContext, path: str, name: str) -> Callable[[str, str,
             MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
             MESSAGE_HISTORY_HTTP_PORT=str(port),
             **{f"MESSAGE_HISTORY_{k}_TOPIC": v for k, v in topics.items()},
+            **_GUARDS[guards],
         )
         argv = [ctx.python(), "-m", "message_history", "run", "--only", path]
         return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics")
 
     return launch
+
+
+async def caught_up_responses(ctx: RunContext, launch: Launch) -> None:
+    """The recall line's responses topic, non-empty, with the line's group at its end (see `caught_up_topic`).
+
+    Only the recall path runs, so the barrier reads the committed offsets (one OffsetFetch per batch beside
+    the ListOffsets): the cross-instance case, the dearer one.
+    """
+    await caught_up_topic(
+        ctx.settings,
+        launch.env["MESSAGE_HISTORY_RESPONSES_TOPIC"],
+        ctx.workload.partitions,
+        launch.env["MESSAGE_HISTORY_GROUP_ID"],
+    )
+    ctx.topics.append(launch.env["MESSAGE_HISTORY_RESPONSES_TOPIC"])
 
 
 def worker_launch(
@@ -125,6 +159,22 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
                 requests(w, turns.recall),
                 requests(w, turns.recall),
                 service_launch(ctx, "recall", "service_recall"),
+                prepare=caught_up_responses,
+            ),
+            StreamLine(
+                "service_recall_unguarded",
+                events,
+                requests(w, turns.recall),
+                requests(w, turns.recall),
+                service_launch(ctx, "recall", "service_recall_unguarded", guards="none"),
+            ),
+            StreamLine(
+                "service_recall_barrier_only",
+                events,
+                requests(w, turns.recall),
+                requests(w, turns.recall),
+                service_launch(ctx, "recall", "service_recall_barrier_only", guards="barrier"),
+                prepare=caught_up_responses,
             ),
             StreamLine(
                 "naive_recall",
@@ -149,6 +199,14 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
             responses(w, turns.fresh()),
             responses(w, turns.fresh()),
             service_launch(ctx, "persist", "service_persist"),
+            writes=True,
+        ),
+        StreamLine(
+            "service_persist_unguarded",
+            events,
+            responses(w, turns.fresh()),
+            responses(w, turns.fresh()),
+            service_launch(ctx, "persist", "service_persist_unguarded", guards="none"),
             writes=True,
         ),
         StreamLine(

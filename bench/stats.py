@@ -19,11 +19,14 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "b1_recall": ("B1 Kafka pass-through, enriched-size records", "recall"),
     "b2_recall_queries": ("B2 MongoDB batched recall queries", "recall"),
     "service_recall": ("service recall path (request -> enriched)", "recall"),
+    "service_recall_unguarded": ("service recall path, barrier off, busy-thread allow", "recall"),
+    "service_recall_barrier_only": ("service recall path, barrier on, busy-thread allow", "recall"),
     "naive_recall": ("naive recall (await each find/send/commit)", "recall"),
     "mastra_recall": ("Mastra MessageHistory.processInput (Node)", "recall"),
     "b1_persist": ("B1 Kafka pass-through, response-size records", "persist"),
     "b3_bulk_upserts": ("B3 MongoDB batched bulk upserts", "persist"),
     "service_persist": ("service persist path (response -> persisted)", "persist"),
+    "service_persist_unguarded": ("service persist path, busy-thread allow (no markers)", "persist"),
     "naive_persist": ("naive persist (await each save/send/commit)", "persist"),
     "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node)", "persist"),
 }
@@ -39,6 +42,9 @@ RATIOS: Final[dict[str, str]] = {
     "turn_service_vs_mastra_per_core": "service / Mastra, whole turn, events per CPU second (target > 1)",
     "recall_service_vs_mastra_wall": "service recall / Mastra processInput, events per second",
     "persist_service_vs_mastra_wall": "service persist / Mastra processOutputResult, events per second",
+    "recall_turn_guards_cost": "service recall / the same, barrier off + busy allow",
+    "recall_barrier_cost": "service recall, barrier only / barrier off (target >= 0.95)",
+    "persist_turn_guards_cost": "service persist / the same without busy markers",
 }
 
 
@@ -173,6 +179,9 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         ),
         "recall_service_vs_mastra_wall": _ratio(eps("service_recall"), eps("mastra_recall")),
         "persist_service_vs_mastra_wall": _ratio(eps("service_persist"), eps("mastra_persist")),
+        "recall_turn_guards_cost": _ratio(eps("service_recall"), eps("service_recall_unguarded")),
+        "recall_barrier_cost": _ratio(eps("service_recall_barrier_only"), eps("service_recall_unguarded")),
+        "persist_turn_guards_cost": _ratio(eps("service_persist"), eps("service_persist_unguarded")),
     }
     return {k: _round(v) for k, v in out.items()}
 

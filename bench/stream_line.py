@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from bench import processes
@@ -49,6 +49,8 @@ class StreamLine:
     latency_record: Callable[[int], Record]
     launch: Callable[[str, str, str], Launch]
     writes: bool = False  # it saves messages (the persist path, not B1)
+    # run before the process starts, given its launch (e.g. a caught-up responses topic for the barrier)
+    prepare: Callable[[RunContext, Launch], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -74,6 +76,8 @@ class _Running:
     async def start(self) -> asyncio.subprocess.Process:
         ctx = self.ctx
         await create_topics(ctx.settings, [self.in_topic, self.out_topic], ctx.workload.partitions)
+        if self.line.prepare is not None:
+            await self.line.prepare(ctx, self.launch)
         self.process = await processes.spawn(
             self.launch.argv, env=self.launch.env, log=ctx.log_dir / f"{self.line.name}.log"
         )

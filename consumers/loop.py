@@ -191,6 +191,16 @@ class StreamLoop:
         self._clean_chunks = 0
         self._handed_out: dict[TopicPartition, int] = {}  # one past the last record fetched, per partition
 
+    def done_offset(self, partition: int) -> int | None:
+        """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
+
+        The turn barrier reads it for the persist path: everything below it is written and acknowledged.
+        """
+        tp = TopicPartition(self.topic, partition)
+        if tp not in self._assigned:
+            return None
+        return self._tracker.watermark(tp)
+
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> StreamLoop:
@@ -615,6 +625,13 @@ def _settle(
 
 def _tp(record: ConsumerRecord) -> TopicPartition:
     return TopicPartition(record.topic, record.partition)
+
+
+async def ack_after(first: Awaitable[object], ack: Ack) -> object:
+    """`ack`, resolved only once `first` (another write the record caused) is durable too; either failing
+    fails the record, so the loop retries it."""
+    await first
+    return await ack
 
 
 def record_headers(record: ConsumerRecord) -> list[tuple[str, bytes]]:

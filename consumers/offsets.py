@@ -101,6 +101,11 @@ class OffsetTracker(Generic[K]):
                 out[key] = mark
         return out
 
+    def watermark(self, key: K) -> int | None:
+        """The partition's contiguous done watermark; None when not assigned or nothing fetched yet."""
+        part = self._parts.get(key)
+        return part.watermark() if part is not None else None
+
     def mark_committed(self, offsets: Mapping[K, int]) -> None:
         """Record a successful commit of `offsets`."""
         for key, offset in offsets.items():

@@ -4,10 +4,16 @@ Per batch: decode every record (a bad one is a dead letter), prefetch the batch'
 messages in one concurrent round trip, then per request `MessageHistory.recall` (answered from the prefetch)
 and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements. Requests of one thread
 run in batch order, so their enriched events leave in the order the requests came.
+
+With a `TurnGate` (the turn barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups
+run beside the prefetch, and each request first passes `admit`: a request that had to wait is recalled from
+MongoDB (the prefetch may predate the turn it waited for), a refused one is a dead letter, and its thread is
+marked busy while its enriched event is sent (the mark is part of the record's acknowledgement).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -15,10 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack
+from consumers.loop import Ack, ack_after
+from consumers.turn_gate import GO, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
-from message_history.errors import EventValidationError, InvalidInputError
+from message_history.errors import EventValidationError, InvalidInputError, RetriableError
 from message_history.processor import MessageHistory
 from message_history.rules import LastMessages, normalize_limit
 from producers.enriched import EnrichedPublisher
@@ -55,7 +62,9 @@ class RecallHandler:
         limits: Limits,
         last_messages: int,
         max_in_flight_threads: int,
+        gate: TurnGate | None = None,
     ) -> None:
+        self._gate = gate
         self._storage = storage
         self._publisher = publisher
         self._limits = limits
@@ -84,29 +93,44 @@ class RecallHandler:
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
-        history = await PrefetchedHistory.load(
-            self._storage, [self._query(item.request) for _, item in items]
+        history, batch_gate = await asyncio.gather(
+            PrefetchedHistory.load(self._storage, [self._query(item.request) for _, item in items]),
+            self._open_gate(items),
         )
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
         processor = MessageHistory(storage=history, last_messages=self._last_messages)
+        fresh = MessageHistory(storage=self._storage, last_messages=self._last_messages)
 
         async def enrich(entry: tuple[int, _Item]) -> Ack:
             index, item = entry
             request = item.request
             spans.identify(index, request.requestId)
-            outcome = await processor.recall(
+            admission = GO
+            if batch_gate is not None:
+                admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
+                if admission.refused is not None:
+                    raise admission.refused
+                if admission.retry is not None:
+                    return _failed(admission.retry)
+            outcome = await (fresh if admission.fresh else processor).recall(
                 thread_id=request.threadId,
                 resource_id=request.resourceId,
                 incoming=request.messages,
                 last_messages=turn_last_messages(request, self._last_messages),
             )
             enriched = EnrichedRequest.from_request(
-                request, outcome.context, recalled=outcome.recalled, limit=outcome.limit
+                request,
+                outcome.context,
+                recalled=outcome.recalled,
+                limit=outcome.limit,
+                complete=admission.complete,
+                waited_ms=admission.waited_ms,
             )
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
+            mark = batch_gate.enriched(request.threadId, request.requestId) if batch_gate else None
             ack = await self._publisher.publish(enriched, headers=spans.headers(index, item.record))
             spans.end_when_done(index, ack)
-            return ack
+            return ack if mark is None else ack_after(mark, ack)
 
         sent_from = time.perf_counter()
         outcomes = await run_lanes(
@@ -131,6 +155,19 @@ class RecallHandler:
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
 
+    async def _open_gate(self, items: Sequence[tuple[int, _Item]]) -> BatchGate | None:
+        if self._gate is None or not items:
+            return None
+        started = time.perf_counter()
+        gate = await self._gate.open_batch([(i.record.partition, i.request.threadId) for _, i in items])
+        metrics.STAGE_SECONDS.labels(path=PATH, stage="barrier").observe(time.perf_counter() - started)
+        return gate
+
     def _query(self, request: AgentRequest) -> RecallQuery:
         limit = normalize_limit(turn_last_messages(request, self._last_messages))
         return RecallQuery(thread_id=request.threadId, resource_id=request.resourceId, limit=limit)
+
+
+async def _failed(error: RetriableError) -> object:
+    """An acknowledgement that fails with `error`: the loop retries the record (or leaves it, stopping)."""
+    raise error

@@ -3,18 +3,21 @@
 Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads (one query), run
 `MessageHistory.persist_turn` per response against a collecting storage (responses of one thread in batch
 order), write every collected turn with one `save_many`, and only then send one `HistoryPersisted` per
-response. A turn refused for thread ownership, by the collector or by `save_many`, is a dead letter.
+response. A turn refused for thread ownership, by the collector or by `save_many`, is a dead letter. With
+busy markers (`storage/turns.py`), one more bulk write after `save_many` records the batch's turns as
+answered, beside the `HistoryPersisted` sends and part of their acknowledgements.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack
+from consumers.loop import Ack, ack_after
 from message_history import metrics, tracing
 from message_history.batch_storage import BatchHistoryStorage, CollectedTurn, CollectingHistory
 from message_history.errors import EventValidationError, InvalidInputError
@@ -28,6 +31,12 @@ from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import Thread, TombstoneReader
 
 PATH = "persist"
+
+
+class AnsweredTurns(Protocol):
+    """What the persist path needs of `storage.turns.MongoTurnMarkers`: record that turns were answered."""
+
+    async def answered(self, turns: dict[str, list[str]]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +76,9 @@ class PersistHandler:
         limits: Limits,
         max_in_flight_threads: int,
         tombstones: TombstoneReader | None = None,
+        markers: AnsweredTurns | None = None,
     ) -> None:
+        self._markers = markers
         self._storage = storage
         self._publisher = publisher
         self._limits = limits
@@ -123,11 +134,13 @@ class PersistHandler:
             item_errors=(InvalidInputError,),
         )
         await batch.flush()  # the one bulk write; an outage raises here and the batch is retried
+        marks = self._mark_answered(items, outcomes, forgotten)
         written = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(written - decoded)
 
         for index, item in forgotten:  # after the write, as every outcome: a retried batch sends them once
-            results[index] = await self._answer_forgotten(index, item, spans)
+            ack = await self._answer_forgotten(index, item, spans)
+            results[index] = ack if marks is None else ack_after(marks, ack)
         for (index, item), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
@@ -145,12 +158,30 @@ class PersistHandler:
                 span.set_attribute("message_history.saved", len(event.savedMessageIds))
             ack = await self._publisher.publish(event, headers=spans.headers(index, item.record))
             spans.end_when_done(index, ack)
-            results[index] = ack
+            results[index] = ack if marks is None else ack_after(marks, ack)
             label = "persisted" if event.skipped is None else f"skipped-{event.skipped}"
             metrics.OUTCOMES.labels(path=PATH, outcome=label).inc()
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
+
+    def _mark_answered(
+        self,
+        items: Sequence[tuple[int, _Item]],
+        outcomes: Sequence[_Done | Failed],
+        forgotten: Sequence[tuple[int, _Item]],
+    ) -> asyncio.Future[None] | None:
+        """The busy-thread markers' write for this batch's answers, started now; None when there is none.
+
+        After the messages are written, so a request released by it sees them; beside the persisted events'
+        sends, and part of their acknowledgements, so a failed write retries those records.
+        """
+        if self._markers is None:
+            return None
+        answered = _answered(items, outcomes)
+        for _, item in forgotten:  # a forgotten turn is answered too: its thread must not stay busy
+            answered.setdefault(item.response.threadId, []).append(item.response.requestId)
+        return asyncio.ensure_future(self._markers.answered(answered)) if answered else None
 
     def _decode(self, record: Any) -> AgentResponse:
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
@@ -218,3 +249,16 @@ class PersistHandler:
             skipped=outcome.skipped,
             thread_updated_at=thread.updatedAt if thread is not None else None,
         )
+
+
+def _answered(items: Sequence[tuple[int, _Item]], outcomes: Sequence[_Done | Failed]) -> dict[str, list[str]]:
+    """Request ids answered by this batch, per thread: every response decoded and not refused (saved,
+    skipped, failed turns alike)."""
+    turns: dict[str, list[str]] = {}
+    for (_, item), outcome in zip(items, outcomes, strict=True):
+        if isinstance(outcome, Failed):
+            continue
+        if outcome.saved is not None and isinstance(outcome.saved.result, InvalidInputError):
+            continue  # refused by the write itself (ownership)
+        turns.setdefault(item.response.threadId, []).append(item.response.requestId)
+    return turns

@@ -30,6 +30,12 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("check", help="check that Kafka and MongoDB answer (a real round trip on each)")
     sub.add_parser("config", help="print the effective settings, secrets masked")
 
+    topics = sub.add_parser(
+        "topics", help="create the missing topics with one partition count; check the input topics' counts"
+    )
+    topics.add_argument("--partitions", type=int, help="create missing topics with N partitions")
+    topics.add_argument("--replication-factor", type=int, default=1, help="for created topics (%(default)s)")
+
     schemas = sub.add_parser("schemas", help="write the events' JSON Schemas and the AsyncAPI document")
     schemas.add_argument("--out", default="schemas/generated", help="output folder (default: %(default)s)")
     schemas.add_argument("--check", action="store_true", help="exit 1 if the files on disk are stale")
@@ -70,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one retu
         from message_history.check import main as check_main  # noqa: PLC0415
 
         return check_main()
+    if args.command == "topics":
+        from message_history.topics import main as topics_main  # noqa: PLC0415
+
+        return topics_main(partitions=args.partitions, replication=args.replication_factor)
     if args.command == "schemas":
         from schemas.export import main as schemas_main  # noqa: PLC0415
 

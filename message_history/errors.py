@@ -5,10 +5,13 @@
     │   ├── EventValidationError        not JSON, not the schema, over a limit; carries the field path
     │   ├── ThreadOwnershipError        the event's resourceId is not the stored thread's owner
     │   ├── DocumentTooLargeError       a message would be a MongoDB document over its 16 MiB limit
-    │   └── OutputTooLargeError         the output of a record is over Kafka's record size limit
+    │   ├── OutputTooLargeError         the output of a record is over Kafka's record size limit
+    │   └── ThreadBusyError             busy-thread policy `reject`: an earlier turn is not answered yet
     ├── AbortError                      a processor step called abort(reason): the turn stops, nothing written
     ├── RetriableError                  retriable = True: an outage; back off, pause intake, never dead-letter
-    │   └── StorageUnavailableError     MongoDB unreachable, timed out, not primary
+    │   ├── StorageUnavailableError     MongoDB unreachable, timed out, not primary
+    │   ├── BarrierUnavailableError     the turn barrier's offset look-up failed (Kafka)
+    │   └── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
     ├── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
     └── StartupError                    the service cannot start as configured (e.g. HTTP port in use)
 
@@ -72,6 +75,21 @@ class OutputTooLargeError(InvalidInputError):
         return self.kafka_error
 
 
+class ThreadBusyError(InvalidInputError):
+    """Busy-thread policy `reject`: the thread has a turn enriched and not answered; the request is refused.
+
+    Not malformed input, but the same route: the request goes to the dead-letter topic untouched (so the
+    client can send it again), with this error's type and a message naming the pending turn.
+    """
+
+    def __init__(self, thread_id: str, pending_request_id: str) -> None:
+        self.thread_id = thread_id
+        self.pending_request_id = pending_request_id
+        super().__init__(
+            f"thread-busy: thread {thread_id!r} has turn {pending_request_id!r} enriched and not answered yet"
+        )
+
+
 class AbortError(MessageHistoryError):
     """Raised by `abort(reason)` inside a processor step: the turn stops and writes nothing."""
 
@@ -88,6 +106,14 @@ class RetriableError(MessageHistoryError):
 
 class StorageUnavailableError(RetriableError):
     """MongoDB could not be reached or did not answer in time."""
+
+
+class BarrierUnavailableError(RetriableError):
+    """The turn barrier could not read the responses topic's end or committed offsets (Kafka down or slow)."""
+
+
+class WaitInterruptedError(RetriableError):
+    """Stopping while a request waits for its turn: it is left for the partition's next owner."""
 
 
 class FatalStorageError(MessageHistoryError):

@@ -104,7 +104,7 @@ BATCH_SIZE = Histogram(
 )
 STAGE_SECONDS = Histogram(
     "message_history_stage_seconds",
-    "Time spent per batch in each stage (decode, recall, persist, produce, commit).",
+    "Time spent per batch in each stage (decode, recall, barrier, persist, produce, commit).",
     ["path", "stage"],
     buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
@@ -149,5 +149,28 @@ RECALLED_MESSAGES = Histogram(
     "message_history_recalled_messages",
     "Messages recalled from MongoDB per request.",
     buckets=(0, 1, 5, 10, 20, 40, 100, 250, 1000),
+    registry=REGISTRY,
+)
+TURN_WAITS = Counter(
+    "message_history_turn_waits",
+    "Requests that waited before recall, by reason (barrier: persist behind; busy-thread).",
+    ["reason"],
+    registry=REGISTRY,
+)
+TURN_WAIT_TIMEOUTS = Counter(
+    "message_history_turn_wait_timeouts",
+    "Waits that ran out of time: the request went out with history.complete false.",
+    ["reason"],
+    registry=REGISTRY,
+)
+TURN_WAIT_SECONDS = Histogram(
+    "message_history_turn_wait_seconds",
+    "Time a request waited before recall (requests that waited only).",
+    buckets=(*_LATENCY_BUCKETS, 30.0, 60.0),
+    registry=REGISTRY,
+)
+TURN_REFUSALS = Counter(
+    "message_history_turn_refusals",
+    "Requests refused because their thread was busy (busy-thread policy reject).",
     registry=REGISTRY,
 )

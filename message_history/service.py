@@ -2,7 +2,8 @@
 
 Resources are entered in dependency order into one exit stack and unwound in reverse:
 
-    MongoDB  ->  producer  ->  HTTP probes  ->  [periodic prune]  ->  consumers (recall, persist, commands)
+    MongoDB (+ turn markers)  ->  producer  ->  HTTP probes  ->  [periodic prune]  ->  turn barrier
+        ->  consumers (recall, persist, commands)
 
 so on the way out the consumers finish their batch, commit and leave the group first, then the probe server
 stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop event; everything
@@ -20,12 +21,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from consumers.barrier import TurnBarrier, open_barrier
 from consumers.commands import CommandsHandler
 from consumers.loop import LoopOptions, StreamLoop, build_consumer
 from consumers.requests import RecallHandler
 from consumers.responses import PersistHandler
+from consumers.turn_gate import TurnGate
 from message_history import __version__, tracing
 from message_history.batch_storage import BatchHistoryStorage, as_batch_storage
+from message_history.errors import StartupError
 from message_history.health import Health, serve_http
 from message_history.logs import configure_logging, register_secret
 from message_history.prune import periodic_prune
@@ -40,6 +44,7 @@ from storage.protocol import HistoryStorage
 
 if TYPE_CHECKING:
     from storage.forgetting import MongoForgetting
+    from storage.turns import MongoTurnMarkers
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +64,28 @@ async def open_storage(settings: Settings) -> AsyncIterator[BatchHistoryStorage]
         yield as_batch_storage(storage)
 
 
+@contextlib.asynccontextmanager
+async def open_markers(settings: Settings) -> AsyncIterator[MongoTurnMarkers | None]:
+    """The busy-thread markers (`message_history_turns`), or None with policy `allow` (nobody reads them)."""
+    if settings.busy_thread == "allow":
+        yield None
+        return
+    from storage.turns import MongoTurnMarkers  # noqa: PLC0415 -- keeps `--help` free of pymongo
+
+    async with MongoTurnMarkers.open(settings) as markers:
+        yield markers
+
+
+@contextlib.asynccontextmanager
+async def maybe_barrier(settings: Settings, paths: Sequence[Path]) -> AsyncIterator[TurnBarrier | None]:
+    """The turn barrier when it is on and the recall path runs; refuses to start on unequal partitions."""
+    if settings.barrier == "off" or "recall" not in paths:
+        yield None
+        return
+    async with open_barrier(settings) as barrier:
+        yield barrier
+
+
 def build_loop(
     path: Path,
     *,
@@ -66,6 +93,8 @@ def build_loop(
     storage: BatchHistoryStorage,
     producer: OutputProducer,
     health: Health,
+    gate: TurnGate | None = None,
+    markers: MongoTurnMarkers | None = None,
 ) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
     limits = Limits.from_settings(settings)
@@ -89,6 +118,7 @@ def build_loop(
             limits=limits,
             last_messages=settings.last_messages,
             max_in_flight_threads=settings.max_in_flight_threads,
+            gate=gate,
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
@@ -98,6 +128,7 @@ def build_loop(
             limits=limits,
             max_in_flight_threads=settings.max_in_flight_threads,
             tombstones=forgetting,
+            markers=markers,
         )
     return StreamLoop(
         path=path,
@@ -170,6 +201,7 @@ async def run_service(
             if storage is not None
             else await stack.enter_async_context(open_storage(settings))
         )
+        markers = await stack.enter_async_context(open_markers(settings))
         producer = await stack.enter_async_context(OutputProducer(settings))
         await stack.enter_async_context(serve_http(health, settings.http_host, settings.http_port))
         forgetting = _forgetting(batch_storage)
@@ -179,15 +211,37 @@ async def run_service(
             await forgetting.ensure_indexes()
         if settings.prune_older_than and forgetting is not None:
             await stack.enter_async_context(periodic_prune(forgetting.db, settings))
-        loops = [
-            await stack.enter_async_context(
-                build_loop(path, settings=settings, storage=batch_storage, producer=producer, health=health)
+        barrier = await stack.enter_async_context(maybe_barrier(settings, paths))
+        gate = TurnGate(
+            barrier=barrier,
+            markers=markers,
+            policy=settings.busy_thread,
+            timeout_s=settings.turn_timeout_s,
+            stop=stop,
+        )
+        loops: list[StreamLoop] = []
+        for path in paths:
+            loop = build_loop(
+                path,
+                settings=settings,
+                storage=batch_storage,
+                producer=producer,
+                health=health,
+                gate=gate if gate.barrier or gate.markers else None,
+                markers=markers,
             )
-            for path in paths
-        ]
+            loops.append(await stack.enter_async_context(loop))
+            if path == "persist" and barrier is not None:
+                barrier.local = loop.done_offset
         log.info(
             "message-history started",
-            extra={"version": __version__, "paths": list(paths), "group_id": settings.group_id},
+            extra={
+                "version": __version__,
+                "paths": list(paths),
+                "group_id": settings.group_id,
+                "barrier": settings.barrier,
+                "busy_thread": settings.busy_thread,
+            },
         )
         code = await _run_until_stopped(loops, stop, health, settings, stopped_at)
     finally:
@@ -314,6 +368,9 @@ async def _main(settings: Settings, only: Path | None) -> int:
         loop.add_signal_handler(sig, _on_signal, stop, sig)
     try:
         return await run_service(settings, stop=stop, only=only)
+    except StartupError as exc:
+        log.error("cannot start: %s", exc)  # noqa: TRY400 -- the message says it all; no traceback
+        return 1
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

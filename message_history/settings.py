@@ -64,6 +64,30 @@ class Settings(BaseSettings):
     # --- recall ---
     last_messages: int = Field(40, ge=0)
 
+    # --- turn ordering (docs/events.md, "The turn barrier") ---
+    barrier: Literal["on", "off"] = Field(
+        "on",
+        description=(
+            "Turn barrier: before recalling, wait until every response of the thread's partition that was on "
+            "the responses topic when the request was fetched is persisted. Needs equal partition counts."
+        ),
+    )
+    busy_thread: Literal["enqueue", "allow", "reject"] = Field(
+        "enqueue",
+        description=(
+            "A request whose thread has a turn enriched but not answered yet: `enqueue` waits for that "
+            "answer, `allow` recalls at once, `reject` dead-letters it with `error.type` `ThreadBusyError`."
+        ),
+    )
+    turn_timeout_ms: int = Field(
+        60_000,
+        ge=0,
+        description=(
+            "Longest wait of a batch for the barrier or a busy thread; then the request goes out with "
+            "`history.complete: false`. Capped at half of `MAX_POLL_INTERVAL_MS`."
+        ),
+    )
+
     # --- batching and flow control ---
     max_batch_records: int = Field(500, ge=1)
     poll_timeout_ms: int = Field(200, ge=1)
@@ -106,6 +130,11 @@ class Settings(BaseSettings):
     http_host: str = "0.0.0.0"  # noqa: S104 -- probes reach the pod IP; the local stack overrides it
     http_port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @property
+    def turn_timeout_s(self) -> float:
+        """The wait bound in seconds; at most half the poll interval, so a waiting batch keeps its group."""
+        return min(self.turn_timeout_ms, self.max_poll_interval_ms // 2) / 1000
 
     @property
     def requests_dlq(self) -> str:

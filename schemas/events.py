@@ -167,6 +167,18 @@ class HistoryInfo(Open):
 
     recalled: Annotated[int, Field(description="messages taken from memory (source 'memory')")]
     limit: Annotated[int | None, Field(description="the lastMessages limit applied; null = no limit")]
+    complete: Annotated[
+        bool,
+        Field(
+            description=(
+                "false when a wait for an earlier turn (barrier or busy thread) timed out: the recall may "
+                "lack that turn"
+            )
+        ),
+    ] = True
+    waitedMs: Annotated[
+        int, Field(ge=0, description="milliseconds the request waited for earlier turns before recall")
+    ] = 0
 
 
 class EnrichedRequest(EventBase):
@@ -188,6 +200,8 @@ class EnrichedRequest(EventBase):
         *,
         recalled: int,
         limit: int | None,
+        complete: bool = True,
+        waited_ms: int = 0,
     ) -> EnrichedRequest:
         """The same event (fields, extras, metadata), with the context as `messages`, `history` and `eventId`.
 
@@ -204,7 +218,7 @@ class EnrichedRequest(EventBase):
         values.update(
             schemaVersion=SCHEMA_VERSION,
             messages=messages,
-            history=HistoryInfo(recalled=recalled, limit=limit),
+            history=HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms),
             eventId=request.requestId,
         )
         fields_set = set(request.model_fields_set) | {"schemaVersion", "messages", "history", "eventId"}

@@ -83,7 +83,12 @@ async def test_multi_turn_conversations_grow_turn_by_turn(
                     want = [(i, text, "memory") for i, text in expected_memory[thread]]
                     want.append((input_id, f"{thread} question {turn}", "input"))
                     assert got == want, f"turn {turn} of {thread}"
-                    assert event["history"] == {"recalled": 2 * (turn - 1), "limit": 40}
+                    assert event["history"] == {
+                        "recalled": 2 * (turn - 1),
+                        "limit": 40,
+                        "complete": True,
+                        "waitedMs": event["history"]["waitedMs"],
+                    }
                     assert event["eventId"] == event["requestId"]
                     # the worker echoes the whole context back as the turn's input, as a Mastra agent does
                     answer = f"{thread} answer {turn}"

@@ -543,7 +543,7 @@ def test_enriched_request_is_the_same_event_with_context_history_and_event_id() 
     }
     assert out["schemaVersion"] == 1
     assert out["eventId"] == "req-1"
-    assert out["history"] == {"recalled": 1, "limit": 5}
+    assert out["history"] == {"recalled": 1, "limit": 5, "complete": True, "waitedMs": 0}
     assert [(m["id"], m["source"]) for m in out["messages"]] == [
         ("old", "memory"),
         ("req-1:input:0", "input"),
@@ -557,7 +557,7 @@ def test_enriched_request_with_no_limit_writes_null() -> None:
     """`history.limit` is written as null when recall had no limit (lastMessages false)."""
     req = decode_request(raw(request()))
     out = json.loads(encode(EnrichedRequest.from_request(req, [], recalled=0, limit=None)))
-    assert out["history"] == {"recalled": 0, "limit": None}
+    assert out["history"] == {"recalled": 0, "limit": None, "complete": True, "waitedMs": 0}
     assert out["messages"] == []
 
 

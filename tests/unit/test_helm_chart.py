@@ -414,6 +414,19 @@ def test_keda_scales_each_path_on_the_lag_of_its_own_input_topics(helm: str) -> 
             ("--set", "kafka.sasl.mechanism=PLAIN"), "securityProtocol", id="sasl-without-sasl-protocol"
         ),
         pytest.param(("--set", "secrets.create=true"), "secrets.mongodbUri", id="create-secret-without-uri"),
+        pytest.param(
+            ("--set", "topics.create=true"), "topics.create needs kafka.topicPartitions", id="topics-no-count"
+        ),
+        pytest.param(
+            (
+                "--set",
+                "topics.create=true,kafka.topicPartitions=6,secrets.create=true,secrets.mongodbUri=mongodb://x,"
+                "secrets.kafkaSaslPassword=p,kafka.sasl.mechanism=PLAIN,kafka.sasl.username=u,"
+                "kafka.securityProtocol=SASL_SSL",
+            ),
+            "existing Secret",
+            id="topics-password-in-own-secret",
+        ),
     ],
 )
 def test_impossible_values_are_refused_with_a_reason(helm: str, args: tuple[str, ...], message: str) -> None:
@@ -522,3 +535,28 @@ def _unknown_keys(defaults: dict[str, Any], overrides: dict[str, Any], prefix: s
 def test_values_all_on_only_uses_keys_the_chart_has() -> None:
     """values-all-on.yaml sets no key that values.yaml lacks (a misspelt option would be silently ignored)."""
     assert _unknown_keys(load_yaml(CHART / "values.yaml"), load_yaml(VALUES_ALL_ON)) == []
+
+
+# --- topics Job ----------------------------------------------------------------------------------------
+
+
+def test_topics_job_is_off_by_default(helm: str) -> None:
+    """No topics Job unless topics.create is set."""
+    assert [j for j in of_kind(render(helm), "Job") if j["metadata"]["name"].endswith("-topics")] == []
+
+
+def test_topics_job_creates_every_topic_with_one_partition_count_before_the_pods(helm: str) -> None:
+    """topics.create renders a pre-install/pre-upgrade hook running `message-history topics --partitions N`
+    with kafka.topicPartitions, the service's settings inline (no ConfigMap yet) and no MongoDB secret."""
+    docs = render(
+        helm, "--set", "topics.create=true,kafka.topicPartitions=12,config.responsesTopic=resp"
+    )
+    (job,) = [j for j in of_kind(docs, "Job") if j["metadata"]["name"].endswith("-topics")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    (container,) = pod_spec(job)["containers"]
+    assert container["args"][:3] == ["topics", "--partitions", "12"]
+    env = {entry["name"]: entry.get("value") for entry in container["env"]}
+    assert env["MESSAGE_HISTORY_RESPONSES_TOPIC"] == "resp"
+    assert env["KAFKA_BOOTSTRAP_SERVERS"] == config_map(docs)["KAFKA_BOOTSTRAP_SERVERS"]
+    assert "MONGODB_URI" not in env
+    assert "envFrom" not in container

@@ -25,7 +25,10 @@ def loaded_top_level_modules(module: str) -> set[str]:
     return set(json.loads(out.stdout))
 
 
-@pytest.mark.parametrize("module", ["message_history.rules", "message_history.dlq_plan", "worker.turn"])
+@pytest.mark.parametrize(
+    "module",
+    ["message_history.rules", "message_history.dlq_plan", "worker.turn", "message_history.turn_rules"],
+)
 def test_pure_rules_import_no_io(module: str) -> None:
     """Importing the rules (and the dlq selection rules) loads neither Kafka, MongoDB nor asyncio."""
     loaded = loaded_top_level_modules(module)

@@ -137,6 +137,9 @@ groupId: MESSAGE_HISTORY_GROUP_ID
 sessionTimeoutMs: MESSAGE_HISTORY_SESSION_TIMEOUT_MS
 maxPollIntervalMs: MESSAGE_HISTORY_MAX_POLL_INTERVAL_MS
 lastMessages: MESSAGE_HISTORY_LAST_MESSAGES
+barrier: MESSAGE_HISTORY_BARRIER
+busyThread: MESSAGE_HISTORY_BUSY_THREAD
+turnTimeoutMs: MESSAGE_HISTORY_TURN_TIMEOUT_MS
 maxBatchRecords: MESSAGE_HISTORY_MAX_BATCH_RECORDS
 pollTimeoutMs: MESSAGE_HISTORY_POLL_TIMEOUT_MS
 maxInFlightThreads: MESSAGE_HISTORY_MAX_IN_FLIGHT_THREADS
@@ -291,6 +294,32 @@ affinity:
 {{- end }}
 {{- if and .Values.keda.enabled (gt (int64 .Values.keda.maxReplicaCount) $partitions) }}
 {{- fail (printf "keda.maxReplicaCount (%v) is above kafka.topicPartitions (%d)" .Values.keda.maxReplicaCount $partitions) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The ConfigMap's data: the service's settings as environment variables (also the topics Job's env). */}}
+{{- define "message-history.configData" -}}
+KAFKA_BOOTSTRAP_SERVERS: {{ required "kafka.bootstrapServers is required" .Values.kafka.bootstrapServers | quote }}
+MONGODB_DATABASE: {{ .Values.mongodb.database | quote }}
+MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: {{ .Values.kafka.securityProtocol | quote }}
+{{- with .Values.kafka.sasl.mechanism }}
+MESSAGE_HISTORY_KAFKA_SASL_MECHANISM: {{ . | quote }}
+{{- end }}
+{{- with .Values.kafka.sasl.username }}
+MESSAGE_HISTORY_KAFKA_SASL_USERNAME: {{ . | quote }}
+{{- end }}
+{{- if .Values.kafka.tls.caSecret.name }}
+MESSAGE_HISTORY_KAFKA_SSL_CAFILE: {{ printf "/etc/message-history/kafka-ca/%s" .Values.kafka.tls.caSecret.key | quote }}
+{{- end }}
+{{- $names := include "message-history.configEnvNames" . | fromYaml }}
+{{- range $key := keys .Values.config | sortAlpha }}
+{{- $value := index $.Values.config $key }}
+{{- if not (hasKey $names $key) }}
+{{- fail (printf "config.%s is not a setting of the service (known: %s)" $key (keys $names | sortAlpha | join ", ")) }}
+{{- end }}
+{{- if not (kindIs "invalid" $value) }}
+{{ index $names $key }}: {{ include "message-history.envValue" $value }}
 {{- end }}
 {{- end }}
 {{- end }}

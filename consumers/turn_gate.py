@@ -1,0 +1,174 @@
+"""Before a request is recalled: wait for the turns before it (the barrier, the busy-thread policy).
+
+`TurnGate.open_batch` runs once per recall batch, concurrently with the history prefetch: one barrier look-up
+for the batch's partitions and one read of the batch's threads' markers. Then each thread's lane calls
+`admit` for its request, which waits only when that request's partition is behind or its thread is busy,
+so other threads go on. Every wait of a batch ends by one deadline (`turn_timeout_ms` after the batch
+started), so a batch never holds its partitions longer than that; a request whose wait ran out goes out with
+`history.complete: false`. After recall, `enriched` marks the thread busy (policies enqueue and reject)
+while the enriched request is sent; the record is acknowledged once both are durable.
+
+A wait interrupted by the stop signal, or a marker read that fails, is not the request's fault: `admit`
+returns it as `retry`, the lane acknowledges the record with that error, the rest of the thread's requests in
+the batch do the same (so a thread never runs past a turn that did not finish), and the loop retries them or,
+when stopping, leaves them to the partition's next owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from message_history import metrics
+from message_history.errors import RetriableError, ThreadBusyError
+from message_history.turn_rules import BusyPolicy, TurnMarker, busy_decision, should_mark
+
+
+class Barrier(Protocol):
+    """What the gate needs of `consumers.barrier.TurnBarrier`."""
+
+    async def behind(self, partitions: Sequence[int]) -> dict[int, int]: ...
+
+    async def reach(
+        self, partition: int, target: int, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> bool: ...
+
+
+class TurnMarkers(Protocol):
+    """What the gate needs of `storage.turns.MongoTurnMarkers`."""
+
+    async def get_many(self, thread_ids: Sequence[str]) -> dict[str, TurnMarker]: ...
+
+    async def mark(self, thread_id: str, request_id: str) -> None: ...
+
+    async def wait_answered(
+        self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> TurnMarker | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The gate's answer for one request."""
+
+    complete: bool = True
+    waited_ms: int = 0
+    fresh: bool = False  # it waited: read MongoDB again instead of the batch's prefetch
+    refused: ThreadBusyError | None = None
+    retry: RetriableError | None = None
+
+
+GO = Admission()
+
+
+@dataclass(frozen=True, slots=True)
+class TurnGate:
+    """The barrier (None = off), the markers (None with policy allow), the policy and the wait bound."""
+
+    barrier: Barrier | None
+    markers: TurnMarkers | None
+    policy: BusyPolicy
+    timeout_s: float
+    stop: asyncio.Event | None = None
+
+    async def open_batch(self, requests: Sequence[tuple[int, str]]) -> BatchGate:
+        """Look-ups for a batch of (partition, threadId): partitions behind and the threads' markers."""
+        started = time.monotonic()
+        partitions = sorted({p for p, _ in requests})
+        behind_task = self.barrier.behind(partitions) if self.barrier else _none_behind()
+        markers_task = (
+            self.markers.get_many([t for _, t in requests])
+            if self.markers is not None and self.policy != "allow"
+            else _no_markers()
+        )
+        behind, markers = await asyncio.gather(behind_task, markers_task)
+        return BatchGate(self, deadline=started + self.timeout_s, behind=behind, markers=markers)
+
+
+async def _none_behind() -> dict[int, int]:
+    return {}
+
+
+async def _no_markers() -> dict[str, TurnMarker]:
+    return {}
+
+
+@dataclass(slots=True)
+class BatchGate:
+    """The gate for one batch: what is behind, the markers as this batch changed them, stopped threads."""
+
+    gate: TurnGate
+    deadline: float
+    behind: dict[int, int]
+    markers: dict[str, TurnMarker]
+    blocked: dict[str, RetriableError] = field(default_factory=dict)
+
+    async def admit(self, partition: int, thread_id: str, request_id: str) -> Admission:
+        """Wait (bounded) until the request may be recalled; see the module docstring."""
+        blocked = self.blocked.get(thread_id)
+        if blocked is not None:
+            return Admission(retry=blocked)
+        if partition not in self.behind and not self._busy(thread_id, request_id):
+            return GO
+        started = time.monotonic()
+        try:
+            complete, refused = await self._wait(partition, thread_id, request_id)
+        except RetriableError as exc:
+            self.blocked[thread_id] = exc
+            return Admission(retry=exc)
+        waited = time.monotonic() - started
+        if refused is not None:
+            metrics.TURN_REFUSALS.inc()
+            return Admission(refused=refused)
+        metrics.TURN_WAIT_SECONDS.observe(waited)
+        return Admission(complete=complete, waited_ms=round(waited * 1000), fresh=True)
+
+    def _busy(self, thread_id: str, request_id: str) -> bool:
+        return busy_decision(self.markers.get(thread_id), request_id, self.gate.policy) != "go"
+
+    async def _wait(
+        self, partition: int, thread_id: str, request_id: str
+    ) -> tuple[bool, ThreadBusyError | None]:
+        gate, complete = self.gate, True
+        target = self.behind.get(partition)
+        if target is not None and gate.barrier is not None:
+            metrics.TURN_WAITS.labels(reason="barrier").inc()
+            if await gate.barrier.reach(partition, target, self._left(), gate.stop):
+                self.behind.pop(partition, None)
+            else:
+                metrics.TURN_WAIT_TIMEOUTS.labels(reason="barrier").inc()
+                complete = False
+        marker = self.markers.get(thread_id)
+        decision = busy_decision(marker, request_id, gate.policy)
+        if decision == "reject" and marker is not None and marker.pending is not None:
+            return complete, ThreadBusyError(thread_id, marker.pending)
+        if decision == "wait" and marker is not None and marker.pending is not None and gate.markers:
+            metrics.TURN_WAITS.labels(reason="busy-thread").inc()
+            after = await gate.markers.wait_answered(thread_id, marker.pending, self._left(), gate.stop)
+            if after is None:
+                metrics.TURN_WAIT_TIMEOUTS.labels(reason="busy-thread").inc()
+                complete = False
+            else:
+                self.markers[thread_id] = after
+        return complete, None
+
+    def _left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+    def enriched(self, thread_id: str, request_id: str) -> asyncio.Future[None] | None:
+        """Mark the thread busy with `request_id`: the write starts now, beside the enriched request's send.
+
+        The caller makes it part of the record's acknowledgement, so the record is committed only once the
+        mark is durable; the order of the mark and the answer does not matter (see `storage.turns`). The
+        batch's own view is updated at once, so the thread's next request in this batch sees it busy.
+        """
+        gate = self.gate
+        if gate.markers is None or gate.policy == "allow":
+            return None
+        marker = self.markers.get(thread_id)
+        if not should_mark(marker, request_id):
+            return None  # already answered: a replay or a redelivery
+        self.markers[thread_id] = (marker or TurnMarker()).enriched(request_id)
+        return asyncio.ensure_future(gate.markers.mark(thread_id, request_id))

@@ -1,0 +1,95 @@
+"""When a request may be recalled: the turn barrier's and the busy-thread policy's decisions. Pure, no I/O.
+
+Two questions are asked before a request is recalled (docs/events.md, "Turn ordering"):
+
+* **Barrier.** Has the persist side reached, on the responses partition with the request's partition number,
+  the end offset that partition had when the request was fetched? Requests and responses are keyed by
+  `threadId` and the topics have equal partition counts, so every response of the thread that was already
+  written sits below that offset.
+* **Busy thread.** Does the thread have an earlier turn enriched and not answered yet (a marker in
+  `message_history_turns`)? `enqueue` waits for the answer, `reject` refuses the request, `allow` goes on.
+
+A marker holds the one pending request id of its thread and the ids answered lately, so a request whose
+answer came first (a replay, a redelivery after the answer) never marks its thread busy again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+BusyPolicy = Literal["enqueue", "allow", "reject"]
+Decision = Literal["go", "wait", "reject"]
+
+ANSWERED_KEPT = 64
+"""Answered request ids a marker remembers: enough for every redelivery window seen in practice."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMarker:
+    """A thread's row in `message_history_turns`: the turn enriched and not answered, and recent answers."""
+
+    pending: str | None = None
+    answered: tuple[str, ...] = ()
+
+    def enriched(self, request_id: str) -> TurnMarker:
+        """This marker after `request_id` was enriched (unchanged when that turn was already answered)."""
+        if not should_mark(self, request_id):
+            return self
+        return TurnMarker(pending=request_id, answered=self.answered)
+
+
+def busy_decision(marker: TurnMarker | None, request_id: str, policy: BusyPolicy) -> Decision:
+    """`go`, `wait` (policy enqueue) or `reject` (policy reject) for `request_id` on its thread's marker.
+
+    A redelivered copy of the pending request itself goes: it must not wait for its own answer.
+    """
+    if policy == "allow" or not is_busy(marker, exclude=request_id):
+        return "go"
+    return "wait" if policy == "enqueue" else "reject"
+
+
+def is_busy(marker: TurnMarker | None, *, exclude: str | None = None) -> bool:
+    """True when the marker names a pending turn (other than `exclude`) that has no answer yet."""
+    if marker is None or marker.pending is None or marker.pending == exclude:
+        return False
+    return marker.pending not in marker.answered
+
+
+def still_waiting(marker: TurnMarker | None, awaited: str) -> bool:
+    """True while `awaited` is the thread's pending turn, unanswered (a newer pending turn ends the wait)."""
+    return marker is not None and marker.pending == awaited and awaited not in marker.answered
+
+
+def should_mark(marker: TurnMarker | None, request_id: str) -> bool:
+    """False for a request already answered (a replay or redelivery): marking it would make the thread busy
+    until the timeout."""
+    return marker is None or request_id not in marker.answered
+
+
+def keep_answered(previous: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
+    """The answered ids to remember: the newest `ANSWERED_KEPT`, oldest first, no repeats."""
+    merged = list(dict.fromkeys([*previous, *new]))
+    return tuple(merged[-ANSWERED_KEPT:])
+
+
+def lagging(ends: Mapping[int, int], progress: Mapping[int, int | None]) -> dict[int, int]:
+    """Partitions whose persist progress (next offset to persist; None = unknown) is below the end seen."""
+    behind: dict[int, int] = {}
+    for partition, end in ends.items():
+        done = progress.get(partition)
+        if end > 0 and (done is None or done < end):
+            behind[partition] = end
+    return behind
+
+
+def best_progress(*candidates: int | None) -> int | None:
+    """The furthest of several reports of the same partition's progress (in-process, committed)."""
+    known = [c for c in candidates if c is not None and c >= 0]
+    return max(known) if known else None
+
+
+def partition_mismatch(requests: int | None, responses: int | None) -> bool:
+    """True when both topics exist and their partition counts differ: the barrier cannot map threads."""
+    return requests is not None and responses is not None and requests != responses

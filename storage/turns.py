@@ -1,0 +1,270 @@
+"""`message_history_turns`: which turn of each thread is enriched and not answered yet (the busy markers).
+
+One document per thread, in the same database as Mastra's collections but in a collection of its own, so
+Mastra never reads or writes it:
+
+    {_id: threadId, pending: requestId | null, enrichedAt: Date | null,
+     answered: [requestId, ...] (the newest 64), answeredAt: Date}
+
+The recall path sets `pending` (an upsert by `_id`) while it sends the enriched request; the persist path,
+after writing a batch of turns, adds their request ids to `answered` and clears `pending` when it names one
+of them. A pending id found in `answered` is not busy, so the two writes may land in either order (a worker
+may answer before the mark is acknowledged); each input record is committed only after its marker write.
+Failed turns, read-only turns and turns with nothing to save count as answers. Round trips: one `find` per
+recall batch; the marks of one batch coalesce into one `bulk_write`; one `bulk_write` per persist batch
+(one update per thread); and while requests wait, one `find` per poll interval for every thread waited on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from bson.codec_options import CodecOptions
+from pymongo import AsyncMongoClient, UpdateOne
+from pymongo.errors import BulkWriteError
+
+from message_history.errors import FatalStorageError, WaitInterruptedError
+from message_history.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
+from storage.errors import storage_errors, to_storage_error
+
+if TYPE_CHECKING:
+    from pymongo.asynchronous.collection import AsyncCollection
+    from pymongo.asynchronous.database import AsyncDatabase
+
+    from message_history.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TURNS = "message_history_turns"
+_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+_DUPLICATE_KEY = frozenset({11000, 11001})  # two writers upserting one new _id: the loser retries once
+_OPS_PER_COMMAND = 500
+
+
+def _answered_pipeline(thread_id: str, ids: list[str], now: datetime) -> UpdateOne:
+    """One update: `pending` cleared when it is one of `ids`; `ids` appended to `answered` (newest kept)."""
+    pending = {"$ifNull": ["$pending", None]}
+    return UpdateOne(
+        {"_id": thread_id},
+        [
+            {
+                "$set": {
+                    "pending": {"$cond": [{"$in": [pending, ids]}, None, pending]},
+                    "answered": {
+                        "$slice": [{"$concatArrays": [{"$ifNull": ["$answered", []]}, ids]}, -ANSWERED_KEPT]
+                    },
+                    "answeredAt": now,
+                }
+            }
+        ],
+        upsert=True,
+    )
+
+
+def _answered_plain(thread_id: str, ids: list[str], now: datetime) -> list[UpdateOne]:
+    """The same as `_answered_pipeline` in two plain updates, for servers without pipeline updates."""
+    return [
+        UpdateOne(
+            {"_id": thread_id},
+            {"$push": {"answered": {"$each": ids, "$slice": -ANSWERED_KEPT}}, "$set": {"answeredAt": now}},
+            upsert=True,
+        ),
+        UpdateOne(
+            {"_id": thread_id, "pending": {"$in": ids}}, {"$set": {"pending": None, "enrichedAt": None}}
+        ),
+    ]
+
+
+def marker_from_doc(doc: Mapping[str, Any]) -> TurnMarker:
+    pending = doc.get("pending")
+    answered = doc.get("answered") or ()
+    return TurnMarker(
+        pending=str(pending) if pending is not None else None,
+        answered=tuple(str(a) for a in answered),
+    )
+
+
+class MongoTurnMarkers:
+    """The busy markers of every thread; `poll_s` is how often waits look for an answer."""
+
+    def __init__(self, db: AsyncDatabase[Any], *, poll_s: float = 0.05) -> None:
+        self.collection: AsyncCollection[dict[str, Any]] = db.get_collection(TURNS, codec_options=_CODEC)
+        self._poll_s = poll_s
+        self._marks = _Coalesced(self._write)
+        self._waiters: dict[str, list[tuple[str, asyncio.Future[TurnMarker | None]]]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._pipelines = True  # until the server refuses one
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, settings: Settings) -> AsyncIterator[MongoTurnMarkers]:
+        """Its own client on the service's database (same timeouts as the history storage)."""
+        timeout = settings.mongodb_timeout_ms
+        with storage_errors("connect"):
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                settings.mongodb_uri.get_secret_value(),
+                appname="message-history-turns",
+                tz_aware=True,
+                serverSelectionTimeoutMS=timeout,
+                connectTimeoutMS=timeout,
+                timeoutMS=timeout,
+            )
+        markers = cls(client[settings.mongodb_database])
+        try:
+            yield markers
+        finally:
+            await markers.close()
+            await client.close()
+
+    async def close(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._poller
+
+    # --- recall side ---
+
+    async def get_many(self, thread_ids: Sequence[str]) -> dict[str, TurnMarker]:
+        """The markers of `thread_ids` that exist (one `find`)."""
+        if not thread_ids:
+            return {}
+        with storage_errors(f"find on {TURNS}"):
+            docs = await self.collection.find({"_id": {"$in": list(dict.fromkeys(thread_ids))}}).to_list()
+        return {str(doc["_id"]): marker_from_doc(doc) for doc in docs}
+
+    async def mark(self, thread_id: str, request_id: str) -> None:
+        """Record `request_id` as the thread's pending turn; concurrent marks share one bulk write."""
+        now = datetime.now(UTC)
+        op = UpdateOne(
+            {"_id": thread_id}, {"$set": {"pending": request_id, "enrichedAt": now}}, upsert=True
+        )
+        await self._marks.submit(op)
+
+    async def wait_answered(
+        self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> TurnMarker | None:
+        """Wait until `awaited` is no longer the thread's unanswered pending turn; the marker then, or None
+        after `timeout_s`. Raises `WaitInterruptedError` when `stop` is set first."""
+        future: asyncio.Future[TurnMarker | None] = asyncio.get_running_loop().create_future()
+        entry = (awaited, future)
+        self._waiters.setdefault(thread_id, []).append(entry)
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll(), name="turn-markers-poll")
+        stopper = asyncio.ensure_future(stop.wait()) if stop is not None else None
+        try:
+            waits: set[asyncio.Future[Any]] = {future} if stopper is None else {future, stopper}
+            await asyncio.wait(waits, timeout=max(0.0, timeout_s), return_when=asyncio.FIRST_COMPLETED)
+            if future.done():
+                return future.result()  # raises the poller's storage error, if it failed
+            if stop is not None and stop.is_set():
+                raise WaitInterruptedError(f"stopping while thread {thread_id!r} waited for its turn")
+            return None
+        finally:
+            if stopper is not None:
+                stopper.cancel()
+            entries = self._waiters.get(thread_id, [])
+            if entry in entries:
+                entries.remove(entry)
+            if not entries:
+                self._waiters.pop(thread_id, None)
+
+    async def _poll(self) -> None:
+        """While anyone waits: one `find` for every thread waited on, then wake the answered ones."""
+        while self._waiters:
+            await asyncio.sleep(self._poll_s)
+            threads = list(self._waiters)
+            try:
+                markers = await self.get_many(threads)
+            except Exception as exc:  # noqa: BLE001 -- handed to every waiter, who decides
+                for entries in self._waiters.values():
+                    for _, future in entries:
+                        if not future.done():
+                            future.set_exception(exc)
+                continue
+            for thread in threads:
+                marker = markers.get(thread)
+                for awaited, future in self._waiters.get(thread, []):
+                    if not future.done() and not still_waiting(marker, awaited):
+                        future.set_result(marker)
+
+    # --- persist side ---
+
+    async def answered(self, turns: Mapping[str, Sequence[str]]) -> None:
+        """After the turns' messages are written: remember their request ids and clear the pending ones.
+
+        One pipeline update per thread where the server has them (half the cost of two plain updates on
+        the local stack); a server refusing pipelines (FerretDB 1.x) gets the two-update form from then on.
+        """
+        if not turns:
+            return
+        now = datetime.now(UTC)
+        prepared = {t: list(dict.fromkeys(ids)) for t, ids in turns.items()}
+        if self._pipelines:
+            ops = [_answered_pipeline(t, ids, now) for t, ids in prepared.items()]
+            try:
+                await self._write_chunks(ops)
+            except FatalStorageError:
+                log.info("%s: the server refuses pipeline updates; using plain updates", TURNS)
+                self._pipelines = False
+            else:
+                return
+        await self._write_chunks([op for t, ids in prepared.items() for op in _answered_plain(t, ids, now)])
+
+    async def _write_chunks(self, ops: list[UpdateOne]) -> None:
+        for start in range(0, len(ops), _OPS_PER_COMMAND):
+            await self._write(ops[start : start + _OPS_PER_COMMAND])
+
+    async def _write(self, ops: list[UpdateOne]) -> None:
+        operation = f"bulk_write on {TURNS}"
+        for attempt in (1, 2):
+            with storage_errors(operation):
+                try:
+                    await self.collection.bulk_write(ops, ordered=True)
+                except BulkWriteError as exc:
+                    codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
+                    if attempt == 2 or not codes or not codes <= _DUPLICATE_KEY:
+                        raise to_storage_error(exc, operation) from exc
+                    # two writers upserted one new _id and this one lost: the same ops again converge
+                    log.debug("retrying %s after a duplicate key on upsert", operation)
+                    continue
+            return
+
+
+class _Coalesced:
+    """Writes submitted in the same turn of the event loop go out as one bulk write."""
+
+    def __init__(self, write: Callable[[list[UpdateOne]], Awaitable[None]]) -> None:
+        self._write = write
+        self._ops: list[UpdateOne] = []
+        self._futures: list[asyncio.Future[None]] = []
+        self._flush_task: asyncio.Task[None] | None = None
+        self.flushes = 0  # bulk writes sent, for tests and the bench
+
+    async def submit(self, op: UpdateOne) -> None:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._ops.append(op)
+        self._futures.append(future)
+        if self._flush_task is None:
+            self._flush_task = asyncio.create_task(self._flush(), name="turn-markers-write")
+        await future
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # let the other lanes of the batch add their marks
+        ops, futures = self._ops, self._futures
+        self._ops, self._futures, self._flush_task = [], [], None
+        self.flushes += 1
+        try:
+            await self._write(ops)
+        except Exception as exc:  # noqa: BLE001 -- every submitter gets the same error
+            for future in futures:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for future in futures:
+            if not future.done():
+                future.set_result(None)

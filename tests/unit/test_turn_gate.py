@@ -1,0 +1,193 @@
+"""The per-batch turn gate with fake look-ups: who waits, for how long, and what it does to the rest."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from consumers.lanes import run_lanes
+from consumers.turn_gate import GO, Admission, TurnGate
+from message_history.errors import StorageUnavailableError, WaitInterruptedError
+from message_history.turn_rules import BusyPolicy, TurnMarker
+
+
+class FakeBarrier:
+    """Partitions behind until `release` is set (or never)."""
+
+    def __init__(self, behind: dict[int, int]) -> None:
+        self._behind = behind
+        self.release = asyncio.Event()
+        self.reached: list[int] = []
+
+    async def behind(self, partitions: Sequence[int]) -> dict[int, int]:
+        return {p: e for p, e in self._behind.items() if p in partitions}
+
+    async def reach(
+        self, partition: int, target: int, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> bool:
+        try:
+            await asyncio.wait_for(self.release.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        self.reached.append(partition)
+        return True
+
+
+class FakeMarkers:
+    """Markers in a dict; `answer(thread)` clears a pending turn for the waiters."""
+
+    def __init__(self, markers: dict[str, TurnMarker] | None = None, *, fail: bool = False) -> None:
+        self.markers = dict(markers or {})
+        self.marked: list[tuple[str, str]] = []
+        self.changed = asyncio.Event()
+        self.fail = fail
+
+    async def get_many(self, thread_ids: Sequence[str]) -> dict[str, TurnMarker]:
+        return {t: self.markers[t] for t in thread_ids if t in self.markers}
+
+    async def mark(self, thread_id: str, request_id: str) -> None:
+        self.marked.append((thread_id, request_id))
+        self.markers[thread_id] = TurnMarker(pending=request_id)
+
+    def answer(self, thread_id: str) -> None:
+        marker = self.markers[thread_id]
+        assert marker.pending is not None
+        self.markers[thread_id] = TurnMarker(pending=None, answered=(marker.pending,))
+        self.changed.set()
+
+    async def wait_answered(
+        self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> TurnMarker | None:
+        if self.fail:
+            raise StorageUnavailableError("MongoDB unavailable during find")
+        if stop is not None and stop.is_set():
+            raise WaitInterruptedError("stopping")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.markers[thread_id].pending == awaited:
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), left)
+            except TimeoutError:
+                return None
+        return self.markers[thread_id]
+
+
+def _gate(
+    *, barrier: FakeBarrier | None = None, markers: FakeMarkers | None = None, policy: BusyPolicy = "enqueue",
+    timeout_s: float = 5.0, stop: asyncio.Event | None = None,
+) -> TurnGate:
+    return TurnGate(barrier=barrier, markers=markers, policy=policy, timeout_s=timeout_s, stop=stop)
+
+
+async def test_caught_up_and_idle_admits_at_once() -> None:
+    """No partition behind, no busy thread: every request goes without waiting or reading again."""
+    batch = await _gate(barrier=FakeBarrier({}), markers=FakeMarkers()).open_batch([(0, "a"), (1, "b")])
+    assert await batch.admit(0, "a", "a1") is GO
+    assert await batch.admit(1, "b", "b1") is GO
+
+
+async def test_a_lagging_partition_holds_only_its_own_lanes() -> None:
+    """Partition 0 behind: its request waits; partition 1's request is done meanwhile."""
+    barrier = FakeBarrier({0: 10})
+    batch = await _gate(barrier=barrier).open_batch([(0, "a"), (1, "b")])
+    order: list[str] = []
+
+    async def work(item: tuple[int, str]) -> Any:
+        admission = await batch.admit(item[0], item[1], f"{item[1]}1")
+        order.append(item[1])
+        if item[1] == "b":
+            barrier.release.set()  # persist catches up only after the other thread went on
+        return admission
+
+    results = await run_lanes([(0, "a"), (1, "b")], key=lambda i: i[1], work=work, max_concurrent=8)
+    assert order == ["b", "a"]
+    waited, went = results
+    assert went is GO
+    assert isinstance(waited, Admission)
+    assert waited.fresh
+    assert waited.complete
+
+
+async def test_a_barrier_wait_that_runs_out_is_incomplete() -> None:
+    """Persist never catches up: the request is admitted at the deadline with complete false."""
+    batch = await _gate(barrier=FakeBarrier({0: 10}), timeout_s=0.05).open_batch([(0, "a")])
+    admission = await batch.admit(0, "a", "a1")
+    assert admission.complete is False
+    assert admission.fresh is True
+
+
+@pytest.mark.parametrize("policy", ["enqueue", "reject", "allow"])
+async def test_busy_thread_policies(policy: BusyPolicy) -> None:
+    """Turn k pending: enqueue waits for its answer, reject refuses, allow goes on."""
+    markers = FakeMarkers({"a": TurnMarker(pending="a1")})
+    batch = await _gate(markers=markers, policy=policy).open_batch([(0, "a")])
+    admitting = asyncio.ensure_future(batch.admit(0, "a", "a2"))
+    await asyncio.sleep(0.01)
+    if policy == "enqueue":
+        assert not admitting.done()
+        markers.answer("a")
+    admission = await admitting
+    if policy == "reject":
+        assert admission.refused is not None
+        assert "thread-busy" in str(admission.refused)
+        assert admission.refused.error_type == "ThreadBusyError"
+    elif policy == "allow":
+        assert admission is GO
+    else:
+        assert admission.complete
+        assert admission.fresh
+
+
+async def test_a_redelivered_pending_request_does_not_wait_on_itself() -> None:
+    """The pending turn's own copy goes at once, and marking it again changes nothing."""
+    markers = FakeMarkers({"a": TurnMarker(pending="a1")})
+    batch = await _gate(markers=markers).open_batch([(0, "a")])
+    assert await batch.admit(0, "a", "a1") is GO
+
+
+async def test_the_second_request_of_a_thread_in_one_batch_waits_for_the_first() -> None:
+    """Turns 1 and 2 in one batch: turn 2 waits for turn 1's answer (the mark the batch just made)."""
+    markers = FakeMarkers()
+    batch = await _gate(markers=markers, timeout_s=0.05).open_batch([(0, "a"), (0, "a")])
+    assert await batch.admit(0, "a", "a1") is GO
+    mark = batch.enriched("a", "a1")
+    assert mark is not None
+    await mark
+    assert markers.marked == [("a", "a1")]
+    second = await batch.admit(0, "a", "a2")
+    assert second.complete is False  # no answer came within the timeout
+
+
+async def test_an_answered_request_is_not_marked_again() -> None:
+    """A replayed request whose answer is recorded leaves the thread idle."""
+    markers = FakeMarkers({"a": TurnMarker(pending=None, answered=("a1",))})
+    batch = await _gate(markers=markers).open_batch([(0, "a")])
+    assert batch.enriched("a", "a1") is None
+    assert markers.marked == []
+
+
+async def test_an_outage_during_a_wait_blocks_the_rest_of_the_thread() -> None:
+    """A marker read that fails is an outage: retried, and later requests of the thread do not overtake."""
+    markers = FakeMarkers({"a": TurnMarker(pending="a1")}, fail=True)
+    batch = await _gate(markers=markers).open_batch([(0, "a")])
+    first = await batch.admit(0, "a", "a2")
+    assert isinstance(first.retry, StorageUnavailableError)
+    later = await batch.admit(0, "a", "a3")
+    assert later.retry is first.retry
+
+
+async def test_a_stop_interrupts_a_wait() -> None:
+    """Stopping ends the wait with a retriable error (the record is left for the next owner)."""
+    stop = asyncio.Event()
+    stop.set()
+    markers = FakeMarkers({"a": TurnMarker(pending="a1")})
+    batch = await _gate(markers=markers, stop=stop).open_batch([(0, "a")])
+    admission = await batch.admit(0, "a", "a2")
+    assert isinstance(admission.retry, WaitInterruptedError)

@@ -1,0 +1,112 @@
+"""The turn barrier's and busy-thread policy's pure decisions, table by table."""
+
+from __future__ import annotations
+
+import pytest
+
+from message_history.turn_rules import (
+    ANSWERED_KEPT,
+    BusyPolicy,
+    Decision,
+    TurnMarker,
+    best_progress,
+    busy_decision,
+    keep_answered,
+    lagging,
+    partition_mismatch,
+    should_mark,
+    still_waiting,
+)
+
+PENDING_K = TurnMarker(pending="k")
+ANSWERED_K = TurnMarker(pending="k", answered=("k",))
+IDLE = TurnMarker(pending=None, answered=("j",))
+
+
+@pytest.mark.parametrize(
+    ("marker", "request_id", "policy", "expected"),
+    [
+        (None, "k1", "enqueue", "go"),  # a thread never seen
+        (IDLE, "k1", "enqueue", "go"),  # the previous turn was answered
+        (PENDING_K, "k1", "enqueue", "wait"),
+        (PENDING_K, "k1", "reject", "reject"),
+        (PENDING_K, "k1", "allow", "go"),
+        (PENDING_K, "k", "enqueue", "go"),  # a redelivered copy of the pending turn: not waiting on itself
+        (PENDING_K, "k", "reject", "go"),
+        (ANSWERED_K, "k1", "enqueue", "go"),  # answered while the clear raced: not busy
+    ],
+)
+def test_busy_decision(
+    marker: TurnMarker | None, request_id: str, policy: BusyPolicy, expected: Decision
+) -> None:
+    """Only another turn, pending and unanswered, makes a thread busy; the policy says what then."""
+    assert busy_decision(marker, request_id, policy) == expected
+
+
+@pytest.mark.parametrize(
+    ("marker", "awaited", "expected"),
+    [
+        (PENDING_K, "k", True),
+        (ANSWERED_K, "k", False),
+        (TurnMarker(pending=None, answered=("k",)), "k", False),
+        (TurnMarker(pending="k2"), "k", False),  # a newer turn took its place (after a timeout elsewhere)
+        (None, "k", False),  # the marker is gone
+    ],
+)
+def test_still_waiting(marker: TurnMarker | None, awaited: str, expected: bool) -> None:
+    """A wait ends when its turn is answered, replaced or gone."""
+    assert still_waiting(marker, awaited) is expected
+
+
+@pytest.mark.parametrize(
+    ("marker", "request_id", "expected"),
+    [(None, "k", True), (PENDING_K, "k1", True), (ANSWERED_K, "k", False), (IDLE, "j", False)],
+)
+def test_should_mark(marker: TurnMarker | None, request_id: str, expected: bool) -> None:
+    """A request already answered (replay, redelivery after the answer) never marks its thread busy."""
+    assert should_mark(marker, request_id) is expected
+    after = (marker or TurnMarker()).enriched(request_id)
+    assert after == (TurnMarker(pending=request_id, answered=after.answered) if expected else marker)
+
+
+def test_keep_answered_keeps_the_newest_without_repeats() -> None:
+    """The answered list is bounded, ordered oldest first, each id once."""
+    previous = [f"r{i}" for i in range(ANSWERED_KEPT)]
+    kept = keep_answered(previous, ["r1", "new"])
+    assert kept[-1] == "new"
+    assert len(kept) == ANSWERED_KEPT
+    assert len(set(kept)) == len(kept)
+    assert "r0" not in kept
+
+
+@pytest.mark.parametrize(
+    ("ends", "progress", "expected"),
+    [
+        ({0: 10, 1: 5}, {0: 10, 1: 5}, {}),  # caught up: no wait
+        ({0: 10, 1: 5}, {0: 9, 1: 7}, {0: 10}),
+        ({0: 10}, {0: None}, {0: 10}),  # progress unknown: behind
+        ({0: 0}, {0: None}, {}),  # an empty partition needs nothing
+        ({0: 3}, {}, {0: 3}),
+    ],
+)
+def test_lagging(ends: dict[int, int], progress: dict[int, int | None], expected: dict[int, int]) -> None:
+    """A partition is behind while its persist progress is below the end offset seen."""
+    assert lagging(ends, progress) == expected
+
+
+@pytest.mark.parametrize(
+    ("candidates", "expected"),
+    [((None, None), None), ((5, None), 5), ((None, 7), 7), ((5, 7), 7), ((-1, None), None)],
+)
+def test_best_progress(candidates: tuple[int | None, ...], expected: int | None) -> None:
+    """The furthest report wins; -1 (no commit) counts as unknown."""
+    assert best_progress(*candidates) == expected
+
+
+@pytest.mark.parametrize(
+    ("requests", "responses", "expected"),
+    [(4, 4, False), (4, 2, True), (None, 2, False), (4, None, False)],
+)
+def test_partition_mismatch(requests: int | None, responses: int | None, expected: bool) -> None:
+    """Only two existing topics with different counts are refused; a missing one is looked at later."""
+    assert partition_mismatch(requests, responses) is expected
