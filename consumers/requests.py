@@ -1,9 +1,11 @@
 """The recall path's batch handler: `agent.requests` in, `agent.requests.enriched` out.
 
 Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads and recent
-messages in one concurrent round trip, then per request `MessageHistory.recall` (answered from the prefetch)
-and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements. Requests of one thread
-run in batch order, so their enriched events leave in the order the requests came.
+messages in one concurrent round trip (under a token budget, then the pages every budgeted thread needs:
+one round trip per paging round for the whole batch), then per request `MessageHistory.recall` (answered
+from the prefetch) and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements.
+Requests of one thread run in batch order, so their enriched events leave in the order the requests came.
+Token boundaries the memory-only limiter advanced are written with one round trip at the end of the batch.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from consumers.lanes import Failed, run_lanes
 from consumers.loop import Ack, record_headers
 from message_history import metrics
 from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
+from message_history.budget import TokenBudget, resolve_budget
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory
 from message_history.rules import LastMessages, normalize_limit
 from producers.enriched import EnrichedPublisher
-from schemas.events import AgentRequest, EnrichedRequest, decode_request
+from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions, decode_request
 from schemas.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -31,17 +34,64 @@ PATH = "recall"
 
 
 @dataclass(frozen=True, slots=True)
-class _Item:
-    record: Any  # aiokafka ConsumerRecord
-    request: AgentRequest
+class MemoryDefaults:
+    """The service-wide memory settings a request's own `memory` options override."""
+
+    last_messages: int = 40
+    max_tokens: float | None = None
+    at_max_remove_tokens: float | None = None
+    retain_full_input: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMemory:
+    """What one request's recall does: the count cap (`False` = none), the token budget, read-only."""
+
+    last_messages: LastMessages
+    budget: TokenBudget | None
+    read_only: bool
+    retain_full_input: bool
+
+
+def turn_memory(request: AgentRequest, defaults: MemoryDefaults) -> TurnMemory:
+    """The request's memory options over the service defaults, as Mastra 1.71's Memory reads them.
+
+    * `lastMessages`: a count caps the recall; `false` (or `0`) turns history off; absent/null means the
+      service default, except under a token budget, where it means no count cap (tokens only).
+    * `maxTokens` / `atMaxRemoveTokens`: the request's pair, else the service's; `0` turns history off.
+    Raises `InvalidInputError` with Mastra's message when the pair is inconsistent.
+    """
+    memory = request.memory or MemoryOptions()
+    if memory.maxTokens is not None:
+        budget = resolve_budget(memory.maxTokens, memory.atMaxRemoveTokens)
+    else:
+        remove = memory.atMaxRemoveTokens
+        if remove is None and defaults.max_tokens is not None:
+            remove = defaults.at_max_remove_tokens
+        budget = resolve_budget(defaults.max_tokens, remove)
+    limit: LastMessages
+    if memory.lastMessages is False:
+        limit = 0
+    elif memory.lastMessages is not None:
+        limit = memory.lastMessages
+    else:
+        limit = False if budget is not None else defaults.last_messages
+    if budget is not None and budget.max_tokens == 0:
+        limit = 0
+    retain = memory.retainFullInput if memory.retainFullInput is not None else defaults.retain_full_input
+    return TurnMemory(limit, budget, bool(memory.readOnly), retain)
 
 
 def turn_last_messages(request: AgentRequest, default: int) -> LastMessages:
-    """The request's own `lastMessages`, or the service's `default` when absent or null (contract §3)."""
-    memory = request.memory
-    if memory is None or memory.lastMessages is None:
-        return default
-    return memory.lastMessages
+    """The request's recall count: its own `lastMessages` (`false` = none), else the service's `default`."""
+    return turn_memory(request, MemoryDefaults(last_messages=default)).last_messages
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    record: Any  # aiokafka ConsumerRecord
+    request: AgentRequest
+    memory: TurnMemory
 
 
 class RecallHandler:
@@ -55,12 +105,16 @@ class RecallHandler:
         limits: Limits,
         last_messages: int,
         max_in_flight_threads: int,
+        memory_defaults: MemoryDefaults | None = None,
+        write_boundaries: bool = True,
     ) -> None:
         self._storage = storage
         self._publisher = publisher
         self._limits = limits
         self._last_messages = last_messages
         self._max_in_flight = max_in_flight_threads
+        self._defaults = memory_defaults or MemoryDefaults(last_messages=last_messages)
+        self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
 
     async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
@@ -70,15 +124,14 @@ class RecallHandler:
             try:
                 if record.value is None:
                     raise EventValidationError("empty record (no value)")
-                items.append((index, _Item(record, decode_request(record.value, self._limits))))
+                request = decode_request(record.value, self._limits)
+                items.append((index, _Item(record, request, turn_memory(request, self._defaults))))
             except InvalidInputError as exc:
                 results[index] = exc
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
-        history = await PrefetchedHistory.load(
-            self._storage, [self._query(item.request) for _, item in items]
-        )
+        history = await PrefetchedHistory.load(self._storage, [self._query(item) for _, item in items])
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
         processor = MessageHistory(storage=history, last_messages=self._last_messages)
 
@@ -89,10 +142,18 @@ class RecallHandler:
                 thread_id=request.threadId,
                 resource_id=request.resourceId,
                 incoming=request.messages,
-                last_messages=turn_last_messages(request, self._last_messages),
+                last_messages=item.memory.last_messages,
+                budget=item.memory.budget,
+                read_only=item.memory.read_only or not self._write_boundaries,
             )
             enriched = EnrichedRequest.from_request(
-                request, outcome.context, recalled=outcome.recalled, limit=outcome.limit
+                request,
+                outcome.context,
+                recalled=outcome.recalled,
+                limit=outcome.limit,
+                tokens=outcome.tokens,
+                trimmed=outcome.trimmed,
+                boundary=outcome.boundary.to_metadata() if outcome.boundary is not None else None,
             )
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             return await self._publisher.publish(enriched, headers=record_headers(item.record))
@@ -105,6 +166,7 @@ class RecallHandler:
             max_concurrent=self._max_in_flight,
             item_errors=(InvalidInputError,),
         )
+        await history.flush()  # the batch's boundary writes, one round trip, before any offset commits
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         for (index, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
@@ -119,6 +181,7 @@ class RecallHandler:
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
 
-    def _query(self, request: AgentRequest) -> RecallQuery:
-        limit = normalize_limit(turn_last_messages(request, self._last_messages))
-        return RecallQuery(thread_id=request.threadId, resource_id=request.resourceId, limit=limit)
+    def _query(self, item: _Item) -> RecallQuery:
+        limit = normalize_limit(item.memory.last_messages)
+        request = item.request
+        return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget)

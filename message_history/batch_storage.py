@@ -16,23 +16,30 @@ The Kafka paths hand it these wrappers instead of the real storage:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from message_history.budget import HistoryLoader, TokenBudget, boundary_for, read_boundary
 from message_history.errors import ThreadOwnershipError
 from schemas.messages import Message
-from storage.protocol import HistoryStorage, Thread
+from storage.protocol import BudgetedHistoryStorage, HistoryStorage, Page, PageQuery, Thread
 
 
 @dataclass(frozen=True, slots=True)
 class RecallQuery:
-    """One `list_messages` of a batch: the thread's newest `limit` messages (None = all) of `resource_id`."""
+    """One `list_messages` of a batch: the thread's newest `limit` messages (None = all) of `resource_id`.
+
+    With a `budget`, the recall is token-limited instead: `limit` is the count cap, and the pages the
+    thread's `HistoryLoader` asks for are prefetched.
+    """
 
     thread_id: str
     resource_id: str | None
     limit: int | None
+    budget: TokenBudget | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,37 @@ class BatchHistoryStorage(HistoryStorage, Protocol):
         ...
 
 
+@runtime_checkable
+class BatchPagedStorage(Protocol):
+    """The batch forms of token-limited recall: many pages, many boundary writes, one round trip each."""
+
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
+        """`list_page` for each query, in order."""
+        ...
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """`save_thread_metadata` for each `(thread id, update)`."""
+        ...
+
+
+async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> list[Page]:
+    if not queries:
+        return []
+    if isinstance(storage, BatchPagedStorage):
+        return await storage.list_pages_many(queries)
+    if not isinstance(storage, BudgetedHistoryStorage):
+        raise TypeError(f"{type(storage).__name__} cannot page a thread")
+    return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
+
+
+def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
+    request = loader.next_page
+    assert request is not None
+    return PageQuery(
+        query.thread_id, query.resource_id, request.start, request.end, request.page, request.per_page
+    )
+
+
 # --- recall ------------------------------------------------------------------------------------------------
 
 
@@ -86,6 +124,9 @@ class PrefetchedHistory:
         self._pages = pages
         self._known = set(known)  # thread ids whose existence was prefetched
         self.misses = 0  # queries answered by the storage: a sign the prefetch guessed wrong
+        self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
+        self.page_rounds = 0  # round trips spent on those pages
+        self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
 
     @classmethod
     async def load(cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery]) -> PrefetchedHistory:
@@ -96,12 +137,69 @@ class PrefetchedHistory:
             if seen is None or (seen.resource_id == query.resource_id and _larger(query.limit, seen.limit)):
                 merged[query.thread_id] = query
         ids = list(merged)
-        wanted = [q for q in merged.values() if q.limit != 0]
+        wanted = [q for q in merged.values() if q.limit != 0 and q.budget is None]
         threads, pages = await asyncio.gather(storage.get_threads(ids), storage.list_messages_many(wanted))
         loaded = {
             q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
         }
-        return cls(storage, dict(threads), loaded, ids)
+        history = cls(storage, dict(threads), loaded, ids)
+        await history._prefetch_budgeted(
+            [q for q in merged.values() if q.budget is not None and q.limit != 0]
+        )
+        return history
+
+    async def _prefetch_budgeted(self, queries: Sequence[RecallQuery]) -> None:
+        """Run every budgeted thread's `HistoryLoader` together: one round trip per paging round."""
+        loaders: list[tuple[RecallQuery, HistoryLoader]] = []
+        for query in queries:
+            if query.budget is None or query.budget.max_tokens == 0:
+                continue
+            thread = self._threads.get(query.thread_id)
+            stored = read_boundary(thread.metadata) if thread is not None else None
+            loader = HistoryLoader(
+                boundary=boundary_for(query.budget, stored), max_messages=query.limit, budget=query.budget
+            )
+            loaders.append((query, loader))
+        while active := [(q, loader) for q, loader in loaders if loader.next_page is not None]:
+            asked = [_page_query(q, loader) for q, loader in active]
+            missing = [p for p in dict.fromkeys(asked) if p not in self.budget_pages]
+            self.budget_pages.update(zip(missing, await _pages_many(self._storage, missing), strict=True))
+            self.page_rounds += 1
+            for (_, loader), page_query in zip(active, asked, strict=True):
+                page = self.budget_pages[page_query]
+                loader.feed(page.messages, has_more=page.has_more)
+
+    async def list_page(self, query: PageQuery) -> Page:
+        page = self.budget_pages.get(query)
+        if page is not None:
+            return page
+        self.misses += 1
+        if not isinstance(self._storage, BudgetedHistoryStorage):
+            raise TypeError(f"{type(self._storage).__name__} cannot page a thread")
+        page = await self._storage.list_page(query)
+        self.budget_pages[query] = page
+        return page
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        """Recorded for `flush()`; later requests of the batch see the thread as updated."""
+        self.metadata_updates.setdefault(thread_id, {}).update(update)
+        thread = self._threads.get(thread_id)
+        if thread is not None:
+            self._threads[thread_id] = dataclasses.replace(thread, metadata={**thread.metadata, **update})
+
+    async def flush(self) -> None:
+        """Write the batch's boundary updates: one round trip (nothing when there are none)."""
+        if not self.metadata_updates:
+            return
+        updates = list(self.metadata_updates.items())
+        if isinstance(self._storage, BatchPagedStorage):
+            await self._storage.save_thread_metadata_many(updates)
+        elif isinstance(self._storage, BudgetedHistoryStorage):
+            for thread_id, update in updates:
+                await self._storage.save_thread_metadata(thread_id, update)
+        else:
+            raise TypeError(f"{type(self._storage).__name__} cannot store a token boundary")
+        self.metadata_updates.clear()
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:
@@ -177,7 +275,7 @@ class CollectingHistory:
     def record(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> CollectedTurn:
         """Record a save; refuses a thread owned by another resource (stored, or created in this batch)."""
         thread = self._threads.get(thread_id)
-        if thread is not None and thread.resourceId != resource_id:
+        if thread is not None and thread.resourceId and thread.resourceId != resource_id:
             raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
         if thread is None:
             # provisional: the batch's later turns of this thread must see it exists and whose it is
@@ -255,6 +353,16 @@ class SequentialBatches:
             )
             for q in queries
         }
+
+    async def list_page(self, query: PageQuery) -> Page:
+        if not isinstance(self.storage, BudgetedHistoryStorage):
+            raise TypeError(f"{type(self.storage).__name__} cannot page a thread")
+        return await self.storage.list_page(query)
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        if not isinstance(self.storage, BudgetedHistoryStorage):
+            raise TypeError(f"{type(self.storage).__name__} cannot store a token boundary")
+        await self.storage.save_thread_metadata(thread_id, update)
 
     async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
         out: list[Thread | ThreadOwnershipError] = []

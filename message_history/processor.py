@@ -27,6 +27,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol
 
+from message_history.budget import (
+    BOUNDARY_KEY,
+    Boundary,
+    HistoryLoader,
+    PageRequest,
+    TokenBudget,
+    advance_boundary,
+    boundary_for,
+    page_of,
+    read_boundary,
+    trim_memory,
+)
 from message_history.errors import AbortError, ThreadOwnershipError
 from message_history.message_list import MessageList
 from message_history.request_context import MASTRA_MEMORY, RequestContext, parse_memory_context
@@ -39,8 +51,9 @@ from message_history.rules import (
     normalize_limit,
     select_for_persistence,
 )
+from message_history.tokens import count_message
 from schemas.messages import Message
-from storage.protocol import HistoryStorage, Thread
+from storage.protocol import BudgetedHistoryStorage, HistoryStorage, Page, PageQuery, Thread
 
 __all__ = [
     "MASTRA_MEMORY",
@@ -99,13 +112,18 @@ class RecallOutcome:
 
     `context`: the model's context, `(message, source)` pairs in `(createdAt, id)` order; `recalled`: how many
     of them come from storage; `limit`: the page size used (`None` = no limit); `thread`: the stored thread,
-    None when it does not exist yet (or there is no thread id).
+    None when it does not exist yet (or there is no thread id). With a token budget: `tokens`, the recalled
+    messages' count; `trimmed`, the ids the memory-only limiter removed; `boundary`, the thread's boundary
+    for this budget after the recall (None when there is none).
     """
 
     context: list[tuple[Message, Source]]
     recalled: int
     limit: int | None
     thread: Thread | None = None
+    tokens: float | None = None
+    trimmed: list[str] = field(default_factory=list)
+    boundary: Boundary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,8 +274,16 @@ class MessageHistory:
         resource_id: str | None,
         incoming: Sequence[Message],
         last_messages: LastMessages | _UseDefault = USE_DEFAULT,
+        budget: TokenBudget | None = None,
+        system: Sequence[str] = (),
+        read_only: bool = False,
     ) -> RecallOutcome:
         """Build the context for a turn: recalled history plus `incoming`, ordered, deduplicated by id.
+
+        With a token `budget` (not 0), recall is Mastra 1.71 Memory's: paged loading after the thread's
+        boundary under the count cap and `maxTokens − atMaxRemoveTokens` (tool-linked groups whole), then the
+        memory-only limiter (the `system` texts and the input count towards the budget), and the advanced
+        boundary stored in the thread's metadata unless `read_only` (see `message_history.budget`).
 
         `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
         the processor's own. Without a thread id: no storage call, the context is `incoming` alone (R1).
@@ -271,12 +297,72 @@ class MessageHistory:
             return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
         thread = await self.storage.get_thread(thread_id)
         _check_owner(thread, thread_id, resource_id)
+        if budget is not None and limit != 0 and budget.max_tokens != 0:
+            return await self._recall_budgeted(
+                thread_id, resource_id, thread, incoming, limit, budget, system=system, read_only=read_only
+            )
         recalled: list[Message] = []
         if limit != 0:
             recalled = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
         context = build_context(recalled, incoming)
         count = sum(1 for _, source in context if source == "memory")
         return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread)
+
+    async def _recall_budgeted(
+        self,
+        thread_id: str,
+        resource_id: str | None,
+        thread: Thread | None,
+        incoming: Sequence[Message],
+        limit: int | None,
+        budget: TokenBudget,
+        *,
+        system: Sequence[str],
+        read_only: bool,
+    ) -> RecallOutcome:
+        stored = read_boundary(thread.metadata) if thread is not None else None
+        boundary = boundary_for(budget, stored)
+        loader = HistoryLoader(boundary=boundary, max_messages=limit, budget=budget)
+        while loader.next_page is not None:
+            page = await self._page(thread_id, resource_id, loader.next_page)
+            loader.feed(page.messages, has_more=page.has_more)
+        context = build_context(loader.result()[::-1], incoming)
+        removed, _ = trim_memory(context, budget, system=system)
+        removed_ids = {m.id for m in removed}
+        context = [(m, s) for m, s in context if s != "memory" or m.id not in removed_ids]
+        advanced = advance_boundary(boundary, [m for m in removed if m.threadId == thread_id], budget)
+        if advanced is not None and advanced is not boundary and thread is not None and not read_only:
+            await self._budget_storage().save_thread_metadata(
+                thread_id, {BOUNDARY_KEY: advanced.to_metadata()}
+            )
+            boundary = advanced
+        memory = [m for m, s in context if s == "memory"]
+        tokens: float = 0
+        for message in memory:
+            tokens += count_message(message)
+        return RecallOutcome(
+            context=context,
+            recalled=len(memory),
+            limit=limit,
+            thread=thread,
+            tokens=tokens,
+            trimmed=[m.id for m in removed if m.id is not None],
+            boundary=boundary,
+        )
+
+    def _budget_storage(self) -> BudgetedHistoryStorage:
+        if not isinstance(self.storage, BudgetedHistoryStorage):
+            raise TypeError(f"{type(self.storage).__name__} cannot store a token boundary")
+        return self.storage
+
+    async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
+        query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
+        if isinstance(self.storage, BudgetedHistoryStorage):
+            return await self.storage.list_page(query)
+        # A plain storage: the whole thread, paged here (correct, but reads everything).
+        rows = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=None)
+        selected, more = page_of(rows, request)
+        return Page(selected, more)
 
     async def persist_turn(
         self,
@@ -307,7 +393,7 @@ class MessageHistory:
             _check_owner(thread, thread_id, resource_id)
         if decision.skipped is not None:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
-        owner = resource_id or (thread.resourceId if thread is not None else thread_id)
+        owner = resource_id or (thread.resourceId if thread is not None and thread.resourceId else thread_id)
         to_save = assign_thread(decision.messages, thread_id=thread_id, resource_id=owner)
         saved_thread = await self.storage.save_messages(
             thread_id=thread_id, resource_id=owner, messages=to_save
@@ -321,5 +407,11 @@ class MessageHistory:
 
 
 def _check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:
-    if thread is not None and resource_id is not None and thread.resourceId != resource_id:
+    # A thread stored without a resourceId is unowned, as in Mastra: any resource may use it.
+    if (
+        thread is not None
+        and resource_id is not None
+        and thread.resourceId
+        and thread.resourceId != resource_id
+    ):
         raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)

@@ -66,6 +66,7 @@ from message_history.replay_plan import (
     resume_flag,
     to_millis,
 )
+from message_history.service import memory_defaults
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
@@ -370,7 +371,7 @@ class ReplayStorage:
         results: list[Thread | ThreadOwnershipError] = []
         for turn in turns:
             current = state.get(turn.thread_id)
-            if current is not None and current.resourceId != turn.resource_id:
+            if current is not None and current.resourceId and current.resourceId != turn.resource_id:
                 results.append(ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId))
                 continue
             if not turn.messages:
@@ -922,6 +923,8 @@ def _handler(
             limits=limits,
             last_messages=settings.last_messages,
             max_in_flight_threads=settings.max_in_flight_threads,
+            memory_defaults=memory_defaults(settings),
+            write_boundaries=not options.dry_run,
         )
     return PersistHandler(
         storage=storage,

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Literal
 
 from consumers.loop import LoopOptions, StreamLoop, build_consumer
-from consumers.requests import RecallHandler
+from consumers.requests import MemoryDefaults, RecallHandler
 from consumers.responses import PersistHandler
 from message_history import __version__
 from message_history.batch_storage import BatchHistoryStorage, as_batch_storage
@@ -52,6 +52,16 @@ async def open_storage(settings: Settings) -> AsyncIterator[BatchHistoryStorage]
         yield as_batch_storage(storage)
 
 
+def memory_defaults(settings: Settings) -> MemoryDefaults:
+    """The recall path's service-wide memory options, from the settings."""
+    return MemoryDefaults(
+        last_messages=settings.last_messages,
+        max_tokens=settings.max_tokens,
+        at_max_remove_tokens=settings.at_max_remove_tokens,
+        retain_full_input=settings.retain_full_input,
+    )
+
+
 def build_loop(
     path: Path,
     *,
@@ -70,6 +80,7 @@ def build_loop(
             limits=limits,
             last_messages=settings.last_messages,
             max_in_flight_threads=settings.max_in_flight_threads,
+            memory_defaults=memory_defaults(settings),
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq

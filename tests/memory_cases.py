@@ -249,3 +249,60 @@ def random_messages(seed: int, count: int) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _wire_time(ms: int) -> str:
+    return (T0 + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class _Turn:
+    """Builds one turn's messages on a shared clock."""
+
+    def __init__(self, rng: random.Random, turn: int, clock: int, thread: str, resource: str) -> None:
+        self.rng, self.turn, self.clock = rng, turn, clock
+        self.thread, self.resource = thread, resource
+        self.messages: list[dict[str, Any]] = []
+
+    def add(self, role: str, parts: list[dict[str, Any]], *, tie: bool = False) -> None:
+        if not tie:
+            self.clock += self.rng.randint(1, 50)
+        self.messages.append(
+            {
+                "id": f"t{self.turn:03d}m{len(self.messages)}",
+                "role": role,
+                "createdAt": _wire_time(self.clock),
+                "threadId": self.thread,
+                "resourceId": self.resource,
+                "content": {"format": 2, "parts": parts},
+            }
+        )
+
+
+def conversation(seed: int, turns: int, thread: str = "t", resource: str = "r") -> list[list[dict[str, Any]]]:
+    """A multi-turn thread, turn by turn: each turn is [user, assistant...] wire messages.
+
+    Assistants call tools: a call and its result in one message, or the call in one message and the result
+    in a later one (linked by `toolCallId`), sometimes a pending client call. Several messages of a turn may
+    share one instant (ties), and texts vary in length so token budgets cut in different places.
+    """
+    rng = random.Random(seed)
+    out: list[list[dict[str, Any]]] = []
+    clock = 0
+    for index in range(turns):
+        turn = _Turn(rng, index, clock + rng.randint(1000, 5000), thread, resource)
+        turn.add("user", [{"type": "text", "text": random_text(rng, rng.randint(1, 40))}])
+        for step in range(rng.randint(0, 3)):
+            call = f"call-{index}-{step}"
+            shape = rng.randint(0, 2)
+            if shape == 0:
+                turn.add("assistant", [tool_part(rng, call, "result")], tie=rng.random() < 0.3)
+            elif shape == 1:
+                turn.add("assistant", [tool_part(rng, call, "call")], tie=rng.random() < 0.3)
+                turn.add("assistant", [tool_part(rng, call, "result")], tie=rng.random() < 0.3)
+            else:
+                turn.add("assistant", [{"type": "step-start"}, tool_part(rng, call, "call")])
+        text = random_text(rng, rng.randint(1, 60))
+        turn.add("assistant", [{"type": "text", "text": text}], tie=rng.random() < 0.2)
+        clock = turn.clock
+        out.append(turn.messages)
+    return out

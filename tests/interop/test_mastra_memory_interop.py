@@ -10,16 +10,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from message_history.budget import BOUNDARY_KEY, TokenBudget, resolve_budget
+from message_history.processor import MessageHistory
 from message_history.tokens import count_message, count_system_text, estimate_token_count
 from schemas.messages import Message
+from storage.memory import InMemoryHistoryStorage
 from tests.interop.test_mastra_core_interop import HERE, _run
-from tests.memory_cases import random_messages, random_texts
+from tests.memory_cases import conversation, random_messages, random_texts
 
 pytestmark = pytest.mark.interop
 
@@ -46,3 +50,89 @@ def test_token_counter_matches_mastra() -> None:
     # The inputs do exercise the floating-point overheads: fractional and negative counts both occur.
     assert any(value != int(value) for value in ours)
     assert any(value < 0 for value in ours)
+
+
+async def _our_turns(
+    turns: list[list[dict[str, Any]]],
+    *,
+    last_messages: int | bool,
+    budget: TokenBudget | None,
+    systems: list[str],
+    read_only: bool = False,
+) -> list[dict[str, Any]]:
+    """The same conversation through our processor and in-memory storage, reported like memory.mjs."""
+    storage = InMemoryHistoryStorage()
+    history = MessageHistory(storage=storage)
+    out: list[dict[str, Any]] = []
+    for turn in turns:
+        messages = [Message.model_validate_json(json.dumps(m)) for m in turn]
+        outcome = await history.recall(
+            thread_id="t",
+            resource_id="r",
+            incoming=messages[:1],
+            last_messages=last_messages,
+            budget=budget,
+            system=systems,
+            read_only=read_only,
+        )
+        thread = await storage.get_thread("t")
+        stored = (thread.metadata if thread is not None else {}).get(BOUNDARY_KEY)
+        out.append(
+            {
+                "context": [m.id for m, _ in outcome.context],
+                "trimmed": outcome.trimmed,
+                "boundary": stored,
+            }
+        )
+        await storage.save_messages(thread_id="t", resource_id="r", messages=messages)
+    return out
+
+
+BUDGETS = [
+    pytest.param(False, 400, None, [], id="tokens-only-400"),
+    pytest.param(False, 1500, 600, [], id="tokens-only-1500-remove-600"),
+    pytest.param(12, 800, None, ["You are terse."], id="cap-12-and-800-with-system"),
+    pytest.param(6, 5000, 0, [], id="count-cap-binds-first"),
+    pytest.param(False, 250, 250, [], id="remove-everything"),
+]
+
+
+@pytest.mark.parametrize(("last_messages", "max_tokens", "at_max", "systems"), BUDGETS)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_token_limited_recall_matches_mastra(
+    seed: int, last_messages: int | bool, max_tokens: float, at_max: float | None, systems: list[str]
+) -> None:
+    """Turn after turn: the same context, the same trimmed ids and the same stored boundary as Mastra."""
+    turns = conversation(seed=seed, turns=25)
+    budget = resolve_budget(max_tokens, at_max)
+    assert budget is not None
+    mastra = _mastra(
+        "recall",
+        {
+            "threadId": "t",
+            "resourceId": "r",
+            "turns": turns,
+            "systems": systems,
+            "lastMessages": last_messages,
+            "maxTokens": budget.max_tokens,
+            "atMaxRemoveTokens": budget.at_max_remove_tokens,
+        },
+    )
+    ours = asyncio.run(_our_turns(turns, last_messages=last_messages, budget=budget, systems=systems))
+    trims = 0
+    for index, (theirs, mine) in enumerate(zip(mastra["turns"], ours, strict=True)):
+        where = f"turn {index}"
+        assert sorted(mine["context"]) == sorted(theirs["context"]), where
+        assert sorted(mine["trimmed"]) == sorted(theirs["trimmed"]), where
+        if theirs["boundary"] is None:
+            assert mine["boundary"] is None, where
+        else:
+            assert mine["boundary"] is not None, where
+            assert {**mine["boundary"], "messageIds": sorted(mine["boundary"]["messageIds"])} == {
+                **theirs["boundary"],
+                "messageIds": sorted(theirs["boundary"]["messageIds"]),
+            }, where
+        trims += bool(theirs["trimmed"])
+    # The conversation does make the limiter trim, and the boundary moves (more than one trim).
+    if max_tokens < 2000:
+        assert trims >= 2

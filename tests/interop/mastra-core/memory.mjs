@@ -3,12 +3,12 @@
 //   node memory.mjs tokens <pkgdir>   reads {texts, systems, messages} on stdin and prints Mastra's own counts:
 //                                     tokenx's estimateTokenCount per text, countCoreSystemMessageTokens per
 //                                     system text, TokenLimiterProcessor.countInputMessageTokens per message
-//   node memory.mjs recall <pkgdir>   reads {threadId, resourceId, thread, stored, input, systems,
-//                                     lastMessages, maxTokens, atMaxRemoveTokens} on stdin; stores the thread
-//                                     and rows in Mastra's InMemoryStore, runs Memory's input pipeline
-//                                     (MessageHistory with the default counter, then the memory-only
-//                                     TokenLimiterProcessor with its onMemoryTrim boundary) and prints the
-//                                     context ids, the trimmed ids and the thread's stored boundary
+//   node memory.mjs recall <pkgdir>   reads {threadId, resourceId, turns, systems, lastMessages, maxTokens,
+//                                     atMaxRemoveTokens, readOnly} on stdin; per turn, in one InMemoryStore,
+//                                     runs Memory's input pipeline on the turn's user message (MessageHistory
+//                                     with the default counter, then the memory-only TokenLimiterProcessor
+//                                     with its onMemoryTrim boundary), prints the loaded ids, the context
+//                                     ids, the trimmed ids and the stored boundary, then stores the turn
 //
 // <pkgdir> holds the @mastra/core under test (v1/: 1.71.0).
 import { readFileSync } from 'node:fs';
@@ -34,84 +34,74 @@ function tokens(input) {
 const withDate = (message) => ({ ...message, createdAt: new Date(message.createdAt) });
 
 async function recall(input) {
+  // One thread, turn after turn, in one InMemoryStore: recall (Memory's input pipeline), then store the
+  // turn's messages as its output processor would. Prints what each turn recalled and trimmed.
   const { MessageList } = await load('@mastra/core/agent');
   const { RequestContext } = await load('@mastra/core/request-context');
   const { InMemoryStore } = await load('@mastra/core/storage');
+  const { getMemoryTokenBoundary, advanceMemoryTokenBoundary } = await boundaryHelpers();
   const store = new InMemoryStore();
   const memory = await store.getStore('memory');
-  if (input.thread) {
-    await memory.saveThread({
-      thread: { ...input.thread, createdAt: new Date(input.thread.createdAt), updatedAt: new Date(input.thread.updatedAt) },
-    });
-  }
-  if (input.stored.length) await memory.saveMessages({ messages: input.stored.map(withDate) });
-  const thread = input.thread ? await memory.getThreadById({ threadId: input.threadId }) : undefined;
-  const requestContext = new RequestContext();
-  requestContext.set('MastraMemory', { thread: thread ?? { id: input.threadId }, resourceId: input.resourceId, memoryConfig: { readOnly: input.readOnly === true } });
-  const list = new MessageList({ threadId: input.threadId, resourceId: input.resourceId });
-  for (const text of input.systems ?? []) list.addSystem(text);
-  for (const message of input.input) list.add(withDate(message), 'input');
+  const { threadId, resourceId } = input;
+  const now = new Date(input.turns[0][0].createdAt);
+  await memory.saveThread({ thread: { id: threadId, resourceId, title: '', metadata: {}, createdAt: now, updatedAt: now } });
   const tokenLimit = input.maxTokens === null ? undefined : { maxTokens: input.maxTokens, atMaxRemoveTokens: input.atMaxRemoveTokens };
   const counter = tokenLimit ? new TokenLimiterProcessor(tokenLimit.maxTokens) : undefined;
-  const history = new MessageHistory({ storage: memory, lastMessages: input.lastMessages, tokenLimit, tokenCounter: counter });
-  await history.processInput({ messageList: list, messages: [], requestContext, abort: () => { throw new Error('abort'); } });
-  const loaded = list.get.all.db().map((m) => m.id);
-  let trimmed = [];
-  if (tokenLimit) {
-    // Memory.getInputProcessors' memory-only limiter and its onMemoryTrim, as 1.71 wires them.
-    const { getMemoryTokenBoundary, advanceMemoryTokenBoundary } = await boundaryHelpers();
-    const limiter = new TokenLimiterProcessor({
-      limit: tokenLimit.maxTokens,
-      trimMode: 'memory-only',
-      atMaxRemoveTokens: tokenLimit.atMaxRemoveTokens,
-      tokenCounter: counter,
-      onMemoryTrim: async (removed) => {
-        trimmed = removed.map((m) => m.id);
-        if (!thread || input.readOnly) return;
-        const local = removed.filter((m) => m.threadId === thread.id);
-        if (!local.length) return;
-        await memory.updateThreadMetadata({
-          id: thread.id,
-          resourceId: input.resourceId,
-          update: (latest) => {
-            const stored = getMemoryTokenBoundary(latest);
-            const previous = stored?.maxTokens === tokenLimit.maxTokens && stored.atMaxRemoveTokens === tokenLimit.atMaxRemoveTokens ? stored : undefined;
-            const boundary = advanceMemoryTokenBoundary(previous, local, tokenLimit.maxTokens, tokenLimit.atMaxRemoveTokens);
-            return boundary === previous ? undefined : { memoryTokenLimiter: boundary };
-          },
-        });
-      },
+  const abort = () => { throw new Error('abort'); };
+  const out = [];
+  for (const turn of input.turns) {
+    const thread = await memory.getThreadById({ threadId });
+    const requestContext = new RequestContext();
+    requestContext.set('MastraMemory', { thread, resourceId, memoryConfig: { readOnly: input.readOnly === true } });
+    const list = new MessageList({ threadId, resourceId });
+    for (const text of input.systems ?? []) list.addSystem(text);
+    list.add(withDate(turn[0]), 'input');
+    const history = new MessageHistory({ storage: memory, lastMessages: input.lastMessages, tokenLimit, tokenCounter: counter });
+    await history.processInput({ messageList: list, messages: [], requestContext, abort });
+    const loaded = list.get.all.db().map((m) => m.id);
+    let trimmed = [];
+    if (tokenLimit) {
+      // Memory.getInputProcessors' memory-only limiter and its onMemoryTrim, as 1.71 wires them.
+      const limiter = new TokenLimiterProcessor({
+        limit: tokenLimit.maxTokens,
+        trimMode: 'memory-only',
+        atMaxRemoveTokens: tokenLimit.atMaxRemoveTokens,
+        tokenCounter: counter,
+        onMemoryTrim: async (removed) => {
+          trimmed = removed.map((m) => m.id);
+          if (input.readOnly) return;
+          const local = removed.filter((m) => m.threadId === threadId);
+          if (!local.length) return;
+          await memory.updateThreadMetadata({
+            id: threadId,
+            resourceId,
+            update: (latest) => {
+              const stored = getMemoryTokenBoundary(latest);
+              const previous = stored?.maxTokens === tokenLimit.maxTokens && stored.atMaxRemoveTokens === tokenLimit.atMaxRemoveTokens ? stored : undefined;
+              const boundary = advanceMemoryTokenBoundary(previous, local, tokenLimit.maxTokens, tokenLimit.atMaxRemoveTokens);
+              return boundary === previous ? undefined : { memoryTokenLimiter: boundary };
+            },
+          });
+        },
+      });
+      await limiter.processInput({ messageList: list, messages: [], requestContext, abort });
+    }
+    const after = await memory.getThreadById({ threadId });
+    out.push({
+      loaded,
+      context: list.get.all.db().map((m) => m.id),
+      trimmed,
+      boundary: after?.metadata?.memoryTokenLimiter ?? null,
     });
-    await limiter.processInput({ messageList: list, messages: [], requestContext, abort: () => { throw new Error('abort'); } });
+    await memory.saveMessages({ messages: turn.map(withDate) });
   }
-  const after = thread ? await memory.getThreadById({ threadId: input.threadId }) : undefined;
-  return {
-    version,
-    loaded,
-    context: list.get.all.db().map((m) => m.id),
-    trimmed,
-    boundary: after?.metadata?.memoryTokenLimiter ?? null,
-  };
+  return { version, turns: out };
 }
 
-// The boundary helpers are internal to the bundle; Memory exposes them only through its pipeline, so they
-// are read from the chunk that defines them (named exports of the chunk, found by their source names).
+// Memory's own boundary helpers (exported by @mastra/core/memory), as its onMemoryTrim uses them.
 async function boundaryHelpers() {
-  const dist = resolve(requireFrom.resolve('@mastra/core/package.json'), '..', 'dist');
-  const { readdirSync } = await import('node:fs');
-  for (const file of readdirSync(dist)) {
-    if (!/^agent-[\w-]+\.js$/.test(file)) continue;
-    const source = readFileSync(join(dist, file), 'utf8');
-    const exported = source.match(/export \{([^}]*)\};\s*$/);
-    if (!exported || !source.includes('function advanceMemoryTokenBoundary')) continue;
-    const names = Object.fromEntries(exported[1].split(',').map((s) => s.trim().split(/\s+as\s+/)).map(([local, alias]) => [local, alias]));
-    const chunk = await import(pathToFileURL(join(dist, file)).href);
-    return {
-      getMemoryTokenBoundary: chunk[names.getMemoryTokenBoundary],
-      advanceMemoryTokenBoundary: chunk[names.advanceMemoryTokenBoundary],
-    };
-  }
-  throw new Error('advanceMemoryTokenBoundary not found in @mastra/core dist');
+  const { getMemoryTokenBoundary, advanceMemoryTokenBoundary } = await load('@mastra/core/memory');
+  return { getMemoryTokenBoundary, advanceMemoryTokenBoundary };
 }
 
 const input = JSON.parse(readFileSync(0, 'utf8'));
