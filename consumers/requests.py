@@ -21,6 +21,7 @@ from consumers.loop import Ack, record_headers
 from message_history import metrics
 from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
 from message_history.budget import TokenBudget, resolve_budget
+from message_history.echo import plan_echo
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory
 from message_history.rules import LastMessages, normalize_limit
@@ -145,6 +146,7 @@ class RecallHandler:
                 last_messages=item.memory.last_messages,
                 budget=item.memory.budget,
                 read_only=item.memory.read_only or not self._write_boundaries,
+                filter_echo=not item.memory.retain_full_input,
             )
             enriched = EnrichedRequest.from_request(
                 request,
@@ -184,4 +186,5 @@ class RecallHandler:
     def _query(self, item: _Item) -> RecallQuery:
         limit = normalize_limit(item.memory.last_messages)
         request = item.request
-        return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget)
+        lookup = () if item.memory.retain_full_input else plan_echo(request.messages).needs
+        return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget, lookup)

@@ -25,7 +25,7 @@ from typing import Any, Protocol, runtime_checkable
 from message_history.budget import HistoryLoader, TokenBudget, boundary_for, read_boundary
 from message_history.errors import ThreadOwnershipError
 from schemas.messages import Message
-from storage.protocol import BudgetedHistoryStorage, HistoryStorage, Page, PageQuery, Thread
+from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,7 @@ class RecallQuery:
     resource_id: str | None
     limit: int | None
     budget: TokenBudget | None = None
+    lookup: tuple[str, ...] = ()  # message ids whose stored copies the client-echo filter needs
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +128,8 @@ class PrefetchedHistory:
         self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
         self.page_rounds = 0  # round trips spent on those pages
         self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
+        self.by_id: dict[str, Message] = {}  # stored copies the client-echo filter asked for
+        self.looked_up: set[str] = set()
 
     @classmethod
     async def load(cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery]) -> PrefetchedHistory:
@@ -143,6 +146,10 @@ class PrefetchedHistory:
             q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
         }
         history = cls(storage, dict(threads), loaded, ids)
+        lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
+        if lookup and isinstance(storage, MessageLookup):
+            history.by_id = {m.id: m for m in await storage.get_messages(lookup) if m.id is not None}
+            history.looked_up = set(lookup)
         await history._prefetch_budgeted(
             [q for q in merged.values() if q.budget is not None and q.limit != 0]
         )
@@ -168,6 +175,14 @@ class PrefetchedHistory:
             for (_, loader), page_query in zip(active, asked, strict=True):
                 page = self.budget_pages[page_query]
                 loader.feed(page.messages, has_more=page.has_more)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        if set(message_ids) <= self.looked_up:
+            return [self.by_id[i] for i in message_ids if i in self.by_id]
+        self.misses += 1
+        if not isinstance(self._storage, MessageLookup):
+            raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
+        return await self._storage.get_messages(message_ids)
 
     async def list_page(self, query: PageQuery) -> Page:
         page = self.budget_pages.get(query)
@@ -353,6 +368,11 @@ class SequentialBatches:
             )
             for q in queries
         }
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        if not isinstance(self.storage, MessageLookup):
+            raise TypeError(f"{type(self.storage).__name__} cannot look messages up by id")
+        return await self.storage.get_messages(message_ids)
 
     async def list_page(self, query: PageQuery) -> Page:
         if not isinstance(self.storage, BudgetedHistoryStorage):

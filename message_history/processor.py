@@ -39,6 +39,8 @@ from message_history.budget import (
     read_boundary,
     trim_memory,
 )
+from message_history.echo import filter_echo as drop_client_echo
+from message_history.echo import plan_echo
 from message_history.errors import AbortError, ThreadOwnershipError
 from message_history.message_list import MessageList
 from message_history.request_context import MASTRA_MEMORY, RequestContext, parse_memory_context
@@ -53,7 +55,7 @@ from message_history.rules import (
 )
 from message_history.tokens import count_message
 from schemas.messages import Message
-from storage.protocol import BudgetedHistoryStorage, HistoryStorage, Page, PageQuery, Thread
+from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
 
 __all__ = [
     "MASTRA_MEMORY",
@@ -277,6 +279,7 @@ class MessageHistory:
         budget: TokenBudget | None = None,
         system: Sequence[str] = (),
         read_only: bool = False,
+        filter_echo: bool = False,
     ) -> RecallOutcome:
         """Build the context for a turn: recalled history plus `incoming`, ordered, deduplicated by id.
 
@@ -284,6 +287,8 @@ class MessageHistory:
         boundary under the count cap and `maxTokens − atMaxRemoveTokens` (tool-linked groups whole), then the
         memory-only limiter (the `system` texts and the input count towards the budget), and the advanced
         boundary stored in the thread's metadata unless `read_only` (see `message_history.budget`).
+        `filter_echo` runs Mastra 1.71's `MemoryInputFilter` on `incoming` first (`message_history.echo`):
+        a client's resent history is dropped from the input; the outcome's context holds what is left.
 
         `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
         the processor's own. Without a thread id: no storage call, the context is `incoming` alone (R1).
@@ -297,6 +302,8 @@ class MessageHistory:
             return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
         thread = await self.storage.get_thread(thread_id)
         _check_owner(thread, thread_id, resource_id)
+        if filter_echo and limit != 0 and (budget is None or budget.max_tokens != 0):
+            incoming = await self._filter_echo(thread_id, resource_id, incoming)
         if budget is not None and limit != 0 and budget.max_tokens != 0:
             return await self._recall_budgeted(
                 thread_id, resource_id, thread, incoming, limit, budget, system=system, read_only=read_only
@@ -349,6 +356,20 @@ class MessageHistory:
             trimmed=[m.id for m in removed if m.id is not None],
             boundary=boundary,
         )
+
+    async def _filter_echo(
+        self, thread_id: str, resource_id: str | None, incoming: Sequence[Message]
+    ) -> Sequence[Message]:
+        plan = plan_echo(incoming)
+        if plan.unchanged:
+            return incoming  # the common case (no assistant message in the input): no storage read
+        probe = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=1)
+        stored: dict[str, Message] = {}
+        if plan.needs:
+            if not isinstance(self.storage, MessageLookup):
+                raise TypeError(f"{type(self.storage).__name__} cannot look messages up by id")
+            stored = {m.id: m for m in await self.storage.get_messages(plan.needs) if m.id is not None}
+        return drop_client_echo(incoming, plan, thread_empty=not probe, stored=stored, thread_id=thread_id)
 
     def _budget_storage(self) -> BudgetedHistoryStorage:
         if not isinstance(self.storage, BudgetedHistoryStorage):

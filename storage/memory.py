@@ -161,3 +161,9 @@ class InMemoryHistoryStorage:
         updated = existing.updatedAt if existing.updatedAt is not None and existing.updatedAt > now else now
         metadata = {**copy.deepcopy(existing.metadata), **copy.deepcopy(update)}
         self._threads[thread_id] = dataclasses.replace(existing, metadata=metadata, updatedAt=updated)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        """The stored messages among `message_ids`."""
+        return [
+            self._messages[i].model_copy(deep=True) for i in dict.fromkeys(message_ids) if i in self._messages
+        ]

@@ -584,6 +584,17 @@ class MongoHistoryStorage:
         rows = [message_from_doc(doc) for doc in docs[: query.per_page]]
         return Page(rows, len(docs) > query.per_page)
 
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        """The stored messages among `message_ids`, with one `find` (none for an empty list)."""
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return []
+        with storage_errors("get_messages"):
+            docs = await self.messages.find(
+                {"id": {"$in": ids}}, {"_id": 0}, batch_size=len(ids) + 1
+            ).to_list()
+        return [message_from_doc(doc) for doc in docs]
+
     async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
         """`list_page` for each query, issued concurrently (at most `recall_concurrency` in flight)."""
         gate = asyncio.Semaphore(self.recall_concurrency)

@@ -94,3 +94,12 @@ class BudgetedHistoryStorage(HistoryStorage, Protocol):
         Nothing happens when the thread does not exist.
         """
         ...
+
+
+@runtime_checkable
+class MessageLookup(Protocol):
+    """Stored messages by id (Mastra's `listMessagesById`), for the client-echo filter."""
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        """The stored messages among `message_ids` (any thread), in no particular order."""
+        ...

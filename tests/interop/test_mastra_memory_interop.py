@@ -136,3 +136,82 @@ def test_token_limited_recall_matches_mastra(
     # The conversation does make the limiter trim, and the boundary moves (more than one trim).
     if max_tokens < 2000:
         assert trims >= 2
+
+
+def _parts_summary(parts: list[dict[str, Any]]) -> list[str]:
+    out = []
+    for part in parts:
+        if part["type"] == "tool-invocation":
+            out.append(f"tool:{part['toolInvocation']['toolCallId']}:{part['toolInvocation']['state']}")
+        else:
+            out.append(part["type"])
+    return out
+
+
+def _one_assistant(turn: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    user, first, *rest = turn
+    merged = json.loads(json.dumps(first))
+    for message in rest:
+        merged["content"]["parts"].extend(message["content"]["parts"])
+    return [user, merged]
+
+
+def _echo_cases() -> list[dict[str, Any]]:
+    """Client echoes of a stored conversation, in every shape the filter distinguishes."""
+    cases: list[dict[str, Any]] = []
+    for seed in range(6):
+        # one assistant message per turn: Mastra's MessageList would fold consecutive ones into one (R11),
+        # which is not what this test is about
+        turns = [_one_assistant(turn) for turn in conversation(seed=100 + seed, turns=4)]
+        stored = [m for turn in turns[:3] for m in turn]
+        history = [json.loads(json.dumps(m)) for m in stored]
+        new_user = turns[3][0]
+        # the client advances every pending call of the assistant messages it echoes
+        advanced = json.loads(json.dumps(history))
+        for message in advanced:
+            for part in message["content"]["parts"]:
+                invocation = part.get("toolInvocation")
+                if invocation and invocation["state"] == "call":
+                    invocation["state"] = "result"
+                    invocation["result"] = {"client": seed}
+        last_assistant = next(m for m in reversed(advanced) if m["role"] == "assistant")
+        tail = json.loads(json.dumps(last_assistant))
+        tail["content"]["parts"].append(
+            {
+                "type": "tool-invocation",
+                "toolInvocation": {"state": "result", "toolCallId": "late", "toolName": "x", "result": 1},
+            }
+        )
+        for input_ in (
+            [*history, new_user],  # useChat: the whole history then the new message
+            [*advanced, new_user],  # ... with client tool results on the echoed assistant messages
+            history[-2:],  # ends with a stored assistant message: nothing new
+            [*history[:-1], tail],  # ends with an assistant message carrying a trailing client result
+            [new_user],  # nothing echoed
+        ):
+            cases.append({"threadId": "t", "resourceId": "r", "stored": stored, "input": input_})
+        cases.append({"threadId": "t", "resourceId": "r", "stored": [], "input": [*history, new_user]})
+    return cases
+
+
+async def _our_filter(case: dict[str, Any]) -> list[dict[str, Any]]:
+    storage = InMemoryHistoryStorage()
+    stored = [Message.model_validate_json(json.dumps(m)) for m in case["stored"]]
+    if stored:
+        await storage.save_messages(thread_id="t", resource_id="r", messages=stored)
+    incoming = [Message.model_validate_json(json.dumps(m)) for m in case["input"]]
+    outcome = await MessageHistory(storage=storage).recall(
+        thread_id="t", resource_id="r", incoming=incoming, last_messages=False, filter_echo=True
+    )
+    return [m.wire() for m, source in outcome.context if source == "input"]
+
+
+def test_client_echo_filter_matches_mastra() -> None:
+    """MemoryInputFilter and ours keep the same messages with the same parts, case by case."""
+    cases = _echo_cases()
+    mastra = _mastra("filter", {"cases": cases})
+    for index, (case, theirs) in enumerate(zip(cases, mastra["cases"], strict=True)):
+        mine = asyncio.run(_our_filter(case))
+        got = [(m["id"], _parts_summary(m["content"]["parts"])) for m in mine]
+        want = [(m["id"], _parts_summary(m["parts"])) for m in theirs]
+        assert got == want, f"case {index}"

@@ -10,6 +10,10 @@
 //                                     with its onMemoryTrim boundary), prints the loaded ids, the context
 //                                     ids, the trimmed ids and the stored boundary, then stores the turn
 //
+//   node memory.mjs filter <pkgdir>   reads {cases: [{threadId, resourceId, stored, input}]} on stdin; per case,
+//                                     Mastra's MemoryInputFilter over an InMemoryStore holding `stored`;
+//                                     prints each case's input after the filter (ids and parts)
+//
 // <pkgdir> holds the @mastra/core under test (v1/: 1.71.0).
 import { readFileSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -104,12 +108,37 @@ async function boundaryHelpers() {
   return { getMemoryTokenBoundary, advanceMemoryTokenBoundary };
 }
 
+async function filter(input) {
+  // Per case: a fresh InMemoryStore holding `stored`, the case's input in a MessageList, MemoryInputFilter,
+  // then the input as the filter leaves it.
+  const { MessageList } = await load('@mastra/core/agent');
+  const { RequestContext } = await load('@mastra/core/request-context');
+  const { InMemoryStore } = await load('@mastra/core/storage');
+  const { MemoryInputFilter } = await load('@mastra/core/processors');
+  const out = [];
+  for (const c of input.cases) {
+    const store = new InMemoryStore();
+    const memory = await store.getStore('memory');
+    const now = new Date('2025-03-01T00:00:00.000Z');
+    await memory.saveThread({ thread: { id: c.threadId, resourceId: c.resourceId, title: '', metadata: {}, createdAt: now, updatedAt: now } });
+    if (c.stored.length) await memory.saveMessages({ messages: c.stored.map(withDate) });
+    const requestContext = new RequestContext();
+    requestContext.set('MastraMemory', { thread: { id: c.threadId }, resourceId: c.resourceId });
+    const list = new MessageList({ threadId: c.threadId, resourceId: c.resourceId });
+    for (const message of c.input) list.add(withDate(message), 'input');
+    await new MemoryInputFilter({ storage: memory }).processInput({ messageList: list, requestContext });
+    out.push(list.get.input.db().map((m) => ({ id: m.id, parts: m.content.parts })));
+  }
+  return { version, cases: out };
+}
+
 const input = JSON.parse(readFileSync(0, 'utf8'));
 let result;
 if (command === 'tokens') result = await tokens(input);
 else if (command === 'recall') result = await recall(input);
+else if (command === 'filter') result = await filter(input);
 else {
-  console.error('usage: node memory.mjs tokens|recall [pkgdir]');
+  console.error('usage: node memory.mjs tokens|recall|filter [pkgdir]');
   process.exit(2);
 }
 process.stdout.write(JSON.stringify(result) + '\n');
