@@ -85,7 +85,17 @@ class PersistHandler:
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
-        batch = await CollectingHistory.load(self._storage, [item.response.threadId for _, item in items])
+        message_ids = [
+            m.id for _, item in items for m in (*item.response.input, *item.response.response) if m.id
+        ]
+        no_user_input = [
+            item.response.threadId
+            for _, item in items
+            if not any(m.role == "user" and m.source != "memory" for m in item.response.input)
+        ]
+        batch = await CollectingHistory.load(
+            self._storage, [item.response.threadId for _, item in items], message_ids, no_user_input
+        )
         last_write: dict[str, CollectedTurn] = {}
 
         async def persist(entry: tuple[int, _Item]) -> _Done:

@@ -54,6 +54,7 @@ from message_history.rules import (
     select_for_persistence,
 )
 from message_history.tokens import count_message
+from message_history.tool_state import has_new_user_input, merge_turn
 from schemas.messages import Message
 from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
 
@@ -416,6 +417,12 @@ class MessageHistory:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
         owner = resource_id or (thread.resourceId if thread is not None and thread.resourceId else thread_id)
         to_save = assign_thread(decision.messages, thread_id=thread_id, resource_id=owner)
+        if isinstance(self.storage, MessageLookup):
+            to_save = await self._merge_with_stored(thread_id, owner, to_save, response)
+            if not to_save:
+                thread = thread or await self.storage.get_thread(thread_id)
+                _check_owner(thread, thread_id, resource_id)
+                return PersistOutcome(saved_ids=[], skipped="nothing-to-save", thread=thread)
         saved_thread = await self.storage.save_messages(
             thread_id=thread_id, resource_id=owner, messages=to_save
         )
@@ -424,6 +431,34 @@ class MessageHistory:
             skipped=None,
             thread=saved_thread,
             messages=to_save,
+        )
+
+    async def _merge_with_stored(
+        self, thread_id: str, owner: str, to_save: list[Message], response: Sequence[Message]
+    ) -> list[Message]:
+        """Fold the turn into its stored copies (`tool_state.merge_turn`): one lookup by id, one latest row.
+
+        A stored row with one of the turn's ids in another resource's thread refuses the turn: an id never
+        lets one resource overwrite another's message (Mastra's processors would).
+        """
+        assert isinstance(self.storage, MessageLookup)
+        ids = [m.id for m in to_save if m.id is not None]
+        rows = await self.storage.get_messages(ids)
+        stored: dict[str, Message] = {}
+        for row in rows:
+            if row.id is None:
+                continue
+            if row.threadId == thread_id:
+                stored[row.id] = row
+            elif row.resourceId and row.resourceId != owner:
+                raise ThreadOwnershipError(row.threadId or "", owner, row.resourceId)
+        response_ids = {m.id for m in response if m.id is not None}
+        latest: list[Message] = []
+        if not has_new_user_input(to_save, response_ids=response_ids, stored=stored):
+            # only a turn without new user input can continue the thread's latest assistant message
+            latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
+        return merge_turn(
+            to_save, response_ids=response_ids, stored=stored, latest=latest[0] if latest else None
         )
 
 

@@ -16,7 +16,7 @@ A tool call moves forward only: `partial-call` 0 < `call` 1 < `approval-requeste
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
 from schemas.messages import Message, StepStartPart, ToolInvocationPart
@@ -26,10 +26,12 @@ __all__ = [
     "advances",
     "client_outcomes",
     "continue_assistant",
+    "has_new_user_input",
     "is_client_update",
     "is_terminal",
     "merge_into_stored",
     "merge_response",
+    "merge_turn",
 ]
 
 STATE_RANK: Final[dict[str, int]] = {
@@ -163,3 +165,61 @@ def continue_assistant(latest: Message, response: Message) -> Message:
     if step and not isinstance(step[0], StepStartPart):
         step.insert(0, StepStartPart(type="step-start"))
     return _with_parts(latest, [*parts, *step])
+
+
+def has_new_user_input(
+    messages: Sequence[Message], *, response_ids: Collection[str], stored: Mapping[str, Message]
+) -> bool:
+    """Whether the turn brings a user message that is not stored yet (then no response folds back)."""
+    return any(m.role == "user" and m.id not in stored and m.id not in response_ids for m in messages)
+
+
+def merge_turn(
+    messages: Sequence[Message],
+    *,
+    response_ids: Collection[str],
+    stored: Mapping[str, Message],
+    latest: Message | None,
+) -> list[Message]:
+    """What a turn writes once its messages meet their stored copies (Mastra 1.71's `MessageList` folds).
+
+    `messages` are the turn's filtered messages to save (input then response), `response_ids` which of them
+    the model produced, `stored` the stored copies by id (this thread's), `latest` the thread's newest stored
+    message. In order:
+    * an input message with a stored id: the stored copy wins; it is written again only when the input
+      advances one of its pending calls (`merge_into_stored`), else it is dropped;
+    * a response with a stored id is merged into the stored message (`merge_response`);
+    * a response assistant message with a new id, later than the thread's latest message when that is an
+      assistant message, in a turn without new user input, is folded into it (`continue_assistant`);
+    * anything else is written as it is.
+    The result keeps first-appearance order, one entry per id.
+    """
+    out: dict[str, Message] = {}
+    new_user = has_new_user_input(messages, response_ids=response_ids, stored=stored)
+    fold_into = latest if latest is not None and latest.role == "assistant" and not new_user else None
+    for message in messages:
+        key = message.id or ""
+        base = stored.get(key)
+        if key not in response_ids:
+            if base is None:
+                out[key] = message
+            else:
+                merged = merge_into_stored(out.get(key, base), message)
+                if merged is not None:
+                    out[key] = merged
+            continue
+        if base is not None:
+            out[key] = merge_response(out.get(key, base), message)
+        elif (
+            fold_into is not None
+            and message.role == "assistant"
+            and fold_into.id is not None
+            and message.createdAt is not None
+            and fold_into.createdAt is not None
+            and message.createdAt > fold_into.createdAt
+        ):
+            target = out.get(fold_into.id, fold_into)
+            out[fold_into.id] = continue_assistant(target, message)
+        else:
+            out[key] = message
+    return list(out.values())
