@@ -307,9 +307,9 @@ class CollectingHistory:
     async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
         if set(message_ids) <= self._looked_up:
             return [self._by_id[i] for i in message_ids if i in self._by_id]
-        self.misses += 1
         if not isinstance(self._storage, MessageLookup):
-            raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
+            return []  # a storage without lookup: no stored copies known, turns are saved as they come
+        self.misses += 1
         return await self._storage.get_messages(message_ids)
 
     async def latest(self, thread_id: str) -> list[Message]:

@@ -15,8 +15,9 @@ Differences from Mastra, on purpose:
 * a turn on a thread owned by another resource raises `ThreadOwnershipError` in both steps (contract §4);
   that is why a skipped save still reads the thread;
 * `memoryConfig.lastMessages` in the request context overrides the processor's `last_messages` for one turn;
-* no assistant merge (R11), see `message_history.message_list`;
-* no tracing (`tracing_context` is accepted and ignored), no token limiter. Like Mastra 1.71,
+* a continuation is folded into the latest stored assistant message on persist (R11, `tool_state`), not in
+  `MessageList`;
+* no tracing (`tracing_context` is accepted and ignored). Like Mastra 1.71,
   `process_output_result` pauses 10 ms after a save; `persist_turn` (the Kafka paths) does not.
 """
 

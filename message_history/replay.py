@@ -79,7 +79,7 @@ from schemas.limits import Limits
 from schemas.messages import Message
 from storage.errors import storage_errors
 from storage.mongodb import MongoHistoryStorage
-from storage.protocol import Thread
+from storage.protocol import Page, PageQuery, Thread
 
 log = logging.getLogger(__name__)
 
@@ -318,6 +318,23 @@ class ReplayStorage:
 
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         return await self._mongo.list_messages_many(queries)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        return await self._mongo.get_messages(message_ids)
+
+    async def list_page(self, query: PageQuery) -> Page:
+        return await self._mongo.list_page(query)
+
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
+        return await self._mongo.list_pages_many(queries)
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        if not self.dry_run:  # a dry run changes nothing, boundaries included
+            await self._mongo.save_thread_metadata(thread_id, update)
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        if not self.dry_run:
+            await self._mongo.save_thread_metadata_many(updates)
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         [result] = await self.save_many([SaveTurn(thread_id, resource_id, messages)])

@@ -186,8 +186,9 @@ def merge_turn(
     `messages` are the turn's filtered messages to save (input then response), `response_ids` which of them
     the model produced, `stored` the stored copies by id (this thread's), `latest` the thread's newest stored
     message. In order:
-    * an input message with a stored id: the stored copy wins; it is written again only when the input
-      advances one of its pending calls (`merge_into_stored`), else it is dropped;
+    * an input message with a stored id: the stored copy wins and is written again, with the input's
+      outcomes that advance its pending calls (`merge_into_stored`), as Mastra re-saves it (so a redelivered
+      turn writes the same ids);
     * a response with a stored id is merged into the stored message (`merge_response`);
     * a response assistant message with a new id, later than the thread's latest message when that is an
       assistant message, in a turn without new user input, is folded into it (`continue_assistant`);
@@ -204,9 +205,8 @@ def merge_turn(
             if base is None:
                 out[key] = message
             else:
-                merged = merge_into_stored(out.get(key, base), message)
-                if merged is not None:
-                    out[key] = merged
+                current = out.get(key, base)
+                out[key] = merge_into_stored(current, message) or current
             continue
         if base is not None:
             out[key] = merge_response(out.get(key, base), message)

@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -99,7 +98,7 @@ BUDGETS = [
 
 @pytest.mark.parametrize(("last_messages", "max_tokens", "at_max", "systems"), BUDGETS)
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_token_limited_recall_matches_mastra(
+async def test_token_limited_recall_matches_mastra(
     seed: int, last_messages: int | bool, max_tokens: float, at_max: float | None, systems: list[str]
 ) -> None:
     """Turn after turn: the same context, the same trimmed ids and the same stored boundary as Mastra."""
@@ -118,7 +117,7 @@ def test_token_limited_recall_matches_mastra(
             "atMaxRemoveTokens": budget.at_max_remove_tokens,
         },
     )
-    ours = asyncio.run(_our_turns(turns, last_messages=last_messages, budget=budget, systems=systems))
+    ours = await _our_turns(turns, last_messages=last_messages, budget=budget, systems=systems)
     trims = 0
     for index, (theirs, mine) in enumerate(zip(mastra["turns"], ours, strict=True)):
         where = f"turn {index}"
@@ -206,12 +205,12 @@ async def _our_filter(case: dict[str, Any]) -> list[dict[str, Any]]:
     return [m.wire() for m, source in outcome.context if source == "input"]
 
 
-def test_client_echo_filter_matches_mastra() -> None:
+async def test_client_echo_filter_matches_mastra() -> None:
     """MemoryInputFilter and ours keep the same messages with the same parts, case by case."""
     cases = _echo_cases()
     mastra = _mastra("filter", {"cases": cases})
     for index, (case, theirs) in enumerate(zip(cases, mastra["cases"], strict=True)):
-        mine = asyncio.run(_our_filter(case))
+        mine = await _our_filter(case)
         got = [(m["id"], _parts_summary(m["content"]["parts"])) for m in mine]
         want = [(m["id"], _parts_summary(m["parts"])) for m in theirs]
         assert got == want, f"case {index}"
