@@ -147,6 +147,7 @@ class RecallHandler:
                 budget=item.memory.budget,
                 read_only=item.memory.read_only or not self._write_boundaries,
                 filter_echo=not item.memory.retain_full_input,
+                counter=history.counter,
             )
             enriched = EnrichedRequest.from_request(
                 request,

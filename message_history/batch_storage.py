@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from message_history.budget import HistoryLoader, TokenBudget, boundary_for, read_boundary
 from message_history.errors import ThreadOwnershipError
+from message_history.tokens import CountCache
 from schemas.messages import Message
 from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
 
@@ -125,6 +126,7 @@ class PrefetchedHistory:
         self._pages = pages
         self._known = set(known)  # thread ids whose existence was prefetched
         self.misses = 0  # queries answered by the storage: a sign the prefetch guessed wrong
+        self.counter = CountCache()  # token counts of the batch's messages, shared with the processor
         self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
         self.page_rounds = 0  # round trips spent on those pages
         self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
@@ -164,7 +166,10 @@ class PrefetchedHistory:
             thread = self._threads.get(query.thread_id)
             stored = read_boundary(thread.metadata) if thread is not None else None
             loader = HistoryLoader(
-                boundary=boundary_for(query.budget, stored), max_messages=query.limit, budget=query.budget
+                boundary=boundary_for(query.budget, stored),
+                max_messages=query.limit,
+                budget=query.budget,
+                count=self.counter,
             )
             loaders.append((query, loader))
         while active := [(q, loader) for q, loader in loaders if loader.next_page is not None]:

@@ -54,7 +54,7 @@ from message_history.rules import (
     normalize_limit,
     select_for_persistence,
 )
-from message_history.tokens import count_message
+from message_history.tokens import CountCache
 from message_history.tool_state import has_new_user_input, merge_turn
 from schemas.messages import Message
 from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
@@ -282,6 +282,7 @@ class MessageHistory:
         system: Sequence[str] = (),
         read_only: bool = False,
         filter_echo: bool = False,
+        counter: Callable[[Message], float] | None = None,
     ) -> RecallOutcome:
         """Build the context for a turn: recalled history plus `incoming`, ordered, deduplicated by id.
 
@@ -308,7 +309,15 @@ class MessageHistory:
             incoming = await self._filter_echo(thread_id, resource_id, incoming)
         if budget is not None and limit != 0 and budget.max_tokens != 0:
             return await self._recall_budgeted(
-                thread_id, resource_id, thread, incoming, limit, budget, system=system, read_only=read_only
+                thread_id,
+                resource_id,
+                thread,
+                incoming,
+                limit,
+                budget,
+                system=system,
+                read_only=read_only,
+                count=counter or CountCache(),
             )
         recalled: list[Message] = []
         if limit != 0:
@@ -328,15 +337,16 @@ class MessageHistory:
         *,
         system: Sequence[str],
         read_only: bool,
+        count: Callable[[Message], float],
     ) -> RecallOutcome:
         stored = read_boundary(thread.metadata) if thread is not None else None
         boundary = boundary_for(budget, stored)
-        loader = HistoryLoader(boundary=boundary, max_messages=limit, budget=budget)
+        loader = HistoryLoader(boundary=boundary, max_messages=limit, budget=budget, count=count)
         while loader.next_page is not None:
             page = await self._page(thread_id, resource_id, loader.next_page)
             loader.feed(page.messages, has_more=page.has_more)
         context = build_context(loader.result()[::-1], incoming)
-        removed, _ = trim_memory(context, budget, system=system)
+        removed, _ = trim_memory(context, budget, system=system, count=count)
         removed_ids = {m.id for m in removed}
         context = [(m, s) for m, s in context if s != "memory" or m.id not in removed_ids]
         advanced = advance_boundary(boundary, [m for m in removed if m.threadId == thread_id], budget)
@@ -348,7 +358,7 @@ class MessageHistory:
         memory = [m for m, s in context if s == "memory"]
         tokens: float = 0
         for message in memory:
-            tokens += count_message(message)
+            tokens += count(message)
         return RecallOutcome(
             context=context,
             recalled=len(memory),

@@ -10,8 +10,16 @@ from typing import Any
 
 import pytest
 
-from message_history.tokens import count_message, count_system_text, estimate_token_count, js_stringify
+from message_history.tokens import (
+    CountCache,
+    count_message,
+    count_system_text,
+    estimate_token_count,
+    estimate_token_count_reference,
+    js_stringify,
+)
 from schemas.messages import Message
+from tests.memory_cases import random_texts
 
 
 @pytest.mark.parametrize(
@@ -142,3 +150,19 @@ def test_count_message_media_result() -> None:
 def test_count_system_text() -> None:
     """A system instruction counts 'system' + its text plus one message overhead."""
     assert count_system_text("Be brief.") == estimate_token_count("systemBe brief.") + 3.8
+
+
+def test_the_fast_estimator_equals_tokenx_piece_by_piece() -> None:
+    """`estimate_token_count` (separators scored by kind) equals scoring every piece with tokenx's rules."""
+    for text in random_texts(seed=3, count=2000):
+        assert estimate_token_count(text) == estimate_token_count_reference(text), text
+
+
+def test_count_cache_counts_each_message_once() -> None:
+    """The same object is counted once; an equal but distinct object is counted on its own."""
+    cache = CountCache()
+    first = _message([{"type": "text", "text": "hello there"}])
+    assert cache(first) == cache(first) == count_message(first)
+    assert len(cache._counts) == 1
+    cache(_message([{"type": "text", "text": "hello there"}]))
+    assert len(cache._counts) == 2
