@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-from message_history.budget import HistoryLoader, TokenBudget, boundary_for, read_boundary
+from message_history.budget import PAGE_SIZE, HistoryLoader, TokenBudget, boundary_for, read_boundary
 from message_history.errors import ThreadOwnershipError
 from message_history.tokens import CountCache
 from schemas.messages import Message
@@ -93,6 +93,16 @@ async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> 
     return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
 
 
+def _first_page(newest: list[Message], start: datetime | None) -> Page:
+    """Page 0 from `start` on, cut from a thread's newest PAGE_SIZE + 1 rows (newest first).
+
+    Rows at or after `start` are a prefix of the newest-first order, so the cut is exact; more follow when
+    all PAGE_SIZE + 1 rows are in it.
+    """
+    rows = [m for m in newest if start is None or (m.createdAt is not None and m.createdAt >= start)]
+    return Page(rows[:PAGE_SIZE], len(rows) > PAGE_SIZE)
+
+
 def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
     request = loader.next_page
     assert request is not None
@@ -143,22 +153,38 @@ class PrefetchedHistory:
                 merged[query.thread_id] = query
         ids = list(merged)
         wanted = [q for q in merged.values() if q.limit != 0 and q.budget is None]
-        threads, pages = await asyncio.gather(storage.get_threads(ids), storage.list_messages_many(wanted))
+        budgeted = [
+            q for q in merged.values() if q.budget is not None and q.limit != 0 and q.budget.max_tokens != 0
+        ]
+        # A budgeted thread's first page is its newest rows from the boundary on; its newest PAGE_SIZE + 1
+        # rows hold it whatever the boundary is, so they come with the threads, in the same round trip.
+        first = [RecallQuery(q.thread_id, q.resource_id, PAGE_SIZE + 1) for q in budgeted]
+        lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
+
+        async def copies() -> list[Message]:
+            if lookup and isinstance(storage, MessageLookup):
+                return await storage.get_messages(lookup)
+            return []
+
+        threads, pages, rows = await asyncio.gather(
+            storage.get_threads(ids), storage.list_messages_many([*wanted, *first]), copies()
+        )
         loaded = {
             q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
         }
         history = cls(storage, dict(threads), loaded, ids)
-        lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
         if lookup and isinstance(storage, MessageLookup):
-            history.by_id = {m.id: m for m in await storage.get_messages(lookup) if m.id is not None}
+            history.by_id = {m.id: m for m in rows if m.id is not None}
             history.looked_up = set(lookup)
-        await history._prefetch_budgeted(
-            [q for q in merged.values() if q.budget is not None and q.limit != 0]
-        )
+        newest = {q.thread_id: list(pages.get(q.thread_id, [])) for q in first}
+        await history._prefetch_budgeted(budgeted, newest)
         return history
 
-    async def _prefetch_budgeted(self, queries: Sequence[RecallQuery]) -> None:
-        """Run every budgeted thread's `HistoryLoader` together: one round trip per paging round."""
+    async def _prefetch_budgeted(
+        self, queries: Sequence[RecallQuery], newest: dict[str, list[Message]]
+    ) -> None:
+        """Run every budgeted thread's `HistoryLoader` together: one round trip per paging round after the
+        first (whose pages are cut from each thread's `newest` rows)."""
         loaders: list[tuple[RecallQuery, HistoryLoader]] = []
         for query in queries:
             if query.budget is None or query.budget.max_tokens == 0:
@@ -172,11 +198,15 @@ class PrefetchedHistory:
                 count=self.counter,
             )
             loaders.append((query, loader))
+            page_query = _page_query(query, loader)
+            if page_query.page == 0 and page_query.end is None and page_query.per_page == PAGE_SIZE:
+                self.budget_pages[page_query] = _first_page(newest.get(query.thread_id, []), page_query.start)
         while active := [(q, loader) for q, loader in loaders if loader.next_page is not None]:
             asked = [_page_query(q, loader) for q, loader in active]
             missing = [p for p in dict.fromkeys(asked) if p not in self.budget_pages]
-            self.budget_pages.update(zip(missing, await _pages_many(self._storage, missing), strict=True))
-            self.page_rounds += 1
+            if missing:
+                self.budget_pages.update(zip(missing, await _pages_many(self._storage, missing), strict=True))
+                self.page_rounds += 1
             for (_, loader), page_query in zip(active, asked, strict=True):
                 page = self.budget_pages[page_query]
                 loader.feed(page.messages, has_more=page.has_more)

@@ -175,8 +175,10 @@ async def test_budgeted_recall_batch_prefetches_pages_and_writes_boundaries_once
     budget = resolve_budget(60, 30)
     queries = [RecallQuery(t, "u", None, budget) for t in ("a", "b")]
     view = await PrefetchedHistory.load(storage, queries)
-    pages_before = storage.calls["list_page"]
-    assert view.page_rounds >= 1
+    # the first page comes with the threads (their newest rows); this budget needs no second one
+    assert storage.calls == {"get_threads": 1, "list_messages_many": 1}
+    assert view.page_rounds == 0
+    pages_before = storage.calls.get("list_page", 0)
     processor = MessageHistory(storage=view)
     outcomes = []
     for query in queries:
@@ -190,7 +192,7 @@ async def test_budgeted_recall_batch_prefetches_pages_and_writes_boundaries_once
             )
         )
     assert view.misses == 0  # every page the processor asked for was prefetched
-    assert storage.calls["list_page"] == pages_before
+    assert storage.calls.get("list_page", 0) == pages_before
     assert all(o.trimmed and o.boundary is not None for o in outcomes)
     assert "save_thread_metadata" not in storage.calls  # recorded, not written
     await view.flush()
@@ -246,3 +248,22 @@ async def test_a_thread_without_resource_is_unowned() -> None:
     )
     with pytest.raises(ThreadOwnershipError):
         await history.recall(thread_id="owned", resource_id="bob", incoming=[])
+
+
+async def test_budgeted_prefetch_pages_on_in_rounds_when_the_history_is_long() -> None:
+    """A budget larger than one page: later pages come in rounds; the processor still misses none."""
+    storage = _CountingPages()
+    for thread in ("a", "b", "c"):
+        await _seed(storage, thread, "u", 130)
+    budget = resolve_budget(100_000, 0)
+    queries = [RecallQuery(t, "u", None, budget) for t in ("a", "b", "c")]
+    view = await PrefetchedHistory.load(storage, queries)
+    assert view.page_rounds >= 2  # the pages after the first, all threads together in each round
+    assert storage.calls["list_page"] == 3 * view.page_rounds
+    processor = MessageHistory(storage=view)
+    for query in queries:
+        outcome = await processor.recall(
+            thread_id=query.thread_id, resource_id="u", incoming=[], last_messages=False, budget=budget
+        )
+        assert outcome.recalled == 130
+    assert view.misses == 0
