@@ -5,8 +5,11 @@ turn's input and response messages. The rules themselves live in `message_histor
 wires them to a storage. Two public coroutines carry the work and are what the Kafka paths call directly:
 
 * `recall(...)`: one `get_thread` (ownership) and at most one `list_messages`, then `rules.build_context`;
-* `persist_turn(...)`: `rules.select_for_persistence`, then one `save_messages` (or, when nothing is saved,
-  one `get_thread` to enforce ownership and report the thread).
+  under a token budget, pages and the memory-only limiter (`budget`), and the boundary written to the thread;
+  with `filter_echo`, Mastra's `MemoryInputFilter` first (`echo`);
+* `persist_turn(...)`: `rules.select_for_persistence`, the tool-state merge against the stored copies
+  (`tool_state.merge_turn`, on storages with `get_messages`), then one `save_messages` (or, when nothing is
+  saved, one `get_thread` to enforce ownership and report the thread).
 
 They touch storage only through the `HistoryStorage` protocol, so a batching wrapper can stand in for it.
 Storage errors propagate (R12): a failed read is never an empty history, and a failed step writes nothing.
