@@ -18,6 +18,7 @@ import pytest
 
 from message_history.budget import BOUNDARY_KEY, TokenBudget, resolve_budget
 from message_history.processor import MessageHistory
+from message_history.rules import with_source
 from message_history.tokens import count_message, count_system_text, estimate_token_count
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
@@ -211,6 +212,80 @@ async def test_client_echo_filter_matches_mastra() -> None:
     mastra = _mastra("filter", {"cases": cases})
     for index, (case, theirs) in enumerate(zip(cases, mastra["cases"], strict=True)):
         mine = await _our_filter(case)
+        got = [(m["id"], _parts_summary(m["content"]["parts"])) for m in mine]
+        want = [(m["id"], _parts_summary(m["parts"])) for m in theirs]
+        assert got == want, f"case {index}"
+
+
+def _wire(id: str, role: str, ms: int, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    created = f"2025-03-01T09:00:{ms // 1000:02d}.{ms % 1000:03d}Z"
+    return {"id": id, "role": role, "createdAt": created, "threadId": "t", "resourceId": "r",
+            "content": {"format": 2, "parts": parts}}  # fmt: skip
+
+
+def _tool(state: str, call: str = "c1", **extra: Any) -> dict[str, Any]:
+    invocation = {"state": state, "toolCallId": call, "toolName": "ask", "args": {"q": 1}, **extra}
+    return {"type": "tool-invocation", "toolInvocation": invocation}
+
+
+def _persist_cases() -> list[dict[str, Any]]:
+    user = _wire("u1", "user", 1000, [{"type": "text", "text": "Which file?"}])
+    pending = _wire("a1", "assistant", 2000, [{"type": "text", "text": "Asking."}, _tool("call")])
+    answered = _wire(
+        "a1", "assistant", 2000, [{"type": "text", "text": "Asking."}, _tool("result", result="x.txt")]
+    )
+    return [
+        {  # a new user message and an answer: two new rows
+            "stored": [user, pending],
+            "input": [_wire("u2", "user", 3000, [{"type": "text", "text": "Never mind."}])],
+            "response": [_wire("a2", "assistant", 4000, [{"type": "text", "text": "OK."}])],
+        },
+        {  # a client tool result on the stored assistant message, then the model continues: folded in
+            "stored": [user, pending],
+            "input": [answered],
+            "response": [_wire("a2", "assistant", 4000, [{"type": "text", "text": "Reading x.txt."}])],
+        },
+        {  # useChat: the whole history with the result, then a new user message
+            "stored": [user, pending],
+            "input": [user, answered, _wire("u2", "user", 3000, [{"type": "text", "text": "And?"}])],
+            "response": [_wire("a2", "assistant", 4000, [{"type": "text", "text": "Done."}])],
+        },
+        {  # a stale echo (the call again) cannot move a stored result back
+            "stored": [user, answered],
+            "input": [user, pending, _wire("u2", "user", 3000, [{"type": "text", "text": "Again?"}])],
+            "response": [_wire("a2", "assistant", 4000, [{"type": "text", "text": "Same file."}])],
+        },
+    ]
+
+
+async def _our_persist(case: dict[str, Any]) -> list[dict[str, Any]]:
+    """The service's steps: recall (with the echo filter), the worker echoing the context back, persist."""
+    storage = InMemoryHistoryStorage()
+    await storage.save_messages(
+        thread_id="t",
+        resource_id="r",
+        messages=[Message.model_validate_json(json.dumps(m)) for m in case["stored"]],
+    )
+    history = MessageHistory(storage=storage)
+    incoming = [Message.model_validate_json(json.dumps(m)) for m in case["input"]]
+    recalled = await history.recall(
+        thread_id="t", resource_id="r", incoming=incoming, last_messages=40, filter_echo=True
+    )
+    echoed = [with_source(m, source) for m, source in recalled.context]
+    response = [Message.model_validate_json(json.dumps(m)) for m in case["response"]]
+    await history.persist_turn(
+        thread_id="t", resource_id="r", input=echoed, response=response, finish_reason="stop"
+    )
+    rows = await storage.list_messages("t", resource_id=None, limit=None)
+    return [m.wire() for m in reversed(rows)]
+
+
+async def test_persisted_rows_match_mastra() -> None:
+    """After one turn, the thread's stored rows (ids, parts and tool states) are Mastra's."""
+    cases = _persist_cases()
+    mastra = _mastra("persist", {"cases": cases})
+    for index, (case, theirs) in enumerate(zip(cases, mastra["cases"], strict=True)):
+        mine = await _our_persist(case)
         got = [(m["id"], _parts_summary(m["content"]["parts"])) for m in mine]
         want = [(m["id"], _parts_summary(m["parts"])) for m in theirs]
         assert got == want, f"case {index}"

@@ -13,6 +13,9 @@
 //   node memory.mjs filter <pkgdir>   reads {cases: [{threadId, resourceId, stored, input}]} on stdin; per case,
 //                                     Mastra's MemoryInputFilter over an InMemoryStore holding `stored`;
 //                                     prints each case's input after the filter (ids and parts)
+//   node memory.mjs persist <pkgdir>  reads {cases: [{stored, input, response}]}; per case, one turn of Memory's
+//                                     pipeline without a budget, then processOutputResult; prints the stored
+//                                     rows after it (ids and parts)
 //
 // <pkgdir> holds the @mastra/core under test (v1/: 1.71.0).
 import { readFileSync } from 'node:fs';
@@ -132,11 +135,43 @@ async function filter(input) {
   return { version, cases: out };
 }
 
+async function persist(input) {
+  // Per case: an InMemoryStore holding `stored`; Memory's pipeline for one turn without a budget
+  // (MemoryInputFilter, MessageHistory recall), the `response` added as the model's output, then
+  // MessageHistory.processOutputResult; prints the stored rows (ids and parts) after the turn.
+  const { MessageList } = await load('@mastra/core/agent');
+  const { RequestContext } = await load('@mastra/core/request-context');
+  const { InMemoryStore } = await load('@mastra/core/storage');
+  const { MemoryInputFilter } = await load('@mastra/core/processors');
+  const out = [];
+  for (const c of input.cases) {
+    const store = new InMemoryStore();
+    const memory = await store.getStore('memory');
+    const now = new Date('2025-03-01T00:00:00.000Z');
+    await memory.saveThread({ thread: { id: 't', resourceId: 'r', title: '', metadata: {}, createdAt: now, updatedAt: now } });
+    if (c.stored.length) await memory.saveMessages({ messages: c.stored.map(withDate) });
+    const requestContext = new RequestContext();
+    requestContext.set('MastraMemory', { thread: { id: 't' }, resourceId: 'r', memoryConfig: {} });
+    const list = new MessageList({ threadId: 't', resourceId: 'r' });
+    for (const message of c.input) list.add(withDate(message), 'input');
+    const abort = () => { throw new Error('abort'); };
+    await new MemoryInputFilter({ storage: memory }).processInput({ messageList: list, requestContext });
+    const history = new MessageHistory({ storage: memory, lastMessages: 40 });
+    await history.processInput({ messageList: list, messages: [], requestContext, abort });
+    for (const message of c.response) list.add(withDate(message), 'response');
+    await history.processOutputResult({ messageList: list, messages: [], requestContext, abort, result: { finishReason: 'stop' } });
+    const rows = (await memory.listMessages({ threadId: 't', perPage: false, orderBy: { field: 'createdAt', direction: 'ASC' } })).messages;
+    out.push(rows.map((m) => ({ id: m.id, parts: m.content.parts })));
+  }
+  return { version, cases: out };
+}
+
 const input = JSON.parse(readFileSync(0, 'utf8'));
 let result;
 if (command === 'tokens') result = await tokens(input);
 else if (command === 'recall') result = await recall(input);
 else if (command === 'filter') result = await filter(input);
+else if (command === 'persist') result = await persist(input);
 else {
   console.error('usage: node memory.mjs tokens|recall|filter [pkgdir]');
   process.exit(2);
