@@ -13,6 +13,7 @@ import pytest
 
 from consumers.requests import MemoryDefaults, turn_memory
 from message_history.budget import (
+    BOUNDARY_KEY,
     Boundary,
     TokenBudget,
     advance_boundary,
@@ -26,9 +27,11 @@ from message_history.budget import (
     trim_memory,
 )
 from message_history.errors import EventValidationError, InvalidInputError
+from message_history.processor import MessageHistory
 from schemas.events import decode_request
 from schemas.messages import Message
-from tests.rule_cases import at, msg, tool
+from storage.memory import InMemoryHistoryStorage
+from tests.rule_cases import RESOURCE, THREAD, at, msg, tool
 
 
 def flat(_: Message) -> float:
@@ -363,3 +366,30 @@ def test_turn_memory_refuses_a_remove_share_without_any_budget() -> None:
     """atMaxRemoveTokens with no maxTokens anywhere is Mastra's maxTokens error (a dead letter)."""
     with pytest.raises(InvalidInputError, match="maxTokens must be"):
         turn_memory(decode_request(_request({"atMaxRemoveTokens": 10})), DEFAULTS)
+
+
+async def test_another_budgets_boundary_is_ignored_and_replaced() -> None:
+    """A boundary drawn under another budget does not limit loading; the new trim replaces it."""
+    storage = InMemoryHistoryStorage()
+    rows = [msg(f"m{i:02d}", t=i) for i in range(30)]
+    await storage.save_messages(thread_id=THREAD, resource_id=RESOURCE, messages=rows)
+    history = MessageHistory(storage=storage)
+    first = resolve_budget(120, 40)
+    outcome = await history.recall(
+        thread_id=THREAD, resource_id=RESOURCE, incoming=[], last_messages=False, budget=first
+    )
+    assert outcome.boundary is not None
+    old = outcome.boundary
+    second = resolve_budget(200, 50)
+    outcome = await history.recall(
+        thread_id=THREAD, resource_id=RESOURCE, incoming=[], last_messages=False, budget=second
+    )
+    # loaded from the start again (the old boundary is not this budget's), trimmed, and a boundary of its own
+    assert outcome.trimmed
+    assert outcome.trimmed[0] == "m00"  # under the old boundary m00 would not even have been loaded
+    assert outcome.boundary is not None
+    assert (outcome.boundary.max_tokens, outcome.boundary.at_max_remove_tokens) == (200, 50)
+    thread = await storage.get_thread(THREAD)
+    assert thread is not None
+    assert thread.metadata[BOUNDARY_KEY] == outcome.boundary.to_metadata()
+    assert old.to_metadata() != outcome.boundary.to_metadata()
