@@ -85,9 +85,11 @@ class PersistHandler:
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
+        # stored copies for the tool-state merge: of what may be saved (recalled messages never are, R6)
         message_ids = [
-            m.id for _, item in items for m in (*item.response.input, *item.response.response) if m.id
+            m.id for _, item in items for m in item.response.input if m.id and m.source != "memory"
         ]
+        message_ids += [m.id for _, item in items for m in item.response.response if m.id]
         no_user_input = [
             item.response.threadId
             for _, item in items
