@@ -212,11 +212,8 @@ def main(only: Dependency | None = None, timeout_s: float | None = None) -> int:
 def _cli(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m message_history.check", description=__doc__)
     parser.add_argument("--only", choices=["kafka", "mongodb"], help="check a single dependency")
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        help="seconds per dependency (default: 20 for Kafka, MESSAGE_HISTORY_MONGODB_TIMEOUT_MS for MongoDB)",
-    )
+    parser.add_argument("--timeout", type=float, help="seconds per dependency (default: 20 for Kafka, "
+                        "MESSAGE_HISTORY_MONGODB_TIMEOUT_MS for MongoDB)")
     args = parser.parse_args(argv)
     return main(only=args.only, timeout_s=args.timeout)
 
