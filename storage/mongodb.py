@@ -20,6 +20,10 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
   upserts, one unordered `bulk_write` of thread upserts. The returned threads are computed, not read back.
 * `list_messages_many`: one `find` with `$in` (the default, measured faster, see `docs/storage.md`), or one
   `find` per thread issued concurrently.
+* token-limited recall: `list_page` one `find` (date range, skip, `per_page + 1` rows, no count);
+  `list_pages_many` those concurrently; `save_thread_metadata_many` one unordered bulk `$set` of
+  `metadata.<key>` (the boundary), `updatedAt` moved forward.
+* `get_messages` (the echo filter and the tool-state merge): one `find` with `$in` on `id`.
 
 FerretDB has no transactions, so a save is not atomic across the two collections: messages are written
 first, then the threads, and every write is an idempotent upsert, so a retried save converges.
