@@ -1,9 +1,11 @@
 """The recall path's batch handler: `agent.requests` in, `agent.requests.enriched` out.
 
 Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads and recent
-messages in one concurrent round trip, then per request `MessageHistory.recall` (answered from the prefetch)
-and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements. Requests of one thread
-run in batch order, so their enriched events leave in the order the requests came.
+messages in one concurrent round trip (under a token budget, then the pages every budgeted thread needs:
+one round trip per paging round for the whole batch), then per request `MessageHistory.recall` (answered
+from the prefetch) and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements.
+Requests of one thread run in batch order, so their enriched events leave in the order the requests came.
+Token boundaries the memory-only limiter advanced are written with one round trip at the end of the batch.
 
 With a `TurnGate` (the turn barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups
 run beside the prefetch, and each request first passes `admit`: a request that had to wait is recalled from
@@ -25,11 +27,13 @@ from consumers.loop import Ack, ack_after
 from consumers.turn_gate import GO, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
+from message_history.budget import TokenBudget, resolve_budget
+from message_history.echo import plan_echo
 from message_history.errors import EventValidationError, InvalidInputError, RetriableError
 from message_history.processor import MessageHistory
 from message_history.rules import LastMessages, normalize_limit
 from producers.enriched import EnrichedPublisher
-from schemas.events import AgentRequest, EnrichedRequest, decode_request
+from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions, decode_request
 from schemas.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -38,17 +42,64 @@ PATH = "recall"
 
 
 @dataclass(frozen=True, slots=True)
-class _Item:
-    record: Any  # aiokafka ConsumerRecord
-    request: AgentRequest
+class MemoryDefaults:
+    """The service-wide memory settings a request's own `memory` options override."""
+
+    last_messages: int = 40
+    max_tokens: float | None = None
+    at_max_remove_tokens: float | None = None
+    retain_full_input: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMemory:
+    """What one request's recall does: the count cap (`False` = none), the token budget, read-only."""
+
+    last_messages: LastMessages
+    budget: TokenBudget | None
+    read_only: bool
+    retain_full_input: bool
+
+
+def turn_memory(request: AgentRequest, defaults: MemoryDefaults) -> TurnMemory:
+    """The request's memory options over the service defaults, as Mastra 1.71's Memory reads them.
+
+    * `lastMessages`: a count caps the recall; `false` (or `0`) turns history off; absent/null means the
+      service default, except under a token budget, where it means no count cap (tokens only).
+    * `maxTokens` / `atMaxRemoveTokens`: the request's pair, else the service's; `0` turns history off.
+    Raises `InvalidInputError` with Mastra's message when the pair is inconsistent.
+    """
+    memory = request.memory or MemoryOptions()
+    if memory.maxTokens is not None:
+        budget = resolve_budget(memory.maxTokens, memory.atMaxRemoveTokens)
+    else:
+        remove = memory.atMaxRemoveTokens
+        if remove is None and defaults.max_tokens is not None:
+            remove = defaults.at_max_remove_tokens
+        budget = resolve_budget(defaults.max_tokens, remove)
+    limit: LastMessages
+    if memory.lastMessages is False:
+        limit = 0
+    elif memory.lastMessages is not None:
+        limit = memory.lastMessages
+    else:
+        limit = False if budget is not None else defaults.last_messages
+    if budget is not None and budget.max_tokens == 0:
+        limit = 0
+    retain = memory.retainFullInput if memory.retainFullInput is not None else defaults.retain_full_input
+    return TurnMemory(limit, budget, bool(memory.readOnly), retain)
 
 
 def turn_last_messages(request: AgentRequest, default: int) -> LastMessages:
-    """The request's own `lastMessages`, or the service's `default` when absent or null (contract §3)."""
-    memory = request.memory
-    if memory is None or memory.lastMessages is None:
-        return default
-    return memory.lastMessages
+    """The request's recall count: its own `lastMessages` (`false` = none), else the service's `default`."""
+    return turn_memory(request, MemoryDefaults(last_messages=default)).last_messages
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    record: Any  # aiokafka ConsumerRecord
+    request: AgentRequest
+    memory: TurnMemory
 
 
 class RecallHandler:
@@ -63,6 +114,8 @@ class RecallHandler:
         last_messages: int,
         max_in_flight_threads: int,
         gate: TurnGate | None = None,
+        memory_defaults: MemoryDefaults | None = None,
+        write_boundaries: bool = True,
     ) -> None:
         self._gate = gate
         self._storage = storage
@@ -70,6 +123,8 @@ class RecallHandler:
         self._limits = limits
         self._last_messages = last_messages
         self._max_in_flight = max_in_flight_threads
+        self._defaults = memory_defaults or MemoryDefaults(last_messages=last_messages)
+        self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
 
     async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
         with tracing.batch_spans(PATH, records) as spans:
@@ -86,7 +141,8 @@ class RecallHandler:
             try:
                 if record.value is None:
                     raise EventValidationError("empty record (no value)")
-                items.append((index, _Item(record, decode_request(record.value, self._limits))))
+                request = decode_request(record.value, self._limits)
+                items.append((index, _Item(record, request, turn_memory(request, self._defaults))))
             except InvalidInputError as exc:
                 results[index] = exc
                 spans.fail(index, exc)
@@ -94,7 +150,7 @@ class RecallHandler:
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
         history, batch_gate = await asyncio.gather(
-            PrefetchedHistory.load(self._storage, [self._query(item.request) for _, item in items]),
+            PrefetchedHistory.load(self._storage, [self._query(item) for _, item in items]),
             self._open_gate(items),
         )
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
@@ -116,7 +172,11 @@ class RecallHandler:
                 thread_id=request.threadId,
                 resource_id=request.resourceId,
                 incoming=request.messages,
-                last_messages=turn_last_messages(request, self._last_messages),
+                last_messages=item.memory.last_messages,
+                budget=item.memory.budget,
+                read_only=item.memory.read_only or not self._write_boundaries,
+                filter_echo=not item.memory.retain_full_input,
+                counter=history.counter,
             )
             enriched = EnrichedRequest.from_request(
                 request,
@@ -125,6 +185,9 @@ class RecallHandler:
                 limit=outcome.limit,
                 complete=admission.complete,
                 waited_ms=admission.waited_ms,
+                tokens=outcome.tokens,
+                trimmed=outcome.trimmed,
+                boundary=outcome.boundary.to_metadata() if outcome.boundary is not None else None,
             )
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             mark = batch_gate.enriched(request.threadId, request.requestId) if batch_gate else None
@@ -140,6 +203,7 @@ class RecallHandler:
             max_concurrent=self._max_in_flight,
             item_errors=(InvalidInputError,),
         )
+        await history.flush()  # the batch's boundary writes, one round trip, before any offset commits
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         for (index, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
@@ -163,9 +227,11 @@ class RecallHandler:
         metrics.STAGE_SECONDS.labels(path=PATH, stage="barrier").observe(time.perf_counter() - started)
         return gate
 
-    def _query(self, request: AgentRequest) -> RecallQuery:
-        limit = normalize_limit(turn_last_messages(request, self._last_messages))
-        return RecallQuery(thread_id=request.threadId, resource_id=request.resourceId, limit=limit)
+    def _query(self, item: _Item) -> RecallQuery:
+        limit = normalize_limit(item.memory.last_messages)
+        request = item.request
+        lookup = () if item.memory.retain_full_input else plan_echo(request.messages).needs
+        return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget, lookup)
 
 
 async def _failed(error: RetriableError) -> object:

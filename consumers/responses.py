@@ -106,7 +106,7 @@ class PersistHandler:
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
-        batch = await CollectingHistory.load(self._storage, [item.response.threadId for _, item in items])
+        batch = await self._load(items)
         last_write: dict[str, CollectedTurn] = {}
 
         async def persist(entry: tuple[int, _Item]) -> _Done:
@@ -164,6 +164,22 @@ class PersistHandler:
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
+
+    async def _load(self, items: Sequence[tuple[int, _Item]]) -> CollectingHistory:
+        """The batch's threads, and the stored copies the tool-state merge needs, in one round trip."""
+        # stored copies: of what may be saved (recalled messages never are, R6)
+        message_ids = [
+            m.id for _, item in items for m in item.response.input if m.id and m.source != "memory"
+        ]
+        message_ids += [m.id for _, item in items for m in item.response.response if m.id]
+        no_user_input = [
+            item.response.threadId
+            for _, item in items
+            if not any(m.role == "user" and m.source != "memory" for m in item.response.input)
+        ]
+        return await CollectingHistory.load(
+            self._storage, [item.response.threadId for _, item in items], message_ids, no_user_input
+        )
 
     def _mark_answered(
         self,

@@ -19,11 +19,9 @@ MessageHistory steps and an agent loop need:
   thread or resource raises `InvalidInputError` ("wrong threadId", as Mastra throws). Recalled messages keep
   their own fields.
 
-**Deliberate difference from Mastra: no assistant merge (R11).** Mastra folds a non-memory assistant message
-added right after another assistant message into that earlier message (same id, `step-start` between the
-parts, a `result` updating its `call`). Here every message keeps its own id and row, like Mastra 1.71's
-"sealed" messages: a response is always saved as a response, never folded into a stored message. A client
-that continues a tool call sends the updated assistant message under its original id instead (an upsert).
+**The assistant merge (R11) is not done here** but when a turn is saved (`MessageHistory.persist_turn` with
+`message_history.tool_state.merge_turn`): a response continuing the thread's latest assistant message is
+folded into it there, against the stored copy, so the in-process library and the Kafka paths fold alike.
 
 Sorting is lazy: adds are O(1) (amortised) and the first read after a change sorts once; reads in between
 reuse the sorted order. A 2,000-message thread therefore costs one O(n log n) sort per read-after-write.

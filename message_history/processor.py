@@ -5,8 +5,11 @@ turn's input and response messages. The rules themselves live in `message_histor
 wires them to a storage. Two public coroutines carry the work and are what the Kafka paths call directly:
 
 * `recall(...)`: one `get_thread` (ownership) and at most one `list_messages`, then `rules.build_context`;
-* `persist_turn(...)`: `rules.select_for_persistence`, then one `save_messages` (or, when nothing is saved,
-  one `get_thread` to enforce ownership and report the thread).
+  under a token budget, pages and the memory-only limiter (`budget`), and the boundary written to the thread;
+  with `filter_echo`, Mastra's `MemoryInputFilter` first (`echo`);
+* `persist_turn(...)`: `rules.select_for_persistence`, the tool-state merge against the stored copies
+  (`tool_state.merge_turn`, on storages with `get_messages`), then one `save_messages` (or, when nothing is
+  saved, one `get_thread` to enforce ownership and report the thread).
 
 They touch storage only through the `HistoryStorage` protocol, so a batching wrapper can stand in for it.
 Storage errors propagate (R12): a failed read is never an empty history, and a failed step writes nothing.
@@ -15,8 +18,9 @@ Differences from Mastra, on purpose:
 * a turn on a thread owned by another resource raises `ThreadOwnershipError` in both steps (contract §4);
   that is why a skipped save still reads the thread;
 * `memoryConfig.lastMessages` in the request context overrides the processor's `last_messages` for one turn;
-* no assistant merge (R11), see `message_history.message_list`;
-* no tracing (`tracing_context` is accepted and ignored), no token limiter. Like Mastra 1.71,
+* a continuation is folded into the latest stored assistant message on persist (R11, `tool_state`), not in
+  `MessageList`;
+* no tracing (`tracing_context` is accepted and ignored). Like Mastra 1.71,
   `process_output_result` pauses 10 ms after a save; `persist_turn` (the Kafka paths) does not.
 """
 
@@ -27,6 +31,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol
 
+from message_history.budget import (
+    BOUNDARY_KEY,
+    Boundary,
+    HistoryLoader,
+    PageRequest,
+    TokenBudget,
+    advance_boundary,
+    boundary_for,
+    page_of,
+    read_boundary,
+    trim_memory,
+)
+from message_history.echo import filter_echo as drop_client_echo
+from message_history.echo import plan_echo
 from message_history.errors import AbortError, ThreadOwnershipError
 from message_history.message_list import MessageList
 from message_history.request_context import MASTRA_MEMORY, RequestContext, parse_memory_context
@@ -39,8 +57,10 @@ from message_history.rules import (
     normalize_limit,
     select_for_persistence,
 )
+from message_history.tokens import CountCache
+from message_history.tool_state import has_new_user_input, merge_turn
 from schemas.messages import Message
-from storage.protocol import HistoryStorage, Thread
+from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
 
 __all__ = [
     "MASTRA_MEMORY",
@@ -99,13 +119,18 @@ class RecallOutcome:
 
     `context`: the model's context, `(message, source)` pairs in `(createdAt, id)` order; `recalled`: how many
     of them come from storage; `limit`: the page size used (`None` = no limit); `thread`: the stored thread,
-    None when it does not exist yet (or there is no thread id).
+    None when it does not exist yet (or there is no thread id). With a token budget: `tokens`, the recalled
+    messages' count; `trimmed`, the ids the memory-only limiter removed; `boundary`, the thread's boundary
+    for this budget after the recall (None when there is none).
     """
 
     context: list[tuple[Message, Source]]
     recalled: int
     limit: int | None
     thread: Thread | None = None
+    tokens: float | None = None
+    trimmed: list[str] = field(default_factory=list)
+    boundary: Boundary | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,8 +281,20 @@ class MessageHistory:
         resource_id: str | None,
         incoming: Sequence[Message],
         last_messages: LastMessages | _UseDefault = USE_DEFAULT,
+        budget: TokenBudget | None = None,
+        system: Sequence[str] = (),
+        read_only: bool = False,
+        filter_echo: bool = False,
+        counter: Callable[[Message], float] | None = None,
     ) -> RecallOutcome:
         """Build the context for a turn: recalled history plus `incoming`, ordered, deduplicated by id.
+
+        With a token `budget` (not 0), recall is Mastra 1.71 Memory's: paged loading after the thread's
+        boundary under the count cap and `maxTokens − atMaxRemoveTokens` (tool-linked groups whole), then the
+        memory-only limiter (the `system` texts and the input count towards the budget), and the advanced
+        boundary stored in the thread's metadata unless `read_only` (see `message_history.budget`).
+        `filter_echo` runs Mastra 1.71's `MemoryInputFilter` on `incoming` first (`message_history.echo`):
+        a client's resent history is dropped from the input; the outcome's context holds what is left.
 
         `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
         the processor's own. Without a thread id: no storage call, the context is `incoming` alone (R1).
@@ -271,12 +308,97 @@ class MessageHistory:
             return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
         thread = await self.storage.get_thread(thread_id)
         _check_owner(thread, thread_id, resource_id)
+        if filter_echo and limit != 0 and (budget is None or budget.max_tokens != 0):
+            incoming = await self._filter_echo(thread_id, resource_id, incoming)
+        if budget is not None and limit != 0 and budget.max_tokens != 0:
+            return await self._recall_budgeted(
+                thread_id,
+                resource_id,
+                thread,
+                incoming,
+                limit,
+                budget,
+                system=system,
+                read_only=read_only,
+                count=counter or CountCache(),
+            )
         recalled: list[Message] = []
         if limit != 0:
             recalled = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
         context = build_context(recalled, incoming)
         count = sum(1 for _, source in context if source == "memory")
         return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread)
+
+    async def _recall_budgeted(
+        self,
+        thread_id: str,
+        resource_id: str | None,
+        thread: Thread | None,
+        incoming: Sequence[Message],
+        limit: int | None,
+        budget: TokenBudget,
+        *,
+        system: Sequence[str],
+        read_only: bool,
+        count: Callable[[Message], float],
+    ) -> RecallOutcome:
+        stored = read_boundary(thread.metadata) if thread is not None else None
+        boundary = boundary_for(budget, stored)
+        loader = HistoryLoader(boundary=boundary, max_messages=limit, budget=budget, count=count)
+        while loader.next_page is not None:
+            page = await self._page(thread_id, resource_id, loader.next_page)
+            loader.feed(page.messages, has_more=page.has_more)
+        context = build_context(loader.result()[::-1], incoming)
+        removed, _ = trim_memory(context, budget, system=system, count=count)
+        removed_ids = {m.id for m in removed}
+        context = [(m, s) for m, s in context if s != "memory" or m.id not in removed_ids]
+        advanced = advance_boundary(boundary, [m for m in removed if m.threadId == thread_id], budget)
+        if advanced is not None and advanced is not boundary and thread is not None and not read_only:
+            await self._budget_storage().save_thread_metadata(
+                thread_id, {BOUNDARY_KEY: advanced.to_metadata()}
+            )
+            boundary = advanced
+        memory = [m for m, s in context if s == "memory"]
+        tokens: float = 0
+        for message in memory:
+            tokens += count(message)
+        return RecallOutcome(
+            context=context,
+            recalled=len(memory),
+            limit=limit,
+            thread=thread,
+            tokens=tokens,
+            trimmed=[m.id for m in removed if m.id is not None],
+            boundary=boundary,
+        )
+
+    async def _filter_echo(
+        self, thread_id: str, resource_id: str | None, incoming: Sequence[Message]
+    ) -> Sequence[Message]:
+        plan = plan_echo(incoming)
+        if plan.unchanged:
+            return incoming  # the common case (no assistant message in the input): no storage read
+        probe = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=1)
+        stored: dict[str, Message] = {}
+        if plan.needs:
+            if not isinstance(self.storage, MessageLookup):
+                raise TypeError(f"{type(self.storage).__name__} cannot look messages up by id")
+            stored = {m.id: m for m in await self.storage.get_messages(plan.needs) if m.id is not None}
+        return drop_client_echo(incoming, plan, thread_empty=not probe, stored=stored, thread_id=thread_id)
+
+    def _budget_storage(self) -> BudgetedHistoryStorage:
+        if not isinstance(self.storage, BudgetedHistoryStorage):
+            raise TypeError(f"{type(self.storage).__name__} cannot store a token boundary")
+        return self.storage
+
+    async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
+        query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
+        if isinstance(self.storage, BudgetedHistoryStorage):
+            return await self.storage.list_page(query)
+        # A plain storage: the whole thread, paged here (correct, but reads everything).
+        rows = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=None)
+        selected, more = page_of(rows, request)
+        return Page(selected, more)
 
     async def persist_turn(
         self,
@@ -307,8 +429,14 @@ class MessageHistory:
             _check_owner(thread, thread_id, resource_id)
         if decision.skipped is not None:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
-        owner = resource_id or (thread.resourceId if thread is not None else thread_id)
+        owner = resource_id or (thread.resourceId if thread is not None and thread.resourceId else thread_id)
         to_save = assign_thread(decision.messages, thread_id=thread_id, resource_id=owner)
+        if isinstance(self.storage, MessageLookup):
+            to_save = await self._merge_with_stored(thread_id, owner, to_save, response)
+            if not to_save:
+                thread = thread or await self.storage.get_thread(thread_id)
+                _check_owner(thread, thread_id, resource_id)
+                return PersistOutcome(saved_ids=[], skipped="nothing-to-save", thread=thread)
         saved_thread = await self.storage.save_messages(
             thread_id=thread_id, resource_id=owner, messages=to_save
         )
@@ -319,7 +447,41 @@ class MessageHistory:
             messages=to_save,
         )
 
+    async def _merge_with_stored(
+        self, thread_id: str, owner: str, to_save: list[Message], response: Sequence[Message]
+    ) -> list[Message]:
+        """Fold the turn into its stored copies (`tool_state.merge_turn`): one lookup by id, one latest row.
+
+        A stored row with one of the turn's ids in another resource's thread refuses the turn: an id never
+        lets one resource overwrite another's message (Mastra's processors would).
+        """
+        assert isinstance(self.storage, MessageLookup)
+        ids = [m.id for m in to_save if m.id is not None]
+        rows = await self.storage.get_messages(ids)
+        stored: dict[str, Message] = {}
+        for row in rows:
+            if row.id is None:
+                continue
+            if row.threadId == thread_id:
+                stored[row.id] = row
+            elif row.resourceId and row.resourceId != owner:
+                raise ThreadOwnershipError(row.threadId or "", owner, row.resourceId)
+        response_ids = {m.id for m in response if m.id is not None}
+        latest: list[Message] = []
+        if not has_new_user_input(to_save, response_ids=response_ids, stored=stored):
+            # only a turn without new user input can continue the thread's latest assistant message
+            latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
+        return merge_turn(
+            to_save, response_ids=response_ids, stored=stored, latest=latest[0] if latest else None
+        )
+
 
 def _check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:
-    if thread is not None and resource_id is not None and thread.resourceId != resource_id:
+    # A thread stored without a resourceId is unowned, as in Mastra: any resource may use it.
+    if (
+        thread is not None
+        and resource_id is not None
+        and thread.resourceId
+        and thread.resourceId != resource_id
+    ):
         raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)

@@ -67,6 +67,7 @@ from message_history.replay_plan import (
     resume_flag,
     to_millis,
 )
+from message_history.service import memory_defaults
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
@@ -80,7 +81,7 @@ from schemas.messages import Message
 from storage.errors import storage_errors
 from storage.forgetting import MongoForgetting
 from storage.mongodb import MongoHistoryStorage
-from storage.protocol import Thread
+from storage.protocol import Page, PageQuery, Thread
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,23 @@ class ReplayStorage:
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         return await self._mongo.list_messages_many(queries)
 
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        return await self._mongo.get_messages(message_ids)
+
+    async def list_page(self, query: PageQuery) -> Page:
+        return await self._mongo.list_page(query)
+
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
+        return await self._mongo.list_pages_many(queries)
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        if not self.dry_run:  # a dry run changes nothing, boundaries included
+            await self._mongo.save_thread_metadata(thread_id, update)
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        if not self.dry_run:
+            await self._mongo.save_thread_metadata_many(updates)
+
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         [result] = await self.save_many([SaveTurn(thread_id, resource_id, messages)])
         if isinstance(result, ThreadOwnershipError):
@@ -373,7 +391,7 @@ class ReplayStorage:
         results: list[Thread | ThreadOwnershipError] = []
         for turn in turns:
             current = state.get(turn.thread_id)
-            if current is not None and current.resourceId != turn.resource_id:
+            if current is not None and current.resourceId and current.resourceId != turn.resource_id:
                 results.append(ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId))
                 continue
             if not turn.messages:
@@ -934,6 +952,8 @@ def _handler(
                 limits=limits,
                 last_messages=settings.last_messages,
                 max_in_flight_threads=settings.max_in_flight_threads,
+                memory_defaults=memory_defaults(settings),
+                write_boundaries=not options.dry_run,
             )
         )
     return SkippingUnreadable(

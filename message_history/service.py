@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from consumers.barrier import TurnBarrier, open_barrier
 from consumers.commands import CommandsHandler
 from consumers.loop import LoopOptions, StreamLoop, build_consumer
-from consumers.requests import RecallHandler
+from consumers.requests import MemoryDefaults, RecallHandler
 from consumers.responses import PersistHandler
 from consumers.turn_gate import TurnGate
 from message_history import __version__, tracing
@@ -86,6 +86,16 @@ async def maybe_barrier(settings: Settings, paths: Sequence[Path]) -> AsyncItera
         yield barrier
 
 
+def memory_defaults(settings: Settings) -> MemoryDefaults:
+    """The recall path's service-wide memory options, from the settings."""
+    return MemoryDefaults(
+        last_messages=settings.last_messages,
+        max_tokens=settings.max_tokens,
+        at_max_remove_tokens=settings.at_max_remove_tokens,
+        retain_full_input=settings.retain_full_input,
+    )
+
+
 def build_loop(
     path: Path,
     *,
@@ -119,6 +129,7 @@ def build_loop(
             last_messages=settings.last_messages,
             max_in_flight_threads=settings.max_in_flight_threads,
             gate=gate,
+            memory_defaults=memory_defaults(settings),
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -63,6 +63,27 @@ class Settings(BaseSettings):
 
     # --- recall ---
     last_messages: int = Field(40, ge=0)
+    max_tokens: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "Token budget of the recalled history when the request does not say (Mastra's "
+            "`messageHistory.maxTokens`; `0` = no history); unset = no token budget."
+        ),
+    )
+    at_max_remove_tokens: float | None = Field(
+        None,
+        ge=0,
+        allow_inf_nan=False,
+        description=(
+            "How far below the default budget a trim goes (≤ `MAX_TOKENS`); unset = 25% of the budget."
+        ),
+    )
+    retain_full_input: bool = Field(
+        False,
+        description="Take every request's input as sent (no client-echo filter) unless the request says.",
+    )
 
     # --- turn ordering (docs/events.md, "The turn barrier") ---
     barrier: Literal["on", "off"] = Field(
@@ -130,6 +151,14 @@ class Settings(BaseSettings):
     http_host: str = "0.0.0.0"  # noqa: S104 -- probes reach the pod IP; the local stack overrides it
     http_port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    @model_validator(mode="after")
+    def _budget_consistent(self) -> Settings:
+        if self.at_max_remove_tokens is not None and (
+            self.max_tokens is None or self.at_max_remove_tokens > self.max_tokens
+        ):
+            raise ValueError("at_max_remove_tokens needs max_tokens and must not exceed it")
+        return self
 
     @property
     def turn_timeout_s(self) -> float:

@@ -13,6 +13,7 @@ come back out as they came in; values the service adds are constructed explicitl
 # ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Final, Literal, TypeVar
@@ -50,13 +51,58 @@ SchemaVersion = Annotated[
 ]
 
 
+LAST_MESSAGES_ERROR: Final = "lastMessages must be a finite non-negative integer"
+MAX_TOKENS_ERROR: Final = "messageHistory.maxTokens must be a finite non-negative number"
+AT_MAX_REMOVE_TOKENS_ERROR: Final = (
+    "messageHistory.atMaxRemoveTokens must be a finite non-negative number no greater than maxTokens"
+)
+"""Mastra 1.71's messages (`normalizeMessageHistoryConfig`): a dead letter says what Mastra says."""
+
+
 def _last_messages(value: Any) -> int | Literal[False] | None:
     # One clear error instead of pydantic's per-union-member pair, and `true` refused (bool is an int).
     if value is None or value is False:
         return value
     if type(value) is int and value >= 0:
         return value
-    raise PydanticCustomError("last_messages", "must be a non-negative integer, false or null")
+    raise PydanticCustomError("last_messages", LAST_MESSAGES_ERROR)
+
+
+def _token_number(message: str) -> Any:
+    def check(value: Any) -> float | int | None:
+        if value is None:
+            return None
+        if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+            return value  # type: ignore[no-any-return]
+        raise PydanticCustomError("token_number", message)
+
+    return check
+
+
+def _token_schema(title: str, description: str) -> WithJsonSchema:
+    return WithJsonSchema(
+        {
+            "anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}],
+            "title": title,
+            "description": description,
+        }
+    )
+
+
+MaxTokens = Annotated[
+    float | int | None,
+    PlainValidator(_token_number(MAX_TOKENS_ERROR)),
+    _token_schema(
+        "maxTokens", "token budget of the recalled history; 0 = no history; null/absent = the service default"
+    ),
+]
+AtMaxRemoveTokens = Annotated[
+    float | int | None,
+    PlainValidator(_token_number(AT_MAX_REMOVE_TOKENS_ERROR)),
+    _token_schema(
+        "atMaxRemoveTokens", "how far below maxTokens a trim goes (≤ maxTokens); default maxTokens × 0.25"
+    ),
+]
 
 
 LastMessages = Annotated[
@@ -129,10 +175,27 @@ class EnrichedMessage(Message):
 
 
 class MemoryOptions(Open):
-    """Per-turn overrides of the service defaults."""
+    """Per-turn overrides of the service defaults (Mastra's memory options, flattened)."""
 
     lastMessages: LastMessages = None
     readOnly: StrictBool | None = None
+    maxTokens: MaxTokens = None
+    atMaxRemoveTokens: AtMaxRemoveTokens = None
+    retainFullInput: Annotated[
+        StrictBool | None,
+        Field(
+            description="true: the input as sent (no client-echo filter); null/absent = the service default"
+        ),
+    ] = None
+
+
+class MemoryBoundary(Open):
+    """`thread.metadata.memoryTokenLimiter`: where the memory-only limiter last trimmed (Mastra 1.71)."""
+
+    createdAt: Annotated[str, Field(description="the newest trimmed instant, ISO-8601 as Mastra writes it")]
+    messageIds: Annotated[list[str], Field(description="the trimmed ids at that instant")]
+    maxTokens: float | int
+    atMaxRemoveTokens: float | int
 
 
 def _require_schema_version(schema: dict[str, Any]) -> None:
@@ -179,6 +242,17 @@ class HistoryInfo(Open):
     waitedMs: Annotated[
         int, Field(ge=0, description="milliseconds the request waited for earlier turns before recall")
     ] = 0
+    tokens: Annotated[
+        float | int | None,
+        Field(description="the recalled messages' token count (Mastra's default counter); null = no budget"),
+    ] = None
+    trimmed: Annotated[
+        list[str] | None, Field(description="ids the memory-only token limiter removed from the context")
+    ] = None
+    boundary: Annotated[
+        MemoryBoundary | None,
+        Field(description="the thread's token boundary after this recall (memoryTokenLimiter); null = none"),
+    ] = None
 
 
 class EnrichedRequest(EventBase):
@@ -202,10 +276,15 @@ class EnrichedRequest(EventBase):
         limit: int | None,
         complete: bool = True,
         waited_ms: int = 0,
+        tokens: float | None = None,
+        trimmed: Sequence[str] = (),
+        boundary: dict[str, Any] | None = None,
     ) -> EnrichedRequest:
         """The same event (fields, extras, metadata), with the context as `messages`, `history` and `eventId`.
 
-        Messages are tagged, not re-validated: they were validated when decoded or loaded.
+        Messages are tagged, not re-validated: they were validated when decoded or loaded. `tokens`,
+        `trimmed` and `boundary` describe a token-budgeted recall; without a budget (`tokens` None) they are
+        left out of the event, so an unbudgeted event looks as it always did.
         """
         messages = [
             EnrichedMessage.from_message(
@@ -218,11 +297,33 @@ class EnrichedRequest(EventBase):
         values.update(
             schemaVersion=SCHEMA_VERSION,
             messages=messages,
-            history=HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms),
+            history=_history_info(recalled, limit, tokens, trimmed, boundary, complete, waited_ms),
             eventId=request.requestId,
         )
         fields_set = set(request.model_fields_set) | {"schemaVersion", "messages", "history", "eventId"}
         return cls.model_construct(_fields_set=fields_set, **values)
+
+
+def _history_info(
+    recalled: int,
+    limit: int | None,
+    tokens: float | None,
+    trimmed: Sequence[str],
+    boundary: dict[str, Any] | None,
+    complete: bool,
+    waited_ms: int,
+) -> HistoryInfo:
+    if tokens is None:
+        return HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms)
+    return HistoryInfo(
+        recalled=recalled,
+        limit=limit,
+        complete=complete,
+        waitedMs=waited_ms,
+        tokens=tokens,
+        trimmed=list(trimmed),
+        boundary=MemoryBoundary.model_validate(boundary) if boundary is not None else None,
+    )
 
 
 class AgentResponse(EventBase):
@@ -297,6 +398,7 @@ def encode(event: BaseModel) -> bytes:
 def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:  # noqa: B008 -- frozen
     """Decode, check and normalize an `agent.requests` record value."""
     event = _decode(raw, AgentRequest, limits)
+    _check_memory(event.memory)
     _check_messages(event, event.messages, "messages", limits)
     event.messages = _normalize(event, event.messages, "input", 0)
     return event
@@ -367,6 +469,15 @@ def schema_registry_framing(raw: bytes) -> str | None:
         f"Schema Registry framing (magic byte 0, schema id {schema_id}): this service reads plain JSON "
         "values; produce with a plain JSON (string) serializer, not a Schema Registry serializer"
     )
+
+
+def _check_memory(memory: MemoryOptions | None) -> None:
+    # The checks tying two fields together (Mastra's normalizeMessageHistoryConfig); the service defaults
+    # are checked where they are applied (consumers.requests).
+    if memory is None or memory.atMaxRemoveTokens is None:
+        return
+    if memory.maxTokens is not None and memory.atMaxRemoveTokens > memory.maxTokens:
+        raise EventValidationError(AT_MAX_REMOVE_TOKENS_ERROR, "memory.atMaxRemoveTokens")
 
 
 def _check_id(value: str, path: str, limits: Limits) -> None:

@@ -7,7 +7,8 @@ For embedded use, examples and fast tests. Same observable semantics as the Mong
 * a missing thread is created (`title ''`, `metadata {}`, `createdAt` = the earliest saved `createdAt`);
   `updatedAt` becomes `max(updatedAt, newest saved createdAt)`. Both come from the messages, not the clock,
   so replaying an old turn changes nothing;
-* a save into a thread owned by another resource raises `ThreadOwnershipError` and writes nothing;
+* a save into a thread owned by another resource raises `ThreadOwnershipError` and writes nothing (a thread
+  stored without a `resourceId` is unowned: anyone may write into it, and it stays unowned);
 * `list_messages` is newest first by `(createdAt, id)`, filtered by resource when one is given;
 * system messages are stored if given (the rules never save them; a Mastra app might);
 * everything going in or out is deep-copied, so callers cannot change stored state by accident.
@@ -21,10 +22,11 @@ import copy
 import dataclasses
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from message_history.errors import InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message
-from storage.protocol import Thread
+from storage.protocol import Page, PageQuery, Thread
 
 __all__ = ["InMemoryHistoryStorage"]
 
@@ -78,7 +80,7 @@ class InMemoryHistoryStorage:
         if not thread_id:
             raise InvalidInputError("thread id must not be empty")
         existing = self._threads.get(thread_id)
-        if existing is not None and existing.resourceId != resource_id:
+        if existing is not None and existing.resourceId and existing.resourceId != resource_id:
             raise ThreadOwnershipError(thread_id, resource_id, existing.resourceId)
 
         # Prepare every row before writing any, so a bad message leaves storage as it was.
@@ -136,3 +138,32 @@ class InMemoryHistoryStorage:
             thread = dataclasses.replace(existing, updatedAt=updated)
         self._threads[thread_id] = thread
         return _copy_thread(thread)
+
+    async def list_page(self, query: PageQuery) -> Page:
+        """One page of a token-budgeted recall (see `storage.protocol.PageQuery`)."""
+        rows = await self.list_messages(query.thread_id, resource_id=query.resource_id, limit=None)
+        window = [
+            m
+            for m in rows
+            if m.createdAt is not None
+            and (query.start is None or m.createdAt >= query.start)
+            and (query.end is None or m.createdAt <= query.end)
+        ]
+        offset = query.page * query.per_page
+        return Page(window[offset : offset + query.per_page], offset + query.per_page < len(window))
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        """Set `update`'s keys in the thread's metadata; `updatedAt` moves forward to now."""
+        existing = self._threads.get(thread_id)
+        if existing is None:
+            return
+        now = _utc_now_ms()
+        updated = existing.updatedAt if existing.updatedAt is not None and existing.updatedAt > now else now
+        metadata = {**copy.deepcopy(existing.metadata), **copy.deepcopy(update)}
+        self._threads[thread_id] = dataclasses.replace(existing, metadata=metadata, updatedAt=updated)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        """The stored messages among `message_ids`."""
+        return [
+            self._messages[i].model_copy(deep=True) for i in dict.fromkeys(message_ids) if i in self._messages
+        ]

@@ -20,6 +20,10 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
   upserts, one unordered `bulk_write` of thread upserts. The returned threads are computed, not read back.
 * `list_messages_many`: one `find` with `$in` (the default, measured faster, see `docs/storage.md`), or one
   `find` per thread issued concurrently.
+* token-limited recall: `list_page` one `find` (date range, skip, `per_page + 1` rows, no count);
+  `list_pages_many` those concurrently; `save_thread_metadata_many` one unordered bulk `$set` of
+  `metadata.<key>` (the boundary), `updatedAt` moved forward.
+* `get_messages` (the echo filter and the tool-state merge): one `find` with `$in` on `id`.
 
 A save uses no transaction (it must work on a standalone server, which has none), so it is not atomic across
 the two collections: messages are written first, then the threads, and every write is an idempotent upsert,
@@ -47,7 +51,7 @@ from message_history.batch_storage import RecallQuery, SaveTurn
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, MessageContent
 from storage.errors import storage_errors, to_storage_error
-from storage.protocol import Thread
+from storage.protocol import Page, PageQuery, Thread
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -256,7 +260,7 @@ class _SavePlan:
     def add(self, turn: SaveTurn) -> Thread | ThreadOwnershipError:
         """Plan one turn; its result: the thread after it, or the refusal."""
         current = self.state.get(turn.thread_id)
-        if current is not None and current.resourceId != turn.resource_id:
+        if current is not None and current.resourceId and current.resourceId != turn.resource_id:
             return ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId)
         if not turn.messages:
             if current is None:
@@ -539,7 +543,69 @@ class MongoHistoryStorage:
                 pages.update(await self._recall_concurrent(short))
         return pages
 
+    async def list_page(self, query: PageQuery) -> Page:
+        """One page of a token-budgeted recall: one `find` with a date range, a skip and `per_page + 1` rows.
+
+        The extra row only says whether more follow (Mastra's `hasMore` without a count).
+        """
+        _check_thread_id(query.thread_id)
+        spec: dict[str, Any] = {"thread_id": query.thread_id}
+        if query.resource_id is not None:
+            spec["resourceId"] = query.resource_id
+        created: dict[str, datetime] = {}
+        if query.start is not None:
+            created["$gte"] = query.start
+        if query.end is not None:
+            created["$lte"] = query.end
+        if created:
+            spec["createdAt"] = created
+        wanted = query.per_page + 1
+        cursor = self.messages.find(spec, {"_id": 0}).sort(_NEWEST_FIRST).skip(query.page * query.per_page)
+        cursor = cursor.limit(wanted).batch_size(wanted)
+        with storage_errors("list_page"):
+            docs = await cursor.to_list()
+        rows = [message_from_doc(doc) for doc in docs[: query.per_page]]
+        return Page(rows, len(docs) > query.per_page)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        """The stored messages among `message_ids`, with one `find` (none for an empty list)."""
+        ids = list(dict.fromkeys(message_ids))
+        if not ids:
+            return []
+        with storage_errors("get_messages"):
+            docs = await self.messages.find(
+                {"id": {"$in": ids}}, {"_id": 0}, batch_size=len(ids) + 1
+            ).to_list()
+        return [message_from_doc(doc) for doc in docs]
+
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
+        """`list_page` for each query, issued concurrently (at most `recall_concurrency` in flight)."""
+        gate = asyncio.Semaphore(self.recall_concurrency)
+
+        async def one(query: PageQuery) -> Page:
+            async with gate:
+                return await self.list_page(query)
+
+        return list(await asyncio.gather(*(one(q) for q in queries)))
+
     # --- writes ---
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        """Set `update`'s keys in the thread's metadata (others kept), `updatedAt` forward to now."""
+        await self.save_thread_metadata_many([(thread_id, update)])
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """`save_thread_metadata` for each thread with one unordered bulk write (no upsert: a missing thread
+        stays missing, as Mastra's `updateThreadMetadata` leaves it)."""
+        if not updates:
+            return
+        now = _utc_now_ms()
+        ops = []
+        for thread_id, update in updates:
+            _check_thread_id(thread_id)
+            fields = {f"metadata.{key}": value for key, value in update.items()}
+            ops.append(UpdateOne({"id": thread_id}, {"$set": fields, "$max": {"updatedAt": now}}))
+        await self._bulk_write(self.threads, ops, "update thread metadata", retry_race=False)
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         """Upsert `messages` by id and touch the thread (see `save_many`); raises `ThreadOwnershipError`."""

@@ -2,6 +2,7 @@
 
 Implemented by `storage.mongodb.MongoHistoryStorage` (the service, in @mastra/mongodb's layout) and by
 `storage.memory.InMemoryHistoryStorage` (embedded use, examples, fast tests). No driver import here.
+`BudgetedHistoryStorage` adds what token-limited recall needs: paging and the boundary in thread metadata.
 """
 
 from __future__ import annotations
@@ -44,9 +45,7 @@ class HistoryStorage(Protocol):
         """
         ...
 
-    async def save_messages(
-        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
-    ) -> Thread:
+    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         """Upsert `messages` by id (`createdAt` only on first insert) and touch the thread.
 
         A missing thread is created (`title ''`, `metadata {}`); an existing one keeps its title and
@@ -83,4 +82,53 @@ class TombstoneReader(Protocol):
 
     async def tombstones(self, *, thread_ids: Sequence[str], resource_ids: Sequence[str]) -> Tombstones:
         """The tombstones among `thread_ids` and `resource_ids` (missing ones are absent)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class PageQuery:
+    """One page of a token-budgeted recall (Mastra's `listMessages` with a date range and a page number).
+
+    The thread's rows (of `resource_id` when given) with `start ≤ createdAt ≤ end` (None = open), ordered
+    `(createdAt, id)` descending, `page × per_page` skipped, at most `per_page` returned, no total count.
+    """
+
+    thread_id: str
+    resource_id: str | None
+    start: datetime | None
+    end: datetime | None
+    page: int
+    per_page: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """The rows of a `PageQuery`, newest first, and whether more rows follow it."""
+
+    messages: list[Message]
+    has_more: bool
+
+
+@runtime_checkable
+class BudgetedHistoryStorage(HistoryStorage, Protocol):
+    """A `HistoryStorage` that can also page a thread and store a thread's token boundary."""
+
+    async def list_page(self, query: PageQuery) -> Page:
+        """One page of `query.thread_id` (see `PageQuery`)."""
+        ...
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        """Set the keys of `update` in the thread's metadata (other keys kept), move `updatedAt` forward.
+
+        Nothing happens when the thread does not exist.
+        """
+        ...
+
+
+@runtime_checkable
+class MessageLookup(Protocol):
+    """Stored messages by id (Mastra's `listMessagesById`), for the client-echo filter."""
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        """The stored messages among `message_ids` (any thread), in no particular order."""
         ...

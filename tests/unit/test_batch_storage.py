@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -14,11 +15,12 @@ from message_history.batch_storage import (
     SaveTurn,
     SequentialBatches,
 )
+from message_history.budget import BOUNDARY_KEY, resolve_budget
 from message_history.errors import ThreadOwnershipError
 from message_history.processor import MessageHistory
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
-from storage.protocol import Thread
+from storage.protocol import Page, PageQuery, Thread
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -151,3 +153,117 @@ async def test_collecting_refuses_stored_owner() -> None:
         )
     await batch.flush()
     assert "save_many" not in storage.calls
+
+
+class _CountingPages(_Counting):
+    """Also counts the token-limited recall's page reads and boundary writes."""
+
+    async def list_page(self, query: PageQuery) -> Page:
+        self._count("list_page")
+        return await super().list_page(query)
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        self._count("save_thread_metadata")
+        await super().save_thread_metadata(thread_id, update)
+
+
+async def test_budgeted_recall_batch_prefetches_pages_and_writes_boundaries_once() -> None:
+    """Budgeted recalls of a batch are answered from pages fetched in rounds; boundaries wait for flush()."""
+    storage = _CountingPages()
+    for thread in ("a", "b"):
+        await _seed(storage, thread, "u", 100)
+    budget = resolve_budget(60, 30)
+    queries = [RecallQuery(t, "u", None, budget) for t in ("a", "b")]
+    view = await PrefetchedHistory.load(storage, queries)
+    # the first page comes with the threads (their newest rows); this budget needs no second one
+    assert storage.calls == {"get_threads": 1, "list_messages_many": 1}
+    assert view.page_rounds == 0
+    pages_before = storage.calls.get("list_page", 0)
+    processor = MessageHistory(storage=view)
+    outcomes = []
+    for query in queries:
+        outcomes.append(
+            await processor.recall(
+                thread_id=query.thread_id,
+                resource_id="u",
+                incoming=[_message("in", "user", "x", 1000)],
+                last_messages=False,
+                budget=budget,
+            )
+        )
+    assert view.misses == 0  # every page the processor asked for was prefetched
+    assert storage.calls.get("list_page", 0) == pages_before
+    assert all(o.trimmed and o.boundary is not None for o in outcomes)
+    assert "save_thread_metadata" not in storage.calls  # recorded, not written
+    await view.flush()
+    assert storage.calls["save_thread_metadata"] == 2
+    for query, outcome in zip(queries, outcomes, strict=True):
+        stored = await storage.storage.get_thread(query.thread_id)
+        assert stored is not None
+        assert outcome.boundary is not None
+        assert stored.metadata[BOUNDARY_KEY] == outcome.boundary.to_metadata()
+
+
+async def test_budgeted_recall_read_only_writes_no_boundary() -> None:
+    """Read-only: the limiter still trims, but the thread's metadata is left alone."""
+    storage = _CountingPages()
+    await _seed(storage, "a", "u", 50)
+    budget = resolve_budget(60, 30)
+    view = await PrefetchedHistory.load(storage, [RecallQuery("a", "u", None, budget)])
+    outcome = await MessageHistory(storage=view).recall(
+        thread_id="a", resource_id="u", incoming=[], last_messages=False, budget=budget, read_only=True
+    )
+    await view.flush()
+    assert outcome.trimmed
+    assert outcome.boundary is None
+    assert "save_thread_metadata" not in storage.calls
+    thread = await storage.storage.get_thread("a")
+    assert thread is not None
+    assert BOUNDARY_KEY not in thread.metadata
+
+
+async def test_a_thread_without_resource_is_unowned() -> None:
+    """A thread stored with no resourceId is usable by any resource (recall and save), as in Mastra."""
+    storage = InMemoryHistoryStorage()
+    await storage.save_messages(thread_id="t", resource_id="", messages=[_message("1", "user", "hi", 1)])
+    history = MessageHistory(storage=storage)
+    recalled = await history.recall(thread_id="t", resource_id="bob", incoming=[], last_messages=False)
+    assert recalled.thread is not None
+    assert recalled.thread.resourceId == ""
+    saved = await history.persist_turn(
+        thread_id="t", resource_id="bob", input=[_message("2", "user", "again", 2)], response=[]
+    )
+    assert saved.saved_ids == ["2"]
+    batch = await CollectingHistory.load(SequentialBatches(storage), ["t"])
+    turn = batch.for_turn()
+    await MessageHistory(storage=turn).persist_turn(
+        thread_id="t", resource_id="carol", input=[_message("3", "user", "x", 3)], response=[]
+    )
+    await batch.flush()
+    assert turn.saved is not None
+    assert isinstance(turn.saved.result, Thread)
+    # ...while a thread with an owner still refuses everyone else
+    await storage.save_messages(
+        thread_id="owned", resource_id="alice", messages=[_message("4", "user", "x", 4)]
+    )
+    with pytest.raises(ThreadOwnershipError):
+        await history.recall(thread_id="owned", resource_id="bob", incoming=[])
+
+
+async def test_budgeted_prefetch_pages_on_in_rounds_when_the_history_is_long() -> None:
+    """A budget larger than one page: later pages come in rounds; the processor still misses none."""
+    storage = _CountingPages()
+    for thread in ("a", "b", "c"):
+        await _seed(storage, thread, "u", 130)
+    budget = resolve_budget(100_000, 0)
+    queries = [RecallQuery(t, "u", None, budget) for t in ("a", "b", "c")]
+    view = await PrefetchedHistory.load(storage, queries)
+    assert view.page_rounds >= 2  # the pages after the first, all threads together in each round
+    assert storage.calls["list_page"] == 3 * view.page_rounds
+    processor = MessageHistory(storage=view)
+    for query in queries:
+        outcome = await processor.recall(
+            thread_id=query.thread_id, resource_id="u", incoming=[], last_messages=False, budget=budget
+        )
+        assert outcome.recalled == 130
+    assert view.misses == 0

@@ -176,13 +176,13 @@ def test_non_ascii_text_round_trips_as_utf8() -> None:
     [
         pytest.param({"lastMessages": 0}, 0, id="zero"),
         pytest.param({"lastMessages": 40}, 40, id="forty"),
-        pytest.param({"lastMessages": False}, False, id="false-means-all"),
+        pytest.param({"lastMessages": False}, False, id="false-turns-history-off"),
         pytest.param({"lastMessages": None}, None, id="null-means-default"),
         pytest.param({}, None, id="absent-means-default"),
     ],
 )
 def test_last_messages_accepts_int_false_or_null(memory: dict[str, Any], expected: Any) -> None:
-    """`memory.lastMessages` is a non-negative int, `false` (no limit) or null (service default)."""
+    """`memory.lastMessages` is a non-negative int, `false` (history off) or null (service default)."""
     event = decode_request(raw(request(memory=memory)))
     assert event.memory is not None
     assert event.memory.lastMessages is expected or event.memory.lastMessages == expected
