@@ -15,7 +15,7 @@ import argparse
 import asyncio
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from message_history.settings import Settings
@@ -35,19 +35,17 @@ def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
 async def run_forget(settings: Settings, args: argparse.Namespace, *, out: TextIO, err: TextIO) -> int:
     """The `forget` command, on the database of `settings`."""
     # imported here so that `--help` stays instant (no driver, no Kafka client)
-    from pymongo import AsyncMongoClient  # noqa: PLC0415
 
     from consumers.commands import answer, audit  # noqa: PLC0415
     from message_history.errors import MessageHistoryError, ThreadOwnershipError  # noqa: PLC0415
     from schemas.commands import encode_answer  # noqa: PLC0415
+    from storage.client import mongo_client  # noqa: PLC0415
     from storage.forgetting import MongoForgetting  # noqa: PLC0415
 
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        settings.mongodb_uri.get_secret_value(),
+    client = mongo_client(
+        settings,
         appname="message-history-forget",
-        tz_aware=True,
-        serverSelectionTimeoutMS=settings.mongodb_timeout_ms,
-        timeoutMS=max(settings.mongodb_timeout_ms, 60_000),
+        operation_timeout_ms=max(settings.mongodb_timeout_ms, 60_000),
     )
     request_id = args.request_id or str(uuid.uuid4())
     try:

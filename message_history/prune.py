@@ -145,15 +145,13 @@ async def run_prune(
 
 @contextlib.asynccontextmanager
 async def _database(settings: Settings) -> AsyncIterator[AsyncDatabase[Any]]:
-    from pymongo import AsyncMongoClient  # noqa: PLC0415
+    from storage.client import mongo_client  # noqa: PLC0415
 
-    timeout = settings.mongodb_timeout_ms
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-        settings.mongodb_uri.get_secret_value(),
+    # one batch of deletes may take longer than a read
+    client = mongo_client(
+        settings,
         appname="message-history-prune",
-        tz_aware=True,
-        serverSelectionTimeoutMS=timeout,
-        timeoutMS=max(timeout, 60_000),  # one batch of deletes may take longer than a read
+        operation_timeout_ms=max(settings.mongodb_timeout_ms, 60_000),
     )
     try:
         yield client[settings.mongodb_database]

@@ -420,18 +420,9 @@ async def open_mongo(settings: Settings, *, dry_run: bool) -> AsyncIterator[Mong
         async with MongoHistoryStorage.open(settings) as storage:
             yield storage
         return
-    from pymongo import AsyncMongoClient  # noqa: PLC0415
+    from storage.client import mongo_client  # noqa: PLC0415
 
-    timeout = settings.mongodb_timeout_ms
-    with storage_errors("connect"):
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            settings.mongodb_uri.get_secret_value(),
-            appname=CLIENT_ID,
-            tz_aware=True,
-            serverSelectionTimeoutMS=timeout,
-            connectTimeoutMS=timeout,
-            timeoutMS=timeout,
-        )
+    client = mongo_client(settings, appname=CLIENT_ID)
     try:
         storage = MongoHistoryStorage(client[settings.mongodb_database])
         await storage.ping()

@@ -44,12 +44,13 @@ from typing import TYPE_CHECKING, Any, Literal
 from bson.codec_options import CodecOptions
 from pydantic import ValidationError
 from pydantic_core import to_json
-from pymongo import AsyncMongoClient, IndexModel, UpdateOne
+from pymongo import IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from message_history.batch_storage import RecallQuery, SaveTurn
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, MessageContent
+from storage.client import mongo_client
 from storage.errors import storage_errors, to_storage_error
 from storage.protocol import Page, PageQuery, Thread
 
@@ -367,16 +368,7 @@ class MongoHistoryStorage:
         cls, settings: Settings, *, recall_strategy: RecallStrategy = "in"
     ) -> AsyncIterator[MongoHistoryStorage]:
         """Connect with the settings' timeouts, ping (fail fast), ensure indexes; close the client on exit."""
-        timeout = settings.mongodb_timeout_ms
-        with storage_errors("connect"):
-            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-                settings.mongodb_uri.get_secret_value(),
-                appname="message-history",
-                tz_aware=True,
-                serverSelectionTimeoutMS=timeout,
-                connectTimeoutMS=timeout,
-                timeoutMS=timeout,
-            )
+        client = mongo_client(settings, appname="message-history")
         try:
             storage = cls(client[settings.mongodb_database], recall_strategy=recall_strategy)
             await storage.ping()

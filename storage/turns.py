@@ -25,11 +25,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bson.codec_options import CodecOptions
-from pymongo import AsyncMongoClient, UpdateOne
+from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
 from message_history.errors import FatalStorageError, WaitInterruptedError
 from message_history.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
+from storage.client import mongo_client
 from storage.errors import storage_errors, to_storage_error
 
 if TYPE_CHECKING:
@@ -104,16 +105,7 @@ class MongoTurnMarkers:
     @contextlib.asynccontextmanager
     async def open(cls, settings: Settings) -> AsyncIterator[MongoTurnMarkers]:
         """Its own client on the service's database (same timeouts as the history storage)."""
-        timeout = settings.mongodb_timeout_ms
-        with storage_errors("connect"):
-            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-                settings.mongodb_uri.get_secret_value(),
-                appname="message-history-turns",
-                tz_aware=True,
-                serverSelectionTimeoutMS=timeout,
-                connectTimeoutMS=timeout,
-                timeoutMS=timeout,
-            )
+        client = mongo_client(settings, appname="message-history-turns")
         markers = cls(client[settings.mongodb_database])
         try:
             yield markers
