@@ -49,7 +49,7 @@ async def run_scale(options: Options, sizes: Sequence[int]) -> tuple[dict[str, A
             {
                 "stored_messages": threads * workload.history,
                 "threads": threads,
-                "record": str(path),
+                "record": path.name,  # beside this file
                 "end_to_end": _figures(lines.get("service_recall")),
                 "per_batch": _figures(lines.get("b2_recall_queries")),
                 "interrupted": bool(record["environment"].get("interrupted")),
