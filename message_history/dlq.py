@@ -29,7 +29,6 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from message_history.dlq_plan import (
@@ -51,6 +50,7 @@ from message_history.logs import configure_logging, register_secret
 from message_history.progress import format_count
 from message_history.replay_plan import UsageError, to_millis
 from message_history.settings import Settings
+from message_history.topics import existing_partitions
 from producers.connection import kafka_options
 from schemas.dead_letters import parse_dead_letter_headers
 from schemas.messages import format_timestamp
@@ -124,25 +124,9 @@ def _consumer(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
-async def existing_partitions(settings: Settings, topics: Sequence[str]) -> dict[str, list[int]]:
-    """Partitions of those of `topics` that exist."""
-    admin = AIOKafkaAdminClient(**kafka_options(settings, client_id=CLIENT_ID))
-    await admin.start()
-    try:
-        # All topics' metadata: naming a topic would make a broker with auto-create create it.
-        described = await admin.describe_topics()
-    finally:
-        await admin.close()
-    return {
-        t["topic"]: sorted(p["partition"] for p in t["partitions"])
-        for t in described
-        if t["error_code"] == 0 and t["topic"] in topics
-    }
-
-
 async def topic_partitions(settings: Settings, topics: Sequence[str]) -> dict[str, list[int]]:
     """Partitions of each topic; `UsageError` for one that does not exist."""
-    found = await existing_partitions(settings, topics)
+    found = await existing_partitions(settings, topics, client_id=CLIENT_ID)
     missing = [t for t in topics if t not in found]
     if missing:
         raise UsageError(f"topic(s) {', '.join(map(repr, missing))} do not exist")
@@ -247,7 +231,7 @@ async def collect(
         partitions = await topic_partitions(settings, options.topics)
     else:
         # The service's dead-letter topics exist once something was refused; a missing one holds nothing.
-        partitions = await existing_partitions(settings, options.topics)
+        partitions = await existing_partitions(settings, options.topics, client_id=CLIENT_ID)
         for topic in options.topics:
             if topic not in partitions:
                 print(
@@ -284,7 +268,8 @@ async def redriven_markers(
     targets: dict[str, list[DeadLetter]] = {}
     for letter in letters:
         targets.setdefault(redrive_target(letter, to), []).append(letter)
-    existing = await existing_partitions(settings, list(targets))  # a missing one holds no copy
+    # a missing target topic holds no copy
+    existing = await existing_partitions(settings, list(targets), client_id=CLIENT_ID)
     found: set[str] = set()
     consumer = _consumer(settings)
     await consumer.start()

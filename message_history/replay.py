@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import IO, Any, Literal, TextIO, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.loop import Ack, BatchHandler, backoff_delay, is_outage
@@ -69,6 +68,7 @@ from message_history.replay_plan import (
 )
 from message_history.service import memory_defaults
 from message_history.settings import Settings
+from message_history.topics import existing_partitions
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
 from producers.enriched import EnrichedPublisher
@@ -691,17 +691,10 @@ def _consumer(settings: Settings, *, max_records: int, reset: str = "none") -> A
 
 async def plan_replay(settings: Settings, options: ReplayOptions) -> Plan:
     """The partitions' ranges: the topic's partitions, start and end offsets now, the start/until lookups."""
-    admin = AIOKafkaAdminClient(**kafka_options(settings, client_id=CLIENT_ID))
-    await admin.start()
-    try:
-        # All topics' metadata: naming the topic would make a broker with auto-create create it.
-        described = await admin.describe_topics()
-    finally:
-        await admin.close()
-    found = [t for t in described if t["topic"] == options.topic and t["error_code"] == 0]
-    if not found:
+    found = await existing_partitions(settings, [options.topic], client_id=CLIENT_ID)
+    if options.topic not in found:
         raise UsageError(f"topic {options.topic!r} does not exist")
-    partitions = sorted(p["partition"] for p in found[0]["partitions"])
+    partitions = found[options.topic]
     tps = [TopicPartition(options.topic, p) for p in partitions]
     consumer = _consumer(settings, max_records=1, reset="earliest")
     await consumer.start()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -90,6 +91,24 @@ async def _counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int
     described: list[dict[str, Any]] = await admin.describe_topics(present) if present else []
     by_name = {str(t["topic"]): len(t["partitions"]) for t in described if t.get("error_code", 0) == 0}
     return {name: by_name.get(name) for name in names}
+
+
+async def existing_partitions(
+    settings: Settings, topics: Sequence[str], *, client_id: str
+) -> dict[str, list[int]]:
+    """Partitions of those of `topics` that exist (one metadata read, with an admin client of its own)."""
+    admin = AIOKafkaAdminClient(**kafka_options(settings, client_id=client_id))
+    await admin.start()
+    try:
+        # All topics' metadata: naming a topic would make a broker with auto-create create it.
+        described = await admin.describe_topics()
+    finally:
+        await admin.close()
+    return {
+        t["topic"]: sorted(p["partition"] for p in t["partitions"])
+        for t in described
+        if t["error_code"] == 0 and t["topic"] in topics
+    }
 
 
 def main(*, partitions: int | None, replication: int) -> int:
