@@ -39,9 +39,9 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from message_history.batch_storage import RecallQuery, SaveTurn
 from schemas.messages import Message
 from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage
+from storage.protocol import RecallQuery, SaveTurn
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 RESOURCE = "bench-user"

@@ -5,7 +5,7 @@
 
 Seeds `--threads` threads of `--history` messages (alternating user / assistant, text of
 `--message-bytes`, a tool call with its result on every other assistant message) on the server in
-`MONGODB_URI`, then times what `consumers.requests.RecallHandler` does for one batch of one request per
+`MONGODB_URI`, then times what `consumers.recall.RecallHandler` does for one batch of one request per
 thread: `PrefetchedHistory.load`, `MessageHistory.recall` per request (answered from the prefetch, the batch's
 `CountCache` shared), `flush()`.
 Lines: no budget (`lastMessages` 40), then each `maxTokens` (tokens only, no count cap), interleaved round
@@ -27,11 +27,12 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from message_history.batch_storage import PrefetchedHistory, RecallQuery, SaveTurn
-from message_history.budget import TokenBudget, resolve_budget
+from consumers.prefetch import PrefetchedHistory
+from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.processor import MessageHistory
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
+from storage.protocol import RecallQuery, SaveTurn
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 WORDS = "lorem ipsum dolor sit amet, consectetur adipiscing elit; sed do eiusmod tempor. "

@@ -22,10 +22,12 @@ from bench.processes import END, START
 from bench.procstat import peak_rss_bytes
 from bench.progress import Progress
 from bench.workload import Workload, turn_message
-from message_history.batch_storage import PrefetchedHistory, RecallQuery, SaveTurn, as_batch_storage
+from consumers.prefetch import PrefetchedHistory
 from message_history.settings import Settings
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
+from storage.protocol import RecallQuery, SaveTurn
+from storage.sequential import as_batch_storage
 
 
 async def run(config: dict[str, Any]) -> dict[str, Any]:

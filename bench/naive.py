@@ -14,8 +14,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pymongo import AsyncMongoClient
 
-from consumers.requests import turn_last_messages
-from consumers.responses import turn_input
+from consumers.persist import turn_input
+from consumers.recall import turn_last_messages
 from message_history.processor import MessageHistory
 from message_history.settings import Settings
 from producers.connection import kafka_options

@@ -25,9 +25,9 @@ from types import TracebackType
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from message_history.core.turn_rules import best_progress, lagging, partition_mismatch
 from message_history.errors import BarrierUnavailableError, StartupError, WaitInterruptedError
 from message_history.settings import Settings
-from message_history.turn_rules import best_progress, lagging, partition_mismatch
 from producers.connection import kafka_options
 
 log = logging.getLogger(__name__)

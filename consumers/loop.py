@@ -77,7 +77,7 @@ class BatchHandler(Protocol):
 
 
 class Health(Protocol):
-    """The part of `message_history.health.Health` the loop reports to."""
+    """The part of `message_history.app.health.Health` the loop reports to."""
 
     def set_ready(self, component: str, ready: bool, reason: str = "") -> None: ...
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from message_history import metrics
+from message_history.core.turn_rules import BusyPolicy, TurnMarker, busy_decision, should_mark
 from message_history.errors import RetriableError, ThreadBusyError
-from message_history.turn_rules import BusyPolicy, TurnMarker, busy_decision, should_mark
 
 
 class Barrier(Protocol):

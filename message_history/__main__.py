@@ -2,6 +2,6 @@
 
 import sys
 
-from message_history.cli import main
+from message_history.app.cli import main
 
 sys.exit(main())

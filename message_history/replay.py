@@ -4,8 +4,8 @@ How it stays out of the live service's way and still gives the live result:
 
 * It reads with `assign()` and `group_id=None`: no group, no commits, so the live group's committed offsets
   never move. Each partition of the range gets its own consumer and task (at most `--concurrency` at once).
-* Records go through the live paths' own batch handlers (`consumers.responses.PersistHandler`; for
-  `--emit-to`, `consumers.requests.RecallHandler`): decode, `MessageHistory.persist_turn` through the
+* Records go through the live paths' own batch handlers (`consumers.persist.PersistHandler`; for
+  `--emit-to`, `consumers.recall.RecallHandler`): decode, `MessageHistory.persist_turn` through the
   collecting storage, one `save_many` per batch. Writes are upserts by message id with `createdAt` only on
   insert, so the documents are the ones the live service writes, and replaying twice changes nothing.
 * The handlers "publish" into a recorder: by default nothing leaves (`--emit-persisted` / `--emit-to` send the
@@ -46,10 +46,11 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.loop import Ack, BatchHandler, backoff_delay, is_outage
-from consumers.requests import RecallHandler
-from consumers.responses import PersistHandler
+from consumers.persist import PersistHandler
+from consumers.recall import RecallHandler
 from consumers.unreadable import SkippingUnreadable, is_unreadable, read_carefully
-from message_history.batch_storage import RecallQuery, SaveTurn
+from message_history.app.service import memory_defaults
+from message_history.app.topics import existing_partitions
 from message_history.errors import InvalidInputError, MessageHistoryError, ThreadOwnershipError
 from message_history.logs import configure_logging, register_secret
 from message_history.progress import Mode, ProgressDisplay, Status, Summary, summary_lines
@@ -66,9 +67,7 @@ from message_history.replay_plan import (
     resume_flag,
     to_millis,
 )
-from message_history.service import memory_defaults
 from message_history.settings import Settings
-from message_history.topics import existing_partitions
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
 from producers.enriched import EnrichedPublisher
@@ -81,7 +80,7 @@ from schemas.messages import Message
 from storage.errors import storage_errors
 from storage.forgetting import MongoForgetting
 from storage.mongodb import MongoHistoryStorage
-from storage.protocol import Page, PageQuery, Thread
+from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
 
 log = logging.getLogger(__name__)
 

@@ -473,7 +473,7 @@ def schema_registry_framing(raw: bytes) -> str | None:
 
 def _check_memory(memory: MemoryOptions | None) -> None:
     # The checks tying two fields together (Mastra's normalizeMessageHistoryConfig); the service defaults
-    # are checked where they are applied (consumers.requests).
+    # are checked where they are applied (consumers.recall).
     if memory is None or memory.atMaxRemoveTokens is None:
         return
     if memory.maxTokens is not None and memory.atMaxRemoveTokens > memory.maxTokens:

@@ -47,12 +47,11 @@ from pydantic_core import to_json
 from pymongo import IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
-from message_history.batch_storage import RecallQuery, SaveTurn
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, MessageContent
 from storage.client import mongo_client
 from storage.errors import storage_errors, to_storage_error
-from storage.protocol import Page, PageQuery, Thread
+from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection

@@ -3,6 +3,8 @@
 Implemented by `storage.mongodb.MongoHistoryStorage` (the service, in @mastra/mongodb's layout) and by
 `storage.memory.InMemoryHistoryStorage` (embedded use, examples, fast tests). No driver import here.
 `BudgetedHistoryStorage` adds what token-limited recall needs: paging and the boundary in thread metadata.
+The batch forms (`RecallQuery`, `SaveTurn`, `BatchHistoryStorage`, `BatchPagedStorage`) are what the Kafka
+paths use: one round trip per batch.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from message_history.core.budget import TokenBudget
+from message_history.errors import ThreadOwnershipError
 from schemas.messages import Message
 
 
@@ -131,4 +135,61 @@ class MessageLookup(Protocol):
 
     async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
         """The stored messages among `message_ids` (any thread), in no particular order."""
+        ...
+
+
+# --- the batch forms -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecallQuery:
+    """One `list_messages` of a batch: the thread's newest `limit` messages (None = all) of `resource_id`.
+
+    With a `budget`, the recall is token-limited instead: `limit` is the count cap, and the pages the
+    thread's `HistoryLoader` asks for are prefetched.
+    """
+
+    thread_id: str
+    resource_id: str | None
+    limit: int | None
+    budget: TokenBudget | None = None
+    lookup: tuple[str, ...] = ()  # message ids whose stored copies the client-echo filter needs
+
+
+@dataclass(frozen=True, slots=True)
+class SaveTurn:
+    """One `save_messages` of a batch."""
+
+    thread_id: str
+    resource_id: str
+    messages: Sequence[Message] = field(default_factory=list)
+
+
+@runtime_checkable
+class BatchHistoryStorage(HistoryStorage, Protocol):
+    """A `HistoryStorage` with the batch forms the Kafka paths use (one round trip each)."""
+
+    async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
+        """The existing threads among `thread_ids`, by id (missing ones are absent)."""
+        ...
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """Per query's thread id, what `list_messages` would return for it (newest first)."""
+        ...
+
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        """`save_messages` for each turn, in order; a refused turn's entry is its `ThreadOwnershipError`."""
+        ...
+
+
+@runtime_checkable
+class BatchPagedStorage(Protocol):
+    """The batch forms of token-limited recall: many pages, many boundary writes, one round trip each."""
+
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
+        """`list_page` for each query, in order."""
+        ...
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """`save_thread_metadata` for each `(thread id, update)`."""
         ...

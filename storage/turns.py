@@ -28,8 +28,8 @@ from bson.codec_options import CodecOptions
 from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
+from message_history.core.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
 from message_history.errors import FatalStorageError, WaitInterruptedError
-from message_history.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
 from storage.client import mongo_client
 from storage.errors import storage_errors, to_storage_error
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from message_history.core.message_list import MessageList
+from message_history.core.request_context import MASTRA_MEMORY, RequestContext
+from message_history.core.rules import LastMessages, SkipReason, Source
 from message_history.errors import MessageHistoryError, ThreadOwnershipError
-from message_history.message_list import MessageList
 from message_history.processor import USE_DEFAULT, MessageHistory
-from message_history.request_context import MASTRA_MEMORY, RequestContext
-from message_history.rules import LastMessages, SkipReason, Source
 from schemas.messages import Message, TextPart, ToolInvocationPart
 from storage.protocol import HistoryStorage, Thread
 

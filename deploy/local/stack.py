@@ -427,7 +427,7 @@ def smoke_test_mongo_server(binary: Path) -> None:
             env.update(MONGODB_URI=f"mongodb://127.0.0.1:{port}/?directConnection=true",
                        MONGODB_DATABASE="message_history_smoke")
             done = subprocess.run(
-                [VENV_PYTHON, "-m", "message_history.check", "--only", "mongodb", "--timeout", "30"],
+                [VENV_PYTHON, "-m", "message_history", "check", "--only", "mongodb", "--timeout", "30"],
                 cwd=ROOT, env=env, capture_output=True, text=True, check=False,
             )
             if done.returncode != 0:
@@ -509,13 +509,13 @@ def services_alive(state: dict[str, Any]) -> bool:
 
 
 def probe(state: dict[str, Any], timeout_s: float) -> tuple[bool, str]:
-    """A real round trip on both services, through `message_history.check` in the project's virtualenv."""
+    """A real round trip on both services, through `message-history check` in the project's virtualenv."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("MESSAGE_HISTORY_")}
     env.update(state["exports"])
     env["MONGODB_DATABASE"] = "message_history_stack"  # keep the probe out of the default `mastra` database
     env["MESSAGE_HISTORY_MONGODB_TIMEOUT_MS"] = str(int(timeout_s * 1000))
     done = subprocess.run(
-        [VENV_PYTHON, "-m", "message_history.check", "--timeout", str(timeout_s)],
+        [VENV_PYTHON, "-m", "message_history", "check", "--timeout", str(timeout_s)],
         cwd=ROOT,
         env=env,
         capture_output=True,

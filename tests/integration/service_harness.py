@@ -21,9 +21,9 @@ from typing import Any
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 
-from message_history.health import Health
-from message_history.service import Path as Path_
-from message_history.service import run_service
+from message_history.app.health import Health
+from message_history.app.service import Path as Path_
+from message_history.app.service import run_service
 from message_history.settings import Settings
 from storage.protocol import HistoryStorage
 from tests import infra

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from message_history.dlq import options_from_args, run_dlq
-from message_history.dlq_plan import REDRIVE_OF, add_dlq_arguments
+from message_history.app.dlq import options_from_args, run_dlq
+from message_history.app.dlq_plan import REDRIVE_OF, add_dlq_arguments
 from message_history.settings import Settings
 from schemas.dead_letters import parse_dead_letter_headers
 from tests.conftest import MakeTopic

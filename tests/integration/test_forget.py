@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from message_history.forget import add_forget_arguments, run_forget
+from message_history.app.forget import add_forget_arguments, run_forget
 from message_history.settings import Settings
 from schemas.dead_letters import parse_dead_letter_headers
 from tests.conftest import MakeTopic

@@ -14,10 +14,10 @@ import pytest
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from message_history.batch_storage import SaveTurn
-from message_history.prune import add_prune_arguments, iso, run_prune
+from message_history.app.prune import add_prune_arguments, iso, run_prune
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
+from storage.protocol import SaveTurn
 from tests import infra
 from tests.integration.service_harness import fresh_settings, running_service
 

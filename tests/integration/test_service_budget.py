@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from message_history.budget import BOUNDARY_KEY, resolve_budget
+from message_history.core.budget import BOUNDARY_KEY, resolve_budget
 from message_history.processor import MessageHistory
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage

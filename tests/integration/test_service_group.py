@@ -11,12 +11,11 @@ from collections.abc import Sequence
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from message_history.batch_storage import BatchHistoryStorage, RecallQuery, SaveTurn
 from message_history.errors import ThreadOwnershipError
 from message_history.settings import Settings
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
-from storage.protocol import Thread
+from storage.protocol import BatchHistoryStorage, RecallQuery, SaveTurn, Thread
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     drop_database,

@@ -21,7 +21,7 @@ from types import ModuleType
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from message_history.health import Health
+from message_history.app.health import Health
 from tests.integration.service_harness import (
     ROOT,
     dead_letters,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from message_history.health import Health
+from message_history.app.health import Health
 from tests.conftest import MakeTopic
 from tests.infra import mongo_server_binary
 from tests.integration.service_harness import (

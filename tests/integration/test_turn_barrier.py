@@ -17,10 +17,10 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
 from message_history import metrics
+from message_history.app.service import Path, run_service
+from message_history.app.topics import ensure_topics, service_topics
 from message_history.errors import StartupError
-from message_history.service import Path, run_service
 from message_history.settings import Settings
-from message_history.topics import ensure_topics, service_topics
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     dead_letters,

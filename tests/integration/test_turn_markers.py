@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 from pymongo import AsyncMongoClient
 
-from message_history.turn_rules import busy_decision, is_busy
+from message_history.core.turn_rules import busy_decision, is_busy
 from storage.turns import TURNS, MongoTurnMarkers
 from tests import infra
 

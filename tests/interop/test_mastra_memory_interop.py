@@ -1,7 +1,7 @@
 """Interop with Mastra 1.71's conversation memory, run under Node on the same inputs as ours.
 
 * The default token counter: tokenx's `estimateTokenCount` and `TokenLimiterProcessor`'s per-message and
-  system counts, against `message_history.tokens`, on a few hundred generated texts and messages of every
+  system counts, against `message_history.core.tokens`, on a few hundred generated texts and messages of every
   part type: equal as numbers (floats included).
 * Token-limited recall: Mastra's `MessageHistory` with a token limit and the memory-only limiter Memory
   wires after it, against our recall, on generated multi-turn conversations with tool calls: the same
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from message_history.budget import BOUNDARY_KEY, TokenBudget, resolve_budget
+from message_history.core.budget import BOUNDARY_KEY, TokenBudget, resolve_budget
+from message_history.core.rules import with_source
+from message_history.core.tokens import count_message, count_system_text, estimate_token_count
 from message_history.processor import MessageHistory
-from message_history.rules import with_source
-from message_history.tokens import count_message, count_system_text, estimate_token_count
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
 from tests.interop.test_mastra_core_interop import HERE, _run

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
-from message_history.budget import BOUNDARY_KEY, resolve_budget
+from message_history.core.budget import BOUNDARY_KEY, resolve_budget
 from message_history.processor import MessageHistory
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage

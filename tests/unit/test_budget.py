@@ -1,4 +1,4 @@
-"""Token-limited recall's pure rules (`message_history.budget`), table by table, with a flat counter.
+"""Token-limited recall's pure rules (`message_history.core.budget`), table by table, with a flat counter.
 
 A flat counter (every message counts 10) keeps the tables readable; the real counter is checked against
 Mastra's in tests/interop/test_mastra_memory_interop.py.
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from consumers.requests import MemoryDefaults, turn_memory
-from message_history.budget import (
+from consumers.recall import MemoryDefaults, turn_memory
+from message_history.core.budget import (
     BOUNDARY_KEY,
     Boundary,
     TokenBudget,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from message_history.check import CheckResult, mask_mongodb_uri
+from message_history.app.check import CheckResult, mask_mongodb_uri
 
 
 @pytest.mark.parametrize(

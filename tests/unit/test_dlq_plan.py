@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from message_history.dlq import options_from_args
-from message_history.dlq_plan import (
+from message_history.app.dlq import options_from_args
+from message_history.app.dlq_plan import (
     REDRIVE_AT,
     REDRIVE_OF,
     DeadLetter,

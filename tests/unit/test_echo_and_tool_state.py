@@ -1,4 +1,4 @@
-"""The client-echo filter (`message_history.echo`) and the tool-state merge (`message_history.tool_state`)."""
+"""The client-echo filter (`message_history.core.echo`) and the tool-state merge (`core.tool_state`)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from message_history.echo import filter_echo, plan_echo
-from message_history.tool_state import (
+from message_history.core.echo import filter_echo, plan_echo
+from message_history.core.tool_state import (
     advances,
     client_outcomes,
     continue_assistant,

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from message_history.app.prune import cutoff_from, parse_duration
+from message_history.app.service import selected_paths
 from message_history.errors import EventValidationError
-from message_history.prune import cutoff_from, parse_duration
-from message_history.service import selected_paths
 from message_history.settings import Settings
 from schemas.commands import (
     MAX_LISTED_IDS,

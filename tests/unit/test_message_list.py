@@ -6,10 +6,10 @@ from datetime import datetime
 
 import pytest
 
-from message_history import message_list as message_list_module
+from message_history.core import message_list as message_list_module
+from message_history.core.message_list import MessageList, MessageSource
+from message_history.core.rules import sort_key
 from message_history.errors import InvalidInputError
-from message_history.message_list import MessageList, MessageSource
-from message_history.rules import sort_key
 from schemas.messages import Message
 from tests.rule_cases import RESOURCE, THREAD, at, msg, summarize
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from message_history.batch_storage import CollectingHistory, SequentialBatches
+from consumers.collect import CollectingHistory
+from message_history.core.rules import with_source
+from message_history.core.tool_state import merge_turn
 from message_history.errors import ThreadOwnershipError
 from message_history.processor import MessageHistory
-from message_history.rules import with_source
-from message_history.tool_state import merge_turn
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
+from storage.sequential import SequentialBatches
 from tests.rule_cases import RESOURCE, THREAD, msg, seed, summarize, tool
 
 

@@ -7,6 +7,8 @@ from typing import Any, NoReturn
 
 import pytest
 
+from message_history.core.message_list import MessageList
+from message_history.core.request_context import MASTRA_MEMORY, RequestContext
 from message_history.errors import (
     AbortError,
     EventValidationError,
@@ -14,13 +16,11 @@ from message_history.errors import (
     StorageUnavailableError,
     ThreadOwnershipError,
 )
-from message_history.message_list import MessageList
 from message_history.processor import (
     MessageHistory,
     OutputResult,
     abort,
 )
-from message_history.request_context import MASTRA_MEMORY, RequestContext
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
 from storage.protocol import HistoryStorage, Thread

@@ -27,7 +27,12 @@ def loaded_top_level_modules(module: str) -> set[str]:
 
 @pytest.mark.parametrize(
     "module",
-    ["message_history.rules", "message_history.dlq_plan", "worker.turn", "message_history.turn_rules"],
+    [
+        "message_history.core.rules",
+        "message_history.app.dlq_plan",
+        "worker.turn",
+        "message_history.core.turn_rules",
+    ],
 )
 def test_pure_rules_import_no_io(module: str) -> None:
     """Importing the rules (and the dlq selection rules) loads neither Kafka, MongoDB nor asyncio."""
@@ -37,7 +42,7 @@ def test_pure_rules_import_no_io(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["message_history.processor", "message_history.message_list", "storage.memory"]
+    "module", ["message_history.processor", "message_history.core.message_list", "storage.memory"]
 )
 def test_library_imports_no_drivers(module: str) -> None:
     """The in-process library (processor, MessageList, in-memory storage) loads no Kafka or MongoDB driver."""

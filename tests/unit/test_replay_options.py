@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from message_history.cli import main as cli_main
+from message_history.app.cli import main as cli_main
 from message_history.replay import ReplayOptions, StartAt, options_from_args
 from message_history.replay_plan import UsageError, add_replay_arguments
 from message_history.settings import Settings

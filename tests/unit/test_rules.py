@@ -1,4 +1,4 @@
-"""The pure rules of `message_history.rules`, table by table, without any storage."""
+"""The pure rules of `message_history.core.rules`, table by table, without any storage."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ from typing import Any
 
 import pytest
 
-from message_history import rules
-from message_history.errors import InvalidInputError
-from message_history.rules import (
+from message_history.core import rules
+from message_history.core.rules import (
     PersistDecision,
     SkipReason,
     assign_thread,
@@ -23,6 +22,7 @@ from message_history.rules import (
     with_source,
     without_source,
 )
+from message_history.errors import InvalidInputError
 from schemas.messages import Message
 from tests.rule_cases import RESOURCE, THREAD, msg, summarize, tool
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from message_history.cli import main as cli_main
+from message_history.app.cli import main as cli_main
 from message_history.settings import Settings
 from schemas import export
 from schemas.dead_letters import DEAD_LETTER_HEADERS, ERROR_PATH

@@ -1,4 +1,4 @@
-"""Mastra 1.71's default token counter (`message_history.tokens`), rule by rule.
+"""Mastra 1.71's default token counter (`message_history.core.tokens`), rule by rule.
 
 The numbers below were worked out from tokenx 1.3.0's rules by hand; the interop test checks the same
 functions against Mastra's own code on generated input.
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from message_history.tokens import (
+from message_history.core.tokens import (
     CountCache,
     count_message,
     count_system_text,

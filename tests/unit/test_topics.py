@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from message_history.topics import verdict
+from message_history.app.topics import verdict
 
 INPUTS = ("rq", "rs")
 

@@ -10,8 +10,8 @@ import pytest
 
 from consumers.lanes import run_lanes
 from consumers.turn_gate import GO, Admission, TurnGate
+from message_history.core.turn_rules import BusyPolicy, TurnMarker
 from message_history.errors import StorageUnavailableError, WaitInterruptedError
-from message_history.turn_rules import BusyPolicy, TurnMarker
 
 
 class FakeBarrier:

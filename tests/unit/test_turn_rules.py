@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from message_history.turn_rules import (
+from message_history.core.turn_rules import (
     ANSWERED_KEPT,
     BusyPolicy,
     Decision,

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from message_history.core.rules import LastMessages
 from message_history.errors import EventValidationError
-from message_history.rules import LastMessages
 
 __all__ = ["MASTRA_MEMORY", "MemoryContext", "RequestContext", "parse_memory_context"]
 

@@ -16,19 +16,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from consumers.collect import CollectedTurn, CollectingHistory
 from consumers.lanes import Failed, run_lanes
 from consumers.loop import Ack, ack_after
 from message_history import metrics, tracing
-from message_history.batch_storage import BatchHistoryStorage, CollectedTurn, CollectingHistory
+from message_history.core.rules import with_source
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
-from message_history.rules import with_source
 from producers.persisted import PersistedPublisher
 from schemas.events import AgentResponse, HistoryPersisted, decode_response
 from schemas.limits import Limits
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
-from storage.protocol import Thread, TombstoneReader
+from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
 
 PATH = "persist"
 

@@ -20,7 +20,7 @@ MessageHistory steps and an agent loop need:
   their own fields.
 
 **The assistant merge (R11) is not done here** but when a turn is saved (`MessageHistory.persist_turn` with
-`message_history.tool_state.merge_turn`): a response continuing the thread's latest assistant message is
+`message_history.core.tool_state.merge_turn`): a response continuing the thread's latest assistant message is
 folded into it there, against the stored copy, so the in-process library and the Kafka paths fold alike.
 
 Sorting is lazy: adds are O(1) (amortised) and the first read after a change sorts once; reads in between
@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, get_args
 
+from message_history.core.rules import sort_key
 from message_history.errors import InvalidInputError
-from message_history.rules import sort_key
 from schemas.messages import Message
 
 __all__ = ["MessageList", "MessageSource"]

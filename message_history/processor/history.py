@@ -1,8 +1,8 @@
 """`MessageHistory`: Mastra's hybrid memory processor, in Python, over any `HistoryStorage`.
 
 The input step recalls a thread's recent messages into the turn's `MessageList`; the output step saves the
-turn's input and response messages. The rules themselves live in `message_history.rules`; this module only
-wires them to a storage. Two public coroutines carry the work and are what the Kafka paths call directly:
+turn's input and response messages. The rules themselves live in `message_history.core.rules`; this module
+only wires them to a storage. Two public coroutines carry the work and are what the Kafka paths call directly:
 
 * `recall(...)`: one `get_thread` (ownership) and at most one `list_messages`, then `rules.build_context`;
   under a token budget, pages and the memory-only limiter (`budget`), and the boundary written to the thread;
@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol
 
-from message_history.budget import (
+from message_history.core.budget import (
     BOUNDARY_KEY,
     Boundary,
     HistoryLoader,
@@ -43,12 +43,11 @@ from message_history.budget import (
     read_boundary,
     trim_memory,
 )
-from message_history.echo import filter_echo as drop_client_echo
-from message_history.echo import plan_echo
-from message_history.errors import AbortError, ThreadOwnershipError
-from message_history.message_list import MessageList
-from message_history.request_context import MASTRA_MEMORY, RequestContext, parse_memory_context
-from message_history.rules import (
+from message_history.core.echo import filter_echo as drop_client_echo
+from message_history.core.echo import plan_echo
+from message_history.core.message_list import MessageList
+from message_history.core.request_context import MASTRA_MEMORY, RequestContext, parse_memory_context
+from message_history.core.rules import (
     LastMessages,
     SkipReason,
     Source,
@@ -57,8 +56,9 @@ from message_history.rules import (
     normalize_limit,
     select_for_persistence,
 )
-from message_history.tokens import CountCache
-from message_history.tool_state import has_new_user_input, merge_turn
+from message_history.core.tokens import CountCache
+from message_history.core.tool_state import has_new_user_input, merge_turn
+from message_history.errors import AbortError, ThreadOwnershipError
 from schemas.messages import Message
 from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
 
@@ -292,9 +292,10 @@ class MessageHistory:
         With a token `budget` (not 0), recall is Mastra 1.71 Memory's: paged loading after the thread's
         boundary under the count cap and `maxTokens − atMaxRemoveTokens` (tool-linked groups whole), then the
         memory-only limiter (the `system` texts and the input count towards the budget), and the advanced
-        boundary stored in the thread's metadata unless `read_only` (see `message_history.budget`).
-        `filter_echo` runs Mastra 1.71's `MemoryInputFilter` on `incoming` first (`message_history.echo`):
-        a client's resent history is dropped from the input; the outcome's context holds what is left.
+        boundary stored in the thread's metadata unless `read_only` (see `message_history.core.budget`).
+        `filter_echo` runs Mastra 1.71's `MemoryInputFilter` on `incoming` first
+        (`message_history.core.echo`): a client's resent history is dropped from the input; the outcome's
+        context holds what is left.
 
         `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
         the processor's own. Without a thread id: no storage call, the context is `incoming` alone (R1).

@@ -24,17 +24,18 @@ from typing import Any
 
 from consumers.lanes import Failed, run_lanes
 from consumers.loop import Ack, ack_after
+from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, BatchGate, TurnGate
 from message_history import metrics, tracing
-from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
-from message_history.budget import TokenBudget, resolve_budget
-from message_history.echo import plan_echo
+from message_history.core.budget import TokenBudget, resolve_budget
+from message_history.core.echo import plan_echo
+from message_history.core.rules import LastMessages, normalize_limit
 from message_history.errors import EventValidationError, InvalidInputError, RetriableError
 from message_history.processor import MessageHistory
-from message_history.rules import LastMessages, normalize_limit
 from producers.enriched import EnrichedPublisher
 from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions, decode_request
 from schemas.limits import Limits
+from storage.protocol import BatchHistoryStorage, RecallQuery
 
 log = logging.getLogger(__name__)
 

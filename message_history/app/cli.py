@@ -27,7 +27,13 @@ def _parser() -> argparse.ArgumentParser:
         help="run a single path (persist also runs the commands path)",
     )
 
-    sub.add_parser("check", help="check that Kafka and MongoDB answer (a real round trip on each)")
+    check = sub.add_parser("check", help="check that Kafka and MongoDB answer (a real round trip on each)")
+    check.add_argument("--only", choices=["kafka", "mongodb"], help="check a single dependency")
+    check.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds per dependency (default: 20 for Kafka, MESSAGE_HISTORY_MONGODB_TIMEOUT_MS for MongoDB)",
+    )
     sub.add_parser("config", help="print the effective settings, secrets masked")
 
     topics = sub.add_parser(
@@ -49,12 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="backfill or repair MongoDB from a topic (bounded, no group)")
     add_replay_arguments(replay)
 
-    from message_history.dlq_plan import add_dlq_arguments  # noqa: PLC0415 -- no Kafka import, cheap
+    from message_history.app.dlq_plan import add_dlq_arguments  # noqa: PLC0415 -- no Kafka import, cheap
 
     dlq = sub.add_parser("dlq", help="list dead letters with their reasons, or redrive selected ones")
     add_dlq_arguments(dlq)
-    from message_history.forget import add_forget_arguments  # noqa: PLC0415 -- stdlib only, cheap
-    from message_history.prune import add_prune_arguments  # noqa: PLC0415
+    from message_history.app.forget import add_forget_arguments  # noqa: PLC0415 -- stdlib only, cheap
+    from message_history.app.prune import add_prune_arguments  # noqa: PLC0415
 
     forget = sub.add_parser(
         "forget", help="erase a thread or a resource's whole history (GDPR), with a tombstone"
@@ -73,11 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one retu
         print(Settings().model_dump_json(indent=2))
         return 0
     if args.command == "check":
-        from message_history.check import main as check_main  # noqa: PLC0415
+        from message_history.app.check import main as check_main  # noqa: PLC0415
 
-        return check_main()
+        return check_main(only=args.only, timeout_s=args.timeout)
     if args.command == "topics":
-        from message_history.topics import main as topics_main  # noqa: PLC0415
+        from message_history.app.topics import main as topics_main  # noqa: PLC0415
 
         return topics_main(partitions=args.partitions, replication=args.replication_factor)
     if args.command == "schemas":
@@ -85,11 +91,11 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one retu
 
         return schemas_main(out=args.out, check=args.check)
     if args.command == "run":
-        from message_history.service import main as run_main  # noqa: PLC0415
+        from message_history.app.service import main as run_main  # noqa: PLC0415
 
         return run_main(only=args.only)
     if args.command == "demo":
-        from message_history.demo import main as demo_main  # noqa: PLC0415
+        from message_history.app.demo import main as demo_main  # noqa: PLC0415
 
         return demo_main(threads=args.threads, turns=args.turns)
     if args.command == "replay":
@@ -97,15 +103,15 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one retu
 
         return replay_main(args)
     if args.command == "dlq":
-        from message_history.dlq import main as dlq_main  # noqa: PLC0415
+        from message_history.app.dlq import main as dlq_main  # noqa: PLC0415
 
         return dlq_main(args)
     if args.command == "forget":
-        from message_history.forget import main as forget_main  # noqa: PLC0415
+        from message_history.app.forget import main as forget_main  # noqa: PLC0415
 
         return forget_main(args)
     if args.command == "prune":
-        from message_history.prune import main as prune_main  # noqa: PLC0415
+        from message_history.app.prune import main as prune_main  # noqa: PLC0415
 
         return prune_main(args)
     raise AssertionError(args.command)  # argparse guarantees a known command

@@ -3,9 +3,9 @@
 * Reading uses `assign()` with `group_id=None`: no group, no commits, so no live group's offsets move. Each
   partition is read from its first offset in range to the end offset captured when the command starts, so
   the command ends while the service keeps dead-lettering.
-* Selection (`message_history.dlq_plan`): `--error-type`, `--since`/`--until` (on `failed.at`), `--offsets`
-  (ranges of the dead-letter topic), `--source-topic`, `--limit`. `redrive` refuses to run without a filter
-  unless `--all` is given.
+* Selection (`message_history.app.dlq_plan`): `--error-type`, `--since`/`--until` (on `failed.at`),
+  `--offsets` (ranges of the dead-letter topic), `--source-topic`, `--limit`. `redrive` refuses to run
+  without a filter unless `--all` is given.
 * Redrive produces the original key and value bytes, untouched, to `source.topic` (or `--to`), with the
   original headers minus the service's, plus `redrive.of` naming the dead letter. It is bounded (the captured
   end offsets, `--limit`) and idempotent: dead letters whose `redrive.of` marker is already in the target
@@ -31,7 +31,7 @@ from typing import Any, TextIO
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from message_history.dlq_plan import (
+from message_history.app.dlq_plan import (
     DeadLetter,
     Selection,
     Tally,
@@ -46,11 +46,11 @@ from message_history.dlq_plan import (
     selection_from_args,
     summary,
 )
+from message_history.app.topics import existing_partitions
 from message_history.logs import configure_logging, register_secret
 from message_history.progress import format_count
 from message_history.replay_plan import UsageError, to_millis
 from message_history.settings import Settings
-from message_history.topics import existing_partitions
 from producers.connection import kafka_options
 from schemas.dead_letters import parse_dead_letter_headers
 from schemas.messages import format_timestamp

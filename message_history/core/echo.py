@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from message_history.tool_state import advances, is_client_update
+from message_history.core.tool_state import advances, is_client_update
 from schemas.messages import Message, ToolInvocationPart
 
 __all__ = ["EchoPlan", "filter_echo", "plan_echo"]

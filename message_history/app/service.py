@@ -24,15 +24,14 @@ from typing import TYPE_CHECKING, Literal
 from consumers.barrier import TurnBarrier, open_barrier
 from consumers.commands import CommandsHandler
 from consumers.loop import LoopOptions, StreamLoop, build_consumer
-from consumers.requests import MemoryDefaults, RecallHandler
-from consumers.responses import PersistHandler
+from consumers.persist import PersistHandler
+from consumers.recall import MemoryDefaults, RecallHandler
 from consumers.turn_gate import TurnGate
 from message_history import __version__, tracing
-from message_history.batch_storage import BatchHistoryStorage, as_batch_storage
+from message_history.app.health import Health, serve_http
+from message_history.app.prune import periodic_prune
 from message_history.errors import StartupError
-from message_history.health import Health, serve_http
 from message_history.logs import configure_logging, register_secret
-from message_history.prune import periodic_prune
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.enriched import EnrichedPublisher
@@ -40,7 +39,8 @@ from producers.forgotten import ForgottenPublisher
 from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
 from schemas.limits import Limits
-from storage.protocol import HistoryStorage
+from storage.protocol import BatchHistoryStorage, HistoryStorage
+from storage.sequential import as_batch_storage
 
 if TYPE_CHECKING:
     from storage.forgetting import MongoForgetting

@@ -5,19 +5,17 @@ Kafka: bootstrap and metadata, then produce one record to a probe topic and read
 MongoDB: `ping`, then insert, read back and delete one document in a probe collection.
 
 Lines never carry secrets: the MongoDB URI is printed without its password and query string.
-`deploy/local/stack up` uses this module as its readiness probe (`python -m message_history.check`).
+`deploy/local/stack up` uses it as its readiness probe (`python -m message_history check --timeout S`).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -25,6 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
+from message_history.logs import register_secret, scrub
 from message_history.settings import Settings
 from producers.connection import kafka_options
 
@@ -63,23 +62,12 @@ def mask_mongodb_uri(uri: str) -> str:
     return f"{parts.scheme}://{netloc}{parts.path or '/'}"
 
 
-def _scrub(text: str, secrets: Sequence[str]) -> str:
-    """One line, capped, with every known secret blanked (driver errors may echo what they were given)."""
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
-    text = " ".join(text.split())
+def _scrub(text: str, settings: Settings) -> str:
+    """One line, capped, with every secret masked by the logs' one scrubber (driver errors may echo them)."""
+    register_secret(settings.mongodb_uri)
+    register_secret(settings.kafka_sasl_password)
+    text = " ".join(scrub(text).split())
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 1] + "…"
-
-
-def _secrets(settings: Settings) -> list[str]:
-    values = [settings.mongodb_uri.get_secret_value()]
-    netloc = urlsplit(values[0]).netloc if "://" in values[0] else ""
-    if "@" in netloc and ":" in netloc.rsplit("@", 1)[0]:
-        values.append(netloc.rsplit("@", 1)[0].split(":", 1)[1])
-    if settings.kafka_sasl_password is not None:
-        values.append(settings.kafka_sasl_password.get_secret_value())
-    return sorted(values, key=len, reverse=True)  # longest first, so a password inside the URI goes with it
 
 
 def _error(exc: BaseException) -> str:
@@ -117,7 +105,7 @@ async def check_kafka(
     except TimeoutError:
         return CheckResult("kafka", False, target, f"{step}: no answer within {timeout_s:g} s")
     except Exception as exc:  # noqa: BLE001 -- any failure is the answer: report it, never raise
-        return CheckResult("kafka", False, target, f"{step}: {_scrub(_error(exc), _secrets(settings))}")
+        return CheckResult("kafka", False, target, f"{step}: {_scrub(_error(exc), settings)}")
     finally:
         await _quietly(consumer.stop)
         await _quietly(producer.stop)
@@ -163,7 +151,7 @@ async def check_mongodb(settings: Settings, *, timeout_s: float | None = None) -
         if found is None or deleted.deleted_count != 1:
             return CheckResult("mongodb", False, target, "the probe document did not read back")
     except Exception as exc:  # noqa: BLE001 -- any failure is the answer: report it, never raise
-        return CheckResult("mongodb", False, target, f"{step}: {_scrub(_error(exc), _secrets(settings))}")
+        return CheckResult("mongodb", False, target, f"{step}: {_scrub(_error(exc), settings)}")
     finally:
         if client is not None:
             await _quietly(client.close)
@@ -210,16 +198,3 @@ def main(only: Dependency | None = None, timeout_s: float | None = None) -> int:
     for result in results:
         print(result.line(), flush=True)
     return 0 if all(result.ok for result in results) else 1
-
-
-def _cli(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m message_history.check", description=__doc__)
-    parser.add_argument("--only", choices=["kafka", "mongodb"], help="check a single dependency")
-    parser.add_argument("--timeout", type=float, help="seconds per dependency (default: 20 for Kafka, "
-                        "MESSAGE_HISTORY_MONGODB_TIMEOUT_MS for MongoDB)")
-    args = parser.parse_args(argv)
-    return main(only=args.only, timeout_s=args.timeout)
-
-
-if __name__ == "__main__":
-    sys.exit(_cli())

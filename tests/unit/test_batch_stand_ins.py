@@ -8,19 +8,15 @@ from typing import Any
 
 import pytest
 
-from message_history.batch_storage import (
-    CollectingHistory,
-    PrefetchedHistory,
-    RecallQuery,
-    SaveTurn,
-    SequentialBatches,
-)
-from message_history.budget import BOUNDARY_KEY, resolve_budget
+from consumers.collect import CollectingHistory
+from consumers.prefetch import PrefetchedHistory
+from message_history.core.budget import BOUNDARY_KEY, resolve_budget
 from message_history.errors import ThreadOwnershipError
 from message_history.processor import MessageHistory
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
-from storage.protocol import Page, PageQuery, Thread
+from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
+from storage.sequential import SequentialBatches
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 

@@ -5,7 +5,7 @@ Mastra 1.71's Memory recalls a thread in three steps, reproduced here without an
 1. `HistoryLoader` (Mastra's `loadMessageHistory`): pages of 40 rows, newest first, each page ending
    (inclusively) at the oldest instant seen, starting (inclusively) at the stored boundary; the loaded rows
    are split by `partition` into what fits and what overflows. The loader says which page it wants next;
-   the caller fetches it (for a whole batch of threads at once, see `message_history.batch_storage`).
+   the caller fetches it (for a whole batch of threads at once, see `consumers.prefetch`).
 2. `partition`: messages sharing a `toolCallId` form one group (`group_linked`); groups are kept newest first
    while both the count cap and `maxTokens − atMaxRemoveTokens` hold; the first group that does not fit, and
    everything older, overflows. When the first failure was on tokens, the overflow is handed on too.
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+from message_history.core.tokens import TOKENS_PER_CONVERSATION, count_message, count_system_text
 from message_history.errors import InvalidInputError
-from message_history.tokens import TOKENS_PER_CONVERSATION, count_message, count_system_text
 from schemas.messages import Message, TextPart, ToolInvocationPart, format_timestamp
 
 __all__ = [

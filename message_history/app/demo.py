@@ -269,7 +269,7 @@ async def remove_demo_data(settings: Settings) -> None:
 def start_service(settings: Settings, stop: asyncio.Event) -> Coroutine[Any, Any, int]:
     """The in-process service (both paths), running until `stop` is set: the event SIGTERM sets in
     `message-history run`. Returns its exit code. The one place that knows the service's entry point."""
-    from message_history.service import run_service  # noqa: PLC0415 -- the service's imports are heavy
+    from message_history.app.service import run_service  # noqa: PLC0415 -- the service's imports are heavy
 
     return run_service(settings, stop=stop)
 

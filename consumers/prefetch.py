@@ -1,0 +1,227 @@
+"""The recall path's storage stand-in: a batch's threads and recent messages, loaded in one round trip.
+
+The processor is the one implementation of the rules, and it talks to a `HistoryStorage` one event at a time.
+`PrefetchedHistory` is loaded with one `get_threads` and one `list_messages_many` for the whole batch
+(issued concurrently) and answers `get_thread` / `list_messages` from memory. It is a cache, not a copy of
+the rules: a query it was not loaded for (another resource, a larger page) goes to the storage.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from message_history.core.budget import PAGE_SIZE, HistoryLoader, boundary_for, read_boundary
+from message_history.core.tokens import CountCache
+from schemas.messages import Message
+from storage.protocol import (
+    BatchHistoryStorage,
+    BatchPagedStorage,
+    BudgetedHistoryStorage,
+    HistoryStorage,
+    MessageLookup,
+    Page,
+    PageQuery,
+    RecallQuery,
+    Thread,
+)
+
+
+async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> list[Page]:
+    if not queries:
+        return []
+    if isinstance(storage, BatchPagedStorage):
+        return await storage.list_pages_many(queries)
+    if not isinstance(storage, BudgetedHistoryStorage):
+        raise TypeError(f"{type(storage).__name__} cannot page a thread")
+    return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
+
+
+def _first_page(newest: list[Message], start: datetime | None) -> Page:
+    """Page 0 from `start` on, cut from a thread's newest PAGE_SIZE + 1 rows (newest first).
+
+    Rows at or after `start` are a prefix of the newest-first order, so the cut is exact; more follow when
+    all PAGE_SIZE + 1 rows are in it.
+    """
+    rows = [m for m in newest if start is None or (m.createdAt is not None and m.createdAt >= start)]
+    return Page(rows[:PAGE_SIZE], len(rows) > PAGE_SIZE)
+
+
+def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
+    request = loader.next_page
+    assert request is not None
+    return PageQuery(
+        query.thread_id, query.resource_id, request.start, request.end, request.page, request.per_page
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Page:
+    resource_id: str | None
+    limit: int | None
+    messages: list[Message]  # newest first
+
+
+class PrefetchedHistory:
+    """Read-only view of a batch's threads and recent messages, loaded in one concurrent round trip."""
+
+    def __init__(
+        self,
+        storage: HistoryStorage,
+        threads: dict[str, Thread],
+        pages: dict[str, _Page],
+        known: Iterable[str],
+    ) -> None:
+        self._storage = storage
+        self._threads = threads  # the existing threads among `known`
+        self._pages = pages
+        self._known = set(known)  # thread ids whose existence was prefetched
+        self.misses = 0  # queries answered by the storage: a sign the prefetch guessed wrong
+        self.counter = CountCache()  # token counts of the batch's messages, shared with the processor
+        self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
+        self.page_rounds = 0  # round trips spent on those pages
+        self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
+        self.by_id: dict[str, Message] = {}  # stored copies the client-echo filter asked for
+        self.looked_up: set[str] = set()
+
+    @classmethod
+    async def load(cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery]) -> PrefetchedHistory:
+        """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked)."""
+        merged: dict[str, RecallQuery] = {}
+        for query in queries:
+            seen = merged.get(query.thread_id)
+            if seen is None or (seen.resource_id == query.resource_id and _larger(query.limit, seen.limit)):
+                merged[query.thread_id] = query
+        ids = list(merged)
+        wanted = [q for q in merged.values() if q.limit != 0 and q.budget is None]
+        budgeted = [
+            q for q in merged.values() if q.budget is not None and q.limit != 0 and q.budget.max_tokens != 0
+        ]
+        # A budgeted thread's first page is its newest rows from the boundary on; its newest PAGE_SIZE + 1
+        # rows hold it whatever the boundary is, so they come with the threads, in the same round trip.
+        first = [RecallQuery(q.thread_id, q.resource_id, PAGE_SIZE + 1) for q in budgeted]
+        lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
+
+        async def copies() -> list[Message]:
+            if lookup and isinstance(storage, MessageLookup):
+                return await storage.get_messages(lookup)
+            return []
+
+        threads, pages, rows = await asyncio.gather(
+            storage.get_threads(ids), storage.list_messages_many([*wanted, *first]), copies()
+        )
+        loaded = {
+            q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
+        }
+        history = cls(storage, dict(threads), loaded, ids)
+        if lookup and isinstance(storage, MessageLookup):
+            history.by_id = {m.id: m for m in rows if m.id is not None}
+            history.looked_up = set(lookup)
+        newest = {q.thread_id: list(pages.get(q.thread_id, [])) for q in first}
+        await history._prefetch_budgeted(budgeted, newest)
+        return history
+
+    async def _prefetch_budgeted(
+        self, queries: Sequence[RecallQuery], newest: dict[str, list[Message]]
+    ) -> None:
+        """Run every budgeted thread's `HistoryLoader` together: one round trip per paging round after the
+        first (whose pages are cut from each thread's `newest` rows)."""
+        loaders: list[tuple[RecallQuery, HistoryLoader]] = []
+        for query in queries:
+            if query.budget is None or query.budget.max_tokens == 0:
+                continue
+            thread = self._threads.get(query.thread_id)
+            stored = read_boundary(thread.metadata) if thread is not None else None
+            loader = HistoryLoader(
+                boundary=boundary_for(query.budget, stored),
+                max_messages=query.limit,
+                budget=query.budget,
+                count=self.counter,
+            )
+            loaders.append((query, loader))
+            page_query = _page_query(query, loader)
+            if page_query.page == 0 and page_query.end is None and page_query.per_page == PAGE_SIZE:
+                self.budget_pages[page_query] = _first_page(newest.get(query.thread_id, []), page_query.start)
+        while active := [(q, loader) for q, loader in loaders if loader.next_page is not None]:
+            asked = [_page_query(q, loader) for q, loader in active]
+            missing = [p for p in dict.fromkeys(asked) if p not in self.budget_pages]
+            if missing:
+                self.budget_pages.update(zip(missing, await _pages_many(self._storage, missing), strict=True))
+                self.page_rounds += 1
+            for (_, loader), page_query in zip(active, asked, strict=True):
+                page = self.budget_pages[page_query]
+                loader.feed(page.messages, has_more=page.has_more)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        if set(message_ids) <= self.looked_up:
+            return [self.by_id[i] for i in message_ids if i in self.by_id]
+        self.misses += 1
+        if not isinstance(self._storage, MessageLookup):
+            raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
+        return await self._storage.get_messages(message_ids)
+
+    async def list_page(self, query: PageQuery) -> Page:
+        page = self.budget_pages.get(query)
+        if page is not None:
+            return page
+        self.misses += 1
+        if not isinstance(self._storage, BudgetedHistoryStorage):
+            raise TypeError(f"{type(self._storage).__name__} cannot page a thread")
+        page = await self._storage.list_page(query)
+        self.budget_pages[query] = page
+        return page
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        """Recorded for `flush()`; later requests of the batch see the thread as updated."""
+        self.metadata_updates.setdefault(thread_id, {}).update(update)
+        thread = self._threads.get(thread_id)
+        if thread is not None:
+            self._threads[thread_id] = dataclasses.replace(thread, metadata={**thread.metadata, **update})
+
+    async def flush(self) -> None:
+        """Write the batch's boundary updates: one round trip (nothing when there are none)."""
+        if not self.metadata_updates:
+            return
+        updates = list(self.metadata_updates.items())
+        if isinstance(self._storage, BatchPagedStorage):
+            await self._storage.save_thread_metadata_many(updates)
+        elif isinstance(self._storage, BudgetedHistoryStorage):
+            for thread_id, update in updates:
+                await self._storage.save_thread_metadata(thread_id, update)
+        else:
+            raise TypeError(f"{type(self._storage).__name__} cannot store a token boundary")
+        self.metadata_updates.clear()
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        if thread_id in self._known:
+            return self._threads.get(thread_id)
+        self.misses += 1
+        return await self._storage.get_thread(thread_id)
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        if limit == 0:
+            return []
+        page = self._pages.get(thread_id)
+        if page is not None and page.resource_id == resource_id and not _larger(limit, page.limit):
+            return list(page.messages if limit is None else page.messages[:limit])
+        self.misses += 1
+        return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
+        raise RuntimeError("the recall path does not write")  # pragma: no cover -- a programming error
+
+
+def _larger(limit: int | None, than: int | None) -> bool:
+    """True when a page of `limit` holds more than one of `than` (None = unlimited)."""
+    if limit is None:
+        return than is not None
+    return than is not None and limit > than
+
+
+# --- persist -----------------------------------------------------------------------------------------------

@@ -1,0 +1,36 @@
+"""The processor layer: Mastra's `MessageHistory` applied to any `HistoryStorage`, one event at a time.
+
+This is the library API (docs/library.md): `from message_history.processor import MessageHistory`. It sits
+above the pure rules (`message_history.core`) and the storage contract (`storage.protocol`), and below the
+Kafka paths (`consumers`), which drive it with batch stand-ins.
+"""
+
+from message_history.core.message_list import MessageList
+from message_history.processor.history import (
+    MASTRA_MEMORY,
+    USE_DEFAULT,
+    Abort,
+    InputProcessor,
+    MessageHistory,
+    OutputProcessor,
+    OutputResult,
+    PersistOutcome,
+    RecallOutcome,
+    RequestContext,
+    abort,
+)
+
+__all__ = [
+    "MASTRA_MEMORY",
+    "USE_DEFAULT",
+    "Abort",
+    "InputProcessor",
+    "MessageHistory",
+    "MessageList",
+    "OutputProcessor",
+    "OutputResult",
+    "PersistOutcome",
+    "RecallOutcome",
+    "RequestContext",
+    "abort",
+]
