@@ -46,7 +46,7 @@ from opentelemetry.trace import Span
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
-from message_history.errors import InvalidInputError, RetriableError
+from message_history.errors import InvalidInputError, RetriableError, error_type
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
@@ -464,8 +464,7 @@ class StreamLoop:
         except OUTPUT_TOO_LARGE:
             # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
             result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
-        error_type = getattr(error, "error_type", type(error).__name__)
-        metrics.DEAD_LETTERS.labels(path=self.path, error_type=error_type).inc()
+        metrics.DEAD_LETTERS.labels(path=self.path, error_type=error_type(error)).inc()
         metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
         log.warning(
             "dead-lettered a record",

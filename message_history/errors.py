@@ -122,3 +122,8 @@ class FatalStorageError(MessageHistoryError):
 
 class StartupError(MessageHistoryError):
     """The service cannot start as configured (e.g. the HTTP port is already in use); fix the settings."""
+
+
+def error_type(error: BaseException) -> str:
+    """The one name of an error in dead letters, metrics and spans: ours say it, others are their class."""
+    return error.error_type if isinstance(error, MessageHistoryError) else type(error).__name__

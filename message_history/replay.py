@@ -51,7 +51,7 @@ from consumers.recall import RecallHandler
 from consumers.unreadable import SkippingUnreadable, is_unreadable, read_carefully
 from message_history.app.service import memory_defaults
 from message_history.app.topics import existing_partitions
-from message_history.errors import InvalidInputError, MessageHistoryError, ThreadOwnershipError
+from message_history.errors import InvalidInputError, MessageHistoryError, ThreadOwnershipError, error_type
 from message_history.logs import configure_logging, register_secret
 from message_history.progress import Mode, ProgressDisplay, Status, Summary, summary_lines
 from message_history.replay_plan import (
@@ -73,7 +73,7 @@ from producers.dead_letters import DeadLetterPublisher
 from producers.enriched import EnrichedPublisher
 from producers.output import OUTPUT_TOO_LARGE, Headers, OutputProducer
 from producers.persisted import PersistedPublisher
-from schemas.dead_letters import error_message, error_type
+from schemas.dead_letters import error_message
 from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.limits import Limits
 from schemas.messages import Message

@@ -30,6 +30,7 @@ from opentelemetry.trace import (
 )
 
 from message_history import __version__
+from message_history.errors import error_type
 
 Headers = list[tuple[str, bytes]]
 
@@ -127,8 +128,7 @@ def fail(span: Span | None, error: BaseException) -> None:
     """Mark `span` failed with `error`'s type (our errors' `error_type`) and message, and end it."""
     if span is None:
         return
-    error_type = getattr(error, "error_type", type(error).__name__)
-    span.set_attribute("error.type", str(error_type))
+    span.set_attribute("error.type", error_type(error))
     span.set_status(Status(StatusCode.ERROR, str(error)[:200]))
     span.end()
 

@@ -9,10 +9,10 @@ from typing import Any, Protocol
 from opentelemetry.trace import Span
 
 from message_history import __version__
-from message_history.errors import MessageHistoryError
+from message_history.errors import MessageHistoryError, error_type
 from message_history.tracing import output_headers
 from producers.output import OutputProducer
-from schemas.dead_letters import dead_letter_headers, error_type
+from schemas.dead_letters import dead_letter_headers
 
 
 class ValueOmittedError(MessageHistoryError):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
-from message_history.errors import EventValidationError, MessageHistoryError
+from message_history.errors import EventValidationError, error_type
 from message_history.logs import scrub
 from schemas.messages import format_timestamp
 
@@ -39,11 +39,6 @@ DEAD_LETTER_HEADERS: Final = (
 
 MAX_MESSAGE_BYTES: Final = 1024
 _ELLIPSIS: Final = "…".encode()
-
-
-def error_type(error: BaseException) -> str:
-    """`error.type`: the error's own `error_type` for our errors, else the class name."""
-    return error.error_type if isinstance(error, MessageHistoryError) else type(error).__name__
 
 
 def error_message(error: BaseException) -> bytes:

@@ -24,6 +24,12 @@ from pydantic import (
 )
 
 
+def utc_now_ms() -> datetime:
+    """Now, in UTC, cut to milliseconds: the precision Mastra's stores keep (a JS `Date`)."""
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+
+
 def _as_utc(value: datetime) -> datetime:
     if value.tzinfo is UTC:
         return value

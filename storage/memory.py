@@ -21,19 +21,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from message_history.errors import InvalidInputError, ThreadOwnershipError
-from schemas.messages import Message
+from schemas.messages import Message, utc_now_ms
 from storage.protocol import Page, PageQuery, Thread
 
 __all__ = ["InMemoryHistoryStorage"]
-
-
-def _utc_now_ms() -> datetime:
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
 
 
 def _copy_thread(thread: Thread) -> Thread:
@@ -84,7 +78,7 @@ class InMemoryHistoryStorage:
             raise ThreadOwnershipError(thread_id, resource_id, existing.resourceId)
 
         # Prepare every row before writing any, so a bad message leaves storage as it was.
-        now = _utc_now_ms()
+        now = utc_now_ms()
         rows: list[Message] = []
         for message in messages:
             if not message.id:
@@ -157,7 +151,7 @@ class InMemoryHistoryStorage:
         existing = self._threads.get(thread_id)
         if existing is None:
             return
-        now = _utc_now_ms()
+        now = utc_now_ms()
         updated = existing.updatedAt if existing.updatedAt is not None and existing.updatedAt > now else now
         metadata = {**copy.deepcopy(existing.metadata), **copy.deepcopy(update)}
         self._threads[thread_id] = dataclasses.replace(existing, metadata=metadata, updatedAt=updated)

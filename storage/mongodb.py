@@ -48,7 +48,7 @@ from pymongo import IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
-from schemas.messages import Message, MessageContent
+from schemas.messages import Message, MessageContent, utc_now_ms
 from storage.client import mongo_client
 from storage.errors import storage_errors, to_storage_error
 from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
@@ -103,11 +103,6 @@ _MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch a
 RecallStrategy = Literal["in", "concurrent"]
 
 _MESSAGE_FIELDS = frozenset(Message.model_fields)
-
-
-def _utc_now_ms() -> datetime:
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
 
 
 def _as_datetime(value: Any) -> datetime | None:
@@ -590,7 +585,7 @@ class MongoHistoryStorage:
         stays missing, as Mastra's `updateThreadMetadata` leaves it)."""
         if not updates:
             return
-        now = _utc_now_ms()
+        now = utc_now_ms()
         ops = []
         for thread_id, update in updates:
             _check_thread_id(thread_id)
@@ -622,7 +617,7 @@ class MongoHistoryStorage:
                 if not message.id:
                     raise InvalidInputError(f"a message to save into thread {turn.thread_id!r} has no id")
         state, keys = await self._get_threads([t.thread_id for t in turns])
-        plan = _SavePlan(state, keys, _utc_now_ms())
+        plan = _SavePlan(state, keys, utc_now_ms())
         results = [plan.add(turn) for turn in turns]
         if plan.messages:
             await self._keyed_bulk_write(

@@ -32,12 +32,12 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Literal, get_args
 
 from message_history.core.rules import sort_key
 from message_history.errors import InvalidInputError
-from schemas.messages import Message
+from schemas.messages import Message, utc_now_ms
 
 __all__ = ["MessageList", "MessageSource"]
 
@@ -52,11 +52,6 @@ class _Entry:
     sources: set[MessageSource] = field(default_factory=set)
 
 
-def _utc_now_ms() -> datetime:
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
-
-
 class MessageList:
     """The messages of one turn, each with its sources, ordered by `(createdAt, id)`."""
 
@@ -65,7 +60,7 @@ class MessageList:
         *,
         thread_id: str | None = None,
         resource_id: str | None = None,
-        now: Callable[[], datetime] = _utc_now_ms,
+        now: Callable[[], datetime] = utc_now_ms,
     ) -> None:
         self.thread_id = thread_id
         self.resource_id = resource_id
