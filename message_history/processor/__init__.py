@@ -6,8 +6,8 @@ Kafka paths (`consumers`), which drive it with batch stand-ins.
 """
 
 from message_history.core.message_list import MessageList
+from message_history.core.request_context import MASTRA_MEMORY, RequestContext
 from message_history.processor.history import (
-    MASTRA_MEMORY,
     USE_DEFAULT,
     Abort,
     InputProcessor,
@@ -16,7 +16,6 @@ from message_history.processor.history import (
     OutputResult,
     PersistOutcome,
     RecallOutcome,
-    RequestContext,
     abort,
 )
 

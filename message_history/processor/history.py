@@ -46,7 +46,7 @@ from message_history.core.budget import (
 from message_history.core.echo import filter_echo as drop_client_echo
 from message_history.core.echo import plan_echo
 from message_history.core.message_list import MessageList
-from message_history.core.request_context import MASTRA_MEMORY, RequestContext, parse_memory_context
+from message_history.core.request_context import RequestContext, parse_memory_context
 from message_history.core.rules import (
     LastMessages,
     SkipReason,
@@ -61,20 +61,6 @@ from message_history.core.tool_state import has_new_user_input, merge_turn
 from message_history.errors import AbortError, ThreadOwnershipError
 from schemas.messages import Message
 from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
-
-__all__ = [
-    "MASTRA_MEMORY",
-    "USE_DEFAULT",
-    "Abort",
-    "InputProcessor",
-    "MessageHistory",
-    "OutputProcessor",
-    "OutputResult",
-    "PersistOutcome",
-    "RecallOutcome",
-    "RequestContext",
-    "abort",
-]
 
 _PAUSE_AFTER_SAVE_S: Final = 0.010
 
