@@ -15,8 +15,8 @@ They touch storage only through the `HistoryStorage` protocol, so a batching wra
 Storage errors propagate (R12): a failed read is never an empty history, and a failed step writes nothing.
 
 Differences from Mastra, on purpose:
-* a turn on a thread owned by another resource raises `ThreadOwnershipError` in both steps (contract §4);
-  that is why a skipped save still reads the thread;
+* a turn on a thread owned by another resource raises `ThreadOwnershipError` in both steps
+  (docs/events.md#14-storage-layout); that is why a skipped save still reads the thread;
 * `memoryConfig.lastMessages` in the request context overrides the processor's `last_messages` for one turn;
 * a continuation is folded into the latest stored assistant message on persist (R11, `tool_state`), not in
   `MessageList`;

@@ -1,7 +1,7 @@
 """The MessageHistory rules as pure functions: what a turn recalls and what a finished turn persists.
 
 No I/O and no driver or event-loop imports, so the in-process library (`message_history.processor`) and the
-Kafka paths apply the very same rules. Rule tags (R1-R12) refer to `mastra-message-history.md` section 2.8.
+Kafka paths apply the very same rules. Rule tags (R1-R12) are docs/rules.md#r1-to-r12.
 Every function here is linear in the number of messages (plus the characters of the text it scans), and
 none mutates its arguments: changed messages are copies.
 
