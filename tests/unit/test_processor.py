@@ -200,7 +200,7 @@ async def test_chain_without_abort_saves_the_turn() -> None:
     assert [m.role for m in stored] == ["assistant", "user"]
 
 
-# --- storage errors (R12) and ownership ---------------------------------------------------------------------
+# --- storage errors (docs/rules.md#r12) and ownership -------------------------------------------------------
 
 
 class BrokenStorage(InMemoryHistoryStorage):
