@@ -112,7 +112,7 @@ LastMessages = Annotated[
         {
             "anyOf": [{"type": "integer", "minimum": 0}, {"const": False}, {"type": "null"}],
             "title": "lastMessages",
-            "description": "messages to recall: 0 = none, false = all, null/absent = the service default",
+            "description": "messages to recall: 0 or false = none, null/absent = the service default",
         }
     ),
 ]
