@@ -56,7 +56,7 @@ def turn_input(response: AgentResponse) -> list[Message]:
     """The response's input as plain messages carrying the `source` tag where the rules read it.
 
     `TurnMessage.source` is a declared field, while `rules.is_memory_sourced` reads the extra field: without
-    this, recalled messages echoed back by the worker would be saved again (R6).
+    this, recalled messages echoed back by the worker would be saved again (docs/rules.md#r6).
     """
     out: list[Message] = []
     for message in response.input:
@@ -167,7 +167,7 @@ class PersistHandler:
 
     async def _load(self, items: Sequence[tuple[int, _Item]]) -> CollectingHistory:
         """The batch's threads, and the stored copies the tool-state merge needs, in one round trip."""
-        # stored copies: of what may be saved (recalled messages never are, R6)
+        # stored copies: of what may be saved (recalled messages never are, docs/rules.md#r6)
         message_ids = [
             m.id for _, item in items for m in item.response.input if m.id and m.source != "memory"
         ]

@@ -85,7 +85,7 @@ class Settings(BaseSettings):
         description="Take every request's input as sent (no client-echo filter) unless the request says.",
     )
 
-    # --- turn ordering (docs/events.md, "The turn barrier") ---
+    # --- turn ordering (docs/events.md#16-turn-ordering-the-barrier-and-busy-threads) ---
     barrier: Literal["on", "off"] = Field(
         "on",
         description=(

@@ -1,4 +1,4 @@
-"""Dead-letter headers (contract section 3): why a record was refused, and where it came from.
+"""Dead-letter headers (docs/events.md#9-dead-letters): why a record was refused, and where it came from.
 
 A dead letter is the original key and value bytes, untouched; everything the service has to say about it is in
 these headers, so operators and the `dlq` tooling can read the reason without parsing the value. The original

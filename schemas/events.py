@@ -1,9 +1,9 @@
-"""The four events of the contract (section 3) and the one way in and out: `decode_*` / `encode`.
+"""The four events of docs/events.md (sections 3-7) and the one way in and out: `decode_*` / `encode`.
 
 Decoding is size check, then pydantic-core's JSON parser straight into the models (no `json.loads` and dict
 walking), then the checks a schema cannot express (limits that are configurable, ids that must agree with the
 event), then normalization: every message leaves `decode_request` / `decode_response` with an `id`, a
-`createdAt`, a `threadId` and a `resourceId` (see `docs/events.md`, "Ids and timestamps"). Everything wrong
+`createdAt`, a `threadId` and a `resourceId` (`docs/events.md#11-ids-and-timestamps`). Everything wrong
 becomes one `EventValidationError(reason, path)`.
 
 Encoding dumps exactly the keys that were set (`exclude_unset`), so unknown fields and absent optional fields
@@ -112,7 +112,7 @@ LastMessages = Annotated[
         {
             "anyOf": [{"type": "integer", "minimum": 0}, {"const": False}, {"type": "null"}],
             "title": "lastMessages",
-            "description": "messages to recall: 0 = none, false = all, null/absent = the service default",
+            "description": "messages to recall: 0 or false = none, null/absent = the service default",
         }
     ),
 ]
@@ -204,7 +204,7 @@ def _require_schema_version(schema: dict[str, Any]) -> None:
 
 
 class EventBase(Open):
-    """Fields every event carries (contract section 3)."""
+    """Fields every event carries (docs/events.md#3-fields-every-event-carries)."""
 
     model_config = ConfigDict(json_schema_extra=_require_schema_version)
 

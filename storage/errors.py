@@ -1,4 +1,4 @@
-"""The one place where PyMongo's errors become the service's errors (R12).
+"""The one place where PyMongo's errors become the service's errors (docs/rules.md#r12).
 
 * Retriable (`StorageUnavailableError`): the server could not be reached or did not answer in time, or it is
   not the primary right now. The same call may succeed later, so the caller backs off and never dead-letters:

@@ -1,7 +1,7 @@
 """`MongoHistoryStorage`: `HistoryStorage` on PyMongo's `AsyncMongoClient`, in @mastra/mongodb's layout.
 
 A Mastra application using `@mastra/mongodb` and this service share one database and one history
-(contract section 4). Documents are written exactly as `MemoryStorageMongoDB` (1.19) writes them:
+(docs/events.md#14-storage-layout). Documents are written as `MemoryStorageMongoDB` (1.19) writes them:
 
     mastra_messages  {id, thread_id, resourceId, role, type ('v2' unless the message has another),
                       content (JSON string of the format-2 content), createdAt (BSON Date)}

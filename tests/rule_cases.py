@@ -1,4 +1,4 @@
-"""The MessageHistory rule tables (R1-R12), as data plus runners, reusable over any `HistoryStorage`.
+"""The MessageHistory rule tables (docs/rules.md#r1-to-r12), as data plus runners, over any `HistoryStorage`.
 
 `RECALL_CASES` and `PERSIST_CASES` describe a stored thread, a turn, and what must come out. The `run_*`
 coroutines play one case against a storage through `MessageHistory`: directly (`recall` / `persist_turn`, the

@@ -1,7 +1,7 @@
 """What a worker's handler gets (`Turn`) and gives back (`Reply`), the `AgentResponse` built from them, and
 the bounded memory of answered `eventId`s. Pure: no Kafka, no asyncio.
 
-The response follows the contract (section 3) so the persist path saves the right messages:
+The response follows docs/events.md#6-responses so the persist path saves the right messages:
 
 - `requestId`, `threadId`, `resourceId` and `metadata` are the enriched request's;
 - `input` is every message the worker was given, with its `source` tag, so recalled (`"memory"`) messages are

@@ -1,8 +1,8 @@
 """`message-history dlq`: which dead letters a command selects, and what a redriven record looks like (pure).
 
-A dead letter (contract section 3) is the refused record's key and value bytes with headers saying why and
-where it came from (`schemas.dead_letters`). Selection is by `error.type`, by `failed.at` and by offset range
-on the dead-letter topic; everything here is data in, data out, so the I/O module
+A dead letter (docs/events.md#9-dead-letters) is the refused record's key and value bytes with headers saying
+why and where it came from (`schemas.dead_letters`). Selection is by `error.type`, by `failed.at` and by
+offset range on the dead-letter topic; everything here is data in, data out, so the I/O module
 (`message_history.app.dlq`) only reads, produces and reports.
 
 Idempotence of a redrive: every redriven record carries `redrive.of` = `<dlq topic>:<partition>:<offset>`, the

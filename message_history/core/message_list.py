@@ -6,11 +6,12 @@ MessageHistory steps and an agent loop need:
 * **Sources.** Each message belongs to one or more of `input` (the caller's turn), `memory` (recalled),
   `response` (model output) and `context` (extra context, never saved). System messages are kept apart, in
   the system list, as in Mastra; a system message added from `memory` is ignored.
-* **Order.** Views are ordered by `(createdAt, id)`: the R3 tie-break instead of Mastra's insertion-stable
-  sort on `createdAt` alone.
+* **Order.** Views are ordered by `(createdAt, id)`: the docs/rules.md#r3 tie-break instead of Mastra's
+  insertion-stable sort on `createdAt` alone.
 * **Duplicates by id**, in linear time (a dict keyed by id):
   - a `memory` copy of an id already in the list is skipped when the list holds a non-memory copy (the
-    incoming copy wins, R5) or an equal one; a different memory copy of a memory-only message replaces it;
+    incoming copy wins, docs/rules.md#r5) or an equal one; a different memory copy of a memory-only message
+    replaces it;
   - a non-memory add of an existing id replaces the message (the newer add wins) and joins its source; the
     `memory` tag is dropped, since the stored copy is no longer what the list holds.
 * **Hydration** of non-memory adds: a missing `id` becomes a UUID4; a missing `createdAt` becomes "now", or
@@ -19,9 +20,10 @@ MessageHistory steps and an agent loop need:
   thread or resource raises `InvalidInputError` ("wrong threadId", as Mastra throws). Recalled messages keep
   their own fields.
 
-**The assistant merge (R11) is not done here** but when a turn is saved (`MessageHistory.persist_turn` with
-`message_history.core.tool_state.merge_turn`): a response continuing the thread's latest assistant message is
-folded into it there, against the stored copy, so the in-process library and the Kafka paths fold alike.
+**The assistant merge (docs/rules.md#r11) is not done here** but when a turn is saved
+(`MessageHistory.persist_turn` with `message_history.core.tool_state.merge_turn`): a response continuing the
+thread's latest assistant message is folded into it there, against the stored copy, so the in-process library
+and the Kafka paths fold alike.
 
 Sorting is lazy: adds are O(1) (amortised) and the first read after a change sorts once; reads in between
 reuse the sorted order. A 2,000-message thread therefore costs one O(n log n) sort per read-after-write.
@@ -90,7 +92,7 @@ class MessageList:
     def _add_one(self, message: Message, source: MessageSource) -> None:
         if source == "memory":
             if message.role == "system":
-                return  # Mastra ignores system messages recalled from storage (R4)
+                return  # Mastra ignores system messages recalled from storage (docs/rules.md#r4)
             if message.id is None:
                 message = message.model_copy(update={"id": str(uuid.uuid4())})
         else:
@@ -102,7 +104,7 @@ class MessageList:
             table[message.id] = _Entry(message, {source})
         elif source == "memory":
             if existing.sources != {"memory"} or existing.message == message:
-                return  # the incoming copy wins (R5); an equal copy changes nothing
+                return  # the incoming copy wins (docs/rules.md#r5); an equal copy changes nothing
             existing.message = message
         else:
             existing.message = message

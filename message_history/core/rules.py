@@ -1,18 +1,19 @@
 """The MessageHistory rules as pure functions: what a turn recalls and what a finished turn persists.
 
 No I/O and no driver or event-loop imports, so the in-process library (`message_history.processor`) and the
-Kafka paths apply the very same rules. Rule tags (R1-R12) refer to `mastra-message-history.md` section 2.8.
+Kafka paths apply the very same rules. Rule tags: docs/rules.md#r1-to-r12.
 Every function here is linear in the number of messages (plus the characters of the text it scans), and
 none mutates its arguments: changed messages are copies.
 
 Decisions worth knowing:
-* Ties on `createdAt` are broken by `id` (R3), so order is the same in every storage.
-* A duplicate id between stored history and the incoming turn keeps the incoming copy (R5, Mastra 1.0.x).
+* Ties on `createdAt` are broken by `id` (docs/rules.md#r3), so order is the same in every storage.
+* A duplicate id between stored history and the incoming turn keeps the incoming copy (docs/rules.md#r5,
+  Mastra 1.0.x).
 * Messages are "memory-sourced" when they carry the top-level field `source: "memory"` (the tag the recall
-  path puts on `EnrichedRequest` messages); such input messages are never re-saved (R6). The `source` tag is
-  a transport annotation, not part of a Mastra message, so it is removed from what gets saved.
-* The persistence filter is Mastra 1.71.0's (R7): whitespace is trimmed only where a working-memory block was
-  actually removed.
+  path puts on `EnrichedRequest` messages); such input messages are never re-saved (docs/rules.md#r6). The
+  `source` tag is a transport annotation, not part of a Mastra message, so it is removed from what gets saved.
+* The persistence filter is Mastra 1.71.0's (docs/rules.md#r7): whitespace is trimmed only where a
+  working-memory block was actually removed.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ LastMessages = int | Literal[False] | None
 """`lastMessages` as Mastra takes it: a count, `False` for no limit, `None` for the storage default (40)."""
 
 DEFAULT_LAST_MESSAGES: Final = 40
-"""Mastra's storage default page size (`normalizePerPage`); the processor does not override it (R2)."""
+"""Mastra's storage default page size (`normalizePerPage`); the processor keeps it (docs/rules.md#r2)."""
 
 WORKING_MEMORY_START_TAG: Final = "<working_memory>"
 WORKING_MEMORY_END_TAG: Final = "</working_memory>"
@@ -97,7 +98,7 @@ def normalize_limit(last_messages: LastMessages) -> int | None:
 
 
 def sort_key(message: Message) -> tuple[datetime, str]:
-    """The context order, `(createdAt, id)` ascending (R3); undated messages last."""
+    """The context order, `(createdAt, id)` ascending (docs/rules.md#r3); undated messages last."""
     created = message.createdAt if message.createdAt is not None else _UNDATED
     return created, message.id or ""
 
@@ -107,12 +108,12 @@ def build_context(
 ) -> list[tuple[Message, Source]]:
     """The context the model sees: recalled history and the turn's input, ordered by `(createdAt, id)`.
 
-    * System rows from storage are dropped (R4); the turn's own system messages stay, as input.
-    * A recalled message whose id is also incoming is dropped: the incoming copy wins (R5). A recalled row
-      without an id is kept. Recalled duplicates keep their newest copy.
+    * System rows from storage are dropped (docs/rules.md#r4); the turn's own system messages stay, as input.
+    * A recalled message whose id is also incoming is dropped: the incoming copy wins (docs/rules.md#r5). A
+      recalled row without an id is kept. Recalled duplicates keep their newest copy.
     * Several incoming messages with one id keep the last one (a later add replaces an earlier one).
-    * Order is `(createdAt ASC, id ASC)` (R3). The page comes newest first, so it is reversed; the sort then
-      merges two ordered runs, which Timsort does in linear time.
+    * Order is `(createdAt ASC, id ASC)` (docs/rules.md#r3). The page comes newest first, so it is reversed;
+      the sort then merges two ordered runs, which Timsort does in linear time.
     Messages are returned as given (no copies, no `source` field added; see `with_source`).
     """
     last_index: dict[str, int] = {}
@@ -233,7 +234,7 @@ def _filter_parts(parts: Iterable[Any]) -> tuple[list[Any], bool]:
 
 
 def filter_for_persistence(messages: Iterable[Message]) -> list[Message]:
-    """Mastra 1.71.0's `filterMessagesForPersistence` (R4 + R7), without mutating anything.
+    """Mastra 1.71.0's `filterMessagesForPersistence` (docs/rules.md#r4 + #r7), without mutating anything.
 
     * `system` messages are dropped.
     * `content.content`: complete working-memory blocks are removed (trimmed only if something was removed).
@@ -273,15 +274,15 @@ def select_for_persistence(
     read_only: bool,
     has_thread: bool,
 ) -> PersistDecision:
-    """The one choke point deciding what a finished turn saves (R1, R4, R6, R7, R8, read-only).
+    """The one choke point deciding what a finished turn saves (docs/rules.md#r1 #r4 #r6 #r7 #r8, read-only).
 
     In order, as Mastra 1.71.0 does it:
-    1. no thread → skipped `"no-thread"` (R1); 2. read-only → `"read-only"`;
-    3. the candidates are `input` (minus memory-sourced messages, R6) then `response`; none →
+    1. no thread → skipped `"no-thread"` (docs/rules.md#r1); 2. read-only → `"read-only"`;
+    3. the candidates are `input` (minus memory-sourced messages, docs/rules.md#r6) then `response`; none →
        `"nothing-to-save"`;
-    4. `finish_reason == "error"` with no response message → `"failed-turn"` (R8: no orphaned user message;
-       a failed turn that produced output is saved);
-    5. the persistence filter (R7); nothing left → `"nothing-to-save"`.
+    4. `finish_reason == "error"` with no response message → `"failed-turn"` (docs/rules.md#r8: no orphaned
+       user message; a failed turn that produced output is saved);
+    5. the persistence filter (docs/rules.md#r7); nothing left → `"nothing-to-save"`.
     The saved list keeps input order then response order; an id appearing twice keeps its last copy, at
     that copy's place. Saved messages lose the transport-only `source` tag.
     """

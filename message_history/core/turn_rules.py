@@ -1,6 +1,7 @@
 """When a request may be recalled: the turn barrier's and the busy-thread policy's decisions. Pure, no I/O.
 
-Two questions are asked before a request is recalled (docs/events.md, "Turn ordering"):
+Two questions are asked before a request is recalled
+(docs/events.md#16-turn-ordering-the-barrier-and-busy-threads):
 
 * **Barrier.** Has the persist side reached, on the responses partition with the request's partition number,
   the end offset that partition had when the request was fetched? Requests and responses are keyed by

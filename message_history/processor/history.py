@@ -12,14 +12,15 @@ only wires them to a storage. Two public coroutines carry the work and are what 
   saved, one `get_thread` to enforce ownership and report the thread).
 
 They touch storage only through the `HistoryStorage` protocol, so a batching wrapper can stand in for it.
-Storage errors propagate (R12): a failed read is never an empty history, and a failed step writes nothing.
+Storage errors propagate (docs/rules.md#r12): a failed read is never an empty history, and a failed step
+writes nothing.
 
 Differences from Mastra, on purpose:
-* a turn on a thread owned by another resource raises `ThreadOwnershipError` in both steps (contract §4);
-  that is why a skipped save still reads the thread;
+* a turn on a thread owned by another resource raises `ThreadOwnershipError` in both steps
+  (docs/events.md#14-storage-layout); that is why a skipped save still reads the thread;
 * `memoryConfig.lastMessages` in the request context overrides the processor's `last_messages` for one turn;
-* a continuation is folded into the latest stored assistant message on persist (R11, `tool_state`), not in
-  `MessageList`;
+* a continuation is folded into the latest stored assistant message on persist (docs/rules.md#r11,
+  `tool_state`), not in `MessageList`;
 * no tracing (`tracing_context` is accepted and ignored). Like Mastra 1.71,
   `process_output_result` pauses 10 ms after a save; `persist_turn` (the Kafka paths) does not.
 """
@@ -203,8 +204,9 @@ class MessageHistory:
         """Add the thread's recent stored messages to `message_list`, tagged `memory`; return the list.
 
         The thread comes from `request_context["MastraMemory"]` (else from the list's own `thread_id`, as in
-        Mastra 1.71). Without a thread nothing happens (R1). `messages` is ignored, as upstream: the list is
-        the context. Stored messages whose id is already in the list are not added (the list's copy wins).
+        Mastra 1.71). Without a thread nothing happens (docs/rules.md#r1). `messages` is ignored, as upstream:
+        the list is the context. Stored messages whose id is already in the list are not added (the list's
+        copy wins).
         """
         del messages, abort, tracing_context  # part of the step's signature; not needed to recall
         memory = parse_memory_context(request_context)
@@ -236,9 +238,9 @@ class MessageHistory:
     ) -> MessageList:
         """Save the list's `input` then `response` messages (filtered by the rules); return the list.
 
-        Skips without writing when there is no thread (R1), when `memoryConfig.readOnly` is true, when a turn
-        failed (`result.finishReason == "error"`) without any response (R8), or when nothing is left to save.
-        `messages` is ignored, as upstream.
+        Skips without writing when there is no thread (docs/rules.md#r1), when `memoryConfig.readOnly` is
+        true, when a turn failed (`result.finishReason == "error"`) without any response (docs/rules.md#r8),
+        or when nothing is left to save. `messages` is ignored, as upstream.
         """
         del messages, abort, tracing_context
         memory = parse_memory_context(request_context)
@@ -284,9 +286,10 @@ class MessageHistory:
         context holds what is left.
 
         `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
-        the processor's own. Without a thread id: no storage call, the context is `incoming` alone (R1).
-        Otherwise one `get_thread` (a thread of another resource raises `ThreadOwnershipError`, nothing is
-        recalled) and, unless the limit is 0, one `list_messages` filtered by thread and resource.
+        the processor's own. Without a thread id: no storage call, the context is `incoming` alone
+        (docs/rules.md#r1). Otherwise one `get_thread` (a thread of another resource raises
+        `ThreadOwnershipError`, nothing is recalled) and, unless the limit is 0, one `list_messages` filtered
+        by thread and resource.
         """
         limit = normalize_limit(
             self.last_messages if isinstance(last_messages, _UseDefault) else last_messages
@@ -397,13 +400,14 @@ class MessageHistory:
         finish_reason: str | None = None,
         read_only: bool = False,
     ) -> PersistOutcome:
-        """Save a finished turn's `input` (minus memory-sourced messages) then `response`, filtered (R4-R9).
+        """Save a turn's `input` (minus memory-sourced) then `response`, filtered (docs/rules.md#r4 to #r9).
 
         Messages without `threadId` / `resourceId` get the turn's; a message naming another thread or resource
         raises `InvalidInputError` before anything is written. The resource is `resource_id`, or the stored
         thread's owner, or the thread id (Mastra's fallback). Without a thread id: no storage call. When the
         rules skip the save: one `get_thread` (ownership, and the thread for the outcome). Otherwise one
-        `save_messages`, which creates a missing thread and moves `updatedAt` forward (R9, R10).
+        `save_messages`, which creates a missing thread and moves `updatedAt` forward
+        (docs/rules.md#r9, #r10).
         """
         decision = select_for_persistence(
             input, response, finish_reason=finish_reason, read_only=read_only, has_thread=bool(thread_id)

@@ -107,7 +107,7 @@ async def test_client_tool_turns_filter_the_echo_and_fold_the_continuation(
         await drop_database(settings)
 
     second = enriched[2]["messages"]
-    # the stored a1 is not recalled beside the input copy of its id (R5); u1 was dropped from the input
+    # the stored a1 is not recalled beside the input copy of its id (docs/rules.md#r5); u1 left the input
     assert [(m["id"], m["source"]) for m in second] == [("u1", "memory"), ("a1", "input"), ("u2", "input")]
     echoed = next(m for m in second if m["id"] == "a1" and m["source"] == "input")
     assert _parts(echoed) == ["c1:result"]  # only the outcome of the call the stored copy had pending

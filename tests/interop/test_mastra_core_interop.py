@@ -4,7 +4,7 @@ Mastra builds conversations and serializes them as `MastraDBMessage` JSON; they 
 and events unchanged. Then the messages of one of our `EnrichedRequest`s go into a fresh Mastra `MessageList`,
 which must hold them with the same ids, in the same order, split into memory and input as `source` says.
 Each check runs against every pinned `@mastra/core` (tests/interop/mastra-core: 0.24.9, the newest that
-declares Node 20; tests/interop/mastra-core/v1: 1.71.0, the release the spec describes).
+declares Node 20; tests/interop/mastra-core/v1: 1.71.0, the release docs/rules.md follows).
 
 The Node packages are installed by `deploy/local/stack install` (`npm ci`). Without them the tests are skipped
 with the reason, except under CI, where they fail.

@@ -160,8 +160,8 @@ def _echo_cases() -> list[dict[str, Any]]:
     """Client echoes of a stored conversation, in every shape the filter distinguishes."""
     cases: list[dict[str, Any]] = []
     for seed in range(6):
-        # one assistant message per turn: Mastra's MessageList would fold consecutive ones into one (R11),
-        # which is not what this test is about
+        # one assistant message per turn: Mastra's MessageList would fold consecutive ones into one
+        # (docs/rules.md#r11), which is not what this test is about
         turns = [_one_assistant(turn) for turn in conversation(seed=100 + seed, turns=4)]
         stored = [m for turn in turns[:3] for m in turn]
         history = [json.loads(json.dumps(m)) for m in stored]

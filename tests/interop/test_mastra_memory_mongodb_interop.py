@@ -58,7 +58,7 @@ def _mastra_turn(uri: str, db_name: str, turn: list[dict[str, Any]]) -> dict[str
 async def test_mastra_and_the_service_alternating_agree_on_the_boundary(mongo_uri: str, mongo_db: Db) -> None:
     """Turn by turn, whichever side runs it: the same context, trimmed ids and stored boundary."""
     _node()
-    # one assistant message per turn: Mastra's MessageList folds consecutive assistant input (R11)
+    # one assistant message per turn: Mastra's MessageList folds consecutive assistant input (rules.md#r11)
     turns = [_one_assistant(t) for t in conversation(seed=5, turns=16)]
     budget = resolve_budget(MAX_TOKENS, AT_MAX)
     assert budget is not None

@@ -189,7 +189,7 @@ def test_configuration_doc_is_current() -> None:
     ids=lambda v: str(v),
 )
 def test_contract_variables_are_documented(variable: str, default: str | None) -> None:
-    """The variables the contract names (section 5) appear in the doc with the contract's defaults."""
+    """Names operators rely on (docs/events.md#1-topics-keys-and-partitions) are documented with defaults."""
     rows = DOC.read_text(encoding="utf-8").splitlines()
     row = next((line for line in rows if line.startswith(f"| `{variable}`")), None)
     assert row is not None, f"{variable} is not documented"

@@ -59,7 +59,7 @@ async def test_an_echo_that_advances_nothing_rewrites_the_stored_copy() -> None:
 
 
 async def test_a_response_continuing_the_latest_assistant_is_folded_into_it() -> None:
-    """No new user input: the response joins the latest assistant message as a new step, no new row (R11)."""
+    """No new user input: the response joins the latest assistant message, no new row (docs/rules.md#r11)."""
     storage = InMemoryHistoryStorage()
     await seed(storage, _pending())
     echo = msg("a1", "assistant", t=2, parts=[tool("ask", "result", "c1")])
@@ -122,7 +122,7 @@ async def test_an_id_of_another_resource_never_overwrites_its_row() -> None:
 
 
 async def test_memory_sourced_input_is_still_never_saved() -> None:
-    """Recalled messages the worker echoes back (source 'memory') are not candidates at all (R6)."""
+    """Recalled messages the worker echoes back (source 'memory') are never candidates (docs/rules.md#r6)."""
     storage = InMemoryHistoryStorage()
     await seed(storage, _pending())
     recalled = [with_source(m, "memory") for m in _pending()]

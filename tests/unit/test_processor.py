@@ -200,7 +200,7 @@ async def test_chain_without_abort_saves_the_turn() -> None:
     assert [m.role for m in stored] == ["assistant", "user"]
 
 
-# --- storage errors (R12) and ownership ---------------------------------------------------------------------
+# --- storage errors (docs/rules.md#r12) and ownership -------------------------------------------------------
 
 
 class BrokenStorage(InMemoryHistoryStorage):
@@ -262,7 +262,7 @@ async def test_persist_into_a_thread_of_another_resource_is_refused() -> None:
 
 
 async def test_skipped_persist_still_enforces_ownership() -> None:
-    """A read-only turn on a thread of another resource is refused too (contract §4)."""
+    """A read-only turn on a thread of another resource is refused too (docs/events.md#14-storage-layout)."""
     storage = InMemoryHistoryStorage()
     await seed(storage, [msg("x1", t=1, resource="r2")], owner="r2")
     with pytest.raises(ThreadOwnershipError):

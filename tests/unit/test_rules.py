@@ -356,7 +356,7 @@ SELECT_CASES: dict[str, SelectCase] = {
 
 @pytest.mark.parametrize("case", list(SELECT_CASES.values()), ids=list(SELECT_CASES))
 def test_select_for_persistence(case: SelectCase) -> None:
-    """The choke point skips or selects exactly as R1, R4, R6, R7, R8 and read-only prescribe."""
+    """The choke point skips or selects as docs/rules.md#r1 #r4 #r6 #r7 #r8 and read-only prescribe."""
     args, expected_ids, expected_skip = case
     options = {"finish_reason": None, "read_only": False, "has_thread": True, **args}
     decision = select_for_persistence(
