@@ -29,9 +29,9 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from pymongo import AsyncMongoClient
+from aiokafka.admin import AIOKafkaAdminClient
 
+from message_history.app.topics import ensure_topics, service_topics
 from message_history.logs import configure_logging, register_secret, scrub
 from message_history.settings import Settings
 from producers.connection import kafka_options as connection_options
@@ -42,6 +42,7 @@ from schemas.events import (
     decode_persisted,
     encode,
 )
+from storage.client import mongo_client
 from worker import AgentWorker, Reply, Turn
 
 FIRST_TURN_TIMEOUT_S = 90.0  # the first turn also waits for three consumer groups to form
@@ -195,32 +196,13 @@ def demo_settings(base: Settings, run_id: str) -> Settings:
     )
 
 
-def demo_topics(settings: Settings) -> list[str]:
-    return [
-        settings.requests_topic,
-        settings.enriched_topic,
-        settings.responses_topic,
-        settings.persisted_topic,
-        settings.requests_dlq,
-        settings.responses_dlq,
-    ]
-
-
 def kafka_options(settings: Settings, client_id: str) -> dict[str, Any]:
     """aiokafka connection options from the settings (security included), as the service builds them."""
     return connection_options(settings, client_id=client_id)
 
 
 async def create_topics(settings: Settings) -> None:
-    admin = AIOKafkaAdminClient(**kafka_options(settings, "message-history-demo-admin"))
-    await admin.start()
-    try:
-        new = [
-            NewTopic(t, num_partitions=DEMO_PARTITIONS, replication_factor=1) for t in demo_topics(settings)
-        ]
-        await admin.create_topics(new)
-    finally:
-        await admin.close()
+    await ensure_topics(settings, partitions=DEMO_PARTITIONS, replication=1)
     await _wait_for_leaders(settings)
 
 
@@ -237,7 +219,7 @@ async def _wait_for_leaders(settings: Settings) -> None:
     )
     await probe.start()
     try:
-        partitions = [TopicPartition(t, p) for t in demo_topics(settings) for p in range(DEMO_PARTITIONS)]
+        partitions = [TopicPartition(t, p) for t in service_topics(settings) for p in range(DEMO_PARTITIONS)]
         await probe.end_offsets(partitions)
     finally:
         await probe.stop()
@@ -250,13 +232,11 @@ async def remove_demo_data(settings: Settings) -> None:
         admin = AIOKafkaAdminClient(**kafka_options(settings, "message-history-demo-admin"))
         await admin.start()
         try:
-            await admin.delete_topics(demo_topics(settings))
+            await admin.delete_topics(service_topics(settings))
         finally:
             await admin.close()
     with contextlib.suppress(Exception):
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            settings.mongodb_uri.get_secret_value(), serverSelectionTimeoutMS=settings.mongodb_timeout_ms
-        )
+        client = mongo_client(settings, appname="message-history-demo")
         try:
             await client.drop_database(settings.mongodb_database)
         finally:
@@ -337,11 +317,7 @@ class Demo:
 
     async def dump_mongodb(self) -> None:
         """Print each demo thread as stored: its mastra_threads row, then its mastra_messages rows."""
-        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
-            self.settings.mongodb_uri.get_secret_value(),
-            serverSelectionTimeoutMS=self.settings.mongodb_timeout_ms,
-            timeoutMS=self.settings.mongodb_timeout_ms,
-        )
+        client = mongo_client(self.settings, appname="message-history-demo")
         try:
             db = client[self.settings.mongodb_database]
             self.say(f"=== stored in MongoDB (database {self.settings.mongodb_database}) ===")
