@@ -31,6 +31,8 @@ from typing import Any, TextIO
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from message_history.app.replay.plan import UsageError, to_millis
+from message_history.app.replay.progress import format_count
 from message_history.dlq_plan import (
     DeadLetter,
     Selection,
@@ -47,8 +49,6 @@ from message_history.dlq_plan import (
     summary,
 )
 from message_history.logs import configure_logging, register_secret
-from message_history.progress import format_count
-from message_history.replay_plan import UsageError, to_millis
 from message_history.settings import Settings
 from message_history.topics import existing_partitions
 from producers.connection import kafka_options

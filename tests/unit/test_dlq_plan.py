@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from message_history.app.replay.plan import UsageError
 from message_history.dlq import options_from_args
 from message_history.dlq_plan import (
     REDRIVE_AT,
@@ -27,7 +28,6 @@ from message_history.dlq_plan import (
     selected,
     summary,
 )
-from message_history.replay_plan import UsageError
 from message_history.settings import Settings
 from schemas.dead_letters import DEAD_LETTER_HEADERS, parse_dead_letter_headers
 

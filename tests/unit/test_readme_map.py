@@ -35,7 +35,7 @@ def _rows() -> list[tuple[str, list[str], str]]:
 
 def _allowed_for(module: str, allowed_cell: str) -> set[str] | None:
     """The allowed import prefixes for `module`; None means anything is allowed."""
-    # A cell may carry per-module clauses: "`replay.py`: anything; `replay_plan.py`: nothing of ours; ..."
+    # A cell may carry per-module clauses: "`command.py`: anything; `plan.py`: nothing of ours; ..."
     name = Path(module).name
     clauses = [c.strip() for c in allowed_cell.split(";")]
     for clause in clauses:
