@@ -15,18 +15,18 @@ from typing import Any, TextIO, TypeVar
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
-from consumers.loop import Ack, BatchHandler, backoff_delay, is_outage
+from consumers.contract import BatchHandler
+from consumers.outage import Backoff, Failure, is_outage, retry_batch, retry_call, settle_outcomes
 from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
 from message_history.app.replay.progress import ProgressDisplay
 from message_history.app.replay.sinks import InvalidReport
-from message_history.errors import InvalidInputError, MessageHistoryError
+from message_history.errors import MessageHistoryError
 from message_history.settings import Settings
 from message_history.topics import existing_partitions
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
-from producers.output import OUTPUT_TOO_LARGE
 from schemas.dead_letters import error_type
 from schemas.events import EnrichedRequest, HistoryPersisted
 
@@ -93,9 +93,10 @@ async def sleep_or_stop(seconds: float, stop: asyncio.Event) -> bool:
 class BatchRunner:
     """Runs one partition's batch through the handler to the end: every record settled, or an outage too long.
 
-    Mirrors `consumers.loop.StreamLoop._attempt`: the handler's result per record is an acknowledgement or an
-    `InvalidInputError` (reported / dead-lettered); records whose outputs failed for an outage are retried
-    with the live backoff; a record whose output Kafka refuses for size is treated as bad input.
+    The live loop's own retry loop and outcome sorting (`consumers.outage`): the handler's result per record
+    is an acknowledgement or an `InvalidInputError` (reported / dead-lettered); records whose outputs failed
+    for an outage are retried with the live backoff; a record whose output Kafka refuses for size is treated
+    as bad input.
     """
 
     handler: BatchHandler
@@ -118,79 +119,48 @@ class BatchRunner:
         Raises `ReplayAbortedError` when an outage outlasts `max_retry_s` (`state.next` is then the first
         record not done), and re-raises anything that is not an outage (`state.next` stays before the batch).
         """
-        pending = list(records)
-        attempt = 0
         failing_since: float | None = None
-        while pending:
-            error: BaseException | None = None
-            try:
-                failed = await self._attempt(pending)
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                failed, error = pending, exc
-            if not failed:
-                break
-            attempt += 1
+
+        async def wait(failure: Failure[ConsumerRecord]) -> bool:
+            nonlocal failing_since
             now = self.clock()
             failing_since = now if failing_since is None else failing_since
+            error = failure.error
             reason = f"{type(error).__name__}: {error}" if error is not None else "outputs not acknowledged"
             if now - failing_since >= self.max_retry_s:
-                state.next = failed[0].offset
+                state.next = failure.failed[0].offset
                 raise ReplayAbortedError(
                     f"partition {state.partition}: dependency unavailable for {now - failing_since:.0f} s "
                     f"(--max-retry-s {self.max_retry_s:g}); last error {reason}"
                 )
-            delay = backoff_delay(
-                attempt, initial=self.retry_initial_s, maximum=self.retry_max_s, rand=self.rand
-            )
             log.warning(
                 "outage: retrying batch",
                 extra={
                     "partition": state.partition,
-                    "attempt": attempt,
-                    "records": len(failed),
-                    "delay_s": round(delay, 2),
+                    "attempt": failure.attempt,
+                    "records": len(failure.failed),
+                    "delay_s": round(failure.delay, 2),
                     "reason": reason,
                 },
             )
-            if await self.sleep(delay, stop):
-                state.next = failed[0].offset
-                return
-            pending = failed
-        if records:
+            return await self.sleep(failure.delay, stop)
+
+        backoff = Backoff(self.retry_initial_s, self.retry_max_s, self.rand)
+        left = await retry_batch(records, self._attempt, backoff=backoff, wait=wait)
+        if left:  # stopped during the backoff: the first record not done is where to resume
+            state.next = left[0].offset
+        elif records:
             state.next = max(state.next, records[-1].offset + 1)
 
     async def _attempt(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
         """One try; returns the records whose outputs failed for an outage (to retry), in order."""
-        results = await self.handler.handle(records)
-        acks: list[Ack] = [
-            self._invalid(rec, result) if isinstance(result, InvalidInputError) else result
-            for rec, result in zip(records, results, strict=True)
-        ]
-        outcomes = await asyncio.gather(*acks, return_exceptions=True)
-        failed: list[ConsumerRecord] = []
-        too_large: list[tuple[ConsumerRecord, BaseException]] = []
-        for rec, outcome in zip(records, outcomes, strict=True):
-            if isinstance(outcome, OUTPUT_TOO_LARGE):
-                too_large.append((rec, outcome))
-            elif isinstance(outcome, BaseException):
-                if not is_outage(outcome):
-                    raise outcome
-                failed.append(rec)
-            else:
-                self._settle(rec, outcome)
-        if too_large:
-            retried = await asyncio.gather(
-                *(self._invalid(r, e) for r, e in too_large), return_exceptions=True
-            )
-            for (rec, _), outcome in zip(too_large, retried, strict=True):
-                if isinstance(outcome, BaseException):
-                    if not is_outage(outcome):
-                        raise outcome
-                    failed.append(rec)
-                else:
-                    self._settle(rec, outcome)
+        failed = await settle_outcomes(
+            records,
+            await self.handler.handle(records),
+            reject=self._invalid,
+            explain=lambda error: error,  # the report and the dead letter name Kafka's own error
+            done=self._settle,
+        )
         return sorted(failed, key=lambda r: r.offset)
 
     async def _invalid(self, record: ConsumerRecord, error: BaseException) -> _Invalid:
@@ -307,33 +277,29 @@ class Replay:
 
     async def retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
         """`step()` with the live backoff while it fails for an outage, for at most `--max-retry-s`."""
-        attempt = 0
         started = time.monotonic()
-        rand = random.Random().random  # noqa: S311 -- jitter
-        while True:
-            try:
-                return await step()
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
-                attempt += 1
-                waited = time.monotonic() - started
-                if waited >= self.options.max_retry_s:
-                    raise ReplayAbortedError(
-                        f"{what}: unavailable for {waited:.0f} s "
-                        f"(--max-retry-s {self.options.max_retry_s:g}): {type(exc).__name__}: {exc}"
-                    ) from exc
-                delay = backoff_delay(
-                    attempt,
-                    initial=self.settings.retry_initial_backoff_s,
-                    maximum=self.settings.retry_max_backoff_s,
-                    rand=rand,
-                )
-                log.warning(
-                    "%s failed, retrying", what, extra={"attempt": attempt, "error": type(exc).__name__}
-                )
-                if await sleep_or_stop(delay, self.stop):
-                    raise StoppedError from exc
+
+        async def wait(failure: Failure[None]) -> bool:
+            error = failure.error
+            waited = time.monotonic() - started
+            if waited >= self.options.max_retry_s:
+                raise ReplayAbortedError(
+                    f"{what}: unavailable for {waited:.0f} s "
+                    f"(--max-retry-s {self.options.max_retry_s:g}): {type(error).__name__}: {error}"
+                ) from error
+            log.warning(
+                "%s failed, retrying", what, extra={"attempt": failure.attempt, "error": type(error).__name__}
+            )
+            if await sleep_or_stop(failure.delay, self.stop):
+                raise StoppedError from error
+            return False
+
+        backoff = Backoff(
+            self.settings.retry_initial_backoff_s,
+            self.settings.retry_max_backoff_s,
+            random.Random().random,  # noqa: S311 -- jitter
+        )
+        return await retry_call(step, backoff=backoff, wait=wait)
 
     def progress(self) -> tuple[int, int]:
         """(offsets done, offsets in the plan)."""
