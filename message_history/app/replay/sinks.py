@@ -7,15 +7,13 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from message_history.app.replay.options import CLIENT_ID
 from message_history.app.replay.plan import Counts, distinct
 from message_history.batch_storage import RecallQuery, SaveTurn
-from message_history.errors import InvalidInputError, ThreadOwnershipError
+from message_history.errors import ThreadOwnershipError
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, OutputProducer
@@ -25,7 +23,7 @@ from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
 from storage.errors import storage_errors
 from storage.forgetting import MongoForgetting
-from storage.mongodb import MongoHistoryStorage
+from storage.mongodb import MongoHistoryStorage, plan_saves
 from storage.protocol import Page, PageQuery, Thread
 
 T = TypeVar("T")
@@ -191,49 +189,20 @@ class ReplayStorage:
     def _plan(
         self, turns: Sequence[SaveTurn], stored: dict[str, Thread]
     ) -> list[Thread | ThreadOwnershipError]:
-        """What `save_many` would return, without writing (as `storage.mongodb._SavePlan` decides)."""
-        state = {**{k: v for k, v in self._virtual.items() if k not in stored}, **stored}
-        results: list[Thread | ThreadOwnershipError] = []
-        for turn in turns:
-            current = state.get(turn.thread_id)
-            if current is not None and current.resourceId and current.resourceId != turn.resource_id:
-                results.append(ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId))
-                continue
-            if not turn.messages:
-                if current is None:
-                    raise InvalidInputError(
-                        f"nothing to save into thread {turn.thread_id!r}: it does not exist"
-                    )
-                results.append(current)
-                continue
-            stamps = [m.createdAt for m in turn.messages if m.createdAt is not None] or [datetime.now(UTC)]
-            if current is None:
-                current = Thread(turn.thread_id, turn.resource_id, "", {}, min(stamps), max(stamps))
-            elif current.updatedAt is None or current.updatedAt < max(stamps):
-                current = replace(current, updatedAt=max(stamps))
-            state[turn.thread_id] = current
-            if turn.thread_id not in stored:
-                self._virtual[turn.thread_id] = current
-            results.append(current)
+        """What `save_many` would return, without writing: the storage's own planner, against the stored
+        threads and those this dry run would have created."""
+        known = {**{k: v for k, v in self._virtual.items() if k not in stored}, **stored}
+        results, plan = plan_saves(turns, known)
+        self._virtual.update({k: v for k, v in plan.state.items() if k not in stored})
         return results
 
 
 @contextlib.asynccontextmanager
 async def open_mongo(settings: Settings, *, dry_run: bool) -> AsyncIterator[MongoHistoryStorage]:
-    """The live service's MongoDB storage; a dry run connects the same way but creates no index."""
-    if not dry_run:
-        async with MongoHistoryStorage.open(settings) as storage:
-            yield storage
-        return
-    from storage.client import mongo_client  # noqa: PLC0415
-
-    client = mongo_client(settings, appname=CLIENT_ID)
-    try:
-        storage = MongoHistoryStorage(client[settings.mongodb_database])
-        await storage.ping()
+    """The live service's MongoDB storage, named as the replay; a dry run connects the same way but creates
+    no index."""
+    async with MongoHistoryStorage.open(settings, appname=CLIENT_ID, create_indexes=not dry_run) as storage:
         yield storage
-    finally:
-        await client.close()
 
 
 # --- bad records -------------------------------------------------------------------------------------------
