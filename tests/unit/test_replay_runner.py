@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
-from consumers.loop import Ack
+from consumers.contract import Ack
 from message_history.app.replay.plan import Counts
 from message_history.app.replay.runner import BatchRunner, PartitionState, ReplayAbortedError
 from message_history.app.replay.sinks import InvalidReport

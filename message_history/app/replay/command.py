@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, TextIO
 
-from consumers.loop import BatchHandler
+from consumers.contract import BatchHandler
 from consumers.requests import RecallHandler
 from consumers.responses import PersistHandler
 from consumers.unreadable import SkippingUnreadable
