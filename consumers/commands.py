@@ -13,7 +13,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from consumers.loop import Ack, record_headers
+from consumers.contract import Ack, Record, record_headers
 from message_history import metrics
 from message_history.errors import EventValidationError, InvalidInputError
 from producers.forgotten import ForgottenPublisher
@@ -103,7 +103,7 @@ class CommandsHandler:
         self._publisher = publisher
         self._limits = limits
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
         results: list[Ack | InvalidInputError] = []
         for record in records:
             try:

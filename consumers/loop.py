@@ -26,27 +26,30 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import (
-    CommitFailedError,
-    IllegalStateError,
-    KafkaConnectionError,
-    KafkaError,
-    KafkaTimeoutError,
-    KafkaUnavailableError,
-)
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry.trace import Span
 
+from consumers.contract import Ack, BatchHandler, ack_after, record_headers
 from consumers.offsets import OffsetTracker, PartitionOffsets
+from consumers.outage import (
+    Backoff,
+    ChunkLimit,
+    Failure,
+    backoff_delay,
+    is_outage,
+    retry_batch,
+    settle_outcomes,
+)
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
-from message_history.errors import InvalidInputError, RetriableError, error_type
+from message_history.errors import error_type
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
@@ -54,26 +57,21 @@ from producers.output import OUTPUT_TOO_LARGE, explain_too_large
 
 log = logging.getLogger(__name__)
 
-Ack = Awaitable[object]
-"""Resolves when every output of one record is durable; raises when one could not be written."""
+__all__ = [  # with the contract's and the outage policy's names, still imported from here by older code
+    "Ack",
+    "BatchHandler",
+    "LoopOptions",
+    "StreamLoop",
+    "ack_after",
+    "backoff_delay",
+    "build_consumer",
+    "is_outage",
+    "record_headers",
+]
 
-_OUTAGE_KAFKA_ERRORS = (KafkaConnectionError, KafkaTimeoutError, KafkaUnavailableError)
 _TOPIC_POLL_S = 1.0  # how often a missing input topic is looked for
 _TOPIC_REPORT_EVERY_S = 30.0  # how often the wait for it is logged
 _GROW_AFTER = 8  # clean attempts before a shrunken chunk limit doubles again
-
-
-class BatchHandler(Protocol):
-    """One path's work on a batch of records (the recall or the persist path)."""
-
-    async def handle(self, records: Sequence[ConsumerRecord]) -> list[Ack | InvalidInputError]:
-        """Process `records`; one entry per record, in order.
-
-        An `Ack` once the record's outputs are sent (and, where it writes MongoDB, written); an
-        `InvalidInputError` to dead-letter the record. Raises `RetriableError` (or a Kafka error) when a
-        dependency is down: the loop retries the same records later.
-        """
-        ...
 
 
 class Health(Protocol):
@@ -82,25 +80,6 @@ class Health(Protocol):
     def set_ready(self, component: str, ready: bool, reason: str = "") -> None: ...
 
     def beat(self, component: str) -> None: ...
-
-
-def is_outage(error: BaseException) -> bool:
-    """True for a dependency that is down or slow (retry later), False for anything else."""
-    if isinstance(error, RetriableError):
-        return True
-    if isinstance(error, KafkaError):
-        return bool(getattr(error, "retriable", False)) or isinstance(error, _OUTAGE_KAFKA_ERRORS)
-    return isinstance(error, (ConnectionError, TimeoutError))
-
-
-def backoff_delay(attempt: int, *, initial: float, maximum: float, rand: Callable[[], float]) -> float:
-    """Seconds to wait before retry `attempt` (1-based): exponential, capped, with "equal jitter".
-
-    Half of the capped delay is fixed and half random, so instances that failed together do not retry in step
-    and a retry never comes sooner than half the nominal delay.
-    """
-    nominal: float = min(maximum, initial * 2.0 ** max(0, attempt - 1))
-    return nominal / 2 + rand() * nominal / 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,8 +166,7 @@ class StreamLoop:
         self._commit_task: asyncio.Task[None] | None = None
         self._last_commit = time.monotonic()
         self._random = random.Random()  # noqa: S311 -- jitter, not security
-        self._chunk_limit = options.max_batch_records  # records per attempt; shrinks after failures
-        self._clean_chunks = 0
+        self._chunks = ChunkLimit(options.max_batch_records, grow_after=_GROW_AFTER)  # shrinks after failures
         self._handed_out: dict[TopicPartition, int] = {}  # one past the last record fetched, per partition
 
     def done_offset(self, partition: int) -> int | None:
@@ -363,87 +341,54 @@ class StreamLoop:
         pending = [(rec, self._tracker.track(_tp(rec), rec.offset)) for rec in records]
         metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
         self._idle.clear()
-        attempt = 0
-        chunk = self._chunk_limit
         try:
-            while True:
-                pending = [(rec, part) for rec, part in pending if self._tracker.owns(_tp(rec), part)]
-                if not pending:
-                    return
-                head, tail = pending[:chunk], pending[chunk:]
-                error: BaseException | None = None
-                try:
-                    failed = await self._attempt(head)
-                except Exception as exc:
-                    if not is_outage(exc):
-                        raise
-                    failed, error = head, exc
-                pending = failed + tail
-                if not failed:
-                    if self._outage:
-                        self._leave_outage()
-                    attempt = 0
-                    chunk = self._learn_chunk_limit(failed=False)
-                    continue
-                attempt += 1
-                chunk = self._learn_chunk_limit(failed=True, tried=len(head))
-                self._enter_outage(error, attempt)
-                delay = backoff_delay(
-                    attempt,
-                    initial=self._opts.retry_initial_s,
-                    maximum=self._opts.retry_max_s,
-                    rand=self._random.random,
+            left = await retry_batch(
+                pending,
+                self._attempt,
+                backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
+                wait=lambda failure: self._wait_out(failure, stop),
+                keep=lambda items: [(rec, part) for rec, part in items if self._tracker.owns(_tp(rec), part)],
+                chunks=self._chunks,
+                recovered=self._recovered,
+            )
+            if left:
+                log.warning(
+                    "stopping during an outage: %d records left for the next owner",
+                    len(left),
+                    extra={"path": self.path},
                 )
-                await self._wait_polling(delay, stop)
-                if stop.is_set():
-                    log.warning(
-                        "stopping during an outage: %d records left for the next owner",
-                        len(pending),
-                        extra={"path": self.path},
-                    )
-                    return
         finally:
             if self._outage:
                 self._leave_outage()
             metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
             self._idle.set()
 
-    def _learn_chunk_limit(self, *, failed: bool, tried: int = 0) -> int:
-        """Records per attempt from now on: half of what failed, or x2 after `_GROW_AFTER` clean attempts."""
-        if failed:
-            self._chunk_limit = max(1, tried // 2)
-            self._clean_chunks = 0
-        else:
-            self._clean_chunks += 1
-            if self._clean_chunks >= _GROW_AFTER and self._chunk_limit < self._opts.max_batch_records:
-                self._chunk_limit = min(self._opts.max_batch_records, self._chunk_limit * 2)
-                self._clean_chunks = 0
-        return self._chunk_limit
+    def _recovered(self) -> None:
+        if self._outage:
+            self._leave_outage()
+
+    async def _wait_out(
+        self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]], stop: asyncio.Event
+    ) -> bool:
+        """Report the outage, wait out the backoff polling; True when told to stop meanwhile."""
+        self._enter_outage(failure.error, failure.attempt)
+        await self._wait_polling(failure.delay, stop)
+        return stop.is_set()
 
     async def _attempt(
         self, pending: list[tuple[ConsumerRecord, PartitionOffsets]]
     ) -> list[tuple[ConsumerRecord, PartitionOffsets]]:
         """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
         results = await self._handler.handle([rec for rec, _ in pending])
-        acks: list[Ack] = []
-        for (rec, _), result in zip(pending, results, strict=True):
-            if isinstance(result, InvalidInputError):
-                acks.append(self._dead_letter(rec, result))
-            else:
-                acks.append(result)
         started = time.perf_counter()
-        outcomes = await asyncio.gather(*acks, return_exceptions=True)
-        failed, too_large = _settle(pending, outcomes)
-        if too_large:
+        failed = await settle_outcomes(
+            pending,
+            results,
+            reject=lambda item, error: self._dead_letter(item[0], error),
             # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
-            letters = [self._dead_letter(rec, explain_too_large(err, self.path)) for rec, _, err in too_large]
-            again, refused = _settle(
-                [(rec, part) for rec, part, _ in too_large],
-                await asyncio.gather(*letters, return_exceptions=True),
-            )
-            if refused:
-                raise refused[0][2]
-            failed += again
+            explain=lambda error: explain_too_large(error, self.path),
+            done=lambda item, _: item[1].done(item[0].offset),
+        )
         metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
         if failed:
             failed.sort(key=lambda item: (item[0].partition, item[0].offset))
@@ -598,42 +543,5 @@ class StreamLoop:
         )
 
 
-Pending = list[tuple[ConsumerRecord, PartitionOffsets]]
-
-
-def _settle(
-    pending: Pending, outcomes: Sequence[object]
-) -> tuple[Pending, list[tuple[ConsumerRecord, PartitionOffsets, BaseException]]]:
-    """Mark records whose outputs were acknowledged done; return (outage failures, too-large outputs).
-
-    Any other failure is raised: it is neither an outage nor a property of one record.
-    """
-    failed: Pending = []
-    too_large: list[tuple[ConsumerRecord, PartitionOffsets, BaseException]] = []
-    for (rec, part), outcome in zip(pending, outcomes, strict=True):
-        if not isinstance(outcome, BaseException):
-            part.done(rec.offset)
-        elif isinstance(outcome, OUTPUT_TOO_LARGE):
-            too_large.append((rec, part, outcome))
-        elif is_outage(outcome):
-            failed.append((rec, part))
-        else:
-            raise outcome
-    return failed, too_large
-
-
 def _tp(record: ConsumerRecord) -> TopicPartition:
     return TopicPartition(record.topic, record.partition)
-
-
-async def ack_after(first: Awaitable[object], ack: Ack) -> object:
-    """`ack`, resolved only once `first` (another write the record caused) is durable too; either failing
-    fails the record, so the loop retries it."""
-    await first
-    return await ack
-
-
-def record_headers(record: ConsumerRecord) -> list[tuple[str, bytes]]:
-    """The record's headers as (str, bytes) pairs, ready to be passed on to an output."""
-    headers: Any = record.headers or ()
-    return [(key, value or b"") for key, value in headers]

@@ -14,11 +14,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from consumers.collect import CollectedTurn, CollectingHistory
+from consumers.contract import Ack, Record, ack_after
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack, ack_after
 from message_history import metrics, tracing
 from message_history.core.rules import with_source
 from message_history.errors import EventValidationError, InvalidInputError
@@ -41,7 +41,7 @@ class AnsweredTurns(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class _Item:
-    record: Any  # aiokafka ConsumerRecord
+    record: Record
     response: AgentResponse
 
 
@@ -85,12 +85,12 @@ class PersistHandler:
         self._max_in_flight = max_in_flight_threads
         self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
         with tracing.batch_spans(PATH, records) as spans:
             return await self._handle(records, spans)
 
     async def _handle(
-        self, records: Sequence[Any], spans: tracing.BatchSpans
+        self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
         results: list[Ack | InvalidInputError | None] = [None] * len(records)
@@ -199,7 +199,7 @@ class PersistHandler:
             answered.setdefault(item.response.threadId, []).append(item.response.requestId)
         return asyncio.ensure_future(self._markers.answered(answered)) if answered else None
 
-    def _decode(self, record: Any) -> AgentResponse:
+    def _decode(self, record: Record) -> AgentResponse:
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
         if record.value is None:
             raise EventValidationError("empty record (no value)")

@@ -20,10 +20,9 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from consumers.contract import Ack, Record, ack_after
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack, ack_after
 from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, BatchGate, TurnGate
 from message_history import metrics, tracing
@@ -98,7 +97,7 @@ def turn_last_messages(request: AgentRequest, default: int) -> LastMessages:
 
 @dataclass(frozen=True, slots=True)
 class _Item:
-    record: Any  # aiokafka ConsumerRecord
+    record: Record
     request: AgentRequest
     memory: TurnMemory
 
@@ -127,12 +126,12 @@ class RecallHandler:
         self._defaults = memory_defaults or MemoryDefaults(last_messages=last_messages)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
         with tracing.batch_spans(PATH, records) as spans:
             return await self._handle(records, spans)
 
     async def _handle(
-        self, records: Sequence[Any], spans: tracing.BatchSpans
+        self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
         results: list[Ack | InvalidInputError | None] = [None] * len(records)

@@ -242,7 +242,7 @@ class _ThreadWrite:
         )
 
 
-class _SavePlan:
+class SavePlan:
     """The writes of a batch of turns, planned in turn order against the threads as they stand."""
 
     def __init__(self, threads: dict[str, Thread], keys: dict[str, Any], now: datetime) -> None:
@@ -285,6 +285,23 @@ class _SavePlan:
         return current
 
 
+def plan_saves(
+    turns: Sequence[SaveTurn],
+    threads: Mapping[str, Thread],
+    keys: Mapping[str, Any] | None = None,
+    *,
+    now: datetime | None = None,
+) -> tuple[list[Thread | ThreadOwnershipError], SavePlan]:
+    """What `save_many` returns for `turns` and the writes it makes, against the stored `threads`; no I/O.
+
+    `save_many` writes the plan; replay's dry run answers with the results and writes nothing. Refuses (with
+    `InvalidInputError`, before planning anything) a turn whose thread id or a message id is unusable.
+    """
+    _check_turns(turns)
+    plan = SavePlan(dict(threads), dict(keys or {}), now or utc_now_ms())
+    return [plan.add(turn) for turn in turns], plan
+
+
 def _message_write(message: Message, thread_id: str, resource_id: str, now: datetime) -> _MessageWrite:
     extra = message.model_extra
     return _MessageWrite(
@@ -323,6 +340,14 @@ def _check_thread_id(thread_id: str) -> None:
         raise InvalidInputError("thread id must not be empty")
 
 
+def _check_turns(turns: Sequence[SaveTurn]) -> None:
+    for turn in turns:
+        _check_thread_id(turn.thread_id)
+        for message in turn.messages:
+            if not message.id:
+                raise InvalidInputError(f"a message to save into thread {turn.thread_id!r} has no id")
+
+
 def _check_limit(limit: int | None) -> None:
     if limit is not None and limit < 0:
         raise InvalidInputError(f"limit must not be negative, got {limit}")
@@ -359,14 +384,21 @@ class MongoHistoryStorage:
     @classmethod
     @asynccontextmanager
     async def open(
-        cls, settings: Settings, *, recall_strategy: RecallStrategy = "in"
+        cls,
+        settings: Settings,
+        *,
+        recall_strategy: RecallStrategy = "in",
+        appname: str = "message-history",
+        create_indexes: bool = True,
     ) -> AsyncIterator[MongoHistoryStorage]:
-        """Connect with the settings' timeouts, ping (fail fast), ensure indexes; close the client on exit."""
-        client = mongo_client(settings, appname="message-history")
+        """Connect with the settings' timeouts, ping (fail fast), ensure indexes (unless told not to: a dry
+        run changes nothing); close the client on exit."""
+        client = mongo_client(settings, appname=appname)
         try:
             storage = cls(client[settings.mongodb_database], recall_strategy=recall_strategy)
             await storage.ping()
-            await storage.ensure_indexes()
+            if create_indexes:
+                await storage.ensure_indexes()
             yield storage
         finally:
             await client.close()
@@ -611,14 +643,9 @@ class MongoHistoryStorage:
         """
         if not turns:
             return []
-        for turn in turns:
-            _check_thread_id(turn.thread_id)
-            for message in turn.messages:
-                if not message.id:
-                    raise InvalidInputError(f"a message to save into thread {turn.thread_id!r} has no id")
+        _check_turns(turns)  # before reading anything
         state, keys = await self._get_threads([t.thread_id for t in turns])
-        plan = _SavePlan(state, keys, utc_now_ms())
-        results = [plan.add(turn) for turn in turns]
+        results, plan = plan_saves(turns, state, keys)
         if plan.messages:
             await self._keyed_bulk_write(
                 self.messages,

@@ -50,7 +50,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--threads", type=int, default=2)
     demo.add_argument("--turns", type=int, default=3)
 
-    from message_history.replay_plan import add_replay_arguments  # noqa: PLC0415 -- stdlib only, cheap
+    from message_history.app.replay.plan import add_replay_arguments  # noqa: PLC0415 -- stdlib only, cheap
 
     replay = sub.add_parser("replay", help="backfill or repair MongoDB from a topic (bounded, no group)")
     add_replay_arguments(replay)
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one retu
 
         return demo_main(threads=args.threads, turns=args.turns)
     if args.command == "replay":
-        from message_history.replay import main as replay_main  # noqa: PLC0415
+        from message_history.app.replay.command import main as replay_main  # noqa: PLC0415
 
         return replay_main(args)
     if args.command == "dlq":

@@ -46,10 +46,10 @@ from message_history.app.dlq_plan import (
     selection_from_args,
     summary,
 )
+from message_history.app.replay.plan import UsageError, to_millis
+from message_history.app.replay.progress import format_count
 from message_history.app.topics import existing_partitions
 from message_history.logs import configure_logging, register_secret
-from message_history.progress import format_count
-from message_history.replay_plan import UsageError, to_millis
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from schemas.dead_letters import parse_dead_letter_headers

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from message_history.replay_plan import UsageError, parse_timestamp
+from message_history.app.replay.plan import UsageError, parse_timestamp
 from schemas.dead_letters import DEAD_LETTER_HEADERS, DeadLetterInfo
 
 REDRIVE_OF = "redrive.of"

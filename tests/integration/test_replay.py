@@ -25,8 +25,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pymongo import AsyncMongoClient
 
-from message_history.replay import ReplayResult, options_from_args, run_replay
-from message_history.replay_plan import add_replay_arguments, parse_offsets
+from message_history.app.replay.command import ReplayResult, run_replay
+from message_history.app.replay.options import options_from_args
+from message_history.app.replay.plan import add_replay_arguments, parse_offsets
 from message_history.settings import Settings
 from schemas.dead_letters import parse_dead_letter_headers
 from schemas.events import decode_response

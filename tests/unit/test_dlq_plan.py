@@ -27,7 +27,7 @@ from message_history.app.dlq_plan import (
     selected,
     summary,
 )
-from message_history.replay_plan import UsageError
+from message_history.app.replay.plan import UsageError
 from message_history.settings import Settings
 from schemas.dead_letters import DEAD_LETTER_HEADERS, parse_dead_letter_headers
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from message_history.app.cli import main as cli_main
-from message_history.replay import ReplayOptions, StartAt, options_from_args
-from message_history.replay_plan import UsageError, add_replay_arguments
+from message_history.app.replay.options import ReplayOptions, StartAt, options_from_args
+from message_history.app.replay.plan import UsageError, add_replay_arguments
 from message_history.settings import Settings
 
 SETTINGS = Settings(
@@ -175,7 +175,7 @@ def test_cli_exits_2_on_usage_errors_found_after_parsing(
     """A refused combination returns 2 with the reason, before connecting to anything."""
     monkeypatch.setenv("MESSAGE_HISTORY_ENRICHED_TOPIC", "live-enriched")
     monkeypatch.setattr(
-        "message_history.replay.configure_logging", lambda level: None
+        "message_history.app.replay.command.configure_logging", lambda level: None
     )  # keep pytest's handlers
     assert cli_main(["replay", "--from-beginning", "--emit-to", "live-enriched"]) == 2
     assert "live enriched topic" in capsys.readouterr().err

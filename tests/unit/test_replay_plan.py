@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from message_history.replay_plan import (
+from message_history.app.replay.plan import (
     Counts,
     PartitionRange,
     TokenBucket,
@@ -260,7 +260,7 @@ def test_counts_tally_outcomes_and_keep_a_few_invalid_samples() -> None:
     assert len(counts.invalid_samples) == Counts.SAMPLES
 
 
-@pytest.mark.parametrize("module", ["message_history.replay_plan", "message_history.progress"])
+@pytest.mark.parametrize("module", ["message_history.app.replay.plan", "message_history.app.replay.progress"])
 def test_replay_rules_and_display_import_no_io(module: str) -> None:
     """The replay's pure rules and its progress display load neither Kafka, MongoDB nor asyncio."""
     from tests.unit.test_purity import FORBIDDEN, loaded_top_level_modules  # noqa: PLC0415

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from message_history.progress import (
+from message_history.app.replay.plan import Counts
+from message_history.app.replay.progress import (
     BAR_REDRAW_S,
     ProgressDisplay,
     RateMeter,
@@ -23,7 +24,6 @@ from message_history.progress import (
     progress_line,
     summary_lines,
 )
-from message_history.replay_plan import Counts
 
 
 class FakeClock:

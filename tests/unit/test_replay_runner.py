@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
-from consumers.loop import Ack
+from consumers.contract import Ack
+from message_history.app.replay.plan import Counts
+from message_history.app.replay.runner import BatchRunner, PartitionState, ReplayAbortedError
+from message_history.app.replay.sinks import InvalidReport
 from message_history.errors import EventValidationError, InvalidInputError, StorageUnavailableError
-from message_history.replay import BatchRunner, InvalidReport, PartitionState, ReplayAbortedError
-from message_history.replay_plan import Counts
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher, SourceRecord
 from producers.output import OutputProducer

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TextIO
 
-from message_history.replay_plan import Counts
+from message_history.app.replay.plan import Counts
 
 Mode = Literal["bar", "log", "none"]
 Status = Literal["done", "interrupted", "failed"]

@@ -1,7 +1,7 @@
 """The pure parts of `message-history replay`: offset specs, timestamps, ranges, the rate limit, the tallies.
 
-No I/O and no asyncio here (the Kafka and MongoDB side is `message_history.replay`), so every rule is
-unit-tested with plain values and a fake clock.
+No I/O and no asyncio here (the Kafka and MongoDB side is the rest of `message_history.app.replay`), so every
+rule is unit-tested with plain values and a fake clock.
 
 * `--from-offsets 0:120,3:7` names the partitions to replay and where each starts; `format_offsets` writes the
   same form, so the resume flag printed after an interrupt can be pasted back as is.

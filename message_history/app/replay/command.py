@@ -1,0 +1,309 @@
+"""`message-history replay ...`: the entry point, the run with its progress, the summary, the signals."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from consumers.contract import BatchHandler
+from consumers.persist import PersistHandler
+from consumers.recall import RecallHandler
+from consumers.unreadable import SkippingUnreadable
+from message_history.app.replay.options import CLIENT_ID, ReplayOptions, options_from_args
+from message_history.app.replay.plan import Counts, PartitionRange, UsageError, resume_flag
+from message_history.app.replay.progress import ProgressDisplay, Status, Summary, summary_lines
+from message_history.app.replay.runner import (
+    BatchRunner,
+    PartitionState,
+    Replay,
+    ReplayAbortedError,
+    StoppedError,
+    plan_replay,
+)
+from message_history.app.replay.sinks import (
+    EnrichedOutcomes,
+    InvalidReport,
+    PersistedOutcomes,
+    ReplayStorage,
+    open_mongo,
+)
+from message_history.app.service import memory_defaults
+from message_history.logs import configure_logging, register_secret
+from message_history.settings import Settings
+from producers.dead_letters import DeadLetterPublisher
+from producers.output import OutputProducer
+from schemas.limits import Limits
+
+log = logging.getLogger(__name__)
+
+EXIT_DONE = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """How the replay ended."""
+
+    status: Status
+    exit_code: int
+    counts: Counts
+    partitions: list[PartitionState]
+    summary: Summary | None = None
+
+    @property
+    def resume_offsets(self) -> dict[int, int]:
+        """Where to go on from: the partitions with work left, at their first offset not done."""
+        return {p.partition: p.next for p in self.partitions if not p.finished}
+
+    @property
+    def ranges(self) -> list[PartitionRange]:
+        return [PartitionRange(p.partition, p.start, p.end) for p in self.partitions]
+
+
+def _handler(
+    options: ReplayOptions, settings: Settings, storage: ReplayStorage, producer: OutputProducer
+) -> BatchHandler:
+    """The live path's handler, publishing into a recorder (sending on only when asked to)."""
+    limits = Limits.from_settings(settings)
+    if options.path == "recall":
+        assert options.emit_to is not None
+        return SkippingUnreadable(
+            RecallHandler(
+                storage=storage,
+                publisher=EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
+                limits=limits,
+                last_messages=settings.last_messages,
+                max_in_flight_threads=settings.max_in_flight_threads,
+                memory_defaults=memory_defaults(settings),
+                write_boundaries=not options.dry_run,
+            )
+        )
+    return SkippingUnreadable(
+        PersistHandler(
+            storage=storage,
+            publisher=PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
+            limits=limits,
+            max_in_flight_threads=settings.max_in_flight_threads,
+            tombstones=storage.tombstones,
+        )
+    )
+
+
+async def run_replay(
+    settings: Settings,
+    options: ReplayOptions,
+    *,
+    stop: asyncio.Event | None = None,
+    abandon: asyncio.Event | None = None,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> ReplayResult:
+    """Replay as `options` say; prints the summary (and the resume flag) to `out`, progress to `err`.
+
+    `stop` is the clean stop (finish the batches in hand), `abandon` the hard one; both are the signals' in
+    `main`. Never raises for a failure of the replay itself: the result's `exit_code` says how it ended.
+    """
+    stop = stop or asyncio.Event()
+    abandon = abandon or asyncio.Event()
+    out = out or sys.stdout
+    err = err or sys.stderr
+    replay = Replay(settings, options, stop=stop, err=err)
+    started = time.monotonic()
+    display = ProgressDisplay(
+        err,
+        mode=options.progress,
+        interval_s=options.progress_interval_s,
+        log=_log_progress,
+        width=_width(err),
+    )
+    failure: BaseException | None = None
+    planned = False
+    clear_bar = _ClearBar(display)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(clear_bar)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            plan = await replay.retrying("read the topic's offsets", lambda: plan_replay(settings, options))
+            replay.partitions = [PartitionState(r.partition, r.start, r.end, r.start) for r in plan.ranges]
+            replay.notes = plan.notes
+            planned = True
+            for note in plan.notes:
+                log.warning(note)
+            log.info(
+                "replay starting",
+                extra={
+                    "topic": options.topic,
+                    "path": options.path,
+                    "dry_run": options.dry_run,
+                    "ranges": {str(r.partition): [r.start, r.end] for r in plan.ranges},
+                    "total": plan.total,
+                },
+            )
+            report = stack.enter_context(InvalidReport(options.invalid_report))
+            mongo = await replay.retrying(
+                "connect to MongoDB",
+                lambda: stack.enter_async_context(open_mongo(settings, dry_run=options.dry_run)),
+            )
+            producer = OutputProducer(settings, client_id=CLIENT_ID)
+            if options.emits or options.dead_letters:
+                await replay.retrying(
+                    "connect the Kafka producer", lambda: stack.enter_async_context(producer)
+                )
+            storage = ReplayStorage(mongo, replay.counts, dry_run=options.dry_run)
+            runner = BatchRunner(
+                handler=_handler(options, settings, storage, producer),
+                counts=replay.counts,
+                report=report,
+                dead_letters=DeadLetterPublisher(producer, options.dead_letter_topic)
+                if options.dead_letters
+                else None,
+                max_retry_s=options.max_retry_s,
+                retry_initial_s=settings.retry_initial_backoff_s,
+                retry_max_s=settings.retry_max_backoff_s,
+                path=options.path,
+            )
+            ticker = asyncio.create_task(replay.tick(display), name="replay-progress")
+            try:
+                failure = await replay.run_partitions(runner, abandon)
+            finally:
+                ticker.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await ticker
+    except UsageError as exc:
+        print(f"message-history replay: error: {exc}", file=err)
+        return ReplayResult("failed", EXIT_USAGE, replay.counts, replay.partitions)
+    except StoppedError:
+        pass  # a signal during setup: reported as interrupted
+    except Exception as exc:  # noqa: BLE001 -- reported below with the resume offsets
+        failure = failure or exc
+    finally:
+        for handler in logging.getLogger().handlers:
+            handler.removeFilter(clear_bar)
+    display.close(*replay.progress(), replay.counts)
+    return _finish(replay, failure, planned=planned, started=started, out=out)
+
+
+def _finish(
+    replay: Replay, failure: BaseException | None, *, planned: bool, started: float, out: TextIO
+) -> ReplayResult:
+    options = replay.options
+    result = ReplayResult("done", EXIT_DONE, replay.counts, replay.partitions)
+    if failure is not None:
+        result.status, result.exit_code = "failed", EXIT_FAILED
+        log.error("replay failed", exc_info=failure if not isinstance(failure, ReplayAbortedError) else None)
+    elif result.resume_offsets or not planned:
+        result.status, result.exit_code = "interrupted", EXIT_INTERRUPTED
+    resume = resume_flag(result.resume_offsets)
+    notes = list(replay.notes)
+    if not planned:
+        notes.append("nothing was replayed: run the same command again")
+    summary = Summary(
+        topic=options.topic,
+        status=result.status,
+        elapsed_s=time.monotonic() - started,
+        counts=replay.counts,
+        dry_run=options.dry_run,
+        path=options.path,
+        dead_letter_topic=options.dead_letter_topic if options.dead_letters else None,
+        emitted_to=(options.emit_to if options.path == "recall" else replay.settings.persisted_topic)
+        if options.emits
+        else None,
+        resume=resume,
+        error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
+        notes=notes,
+    )
+    result.summary = summary
+    for line in summary_lines(summary):
+        print(line, file=out)
+    out.flush()
+    counts = replay.counts
+    log.info(
+        "replay %s",
+        result.status,
+        extra={
+            "topic": options.topic,
+            "exit_code": result.exit_code,
+            "events": counts.events,
+            "persisted": counts.persisted,
+            "skipped": dict(counts.skipped),
+            "enriched": counts.enriched,
+            "invalid": counts.invalid,
+            "dead_lettered": counts.dead_lettered,
+            "messages_inserted": counts.messages_inserted,
+            "messages_present": counts.messages_present,
+            "threads": counts.threads,
+            "elapsed_s": round(summary.elapsed_s, 2),
+            "read_s": round(replay.read_s, 3),
+            "resume": resume,
+        },
+    )
+    return result
+
+
+class _ClearBar(logging.Filter):
+    """Erases the progress bar before a log line goes to the same terminal."""
+
+    def __init__(self, display: ProgressDisplay) -> None:
+        super().__init__()
+        self._display = display
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self._display.clear()
+        return True
+
+
+def _log_progress(fields: dict[str, Any]) -> None:
+    log.info("replay progress", extra=fields)
+
+
+def _width(stream: TextIO) -> int:
+    import shutil  # noqa: PLC0415
+
+    return shutil.get_terminal_size((120, 24)).columns if stream.isatty() else 120
+
+
+def main(args: argparse.Namespace) -> int:
+    """`message-history replay ...`; returns 0 done, 1 failed, 2 usage error, 130 interrupted."""
+    settings = Settings()
+    configure_logging(settings.log_level)
+    register_secret(settings.mongodb_uri)
+    register_secret(settings.kafka_sasl_password)
+    try:
+        options = options_from_args(args, settings, tty=sys.stderr.isatty())
+    except UsageError as exc:
+        print(f"message-history replay: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(_main(settings, options))
+
+
+async def _main(settings: Settings, options: ReplayOptions) -> int:
+    stop, abandon = asyncio.Event(), asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            log.warning(
+                "signal received: finishing the batches in hand (again to abandon them)",
+                extra={"signal": sig.name},
+            )
+            stop.set()
+        else:
+            abandon.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        result = await run_replay(settings, options, stop=stop, abandon=abandon)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return result.exit_code

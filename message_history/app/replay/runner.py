@@ -1,0 +1,442 @@
+"""The replay's work: the partitions' ranges read from Kafka, one worker per partition, each batch run
+through the live handler to the end with the live loop's retry policy."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TextIO, TypeVar
+
+from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka.errors import OffsetOutOfRangeError
+
+from consumers.contract import BatchHandler
+from consumers.outage import Backoff, Failure, is_outage, retry_batch, retry_call, settle_outcomes
+from consumers.unreadable import is_unreadable, read_carefully
+from message_history.app.replay.options import CLIENT_ID, ReplayOptions
+from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
+from message_history.app.replay.progress import ProgressDisplay
+from message_history.app.replay.sinks import InvalidReport
+from message_history.app.topics import existing_partitions
+from message_history.errors import MessageHistoryError, error_type
+from message_history.settings import Settings
+from producers.connection import kafka_options
+from producers.dead_letters import DeadLetterPublisher
+from schemas.events import EnrichedRequest, HistoryPersisted
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+FETCH_TIMEOUT_MS = 500
+
+
+class ReplayAbortedError(MessageHistoryError):
+    """A dependency stayed unavailable longer than `--max-retry-s`: the replay stops where it is."""
+
+
+class StoppedError(Exception):
+    """A signal came while waiting to retry a connection: not a failure, an interruption."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Invalid:
+    """A bad record's outcome: reported, and dead-lettered unless `--skip-invalid`."""
+
+    error: BaseException
+    dead_lettered: bool
+
+
+# --- one batch, with the live loop's retry policy ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class PartitionState:
+    """One partition's range and how far it got: every offset below `next` is done."""
+
+    partition: int
+    start: int
+    end: int
+    next: int
+
+    @property
+    def finished(self) -> bool:
+        return self.next >= self.end
+
+    @property
+    def done(self) -> int:
+        return max(0, min(self.next, self.end) - self.start)
+
+
+Sleep = Callable[[float, asyncio.Event], Awaitable[bool]]
+
+
+async def sleep_or_stop(seconds: float, stop: asyncio.Event) -> bool:
+    """Wait `seconds`; True when `stop` was set meanwhile (returns at once then)."""
+    if stop.is_set():
+        return True
+    try:
+        async with asyncio.timeout(seconds):
+            await stop.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+@dataclass
+class BatchRunner:
+    """Runs one partition's batch through the handler to the end: every record settled, or an outage too long.
+
+    The live loop's own retry loop and outcome sorting (`consumers.outage`): the handler's result per record
+    is an acknowledgement or an `InvalidInputError` (reported / dead-lettered); records whose outputs failed
+    for an outage are retried with the live backoff; a record whose output Kafka refuses for size is treated
+    as bad input.
+    """
+
+    handler: BatchHandler
+    counts: Counts
+    report: InvalidReport
+    dead_letters: DeadLetterPublisher | None
+    max_retry_s: float
+    retry_initial_s: float
+    retry_max_s: float
+    path: str = "persist"
+    clock: Callable[[], float] = time.monotonic
+    sleep: Sleep = sleep_or_stop
+    rand: Callable[[], float] = field(default_factory=lambda: random.Random().random)  # noqa: S311 -- jitter
+
+    async def run(
+        self, records: Sequence[ConsumerRecord], state: PartitionState, stop: asyncio.Event
+    ) -> None:
+        """Process `records` (one partition, ascending); moves `state.next` past what is done.
+
+        Raises `ReplayAbortedError` when an outage outlasts `max_retry_s` (`state.next` is then the first
+        record not done), and re-raises anything that is not an outage (`state.next` stays before the batch).
+        """
+        failing_since: float | None = None
+
+        async def wait(failure: Failure[ConsumerRecord]) -> bool:
+            nonlocal failing_since
+            now = self.clock()
+            failing_since = now if failing_since is None else failing_since
+            error = failure.error
+            reason = f"{type(error).__name__}: {error}" if error is not None else "outputs not acknowledged"
+            if now - failing_since >= self.max_retry_s:
+                state.next = failure.failed[0].offset
+                raise ReplayAbortedError(
+                    f"partition {state.partition}: dependency unavailable for {now - failing_since:.0f} s "
+                    f"(--max-retry-s {self.max_retry_s:g}); last error {reason}"
+                )
+            log.warning(
+                "outage: retrying batch",
+                extra={
+                    "partition": state.partition,
+                    "attempt": failure.attempt,
+                    "records": len(failure.failed),
+                    "delay_s": round(failure.delay, 2),
+                    "reason": reason,
+                },
+            )
+            return await self.sleep(failure.delay, stop)
+
+        backoff = Backoff(self.retry_initial_s, self.retry_max_s, self.rand)
+        left = await retry_batch(records, self._attempt, backoff=backoff, wait=wait)
+        if left:  # stopped during the backoff: the first record not done is where to resume
+            state.next = left[0].offset
+        elif records:
+            state.next = max(state.next, records[-1].offset + 1)
+
+    async def _attempt(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
+        """One try; returns the records whose outputs failed for an outage (to retry), in order."""
+        failed = await settle_outcomes(
+            records,
+            await self.handler.handle(records),
+            reject=self._invalid,
+            explain=lambda error: error,  # the report and the dead letter name Kafka's own error
+            done=self._settle,
+        )
+        return sorted(failed, key=lambda r: r.offset)
+
+    async def _invalid(self, record: ConsumerRecord, error: BaseException) -> _Invalid:
+        if self.dead_letters is None:
+            return _Invalid(error, dead_lettered=False)
+        await (await self.dead_letters.publish(record, error))
+        return _Invalid(error, dead_lettered=True)
+
+    def _settle(self, record: ConsumerRecord, outcome: object) -> None:
+        if isinstance(outcome, HistoryPersisted):
+            self.counts.add_persisted(outcome.skipped)
+        elif isinstance(outcome, EnrichedRequest):
+            self.counts.add_enriched(outcome.history.recalled)
+        elif isinstance(outcome, _Invalid):
+            dlq = self.dead_letters.topic if outcome.dead_lettered and self.dead_letters else None
+            self.counts.add_invalid(
+                partition=record.partition,
+                offset=record.offset,
+                error=f"{error_type(outcome.error)}: {outcome.error}",
+                dead_lettered=outcome.dead_lettered,
+            )
+            self.report.write(record, outcome.error, dead_letter_topic=dlq)
+            log.warning(
+                "invalid record: %s",
+                "dead-lettered" if dlq else "skipped and reported",
+                extra={
+                    "topic": record.topic,
+                    "partition": record.partition,
+                    "offset": record.offset,
+                    "error_type": error_type(outcome.error),
+                    "error": str(outcome.error)[:1024],
+                    "dead_letter_topic": dlq,
+                },
+            )
+        else:  # pragma: no cover -- the recorders above resolve with one of these
+            raise TypeError(f"unexpected outcome {type(outcome).__name__}")
+
+
+# --- the partitions ----------------------------------------------------------------------------------------
+
+
+def _consumer(settings: Settings, *, max_records: int, reset: str = "none") -> AIOKafkaConsumer:
+    """A group-less consumer (no commits, ever); committed reads only, as the live service reads."""
+    return AIOKafkaConsumer(
+        **kafka_options(settings, client_id=CLIENT_ID),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset=reset,
+        isolation_level="read_committed",
+        max_poll_records=max_records,
+    )
+
+
+async def plan_replay(settings: Settings, options: ReplayOptions) -> Plan:
+    """The partitions' ranges: the topic's partitions, start and end offsets now, the start/until lookups."""
+    found = await existing_partitions(settings, [options.topic], client_id=CLIENT_ID)
+    if options.topic not in found:
+        raise UsageError(f"topic {options.topic!r} does not exist")
+    partitions = found[options.topic]
+    tps = [TopicPartition(options.topic, p) for p in partitions]
+    consumer = _consumer(settings, max_records=1, reset="earliest")
+    await consumer.start()
+    try:
+        consumer.assign(tps)
+        beginning = {tp.partition: o for tp, o in (await consumer.beginning_offsets(tps)).items()}
+        end = {tp.partition: o for tp, o in (await consumer.end_offsets(tps)).items()}
+        start: dict[int, int | None]
+        if options.start.offsets is not None:
+            start = dict(options.start.offsets)
+        elif options.start.timestamp is not None:
+            start = await _offsets_at(consumer, tps, options.start.timestamp)
+        else:
+            start = dict(beginning)
+        until = await _offsets_at(consumer, tps, options.until) if options.until is not None else None
+    finally:
+        await consumer.stop()
+    return plan_ranges(beginning=beginning, end=end, start=start, until=until)
+
+
+async def _offsets_at(
+    consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], at: datetime
+) -> dict[int, int | None]:
+    """Per partition, the first offset whose timestamp is at or after `at` (None: no such record yet)."""
+    found = await consumer.offsets_for_times({tp: to_millis(at) for tp in tps})
+    return {tp.partition: (meta.offset if meta is not None else None) for tp, meta in found.items()}
+
+
+class Replay:
+    """One run: the partitions' workers, the progress display, the tallies."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        options: ReplayOptions,
+        *,
+        stop: asyncio.Event,
+        err: TextIO,
+    ) -> None:
+        self.settings = settings
+        self.options = options
+        self.stop = stop
+        self.err = err
+        self.counts = Counts()
+        self.partitions: list[PartitionState] = []
+        self.notes: list[str] = []
+        self.read_s = 0.0  # time spent reading and processing (setup and summary left out)
+        self._bucket = TokenBucket(options.rate, now=time.monotonic()) if options.rate else None
+        self._batch_limit = min(
+            options.batch_size, self._bucket.batch_limit() if self._bucket else options.batch_size
+        )
+        self._slots = asyncio.Semaphore(options.concurrency)
+
+    # --- setup ---
+
+    async def retrying(self, what: str, step: Callable[[], Awaitable[T]]) -> T:
+        """`step()` with the live backoff while it fails for an outage, for at most `--max-retry-s`."""
+        started = time.monotonic()
+
+        async def wait(failure: Failure[None]) -> bool:
+            error = failure.error
+            waited = time.monotonic() - started
+            if waited >= self.options.max_retry_s:
+                raise ReplayAbortedError(
+                    f"{what}: unavailable for {waited:.0f} s "
+                    f"(--max-retry-s {self.options.max_retry_s:g}): {type(error).__name__}: {error}"
+                ) from error
+            log.warning(
+                "%s failed, retrying", what, extra={"attempt": failure.attempt, "error": type(error).__name__}
+            )
+            if await sleep_or_stop(failure.delay, self.stop):
+                raise StoppedError from error
+            return False
+
+        backoff = Backoff(
+            self.settings.retry_initial_backoff_s,
+            self.settings.retry_max_backoff_s,
+            random.Random().random,  # noqa: S311 -- jitter
+        )
+        return await retry_call(step, backoff=backoff, wait=wait)
+
+    def progress(self) -> tuple[int, int]:
+        """(offsets done, offsets in the plan)."""
+        return sum(p.done for p in self.partitions), sum(p.end - p.start for p in self.partitions)
+
+    # --- workers ---
+
+    async def run_partitions(self, runner: BatchRunner, abandon: asyncio.Event) -> BaseException | None:
+        """Run every partition (at most `--concurrency` at once); the first failure stops the others."""
+        started = time.monotonic()
+        try:
+            return await self._run_partitions(runner, abandon)
+        finally:
+            self.read_s = time.monotonic() - started
+
+    async def _run_partitions(self, runner: BatchRunner, abandon: asyncio.Event) -> BaseException | None:
+        workers = [
+            asyncio.create_task(self._partition(state, runner), name=f"replay-p{state.partition}")
+            for state in self.partitions
+            if not state.finished
+        ]
+        abandoned = asyncio.create_task(abandon.wait(), name="replay-abandon")
+        failure: BaseException | None = None
+        try:
+            pending: set[asyncio.Task[Any]] = set(workers)
+            while pending:
+                done, pending = await asyncio.wait(pending | {abandoned}, return_when=asyncio.FIRST_COMPLETED)
+                pending.discard(abandoned)
+                for task in done:
+                    if task is abandoned or task.cancelled():
+                        continue
+                    error = task.exception()
+                    if error is not None and failure is None:
+                        failure = error
+                        self.stop.set()  # the others finish their batch and stop
+                if abandoned.done():
+                    for task in pending:
+                        task.cancel()
+                    await asyncio.gather(*pending, return_exceptions=True)
+                    log.warning("second signal: in-flight batches abandoned")
+                    break
+        finally:
+            abandoned.cancel()
+            for task in workers:
+                task.cancel()
+            await asyncio.gather(*workers, abandoned, return_exceptions=True)
+        return failure
+
+    async def _partition(self, state: PartitionState, runner: BatchRunner) -> None:
+        async with self._slots:
+            if self.stop.is_set():
+                return
+            tp = TopicPartition(self.options.topic, state.partition)
+            consumer = _consumer(self.settings, max_records=self._batch_limit)
+            try:
+                try:
+                    await self.retrying(f"partition {state.partition}: connect to Kafka", consumer.start)
+                except StoppedError:
+                    return
+                consumer.assign([tp])
+                consumer.seek(tp, state.next)
+                await self._consume(consumer, tp, state, runner)
+            finally:
+                await consumer.stop()
+
+    async def _consume(
+        self, consumer: AIOKafkaConsumer, tp: TopicPartition, state: PartitionState, runner: BatchRunner
+    ) -> None:
+        quiet_since: float | None = None  # no record and no error since then, while work is left
+        while not state.finished and not self.stop.is_set():
+            try:
+                fetched = await consumer.getmany(
+                    tp, timeout_ms=FETCH_TIMEOUT_MS, max_records=self._batch_limit
+                )
+            except OffsetOutOfRangeError:
+                await self._skip_deleted(consumer, tp, state)
+                continue
+            except Exception as exc:
+                if not is_outage(exc):
+                    if not is_unreadable(exc):
+                        raise
+                    # a batch that cannot be decompressed or parsed: its offsets become invalid records
+                    consumer.seek(tp, state.next)
+                    found, _ = await read_carefully(
+                        consumer, [tp], max_records=self._batch_limit, timeout_ms=FETCH_TIMEOUT_MS
+                    )
+                    fetched = {tp: found}
+                else:
+                    fetched = {}
+                    log.warning(
+                        "fetch failed, retrying",
+                        extra={"partition": state.partition, "error": type(exc).__name__},
+                    )
+                    await sleep_or_stop(self.settings.retry_initial_backoff_s, self.stop)
+            records = [r for r in fetched.get(tp, []) if state.next <= r.offset < state.end]
+            if not records:
+                if fetched.get(tp):  # only records past the end: this partition is finished
+                    state.next = state.end
+                    break
+                position = await consumer.position(tp)
+                if position > state.next:  # transaction markers or aborted records: nothing to do there
+                    state.next = min(position, state.end)
+                    continue
+                now = time.monotonic()
+                quiet_since = quiet_since if quiet_since is not None else now
+                if now - quiet_since >= self.options.max_retry_s:
+                    raise ReplayAbortedError(
+                        f"partition {state.partition}: no record at offset {state.next} (end {state.end}) "
+                        f"for {now - quiet_since:.0f} s (--max-retry-s {self.options.max_retry_s:g}); "
+                        "is Kafka reachable?"
+                    )
+                continue
+            quiet_since = None
+            if self._bucket is not None:
+                delay = self._bucket.take(len(records), time.monotonic())
+                if delay > 0 and await sleep_or_stop(delay, self.stop):
+                    return  # stopped before this batch started: it is not done, `next` stays before it
+            await runner.run(records, state, self.stop)
+
+    async def _skip_deleted(
+        self, consumer: AIOKafkaConsumer, tp: TopicPartition, state: PartitionState
+    ) -> None:
+        """Retention deleted the next offsets while we ran: say how many, go on from the first one kept."""
+        first = (await consumer.beginning_offsets([tp]))[tp]
+        if first <= state.next:  # not a retention gap: a real error
+            raise ReplayAbortedError(f"partition {state.partition}: offset {state.next} is out of range")
+        lost = min(first, state.end) - state.next
+        self.counts.lost_to_retention += lost
+        log.warning(
+            "offsets deleted by retention before they were read",
+            extra={"partition": state.partition, "from": state.next, "to": first - 1, "count": lost},
+        )
+        state.next = min(first, state.end)
+        consumer.seek(tp, state.next)
+
+    async def tick(self, display: ProgressDisplay) -> None:
+        """Redraw the progress until cancelled."""
+        every = 0.2 if display.mode == "bar" else min(1.0, self.options.progress_interval_s)
+        while True:
+            display.update(*self.progress(), self.counts)
+            await asyncio.sleep(every)

@@ -1,0 +1,243 @@
+"""Where the live handlers' outputs go during a replay: recording publishers, the counted (or dry-run)
+storage, and the JSONL report of bad records."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+from message_history.app.replay.options import CLIENT_ID
+from message_history.app.replay.plan import Counts, distinct
+from message_history.errors import ThreadOwnershipError, error_type
+from message_history.settings import Settings
+from producers.enriched import EnrichedPublisher
+from producers.output import Headers, OutputProducer
+from producers.persisted import PersistedPublisher
+from schemas.dead_letters import error_message
+from schemas.events import EnrichedRequest, HistoryPersisted
+from schemas.messages import Message
+from storage.errors import storage_errors
+from storage.forgetting import MongoForgetting
+from storage.mongodb import MongoHistoryStorage, plan_saves
+from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
+
+T = TypeVar("T")
+
+_MONGO_MAX_BATCH = 100_000
+
+
+# --- publishers that record what the handlers did ----------------------------------------------------------
+
+
+def _resolved(value: T) -> asyncio.Future[T]:
+    future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T]:
+    """A future resolving with `value` once `inner` succeeded (or failing as it failed)."""
+    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+
+    def settle(done: asyncio.Future[Any]) -> None:
+        if out.done():
+            return
+        if done.cancelled():
+            out.cancel()
+        elif (error := done.exception()) is not None:
+            out.set_exception(error)
+        else:
+            out.set_result(value)
+
+    inner.add_done_callback(settle)
+    return out
+
+
+class PersistedOutcomes(PersistedPublisher):
+    """The persist handler's publisher: the acknowledgement resolves with the `HistoryPersisted` event.
+
+    It is sent to the persisted topic only with `emit`; otherwise the producer is never used.
+    """
+
+    def __init__(self, producer: OutputProducer, topic: str, *, emit: bool) -> None:
+        super().__init__(producer, topic)
+        self.emit = emit
+
+    async def publish(self, event: HistoryPersisted, *, headers: Headers) -> asyncio.Future[Any]:
+        if not self.emit:
+            return _resolved(event)
+        return _then(await super().publish(event, headers=headers), event)
+
+
+class EnrichedOutcomes(EnrichedPublisher):
+    """The recall handler's publisher: the acknowledgement resolves with the `EnrichedRequest`."""
+
+    def __init__(self, producer: OutputProducer, topic: str, *, emit: bool) -> None:
+        super().__init__(producer, topic)
+        self.emit = emit
+
+    async def publish(self, event: EnrichedRequest, *, headers: Headers) -> asyncio.Future[Any]:
+        if not self.emit:
+            return _resolved(event)
+        return _then(await super().publish(event, headers=headers), event)
+
+
+# --- the storage, counted (and, for a dry run, not written) ------------------------------------------------
+
+
+class ReplayStorage:
+    """The MongoDB storage with the batch forms, counting what each `save_many` inserts or finds present.
+
+    With `dry_run`, `save_many` plans the writes (ownership, the threads it would create) and writes nothing;
+    those threads and message ids are remembered so that later batches see them, as the live service would.
+    """
+
+    def __init__(self, mongo: MongoHistoryStorage, counts: Counts, *, dry_run: bool) -> None:
+        self._mongo = mongo
+        self.tombstones = MongoForgetting(mongo.db)  # forgotten history is not replayed back
+        self._counts = counts
+        self.dry_run = dry_run
+        self._virtual: dict[str, Thread] = {}  # dry run: threads it would have created
+        self._planned: set[str] = set()  # dry run: message ids it would have inserted
+        self._threads_seen: set[str] = set()
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        return (await self.get_threads([thread_id])).get(thread_id)
+
+    async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
+        found = await self._mongo.get_threads(thread_ids)
+        if self.dry_run:
+            for thread_id in thread_ids:
+                if thread_id not in found and thread_id in self._virtual:
+                    found[thread_id] = self._virtual[thread_id]
+        return found
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]:
+        return await self._mongo.list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        return await self._mongo.list_messages_many(queries)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        return await self._mongo.get_messages(message_ids)
+
+    async def list_page(self, query: PageQuery) -> Page:
+        return await self._mongo.list_page(query)
+
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
+        return await self._mongo.list_pages_many(queries)
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        if not self.dry_run:  # a dry run changes nothing, boundaries included
+            await self._mongo.save_thread_metadata(thread_id, update)
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        if not self.dry_run:
+            await self._mongo.save_thread_metadata_many(updates)
+
+    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
+        [result] = await self.save_many([SaveTurn(thread_id, resource_id, messages)])
+        if isinstance(result, ThreadOwnershipError):
+            raise result
+        return result
+
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        ids = distinct(m.id for turn in turns for m in turn.messages if m.id)
+        present = await self.existing_ids(ids)
+        stored: dict[str, Thread] = {}
+        if self.dry_run:
+            stored = await self._mongo.get_threads([t.thread_id for t in turns])
+            present |= self._planned.intersection(ids)
+            results = self._plan(turns, stored)
+        else:
+            results = await self._mongo.save_many(turns)
+        accepted: set[str] = set()
+        for turn, result in zip(turns, results, strict=True):
+            if isinstance(result, ThreadOwnershipError):
+                continue
+            accepted.update(m.id for m in turn.messages if m.id)
+            if turn.messages and turn.thread_id not in self._threads_seen:
+                self._threads_seen.add(turn.thread_id)
+                self._counts.threads += 1
+                if self.dry_run and turn.thread_id not in stored:
+                    self._counts.threads_new += 1
+        self._counts.messages_inserted += len(accepted - present)
+        self._counts.messages_present += len(accepted & present)
+        if self.dry_run:
+            self._planned |= accepted
+        return results
+
+    async def existing_ids(self, ids: Sequence[str]) -> set[str]:
+        """Which of `ids` `mastra_messages` holds: one `$in` query (none for no ids)."""
+        if not ids:
+            return set()
+        with storage_errors("find stored message ids"):
+            docs = await self._mongo.messages.find(
+                {"id": {"$in": list(ids)}},
+                {"id": 1, "_id": 0},
+                batch_size=min(len(ids) + 1, _MONGO_MAX_BATCH),
+            ).to_list()
+        return {doc["id"] for doc in docs if "id" in doc}
+
+    def _plan(
+        self, turns: Sequence[SaveTurn], stored: dict[str, Thread]
+    ) -> list[Thread | ThreadOwnershipError]:
+        """What `save_many` would return, without writing: the storage's own planner, against the stored
+        threads and those this dry run would have created."""
+        known = {**{k: v for k, v in self._virtual.items() if k not in stored}, **stored}
+        results, plan = plan_saves(turns, known)
+        self._virtual.update({k: v for k, v in plan.state.items() if k not in stored})
+        return results
+
+
+@contextlib.asynccontextmanager
+async def open_mongo(settings: Settings, *, dry_run: bool) -> AsyncIterator[MongoHistoryStorage]:
+    """The live service's MongoDB storage, named as the replay; a dry run connects the same way but creates
+    no index."""
+    async with MongoHistoryStorage.open(settings, appname=CLIENT_ID, create_indexes=not dry_run) as storage:
+        yield storage
+
+
+# --- bad records -------------------------------------------------------------------------------------------
+
+
+class InvalidReport:
+    """The JSONL report of bad records (`--invalid-report`), one object per record; appended to."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._file: IO[str] | None = None
+
+    def __enter__(self) -> InvalidReport:
+        if self.path is not None:
+            self._file = self.path.open("a", encoding="utf-8")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def write(self, record: Any, error: BaseException, *, dead_letter_topic: str | None) -> None:
+        if self._file is None:
+            return
+        key = record.key
+        entry = {
+            "topic": record.topic,
+            "partition": record.partition,
+            "offset": record.offset,
+            "timestamp": record.timestamp,
+            "key": key.decode("utf-8", errors="replace") if key is not None else None,
+            "error_type": error_type(error),
+            "error_message": error_message(error).decode("utf-8", errors="replace"),
+            "error_path": getattr(error, "path", None) or None,
+            "dead_letter_topic": dead_letter_topic,
+        }
+        self._file.write(json.dumps(entry, ensure_ascii=False) + "\n")
+        self._file.flush()
