@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench import targets
 from bench.context import REPO, Budget
 from bench.run import ALL_LINES, Options, run
 from bench.scale import render_scale, run_scale
@@ -120,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if record.get("soak"):
         soak = {k: v for k, v in record["soak"].items() if k != "series"}
         print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
+    print("\n" + targets.render(targets.evaluate(record["ratios"], record.get("soak")), record.get("soak")))
     print(f"\nresults: {path}")
     if record["environment"].get("interrupted"):
         return 130
