@@ -178,7 +178,7 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
 
     def p99(name: str) -> float | None:
         line = lines.get(name)
-        return percentile(line.latencies_ms, 99) if line else None
+        return percentile(line.latencies_ms, 99) if line and line.events else None
 
     out = {
         "recall_cpu_vs_b1": _ratio(cpu("service_recall"), cpu("b1_recall")),
