@@ -7,6 +7,8 @@ import json
 import pytest
 
 from bench import targets
+from bench.cli import SIDE
+from bench.cli import main as bench_main
 from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
 from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
@@ -282,3 +284,20 @@ def test_median_round(rates: list[float], expected: float) -> None:
     chosen = median_round(results)
     assert chosen.events_per_s == expected
     assert len(chosen.details.get("rounds", [])) == (len(rates) if len(rates) > 1 else 0)
+
+
+@pytest.mark.parametrize("name", sorted(SIDE))
+def test_side_measurements_are_subcommands(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each side measurement runs as `python -m bench NAME`, with its own flags (`--help` lists them)."""
+    with pytest.raises(SystemExit) as exited:
+        bench_main([name, "--help"])
+    assert exited.value.code == 0
+    assert f"python -m bench {name}" in capsys.readouterr().out
+
+
+def test_main_help_lists_the_side_measurements(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench --help` names every side measurement."""
+    with pytest.raises(SystemExit):
+        bench_main(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in SIDE)
