@@ -1,4 +1,8 @@
-"""The anchor line: Mastra's `MessageHistory` in Node (`bench/mastra/bench.mjs`), same turns, same database.
+"""The anchor lines: Mastra's `MessageHistory` in Node (`bench/mastra/bench.mjs`), on the same turns.
+
+`mastra_recall` / `mastra_persist`: `processInput` / `processOutputResult` over `@mastra/mongodb` on the same
+database as the service. `mastra_memory`: the whole turn (one recall, one save) on Mastra's `InMemoryStore`
+seeded with the same history, no database: the library's own cost per turn, the per-core anchor.
 
 Node and the pinned packages come from `bench/mastra/` (`npm ci` there; the harness runs it once when
 `node_modules` is missing). The CPU figure is the Node process's own (user + system), so "per core" compares
@@ -16,7 +20,7 @@ from bench import processes
 from bench.context import REPO, RunContext
 from bench.progress import log
 from bench.stats import LineResult
-from bench.workload import Workload, turn_message
+from bench.workload import Workload, stored_messages, turn_message
 
 MASTRA_DIR = REPO / "bench" / "mastra"
 
@@ -54,8 +58,17 @@ def _write_turns(path: Path, w: Workload, indexes: range, turn_of: int | None = 
             out.write(json.dumps(row, separators=(",", ":")) + "\n")
 
 
+def _write_history(path: Path, w: Workload) -> None:
+    with path.open("w") as out:
+        for i in range(w.threads):
+            messages = stored_messages(w, i)
+            row = {"threadId": w.thread_id(i), "resourceId": w.resource_id(i), "messages": messages}
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+
 async def run_anchor(ctx: RunContext, path: str, *, events: int, turn: int, latency_turn: int) -> LineResult:
-    """`path` is "recall" (processInput) or "persist" (processOutputResult)."""
+    """`path` is "recall" (processInput), "persist" (processOutputResult) or "memory" (the whole turn on the
+    in-memory store; one event is one turn)."""
     name = f"mastra_{path}"
     result = LineResult(name, 0, 0.0, None, None, latency_kind="per turn, one at a time, in process")
     problem = ensure_installed()
@@ -79,6 +92,9 @@ async def run_anchor(ctx: RunContext, path: str, *, events: int, turn: int, late
         "latencyTurnsFile": str(work / "latency.jsonl"),
         "latencySeconds": budget.latency_seconds,
     }
+    if path == "memory":
+        _write_history(work / "history.jsonl", w)
+        config["historyFile"] = str(work / "history.jsonl")
     (work / "config.json").write_text(json.dumps(config))
     try:
         raw, server_cpu = await processes.run_to_end(

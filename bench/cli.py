@@ -1,20 +1,40 @@
-"""`python -m bench`: the benchmark, run from the repository root against the local stack's endpoints."""
+"""`python -m bench`: the benchmark, run from the repository root against the local stack's endpoints.
+
+`python -m bench [FLAGS]` runs the lines (`bench.run`); `python -m bench SIDE [FLAGS]` runs one of the side
+measurements of `SIDE` (`bench/extra/`), each with its own `--help`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import secrets
 import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Final
 
+from bench import targets
 from bench.context import REPO, Budget
 from bench.run import ALL_LINES, Options, run
 from bench.scale import render_scale, run_scale
 from bench.stats import ratios, render_table
 from bench.workload import Workload
+
+# name -> (module, what it measures): measurements that are not lines of one run (another workload, or one
+# component alone); `python -m bench NAME --help` gives each one's flags
+SIDE: Final[dict[str, tuple[str, str]]] = {
+    "storage": (
+        "bench.extra.storage",
+        "MongoHistoryStorage alone: recall latency, $in vs concurrent",
+    ),
+    "codec": ("bench.extra.codec", "the event codec alone: decode + encode of a 40-message EnrichedRequest"),
+    "budget": ("bench.extra.budget", "recall with a token budget vs without, in process (no Kafka)"),
+    "replay": ("bench.extra.replay", "message-history replay vs the live persist path on one topic"),
+    "retention": ("bench.extra.retention", "forget and prune throughput on a seeded database"),
+}
 
 # --quick: a small workload and short budgets for CI smoke runs (under two minutes on the local stack)
 QUICK = {
@@ -35,6 +55,8 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m bench",
         description="Both paths against the physical limit (B1/B2/B3), a naive baseline and Mastra itself, "
         "on one workload in one run. Progress on stderr; the table on stdout; JSON in --out.",
+        epilog="side measurements, each `python -m bench NAME [--help]`: "
+        + "; ".join(f"{name}: {what}" for name, (_, what) in SIDE.items()),
     )
     p.add_argument("--quick", action="store_true", help="small workload and budgets, for CI smoke runs")
     p.add_argument("--threads", type=int, default=10_000, help="threads, and events per line (%(default)s)")
@@ -102,6 +124,9 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SIDE:
+        module = importlib.import_module(SIDE[argv[0]][0])
+        return int(module.main(argv[1:]))
     args = parser().parse_args(argv)
     if args.quick:  # --quick changes the defaults; flags given explicitly still win
         quick = parser()
@@ -120,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if record.get("soak"):
         soak = {k: v for k, v in record["soak"].items() if k != "series"}
         print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
+    print("\n" + targets.render(targets.evaluate(record["ratios"], record.get("soak")), record.get("soak")))
     print(f"\nresults: {path}")
     if record["environment"].get("interrupted"):
         return 130

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from bench import processes
 from bench.context import RunContext
 from bench.kafka_io import Record, caught_up_topic
+from bench.mongo_lines import KINDS
 from bench.progress import log
 from bench.stats import LineResult
 from bench.stream_line import Launch, StreamLine
@@ -221,8 +222,8 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
 
 
 async def run_mongo_line(ctx: RunContext, kind: str, events: int) -> LineResult:
-    """B2 (`kind="b2"`) or B3 in a worker process."""
-    name = "b2_recall_queries" if kind == "b2" else "b3_bulk_upserts"
+    """B2 or B3, raw or with our models (`bench.mongo_lines.KINDS`), in a worker process."""
+    name = KINDS[kind]
     result = LineResult(name, 0, 0.0, None, None, latency_kind="per batch round trip")
     config = {
         "kind": kind,
@@ -230,7 +231,7 @@ async def run_mongo_line(ctx: RunContext, kind: str, events: int) -> LineResult:
         "events": events,
         "seconds": ctx.budget.line_seconds,
         "workload": ctx.workload.as_dict(),
-        "turn": ctx.turns.recall if kind == "b2" else ctx.turns.fresh(),
+        "turn": ctx.turns.recall if kind.startswith("b2") else ctx.turns.fresh(),
     }
     try:
         raw, server_cpu = await processes.run_to_end(

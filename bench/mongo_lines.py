@@ -1,22 +1,38 @@
-"""B2 and B3: the MongoDB work of each path alone, batch after batch, with the service's own storage code.
+"""B2 and B3: the MongoDB work of each path alone, batch after batch, in a process of their own.
 
-* B2 (recall): per batch of `batch` threads, what the recall path's prefetch does: `get_threads` and
-  `list_messages_many` issued together (`PrefetchedHistory.load`), documents decoded into `Message`s.
-* B3 (persist): per batch of `batch` turns, the persist path's write: one `save_many` (its ownership `find`,
-  then the unordered bulk upserts of the messages and of the threads), for the same two messages per turn
-  the service saves.
+The ceilings are the driver's own cost, without a model of ours, so that service / B2 and service / B3 measure
+what the service adds:
+
+* B2 raw (`b2`, line `b2_recall_queries`): per batch of `batch` threads, the two commands the recall path's
+  prefetch sends, issued together: the threads `find` (`id $in`) and the messages `find` (`thread_id $in`,
+  newest first, at most `sum(limits) + 1` rows), with the same filters, sort, limit and batch size as
+  `storage.mongodb`, the replies kept as `RawBSONDocument`s (no decoding into dicts, let alone messages).
+* B2 with models (`b2_models`, line `b2_recall_models`): the same through the service's storage code
+  (`PrefetchedHistory.load`: rows decoded into `Message`s, cut per thread), as B2 was before issue 14.
+* B3 raw (`b3`, line `b3_bulk_upserts`): per batch of `batch` turns, the commands the persist path's save
+  sends: the ownership `find` on the threads (raw replies), then one unordered `bulk_write` of the message
+  upserts and one of the thread upserts, the operations built before the clock starts (the same `$set` /
+  `$setOnInsert` / `$unset` / `$max` shape as `storage.mongodb`; threads keyed by `id`).
+* B3 with models (`b3_models`, line `b3_save_many`): one `save_many` of the service's storage, of `Message`s.
 
 One batch at a time, as the service's loop does per path. Latency samples are whole batch round trips.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import sys
 import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from pymongo import AsyncMongoClient, UpdateOne
+from pymongo.asynchronous.database import AsyncDatabase
 
 from bench.processes import END, START
 from bench.procstat import peak_rss_bytes
@@ -25,35 +41,51 @@ from bench.workload import Workload, turn_message
 from consumers.prefetch import PrefetchedHistory
 from message_history.settings import Settings
 from schemas.messages import Message
-from storage.mongodb import MongoHistoryStorage
+from storage.mongodb import EXTRA_FIELD, MESSAGES, THREADS, MongoHistoryStorage
 from storage.protocol import RecallQuery, SaveTurn
 from storage.sequential import as_batch_storage
 
+KINDS = {
+    "b2": "b2_recall_queries",
+    "b2_models": "b2_recall_models",
+    "b3": "b3_bulk_upserts",
+    "b3_models": "b3_save_many",
+}
+_RAW: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+_NEWEST_FIRST = [("createdAt", -1), ("id", -1)]
+
 
 async def run(config: dict[str, Any]) -> dict[str, Any]:
-    """Run B2 (`config["kind"] == "b2"`) or B3 for `config["events"]` events or `config["seconds"]`."""
+    """Run one of `KINDS` (`config["kind"]`) for `config["events"]` events or `config["seconds"]`."""
     settings = Settings()
     w = Workload(**config["workload"])
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
         settings.mongodb_uri.get_secret_value(), tz_aware=True
     )
-    storage = as_batch_storage(MongoHistoryStorage(client[config["db"]]))
+    db = client[config["db"]]
+    storage = as_batch_storage(MongoHistoryStorage(db))
+    raw_db = db.with_options(codec_options=_RAW)
     events, seconds, kind = config["events"], config["seconds"], config["kind"]
     latencies: list[float] = []
     done = 0
-    recalled = 0
+    rows = 0
     wall = cpu = 0.0
-    progress = Progress(kind.upper())
+    progress = Progress(KINDS[kind])
     print(START, file=sys.stderr, flush=True)
     try:
         while done < events and wall < seconds:
             indexes = range(done, min(done + w.batch, events))
-            # inputs are built outside the timed part: only the MongoDB work and its decoding count
+            # inputs are built outside the timed part: only the MongoDB work (and, for *_models, our code)
             queries = [RecallQuery(w.thread_id(i), w.resource_id(i), w.history) for i in indexes]
-            turns = [_turn(w, i, config["turn"]) for i in indexes] if kind == "b3" else []
+            turns = [_turn(w, i, config["turn"]) for i in indexes] if kind == "b3_models" else []
+            ops = _raw_writes(w, indexes, config["turn"]) if kind == "b3" else ([], [])
             t0, c0 = time.perf_counter(), time.process_time()
             if kind == "b2":
+                rows += await _raw_recall(raw_db, queries)
+            elif kind == "b2_models":
                 history = await PrefetchedHistory.load(storage, queries)
+            elif kind == "b3":
+                await _raw_save(raw_db, [q.thread_id for q in queries], *ops)
             else:
                 await storage.save_many(turns)
             elapsed = time.perf_counter() - t0
@@ -61,23 +93,80 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
             latencies.append(elapsed * 1000)
             done += len(indexes)
             progress.update(done, events)
-            if kind == "b2":
+            if kind == "b2_models":
                 for query in queries:  # answered from the prefetch: no query, a check that it recalled
                     page = await history.list_messages(
                         query.thread_id, resource_id=query.resource_id, limit=query.limit
                     )
-                    recalled += len(page)
+                    rows += len(page)
     finally:
         print(END, file=sys.stderr, flush=True)
         await client.close()
+    details: dict[str, Any] = {"batches": len(latencies), "batch": w.batch}
+    if kind.startswith("b2"):
+        details["recalled_messages"] = rows
     return {
         "events": done,
         "wall_s": wall,
         "cpu_s": cpu,
         "peak_rss_bytes": peak_rss_bytes(os.getpid()),
         "latencies_ms": latencies,
-        "details": {"batches": len(latencies), "batch": w.batch, "recalled_messages": recalled},
+        "details": details,
     }
+
+
+async def _raw_recall(db: AsyncDatabase[RawBSONDocument], queries: Sequence[RecallQuery]) -> int:
+    """The prefetch's two finds, concurrently, replies undecoded; the number of message rows read."""
+    ids = [q.thread_id for q in queries]
+    cap = sum(q.limit or 0 for q in queries) + 1
+    threads = db[THREADS].find({"id": {"$in": ids}}, batch_size=len(ids) + 1).to_list()
+    newest = db[MESSAGES].find({"thread_id": {"$in": ids}}, {"_id": 0}).sort(_NEWEST_FIRST)
+    messages = newest.limit(cap).batch_size(cap).to_list()
+    _, found = await asyncio.gather(threads, messages)
+    return len(found)
+
+
+async def _raw_save(
+    db: AsyncDatabase[RawBSONDocument],
+    thread_ids: list[str],
+    messages: list[UpdateOne],
+    threads: list[UpdateOne],
+) -> None:
+    """The save's ownership find (raw replies), then the two unordered bulk upserts, in that order."""
+    await db[THREADS].find({"id": {"$in": thread_ids}}, batch_size=len(thread_ids) + 1).to_list()
+    await db[MESSAGES].bulk_write(messages, ordered=False)
+    await db[THREADS].bulk_write(threads, ordered=False)
+
+
+def _raw_writes(w: Workload, indexes: range, turn: int) -> tuple[list[UpdateOne], list[UpdateOne]]:
+    """The batch's message and thread upserts, shaped as `storage.mongodb` shapes them."""
+    messages: list[UpdateOne] = []
+    threads: list[UpdateOne] = []
+    for i in indexes:
+        created: list[datetime] = []
+        for role in ("user", "assistant"):
+            m = turn_message(w, i, turn, role=role)
+            at = datetime.fromisoformat(m["createdAt"]).astimezone(UTC)
+            created.append(at)
+            fields = {
+                "id": m["id"],
+                "thread_id": m["threadId"],
+                "content": json.dumps(m["content"], separators=(",", ":")),
+                "role": role,
+                "type": "v2",
+                "resourceId": m["resourceId"],
+            }
+            update = {"$set": fields, "$setOnInsert": {"createdAt": at}, "$unset": {EXTRA_FIELD: ""}}
+            messages.append(UpdateOne({"_id": m["id"]}, update, upsert=True))
+        thread = {"id": w.thread_id(i), "resourceId": w.resource_id(i), "title": "", "metadata": {}}
+        threads.append(
+            UpdateOne(
+                {"id": w.thread_id(i)},
+                {"$setOnInsert": {**thread, "createdAt": min(created)}, "$max": {"updatedAt": max(created)}},
+                upsert=True,
+            )
+        )
+    return messages, threads
 
 
 def _turn(w: Workload, i: int, turn: int) -> SaveTurn:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bench import targets
 from bench.stats import LineResult, ratios, render_table
 
 
@@ -56,6 +57,7 @@ def build(
     }
     if soak is not None:
         record["soak"] = dict(soak)
+    record["targets"] = {o.goal.key: o.to_json() for o in targets.evaluate(record["ratios"], soak)}
     return record
 
 

@@ -21,6 +21,7 @@ from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
 from bench.kafka_io import delete_topics
 from bench.lines import run_mongo_line, stream_lines
+from bench.mongo_lines import KINDS
 from bench.procstat import cpu_seconds, find_servers, server_name
 from bench.progress import log
 from bench.seed import seed
@@ -130,17 +131,21 @@ async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineR
             if line.name in selected:
                 log(f"--- {line.name}")
                 yield await run_stream_line(ctx, line)
-        mongo = ("b2", "b2_recall_queries") if path == "recall" else ("b3", "b3_bulk_upserts")
-        if mongo[1] in selected:
-            log(f"--- {mongo[1]}")
-            yield await run_mongo_line(ctx, mongo[0], events)
-            await ctx.quiet(wrote=path == "persist")
+        for kind in ("b2", "b2_models") if path == "recall" else ("b3", "b3_models"):
+            if KINDS[kind] in selected:
+                log(f"--- {KINDS[kind]}")
+                yield await run_mongo_line(ctx, kind, events)
+                await ctx.quiet(wrote=path == "persist")
         name = f"mastra_{path}"
         if name in selected:
             log(f"--- {name}")
             turn = ctx.turns.recall if path == "recall" else ctx.turns.fresh()
             yield await run_anchor(ctx, path, events=events, turn=turn, latency_turn=ctx.turns.fresh())
             await ctx.quiet(wrote=path == "persist")
+    if "mastra_memory" in selected:  # no database: the turns are fresh ones, on Node's own store
+        log("--- mastra_memory")
+        turn = ctx.turns.fresh()
+        yield await run_anchor(ctx, "memory", events=events, turn=turn, latency_turn=ctx.turns.fresh())
 
 
 def _settler(db: AsyncDatabase[Any], ctx: RunContext) -> Callable[[], Awaitable[float]]:

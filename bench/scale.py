@@ -4,7 +4,8 @@ For each size, a run of its own on a fresh benchmark database holding that many 
 (`size // history` threads of `history` messages), measuring two lines side by side:
 
 * `service_recall`: end to end, request sent -> enriched event read, p50/p99 at half the measured capacity;
-* `b2_recall_queries`: the recall path's MongoDB round trip per batch (`get_threads` + `list_messages_many`).
+* `b2_recall_queries`: the recall path's MongoDB round trip per batch (its two finds, replies undecoded:
+  the server's index walk and the wire, without our decoding; until issue 14 it decoded into messages).
 
 The goal it checks is flatness: p50/p99 at the largest size within 2x of the smallest, and the end-to-end p99
 at the largest size. Each size's full record is written as usual; the scale table and JSON go beside them.

@@ -43,7 +43,10 @@ async def run_soak(ctx: RunContext, path: str, events: int) -> dict[str, Any]:
     in_topic, out_topic = ctx.topic("soak", "in"), ctx.topic("soak", "out")
     await _create(ctx, [in_topic, out_topic])
     record = requests(w, ctx.turns.recall) if path == "recall" else responses(w, ctx.turns.fresh())
-    launch = service_launch(ctx, path, f"soak_{path}")(in_topic, out_topic, "soak")
+    # recall alone: a thread stays busy until its response is persisted, which a one-path soak never sends, so
+    # with the turn guards on every request after a thread's first would wait; persist keeps the defaults
+    guards = "none" if path == "recall" else "all"
+    launch = service_launch(ctx, path, f"soak_{path}", guards=guards)(in_topic, out_topic, "soak")
     process = await processes.spawn(launch.argv, env=launch.env, log=ctx.log_dir / f"soak_{path}.log")
     producer = AIOKafkaProducer(
         **kafka_options(ctx.settings, client_id="bench-soak"), acks="all", linger_ms=20, max_batch_size=2**20
@@ -85,7 +88,7 @@ async def run_soak(ctx: RunContext, path: str, events: int) -> dict[str, Any]:
     finally:
         await producer.stop()
         await processes.stop(process)
-    return summarize(path, events, series, wall=wall, cpu=cpu, peak=peak)
+    return summarize(path, events, series, wall=wall, cpu=cpu, peak=peak) | {"guards": guards}
 
 
 def summarize(

@@ -17,29 +17,39 @@ from typing import Any, Final
 # name -> (label, path): the lines of one run, in table order
 LINES: Final[dict[str, tuple[str, str]]] = {
     "b1_recall": ("B1 Kafka pass-through, enriched-size records", "recall"),
-    "b2_recall_queries": ("B2 MongoDB batched recall queries", "recall"),
+    "b2_recall_queries": ("B2 MongoDB batched recall queries, raw driver (RawBSONDocument)", "recall"),
+    "b2_recall_models": ("B2 with our models (PrefetchedHistory.load: rows -> Message)", "recall"),
     "service_recall": ("service recall path (request -> enriched)", "recall"),
     "service_recall_unguarded": ("service recall path, barrier off, busy-thread allow", "recall"),
     "service_recall_barrier_only": ("service recall path, barrier on, busy-thread allow", "recall"),
     "naive_recall": ("naive recall (await each find/send/commit)", "recall"),
-    "mastra_recall": ("Mastra MessageHistory.processInput (Node)", "recall"),
+    "mastra_recall": ("Mastra MessageHistory.processInput (Node, same database)", "recall"),
     "b1_persist": ("B1 Kafka pass-through, response-size records", "persist"),
-    "b3_bulk_upserts": ("B3 MongoDB batched bulk upserts", "persist"),
+    "b3_bulk_upserts": ("B3 MongoDB batched bulk upserts, raw driver (prebuilt operations)", "persist"),
+    "b3_save_many": ("B3 with our models (save_many of Messages)", "persist"),
     "service_persist": ("service persist path (response -> persisted)", "persist"),
     "service_persist_unguarded": ("service persist path, busy-thread allow (no markers)", "persist"),
     "naive_persist": ("naive persist (await each save/send/commit)", "persist"),
-    "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node)", "persist"),
+    "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node, same database)", "persist"),
+    "mastra_memory": ("Mastra MessageHistory, whole turn on its InMemoryStore (Node, no database)", "turn"),
 }
 
 RATIOS: Final[dict[str, str]] = {
-    "recall_vs_limit": "service recall / min(B1, B2)  (target >= 0.7)",
-    "persist_vs_limit": "service persist / min(B1, B3)  (target >= 0.7)",
+    "recall_cpu_vs_b1": "service recall CPU per event / B1's (recall-sized)  (target <= 2.0)",
+    "persist_cpu_vs_b1": "service persist CPU per event / B1's (response-sized)  (target <= 3.0)",
+    "recall_vs_limit": "service recall / min(B1, B2 raw)  (target >= 0.85)",
+    "persist_vs_limit": "service persist / min(B1, B3 raw)  (target >= 0.85)",
+    "recall_vs_limit_models": "service recall / min(B1, B2 with our models)",
+    "persist_vs_limit_models": "service persist / min(B1, B3 with our models)",
+    "recall_p99_vs_b1": "service recall p99 / B1 recall p99, each at half its capacity  (target <= 2)",
+    "persist_p99_vs_b1": "service persist p99 / B1 persist p99, each at half its capacity  (target <= 2)",
     "recall_service_vs_naive": "service recall / naive recall  (target >= 10)",
     "persist_service_vs_naive": "service persist / naive persist  (target >= 10)",
     "turn_service_vs_naive": "service / naive, whole turn (recall + persist)",
+    "turn_service_vs_mastra_memory_per_core": "service turns per CPU second / mastra_memory's  (target >= 3)",
     "recall_service_vs_mastra_per_core": "service recall / Mastra processInput, events per CPU second",
     "persist_service_vs_mastra_per_core": "service persist / Mastra processOutputResult, per CPU second",
-    "turn_service_vs_mastra_per_core": "service / Mastra, whole turn, events per CPU second (target > 1)",
+    "turn_service_vs_mastra_per_core": "service / Mastra on the database, turns per CPU s  (target >= 3)",
     "recall_service_vs_mastra_wall": "service recall / Mastra processInput, events per second",
     "persist_service_vs_mastra_wall": "service persist / Mastra processOutputResult, events per second",
     "recall_turn_guards_cost": "service recall / the same, barrier off + busy allow",
@@ -162,14 +172,31 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         values = [v for v in (eps(n) for n in names) if v is not None]
         return min(values) if len(values) == len(names) else None
 
+    def cpu(name: str) -> float | None:
+        line = lines.get(name)
+        return line.cpu_s_per_1k if line else None
+
+    def p99(name: str) -> float | None:
+        line = lines.get(name)
+        return percentile(line.latencies_ms, 99) if line and line.events else None
+
     out = {
+        "recall_cpu_vs_b1": _ratio(cpu("service_recall"), cpu("b1_recall")),
+        "persist_cpu_vs_b1": _ratio(cpu("service_persist"), cpu("b1_persist")),
         "recall_vs_limit": _ratio(eps("service_recall"), lowest("b1_recall", "b2_recall_queries")),
         "persist_vs_limit": _ratio(eps("service_persist"), lowest("b1_persist", "b3_bulk_upserts")),
+        "recall_vs_limit_models": _ratio(eps("service_recall"), lowest("b1_recall", "b2_recall_models")),
+        "persist_vs_limit_models": _ratio(eps("service_persist"), lowest("b1_persist", "b3_save_many")),
+        "recall_p99_vs_b1": _ratio(p99("service_recall"), p99("b1_recall")),
+        "persist_p99_vs_b1": _ratio(p99("service_persist"), p99("b1_persist")),
         "recall_service_vs_naive": _ratio(eps("service_recall"), eps("naive_recall")),
         "persist_service_vs_naive": _ratio(eps("service_persist"), eps("naive_persist")),
         "turn_service_vs_naive": _ratio(
             _turn_rate(eps("service_recall"), eps("service_persist")),
             _turn_rate(eps("naive_recall"), eps("naive_persist")),
+        ),
+        "turn_service_vs_mastra_memory_per_core": _ratio(
+            _turn_rate(per_core("service_recall"), per_core("service_persist")), per_core("mastra_memory")
         ),
         "recall_service_vs_mastra_per_core": _ratio(per_core("service_recall"), per_core("mastra_recall")),
         "persist_service_vs_mastra_per_core": _ratio(per_core("service_persist"), per_core("mastra_persist")),

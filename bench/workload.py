@@ -194,6 +194,22 @@ def response_event(w: Workload, i: int, turn: int) -> Json:
     }
 
 
+def stored_messages(w: Workload, i: int) -> list[Json]:
+    """Thread `i`'s seeded history as MastraDBMessages (wire form, oldest first), for Mastra's own store."""
+    _, stored = seed_documents(w, i)
+    return [
+        {
+            "id": doc["id"],
+            "role": doc["role"],
+            "content": json.loads(doc["content"]),
+            "createdAt": format_timestamp(doc["createdAt"]),
+            "threadId": doc["thread_id"],
+            "resourceId": doc["resourceId"],
+        }
+        for doc in stored
+    ]
+
+
 def enriched_event(w: Workload, i: int, turn: int, limit: int) -> Json:
     """What the recall path emits for the turn: the newest `limit` stored messages, then the input.
 

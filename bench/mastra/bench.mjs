@@ -3,8 +3,11 @@
 //
 //   node bench.mjs recall  CONFIG.json   processInput for every turn: recall the thread's last N messages
 //   node bench.mjs persist CONFIG.json   processOutputResult for every turn: save its input + response
+//   node bench.mjs memory  CONFIG.json   the whole turn on Mastra's InMemoryStore, no database: processInput,
+//                                        then the response added and processOutputResult (one recall + one save)
 //
-// CONFIG: {mongoUri, dbName, lastMessages, concurrency, seconds, turnsFile, latencyTurnsFile, latencySeconds}. A turns file
+// CONFIG: {mongoUri, dbName, lastMessages, concurrency, seconds, turnsFile, latencyTurnsFile, latencySeconds}
+// (`memory` also: historyFile, JSON lines {threadId, resourceId, messages}, the seeded history). A turns file
 // is JSON lines {threadId, resourceId, input, response} (MastraDBMessage objects). Throughput phase: every
 // turn of turnsFile, `concurrency` turns in flight (a Node server serves many requests at once), until
 // done or `seconds` elapsed; then the latency phase: latencyTurnsFile one turn at a time (at least 3, then
@@ -19,7 +22,7 @@ const require = createRequire(import.meta.url);
 const { MessageList } = await import('@mastra/core/agent');
 const { MessageHistory } = await import('@mastra/core/processors');
 const { RequestContext } = await import('@mastra/core/request-context');
-const { MongoDBStore } = await import('@mastra/mongodb');
+const { InMemoryStore } = await import('@mastra/core/storage');
 const version = {
   core: JSON.parse(readFileSync(require.resolve('@mastra/core/package.json'), 'utf8')).version,
   mongodb: JSON.parse(readFileSync(require.resolve('@mastra/mongodb/package.json'), 'utf8')).version,
@@ -66,13 +69,51 @@ async function persist(processor, turn) {
   return 2;
 }
 
-const cpuSeconds = (usage) => (usage.user + usage.system) / 1e6;
+// The whole turn in process: recall into the turn's MessageList, the model's reply added, the turn saved.
+async function wholeTurn(processors, turn) {
+  const processor = processors.get(turn.threadId);
+  const requestContext = context(turn);
+  const messageList = new MessageList({ threadId: turn.threadId, resourceId: turn.resourceId });
+  messageList.add(asDb(turn.input), 'input');
+  await processor.processInput({ messages: [], messageList, abort, requestContext });
+  const recalled = messageList.get.all.db().length;
+  messageList.add(asDb(turn.response), 'response');
+  await processor.processOutputResult({ messages: [], messageList, abort, requestContext, result: { finishReason: 'stop' } });
+  return recalled;
+}
 
-async function main() {
+// One InMemoryStore per thread: its `listMessages` filters every stored message of the store (no index), so one
+// shared store would make the anchor cost grow with the workload's total history; per thread it reads only the
+// thread's own rows, as an indexed database does, and the figure is the processor's own cost.
+async function memoryProcessors() {
+  const processors = new Map();
+  for (const row of readTurns(config.historyFile)) {
+    const store = new InMemoryStore();
+    const memory = await store.getStore('memory');
+    const first = row.messages.length ? new Date(row.messages[0].createdAt) : new Date(0);
+    const last = row.messages.length ? new Date(row.messages.at(-1).createdAt) : first;
+    const thread = { id: row.threadId, resourceId: row.resourceId, title: '', metadata: {}, createdAt: first, updatedAt: last };
+    await memory.saveThread({ thread });
+    if (row.messages.length) await memory.saveMessages({ messages: row.messages.map(asDb) });
+    processors.set(row.threadId, new MessageHistory({ storage: memory, lastMessages: config.lastMessages }));
+  }
+  return { processors, close: async () => {} };
+}
+
+async function mongoProcessor() {
+  const { MongoDBStore } = await import('@mastra/mongodb');
   const store = new MongoDBStore({ id: 'bench', uri: config.mongoUri, dbName: config.dbName, disableInit: true });
   const memory = await store.getStore('memory');
   const processor = new MessageHistory({ storage: memory, lastMessages: config.lastMessages });
-  const step = path === 'recall' ? recall : persist;
+  return { processors: { get: () => processor }, close: () => store.close() };
+}
+
+const cpuSeconds = (usage) => (usage.user + usage.system) / 1e6;
+
+async function main() {
+  const { processors, close } = path === 'memory' ? await memoryProcessors() : await mongoProcessor();
+  const steps = { recall, persist };
+  const step = path === 'memory' ? (turn) => wholeTurn(processors, turn) : (turn) => steps[path](processors.get(), turn);
   const turns = readTurns(config.turnsFile);
   const latencyTurns = readTurns(config.latencyTurnsFile);
 
@@ -87,7 +128,7 @@ async function main() {
   const worker = async () => {
     while (next < turns.length && performance.now() < deadline) {
       const turn = turns[next++];
-      const counted = await step(processor, turn); // not `messages += await ...`: that reads before awaiting
+      const counted = await step(turn); // not `messages += await ...`: that reads before awaiting
       messages += counted;
       done += 1;
       if (done % 500 === 0) console.error(`[mastra] ${path}: ${done}/${turns.length}`);
@@ -104,17 +145,17 @@ async function main() {
   for (const turn of latencyTurns) {
     if (latencies.length >= 3 && performance.now() > latencyDeadline) break;
     const started = performance.now();
-    await step(processor, turn);
+    await step(turn);
     latencies.push(performance.now() - started);
   }
-  await store.close();
+  await close();
   const result = {
     events: done,
     wall_s: wall,
     cpu_s: cpu,
     peak_rss_bytes: process.resourceUsage().maxRSS * 1024,
     latencies_ms: latencies,
-    details: { messages_in_context_or_saved: messages, concurrency: config.concurrency, version },
+    details: { messages_in_context_or_saved: messages, concurrency: config.concurrency, version, store: path === 'memory' ? 'InMemoryStore per thread' : '@mastra/mongodb' },
   };
   process.stdout.write(JSON.stringify(result) + '\n');
 }

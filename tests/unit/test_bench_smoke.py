@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from bench import targets
+from bench.cli import SIDE
+from bench.cli import main as bench_main
 from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
 from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
@@ -43,8 +46,9 @@ def test_percentile(values: list[float], q: float, expected: float | None) -> No
     assert percentile(values, q) == pytest.approx(expected)
 
 
-def _line(name: str, events: int, wall: float, cpu: float | None) -> LineResult:
-    return LineResult(name, events, wall, cpu, 10 * 2**20, latencies_ms=[1.0, 2.0])
+def _line(name: str, events: int, wall: float, cpu: float | None, p99: float | None = None) -> LineResult:
+    latencies = [p99] if p99 is not None else [1.0, 2.0]
+    return LineResult(name, events, wall, cpu, 10 * 2**20, latencies_ms=latencies)
 
 
 @pytest.mark.parametrize(
@@ -60,24 +64,91 @@ def _line(name: str, events: int, wall: float, cpu: float | None) -> LineResult:
         ("turn_service_vs_mastra_per_core", (1 / (2 / 1000 + 4 / 1000)) / (1 / (20 / 1000 + 10 / 1000))),
         ("recall_service_vs_mastra_wall", 100 / 25),
         ("persist_service_vs_mastra_wall", 50 / 10),
+        ("recall_cpu_vs_b1", (2 / 1000) / (1 / 4000)),  # CPU per event: service 2 ms, B1 0.25 ms
+        ("persist_cpu_vs_b1", (4 / 1000) / (1 / 1000)),
+        ("recall_vs_limit_models", 100 / 50),  # min(B1 400/s, B2 with models 50/s) = 50
+        ("persist_vs_limit_models", 50 / 80),  # min(B1 100/s, B3 save_many 80/s) = 80
+        ("turn_service_vs_mastra_memory_per_core", (1 / (2 / 1000 + 4 / 1000)) / (1000 / 5)),
+        ("recall_p99_vs_b1", 30.0 / 10.0),  # p99 of [30] / p99 of [10]
+        ("persist_p99_vs_b1", 8.0 / 4.0),
     ],
     ids=lambda v: v if isinstance(v, str) else "x",
 )
 def test_ratios(key: str, expected: float) -> None:
-    """Each ratio divides the service's figure by its baseline's (throughput, or events per CPU second)."""
+    """Each ratio divides the service's figure by its baseline's (throughput, events per CPU second, CPU per
+    event, p99 latency)."""
     lines = {
-        "b1_recall": _line("b1_recall", 4000, 10, 1),
+        "b1_recall": _line("b1_recall", 4000, 10, 1, p99=10),
         "b2_recall_queries": _line("b2_recall_queries", 1000, 5, 1),
-        "service_recall": _line("service_recall", 1000, 10, 2),
+        "b2_recall_models": _line("b2_recall_models", 500, 10, 5),
+        "service_recall": _line("service_recall", 1000, 10, 2, p99=30),
         "naive_recall": _line("naive_recall", 50, 10, 1),
         "mastra_recall": _line("mastra_recall", 1000, 40, 20),
-        "b1_persist": _line("b1_persist", 1000, 10, 1),
+        "b1_persist": _line("b1_persist", 1000, 10, 1, p99=4),
         "b3_bulk_upserts": _line("b3_bulk_upserts", 3000, 10, 1),
-        "service_persist": _line("service_persist", 1000, 20, 4),
+        "b3_save_many": _line("b3_save_many", 800, 10, 2),
+        "service_persist": _line("service_persist", 1000, 20, 4, p99=8),
         "naive_persist": _line("naive_persist", 20, 10, 1),
         "mastra_persist": _line("mastra_persist", 1000, 100, 10),
+        "mastra_memory": _line("mastra_memory", 1000, 10, 5),  # 200 turns per CPU second
     }
     assert ratios(lines)[key] == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "passed"),
+    [
+        ("recall_cpu_vs_b1", 2.0, True),  # at the bound passes
+        ("recall_cpu_vs_b1", 2.01, False),
+        ("persist_cpu_vs_b1", 3.0, True),
+        ("persist_cpu_vs_b1", 9.0, False),
+        ("turn_service_vs_mastra_memory_per_core", 3.0, True),
+        ("turn_service_vs_mastra_memory_per_core", 2.9, False),
+        ("turn_service_vs_mastra_per_core", 3.5, True),
+        ("turn_service_vs_mastra_per_core", 1.2, False),
+        ("recall_vs_limit", 0.85, True),
+        ("recall_vs_limit", 0.64, False),
+        ("persist_vs_limit", 0.9, True),
+        ("persist_vs_limit", 0.61, False),
+        ("recall_p99_vs_b1", 1.1, True),
+        ("persist_p99_vs_b1", 2.5, False),
+        ("recall_vs_limit", None, None),  # not measured: neither passed nor failed
+    ],
+)
+def test_targets_against_ratios(key: str, value: float | None, passed: bool | None) -> None:
+    """Each issue-14 target compares its ratio with its bound (at most / at least, the bound included)."""
+    [outcome] = [o for o in targets.evaluate({key: value}) if o.goal.key == key]
+    assert outcome.value == value
+    assert outcome.passed is passed
+
+
+@pytest.mark.parametrize(
+    ("soak", "passed"),
+    [(None, None), ({"rss_end_over_10pct": 1.019}, True), ({"rss_end_over_10pct": 1.06}, False)],
+    ids=["no-soak", "flat", "growing"],
+)
+def test_soak_target(soak: dict[str, float] | None, passed: bool | None) -> None:
+    """The RSS target reads the soak's end / 10% figure (<= 1.05), and is not measured without a soak."""
+    [outcome] = [o for o in targets.evaluate({}, soak) if o.goal.key == "rss_end_over_10pct"]
+    assert outcome.passed is passed
+
+
+def test_every_target_is_a_ratio_or_the_soak() -> None:
+    """A target names a ratio the run computes (or the soak figure), so none is silently never measured."""
+    for goal in targets.GOALS:
+        assert goal.key in (RATIOS if goal.source == "ratios" else {"rss_end_over_10pct": ""}), goal.key
+
+
+def test_targets_render_every_verdict() -> None:
+    """The printed targets carry each label, its value and PASS / FAIL / not measured."""
+    outcomes = targets.evaluate({"recall_cpu_vs_b1": 1.5, "persist_cpu_vs_b1": 4.0})
+    text = targets.render(outcomes)
+    for goal in targets.GOALS:
+        assert goal.label in text
+    assert "1.5" in text
+    assert "PASS" in text
+    assert "FAIL" in text
+    assert "not measured" in text
 
 
 def test_ratios_missing_lines_are_none() -> None:
@@ -213,3 +284,20 @@ def test_median_round(rates: list[float], expected: float) -> None:
     chosen = median_round(results)
     assert chosen.events_per_s == expected
     assert len(chosen.details.get("rounds", [])) == (len(rates) if len(rates) > 1 else 0)
+
+
+@pytest.mark.parametrize("name", sorted(SIDE))
+def test_side_measurements_are_subcommands(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each side measurement runs as `python -m bench NAME`, with its own flags (`--help` lists them)."""
+    with pytest.raises(SystemExit) as exited:
+        bench_main([name, "--help"])
+    assert exited.value.code == 0
+    assert f"python -m bench {name}" in capsys.readouterr().out
+
+
+def test_main_help_lists_the_side_measurements(capsys: pytest.CaptureFixture[str]) -> None:
+    """`python -m bench --help` names every side measurement."""
+    with pytest.raises(SystemExit):
+        bench_main(["--help"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in SIDE)

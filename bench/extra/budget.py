@@ -1,6 +1,6 @@
-"""Recall cost with a token budget vs without, on one workload (the recall path's per-batch work, no Kafka).
+"""`python -m bench budget`: recall with a token budget vs without (the recall path's batch work, no Kafka).
 
-    .venv/bin/python -m bench.budget_recall [--threads 500] [--history 40] [--message-bytes 1024]
+    .venv/bin/python -m bench budget [--threads 500] [--history 40] [--message-bytes 1024]
         [--rounds 7] [--budgets 100000,4000]
 
 Seeds `--threads` threads of `--history` messages (alternating user / assistant, text of
@@ -134,15 +134,12 @@ async def run(args: argparse.Namespace) -> None:
         await client.close()
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench budget", description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=500)
     parser.add_argument("--history", type=int, default=40)
     parser.add_argument("--message-bytes", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--budgets", default="100000,4000", help="comma-separated maxTokens values")
     asyncio.run(run(parser.parse_args(argv)))
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,7 +1,7 @@
-"""Replay throughput against the live persist path, in one run, on the same responses topic.
+"""`python -m bench replay`: replay throughput against the live persist path, on one responses topic.
 
     eval "$(deploy/local/stack up)"
-    .venv/bin/python bench/bench_replay.py [--threads 100] [--turns 10] [--partitions 4] [--batch 500]
+    .venv/bin/python -m bench replay [--threads 100] [--turns 10] [--partitions 4] [--batch 500]
 
 With a fresh topic, group and databases (all removed afterwards):
 
@@ -44,7 +44,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pymongo import AsyncMongoClient
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXT = "the agent recalls what the user said before and answers with the whole context " * 4  # ~320 B
 
 
@@ -237,8 +237,10 @@ async def consume(name: str, env: dict[str, str], bootstrap: str, persisted: str
     return await replay("replay --emit-persisted", env, responses * 2, "--emit-persisted")
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+async def measure(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench replay", description=(__doc__ or "").splitlines()[0]
+    )
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=4)
@@ -249,7 +251,7 @@ async def main() -> None:
         default=3,
         help="rounds, each consumer once per round, order rotated (default 3)",
     )
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
     mongo_uri = os.environ.get("MONGODB_URI", "mongodb://127.0.0.1:27017")
@@ -327,5 +329,6 @@ async def main() -> None:
         await client.close()
 
 
-if __name__ == "__main__":
-    asyncio.run(main())
+def main(argv: list[str]) -> int:
+    asyncio.run(measure(argv))
+    return 0

@@ -1,6 +1,6 @@
-"""Microbenchmark of the event codec: decode + encode of a typical EnrichedRequest, in events per second.
+"""`python -m bench codec`: the event codec alone: decode + encode of a typical EnrichedRequest, events/s.
 
-    .venv/bin/python bench/bench_codec.py [--messages 40] [--seconds 3]
+    .venv/bin/python -m bench codec [--messages 40] [--seconds 3]
 
 The event is what an agent worker receives: 40 messages of about 1 KB each (user questions, assistant turns
 with reasoning, a tool call and its result, text), each with an unknown field, so the lossless path is
@@ -92,11 +92,11 @@ def rate(fn: Callable[[], object], seconds: float) -> float:
             return calls / (now - started)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench codec", description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=40)
     parser.add_argument("--seconds", type=float, default=3.0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     raw = enriched_event(args.messages)
     event = decode_enriched(raw)
@@ -125,7 +125,4 @@ def main() -> None:
     }
     for name, per_second in results.items():
         print(f"{name:<50} {per_second:>9.0f} events/s  {per_second * len(raw) / 1e6:>7.1f} MB/s")
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -1,6 +1,6 @@
-"""Storage microbenchmark of `MongoHistoryStorage`: recall latency, batch-recall strategies, persist rate.
+"""`python -m bench storage`: `MongoHistoryStorage` alone: recall latency, batch-recall strategies, persist.
 
-    .venv/bin/python -m bench.bench_storage [--threads 10000] [--history 40] [--limit 40]
+    .venv/bin/python -m bench storage [--threads 10000] [--history 40] [--limit 40]
         [--recall-samples 20] [--batches 100,500] [--batch-reps 3] [--strategies in,concurrent]
         [--persist-batches 3] [--persist-docs 500] [--budget-s 300] [--db NAME] [--keep] [--json FILE]
 
@@ -257,7 +257,7 @@ async def bench_persist(
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.bench_storage", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench storage", description=__doc__.split("\n\n")[0])
     p.add_argument("--uri", default=os.environ.get("MONGODB_URI", "mongodb://127.0.0.1:27017"))
     p.add_argument("--db", default=None, help="database name (default: a fresh bench_storage_<pid>)")
     p.add_argument("--keep", action="store_true", help="keep (and reuse, if seeded) the database")
@@ -275,13 +275,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def main(argv: list[str] | None = None) -> dict[str, Any]:
+async def measure(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     name = args.db or f"bench_storage_{os.getpid()}"
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(args.uri, tz_aware=True)
     db = client[name]
     results: dict[str, Any] = {
-        "command": " ".join(["python -m bench.bench_storage", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m bench storage", *(argv if argv is not None else sys.argv[1:])]),
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "nproc": os.cpu_count(),
         "database": name,
@@ -331,5 +331,6 @@ async def main(argv: list[str] | None = None) -> dict[str, Any]:
     return results
 
 
-if __name__ == "__main__":
-    asyncio.run(main())
+def main(argv: list[str]) -> int:
+    asyncio.run(measure(argv))
+    return 0

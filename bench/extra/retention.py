@@ -1,7 +1,7 @@
-"""Measure forget and prune throughput (rows/s) on a seeded database; not a test (no timing assertions).
+"""`python -m bench retention`: forget and prune throughput (rows/s) on a seeded database.
 
     eval "$(deploy/local/stack env)"
-    .venv/bin/python -m tests.measure_retention --messages 100000 --per-thread 100 --per-resource 10
+    .venv/bin/python -m bench retention --messages 100000 --per-thread 100 --per-resource 10
 
 Seeds `--messages` messages in Mastra's layout (threads of `--per-thread`, resources of `--per-resource`
 threads) into a fresh database, then times, on that data: `forget_resource` of a tenth of the resources,
@@ -66,7 +66,7 @@ def line(step: str, rows: int, seconds: float, **extra: Any) -> None:
     print(json.dumps({"step": step, "rows": rows, "seconds": round(seconds, 3), "rows_per_s": rate, **extra}))
 
 
-async def main(args: argparse.Namespace) -> None:
+async def measure(args: argparse.Namespace) -> None:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(os.environ["MONGODB_URI"], tz_aware=True)
     db = client[f"measure_{uuid.uuid4().hex[:10]}"]
     try:
@@ -104,10 +104,11 @@ async def main(args: argparse.Namespace) -> None:
         await client.close()
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench retention", description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--per-thread", type=int, default=100)
     parser.add_argument("--per-resource", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=1000)
-    asyncio.run(main(parser.parse_args()))
+    asyncio.run(measure(parser.parse_args(argv)))
+    return 0
