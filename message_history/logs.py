@@ -22,11 +22,14 @@ import sys
 import traceback
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 from urllib.parse import unquote, urlsplit
 
 from opentelemetry import trace
 from pydantic import SecretStr
+
+if TYPE_CHECKING:
+    from message_history.settings import Settings
 
 MASK = "***"
 
@@ -74,6 +77,18 @@ def register_secret(value: str | SecretStr | None) -> None:
         _secrets.update(added)
         # Longest first, so a URI is masked whole before its password alone is.
         _secrets_sorted[:] = sorted(_secrets, key=len, reverse=True)
+
+
+def register_settings_secrets(settings: Settings) -> None:
+    """Register every secret the settings hold (the MongoDB URI and its password, the SASL password)."""
+    register_secret(settings.mongodb_uri)
+    register_secret(settings.kafka_sasl_password)
+
+
+def start_command(settings: Settings) -> None:
+    """What every command does first: JSON logs at the configured level, with the settings' secrets masked."""
+    configure_logging(settings.log_level)
+    register_settings_secrets(settings)
 
 
 def clear_secrets() -> None:

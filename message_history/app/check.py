@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from pydantic import ValidationError
 
-from message_history.logs import register_secret, scrub
+from message_history.logs import register_settings_secrets, scrub
 from message_history.settings import Settings
 from producers.connection import kafka_options
 
@@ -64,8 +64,7 @@ def mask_mongodb_uri(uri: str) -> str:
 
 def _scrub(text: str, settings: Settings) -> str:
     """One line, capped, with every secret masked by the logs' one scrubber (driver errors may echo them)."""
-    register_secret(settings.mongodb_uri)
-    register_secret(settings.kafka_sasl_password)
+    register_settings_secrets(settings)
     text = " ".join(scrub(text).split())
     return text if len(text) <= _MAX_DETAIL else text[: _MAX_DETAIL - 1] + "…"
 

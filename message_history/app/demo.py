@@ -32,7 +32,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from message_history.app.topics import ensure_topics, service_topics
-from message_history.logs import configure_logging, register_secret, scrub
+from message_history.logs import configure_logging, register_settings_secrets, scrub
 from message_history.settings import Settings
 from producers.connection import kafka_options as connection_options
 from schemas.events import (
@@ -378,8 +378,7 @@ async def run_demo(threads: int, turns: int, out: TextIO = sys.stdout, *, keep: 
     if threads < 1 or turns < 1:
         raise DemoError("--threads and --turns must be at least 1")
     base = Settings()
-    register_secret(base.mongodb_uri)
-    register_secret(base.kafka_sasl_password)
+    register_settings_secrets(base)
     run_id = secrets.token_hex(3)
     settings = demo_settings(base, run_id)
     demo = Demo(settings, run_id, script(run_id, threads, turns), out)

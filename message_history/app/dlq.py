@@ -49,7 +49,7 @@ from message_history.app.dlq_plan import (
 from message_history.app.replay.plan import UsageError, to_millis
 from message_history.app.replay.progress import format_count
 from message_history.app.topics import existing_partitions
-from message_history.logs import configure_logging, register_secret
+from message_history.logs import start_command
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from schemas.dead_letters import parse_dead_letter_headers
@@ -397,9 +397,7 @@ async def run_dlq(
 def main(args: argparse.Namespace) -> int:
     """`message-history dlq ...`; returns 0 done, 1 failed, 2 usage error, 130 interrupted."""
     settings = Settings()
-    configure_logging(settings.log_level)
-    register_secret(settings.mongodb_uri)
-    register_secret(settings.kafka_sasl_password)
+    start_command(settings)
     try:
         options = options_from_args(args, settings)
     except UsageError as exc:

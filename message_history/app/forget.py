@@ -70,10 +70,9 @@ async def run_forget(settings: Settings, args: argparse.Namespace, *, out: TextI
 
 
 def main(args: argparse.Namespace) -> int:
-    from message_history.logs import configure_logging, register_secret  # noqa: PLC0415
+    from message_history.logs import start_command  # noqa: PLC0415
     from message_history.settings import Settings  # noqa: PLC0415
 
     settings = Settings()
-    configure_logging(settings.log_level)
-    register_secret(settings.mongodb_uri)
+    start_command(settings)
     return asyncio.run(run_forget(settings, args, out=sys.stdout, err=sys.stderr))

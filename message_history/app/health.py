@@ -194,14 +194,19 @@ def _route(health: Health, method: str, target: str) -> tuple[int, str, bytes]:
     return 200, CONTENT_TYPE_LATEST, generate_latest(metrics.REGISTRY)
 
 
+async def _read_line(reader: asyncio.StreamReader, too_long: tuple[int, str], where: str) -> bytes:
+    """One line; over the reader's limit is `too_long` (status, reason), a closed connection a 400."""
+    try:
+        return await reader.readuntil(b"\n")
+    except asyncio.LimitOverrunError as exc:
+        raise _BadRequestError(*too_long) from exc
+    except asyncio.IncompleteReadError as exc:
+        raise _BadRequestError(400, f"connection closed {where}") from exc
+
+
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
     """Read the request line and headers (bodies are never read: GET only); return (method, target)."""
-    try:
-        line = await reader.readuntil(b"\n")
-    except asyncio.LimitOverrunError as exc:
-        raise _BadRequestError(414, "request line too long") from exc
-    except asyncio.IncompleteReadError as exc:
-        raise _BadRequestError(400, "connection closed before the request line ended") from exc
+    line = await _read_line(reader, (414, "request line too long"), "before the request line ended")
     if len(line) > _MAX_REQUEST_LINE:
         raise _BadRequestError(414, "request line too long")
     parts = line.decode("latin-1").strip().split(" ")
@@ -210,12 +215,7 @@ async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str]:
     method, target, _ = parts
     total = 0
     for _ in range(_MAX_HEADERS + 1):
-        try:
-            header = await reader.readuntil(b"\n")
-        except asyncio.LimitOverrunError as exc:
-            raise _BadRequestError(431, "header line too long") from exc
-        except asyncio.IncompleteReadError as exc:
-            raise _BadRequestError(400, "connection closed inside the headers") from exc
+        header = await _read_line(reader, (431, "header line too long"), "inside the headers")
         total += len(header)
         if total > _MAX_HEADER_BYTES:
             raise _BadRequestError(431, "headers too large")

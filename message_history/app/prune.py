@@ -160,12 +160,11 @@ async def _database(settings: Settings) -> AsyncIterator[AsyncDatabase[Any]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    from message_history.logs import configure_logging, register_secret  # noqa: PLC0415
+    from message_history.logs import start_command  # noqa: PLC0415
     from message_history.settings import Settings  # noqa: PLC0415
 
     settings = Settings()
-    configure_logging(settings.log_level)
-    register_secret(settings.mongodb_uri)
+    start_command(settings)
     return asyncio.run(_main(settings, args))
 
 

@@ -31,7 +31,7 @@ from message_history import __version__, tracing
 from message_history.app.health import Health, serve_http
 from message_history.app.prune import periodic_prune
 from message_history.errors import StartupError
-from message_history.logs import configure_logging, register_secret
+from message_history.logs import start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.enriched import EnrichedPublisher
@@ -356,9 +356,7 @@ def start_tracing(env: Mapping[str, str] = os.environ) -> Callable[[], None] | N
 def main(only: str | None = None) -> int:
     """Entry point of `message-history run [--only recall|persist]`; returns the process exit code."""
     settings = Settings()
-    configure_logging(settings.log_level)
-    register_secret(settings.mongodb_uri)
-    register_secret(settings.kafka_sasl_password)
+    start_command(settings)
     selected: Path | None = None
     if only is not None:
         if only not in PATHS:

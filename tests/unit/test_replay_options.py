@@ -174,9 +174,8 @@ def test_cli_exits_2_on_usage_errors_found_after_parsing(
 ) -> None:
     """A refused combination returns 2 with the reason, before connecting to anything."""
     monkeypatch.setenv("MESSAGE_HISTORY_ENRICHED_TOPIC", "live-enriched")
-    monkeypatch.setattr(
-        "message_history.app.replay.command.configure_logging", lambda level: None
-    )  # keep pytest's handlers
+    monkeypatch.setattr("message_history.app.replay.command.start_command", lambda settings: None)  # keep
+    # pytest's handlers
     assert cli_main(["replay", "--from-beginning", "--emit-to", "live-enriched"]) == 2
     assert "live enriched topic" in capsys.readouterr().err
 

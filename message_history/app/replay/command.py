@@ -35,7 +35,7 @@ from message_history.app.replay.sinks import (
     open_mongo,
 )
 from message_history.app.service import memory_defaults
-from message_history.logs import configure_logging, register_secret
+from message_history.logs import start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
@@ -274,9 +274,7 @@ def _width(stream: TextIO) -> int:
 def main(args: argparse.Namespace) -> int:
     """`message-history replay ...`; returns 0 done, 1 failed, 2 usage error, 130 interrupted."""
     settings = Settings()
-    configure_logging(settings.log_level)
-    register_secret(settings.mongodb_uri)
-    register_secret(settings.kafka_sasl_password)
+    start_command(settings)
     try:
         options = options_from_args(args, settings, tty=sys.stderr.isatty())
     except UsageError as exc:
