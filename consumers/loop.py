@@ -17,6 +17,9 @@ nothing is returned) so that the consumer stays in the group. A record whose out
 is dead-lettered like bad input, and so is each offset of a record batch the consumer cannot decompress or
 parse (see `consumers.unreadable`). Anything else (a bug, a refused configuration) stops the loop: the service
 exits non-zero without committing past the failed work.
+
+One job, the loop itself (hence its length): the consumer and the knobs are built in `consumers.consumer`,
+the retry policy is `consumers.outage`, what a path promises the loop is `consumers.contract`.
 """
 
 from __future__ import annotations
@@ -27,22 +30,20 @@ import logging
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
-from typing import Protocol
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry.trace import Span
 
-from consumers.contract import Ack, BatchHandler, ack_after, record_headers
+from consumers.consumer import Health, LoopOptions
+from consumers.contract import BatchHandler
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage import (
     Backoff,
     ChunkLimit,
     Failure,
-    backoff_delay,
     is_outage,
     retry_batch,
     settle_outcomes,
@@ -50,79 +51,15 @@ from consumers.outage import (
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
 from message_history.errors import error_type
-from message_history.settings import Settings
-from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OUTPUT_TOO_LARGE, explain_too_large
 
 log = logging.getLogger(__name__)
 
-__all__ = [  # with the contract's and the outage policy's names, still imported from here by older code
-    "Ack",
-    "BatchHandler",
-    "LoopOptions",
-    "StreamLoop",
-    "ack_after",
-    "backoff_delay",
-    "build_consumer",
-    "is_outage",
-    "record_headers",
-]
 
 _TOPIC_POLL_S = 1.0  # how often a missing input topic is looked for
 _TOPIC_REPORT_EVERY_S = 30.0  # how often the wait for it is logged
 _GROW_AFTER = 8  # clean attempts before a shrunken chunk limit doubles again
-
-
-class Health(Protocol):
-    """The part of `message_history.app.health.Health` the loop reports to."""
-
-    def set_ready(self, component: str, ready: bool, reason: str = "") -> None: ...
-
-    def beat(self, component: str) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class LoopOptions:
-    """The loop's knobs, from the settings."""
-
-    max_batch_records: int
-    poll_timeout_ms: int
-    commit_interval_s: float
-    retry_initial_s: float
-    retry_max_s: float
-    revoke_drain_s: float
-    commit_timeout_s: float
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> LoopOptions:
-        return cls(
-            max_batch_records=settings.max_batch_records,
-            poll_timeout_ms=settings.poll_timeout_ms,
-            commit_interval_s=settings.commit_interval_ms / 1000,
-            retry_initial_s=settings.retry_initial_backoff_s,
-            retry_max_s=settings.retry_max_backoff_s,
-            # A revoke must finish well inside the rebalance timeout (max.poll.interval for aiokafka).
-            revoke_drain_s=min(settings.shutdown_grace_s / 2, settings.max_poll_interval_ms / 4000),
-            commit_timeout_s=max(5.0, settings.session_timeout_ms / 1000),
-        )
-
-
-def build_consumer(settings: Settings, *, topic: str, path: str) -> AIOKafkaConsumer:
-    """The path's consumer: manual commits, earliest offset for a new group, committed reads only."""
-    instance = f"{settings.group_instance_id}-{path}" if settings.group_instance_id else None
-    return AIOKafkaConsumer(
-        **kafka_options(settings, client_id=f"message-history-{path}"),
-        group_id=settings.group_id,
-        group_instance_id=instance,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-        session_timeout_ms=settings.session_timeout_ms,
-        heartbeat_interval_ms=max(1000, settings.session_timeout_ms // 3),
-        max_poll_interval_ms=settings.max_poll_interval_ms,
-        max_poll_records=settings.max_batch_records,
-    )
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information

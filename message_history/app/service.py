@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Literal
 
 from consumers.barrier import TurnBarrier, open_barrier
 from consumers.commands import CommandsHandler
-from consumers.loop import LoopOptions, StreamLoop, build_consumer
+from consumers.consumer import LoopOptions, build_consumer
+from consumers.loop import StreamLoop
 from consumers.persist import PersistHandler
 from consumers.recall import MemoryDefaults, RecallHandler
 from consumers.turn_gate import TurnGate

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 
+from consumers.consumer import LoopOptions, build_consumer
+from consumers.contract import Ack
 from consumers.lanes import Failed, run_lanes
-from consumers.loop import Ack, LoopOptions, StreamLoop, build_consumer
+from consumers.loop import StreamLoop
 from message_history.errors import EventValidationError, InvalidInputError, StorageUnavailableError
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
