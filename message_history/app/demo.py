@@ -13,6 +13,7 @@ the service in this process, and plays three parts:
 
 Every wait is bounded; the exit code is 0 on success and 1 with a message on failure. The service is stopped
 with the same stop event SIGTERM sets; the demo's topics and database are removed afterwards.
+One job, the demo (hence its length): the script, its three parts and their printing.
 """
 
 from __future__ import annotations

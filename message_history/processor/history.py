@@ -23,6 +23,8 @@ Differences from Mastra, on purpose:
   `tool_state`), not in `MessageList`;
 * no tracing (`tracing_context` is accepted and ignored). Like Mastra 1.71,
   `process_output_result` pauses 10 ms after a save; `persist_turn` (the Kafka paths) does not.
+
+One job, the processor class (hence its length); every rule it applies is in `message_history.core`.
 """
 
 from __future__ import annotations
