@@ -116,26 +116,9 @@ def build_context(
       the sort then merges two ordered runs, which Timsort does in linear time.
     Messages are returned as given (no copies, no `source` field added; see `with_source`).
     """
-    last_index: dict[str, int] = {}
-    for index, message in enumerate(incoming):
-        if message.id is not None:
-            last_index[message.id] = index
-    kept_input = [
-        message
-        for index, message in enumerate(incoming)
-        if message.id is None or last_index[message.id] == index
-    ]
-
-    seen: set[str] = set(last_index)
-    memory: list[Message] = []
-    for message in recalled_newest_first:
-        if message.role == "system":
-            continue
-        if message.id is not None:
-            if message.id in seen:
-                continue
-            seen.add(message.id)
-        memory.append(message)
+    kept_input = _last_copy_per_id(list(incoming))
+    seen = {message.id for message in kept_input if message.id is not None}
+    memory = _first_per_id((m for m in recalled_newest_first if m.role != "system"), seen)
     memory.reverse()
 
     tagged: list[tuple[Message, Source]] = [(m, "memory") for m in memory]
@@ -302,15 +285,21 @@ def select_for_persistence(
     return PersistDecision(messages=[without_source(m) for m in _last_copy_per_id(filtered)])
 
 
-def _last_copy_per_id(messages: list[Message]) -> list[Message]:
-    seen: set[str] = set()
+def _first_per_id(messages: Iterable[Message], seen: set[str]) -> list[Message]:
+    """Each id's first message, in order, leaving out ids in `seen` (which grows); id-less ones all kept."""
     kept: list[Message] = []
-    for message in reversed(messages):
+    for message in messages:
         if message.id is not None:
             if message.id in seen:
                 continue
             seen.add(message.id)
         kept.append(message)
+    return kept
+
+
+def _last_copy_per_id(messages: list[Message]) -> list[Message]:
+    """Each id's last message, in the order of those last copies."""
+    kept = _first_per_id(reversed(messages), set())
     kept.reverse()
     return kept
 
