@@ -104,16 +104,12 @@ async def check_kafka(
     except TimeoutError:
         return CheckResult("kafka", False, target, f"{step}: no answer within {timeout_s:g} s")
     except Exception as exc:  # noqa: BLE001 -- any failure is the answer: report it, never raise
-        return CheckResult("kafka", False, target, f"{step}: {_scrub(_error(exc), settings)}")
+        return _failed("kafka", target, step, exc, settings)
     finally:
         await _quietly(consumer.stop)
         await _quietly(producer.stop)
-    elapsed_ms = (time.monotonic() - started) * 1000
-    detail = (
-        f"produced and read back a record on {topic!r} "
-        f"(partition {meta.partition}, offset {meta.offset}) in {elapsed_ms:.0f} ms"
-    )
-    return CheckResult("kafka", True, target, detail)
+    done = f"produced and read back a record on {topic!r} (partition {meta.partition}, offset {meta.offset})"
+    return _passed("kafka", target, done, started)
 
 
 async def check_mongodb(settings: Settings, *, timeout_s: float | None = None) -> CheckResult:
@@ -150,16 +146,22 @@ async def check_mongodb(settings: Settings, *, timeout_s: float | None = None) -
         if found is None or deleted.deleted_count != 1:
             return CheckResult("mongodb", False, target, "the probe document did not read back")
     except Exception as exc:  # noqa: BLE001 -- any failure is the answer: report it, never raise
-        return CheckResult("mongodb", False, target, f"{step}: {_scrub(_error(exc), settings)}")
+        return _failed("mongodb", target, step, exc, settings)
     finally:
         if client is not None:
             await _quietly(client.close)
-    elapsed_ms = (time.monotonic() - started) * 1000
-    detail = (
-        f"ping, write, read back and delete on {settings.mongodb_database}.{PROBE_COLLECTION} "
-        f"({server}) in {elapsed_ms:.0f} ms"
-    )
-    return CheckResult("mongodb", True, target, detail)
+    done = f"ping, write, read back and delete on {settings.mongodb_database}.{PROBE_COLLECTION} ({server})"
+    return _passed("mongodb", target, done, started)
+
+
+def _passed(dependency: Dependency, target: str, done: str, started: float) -> CheckResult:
+    return CheckResult(dependency, True, target, f"{done} in {(time.monotonic() - started) * 1000:.0f} ms")
+
+
+def _failed(
+    dependency: Dependency, target: str, step: str, exc: BaseException, settings: Settings
+) -> CheckResult:
+    return CheckResult(dependency, False, target, f"{step}: {_scrub(_error(exc), settings)}")
 
 
 async def _quietly(stop: Callable[[], Awaitable[object]]) -> None:
