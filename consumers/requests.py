@@ -24,17 +24,19 @@ from typing import Any
 
 from consumers.lanes import Failed, run_lanes
 from consumers.loop import Ack, ack_after
-from consumers.turn_gate import GO, BatchGate, TurnGate
+from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.batch_storage import BatchHistoryStorage, PrefetchedHistory, RecallQuery
 from message_history.budget import TokenBudget, resolve_budget
 from message_history.echo import plan_echo
 from message_history.errors import EventValidationError, InvalidInputError, RetriableError
-from message_history.processor import MessageHistory
+from message_history.processor import MessageHistory, RecallOutcome
 from message_history.rules import LastMessages, normalize_limit
 from producers.enriched import EnrichedPublisher
+from producers.output import Headers
 from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions, decode_request
 from schemas.limits import Limits
+from schemas.recalled import encode_enriched, materialized
 
 log = logging.getLogger(__name__)
 
@@ -125,6 +127,9 @@ class RecallHandler:
         self._max_in_flight = max_in_flight_threads
         self._defaults = memory_defaults or MemoryDefaults(last_messages=last_messages)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
+        # A publisher that only encodes and sends can take the bytes (recalled rows spliced, no models);
+        # one that does more with the event (replay's) gets the `EnrichedRequest`.
+        self._send_bytes = type(publisher).publish is EnrichedPublisher.publish
 
     async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
         with tracing.batch_spans(PATH, records) as spans:
@@ -178,20 +183,10 @@ class RecallHandler:
                 filter_echo=not item.memory.retain_full_input,
                 counter=history.counter,
             )
-            enriched = EnrichedRequest.from_request(
-                request,
-                outcome.context,
-                recalled=outcome.recalled,
-                limit=outcome.limit,
-                complete=admission.complete,
-                waited_ms=admission.waited_ms,
-                tokens=outcome.tokens,
-                trimmed=outcome.trimmed,
-                boundary=outcome.boundary.to_metadata() if outcome.boundary is not None else None,
-            )
+            enriched = self._enriched(request, outcome, admission)
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             mark = batch_gate.enriched(request.threadId, request.requestId) if batch_gate else None
-            ack = await self._publisher.publish(enriched, headers=spans.headers(index, item.record))
+            ack = await self._publish(request, enriched, spans.headers(index, item.record))
             spans.end_when_done(index, ack)
             return ack if mark is None else ack_after(mark, ack)
 
@@ -218,6 +213,30 @@ class RecallHandler:
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
+
+    def _enriched(
+        self, request: AgentRequest, outcome: RecallOutcome, admission: Admission
+    ) -> EnrichedRequest | bytes:
+        """The enriched event: as bytes (recalled rows spliced) when the publisher only sends it."""
+        summary: dict[str, Any] = {
+            "recalled": outcome.recalled,
+            "limit": outcome.limit,
+            "complete": admission.complete,
+            "waited_ms": admission.waited_ms,
+            "tokens": outcome.tokens,
+            "trimmed": outcome.trimmed,
+            "boundary": outcome.boundary.to_metadata() if outcome.boundary is not None else None,
+        }
+        if self._send_bytes:
+            return encode_enriched(request, outcome.context, **summary)
+        return EnrichedRequest.from_request(request, materialized(outcome.context), **summary)
+
+    async def _publish(
+        self, request: AgentRequest, enriched: EnrichedRequest | bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
+        if isinstance(enriched, bytes):
+            return await self._publisher.publish_encoded(request.threadId, enriched, headers=headers)
+        return await self._publisher.publish(enriched, headers=headers)
 
     async def _open_gate(self, items: Sequence[tuple[int, _Item]]) -> BatchGate | None:
         if self._gate is None or not items:

@@ -71,6 +71,15 @@ class BatchHistoryStorage(HistoryStorage, Protocol):
 
 
 @runtime_checkable
+class RowRecallStorage(Protocol):
+    """A storage whose plain recall can answer with `RecalledRow`s (`schemas.recalled`), not models."""
+
+    async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """`list_messages_many`, where rows may be `RecalledRow`s: for ordering, deduping and sending only."""
+        ...
+
+
+@runtime_checkable
 class BatchPagedStorage(Protocol):
     """The batch forms of token-limited recall: many pages, many boundary writes, one round trip each."""
 
@@ -166,9 +175,19 @@ class PrefetchedHistory:
                 return await storage.get_messages(lookup)
             return []
 
-        threads, pages, rows = await asyncio.gather(
-            storage.get_threads(ids), storage.list_messages_many([*wanted, *first]), copies()
-        )
+        async def recent() -> dict[str, list[Message]]:
+            # Plain recall only orders, dedupes and sends its rows, so views do (`RowRecallStorage`);
+            # budgeted threads count the tokens of their rows' content, so they get models.
+            if not wanted or not isinstance(storage, RowRecallStorage):
+                return await storage.list_messages_many([*wanted, *first])
+            if not first:
+                return await storage.recall_rows_many(wanted)
+            views, models = await asyncio.gather(
+                storage.recall_rows_many(wanted), storage.list_messages_many(first)
+            )
+            return {**views, **models}
+
+        threads, pages, rows = await asyncio.gather(storage.get_threads(ids), recent(), copies())
         loaded = {
             q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
         }
