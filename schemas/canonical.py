@@ -70,26 +70,50 @@ def _literal(*allowed: str) -> Check:
 Fields = tuple[tuple[str, Check, bool], ...]
 
 
-def _model(fields: Fields) -> Check:
-    names = {name: (check, required) for name, check, required in fields}
-    order = {name: i for i, (name, _, _) in enumerate(fields)}
-    required = [name for name, _, req in fields if req]
+_PLAN_CACHE_MAX: Final = 4096  # distinct key sequences remembered per model (rows repeat a few shapes)
 
-    def check(value: Any) -> bool:
-        if type(value) is not dict:
-            return False
+
+def _model(fields: Fields) -> Check:
+    names = {name: (i, check) for i, (name, check, _) in enumerate(fields)}
+    required = [name for name, _, req in fields if req]
+    plans: dict[tuple[str, ...], tuple[tuple[str, Check], ...] | None] = {}
+
+    def plan(keys: tuple[str, ...]) -> tuple[tuple[str, Check], ...] | None:
+        """The checks for a dict with these keys in this order, or None when the order is not the models'."""
         last = -1
         in_extras = False
-        for key, item in value.items():
+        checks: list[tuple[str, Check]] = []
+        for key in keys:
             spec = names.get(key)
             if spec is None:
                 in_extras = True  # unknown keys are written after every declared field
                 continue
-            position = order[key]
-            if in_extras or position < last or not spec[0](item):
-                return False
+            position, check = spec
+            if in_extras or position < last:
+                return None
             last = position
-        return all(name in value for name in required)
+            if check is not _any:
+                checks.append((key, check))
+        if not all(name in keys for name in required):
+            return None
+        return tuple(checks)
+
+    def check(value: Any) -> bool:
+        if type(value) is not dict:
+            return False
+        keys = tuple(value)
+        try:
+            checks = plans[keys]
+        except KeyError:
+            checks = plan(keys)
+            if len(plans) < _PLAN_CACHE_MAX:
+                plans[keys] = checks
+        if checks is None:
+            return False
+        for key, field_check in checks:  # noqa: SIM110 -- a loop, no generator per dict (hot path)
+            if not field_check(value[key]):
+                return False
+        return True
 
     return check
 

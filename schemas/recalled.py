@@ -18,7 +18,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from pydantic import PrivateAttr
 from pydantic_core import to_json
@@ -36,18 +36,25 @@ _HEAD_FIELDS_TYPED: Final = _HEAD_FIELDS | {"type"}
 class RecalledRow(Message):
     """A stored message the rules can order and dedupe, with its enriched form as bytes (no `content`)."""
 
-    _head: bytes = PrivateAttr(b"")  # `{"id":…,…,"type":…` : every field before `content`, no closing brace
-    _content: bytes = PrivateAttr(b"")  # the stored content JSON, canonical
+    # `{"id":…,…,"content":<stored content>`: the enriched message up to its `source`
+    _prefix: bytes = PrivateAttr(b"")
     _load: Callable[[], Message] | None = PrivateAttr(None)  # the model path for this row
 
     def enriched_json(self, source: Source) -> bytes:
         """The `EnrichedMessage` JSON of this row tagged `source` (its thread/resource are always set)."""
-        return b"".join((self._head, b',"content":', self._content, _SOURCE_BYTES[source]))
+        return _prefix(self) + _SOURCE_BYTES[source]
+
+    def wire(self) -> dict[str, Any]:
+        return self.materialize().wire()
 
     def materialize(self) -> Message:
         """The row as the model path reads it (validated `Message`, content included)."""
         assert self._load is not None
         return self._load()
+
+
+def _prefix(row: RecalledRow) -> bytes:
+    return cast(bytes, row.__pydantic_private__["_prefix"])  # type: ignore[index]  # always set
 
 
 def recalled_row(
@@ -76,7 +83,7 @@ def recalled_row(
     }
     if kind is not None:
         values["type"] = kind
-    head = to_json(values)[:-1]
+    prefix = b"".join((to_json(values)[:-1], b',"content":', content))
     values["createdAt"] = created_at
     fields_set = set(_HEAD_FIELDS_TYPED if kind is not None else _HEAD_FIELDS)
     if kind is None:
@@ -85,7 +92,7 @@ def recalled_row(
     object.__setattr__(row, "__dict__", values)
     object.__setattr__(row, "__pydantic_fields_set__", fields_set)
     object.__setattr__(row, "__pydantic_extra__", {})
-    object.__setattr__(row, "__pydantic_private__", {"_head": head, "_content": content, "_load": load})
+    object.__setattr__(row, "__pydantic_private__", {"_prefix": prefix, "_load": load})
     return row
 
 
@@ -137,16 +144,19 @@ def encode_enriched(
     )
     thread_id, resource_id = request.threadId, request.resourceId
     serializer = EnrichedMessage.__pydantic_serializer__
-    items: list[bytes] = []
+    pieces: list[bytes] = []  # the messages array, joined once
     for message, source in context:
+        pieces.append(b",")
         if type(message) is RecalledRow:
-            items.append(message.enriched_json(source))
+            pieces.append(_prefix(message))
+            pieces.append(_SOURCE_BYTES[source])
         else:
             tagged = EnrichedMessage.from_message(
                 message, source, thread_id=thread_id, resource_id=resource_id
             )
-            items.append(serializer.to_json(tagged, exclude_unset=True))
-    messages = b"[" + b",".join(items) + b"]"
+            pieces.append(serializer.to_json(tagged, exclude_unset=True))
+    pieces[0] = b"["  # context is not empty: it holds a row
+    pieces.append(b"]")
     marker = _MARKER
     while True:
         # The marker stands where `messages` is written; the event's own strings could hold the same text,
@@ -156,5 +166,5 @@ def encode_enriched(
         token = b"[" + to_json(marker) + b"]"
         if out.count(token) == 1:
             before, _, after = out.partition(token)
-            return b"".join((before, messages, after))
+            return b"".join((before, *pieces, after))
         marker = f"\x00message-history:{secrets.token_hex(16)}\x00"
