@@ -207,7 +207,7 @@ class RecallHandler:
                 spans.fail(index, outcome.error)
             else:
                 results[index] = outcome
-                metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
+        _count_enriched(outcomes)
         if history.misses:
             log.debug("recall prefetch missed", extra={"path": PATH, "misses": history.misses})
         done = [r for r in results if r is not None]
@@ -251,6 +251,13 @@ class RecallHandler:
         request = item.request
         lookup = () if item.memory.retain_full_input else plan_echo(request.messages).needs
         return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget, lookup)
+
+
+def _count_enriched(outcomes: Sequence[object]) -> None:
+    """OUTCOMES for a batch's enriched events: one label look-up per batch, not per record."""
+    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, Failed))
+    if enriched:
+        metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc(enriched)
 
 
 async def _failed(error: RetriableError) -> object:
