@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -141,6 +142,7 @@ class PersistHandler:
         for index, item in forgotten:  # after the write, as every outcome: a retried batch sends them once
             ack = await self._answer_forgotten(index, item, spans)
             results[index] = ack if marks is None else ack_after(marks, ack)
+        labels: list[str] = []
         for (index, item), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
@@ -152,15 +154,12 @@ class PersistHandler:
                 results[index] = event
                 spans.fail(index, event)
                 continue
-            span = spans.span(index)
-            if span is not None:
-                span.set_attribute("message_history.skipped", event.skipped or "")
-                span.set_attribute("message_history.saved", len(event.savedMessageIds))
+            _describe(spans, index, event)
             ack = await self._publisher.publish(event, headers=spans.headers(index, item.record))
             spans.end_when_done(index, ack)
             results[index] = ack if marks is None else ack_after(marks, ack)
-            label = "persisted" if event.skipped is None else f"skipped-{event.skipped}"
-            metrics.OUTCOMES.labels(path=PATH, outcome=label).inc()
+            labels.append("persisted" if event.skipped is None else f"skipped-{event.skipped}")
+        _count_outcomes(labels)
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
@@ -265,6 +264,19 @@ class PersistHandler:
             skipped=outcome.skipped,
             thread_updated_at=thread.updatedAt if thread is not None else None,
         )
+
+
+def _describe(spans: tracing.BatchSpans, index: int, event: HistoryPersisted) -> None:
+    span = spans.span(index)
+    if span is not None:
+        span.set_attribute("message_history.skipped", event.skipped or "")
+        span.set_attribute("message_history.saved", len(event.savedMessageIds))
+
+
+def _count_outcomes(labels: Sequence[str]) -> None:
+    """OUTCOMES for a batch: one label look-up per distinct outcome, not per record."""
+    for label, count in Counter(labels).items():
+        metrics.OUTCOMES.labels(path=PATH, outcome=label).inc(count)
 
 
 def _answered(items: Sequence[tuple[int, _Item]], outcomes: Sequence[_Done | Failed]) -> dict[str, list[str]]:

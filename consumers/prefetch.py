@@ -27,6 +27,7 @@ from storage.protocol import (
     Page,
     PageQuery,
     RecallQuery,
+    RowRecallStorage,
     Thread,
 )
 
@@ -111,9 +112,19 @@ class PrefetchedHistory:
                 return await storage.get_messages(lookup)
             return []
 
-        threads, pages, rows = await asyncio.gather(
-            storage.get_threads(ids), storage.list_messages_many([*wanted, *first]), copies()
-        )
+        async def recent() -> dict[str, list[Message]]:
+            # Plain recall only orders, dedupes and sends its rows, so views do (`RowRecallStorage`);
+            # budgeted threads count the tokens of their rows' content, so they get models.
+            if not wanted or not isinstance(storage, RowRecallStorage):
+                return await storage.list_messages_many([*wanted, *first])
+            if not first:
+                return await storage.recall_rows_many(wanted)
+            views, models = await asyncio.gather(
+                storage.recall_rows_many(wanted), storage.list_messages_many(first)
+            )
+            return {**views, **models}
+
+        threads, pages, rows = await asyncio.gather(storage.get_threads(ids), recent(), copies())
         loaded = {
             q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
         }

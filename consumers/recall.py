@@ -20,20 +20,23 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from consumers.contract import Ack, Record, ack_after
 from consumers.lanes import Failed, run_lanes
 from consumers.prefetch import PrefetchedHistory
-from consumers.turn_gate import GO, BatchGate, TurnGate
+from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.core.echo import plan_echo
 from message_history.core.rules import LastMessages, normalize_limit
 from message_history.errors import EventValidationError, InvalidInputError, RetriableError
-from message_history.processor import MessageHistory
+from message_history.processor import MessageHistory, RecallOutcome
 from producers.enriched import EnrichedPublisher
+from producers.output import Headers
 from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions, decode_request
 from schemas.limits import Limits
+from schemas.recalled import encode_enriched, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery
 
 log = logging.getLogger(__name__)
@@ -125,6 +128,9 @@ class RecallHandler:
         self._max_in_flight = max_in_flight_threads
         self._defaults = memory_defaults or MemoryDefaults(last_messages=last_messages)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
+        # A publisher that only encodes and sends can take the bytes (recalled rows spliced, no models);
+        # one that does more with the event (replay's) gets the `EnrichedRequest`.
+        self._send_bytes = type(publisher).publish is EnrichedPublisher.publish
 
     async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
         with tracing.batch_spans(PATH, records) as spans:
@@ -178,20 +184,10 @@ class RecallHandler:
                 filter_echo=not item.memory.retain_full_input,
                 counter=history.counter,
             )
-            enriched = EnrichedRequest.from_request(
-                request,
-                outcome.context,
-                recalled=outcome.recalled,
-                limit=outcome.limit,
-                complete=admission.complete,
-                waited_ms=admission.waited_ms,
-                tokens=outcome.tokens,
-                trimmed=outcome.trimmed,
-                boundary=outcome.boundary.to_metadata() if outcome.boundary is not None else None,
-            )
+            enriched = self._enriched(request, outcome, admission)
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             mark = batch_gate.enriched(request.threadId, request.requestId) if batch_gate else None
-            ack = await self._publisher.publish(enriched, headers=spans.headers(index, item.record))
+            ack = await self._publish(request, enriched, spans.headers(index, item.record))
             spans.end_when_done(index, ack)
             return ack if mark is None else ack_after(mark, ack)
 
@@ -212,12 +208,36 @@ class RecallHandler:
                 spans.fail(index, outcome.error)
             else:
                 results[index] = outcome
-                metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
+        _count_enriched(outcomes)
         if history.misses:
             log.debug("recall prefetch missed", extra={"path": PATH, "misses": history.misses})
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
+
+    def _enriched(
+        self, request: AgentRequest, outcome: RecallOutcome, admission: Admission
+    ) -> EnrichedRequest | bytes:
+        """The enriched event: as bytes (recalled rows spliced) when the publisher only sends it."""
+        summary: dict[str, Any] = {
+            "recalled": outcome.recalled,
+            "limit": outcome.limit,
+            "complete": admission.complete,
+            "waited_ms": admission.waited_ms,
+            "tokens": outcome.tokens,
+            "trimmed": outcome.trimmed,
+            "boundary": outcome.boundary.to_metadata() if outcome.boundary is not None else None,
+        }
+        if self._send_bytes:
+            return encode_enriched(request, outcome.context, **summary)
+        return EnrichedRequest.from_request(request, materialized(outcome.context), **summary)
+
+    async def _publish(
+        self, request: AgentRequest, enriched: EnrichedRequest | bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
+        if isinstance(enriched, bytes):
+            return await self._publisher.publish_encoded(request.threadId, enriched, headers=headers)
+        return await self._publisher.publish(enriched, headers=headers)
 
     async def _open_gate(self, items: Sequence[tuple[int, _Item]]) -> BatchGate | None:
         if self._gate is None or not items:
@@ -232,6 +252,13 @@ class RecallHandler:
         request = item.request
         lookup = () if item.memory.retain_full_input else plan_echo(request.messages).needs
         return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget, lookup)
+
+
+def _count_enriched(outcomes: Sequence[object]) -> None:
+    """OUTCOMES for a batch's enriched events: one label look-up per batch, not per record."""
+    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, Failed))
+    if enriched:
+        metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc(enriched)
 
 
 async def _failed(error: RetriableError) -> object:

@@ -18,6 +18,8 @@ class EnrichedPublisher:
 
     async def publish(self, event: EnrichedRequest, *, headers: Headers) -> asyncio.Future[Any]:
         """Buffer the event; the future resolves when Kafka acknowledged it."""
-        return await self._producer.send(
-            self.topic, key=event.threadId.encode(), value=encode(event), headers=headers
-        )
+        return await self.publish_encoded(event.threadId, encode(event), headers=headers)
+
+    async def publish_encoded(self, thread_id: str, value: bytes, *, headers: Headers) -> asyncio.Future[Any]:
+        """`publish` for an event already encoded (`schemas.recalled.encode_enriched`)."""
+        return await self._producer.send(self.topic, key=thread_id.encode(), value=value, headers=headers)

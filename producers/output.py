@@ -111,6 +111,12 @@ class OutputProducer:
         await self.producer.flush()
 
 
+_PRODUCED: dict[str, Any] = {}  # RECORDS_PRODUCED's child per topic: no label look-up per record
+
+
 def _count(topic: str, future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is None:
-        metrics.RECORDS_PRODUCED.labels(topic=topic).inc()
+        child = _PRODUCED.get(topic)
+        if child is None:
+            child = _PRODUCED[topic] = metrics.RECORDS_PRODUCED.labels(topic=topic)
+        child.inc()

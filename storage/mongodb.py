@@ -52,6 +52,7 @@ from schemas.messages import Message, MessageContent, utc_now_ms
 from storage.client import mongo_client
 from storage.errors import storage_errors, to_storage_error
 from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
+from storage.recalled_rows import MESSAGE_PROJECTION, row_from_doc
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -76,6 +77,7 @@ log = logging.getLogger(__name__)
 THREADS = "mastra_threads"
 MESSAGES = "mastra_messages"
 EXTRA_FIELD = "_mh_extra"
+assert EXTRA_FIELD in MESSAGE_PROJECTION  # every field `message_from_doc` reads is read
 
 # @mastra/mongodb 1.19 `getDefaultIndexDefinitions` (memory domain). Mastra does not name them, so the
 # drivers' generated names apply (`id_1`, `thread_id_1_createdAt_1`, ...); PyMongo generates the same names,
@@ -188,6 +190,13 @@ def message_from_doc(doc: Mapping[str, Any]) -> Message:
             f"message {doc.get('id')!r} of thread {doc.get('thread_id')!r} cannot be read: "
             f"{type(exc).__name__}"
         ) from exc
+
+
+_Build = Callable[[Mapping[str, Any]], Message]
+
+
+def _recalled_or_model(doc: Mapping[str, Any]) -> Message:
+    return row_from_doc(doc, message_from_doc) or message_from_doc(doc)
 
 
 @dataclass(slots=True)
@@ -481,20 +490,33 @@ class MongoHistoryStorage:
             return []
         return await self._find_page(thread_id, resource_id, limit)
 
-    async def _find_page(self, thread_id: str, resource_id: str | None, limit: int | None) -> list[Message]:
+    async def _find_page(
+        self, thread_id: str, resource_id: str | None, limit: int | None, build: _Build = message_from_doc
+    ) -> list[Message]:
         query: dict[str, Any] = {"thread_id": thread_id}
         if resource_id is not None:
             query["resourceId"] = resource_id
-        cursor = self.messages.find(query, {"_id": 0}).sort(_NEWEST_FIRST)
+        cursor = self.messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if limit is not None:
             # batch size = limit, so the page comes back in the first reply (the default first batch is 101)
             cursor = cursor.limit(limit).batch_size(min(limit, _MONGO_MAX_BATCH))
         with storage_errors("list_messages"):
             docs = await cursor.to_list()
-        return [message_from_doc(doc) for doc in docs]
+        return [build(doc) for doc in docs]
 
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         """Per query's thread id, what `list_messages` returns for it; thread ids must be distinct."""
+        return await self._list_many(queries, message_from_doc)
+
+    async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """`list_messages_many`, where a row in the plain shape is a `RecalledRow` (no content model).
+
+        For the recall path's plain last-N recall, which only orders, dedupes and sends the rows: each
+        `RecalledRow` encodes as its model would, and `materialize()` gives the model when needed.
+        """
+        return await self._list_many(queries, _recalled_or_model)
+
+    async def _list_many(self, queries: Sequence[RecallQuery], build: _Build) -> dict[str, list[Message]]:
         wanted: dict[str, RecallQuery] = {}
         for query in queries:
             _check_thread_id(query.thread_id)
@@ -507,22 +529,24 @@ class MongoHistoryStorage:
         if not live:
             return result
         if self.recall_strategy == "concurrent" or len(live) == 1:
-            result.update(await self._recall_concurrent(live))
+            result.update(await self._recall_concurrent(live, build))
         else:
-            result.update(await self._recall_in(live))
+            result.update(await self._recall_in(live, build))
         return result
 
-    async def _recall_concurrent(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+    async def _recall_concurrent(
+        self, queries: Sequence[RecallQuery], build: _Build
+    ) -> dict[str, list[Message]]:
         gate = asyncio.Semaphore(self.recall_concurrency)
 
         async def one(query: RecallQuery) -> list[Message]:
             async with gate:
-                return await self._find_page(query.thread_id, query.resource_id, query.limit)
+                return await self._find_page(query.thread_id, query.resource_id, query.limit, build)
 
         pages = await asyncio.gather(*(one(q) for q in queries))
         return {q.thread_id: page for q, page in zip(queries, pages, strict=True)}
 
-    async def _recall_in(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+    async def _recall_in(self, queries: Sequence[RecallQuery], build: _Build) -> dict[str, list[Message]]:
         """One `$in` query, newest first across the batch, cut client-side per thread.
 
         MongoDB has no per-group limit in `find` (an aggregation loses the index order), so the query asks
@@ -540,7 +564,7 @@ class MongoHistoryStorage:
         cap: int | None = None
         if all(q.limit is not None for q in queries):
             cap = sum(q.limit for q in queries if q.limit is not None) + 1
-        cursor = self.messages.find(query, {"_id": 0}).sort(_NEWEST_FIRST)
+        cursor = self.messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if cap is not None:
             cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
         with storage_errors("list_messages_many"):
@@ -554,11 +578,11 @@ class MongoHistoryStorage:
                 continue
             page = pages[wanted.thread_id]
             if wanted.limit is None or len(page) < wanted.limit:
-                page.append(message_from_doc(doc))
+                page.append(build(doc))
         if cap is not None and len(docs) >= cap:
             short = [q for q in queries if q.limit is not None and len(pages[q.thread_id]) < q.limit]
             if short:
-                pages.update(await self._recall_concurrent(short))
+                pages.update(await self._recall_concurrent(short, build))
         return pages
 
     async def list_page(self, query: PageQuery) -> Page:
@@ -578,7 +602,8 @@ class MongoHistoryStorage:
         if created:
             spec["createdAt"] = created
         wanted = query.per_page + 1
-        cursor = self.messages.find(spec, {"_id": 0}).sort(_NEWEST_FIRST).skip(query.page * query.per_page)
+        cursor = self.messages.find(spec, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = cursor.skip(query.page * query.per_page)
         cursor = cursor.limit(wanted).batch_size(wanted)
         with storage_errors("list_page"):
             docs = await cursor.to_list()
@@ -592,7 +617,7 @@ class MongoHistoryStorage:
             return []
         with storage_errors("get_messages"):
             docs = await self.messages.find(
-                {"id": {"$in": ids}}, {"_id": 0}, batch_size=len(ids) + 1
+                {"id": {"$in": ids}}, MESSAGE_PROJECTION, batch_size=len(ids) + 1
             ).to_list()
         return [message_from_doc(doc) for doc in docs]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 from message_history.core.budget import TokenBudget
 from message_history.errors import ThreadOwnershipError
@@ -192,4 +192,40 @@ class BatchPagedStorage(Protocol):
 
     async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         """`save_thread_metadata` for each `(thread id, update)`."""
+        ...
+
+
+# `isinstance` against a runtime protocol walks the protocol's members on every call (Python 3.11), and the
+# processor asks per turn about a storage object made per turn. The answer depends on the class (its
+# methods), so it is remembered per class.
+_LOOKUP_CLASSES: dict[type, bool] = {}
+_BUDGETED_CLASSES: dict[type, bool] = {}
+
+
+class LookupHistoryStorage(HistoryStorage, MessageLookup, Protocol):
+    """A `HistoryStorage` that also looks messages up by id."""
+
+
+def is_message_lookup(storage: HistoryStorage) -> TypeGuard[LookupHistoryStorage]:
+    """`isinstance(storage, MessageLookup)`, remembered per class."""
+    known = _LOOKUP_CLASSES.get(type(storage))
+    if known is None:
+        known = _LOOKUP_CLASSES[type(storage)] = isinstance(storage, MessageLookup)
+    return known
+
+
+def is_budgeted(storage: HistoryStorage) -> TypeGuard[BudgetedHistoryStorage]:
+    """`isinstance(storage, BudgetedHistoryStorage)`, remembered per class."""
+    known = _BUDGETED_CLASSES.get(type(storage))
+    if known is None:
+        known = _BUDGETED_CLASSES[type(storage)] = isinstance(storage, BudgetedHistoryStorage)
+    return known
+
+
+@runtime_checkable
+class RowRecallStorage(Protocol):
+    """A storage whose plain recall can answer with `RecalledRow`s (`schemas.recalled`), not models."""
+
+    async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """`list_messages_many`, where rows may be `RecalledRow`s: for ordering, deduping and sending only."""
         ...

@@ -63,7 +63,15 @@ from message_history.core.tokens import CountCache
 from message_history.core.tool_state import has_new_user_input, merge_turn
 from message_history.errors import AbortError, ThreadOwnershipError
 from schemas.messages import Message
-from storage.protocol import BudgetedHistoryStorage, HistoryStorage, MessageLookup, Page, PageQuery, Thread
+from storage.protocol import (
+    BudgetedHistoryStorage,
+    HistoryStorage,
+    Page,
+    PageQuery,
+    Thread,
+    is_budgeted,
+    is_message_lookup,
+)
 
 _PAUSE_AFTER_SAVE_S: Final = 0.010
 
@@ -373,19 +381,19 @@ class MessageHistory:
         probe = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=1)
         stored: dict[str, Message] = {}
         if plan.needs:
-            if not isinstance(self.storage, MessageLookup):
+            if not is_message_lookup(self.storage):
                 raise TypeError(f"{type(self.storage).__name__} cannot look messages up by id")
             stored = {m.id: m for m in await self.storage.get_messages(plan.needs) if m.id is not None}
         return drop_client_echo(incoming, plan, thread_empty=not probe, stored=stored, thread_id=thread_id)
 
     def _budget_storage(self) -> BudgetedHistoryStorage:
-        if not isinstance(self.storage, BudgetedHistoryStorage):
+        if not is_budgeted(self.storage):
             raise TypeError(f"{type(self.storage).__name__} cannot store a token boundary")
         return self.storage
 
     async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
         query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
-        if isinstance(self.storage, BudgetedHistoryStorage):
+        if is_budgeted(self.storage):
             return await self.storage.list_page(query)
         # A plain storage: the whole thread, paged here (correct, but reads everything).
         rows = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=None)
@@ -424,7 +432,7 @@ class MessageHistory:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
         owner = resource_id or (thread.resourceId if thread is not None and thread.resourceId else thread_id)
         to_save = assign_thread(decision.messages, thread_id=thread_id, resource_id=owner)
-        if isinstance(self.storage, MessageLookup):
+        if is_message_lookup(self.storage):
             to_save = await self._merge_with_stored(thread_id, owner, to_save, response)
             if not to_save:
                 thread = thread or await self.storage.get_thread(thread_id)
@@ -448,7 +456,7 @@ class MessageHistory:
         A stored row with one of the turn's ids in another resource's thread refuses the turn: an id never
         lets one resource overwrite another's message (Mastra's processors would).
         """
-        assert isinstance(self.storage, MessageLookup)
+        assert is_message_lookup(self.storage)
         ids = [m.id for m in to_save if m.id is not None]
         rows = await self.storage.get_messages(ids)
         stored: dict[str, Message] = {}

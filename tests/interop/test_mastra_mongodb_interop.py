@@ -23,10 +23,15 @@ import pytest
 import pytest_asyncio
 from pymongo.asynchronous.database import AsyncDatabase
 
+from message_history.core.rules import build_context
 from message_history.errors import ThreadOwnershipError
+from schemas.events import EnrichedRequest, encode
 from schemas.messages import Message, format_timestamp
-from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage
+from schemas.recalled import RecalledRow, encode_enriched
+from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage, RecallQuery
 from tests.infra import truthy
+from tests.memory_cases import random_messages
+from tests.recall_docs import request_for
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -261,3 +266,32 @@ async def test_index_creation_coexists_in_either_order(
     assert first[f"{MESSAGES}.id_1"]["unique"] is True
     assert first[f"{THREADS}.id_1"]["unique"] is True
     assert f"{THREADS}.resourceId_1_updatedAt_-1" in first
+
+
+async def test_rows_mastra_wrote_are_spliced_as_the_model_path_reads_them(
+    ours: MongoHistoryStorage, mastra: Mastra
+) -> None:
+    """The recall fast path over Mastra's own rows (`JSON.stringify`d content): the same enriched bytes as
+    the model path, for messages of every part kind (tests/recall_docs.py compares both)."""
+    mastra.init()
+    sent = random_messages(14, 120)
+    for i, message in enumerate(sent):
+        message["id"] = f"mx{i:03d}"
+        message["threadId"], message["resourceId"] = "t-fast", "r-fast"
+    thread = {
+        "id": "t-fast", "resourceId": "r-fast", "title": "", "metadata": {},
+        "createdAt": format_timestamp(at(0)), "updatedAt": format_timestamp(at(0)),
+    }  # fmt: skip
+    assert mastra.save(sent, thread) == [m["id"] for m in sent]
+    query = RecallQuery("t-fast", "r-fast", None)
+    [models] = (await ours.list_messages_many([query])).values()
+    [views] = (await ours.recall_rows_many([query])).values()
+    assert len(models) == len(views) == len(sent)
+    assert sum(1 for v in views if isinstance(v, RecalledRow)) > len(sent) // 2  # Mastra's rows are spliced
+    for seed in range(20):
+        request = request_for(seed, "t-fast", "r-fast", [m["id"] for m in sent])
+        model_context = build_context(models[: 40 + seed], request.messages)
+        view_context = build_context(views[: 40 + seed], request.messages)
+        recalled = sum(1 for _, source in model_context if source == "memory")
+        expected = encode(EnrichedRequest.from_request(request, model_context, recalled=recalled, limit=None))
+        assert encode_enriched(request, view_context, recalled=recalled, limit=None) == expected

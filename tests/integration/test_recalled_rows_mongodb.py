@@ -1,0 +1,114 @@
+"""The recall fast path against the real server: documents of every shape, stored and read back through
+BSON, give the model path's bytes (tests/recall_docs.py; the unit form is tests/unit/test_recalled_rows.py).
+
+Per row: every document read back is either spliced with exactly the model path's enriched bytes, or left
+to the model path. Per thread: `recall_rows_many` and `list_messages_many` (both recall strategies) give
+the same enriched event bytes for a few thousand generated threads, and fail alike on a broken row.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Awaitable
+from typing import Any
+
+import pytest
+from pymongo.asynchronous.database import AsyncDatabase
+
+from message_history.core.rules import build_context
+from message_history.errors import FatalStorageError
+from schemas.events import EnrichedRequest, encode
+from schemas.messages import Message
+from schemas.recalled import RecalledRow, encode_enriched
+from storage.mongodb import MESSAGES, MongoHistoryStorage, RecallQuery, message_from_doc
+from storage.recalled_rows import MESSAGE_PROJECTION, row_from_doc
+from tests.recall_docs import model_bytes, request_for, stored_docs
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+RESOURCE = "r-eq"
+THREADS = 2000
+BATCH = 250
+
+
+async def _seed(db: AsyncDatabase[dict[str, Any]]) -> list[str]:
+    # recall's index only: the unique index on `id` would refuse the rows with a missing or odd id
+    await db[MESSAGES].create_index([("thread_id", 1), ("createdAt", 1), ("id", 1)])
+    docs: list[dict[str, Any]] = []
+    threads = []
+    for seed in range(THREADS):
+        thread = f"t{seed}"
+        threads.append(thread)
+        docs.extend(copy.deepcopy(stored_docs(seed, seed % 45, thread, RESOURCE)))
+    await db[MESSAGES].insert_many(docs, ordered=False)
+    return threads
+
+
+async def test_rows_read_back_encode_as_the_model_path(mongo_db: AsyncDatabase[dict[str, Any]]) -> None:
+    storage = MongoHistoryStorage(mongo_db)
+    await _seed(mongo_db)
+    taken = refused = 0
+    async for doc in storage.messages.find({}, MESSAGE_PROJECTION):
+        row = row_from_doc(doc, message_from_doc)
+        if row is None:
+            refused += 1
+            continue
+        taken += 1
+        thread = str(doc["thread_id"])
+        expected = model_bytes(doc, thread, RESOURCE)
+        assert expected is not None, f"the fast path took a row the model path refuses: {doc!r:.300}"
+        assert row.enriched_json("memory") == expected
+    assert taken > 20_000
+    assert refused > 3000
+
+
+async def _or_error(
+    call: Awaitable[dict[str, list[Message]]],
+) -> tuple[dict[str, list[Message]], FatalStorageError | None]:
+    try:
+        return await call, None
+    except FatalStorageError as exc:
+        return {}, exc
+
+
+@pytest.mark.parametrize("strategy", ["in", "concurrent"])
+async def test_recall_gives_the_same_event_bytes(
+    mongo_db: AsyncDatabase[dict[str, Any]], strategy: str
+) -> None:
+    storage = MongoHistoryStorage(mongo_db, recall_strategy=strategy)  # type: ignore[arg-type]
+    threads = await _seed(mongo_db)
+    compared = broken = spliced = 0
+    for start in range(0, len(threads), BATCH):
+        queries = [RecallQuery(t, RESOURCE, 40) for t in threads[start : start + BATCH]]
+        models, error = await _or_error(storage.list_messages_many(queries))
+        if error is not None:
+            # a broken row fails the batch on the model path: the fast path fails alike
+            _, fast_error = await _or_error(storage.recall_rows_many(queries))
+            assert fast_error is not None
+            if strategy == "in":  # concurrent queries: whichever broken thread fails first is reported
+                assert str(fast_error) == str(error)
+            broken += 1
+            for query in queries:
+                one, _ = await _or_error(storage.list_messages_many([query]))
+                models.update(one)
+        for thread, page in models.items():
+            [views] = (await storage.recall_rows_many([RecallQuery(thread, RESOURCE, 40)])).values()
+            request = request_for(int(thread[1:]), thread, RESOURCE, [m.id or "" for m in page])
+            model_context = build_context(page, request.messages)
+            view_context = build_context(views, request.messages)
+            recalled = sum(1 for _, source in model_context if source == "memory")
+            try:
+                expected = encode(
+                    EnrichedRequest.from_request(request, model_context, recalled=recalled, limit=40)
+                )
+            except ValueError as exc:  # a recalled row without an id: no enriched event on either path
+                with pytest.raises(ValueError, match=re.escape(str(exc))):
+                    encode_enriched(request, view_context, recalled=recalled, limit=40)
+                continue
+            assert encode_enriched(request, view_context, recalled=recalled, limit=40) == expected, thread
+            compared += 1
+            spliced += sum(1 for m in views if isinstance(m, RecalledRow))
+    assert compared > THREADS // 3  # the rest hold a row the model path refuses, compared above
+    assert spliced > 10_000
+    assert broken > 0  # broken rows were met, and failed both paths alike
