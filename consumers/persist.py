@@ -21,11 +21,11 @@ from consumers.collect import CollectedTurn, CollectingHistory
 from consumers.contract import Ack, Record, ack_after
 from consumers.lanes import Failed, run_lanes
 from message_history import metrics, tracing
-from message_history.core.rules import with_source
+from message_history.core.rules import SOURCE_FIELD
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
 from producers.persisted import PersistedPublisher
-from schemas.events import AgentResponse, HistoryPersisted, decode_response
+from schemas.events import AgentResponse, HistoryPersisted, TurnMessage, decode_response
 from schemas.limits import Limits
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
@@ -59,11 +59,15 @@ def turn_input(response: AgentResponse) -> list[Message]:
     `TurnMessage.source` is a declared field, while `rules.is_memory_sourced` reads the extra field: without
     this, recalled messages echoed back by the worker would be saved again (docs/rules.md#r6).
     """
-    out: list[Message] = []
-    for message in response.input:
-        plain = message.to_message()
-        out.append(with_source(plain, message.source) if message.source is not None else plain)
-    return out
+    return [m.to_message() if m.source is None else _tagged(m) for m in response.input]
+
+
+def _tagged(message: TurnMessage) -> Message:
+    """`with_source(message.to_message(), message.source)` in one construction instead of two copies."""
+    values = {k: v for k, v in message.__dict__.items() if k != SOURCE_FIELD}
+    values.update(message.model_extra or {})
+    values[SOURCE_FIELD] = message.source  # an extra, after the others, where `with_source` puts it
+    return Message.model_construct(_fields_set=message.model_fields_set | {SOURCE_FIELD}, **values)
 
 
 class PersistHandler:
