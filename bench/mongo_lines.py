@@ -41,7 +41,8 @@ from bench.workload import Workload, turn_message
 from consumers.prefetch import PrefetchedHistory
 from message_history.settings import Settings
 from schemas.messages import Message
-from storage.mongodb import EXTRA_FIELD, MESSAGES, THREADS, MongoHistoryStorage
+from storage.documents import EXTRA_FIELD, MESSAGES, THREADS
+from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery, SaveTurn
 from storage.sequential import as_batch_storage
 

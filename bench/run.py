@@ -30,7 +30,7 @@ from bench.stats import LINES, LineResult, median_round
 from bench.stream_line import run_stream_line
 from bench.workload import Turns, Workload, history_time
 from message_history.settings import Settings
-from storage.mongodb import MESSAGES
+from storage.documents import MESSAGES
 
 ALL_LINES: tuple[str, ...] = tuple(LINES)
 _QUIET_MAX_S = 60.0

@@ -12,7 +12,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from bench.progress import Progress
 from bench.workload import Json, Workload, seed_documents
-from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage
+from storage.documents import MESSAGES, THREADS
+from storage.mongodb import MongoHistoryStorage
 
 _CHUNK_DOCS = 5000
 

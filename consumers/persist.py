@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from consumers.collect import CollectedTurn, CollectingHistory
-from consumers.contract import Ack, Record, ack_after
+from consumers.contract import Ack, Record, SpannedPath, ack_after, decode_each
 from consumers.lanes import Failed, run_lanes
 from message_history import metrics, tracing
 from message_history.core.rules import SOURCE_FIELD
-from message_history.errors import EventValidationError, InvalidInputError
+from message_history.errors import InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
 from producers.persisted import PersistedPublisher
 from schemas.events import AgentResponse, HistoryPersisted, TurnMessage, decode_response
@@ -70,8 +70,10 @@ def _tagged(message: TurnMessage) -> Message:
     return Message.model_construct(_fields_set=message.model_fields_set | {SOURCE_FIELD}, **values)
 
 
-class PersistHandler:
+class PersistHandler(SpannedPath):
     """Saves a batch of finished turns with one bulk write."""
+
+    path = PATH
 
     def __init__(
         self,
@@ -90,23 +92,11 @@ class PersistHandler:
         self._max_in_flight = max_in_flight_threads
         self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
-        with tracing.batch_spans(PATH, records) as spans:
-            return await self._handle(records, spans)
-
     async def _handle(
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
-        results: list[Ack | InvalidInputError | None] = [None] * len(records)
-        items: list[tuple[int, _Item]] = []
-        for index, record in enumerate(records):
-            spans.start(index, record)
-            try:
-                items.append((index, _Item(record, self._decode(record))))
-            except InvalidInputError as exc:
-                results[index] = exc
-                spans.fail(index, exc)
+        results, items = decode_each(records, spans, self._decode)
         items, forgotten = await self._split_forgotten(items)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
@@ -202,19 +192,17 @@ class PersistHandler:
             answered.setdefault(item.response.threadId, []).append(item.response.requestId)
         return asyncio.ensure_future(self._markers.answered(answered)) if answered else None
 
-    def _decode(self, record: Record) -> AgentResponse:
+    def _decode(self, record: Record, value: bytes) -> _Item:
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
-        if record.value is None:
-            raise EventValidationError("empty record (no value)")
-        response = decode_response(record.value, self._limits)
-        if may_exceed(len(record.value)):
+        response = decode_response(value, self._limits)
+        if may_exceed(len(value)):
             # only events this large can hold such a message; the exact check dumps every content
             check_document_sizes(
                 [*turn_input(response), *response.response],
                 thread_id=response.threadId,
                 resource_id=response.resourceId,
             )
-        return response
+        return _Item(record, response)
 
     async def _answer_forgotten(self, index: int, item: _Item, spans: tracing.BatchSpans) -> Ack:
         skipped = HistoryPersisted.for_response(

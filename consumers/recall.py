@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.contract import Ack, Record, ack_after
+from consumers.contract import Ack, Record, SpannedPath, ack_after, decode_each
 from consumers.lanes import Failed, run_lanes
 from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
@@ -30,7 +30,7 @@ from message_history import metrics, tracing
 from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.core.echo import plan_echo
 from message_history.core.rules import LastMessages, normalize_limit
-from message_history.errors import EventValidationError, InvalidInputError, RetriableError
+from message_history.errors import InvalidInputError, RetriableError
 from message_history.processor import MessageHistory, RecallOutcome
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
@@ -105,8 +105,10 @@ class _Item:
     memory: TurnMemory
 
 
-class RecallHandler:
+class RecallHandler(SpannedPath):
     """Enriches a batch of requests with their threads' history."""
+
+    path = PATH
 
     def __init__(
         self,
@@ -132,26 +134,15 @@ class RecallHandler:
         # one that does more with the event (replay's) gets the `EnrichedRequest`.
         self._send_bytes = type(publisher).publish is EnrichedPublisher.publish
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
-        with tracing.batch_spans(PATH, records) as spans:
-            return await self._handle(records, spans)
+    def _decode(self, record: Record, value: bytes) -> _Item:
+        request = decode_request(value, self._limits)
+        return _Item(record, request, turn_memory(request, self._defaults))
 
     async def _handle(
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
-        results: list[Ack | InvalidInputError | None] = [None] * len(records)
-        items: list[tuple[int, _Item]] = []
-        for index, record in enumerate(records):
-            spans.start(index, record)
-            try:
-                if record.value is None:
-                    raise EventValidationError("empty record (no value)")
-                request = decode_request(record.value, self._limits)
-                items.append((index, _Item(record, request, turn_memory(request, self._defaults))))
-            except InvalidInputError as exc:
-                results[index] = exc
-                spans.fail(index, exc)
+        results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 

@@ -5,16 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from producers.output import Headers, OutputProducer
+from producers.output import Headers, TopicPublisher
 from schemas.events import EnrichedRequest, encode
 
 
-class EnrichedPublisher:
+class EnrichedPublisher(TopicPublisher):
     """Sends enriched requests; the key is the thread id so a thread stays on one partition."""
-
-    def __init__(self, producer: OutputProducer, topic: str) -> None:
-        self._producer = producer
-        self.topic = topic
 
     async def publish(self, event: EnrichedRequest, *, headers: Headers) -> asyncio.Future[Any]:
         """Buffer the event; the future resolves when Kafka acknowledged it."""
@@ -22,4 +18,4 @@ class EnrichedPublisher:
 
     async def publish_encoded(self, thread_id: str, value: bytes, *, headers: Headers) -> asyncio.Future[Any]:
         """`publish` for an event already encoded (`schemas.recalled.encode_enriched`)."""
-        return await self._producer.send(self.topic, key=thread_id.encode(), value=value, headers=headers)
+        return await self._send(thread_id.encode(), value, headers)

@@ -5,17 +5,13 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from producers.output import Headers, OutputProducer
+from producers.output import Headers, TopicPublisher
 from schemas.commands import HistoryForgotten, encode_answer
 
 
-class ForgottenPublisher:
+class ForgottenPublisher(TopicPublisher):
     """Sends the answers to forget commands; the key is the command's (thread or resource id)."""
-
-    def __init__(self, producer: OutputProducer, topic: str) -> None:
-        self._producer = producer
-        self.topic = topic
 
     async def publish(self, event: HistoryForgotten, *, key: bytes, headers: Headers) -> asyncio.Future[Any]:
         """Buffer the answer; the future resolves when Kafka acknowledged it."""
-        return await self._producer.send(self.topic, key=key, value=encode_answer(event), headers=headers)
+        return await self._send(key, encode_answer(event), headers)

@@ -114,6 +114,17 @@ class OutputProducer:
 _PRODUCED: dict[str, Any] = {}  # RECORDS_PRODUCED's child per topic: no label look-up per record
 
 
+class TopicPublisher:
+    """One output topic on the shared producer; a subclass says how its event is keyed and encoded."""
+
+    def __init__(self, producer: OutputProducer, topic: str) -> None:
+        self._producer = producer
+        self.topic = topic
+
+    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+        return await self._producer.send(self.topic, key=key, value=value, headers=headers)
+
+
 def _count(topic: str, future: asyncio.Future[Any]) -> None:
     if not future.cancelled() and future.exception() is None:
         child = _PRODUCED.get(topic)

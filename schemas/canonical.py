@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 from pydantic_core import from_json, to_json
 
-from schemas.messages import _KNOWN_PARTS
+from schemas.messages import _KNOWN_PARTS, ToolState
 
 __all__ = ["canonical_content"]
 
@@ -122,15 +122,7 @@ _TOOL_INVOCATION = _model(
     (
         (
             "state",
-            _literal(
-                "partial-call",
-                "call",
-                "result",
-                "approval-requested",
-                "approval-responded",
-                "output-error",
-                "output-denied",
-            ),
+            _literal(*get_args(ToolState)),
             True,
         ),
         ("toolCallId", _is_str, True),

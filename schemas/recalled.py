@@ -105,43 +105,15 @@ _MARKER: Final = "\x00message-history:messages\x00"
 
 
 def encode_enriched(
-    request: AgentRequest,
-    context: Sequence[tuple[Message, Source]],
-    *,
-    recalled: int,
-    limit: int | None,
-    complete: bool = True,
-    waited_ms: int = 0,
-    tokens: float | None = None,
-    trimmed: Sequence[str] = (),
-    boundary: dict[str, Any] | None = None,
+    request: AgentRequest, context: Sequence[tuple[Message, Source]], **summary: Any
 ) -> bytes:
-    """`encode(EnrichedRequest.from_request(request, context, ...))`, with `RecalledRow`s spliced."""
+    """`encode(EnrichedRequest.from_request(request, context, **summary))`, with `RecalledRow`s spliced.
+
+    `summary` is `from_request`'s keywords (`recalled`, `limit`, `complete`, ...), passed on as they are.
+    """
     if not any(type(m) is RecalledRow for m, _ in context):
-        return encode(
-            EnrichedRequest.from_request(
-                request,
-                context,
-                recalled=recalled,
-                limit=limit,
-                complete=complete,
-                waited_ms=waited_ms,
-                tokens=tokens,
-                trimmed=trimmed,
-                boundary=boundary,
-            )
-        )
-    event = EnrichedRequest.from_request(
-        request,
-        (),
-        recalled=recalled,
-        limit=limit,
-        complete=complete,
-        waited_ms=waited_ms,
-        tokens=tokens,
-        trimmed=trimmed,
-        boundary=boundary,
-    )
+        return encode(EnrichedRequest.from_request(request, context, **summary))
+    event = EnrichedRequest.from_request(request, (), **summary)
     thread_id, resource_id = request.threadId, request.resourceId
     serializer = EnrichedMessage.__pydantic_serializer__
     pieces: list[bytes] = []  # the messages array, joined once

@@ -26,8 +26,8 @@ from bson.codec_options import CodecOptions
 from pymongo import IndexModel
 
 from message_history.errors import ThreadOwnershipError
+from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
-from storage.mongodb import MESSAGES, THREADS
 from storage.protocol import Tombstones
 
 if TYPE_CHECKING:

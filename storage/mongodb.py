@@ -25,6 +25,9 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
   `metadata.<key>` (the boundary), `updatedAt` moved forward.
 * `get_messages` (the echo filter and the tool-state merge): one `find` with `$in` on `id`.
 
+The documents' mapping is `storage.documents`, the save planner `storage.save_plan`; this module is the one
+storage class and its round trips (one job, hence its length).
+
 A save uses no transaction (it must work on a standalone server, which has none), so it is not atomic across
 the two collections: messages are written first, then the threads, and every write is an idempotent upsert,
 so a retried save converges.
@@ -33,26 +36,30 @@ so a retried save converges.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from bson.codec_options import CodecOptions
-from pydantic import ValidationError
-from pydantic_core import to_json
 from pymongo import IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
-from schemas.messages import Message, MessageContent, utc_now_ms
+from schemas.messages import Message, utc_now_ms
 from storage.client import mongo_client
+from storage.documents import (
+    MESSAGES,
+    THREADS,
+    _recalled_or_model,
+    message_from_doc,
+    thread_from_doc,
+)
 from storage.errors import storage_errors, to_storage_error
-from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
-from storage.recalled_rows import MESSAGE_PROJECTION, row_from_doc
+from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
+from storage.recalled_rows import MESSAGE_PROJECTION
+from storage.save_plan import _check_thread_id, _check_turns, plan_saves
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -61,23 +68,13 @@ if TYPE_CHECKING:
     from message_history.settings import Settings
 
 __all__ = [
-    "EXTRA_FIELD",
-    "MESSAGES",
     "MESSAGE_INDEXES",
-    "THREADS",
     "THREAD_INDEXES",
     "MongoHistoryStorage",
-    "RecallQuery",
     "RecallStrategy",
-    "SaveTurn",
 ]
 
 log = logging.getLogger(__name__)
-
-THREADS = "mastra_threads"
-MESSAGES = "mastra_messages"
-EXTRA_FIELD = "_mh_extra"
-assert EXTRA_FIELD in MESSAGE_PROJECTION  # every field `message_from_doc` reads is read
 
 # @mastra/mongodb 1.19 `getDefaultIndexDefinitions` (memory domain). Mastra does not name them, so the
 # drivers' generated names apply (`id_1`, `thread_id_1_createdAt_1`, ...); PyMongo generates the same names,
@@ -103,228 +100,8 @@ _UPSERT_RACE_CODES = frozenset({11000, 11001})
 _MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch at 16 MiB anyway
 
 RecallStrategy = Literal["in", "concurrent"]
-
-_MESSAGE_FIELDS = frozenset(Message.model_fields)
-
-
-def _as_datetime(value: Any) -> datetime | None:
-    """A stored date: BSON Date (tz-aware by the codec) or, in legacy rows, an ISO string."""
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, str) and value:
-        try:
-            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return None
-
-
-# --- documents <-> models -----------------------------------------------------------------------------------
-
-
-def thread_from_doc(doc: Mapping[str, Any]) -> Thread:
-    """A `mastra_threads` document as a `Thread` (legacy JSON-string metadata parsed, as Mastra does)."""
-    metadata = doc.get("metadata")
-    if isinstance(metadata, str):
-        try:
-            metadata = json.loads(metadata)
-        except ValueError:
-            metadata = None
-    return Thread(
-        id=str(doc.get("id", "")),
-        resourceId=str(doc.get("resourceId") or ""),
-        title=str(doc.get("title") or ""),
-        metadata=dict(metadata) if isinstance(metadata, dict) else {},
-        createdAt=_as_datetime(doc.get("createdAt")),
-        updatedAt=_as_datetime(doc.get("updatedAt")),
-    )
-
-
-def _content_from_text(text: str, doc: Mapping[str, Any]) -> MessageContent | str:
-    """Content that is not format-2 JSON: Mastra keeps the raw string when `JSON.parse` fails."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text  # legacy plain text; `Message` wraps it as a text part, as Mastra's MessageList does
-    if isinstance(value, str):
-        return value
-    raise FatalStorageError(
-        f"message {doc.get('id')!r} of thread {doc.get('thread_id')!r} has content that is not format 2"
-    )
-
-
-def message_from_doc(doc: Mapping[str, Any]) -> Message:
-    """A `mastra_messages` document as a `Message`, read as Mastra's `parseRow` does (`type 'v2'` hidden)."""
-    raw = doc.get("content")
-    content: MessageContent | str | Mapping[str, Any]
-    try:
-        if isinstance(raw, str):
-            try:
-                content = MessageContent.model_validate_json(raw)
-            except ValidationError:
-                content = _content_from_text(raw, doc)
-        elif isinstance(raw, Mapping):
-            content = MessageContent.model_validate(raw)  # a writer that stored a sub-document
-        else:
-            raise FatalStorageError(f"message {doc.get('id')!r} has no content")
-        data: dict[str, Any] = {
-            "id": doc.get("id"),
-            "content": content,
-            "role": doc.get("role"),
-            "createdAt": doc.get("createdAt"),
-            "threadId": doc.get("thread_id"),
-            "resourceId": doc.get("resourceId"),
-        }
-        kind = doc.get("type")
-        if kind and kind != "v2":
-            data["type"] = kind
-        extra = doc.get(EXTRA_FIELD)
-        if isinstance(extra, str):
-            for key, value in json.loads(extra).items():
-                if key not in _MESSAGE_FIELDS:
-                    data[key] = value
-        return Message.model_validate(data)
-    except (ValidationError, ValueError) as exc:  # FatalStorageError is neither, so it passes through
-        raise FatalStorageError(
-            f"message {doc.get('id')!r} of thread {doc.get('thread_id')!r} cannot be read: "
-            f"{type(exc).__name__}"
-        ) from exc
-
-
 _Build = Callable[[Mapping[str, Any]], Message]
 
-
-def _recalled_or_model(doc: Mapping[str, Any]) -> Message:
-    return row_from_doc(doc, message_from_doc) or message_from_doc(doc)
-
-
-@dataclass(slots=True)
-class _MessageWrite:
-    """One message's upsert; later saves of the same id in a batch replace `fields`, keep `created`."""
-
-    fields: dict[str, Any]
-    extra: str | None
-    created: datetime
-
-    def op(self, *, by_id_field: bool = False) -> UpdateOne:
-        """The upsert, by `_id` (= the message id: a primary-key lookup) or by `id` (Mastra's own rows)."""
-        update: dict[str, Any] = {"$set": dict(self.fields), "$setOnInsert": {"createdAt": self.created}}
-        if self.extra is None:
-            update["$unset"] = {EXTRA_FIELD: ""}
-        else:
-            update["$set"][EXTRA_FIELD] = self.extra
-        key = self.fields["id"]
-        return UpdateOne({"id": key} if by_id_field else {"_id": key}, update, upsert=True)
-
-
-@dataclass(slots=True)
-class _ThreadWrite:
-    resource_id: str
-    earliest: datetime
-    newest: datetime
-    doc_key: Any = None  # the stored thread's `_id` (Mastra's are ObjectIds), None for a new thread
-
-    def op(self, thread_id: str, *, by_id_field: bool = False) -> UpdateOne:
-        """The thread's upsert, keyed by its stored `_id`, else `_id` = thread id, or (fallback) by `id`.
-
-        `$setOnInsert` keeps an existing thread's title, metadata and createdAt; `$max` moves updatedAt
-        forward only (atomically on MongoDB), from message times, so that a replayed turn changes nothing.
-        """
-        if by_id_field:
-            key: dict[str, Any] = {"id": thread_id}
-        else:
-            key = {"_id": thread_id if self.doc_key is None else self.doc_key}
-        return UpdateOne(
-            key,
-            {
-                "$setOnInsert": {
-                    "id": thread_id,
-                    "resourceId": self.resource_id,
-                    "title": "",
-                    "metadata": {},
-                    "createdAt": self.earliest,
-                },
-                "$max": {"updatedAt": self.newest},
-            },
-            upsert=True,
-        )
-
-
-class SavePlan:
-    """The writes of a batch of turns, planned in turn order against the threads as they stand."""
-
-    def __init__(self, threads: dict[str, Thread], keys: dict[str, Any], now: datetime) -> None:
-        self.state = threads  # stored threads, then as each accepted turn leaves them
-        self.keys = keys  # stored threads' `_id`s
-        self.now = now
-        self.messages: dict[str, _MessageWrite] = {}
-        self.threads: dict[str, _ThreadWrite] = {}
-
-    def add(self, turn: SaveTurn) -> Thread | ThreadOwnershipError:
-        """Plan one turn; its result: the thread after it, or the refusal."""
-        current = self.state.get(turn.thread_id)
-        if current is not None and current.resourceId and current.resourceId != turn.resource_id:
-            return ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId)
-        if not turn.messages:
-            if current is None:
-                raise InvalidInputError(f"nothing to save into thread {turn.thread_id!r}: it does not exist")
-            return current
-        writes = [_message_write(m, turn.thread_id, turn.resource_id, self.now) for m in turn.messages]
-        for write in writes:
-            earlier = self.messages.pop(write.fields["id"], None)  # re-added: the bulk keeps last-save order
-            if earlier is not None:
-                write.created = earlier.created
-            self.messages[write.fields["id"]] = write
-        earliest = min(w.created for w in writes)
-        newest = max(w.created for w in writes)
-        pending = self.threads.get(turn.thread_id)
-        if pending is None:
-            self.threads[turn.thread_id] = _ThreadWrite(
-                turn.resource_id, earliest, newest, self.keys.get(turn.thread_id)
-            )
-        else:
-            pending.earliest = min(pending.earliest, earliest)
-            pending.newest = max(pending.newest, newest)
-        if current is None:
-            current = Thread(turn.thread_id, turn.resource_id, "", {}, createdAt=earliest, updatedAt=newest)
-        elif current.updatedAt is None or current.updatedAt < newest:
-            current = replace(current, updatedAt=newest)
-        self.state[turn.thread_id] = current
-        return current
-
-
-def plan_saves(
-    turns: Sequence[SaveTurn],
-    threads: Mapping[str, Thread],
-    keys: Mapping[str, Any] | None = None,
-    *,
-    now: datetime | None = None,
-) -> tuple[list[Thread | ThreadOwnershipError], SavePlan]:
-    """What `save_many` returns for `turns` and the writes it makes, against the stored `threads`; no I/O.
-
-    `save_many` writes the plan; replay's dry run answers with the results and writes nothing. Refuses (with
-    `InvalidInputError`, before planning anything) a turn whose thread id or a message id is unusable.
-    """
-    _check_turns(turns)
-    plan = SavePlan(dict(threads), dict(keys or {}), now or utc_now_ms())
-    return [plan.add(turn) for turn in turns], plan
-
-
-def _message_write(message: Message, thread_id: str, resource_id: str, now: datetime) -> _MessageWrite:
-    extra = message.model_extra
-    return _MessageWrite(
-        fields={
-            "id": message.id,
-            "thread_id": thread_id,
-            "content": message.content.model_dump_json(exclude_unset=True),
-            "role": message.role,
-            "type": message.type or "v2",
-            "resourceId": message.resourceId or resource_id,
-        },
-        extra=to_json(extra).decode() if extra else None,
-        created=message.createdAt or now,
-    )
 
 
 def _index_present(collection: str, model: IndexModel, existing: Sequence[Mapping[str, Any]]) -> bool:
@@ -342,19 +119,6 @@ def _index_present(collection: str, model: IndexModel, existing: Sequence[Mappin
             "service need it unique (remove duplicates, drop it, restart)"
         )
     return True
-
-
-def _check_thread_id(thread_id: str) -> None:
-    if not thread_id or not thread_id.strip():
-        raise InvalidInputError("thread id must not be empty")
-
-
-def _check_turns(turns: Sequence[SaveTurn]) -> None:
-    for turn in turns:
-        _check_thread_id(turn.thread_id)
-        for message in turn.messages:
-            if not message.id:
-                raise InvalidInputError(f"a message to save into thread {turn.thread_id!r} has no id")
 
 
 def _check_limit(limit: int | None) -> None:
@@ -652,10 +416,7 @@ class MongoHistoryStorage:
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         """Upsert `messages` by id and touch the thread (see `save_many`); raises `ThreadOwnershipError`."""
-        [result] = await self.save_many([SaveTurn(thread_id, resource_id, messages)])
-        if isinstance(result, ThreadOwnershipError):
-            raise result
-        return result
+        return await save_one(self, thread_id=thread_id, resource_id=resource_id, messages=messages)
 
     async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
         """`save_messages` for each turn, in order, with one `find` and at most two unordered bulk writes.

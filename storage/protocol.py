@@ -182,6 +182,16 @@ class BatchHistoryStorage(HistoryStorage, Protocol):
         ...
 
 
+async def save_one(
+    storage: BatchHistoryStorage, *, thread_id: str, resource_id: str, messages: Sequence[Message]
+) -> Thread:
+    """`save_messages` as a batch of one `save_many`; a refused turn raises its `ThreadOwnershipError`."""
+    [result] = await storage.save_many([SaveTurn(thread_id, resource_id, messages)])
+    if isinstance(result, ThreadOwnershipError):
+        raise result
+    return result
+
+
 @runtime_checkable
 class BatchPagedStorage(Protocol):
     """The batch forms of token-limited recall: many pages, many boundary writes, one round trip each."""

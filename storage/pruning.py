@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo import IndexModel
 
+from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
-from storage.mongodb import MESSAGES, THREADS
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection

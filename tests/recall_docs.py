@@ -21,7 +21,8 @@ from message_history.errors import FatalStorageError
 from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest, decode_request, encode
 from schemas.messages import Message
 from schemas.recalled import encode_enriched
-from storage.mongodb import _message_write, _recalled_or_model, message_from_doc
+from storage.documents import _recalled_or_model, message_from_doc
+from storage.save_plan import _message_write
 from tests.memory_cases import random_messages, random_part, random_text
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)

@@ -22,8 +22,9 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
+from storage.documents import MESSAGES, THREADS
 from storage.forgetting import MongoForgetting
-from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage
+from storage.mongodb import MongoHistoryStorage
 from storage.pruning import MongoPruner
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

@@ -40,7 +40,8 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from schemas.messages import Message
-from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage
+from storage.documents import MESSAGES, THREADS
+from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery, SaveTurn
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)

@@ -31,7 +31,9 @@ from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.database import AsyncDatabase
 
 from schemas.messages import Message
-from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage, RecallQuery, SaveTurn
+from storage.documents import MESSAGES, THREADS
+from storage.mongodb import MongoHistoryStorage
+from storage.protocol import RecallQuery, SaveTurn
 from tests import infra
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]

@@ -21,7 +21,9 @@ from message_history.errors import FatalStorageError
 from schemas.events import EnrichedRequest, encode
 from schemas.messages import Message
 from schemas.recalled import RecalledRow, encode_enriched
-from storage.mongodb import MESSAGES, MongoHistoryStorage, RecallQuery, message_from_doc
+from storage.documents import MESSAGES, message_from_doc
+from storage.mongodb import MongoHistoryStorage
+from storage.protocol import RecallQuery
 from storage.recalled_rows import MESSAGE_PROJECTION, row_from_doc
 from tests.recall_docs import model_bytes, request_for, stored_docs
 

@@ -25,14 +25,9 @@ from message_history.errors import (
 )
 from message_history.settings import Settings
 from schemas.messages import Message
-from storage.mongodb import (
-    MESSAGES,
-    THREADS,
-    MongoHistoryStorage,
-    RecallQuery,
-    SaveTurn,
-)
-from storage.protocol import HistoryStorage, Thread
+from storage.documents import MESSAGES, THREADS
+from storage.mongodb import MongoHistoryStorage
+from storage.protocol import HistoryStorage, RecallQuery, SaveTurn, Thread
 from tests import infra
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

@@ -28,7 +28,9 @@ from message_history.errors import ThreadOwnershipError
 from schemas.events import EnrichedRequest, encode
 from schemas.messages import Message, format_timestamp
 from schemas.recalled import RecalledRow, encode_enriched
-from storage.mongodb import MESSAGES, THREADS, MongoHistoryStorage, RecallQuery
+from storage.documents import MESSAGES, THREADS
+from storage.mongodb import MongoHistoryStorage
+from storage.protocol import RecallQuery
 from tests.infra import truthy
 from tests.memory_cases import random_messages
 from tests.recall_docs import request_for

@@ -11,7 +11,8 @@ import pytest
 from message_history.errors import DocumentTooLargeError
 from schemas.messages import Message
 from storage.document_size import MAX_DOCUMENT_BYTES, check_document_sizes, may_exceed, message_document_bytes
-from storage.mongodb import EXTRA_FIELD, _message_write
+from storage.documents import EXTRA_FIELD
+from storage.save_plan import _message_write
 
 NOW = datetime(2025, 3, 1, tzinfo=UTC)
 

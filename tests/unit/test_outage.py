@@ -19,8 +19,8 @@ from message_history.errors import (
     ThreadOwnershipError,
 )
 from schemas.messages import Message
-from storage.mongodb import plan_saves
 from storage.protocol import SaveTurn, Thread
+from storage.save_plan import plan_saves
 
 pytestmark = pytest.mark.timeout(10)
 

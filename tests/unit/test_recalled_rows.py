@@ -22,9 +22,10 @@ from schemas.canonical import canonical_content
 from schemas.events import EnrichedRequest, decode_request, encode
 from schemas.messages import Message, MessageContent
 from schemas.recalled import RecalledRow, encode_enriched, materialized, recalled_row
-from storage.mongodb import _message_write, _recalled_or_model, message_from_doc
+from storage.documents import _recalled_or_model, message_from_doc
 from storage.protocol import Thread
 from storage.recalled_rows import row_from_doc
+from storage.save_plan import _message_write
 from tests.memory_cases import random_messages
 from tests.recall_docs import enriched_both, model_bytes, newest_first, readable, request_for, stored_docs
 from tests.rule_cases import RECALL_CASES, RESOURCE, RecallCase

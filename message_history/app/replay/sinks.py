@@ -22,8 +22,9 @@ from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
 from storage.errors import storage_errors
 from storage.forgetting import MongoForgetting
-from storage.mongodb import MongoHistoryStorage, plan_saves
-from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
+from storage.mongodb import MongoHistoryStorage
+from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
+from storage.save_plan import plan_saves
 
 T = TypeVar("T")
 
@@ -142,10 +143,7 @@ class ReplayStorage:
             await self._mongo.save_thread_metadata_many(updates)
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
-        [result] = await self.save_many([SaveTurn(thread_id, resource_id, messages)])
-        if isinstance(result, ThreadOwnershipError):
-            raise result
-        return result
+        return await save_one(self, thread_id=thread_id, resource_id=resource_id, messages=messages)
 
     async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
         ids = distinct(m.id for turn in turns for m in turn.messages if m.id)

@@ -1,0 +1,161 @@
+"""What one `save_many` writes: the message and thread upserts planned from a batch of turns and the
+threads they land in, ownership refused per turn, computed without reading anything back.
+
+Used by `MongoHistoryStorage.save_many` and by replay's dry run, so both plan the same writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from pydantic_core import to_json
+from pymongo import UpdateOne
+
+from message_history.errors import InvalidInputError, ThreadOwnershipError
+from schemas.messages import Message, utc_now_ms
+from storage.documents import EXTRA_FIELD
+from storage.protocol import SaveTurn, Thread
+
+
+@dataclass(slots=True)
+class _MessageWrite:
+    """One message's upsert; later saves of the same id in a batch replace `fields`, keep `created`."""
+
+    fields: dict[str, Any]
+    extra: str | None
+    created: datetime
+
+    def op(self, *, by_id_field: bool = False) -> UpdateOne:
+        """The upsert, by `_id` (= the message id: a primary-key lookup) or by `id` (Mastra's own rows)."""
+        update: dict[str, Any] = {"$set": dict(self.fields), "$setOnInsert": {"createdAt": self.created}}
+        if self.extra is None:
+            update["$unset"] = {EXTRA_FIELD: ""}
+        else:
+            update["$set"][EXTRA_FIELD] = self.extra
+        key = self.fields["id"]
+        return UpdateOne({"id": key} if by_id_field else {"_id": key}, update, upsert=True)
+
+
+@dataclass(slots=True)
+class _ThreadWrite:
+    resource_id: str
+    earliest: datetime
+    newest: datetime
+    doc_key: Any = None  # the stored thread's `_id` (Mastra's are ObjectIds), None for a new thread
+
+    def op(self, thread_id: str, *, by_id_field: bool = False) -> UpdateOne:
+        """The thread's upsert, keyed by its stored `_id`, else `_id` = thread id, or (fallback) by `id`.
+
+        `$setOnInsert` keeps an existing thread's title, metadata and createdAt; `$max` moves updatedAt
+        forward only (atomically on MongoDB), from message times, so that a replayed turn changes nothing.
+        """
+        if by_id_field:
+            key: dict[str, Any] = {"id": thread_id}
+        else:
+            key = {"_id": thread_id if self.doc_key is None else self.doc_key}
+        return UpdateOne(
+            key,
+            {
+                "$setOnInsert": {
+                    "id": thread_id,
+                    "resourceId": self.resource_id,
+                    "title": "",
+                    "metadata": {},
+                    "createdAt": self.earliest,
+                },
+                "$max": {"updatedAt": self.newest},
+            },
+            upsert=True,
+        )
+
+
+class SavePlan:
+    """The writes of a batch of turns, planned in turn order against the threads as they stand."""
+
+    def __init__(self, threads: dict[str, Thread], keys: dict[str, Any], now: datetime) -> None:
+        self.state = threads  # stored threads, then as each accepted turn leaves them
+        self.keys = keys  # stored threads' `_id`s
+        self.now = now
+        self.messages: dict[str, _MessageWrite] = {}
+        self.threads: dict[str, _ThreadWrite] = {}
+
+    def add(self, turn: SaveTurn) -> Thread | ThreadOwnershipError:
+        """Plan one turn; its result: the thread after it, or the refusal."""
+        current = self.state.get(turn.thread_id)
+        if current is not None and current.resourceId and current.resourceId != turn.resource_id:
+            return ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId)
+        if not turn.messages:
+            if current is None:
+                raise InvalidInputError(f"nothing to save into thread {turn.thread_id!r}: it does not exist")
+            return current
+        writes = [_message_write(m, turn.thread_id, turn.resource_id, self.now) for m in turn.messages]
+        for write in writes:
+            earlier = self.messages.pop(write.fields["id"], None)  # re-added: the bulk keeps last-save order
+            if earlier is not None:
+                write.created = earlier.created
+            self.messages[write.fields["id"]] = write
+        earliest = min(w.created for w in writes)
+        newest = max(w.created for w in writes)
+        pending = self.threads.get(turn.thread_id)
+        if pending is None:
+            self.threads[turn.thread_id] = _ThreadWrite(
+                turn.resource_id, earliest, newest, self.keys.get(turn.thread_id)
+            )
+        else:
+            pending.earliest = min(pending.earliest, earliest)
+            pending.newest = max(pending.newest, newest)
+        if current is None:
+            current = Thread(turn.thread_id, turn.resource_id, "", {}, createdAt=earliest, updatedAt=newest)
+        elif current.updatedAt is None or current.updatedAt < newest:
+            current = replace(current, updatedAt=newest)
+        self.state[turn.thread_id] = current
+        return current
+
+
+def plan_saves(
+    turns: Sequence[SaveTurn],
+    threads: Mapping[str, Thread],
+    keys: Mapping[str, Any] | None = None,
+    *,
+    now: datetime | None = None,
+) -> tuple[list[Thread | ThreadOwnershipError], SavePlan]:
+    """What `save_many` returns for `turns` and the writes it makes, against the stored `threads`; no I/O.
+
+    `save_many` writes the plan; replay's dry run answers with the results and writes nothing. Refuses (with
+    `InvalidInputError`, before planning anything) a turn whose thread id or a message id is unusable.
+    """
+    _check_turns(turns)
+    plan = SavePlan(dict(threads), dict(keys or {}), now or utc_now_ms())
+    return [plan.add(turn) for turn in turns], plan
+
+
+def _message_write(message: Message, thread_id: str, resource_id: str, now: datetime) -> _MessageWrite:
+    extra = message.model_extra
+    return _MessageWrite(
+        fields={
+            "id": message.id,
+            "thread_id": thread_id,
+            "content": message.content.model_dump_json(exclude_unset=True),
+            "role": message.role,
+            "type": message.type or "v2",
+            "resourceId": message.resourceId or resource_id,
+        },
+        extra=to_json(extra).decode() if extra else None,
+        created=message.createdAt or now,
+    )
+
+
+def _check_thread_id(thread_id: str) -> None:
+    if not thread_id or not thread_id.strip():
+        raise InvalidInputError("thread id must not be empty")
+
+
+def _check_turns(turns: Sequence[SaveTurn]) -> None:
+    for turn in turns:
+        _check_thread_id(turn.thread_id)
+        for message in turn.messages:
+            if not message.id:
+                raise InvalidInputError(f"a message to save into thread {turn.thread_id!r} has no id")
