@@ -234,3 +234,18 @@ async def test_skipped_bad_records_are_written_to_the_report(tmp_path: Path) -> 
     assert lines[0]["key"] == "thread"
     assert lines[0]["dead_letter_topic"] is None
     assert (counts.invalid, counts.dead_lettered) == (2, 0)
+
+
+def test_an_unreadable_record_goes_to_the_report_without_a_timestamp(tmp_path: Path) -> None:
+    """A record of a batch that could not be read has no timestamp; the report says so instead of failing."""
+    from consumers.unreadable import UnreadableRecord, UnreadableRecordError  # noqa: PLC0415
+
+    path = tmp_path / "invalid.jsonl"
+    error = UnreadableRecordError("the record batch cannot be decompressed or parsed: CorruptRecordError")
+    with InvalidReport(path) as report:
+        report.write(UnreadableRecord("rs", 3, 10, error), error, dead_letter_topic="rs.dlq")
+    [entry] = [json.loads(line) for line in path.read_text().splitlines()]
+    assert (entry["topic"], entry["partition"], entry["offset"], entry["timestamp"]) == ("rs", 3, 10, None)
+    assert entry["error_type"] == "UnreadableRecordError"
+    assert entry["dead_letter_topic"] == "rs.dlq"
+

@@ -230,7 +230,8 @@ class InvalidReport:
             "topic": record.topic,
             "partition": record.partition,
             "offset": record.offset,
-            "timestamp": record.timestamp,
+            # an unreadable batch's record (`consumers.unreadable`) has no timestamp: its bytes never parsed
+            "timestamp": getattr(record, "timestamp", None),
             "key": key.decode("utf-8", errors="replace") if key is not None else None,
             "error_type": error_type(error),
             "error_message": error_message(error).decode("utf-8", errors="replace"),
