@@ -197,17 +197,19 @@ def response_event(w: Workload, i: int, turn: int) -> Json:
 def stored_messages(w: Workload, i: int) -> list[Json]:
     """Thread `i`'s seeded history as MastraDBMessages (wire form, oldest first), for Mastra's own store."""
     _, stored = seed_documents(w, i)
-    return [
-        {
-            "id": doc["id"],
-            "role": doc["role"],
-            "content": json.loads(doc["content"]),
-            "createdAt": format_timestamp(doc["createdAt"]),
-            "threadId": doc["thread_id"],
-            "resourceId": doc["resourceId"],
-        }
-        for doc in stored
-    ]
+    return [_wire(doc) for doc in stored]
+
+
+def _wire(doc: Json) -> Json:
+    """A stored message document as the wire form (a MastraDBMessage)."""
+    return {
+        "id": doc["id"],
+        "role": doc["role"],
+        "content": json.loads(doc["content"]),
+        "createdAt": format_timestamp(doc["createdAt"]),
+        "threadId": doc["thread_id"],
+        "resourceId": doc["resourceId"],
+    }
 
 
 def enriched_event(w: Workload, i: int, turn: int, limit: int) -> Json:
@@ -216,18 +218,7 @@ def enriched_event(w: Workload, i: int, turn: int, limit: int) -> Json:
     Built here without the service, as the pass-through baseline's payload (the bytes B1 moves)."""
     _, stored = seed_documents(w, i)
     recalled = stored[-limit:] if limit else []
-    history = [
-        {
-            "id": doc["id"],
-            "role": doc["role"],
-            "content": json.loads(doc["content"]),
-            "createdAt": format_timestamp(doc["createdAt"]),
-            "threadId": doc["thread_id"],
-            "resourceId": doc["resourceId"],
-            "source": "memory",
-        }
-        for doc in recalled
-    ]
+    history = [{**_wire(doc), "source": "memory"} for doc in recalled]
     request = request_event(w, i, turn)
     messages = [*history, *({**m, "source": "input"} for m in request["messages"])]
     return {

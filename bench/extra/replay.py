@@ -44,6 +44,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from pymongo import AsyncMongoClient
 
+from bench.procstat import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = "the agent recalls what the user said before and answers with the whole context " * 4  # ~320 B
 
@@ -126,14 +128,6 @@ async def last_output_at(bootstrap: str, topic: str, count: int, timeout_s: floa
     finally:
         await consumer.stop()
 
-
-def cpu_seconds(pid: int) -> float | None:
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw[raw.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def log_time(log: str, msg: str, *, with_field: str | None = None) -> float:
