@@ -19,7 +19,8 @@ from consumers.recall import turn_last_messages
 from message_history.processor import MessageHistory
 from message_history.settings import Settings
 from producers.connection import kafka_options
-from schemas.events import EnrichedRequest, HistoryPersisted, decode_request, decode_response, encode
+from schemas.codec import decode_request, decode_response, encode
+from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.limits import Limits
 from storage.mongodb import MongoHistoryStorage
 

@@ -25,7 +25,8 @@ from message_history.core.rules import SOURCE_FIELD
 from message_history.errors import InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
 from producers.persisted import PersistedPublisher
-from schemas.events import AgentResponse, HistoryPersisted, TurnMessage, decode_response
+from schemas.codec import decode_response
+from schemas.events import AgentResponse, HistoryPersisted, TurnMessage
 from schemas.limits import Limits
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed

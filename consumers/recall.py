@@ -34,7 +34,8 @@ from message_history.errors import InvalidInputError, RetriableError
 from message_history.processor import MessageHistory, RecallOutcome
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
-from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions, decode_request
+from schemas.codec import decode_request
+from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions
 from schemas.limits import Limits
 from schemas.recalled import encode_enriched, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery

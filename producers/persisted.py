@@ -6,7 +6,8 @@ import asyncio
 from typing import Any
 
 from producers.output import Headers, TopicPublisher
-from schemas.events import HistoryPersisted, encode
+from schemas.codec import encode
+from schemas.events import HistoryPersisted
 
 
 class PersistedPublisher(TopicPublisher):

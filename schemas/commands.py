@@ -17,7 +17,8 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
 from message_history.errors import EventValidationError
-from schemas.events import SchemaVersion, encode, error_path, schema_registry_framing
+from schemas.codec import encode, error_path, schema_registry_framing
+from schemas.events import SchemaVersion
 from schemas.limits import Limits
 from schemas.messages import Open, Timestamp
 

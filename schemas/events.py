@@ -1,13 +1,5 @@
-"""The four events of docs/events.md (sections 3-7) and the one way in and out: `decode_*` / `encode`.
-
-Decoding is size check, then pydantic-core's JSON parser straight into the models (no `json.loads` and dict
-walking), then the checks a schema cannot express (limits that are configurable, ids that must agree with the
-event), then normalization: every message leaves `decode_request` / `decode_response` with an `id`, a
-`createdAt`, a `threadId` and a `resourceId` (`docs/events.md#11-ids-and-timestamps`). Everything wrong
-becomes one `EventValidationError(reason, path)`.
-
-Encoding dumps exactly the keys that were set (`exclude_unset`), so unknown fields and absent optional fields
-come back out as they came in; values the service adds are constructed explicitly, so they count as set.
+"""The four events of docs/events.md (sections 3-7): their shapes and their checks; `schemas.codec` is the one
+way in and out (`decode_*` / `encode`).
 """
 
 # ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
@@ -15,15 +7,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
-from typing import Annotated, Any, Final, Literal, TypeVar
+from datetime import datetime
+from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StrictBool, ValidationError, WithJsonSchema
-from pydantic_core import ErrorDetails, PydanticCustomError
+from pydantic import ConfigDict, Field, PlainValidator, StrictBool, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
-from message_history.errors import EventValidationError
-from schemas.limits import Limits
-from schemas.messages import PART_TAGS, Message, Open, Timestamp
+from schemas.messages import Message, Open, Timestamp
 
 SCHEMA_VERSION: Final = 1
 
@@ -381,177 +371,3 @@ EVENT_TYPES: Final[tuple[type[EventBase], ...]] = (
     AgentResponse,
     HistoryPersisted,
 )
-
-
-# --- decode / encode ---------------------------------------------------------------------------------------
-
-E = TypeVar("E", bound=EventBase)
-
-
-def encode(event: BaseModel) -> bytes:
-    """The event as UTF-8 JSON: exactly the keys that are set; an event always carries `schemaVersion`."""
-    if isinstance(event, EventBase):
-        event.model_fields_set.add("schemaVersion")
-    return event.__pydantic_serializer__.to_json(event, exclude_unset=True)
-
-
-def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:  # noqa: B008 -- frozen
-    """Decode, check and normalize an `agent.requests` record value."""
-    event = _decode(raw, AgentRequest, limits)
-    _check_memory(event.memory)
-    _check_messages(event, event.messages, "messages", limits)
-    event.messages = _normalize(event, event.messages, "input", 0)
-    return event
-
-
-def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008 -- frozen
-    """Decode, check and normalize an `agent.responses` record value.
-
-    `input` and `response` are numbered as one turn: input `i` is `+i` ms, response `j` is `+len(input)+j` ms.
-    """
-    event = _decode(raw, AgentResponse, limits)
-    _check_messages(event, event.input, "input", limits)
-    _check_messages(event, event.response, "response", limits)
-    event.input = _normalize(event, event.input, "input", 0)
-    event.response = _normalize(event, event.response, "response", len(event.input))
-    return event
-
-
-def decode_enriched(raw: bytes | str, limits: Limits = Limits()) -> EnrichedRequest:  # noqa: B008 -- frozen
-    """Decode and check an `agent.requests.enriched` record value (what an agent worker reads)."""
-    event = _decode(raw, EnrichedRequest, limits)
-    _check_id(event.eventId, "eventId", limits)
-    _check_messages(event, event.messages, "messages", limits)
-    return event
-
-
-def decode_persisted(raw: bytes | str, limits: Limits = Limits()) -> HistoryPersisted:  # noqa: B008 -- frozen
-    """Decode and check an `agent.history.persisted` record value."""
-    event = _decode(raw, HistoryPersisted, limits)
-    _check_id(event.eventId, "eventId", limits)
-    return event
-
-
-def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
-    if isinstance(raw, str):
-        try:
-            raw = raw.encode()
-        except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form, so it could never be a record value
-            raise EventValidationError("not valid UTF-8") from None
-    size = len(raw)
-    if size > limits.max_event_bytes:
-        raise EventValidationError(f"event is {size} bytes; the limit is {limits.max_event_bytes}")
-    framed = schema_registry_framing(raw)
-    if framed is not None:
-        raise EventValidationError(framed)
-    try:
-        event = model.model_validate_json(raw)
-    except ValidationError as exc:
-        # `from None`: the pydantic error embeds input excerpts, which must not reach logs or headers.
-        raise _from_pydantic(exc) from None
-    if "schemaVersion" not in event.model_fields_set:
-        raise EventValidationError("Field required", "schemaVersion")
-    for name in ("requestId", "threadId", "resourceId"):
-        _check_id(getattr(event, name), name, limits)
-    return event
-
-
-def schema_registry_framing(raw: bytes) -> str | None:
-    """Why a value framed by a Schema Registry serializer (magic byte 0, schema id) is refused, else None.
-
-    Confluent's Avro, Protobuf and JSON Schema serializers put these five bytes before the payload. JSON never
-    starts with a zero byte, so the check cannot refuse a JSON event.
-    """
-    if len(raw) < 5 or raw[0] != 0:
-        return None
-    schema_id = int.from_bytes(raw[1:5], "big")
-    return (
-        f"Schema Registry framing (magic byte 0, schema id {schema_id}): this service reads plain JSON "
-        "values; produce with a plain JSON (string) serializer, not a Schema Registry serializer"
-    )
-
-
-def _check_memory(memory: MemoryOptions | None) -> None:
-    # The checks tying two fields together (Mastra's normalizeMessageHistoryConfig); the service defaults
-    # are checked where they are applied (consumers.recall).
-    if memory is None or memory.atMaxRemoveTokens is None:
-        return
-    if memory.maxTokens is not None and memory.atMaxRemoveTokens > memory.maxTokens:
-        raise EventValidationError(AT_MAX_REMOVE_TOKENS_ERROR, "memory.atMaxRemoveTokens")
-
-
-def _check_id(value: str, path: str, limits: Limits) -> None:
-    if not value.strip():
-        raise EventValidationError("must not be empty or blank", path)
-    if len(value) > limits.max_id_length:
-        raise EventValidationError(f"is {len(value)} characters; the limit is {limits.max_id_length}", path)
-
-
-def _check_messages(event: EventBase, messages: Sequence[Message], path: str, limits: Limits) -> None:
-    if len(messages) > limits.max_messages_per_event:
-        raise EventValidationError(
-            f"{len(messages)} messages; the limit is {limits.max_messages_per_event}", path
-        )
-    for i, message in enumerate(messages):
-        where = f"{path}.{i}"
-        if message.id is not None:
-            _check_id(message.id, f"{where}.id", limits)
-        if message.threadId is not None and message.threadId != event.threadId:
-            raise EventValidationError("contradicts the event's threadId", f"{where}.threadId")
-        if message.resourceId is not None and message.resourceId != event.resourceId:
-            raise EventValidationError("contradicts the event's resourceId", f"{where}.resourceId")
-        parts = len(message.content.parts)
-        if parts > limits.max_parts_per_message:
-            raise EventValidationError(
-                f"{parts} parts; the limit is {limits.max_parts_per_message}", f"{where}.content.parts"
-            )
-
-
-M = TypeVar("M", bound=Message)
-
-
-def _normalize(event: EventBase, messages: list[M], kind: str, offset: int) -> list[M]:
-    """Fill `id`, `createdAt`, `threadId`, `resourceId` where absent, deterministically from the event.
-
-    `model_copy(update=...)` marks the filled fields as set, so they are in the wire form.
-    """
-    for i, message in enumerate(messages):
-        update: dict[str, Any] = {}
-        if message.id is None:
-            update["id"] = f"{event.requestId}:{kind}:{i}"
-        if message.createdAt is None:
-            update["createdAt"] = event.createdAt + timedelta(milliseconds=offset + i)
-        if message.threadId is None:
-            update["threadId"] = event.threadId
-        if message.resourceId is None:
-            update["resourceId"] = event.resourceId
-        if update:
-            messages[i] = message.model_copy(update=update)
-    return messages
-
-
-def _from_pydantic(exc: ValidationError) -> EventValidationError:
-    errors = exc.errors(include_url=False, include_context=False, include_input=False)
-    first = errors[0]
-    reason = _reason(first)
-    if len(errors) > 1:
-        reason = f"{reason} (and {len(errors) - 1} more)"
-    return EventValidationError(reason, error_path(first["loc"]))
-
-
-def _reason(error: ErrorDetails) -> str:
-    if error["type"] == "json_invalid":
-        text = f"not valid JSON: {error['msg'].removeprefix('Invalid JSON: ')}"
-    else:
-        text = error["msg"].removeprefix("Value error, ")
-    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
-
-
-def error_path(loc: Sequence[int | str]) -> str:
-    """Dotted path from a pydantic location, minus the part-kind tags pydantic inserts (`parts.0.text`)."""
-    out: list[str] = []
-    for i, item in enumerate(loc):
-        if i >= 2 and loc[i - 2] == "parts" and isinstance(loc[i - 1], int) and item in PART_TAGS:
-            continue
-        out.append(str(item))
-    return ".".join(out)

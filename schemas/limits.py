@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Checked by `schemas.events.decode_*`; anything over a limit is an `EventValidationError`."""
+    """Checked by `schemas.codec.decode_*`; anything over a limit is an `EventValidationError`."""
 
     max_event_bytes: int = 1_048_576  # the record value, checked before parsing
     max_messages_per_event: int = 1000  # per list (`messages`, `input`, `response`)

@@ -23,7 +23,8 @@ from typing import Any, Final, cast
 from pydantic import PrivateAttr
 from pydantic_core import to_json
 
-from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest, Source, encode
+from schemas.codec import encode
+from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest, Source
 from schemas.messages import Message
 
 __all__ = ["RecalledRow", "encode_enriched", "materialized", "recalled_row"]

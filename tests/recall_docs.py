@@ -18,7 +18,8 @@ from typing import Any
 
 from message_history.core.rules import build_context
 from message_history.errors import FatalStorageError
-from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest, decode_request, encode
+from schemas.codec import decode_request, encode
+from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest
 from schemas.messages import Message
 from schemas.recalled import encode_enriched
 from storage.documents import _recalled_or_model, message_from_doc

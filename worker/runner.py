@@ -47,7 +47,8 @@ from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import OUTPUT_TOO_LARGE
-from schemas.events import AgentResponse, decode_enriched, encode
+from schemas.codec import decode_enriched, encode
+from schemas.events import AgentResponse
 from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from schemas.events import EnrichedRequest, decode_enriched, decode_request, encode
+from schemas.codec import decode_enriched, decode_request, encode
+from schemas.events import EnrichedRequest
 from schemas.messages import format_timestamp
 
 T0 = datetime(2025, 1, 1, 11, 0, tzinfo=UTC)

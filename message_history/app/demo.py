@@ -36,13 +36,8 @@ from message_history.app.topics import ensure_topics, service_topics
 from message_history.logs import configure_logging, register_settings_secrets, scrub
 from message_history.settings import Settings
 from producers.connection import kafka_options as connection_options
-from schemas.events import (
-    AgentRequest,
-    EnrichedRequest,
-    HistoryPersisted,
-    decode_persisted,
-    encode,
-)
+from schemas.codec import decode_persisted, encode
+from schemas.events import AgentRequest, EnrichedRequest, HistoryPersisted
 from storage.client import mongo_client
 from worker import AgentWorker, Reply, Turn
 

@@ -18,7 +18,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history.core.rules import build_context
 from message_history.errors import FatalStorageError
-from schemas.events import EnrichedRequest, encode
+from schemas.codec import encode
+from schemas.events import EnrichedRequest
 from schemas.messages import Message
 from schemas.recalled import RecalledRow, encode_enriched
 from storage.documents import MESSAGES, message_from_doc

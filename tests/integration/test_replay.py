@@ -29,8 +29,8 @@ from message_history.app.replay.command import ReplayResult, run_replay
 from message_history.app.replay.options import options_from_args
 from message_history.app.replay.plan import add_replay_arguments, parse_offsets
 from message_history.settings import Settings
+from schemas.codec import decode_response
 from schemas.dead_letters import parse_dead_letter_headers
-from schemas.events import decode_response
 from tests import infra
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (

@@ -22,15 +22,8 @@ from typing import Any
 
 import pytest
 
-from schemas.events import (
-    AgentRequest,
-    AgentResponse,
-    EnrichedRequest,
-    HistoryPersisted,
-    decode_request,
-    decode_response,
-    encode,
-)
+from schemas.codec import decode_request, decode_response, encode
+from schemas.events import AgentRequest, AgentResponse, EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
 from tests.infra import truthy
 

@@ -23,7 +23,7 @@ from bench.workload import (
     seed_documents,
     text,
 )
-from schemas.events import decode_enriched, decode_request, decode_response
+from schemas.codec import decode_enriched, decode_request, decode_response
 from storage.documents import message_from_doc
 
 W = Workload(threads=3, history=6, message_bytes=200, batch=2, partitions=2, run_id="unit")

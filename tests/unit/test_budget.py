@@ -28,7 +28,7 @@ from message_history.core.budget import (
 )
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory
-from schemas.events import decode_request
+from schemas.codec import decode_request
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
 from tests.rule_cases import RESOURCE, THREAD, at, msg, tool

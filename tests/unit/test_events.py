@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from message_history.errors import EventValidationError, InvalidInputError
+from schemas.codec import decode_enriched, decode_persisted, decode_request, decode_response, encode
 from schemas.events import (
     MAX_REASON_CHARS,
     AgentRequest,
@@ -16,11 +17,6 @@ from schemas.events import (
     EnrichedMessage,
     EnrichedRequest,
     HistoryPersisted,
-    decode_enriched,
-    decode_persisted,
-    decode_request,
-    decode_response,
-    encode,
 )
 from schemas.limits import Limits
 from schemas.messages import Message, MessageContent, TextPart

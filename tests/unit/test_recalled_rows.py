@@ -19,7 +19,8 @@ import pytest
 from message_history.core.rules import build_context
 from message_history.processor import MessageHistory
 from schemas.canonical import canonical_content
-from schemas.events import EnrichedRequest, decode_request, encode
+from schemas.codec import decode_request, encode
+from schemas.events import EnrichedRequest
 from schemas.messages import Message, MessageContent
 from schemas.recalled import RecalledRow, encode_enriched, materialized, recalled_row
 from storage.documents import _recalled_or_model, message_from_doc

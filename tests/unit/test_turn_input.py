@@ -8,7 +8,8 @@ import random
 
 from consumers.persist import turn_input
 from message_history.core.rules import is_memory_sourced, with_source, without_source
-from schemas.events import AgentResponse, decode_response
+from schemas.codec import decode_response
+from schemas.events import AgentResponse
 from schemas.messages import Message
 from tests.memory_cases import random_messages
 

@@ -20,7 +20,7 @@ from consumers.unreadable import describe, is_unreadable
 from message_history.errors import EventValidationError
 from message_history.settings import Settings
 from producers.output import compression_type
-from schemas.events import decode_request, schema_registry_framing
+from schemas.codec import decode_request, schema_registry_framing
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from schemas.events import EnrichedRequest, decode_response, encode
+from schemas.codec import decode_response, encode
+from schemas.events import EnrichedRequest
 from worker import Reply, SeenEvents, Turn, build_response, failed_response
 
 NOW = datetime(2025, 3, 1, 10, 5, tzinfo=UTC)
