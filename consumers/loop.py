@@ -346,7 +346,8 @@ class StreamLoop:
         except OUTPUT_TOO_LARGE:
             # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
             result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
-        metrics.DEAD_LETTERS.labels(path=self.path, error_type=error_type(error)).inc()
+        kind = error_type(error)
+        metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()
         metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
         log.warning(
             "dead-lettered a record",
@@ -355,7 +356,7 @@ class StreamLoop:
                 "topic": record.topic,
                 "partition": record.partition,
                 "offset": record.offset,
-                "error_type": error_type,
+                "error_type": kind,
                 "dead_letter_topic": self._dead_letters.topic,
             },
         )

@@ -99,3 +99,22 @@ async def test_poison_records_are_dead_lettered_and_the_rest_processed(
         "owned-turn1:input:0",
         "owned-turn1:response:0",
     ]
+
+
+async def test_the_dead_letter_log_line_names_the_error_type(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The warning for a dead-lettered record carries the error's type name, as its metric label does."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    await make_topic(partitions=1, name=settings.requests_topic)
+    await make_topic(partitions=1, name=settings.responses_topic)
+    caplog.set_level("WARNING", logger="consumers.loop")
+    try:
+        async with running_service(settings, only="recall"):
+            bootstrap = settings.kafka_bootstrap_servers
+            await produce(bootstrap, settings.requests_topic, [(b"a", b"{not json")])
+            await read_topic(bootstrap, settings.requests_dlq, until=lambda rs: len(rs) >= 1)
+    finally:
+        await drop_database(settings)
+    [line] = [r for r in caplog.records if r.getMessage() == "dead-lettered a record"]
+    assert line.__dict__["error_type"] == "EventValidationError"
