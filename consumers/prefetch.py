@@ -142,9 +142,8 @@ class PrefetchedHistory:
         """Run every budgeted thread's `HistoryLoader` together: one round trip per paging round after the
         first (whose pages are cut from each thread's `newest` rows)."""
         loaders: list[tuple[RecallQuery, HistoryLoader]] = []
-        for query in queries:
-            if query.budget is None or query.budget.max_tokens == 0:
-                continue
+        for query in queries:  # `load` passes only budgeted queries (a budget, max_tokens > 0)
+            assert query.budget is not None
             thread = self._threads.get(query.thread_id)
             stored = read_boundary(thread.metadata) if thread is not None else None
             loader = HistoryLoader(
@@ -233,6 +232,3 @@ def _larger(limit: int | None, than: int | None) -> bool:
     if limit is None:
         return than is not None
     return than is not None and limit > than
-
-
-# --- persist -----------------------------------------------------------------------------------------------

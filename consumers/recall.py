@@ -131,9 +131,6 @@ class RecallHandler(SpannedPath):
         self._max_in_flight = max_in_flight_threads
         self._defaults = memory_defaults or MemoryDefaults(last_messages=last_messages)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
-        # A publisher that only encodes and sends can take the bytes (recalled rows spliced, no models);
-        # one that does more with the event (replay's) gets the `EnrichedRequest`.
-        self._send_bytes = type(publisher).publish is EnrichedPublisher.publish
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         request = decode_request(value, self._limits)
@@ -220,7 +217,7 @@ class RecallHandler(SpannedPath):
             "trimmed": outcome.trimmed,
             "boundary": outcome.boundary.to_metadata() if outcome.boundary is not None else None,
         }
-        if self._send_bytes:
+        if self._publisher.sends_encoded:
             return encode_enriched(request, outcome.context, **summary)
         return EnrichedRequest.from_request(request, materialized(outcome.context), **summary)
 

@@ -267,11 +267,3 @@ def output_span(name: str, record: Any, **attributes: Any) -> Iterator[Span | No
         fail(span, exc)
         raise
     span.end()
-
-
-def log_ids() -> dict[str, str]:
-    """`trace_id` and `span_id` (hex) of the current span, for a log line; empty when there is none."""
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return {}
-    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}

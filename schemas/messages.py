@@ -26,8 +26,7 @@ from pydantic import (
 
 def utc_now_ms() -> datetime:
     """Now, in UTC, cut to milliseconds: the precision Mastra's stores keep (a JS `Date`)."""
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
+    return _to_utc_ms(datetime.now(UTC))
 
 
 def _as_utc(value: datetime) -> datetime:

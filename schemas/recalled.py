@@ -121,8 +121,7 @@ def encode_enriched(
     for message, source in context:
         pieces.append(b",")
         if type(message) is RecalledRow:
-            pieces.append(_prefix(message))
-            pieces.append(_SOURCE_BYTES[source])
+            pieces.append(message.enriched_json(source))
         else:
             tagged = EnrichedMessage.from_message(
                 message, source, thread_id=thread_id, resource_id=resource_id

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from datetime import UTC
+from typing import TYPE_CHECKING, Any, Final
 
+from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient
 
 from storage.errors import storage_errors
 
 if TYPE_CHECKING:
     from message_history.settings import Settings
+
+CODEC: Final[CodecOptions[dict[str, Any]]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+"""How every collection of ours reads: plain dicts, dates as aware UTC datetimes."""
 
 
 def mongo_client(

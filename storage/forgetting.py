@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final, Literal
 
-from bson.codec_options import CodecOptions
 from pymongo import IndexModel
 
 from message_history.errors import ThreadOwnershipError
+from schemas.messages import utc_now_ms
+from storage.client import CODEC
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
 from storage.protocol import Tombstones
@@ -38,11 +39,6 @@ TOMBSTONES: Final = "message_history_forgotten"
 DELETE_BATCH: Final = 1000  # `_id`s per deleteMany, as @mastra/mongodb's prune batches
 
 Scope = Literal["thread", "resource"]
-
-
-def _now_ms() -> datetime:
-    now = datetime.now(UTC)
-    return now.replace(microsecond=now.microsecond - now.microsecond % 1000)
 
 
 @dataclass(slots=True)
@@ -65,7 +61,7 @@ class MongoForgetting:
     def __init__(self, db: AsyncDatabase[Any]) -> None:
         self.db = db
         self.tombstones_collection: AsyncCollection[dict[str, Any]] = db.get_collection(
-            TOMBSTONES, codec_options=CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+            TOMBSTONES, codec_options=CODEC
         )
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES)
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS)
@@ -113,7 +109,7 @@ class MongoForgetting:
         if resource_id is not None and owner is not None and owner != resource_id:
             raise ThreadOwnershipError(thread_id, resource_id, str(owner))
         outcome = ForgetOutcome(
-            "thread", thread_id, _now_ms(), dry_run, thread_ids=[thread_id] if thread else []
+            "thread", thread_id, utc_now_ms(), dry_run, thread_ids=[thread_id] if thread else []
         )
         keys = await self._message_keys({"thread_id": thread_id}, outcome)
         if dry_run:
@@ -133,7 +129,7 @@ class MongoForgetting:
         with storage_errors("find the resource's threads"):
             threads = await self.threads.find({"resourceId": resource_id}, {"_id": 1, "id": 1}).to_list()
         thread_ids = list(dict.fromkeys(str(doc.get("id")) for doc in threads))
-        outcome = ForgetOutcome("resource", resource_id, _now_ms(), dry_run, thread_ids=thread_ids)
+        outcome = ForgetOutcome("resource", resource_id, utc_now_ms(), dry_run, thread_ids=thread_ids)
         query: dict[str, Any] = {"resourceId": resource_id}
         if thread_ids:
             query = {"$or": [query, {"thread_id": {"$in": thread_ids}}]}

@@ -23,6 +23,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from message_history.core.budget import PageRequest, page_of
 from message_history.errors import InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
 from storage.protocol import Page, PageQuery, Thread
@@ -136,15 +137,9 @@ class InMemoryHistoryStorage:
     async def list_page(self, query: PageQuery) -> Page:
         """One page of a token-budgeted recall (see `storage.protocol.PageQuery`)."""
         rows = await self.list_messages(query.thread_id, resource_id=query.resource_id, limit=None)
-        window = [
-            m
-            for m in rows
-            if m.createdAt is not None
-            and (query.start is None or m.createdAt >= query.start)
-            and (query.end is None or m.createdAt <= query.end)
-        ]
-        offset = query.page * query.per_page
-        return Page(window[offset : offset + query.per_page], offset + query.per_page < len(window))
+        # every row here has a createdAt (saves set it), as `page_of` requires
+        selected, more = page_of(rows, PageRequest(query.start, query.end, query.page, query.per_page))
+        return Page(selected, more)
 
     async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
         """Set `update`'s keys in the thread's metadata; `updatedAt` moves forward to now."""

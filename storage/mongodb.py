@@ -39,16 +39,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
-from bson.codec_options import CodecOptions
 from pymongo import IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
-from storage.client import mongo_client
+from storage.client import CODEC, mongo_client
 from storage.documents import (
     MESSAGES,
     THREADS,
@@ -93,7 +92,6 @@ THREAD_INDEXES: tuple[IndexModel, ...] = (
 )
 
 _NEWEST_FIRST = [("createdAt", -1), ("id", -1)]
-_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 _INDEX_CONFLICT_CODES = frozenset({85, 86})  # IndexOptionsConflict, IndexKeySpecsConflict
 # Unique-index violation on an upsert (duplicate key). Two writers upserting the same new id race this way.
 _UPSERT_RACE_CODES = frozenset({11000, 11001})
@@ -148,8 +146,8 @@ class MongoHistoryStorage:
         self.db = db
         self.recall_strategy: RecallStrategy = recall_strategy
         self.recall_concurrency = recall_concurrency
-        self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=_CODEC)
-        self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=_CODEC)
+        self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=CODEC)
+        self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=CODEC)
 
     def __repr__(self) -> str:
         return f"MongoHistoryStorage(db={self.db.name!r}, recall_strategy={self.recall_strategy!r})"
@@ -431,7 +429,7 @@ class MongoHistoryStorage:
             return []
         _check_turns(turns)  # before reading anything
         state, keys = await self._get_threads([t.thread_id for t in turns])
-        results, plan = plan_saves(turns, state, keys)
+        results, plan = plan_saves(turns, state, keys, check=False)  # checked above
         if plan.messages:
             await self._keyed_bulk_write(
                 self.messages,

@@ -24,13 +24,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from bson.codec_options import CodecOptions
 from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
 from message_history.core.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
 from message_history.errors import FatalStorageError, WaitInterruptedError
-from storage.client import mongo_client
+from storage.client import CODEC, mongo_client
 from storage.errors import storage_errors, to_storage_error
 
 if TYPE_CHECKING:
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TURNS = "message_history_turns"
-_CODEC: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 _DUPLICATE_KEY = frozenset({11000, 11001})  # two writers upserting one new _id: the loser retries once
 _OPS_PER_COMMAND = 500
 
@@ -94,7 +92,7 @@ class MongoTurnMarkers:
     """The busy markers of every thread; `poll_s` is how often waits look for an answer."""
 
     def __init__(self, db: AsyncDatabase[Any], *, poll_s: float = 0.05) -> None:
-        self.collection: AsyncCollection[dict[str, Any]] = db.get_collection(TURNS, codec_options=_CODEC)
+        self.collection: AsyncCollection[dict[str, Any]] = db.get_collection(TURNS, codec_options=CODEC)
         self._poll_s = poll_s
         self._marks = _Coalesced(self._write)
         self._waiters: dict[str, list[tuple[str, asyncio.Future[TurnMarker | None]]]] = {}

@@ -27,6 +27,7 @@ from typing import Any, Final, Literal
 
 from message_history.core.tokens import TOKENS_PER_CONVERSATION, count_message, count_system_text
 from message_history.errors import InvalidInputError
+from schemas.events import AT_MAX_REMOVE_TOKENS_ERROR, MAX_TOKENS_ERROR
 from schemas.messages import Message, TextPart, ToolInvocationPart, format_timestamp
 
 __all__ = [
@@ -77,15 +78,13 @@ def resolve_budget(max_tokens: float | None, at_max_remove_tokens: float | None)
     """
     if max_tokens is None:
         if at_max_remove_tokens is not None:
-            raise InvalidInputError("messageHistory.maxTokens must be a finite non-negative number")
+            raise InvalidInputError(MAX_TOKENS_ERROR)
         return None
     if max_tokens < 0:
-        raise InvalidInputError("messageHistory.maxTokens must be a finite non-negative number")
+        raise InvalidInputError(MAX_TOKENS_ERROR)
     remove = max_tokens * AT_MAX_REMOVE_SHARE if at_max_remove_tokens is None else at_max_remove_tokens
     if remove < 0 or remove > max_tokens:
-        raise InvalidInputError(
-            "messageHistory.atMaxRemoveTokens must be a finite non-negative number no greater than maxTokens"
-        )
+        raise InvalidInputError(AT_MAX_REMOVE_TOKENS_ERROR)
     return TokenBudget(max_tokens, remove)
 
 

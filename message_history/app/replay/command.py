@@ -169,7 +169,6 @@ async def run_replay(
                 max_retry_s=options.max_retry_s,
                 retry_initial_s=settings.retry_initial_backoff_s,
                 retry_max_s=settings.retry_max_backoff_s,
-                path=options.path,
             )
             ticker = asyncio.create_task(replay.tick(display), name="replay-progress")
             try:

@@ -105,7 +105,6 @@ class BatchRunner:
     max_retry_s: float
     retry_initial_s: float
     retry_max_s: float
-    path: str = "persist"
     clock: Callable[[], float] = time.monotonic
     sleep: Sleep = sleep_or_stop
     rand: Callable[[], float] = field(default_factory=lambda: random.Random().random)  # noqa: S311 -- jitter

@@ -8,7 +8,7 @@ import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import IO, Any, ClassVar, TypeVar
 
 from message_history.app.replay.options import CLIENT_ID
 from message_history.app.replay.plan import Counts, distinct
@@ -76,6 +76,8 @@ class PersistedOutcomes(PersistedPublisher):
 
 class EnrichedOutcomes(EnrichedPublisher):
     """The recall handler's publisher: the acknowledgement resolves with the `EnrichedRequest`."""
+
+    sends_encoded: ClassVar[bool] = False
 
     def __init__(self, producer: OutputProducer, topic: str, *, emit: bool) -> None:
         super().__init__(producer, topic)
