@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 import pytest
 
@@ -40,6 +40,13 @@ class Choice:
 
 def truthy(value: str | None) -> bool:
     return value is not None and value.strip().lower() in _TRUE
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """A missing prerequisite: a failure under CI (`CI` truthy, as `choose` reads it), a skip elsewhere."""
+    if truthy(os.environ.get("CI")):
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 def unavailable_reason(env_var: str, what: str) -> str:

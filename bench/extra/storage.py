@@ -39,6 +39,7 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
+from bench.stats import percentile
 from schemas.messages import Message
 from storage.documents import MESSAGES, THREADS
 from storage.mongodb import MongoHistoryStorage
@@ -54,23 +55,15 @@ def say(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def percentile(values: list[float], q: float) -> float:
-    """The q-quantile (0..1) by linear interpolation; values need not be sorted."""
-    ordered = sorted(values)
-    if len(ordered) == 1:
-        return ordered[0]
-    pos = q * (len(ordered) - 1)
-    low = int(pos)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
-
-
 def summary_ms(seconds: list[float]) -> dict[str, float | int]:
     ms = [s * 1000 for s in seconds]
+    p50, p99 = percentile(ms, 50), percentile(ms, 99)
+    if p50 is None or p99 is None:
+        raise ValueError("no samples")
     return {
         "samples": len(ms),
-        "p50_ms": round(percentile(ms, 0.5), 2),
-        "p99_ms": round(percentile(ms, 0.99), 2),
+        "p50_ms": round(p50, 2),
+        "p99_ms": round(p99, 2),
         "mean_ms": round(statistics.fmean(ms), 2),
         "max_ms": round(max(ms), 2),
     }

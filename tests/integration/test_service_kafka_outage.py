@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import shlex
 import subprocess
 import time
@@ -22,6 +21,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from message_history.app.health import Health
+from tests.infra import skip_or_fail
 from tests.integration.service_harness import (
     ROOT,
     dead_letters,
@@ -114,9 +114,7 @@ def kafka(tmp_path: Path) -> Iterator[_Kafka]:
     stack = _stack_module()
     if not Path(stack.KAFKA_LIBS).is_dir():
         reason = f"{stack.KAFKA_LIBS} is missing: run `deploy/local/stack install` first"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        skip_or_fail(reason)
     broker = _Kafka(stack, tmp_path / "kafka")
     broker.start()
     try:

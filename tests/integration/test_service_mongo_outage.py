@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import time
@@ -15,7 +14,7 @@ import pytest
 
 from message_history.app.health import Health
 from tests.conftest import MakeTopic
-from tests.infra import mongo_server_binary
+from tests.infra import mongo_server_binary, skip_or_fail
 from tests.integration.service_harness import (
     ROOT,
     dead_letters,
@@ -101,9 +100,7 @@ def mongo_server(tmp_path: Path) -> Iterator[_PrivateServer]:
     binary = mongo_server_binary(ROOT)
     if binary is None:
         reason = "no SecantusDB server binary under .cache: run `deploy/local/stack install` first"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+        skip_or_fail(reason)
     data = tmp_path / "mongo-data"
     data.mkdir()
     server = _PrivateServer(binary, _free_port(), data, tmp_path / "mongo.log")

@@ -16,6 +16,7 @@ import yaml
 from pydantic import AliasChoices
 
 from message_history.settings import Settings
+from tests.infra import skip_or_fail
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -66,9 +67,7 @@ def require_tool(name: str) -> str:
     found = find_tool(name)
     if found is None:
         message = f"{name} not found in .cache/bin or on PATH; install it with {HELM_INSTALLER}"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        skip_or_fail(message)
     return found
 
 

@@ -112,3 +112,20 @@ def test_fixtures_skip_outside_ci_without_endpoints(tmp_path: Path) -> None:
     assert "2 skipped" in output
     assert "KAFKA_BOOTSTRAP_SERVERS is not set and no Docker engine answers" in output
     assert "error" not in output.lower()
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"),
+    [("true", pytest.fail.Exception), ("1", pytest.fail.Exception), ("false", pytest.skip.Exception),
+     ("", pytest.skip.Exception), (None, pytest.skip.Exception)],
+)
+def test_a_missing_prerequisite_fails_under_ci_and_skips_elsewhere(
+    ci: str | None, outcome: type[BaseException], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`skip_or_fail` reads `CI` as `choose` does: every test that lacks a tool behaves the same way."""
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome):
+        infra.skip_or_fail("no tool")
