@@ -8,12 +8,18 @@ A path (`consumers.recall`, `consumers.persist`, `consumers.commands`, the repla
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
+from consumers.lanes import Failed, run_lanes
 from message_history import tracing
 from message_history.errors import EventValidationError, InvalidInputError
+from message_history.settings import Settings
+from schemas.limits import Limits
+from storage.protocol import BatchHistoryStorage
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = TypeVar("P")
 
 Ack = Awaitable[object]
 """Resolves when every output of one record is durable; raises when one could not be written."""
@@ -99,3 +105,30 @@ class SpannedPath:
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         raise NotImplementedError
+
+
+class PathHandler(SpannedPath, Generic[P]):
+    """What the recall and the persist path both hold: the storage, the publisher of their outputs, the input
+    limits and the cap on threads worked on at once, the last two from the settings."""
+
+    def __init__(self, settings: Settings, storage: BatchHistoryStorage, publisher: P) -> None:
+        self.storage = storage
+        self.publisher = publisher
+        self.limits = Limits.from_settings(settings)
+        self.max_in_flight = settings.max_in_flight_threads
+
+    async def per_thread(
+        self,
+        items: Sequence[tuple[int, T]],
+        thread_of: Callable[[T], str],
+        work: Callable[[tuple[int, T]], Awaitable[R]],
+    ) -> list[R | Failed]:
+        """`work` on every decoded record: one thread's in batch order, up to `max_in_flight` threads at once;
+        a record's `InvalidInputError` comes back as its `Failed` (the others go on)."""
+        return await run_lanes(
+            items,
+            key=lambda entry: thread_of(entry[1]),
+            work=work,
+            max_concurrent=self.max_in_flight,
+            item_errors=(InvalidInputError,),
+        )

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from consumers.collect import CollectedTurn, CollectingHistory
-from consumers.contract import Ack, Record, SpannedPath, ack_after, decode_each
-from consumers.lanes import Failed, run_lanes
+from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
+from consumers.lanes import Failed
 from message_history import metrics, tracing
 from message_history.core.rules import SOURCE_FIELD
 from message_history.errors import InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
+from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response
 from schemas.events import AgentResponse, HistoryPersisted, TurnMessage
-from schemas.limits import Limits
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
@@ -71,27 +71,23 @@ def _tagged(message: TurnMessage) -> Message:
     return Message.model_construct(_fields_set=message.model_fields_set | {SOURCE_FIELD}, **values)
 
 
-class PersistHandler(SpannedPath):
+class PersistHandler(PathHandler[PersistedPublisher]):
     """Saves a batch of finished turns with one bulk write."""
 
     path = PATH
 
     def __init__(
         self,
-        *,
+        settings: Settings,
         storage: BatchHistoryStorage,
         publisher: PersistedPublisher,
-        limits: Limits,
-        max_in_flight_threads: int,
+        *,
         tombstones: TombstoneReader | None = None,
         markers: AnsweredTurns | None = None,
     ) -> None:
-        self._markers = markers
-        self._storage = storage
-        self._publisher = publisher
-        self._limits = limits
-        self._max_in_flight = max_in_flight_threads
+        super().__init__(settings, storage, publisher)
         self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
+        self._markers = markers
 
     async def _handle(
         self, records: Sequence[Record], spans: tracing.BatchSpans
@@ -122,13 +118,7 @@ class PersistHandler(SpannedPath):
                 last_write[response.threadId] = turn.saved
             return _Done(outcome, turn.saved, before)
 
-        outcomes = await run_lanes(
-            items,
-            key=lambda entry: entry[1].response.threadId,
-            work=persist,
-            max_concurrent=self._max_in_flight,
-            item_errors=(InvalidInputError,),
-        )
+        outcomes = await self.per_thread(items, lambda item: item.response.threadId, persist)
         await batch.flush()  # the one bulk write; an outage raises here and the batch is retried
         marks = self._mark_answered(items, outcomes, forgotten)
         written = time.perf_counter()
@@ -150,7 +140,7 @@ class PersistHandler(SpannedPath):
                 spans.fail(index, event)
                 continue
             _describe(spans, index, event)
-            ack = await self._publisher.publish(event, headers=spans.headers(index, item.record))
+            ack = await self.publisher.publish(event, headers=spans.headers(index, item.record))
             spans.end_when_done(index, ack)
             results[index] = ack if marks is None else ack_after(marks, ack)
             labels.append("persisted" if event.skipped is None else f"skipped-{event.skipped}")
@@ -172,7 +162,7 @@ class PersistHandler(SpannedPath):
             if not any(m.role == "user" and m.source != "memory" for m in item.response.input)
         ]
         return await CollectingHistory.load(
-            self._storage, [item.response.threadId for _, item in items], message_ids, no_user_input
+            self.storage, [item.response.threadId for _, item in items], message_ids, no_user_input
         )
 
     def _mark_answered(
@@ -195,7 +185,7 @@ class PersistHandler(SpannedPath):
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
-        response = decode_response(value, self._limits)
+        response = decode_response(value, self.limits)
         if may_exceed(len(value)):
             # only events this large can hold such a message; the exact check dumps every content
             check_document_sizes(
@@ -209,7 +199,7 @@ class PersistHandler(SpannedPath):
         skipped = HistoryPersisted.for_response(
             item.response, saved_ids=[], skipped="forgotten", thread_updated_at=None
         )
-        ack = await self._publisher.publish(skipped, headers=spans.headers(index, item.record))
+        ack = await self.publisher.publish(skipped, headers=spans.headers(index, item.record))
         spans.end_when_done(index, ack)
         metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
         return ack

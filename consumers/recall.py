@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.contract import Ack, Record, SpannedPath, ack_after, decode_each
-from consumers.lanes import Failed, run_lanes
+from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
+from consumers.lanes import Failed
 from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
@@ -32,11 +32,11 @@ from message_history.core.echo import plan_echo
 from message_history.core.rules import LastMessages, normalize_limit
 from message_history.errors import InvalidInputError, RetriableError
 from message_history.processor import MessageHistory, RecallOutcome
+from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
 from schemas.codec import decode_request
 from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions
-from schemas.limits import Limits
 from schemas.recalled import encode_enriched, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery
 
@@ -53,6 +53,10 @@ class MemoryDefaults:
     max_tokens: float | None = None
     at_max_remove_tokens: float | None = None
     retain_full_input: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MemoryDefaults:
+        return settings_slice(cls, settings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,34 +110,27 @@ class _Item:
     memory: TurnMemory
 
 
-class RecallHandler(SpannedPath):
+class RecallHandler(PathHandler[EnrichedPublisher]):
     """Enriches a batch of requests with their threads' history."""
 
     path = PATH
 
     def __init__(
         self,
-        *,
+        settings: Settings,
         storage: BatchHistoryStorage,
         publisher: EnrichedPublisher,
-        limits: Limits,
-        last_messages: int,
-        max_in_flight_threads: int,
+        *,
         gate: TurnGate | None = None,
-        memory_defaults: MemoryDefaults | None = None,
         write_boundaries: bool = True,
     ) -> None:
+        super().__init__(settings, storage, publisher)
         self._gate = gate
-        self._storage = storage
-        self._publisher = publisher
-        self._limits = limits
-        self._last_messages = last_messages
-        self._max_in_flight = max_in_flight_threads
-        self._defaults = memory_defaults or MemoryDefaults(last_messages=last_messages)
+        self._defaults = MemoryDefaults.from_settings(settings)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
 
     def _decode(self, record: Record, value: bytes) -> _Item:
-        request = decode_request(value, self._limits)
+        request = decode_request(value, self.limits)
         return _Item(record, request, turn_memory(request, self._defaults))
 
     async def _handle(
@@ -145,12 +142,12 @@ class RecallHandler(SpannedPath):
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
         history, batch_gate = await asyncio.gather(
-            PrefetchedHistory.load(self._storage, [self._query(item) for _, item in items]),
+            PrefetchedHistory.load(self.storage, [self._query(item) for _, item in items]),
             self._open_gate(items),
         )
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
-        processor = MessageHistory(storage=history, last_messages=self._last_messages)
-        fresh = MessageHistory(storage=self._storage, last_messages=self._last_messages)
+        processor = MessageHistory(storage=history, last_messages=self._defaults.last_messages)
+        fresh = MessageHistory(storage=self.storage, last_messages=self._defaults.last_messages)
 
         async def enrich(entry: tuple[int, _Item]) -> Ack:
             index, item = entry
@@ -181,13 +178,7 @@ class RecallHandler(SpannedPath):
             return ack if mark is None else ack_after(mark, ack)
 
         sent_from = time.perf_counter()
-        outcomes = await run_lanes(
-            items,
-            key=lambda entry: entry[1].request.threadId,
-            work=enrich,
-            max_concurrent=self._max_in_flight,
-            item_errors=(InvalidInputError,),
-        )
+        outcomes = await self.per_thread(items, lambda item: item.request.threadId, enrich)
         await history.flush()  # the batch's boundary writes, one round trip, before any offset commits
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         for (index, _), outcome in zip(items, outcomes, strict=True):
@@ -217,7 +208,7 @@ class RecallHandler(SpannedPath):
             "trimmed": outcome.trimmed,
             "boundary": outcome.boundary.to_metadata() if outcome.boundary is not None else None,
         }
-        if self._publisher.sends_encoded:
+        if self.publisher.sends_encoded:
             return encode_enriched(request, outcome.context, **summary)
         return EnrichedRequest.from_request(request, materialized(outcome.context), **summary)
 
@@ -225,8 +216,8 @@ class RecallHandler(SpannedPath):
         self, request: AgentRequest, enriched: EnrichedRequest | bytes, headers: Headers
     ) -> asyncio.Future[Any]:
         if isinstance(enriched, bytes):
-            return await self._publisher.publish_encoded(request.threadId, enriched, headers=headers)
-        return await self._publisher.publish(enriched, headers=headers)
+            return await self.publisher.publish_encoded(request.threadId, enriched, headers=headers)
+        return await self.publisher.publish(enriched, headers=headers)
 
     async def _open_gate(self, items: Sequence[tuple[int, _Item]]) -> BatchGate | None:
         if self._gate is None or not items:

@@ -7,10 +7,16 @@ as `**********` in logs, reprs and `message-history config`.
 
 from __future__ import annotations
 
-from typing import Literal
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+D = TypeVar("D", bound="DataclassInstance")
 
 
 class Settings(BaseSettings):
@@ -176,3 +182,10 @@ class Settings(BaseSettings):
     @property
     def commands_dlq(self) -> str:
         return self.commands_dlq_topic or f"{self.commands_topic}.dlq"
+
+
+def settings_slice(cls: type[D], settings: Settings) -> D:
+    """The dataclass `cls` filled from the settings of the same names: one spelling of each shared option
+    (`schemas.limits.Limits`, `consumers.recall.MemoryDefaults`); a field the settings lack is a TypeError."""
+    values: dict[str, Any] = {f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)}
+    return cls(**values)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from message_history.settings import settings_slice
+
 if TYPE_CHECKING:
     from message_history.settings import Settings
 
@@ -20,9 +22,4 @@ class Limits:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
-        return cls(
-            max_event_bytes=settings.max_event_bytes,
-            max_messages_per_event=settings.max_messages_per_event,
-            max_parts_per_message=settings.max_parts_per_message,
-            max_id_length=settings.max_id_length,
-        )
+        return settings_slice(cls, settings)

@@ -19,6 +19,7 @@ import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from consumers.barrier import TurnBarrier, open_barrier
@@ -26,7 +27,7 @@ from consumers.commands import CommandsHandler
 from consumers.consumer import LoopOptions, build_consumer
 from consumers.loop import StreamLoop
 from consumers.persist import PersistHandler
-from consumers.recall import MemoryDefaults, RecallHandler
+from consumers.recall import RecallHandler
 from consumers.turn_gate import TurnGate
 from message_history import __version__, tracing
 from message_history.app.health import Health, serve_http
@@ -87,30 +88,24 @@ async def maybe_barrier(settings: Settings, paths: Sequence[Path]) -> AsyncItera
         yield barrier
 
 
-def memory_defaults(settings: Settings) -> MemoryDefaults:
-    """The recall path's service-wide memory options, from the settings."""
-    return MemoryDefaults(
-        last_messages=settings.last_messages,
-        max_tokens=settings.max_tokens,
-        at_max_remove_tokens=settings.at_max_remove_tokens,
-        retain_full_input=settings.retain_full_input,
-    )
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """What `run_service` opened once and every path's loop is built on."""
+
+    settings: Settings
+    storage: BatchHistoryStorage
+    producer: OutputProducer
+    health: Health
+    forgetting: MongoForgetting | None  # forget and tombstones; None on a storage that is not MongoDB
+    gate: TurnGate | None = None  # the recall path's turn guards (None: both off)
+    markers: MongoTurnMarkers | None = None  # the busy-thread markers persist records answers in
 
 
-def build_loop(
-    path: Path,
-    *,
-    settings: Settings,
-    storage: BatchHistoryStorage,
-    producer: OutputProducer,
-    health: Health,
-    gate: TurnGate | None = None,
-    markers: MongoTurnMarkers | None = None,
-) -> StreamLoop:
+def build_loop(path: Path, opened: Opened) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
+    settings, producer, forgetting = opened.settings, opened.producer, opened.forgetting
     limits = Limits.from_settings(settings)
-    forgetting = _forgetting(storage)
-    loop_health: Health | _Advisory = health
+    loop_health: Health | _Advisory = opened.health
     if path == "commands":
         if forgetting is None:
             raise ValueError("the commands path needs the MongoDB storage")
@@ -120,27 +115,16 @@ def build_loop(
             publisher=ForgottenPublisher(producer, settings.forgotten_topic),
             limits=limits,
         )
-        loop_health = _Advisory(health)
+        loop_health = _Advisory(opened.health)
     elif path == "recall":
         topic, dlq = settings.requests_topic, settings.requests_dlq
-        handler = RecallHandler(
-            storage=storage,
-            publisher=EnrichedPublisher(producer, settings.enriched_topic),
-            limits=limits,
-            last_messages=settings.last_messages,
-            max_in_flight_threads=settings.max_in_flight_threads,
-            gate=gate,
-            memory_defaults=memory_defaults(settings),
-        )
+        publisher = EnrichedPublisher(producer, settings.enriched_topic)
+        handler = RecallHandler(settings, opened.storage, publisher, gate=opened.gate)
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
+        persisted = PersistedPublisher(producer, settings.persisted_topic)
         handler = PersistHandler(
-            storage=storage,
-            publisher=PersistedPublisher(producer, settings.persisted_topic),
-            limits=limits,
-            max_in_flight_threads=settings.max_in_flight_threads,
-            tombstones=forgetting,
-            markers=markers,
+            settings, opened.storage, persisted, tombstones=forgetting, markers=opened.markers
         )
     return StreamLoop(
         path=path,
@@ -231,17 +215,18 @@ async def run_service(
             timeout_s=settings.turn_timeout_s,
             stop=stop,
         )
+        opened = Opened(
+            settings,
+            batch_storage,
+            producer,
+            health,
+            forgetting,
+            gate=gate if gate.barrier or gate.markers else None,
+            markers=markers,
+        )
         loops: list[StreamLoop] = []
         for path in paths:
-            loop = build_loop(
-                path,
-                settings=settings,
-                storage=batch_storage,
-                producer=producer,
-                health=health,
-                gate=gate if gate.barrier or gate.markers else None,
-                markers=markers,
-            )
+            loop = build_loop(path, opened)
             loops.append(await stack.enter_async_context(loop))
             if path == "persist" and barrier is not None:
                 barrier.local = loop.done_offset

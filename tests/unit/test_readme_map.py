@@ -33,6 +33,8 @@ class Row:
     libraries: frozenset[str]
 
 
+_NOT_LIBRARIES = ("__future__", "_typeshed")  # the stdlib's type-only stubs are not a dependency
+
 def _rows() -> list[Row]:
     text = README.read_text(encoding="utf-8")
     section = text.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
@@ -136,7 +138,7 @@ def test_module_belongs_to_a_layer_and_imports_only_below(module: str) -> None:
             target_layer = _layer_of(target) if target else None
             if target_layer is not None and target_layer != 0 and target_layer > layer:
                 upward.append(f"{name} (layer {target_layer})")
-        elif top not in sys.stdlib_module_names and top != "__future__":
+        elif top not in sys.stdlib_module_names and top not in _NOT_LIBRARIES:
             libraries.add(ALIASES.get(top, top))
     assert not upward, f"{module} (layer {layer}) imports upwards: {sorted(upward)}"
     if module in ENTRY_POINTS or row is None:

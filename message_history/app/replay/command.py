@@ -34,12 +34,10 @@ from message_history.app.replay.sinks import (
     ReplayStorage,
     open_mongo,
 )
-from message_history.app.service import memory_defaults
 from message_history.logs import start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
-from schemas.limits import Limits
 
 log = logging.getLogger(__name__)
 
@@ -73,26 +71,21 @@ def _handler(
     options: ReplayOptions, settings: Settings, storage: ReplayStorage, producer: OutputProducer
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
-    limits = Limits.from_settings(settings)
     if options.path == "recall":
         assert options.emit_to is not None
         return SkippingUnreadable(
             RecallHandler(
-                storage=storage,
-                publisher=EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
-                limits=limits,
-                last_messages=settings.last_messages,
-                max_in_flight_threads=settings.max_in_flight_threads,
-                memory_defaults=memory_defaults(settings),
+                settings,
+                storage,
+                EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
                 write_boundaries=not options.dry_run,
             )
         )
     return SkippingUnreadable(
         PersistHandler(
-            storage=storage,
-            publisher=PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
-            limits=limits,
-            max_in_flight_threads=settings.max_in_flight_threads,
+            settings,
+            storage,
+            PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
             tombstones=storage.tombstones,
         )
     )
