@@ -20,7 +20,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
-from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
@@ -49,38 +48,22 @@ def build_barrier_consumer(settings: Settings) -> AIOKafkaConsumer:
 
 
 class TurnBarrier:
-    """Persist progress against the responses topic's end offsets; owns its client (async context manager)."""
+    """Persist progress against the responses topic's end offsets, read with a started `consumer`
+    (`open_barrier` starts and stops it)."""
 
-    def __init__(
-        self,
-        *,
-        consumer: AIOKafkaConsumer,
-        requests_topic: str,
-        responses_topic: str,
-        lookup_timeout_s: float = 10.0,
-        poll_s: float = 0.01,
-        remote_poll_s: float = 0.05,
-    ) -> None:
+    poll_s = 0.01  # how often a wait reads the in-process watermark
+    remote_poll_s = 0.05  # ... and the group's committed offset (one OffsetFetch per lagging partition)
+
+    def __init__(self, consumer: AIOKafkaConsumer, settings: Settings) -> None:
         self._consumer = consumer
-        self._requests_topic = requests_topic
-        self._responses_topic = responses_topic
-        self._timeout = lookup_timeout_s
-        self._poll_s = poll_s
-        self._remote_poll_s = remote_poll_s
+        self._requests_topic = settings.requests_topic
+        self._responses_topic = settings.responses_topic
+        self._timeout = max(5.0, settings.session_timeout_ms / 1000)  # one look-up's limit
         self.local: LocalProgress = lambda _partition: None
         self._partitions: set[int] | None = None
         self._checked_at = float("-inf")
         self._committed: dict[int, tuple[float, int | None]] = {}
         self._locks: dict[int, asyncio.Lock] = {}
-
-    async def __aenter__(self) -> TurnBarrier:
-        await self._consumer.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self._consumer.stop()
 
     # --- partition counts ---
 
@@ -174,13 +157,13 @@ class TurnBarrier:
                 raise WaitInterruptedError(f"stopping while partition {partition} waited for persist")
             if now >= deadline:
                 return False
-            await asyncio.sleep(min(self._poll_s, deadline - now))
+            await asyncio.sleep(min(self.poll_s, deadline - now))
 
     async def _committed_cached(self, partition: int) -> int | None:
         lock = self._locks.setdefault(partition, asyncio.Lock())
         async with lock:
             at, value = self._committed.get(partition, (float("-inf"), None))
-            if time.monotonic() - at < self._remote_poll_s:
+            if time.monotonic() - at < self.remote_poll_s:
                 return value
             value = (await self._fetch_committed([partition])).get(partition)
             self._committed[partition] = (time.monotonic(), value)
@@ -202,13 +185,13 @@ class TurnBarrier:
 
 @contextlib.asynccontextmanager
 async def open_barrier(settings: Settings) -> AsyncIterator[TurnBarrier]:
-    """The barrier for `settings`, partition counts checked (refuses to start when they differ)."""
-    barrier = TurnBarrier(
-        consumer=build_barrier_consumer(settings),
-        requests_topic=settings.requests_topic,
-        responses_topic=settings.responses_topic,
-        lookup_timeout_s=max(5.0, settings.session_timeout_ms / 1000),
-    )
-    async with barrier:
+    """The barrier for `settings` with its own client, partition counts checked (refuses to start when they
+    differ); the client stops on the way out."""
+    consumer = build_barrier_consumer(settings)
+    await consumer.start()
+    try:
+        barrier = TurnBarrier(consumer, settings)
         await barrier.check_partitions()
         yield barrier
+    finally:
+        await consumer.stop()
