@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from consumers.contract import Ack, Record, record_headers
 from message_history import metrics
 from message_history.errors import EventValidationError, InvalidInputError
 from producers.forgotten import ForgottenPublisher
-from schemas.commands import (
-    ForgetThread,
-    HistoryForgotten,
-    command_key,
-    decode_command,
-    forgotten_event,
-)
+from schemas.commands import ForgetOutcome, ForgetThread, command_key, decode_command, forgotten_event
 from schemas.limits import Limits
 
 log = logging.getLogger(__name__)
@@ -31,30 +25,17 @@ log = logging.getLogger(__name__)
 PATH = "commands"
 
 
-class ForgetOutcomeLike(Protocol):
-    """What `storage.forgetting.ForgetOutcome` reports."""
-
-    scope: Any
-    target: str
-    forgotten_at: Any
-    dry_run: bool
-    message_ids: list[str]
-    thread_ids: list[str]
-    deleted_messages: int
-    deleted_threads: int
-
-
 class Forgetting(Protocol):
     """The part of `storage.forgetting.MongoForgetting` the path uses."""
 
     async def forget_thread(
         self, thread_id: str, *, resource_id: str | None = None, dry_run: bool = False
-    ) -> ForgetOutcomeLike: ...
+    ) -> ForgetOutcome: ...
 
-    async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> ForgetOutcomeLike: ...
+    async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> ForgetOutcome: ...
 
 
-def audit(outcome: ForgetOutcomeLike, *, request_id: str, via: str) -> None:
+def audit(outcome: ForgetOutcome, *, request_id: str, via: str) -> None:
     """The audit line of one forget: what, when, how much, by which request; never message content."""
     log.info(
         "history forgotten" if not outcome.dry_run else "history forget (dry run): nothing deleted",
@@ -70,28 +51,6 @@ def audit(outcome: ForgetOutcomeLike, *, request_id: str, via: str) -> None:
             "thread_ids": outcome.thread_ids[:100],
             "forgotten_at": outcome.forgotten_at.isoformat(),
         },
-    )
-
-
-def answer(
-    outcome: ForgetOutcomeLike, command: ForgetThread | Any | None, *, request_id: str
-) -> HistoryForgotten:
-    """The `HistoryForgotten` for `outcome` (the command's createdAt, or the forget time without one)."""
-    thread_id = outcome.target if outcome.scope == "thread" else None
-    resource_id = outcome.target if outcome.scope == "resource" else getattr(command, "resourceId", None)
-    return forgotten_event(
-        command,
-        scope=outcome.scope,
-        thread_id=thread_id,
-        resource_id=resource_id,
-        forgotten_at=outcome.forgotten_at,
-        message_ids=outcome.message_ids,
-        thread_ids=outcome.thread_ids,
-        deleted_messages=outcome.deleted_messages,
-        deleted_threads=outcome.deleted_threads,
-        dry_run=outcome.dry_run,
-        request_id=request_id,
-        created_at=command.createdAt if command is not None else outcome.forgotten_at,
     )
 
 
@@ -122,7 +81,7 @@ class CommandsHandler:
                 results.append(exc)
                 continue
             audit(outcome, request_id=command.requestId, via="commands-topic")
-            event = answer(outcome, command, request_id=command.requestId)
+            event = forgotten_event(outcome, command, request_id=command.requestId)
             results.append(
                 await self._publisher.publish(event, key=command_key(command), headers=record_headers(record))
             )

@@ -68,7 +68,7 @@ def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentRespons
 def decode_enriched(raw: bytes | str, limits: Limits = Limits()) -> EnrichedRequest:  # noqa: B008 -- frozen
     """Decode and check an `agent.requests.enriched` record value (what an agent worker reads)."""
     event = _decode(raw, EnrichedRequest, limits)
-    _check_id(event.eventId, "eventId", limits)
+    check_id(event.eventId, "eventId", limits)
     _check_messages(event, event.messages, "messages", limits)
     return event
 
@@ -76,7 +76,7 @@ def decode_enriched(raw: bytes | str, limits: Limits = Limits()) -> EnrichedRequ
 def decode_persisted(raw: bytes | str, limits: Limits = Limits()) -> HistoryPersisted:  # noqa: B008 -- frozen
     """Decode and check an `agent.history.persisted` record value."""
     event = _decode(raw, HistoryPersisted, limits)
-    _check_id(event.eventId, "eventId", limits)
+    check_id(event.eventId, "eventId", limits)
     return event
 
 
@@ -86,12 +86,7 @@ def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
             raw = raw.encode()
         except UnicodeEncodeError:  # a lone surrogate: no UTF-8 form, so it could never be a record value
             raise EventValidationError("not valid UTF-8") from None
-    size = len(raw)
-    if size > limits.max_event_bytes:
-        raise EventValidationError(f"event is {size} bytes; the limit is {limits.max_event_bytes}")
-    framed = schema_registry_framing(raw)
-    if framed is not None:
-        raise EventValidationError(framed)
+    check_raw(raw, limits, "event")
     try:
         event = model.model_validate_json(raw)
     except ValidationError as exc:
@@ -100,8 +95,17 @@ def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
     if "schemaVersion" not in event.model_fields_set:
         raise EventValidationError("Field required", "schemaVersion")
     for name in ("requestId", "threadId", "resourceId"):
-        _check_id(getattr(event, name), name, limits)
+        check_id(getattr(event, name), name, limits)
     return event
+
+
+def check_raw(raw: bytes, limits: Limits, what: str) -> None:
+    """Refuse a record value over the size limit or in a Schema Registry frame, before parsing it."""
+    if len(raw) > limits.max_event_bytes:
+        raise EventValidationError(f"{what} is {len(raw)} bytes; the limit is {limits.max_event_bytes}")
+    framed = schema_registry_framing(raw)
+    if framed is not None:
+        raise EventValidationError(framed)
 
 
 def schema_registry_framing(raw: bytes) -> str | None:
@@ -128,7 +132,7 @@ def _check_memory(memory: MemoryOptions | None) -> None:
         raise EventValidationError(AT_MAX_REMOVE_TOKENS_ERROR, "memory.atMaxRemoveTokens")
 
 
-def _check_id(value: str, path: str, limits: Limits) -> None:
+def check_id(value: str, path: str, limits: Limits) -> None:
     if not value.strip():
         raise EventValidationError("must not be empty or blank", path)
     if len(value) > limits.max_id_length:
@@ -143,7 +147,7 @@ def _check_messages(event: EventBase, messages: Sequence[Message], path: str, li
     for i, message in enumerate(messages):
         where = f"{path}.{i}"
         if message.id is not None:
-            _check_id(message.id, f"{where}.id", limits)
+            check_id(message.id, f"{where}.id", limits)
         if message.threadId is not None and message.threadId != event.threadId:
             raise EventValidationError("contradicts the event's threadId", f"{where}.threadId")
         if message.resourceId is not None and message.resourceId != event.resourceId:

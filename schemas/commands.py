@@ -10,14 +10,14 @@ counts zero.
 # ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
 from message_history.errors import EventValidationError
-from schemas.codec import encode, error_path, schema_registry_framing
+from schemas.codec import check_id, check_raw, encode, error_path
 from schemas.events import SchemaVersion
 from schemas.limits import Limits
 from schemas.messages import Open, Timestamp
@@ -83,11 +83,7 @@ class HistoryForgotten(Open):
 
 def decode_command(raw: bytes, limits: Limits = Limits()) -> ForgetThread | ForgetResource:  # noqa: B008
     """Decode and check a commands-topic record value; anything wrong is one `EventValidationError`."""
-    if len(raw) > limits.max_event_bytes:
-        raise EventValidationError(f"command is {len(raw)} bytes; the limit is {limits.max_event_bytes}")
-    framed = schema_registry_framing(raw)
-    if framed is not None:
-        raise EventValidationError(framed)
+    check_raw(raw, limits, "command")
     try:
         command = _COMMAND.validate_json(raw)
     except ValidationError as exc:
@@ -97,13 +93,8 @@ def decode_command(raw: bytes, limits: Limits = Limits()) -> ForgetThread | Forg
     if isinstance(command, ForgetThread):
         ids.append(("threadId", command.threadId))
     for path, value in ids:
-        if value is None:
-            continue
-        if not value.strip():
-            raise EventValidationError("must not be empty or blank", path)
-        if len(value) > limits.max_id_length:
-            limit = limits.max_id_length
-            raise EventValidationError(f"is {len(value)} characters; the limit is {limit}", path)
+        if value is not None:
+            check_id(value, path, limits)
     return command
 
 
@@ -112,38 +103,47 @@ def command_key(command: ForgetThread | ForgetResource) -> bytes:
     return (command.threadId if isinstance(command, ForgetThread) else command.resourceId).encode()
 
 
+@dataclass(slots=True)
+class ForgetOutcome:
+    """What one forget removed (or, for a dry run, found): `storage.forgetting` reports it, the answer and
+    the audit line say it."""
+
+    scope: Scope
+    target: str  # the thread id or the resource id
+    forgotten_at: datetime
+    dry_run: bool
+    message_ids: list[str] = field(default_factory=list)
+    thread_ids: list[str] = field(default_factory=list)
+    deleted_messages: int = 0
+    deleted_threads: int = 0
+
+
 def forgotten_event(
-    command: ForgetThread | ForgetResource | None,
-    *,
-    scope: Scope,
-    thread_id: str | None,
-    resource_id: str | None,
-    forgotten_at: datetime,
-    message_ids: Sequence[str],
-    thread_ids: Sequence[str],
-    deleted_messages: int,
-    deleted_threads: int,
-    dry_run: bool,
-    request_id: str,
-    created_at: datetime,
+    outcome: ForgetOutcome, command: ForgetThread | ForgetResource | None, *, request_id: str
 ) -> HistoryForgotten:
-    """The answer; id lists are cut at `MAX_LISTED_IDS` (the counts are not)."""
+    """The answer to `command` (None: the `forget` command line), whose createdAt it carries (the forget time
+    without one); id lists are cut at `MAX_LISTED_IDS` (the counts are not)."""
     optional: dict[str, Any] = {}
     if command is not None and "metadata" in command.model_fields_set:
         optional["metadata"] = command.metadata
+    if outcome.scope == "thread":
+        thread_id, resource_id = outcome.target, command.resourceId if command is not None else None
+    else:
+        thread_id, resource_id = None, outcome.target
+    message_ids, thread_ids = outcome.message_ids, outcome.thread_ids
     return HistoryForgotten(
         requestId=request_id,
         eventId=request_id,
-        createdAt=created_at,
-        forgottenAt=forgotten_at,
-        scope=scope,
+        createdAt=command.createdAt if command is not None else outcome.forgotten_at,
+        forgottenAt=outcome.forgotten_at,
+        scope=outcome.scope,
         threadId=thread_id,
         resourceId=resource_id,
-        dryRun=dry_run,
-        deletedMessages=deleted_messages,
-        deletedThreads=deleted_threads,
-        messageIds=list(message_ids[:MAX_LISTED_IDS]),
-        threadIds=list(thread_ids[:MAX_LISTED_IDS]),
+        dryRun=outcome.dry_run,
+        deletedMessages=outcome.deleted_messages,
+        deletedThreads=outcome.deleted_threads,
+        messageIds=message_ids[:MAX_LISTED_IDS],
+        threadIds=thread_ids[:MAX_LISTED_IDS],
         idsTruncated=len(message_ids) > MAX_LISTED_IDS or len(thread_ids) > MAX_LISTED_IDS,
         **optional,
     )

@@ -18,13 +18,13 @@ Every step is idempotent, so a forget interrupted part-way is completed by runni
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final
 
 from pymongo import IndexModel
 
 from message_history.errors import ThreadOwnershipError
+from schemas.commands import ForgetOutcome
 from schemas.messages import utc_now_ms
 from storage.client import CODEC
 from storage.documents import MESSAGES, THREADS
@@ -37,22 +37,6 @@ if TYPE_CHECKING:
 
 TOMBSTONES: Final = "message_history_forgotten"
 DELETE_BATCH: Final = 1000  # `_id`s per deleteMany, as @mastra/mongodb's prune batches
-
-Scope = Literal["thread", "resource"]
-
-
-@dataclass(slots=True)
-class ForgetOutcome:
-    """What one forget removed (or, for a dry run, found)."""
-
-    scope: Scope
-    target: str  # the thread id or the resource id
-    forgotten_at: datetime
-    dry_run: bool
-    message_ids: list[str] = field(default_factory=list)
-    thread_ids: list[str] = field(default_factory=list)
-    deleted_messages: int = 0
-    deleted_threads: int = 0
 
 
 class MongoForgetting:

@@ -36,9 +36,9 @@ async def run_forget(settings: Settings, args: argparse.Namespace, *, out: TextI
     """The `forget` command, on the database of `settings`."""
     # imported here so that `--help` stays instant (no driver, no Kafka client)
 
-    from consumers.commands import answer, audit  # noqa: PLC0415
+    from consumers.commands import audit  # noqa: PLC0415
     from message_history.errors import MessageHistoryError, ThreadOwnershipError  # noqa: PLC0415
-    from schemas.commands import encode_answer  # noqa: PLC0415
+    from schemas.commands import encode_answer, forgotten_event  # noqa: PLC0415
     from storage.client import mongo_client  # noqa: PLC0415
     from storage.forgetting import MongoForgetting  # noqa: PLC0415
 
@@ -65,7 +65,7 @@ async def run_forget(settings: Settings, args: argparse.Namespace, *, out: TextI
     finally:
         await client.close()
     audit(outcome, request_id=request_id, via="cli")
-    out.write(encode_answer(answer(outcome, None, request_id=request_id)).decode() + "\n")
+    out.write(encode_answer(forgotten_event(outcome, None, request_id=request_id)).decode() + "\n")
     return 0
 
 

@@ -14,6 +14,7 @@ from message_history.errors import EventValidationError
 from message_history.settings import Settings
 from schemas.commands import (
     MAX_LISTED_IDS,
+    ForgetOutcome,
     ForgetResource,
     ForgetThread,
     command_key,
@@ -82,20 +83,8 @@ def test_bad_commands_are_refused_with_a_reason(raw: bytes, match: str) -> None:
 def test_the_answer_lists_at_most_so_many_ids_but_counts_them_all() -> None:
     """Ids are cut at `MAX_LISTED_IDS` (and say so); the counts are complete."""
     ids = [f"m{i}" for i in range(MAX_LISTED_IDS + 5)]
-    event = forgotten_event(
-        None,
-        scope="resource",
-        thread_id=None,
-        resource_id="u",
-        forgotten_at=T,
-        message_ids=ids,
-        thread_ids=["t"],
-        deleted_messages=len(ids),
-        deleted_threads=1,
-        dry_run=False,
-        request_id="r",
-        created_at=T,
-    )
+    outcome = ForgetOutcome("resource", "u", T, False, ids, ["t"], len(ids), 1)
+    event = forgotten_event(outcome, None, request_id="r")
     assert (len(event.messageIds), event.deletedMessages, event.idsTruncated) == (
         MAX_LISTED_IDS,
         len(ids),
