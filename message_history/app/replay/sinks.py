@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import IO, Any, ClassVar, TypeVar
 
@@ -15,7 +16,7 @@ from message_history.app.replay.plan import Counts, distinct
 from message_history.errors import ThreadOwnershipError, error_type
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
-from producers.output import Headers, OutputProducer
+from producers.output import Headers, OutputProducer, TopicPublisher
 from producers.persisted import PersistedPublisher
 from schemas.dead_letters import error_message
 from schemas.events import EnrichedRequest, HistoryPersisted
@@ -58,35 +59,34 @@ def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T]:
     return out
 
 
-class PersistedOutcomes(PersistedPublisher):
-    """The persist handler's publisher: the acknowledgement resolves with the `HistoryPersisted` event.
-
-    It is sent to the persisted topic only with `emit`; otherwise the producer is never used.
-    """
+class _Recording(TopicPublisher):
+    """A replay publisher: each acknowledgement resolves with its event, which is sent on only with `emit`
+    (otherwise the producer is never used)."""
 
     def __init__(self, producer: OutputProducer, topic: str, *, emit: bool) -> None:
         super().__init__(producer, topic)
         self.emit = emit
 
+    async def _recorded(
+        self, event: T, send: Callable[[], Awaitable[asyncio.Future[Any]]]
+    ) -> asyncio.Future[T]:
+        return _then(await send(), event) if self.emit else _resolved(event)
+
+
+class PersistedOutcomes(_Recording, PersistedPublisher):
+    """The persist handler's publisher: the acknowledgement resolves with the `HistoryPersisted` event."""
+
     async def publish(self, event: HistoryPersisted, *, headers: Headers) -> asyncio.Future[Any]:
-        if not self.emit:
-            return _resolved(event)
-        return _then(await super().publish(event, headers=headers), event)
+        return await self._recorded(event, partial(super().publish, event, headers=headers))
 
 
-class EnrichedOutcomes(EnrichedPublisher):
+class EnrichedOutcomes(_Recording, EnrichedPublisher):
     """The recall handler's publisher: the acknowledgement resolves with the `EnrichedRequest`."""
 
     sends_encoded: ClassVar[bool] = False
 
-    def __init__(self, producer: OutputProducer, topic: str, *, emit: bool) -> None:
-        super().__init__(producer, topic)
-        self.emit = emit
-
     async def publish(self, event: EnrichedRequest, *, headers: Headers) -> asyncio.Future[Any]:
-        if not self.emit:
-            return _resolved(event)
-        return _then(await super().publish(event, headers=headers), event)
+        return await self._recorded(event, partial(super().publish, event, headers=headers))
 
 
 # --- the storage, counted (and, for a dry run, not written) ------------------------------------------------
