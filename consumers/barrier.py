@@ -19,9 +19,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from message_history.core.turn_rules import best_progress, lagging, partition_mismatch
@@ -47,6 +49,16 @@ def build_barrier_consumer(settings: Settings) -> AIOKafkaConsumer:
     )
 
 
+def topic_partitions(described: Iterable[Mapping[str, Any]]) -> dict[str, set[int]]:
+    """{topic: its partition ids} from `AIOKafkaAdminClient.describe_topics()`; a topic the broker reports
+    with an error (it does not exist, or is not readable) is left out, as the consumer's metadata did."""
+    return {
+        entry["topic"]: {p["partition"] for p in entry["partitions"]}
+        for entry in described
+        if entry.get("error_code", 0) == 0
+    }
+
+
 class TurnBarrier:
     """Persist progress against the responses topic's end offsets, read with a started `consumer`
     (`open_barrier` starts and stops it)."""
@@ -54,8 +66,9 @@ class TurnBarrier:
     poll_s = 0.01  # how often a wait reads the in-process watermark
     remote_poll_s = 0.05  # ... and the group's committed offset (one OffsetFetch per lagging partition)
 
-    def __init__(self, consumer: AIOKafkaConsumer, settings: Settings) -> None:
+    def __init__(self, consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, settings: Settings) -> None:
         self._consumer = consumer
+        self._admin = admin
         self._requests_topic = settings.requests_topic
         self._responses_topic = settings.responses_topic
         self._timeout = max(5.0, settings.session_timeout_ms / 1000)  # one look-up's limit
@@ -81,12 +94,13 @@ class TurnBarrier:
         self._checked_at = now
         try:
             async with asyncio.timeout(self._timeout):
-                # one metadata round trip for every topic; `topics()` would give names without partitions
-                cluster = await self._consumer._client.fetch_all_metadata()
+                # one metadata round trip for every topic: naming the two could auto-create a missing one
+                described = await self._admin.describe_topics()
         except (KafkaError, TimeoutError) as exc:
             raise BarrierUnavailableError(f"barrier: metadata look-up failed: {type(exc).__name__}") from exc
-        requests = cluster.partitions_for_topic(self._requests_topic)
-        responses = cluster.partitions_for_topic(self._responses_topic)
+        partitions = topic_partitions(described)
+        requests = partitions.get(self._requests_topic)
+        responses = partitions.get(self._responses_topic)
         if partition_mismatch(len(requests) if requests else None, len(responses) if responses else None):
             raise StartupError(
                 f"MESSAGE_HISTORY_BARRIER=on needs {self._requests_topic!r} and {self._responses_topic!r} to "
@@ -188,10 +202,12 @@ async def open_barrier(settings: Settings) -> AsyncIterator[TurnBarrier]:
     """The barrier for `settings` with its own client, partition counts checked (refuses to start when they
     differ); the client stops on the way out."""
     consumer = build_barrier_consumer(settings)
-    await consumer.start()
-    try:
-        barrier = TurnBarrier(consumer, settings)
+    admin = AIOKafkaAdminClient(**kafka_options(settings, client_id="message-history-barrier-admin"))
+    async with contextlib.AsyncExitStack() as stack:
+        await consumer.start()
+        stack.push_async_callback(consumer.stop)
+        await admin.start()
+        stack.push_async_callback(admin.close)
+        barrier = TurnBarrier(consumer, admin, settings)
         await barrier.check_partitions()
         yield barrier
-    finally:
-        await consumer.stop()
