@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,11 +38,10 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import (
     CommitFailedError,
     IllegalStateError,
-    KafkaConnectionError,
     KafkaError,
-    KafkaTimeoutError,
 )
 
+from consumers.outage import backoff_delay, is_outage
 from message_history import tracing
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings
@@ -58,6 +58,7 @@ Handler = Callable[[Turn], Awaitable[Reply | str]]
 
 RETRY_INITIAL_S: Final = 0.2
 RETRY_MAX_S: Final = 5.0
+_JITTER = random.Random()  # noqa: S311 -- retry jitter, not security
 
 
 @dataclass(slots=True)
@@ -72,12 +73,6 @@ class WorkerStats:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def _retriable(error: KafkaError) -> bool:
-    """Kafka is down or slow (retry the send), not refusing the record for good."""
-    retriable = bool(getattr(error, "retriable", False))
-    return retriable or isinstance(error, KafkaConnectionError | KafkaTimeoutError)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information
@@ -362,10 +357,12 @@ class AgentWorker:
                 self.stats.failed += 1
                 response = failed_response(turn, now=self._clock())
             except KafkaError as exc:
-                if not _retriable(exc):
+                if not is_outage(exc):  # the service's outage policy: Kafka down or slow, not a refusal
                     raise
                 attempt += 1
-                delay = min(RETRY_MAX_S, RETRY_INITIAL_S * 2 ** (attempt - 1))
+                delay = backoff_delay(
+                    attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random
+                )
                 log.warning(
                     "response not acknowledged, retrying",
                     extra={"request_id": turn.request_id, "attempt": attempt, "error": type(exc).__name__},
