@@ -3,19 +3,20 @@
 MongoDB refuses a document over 16 MiB (`maxBsonObjectSize`), and PyMongo refuses it before sending, for the
 whole bulk write it is in. The persist path checks a turn's messages first, so such a message makes its event
 a dead letter naming the limit, and the rest of the batch is written. The size is the exact BSON size of the
-document `storage.mongodb` writes for a message (the layout of `mastra_messages`); a thread document holds no
-message content (`title ''`, `metadata {}` on insert) and is never near the limit.
+document `storage.save_plan` writes for a message (the layout of `mastra_messages`); a thread document holds
+no message content (`title ''`, `metadata {}` on insert) and is never near the limit.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import Final
-
-from pydantic_core import to_json
 
 from message_history.errors import DocumentTooLargeError
 from schemas.messages import Message
+from storage.documents import EXTRA_FIELD
+from storage.save_plan import message_write
 
 MAX_DOCUMENT_BYTES: Final = 16 * 1024 * 1024
 """MongoDB's `maxBsonObjectSize`, the same on every MongoDB since 1.8 and on the MongoDB-wire servers."""
@@ -25,6 +26,7 @@ EXPANSION: Final = 5
 `1e15` comes back as `1000000000000000.0`); under that bound no exact check is needed."""
 
 _HEADROOM: Final = 64 * 1024  # ids, dates and field names beside the content
+_ANY_TIME: Final = datetime(2000, 1, 1, tzinfo=UTC)  # a date is 8 bytes whichever it is
 
 
 def _string(key: str, value: str) -> int:
@@ -36,15 +38,13 @@ def _date(key: str) -> int:
 
 
 def message_document_bytes(message: Message, *, thread_id: str, resource_id: str) -> int:
-    """The BSON size of the `mastra_messages` document of `message` (as `storage.mongodb` writes it)."""
-    message_id = message.id or ""
+    """The BSON size of the `mastra_messages` document of `message`: the one `storage.save_plan` writes."""
+    write = message_write(message, thread_id, resource_id, _ANY_TIME)
     size = 4 + 1  # length prefix, terminator
-    size += _string("_id", message_id) + _string("id", message_id) + _string("thread_id", thread_id)
-    size += _string("content", message.content.model_dump_json(exclude_unset=True))
-    size += _string("role", str(message.role)) + _string("type", message.type or "v2")
-    size += _string("resourceId", message.resourceId or resource_id) + _date("createdAt")
-    if message.model_extra:
-        size += _string("_mh_extra", to_json(message.model_extra).decode())
+    size += _string("_id", write.fields["id"] or "") + _date("createdAt")
+    size += sum(_string(key, str(value or "")) for key, value in write.fields.items())
+    if write.extra is not None:
+        size += _string(EXTRA_FIELD, write.extra)
     return size
 
 

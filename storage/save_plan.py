@@ -21,7 +21,7 @@ from storage.protocol import SaveTurn, Thread
 
 
 @dataclass(slots=True)
-class _MessageWrite:
+class MessageWrite:
     """One message's upsert; later saves of the same id in a batch replace `fields`, keep `created`."""
 
     fields: dict[str, Any]
@@ -79,7 +79,7 @@ class SavePlan:
         self.state = threads  # stored threads, then as each accepted turn leaves them
         self.keys = keys  # stored threads' `_id`s
         self.now = now
-        self.messages: dict[str, _MessageWrite] = {}
+        self.messages: dict[str, MessageWrite] = {}
         self.threads: dict[str, _ThreadWrite] = {}
 
     def add(self, turn: SaveTurn) -> Thread | ThreadOwnershipError:
@@ -91,7 +91,7 @@ class SavePlan:
             if current is None:
                 raise InvalidInputError(f"nothing to save into thread {turn.thread_id!r}: it does not exist")
             return current
-        writes = [_message_write(m, turn.thread_id, turn.resource_id, self.now) for m in turn.messages]
+        writes = [message_write(m, turn.thread_id, turn.resource_id, self.now) for m in turn.messages]
         for write in writes:
             earlier = self.messages.pop(write.fields["id"], None)  # re-added: the bulk keeps last-save order
             if earlier is not None:
@@ -134,9 +134,10 @@ def plan_saves(
     return [plan.add(turn) for turn in turns], plan
 
 
-def _message_write(message: Message, thread_id: str, resource_id: str, now: datetime) -> _MessageWrite:
+def message_write(message: Message, thread_id: str, resource_id: str, now: datetime) -> MessageWrite:
+    """The `mastra_messages` document of `message` as a save writes it (`now`: its time when it has none)."""
     extra = message.model_extra
-    return _MessageWrite(
+    return MessageWrite(
         fields={
             "id": message.id,
             "thread_id": thread_id,

@@ -23,7 +23,7 @@ from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest
 from schemas.messages import Message
 from schemas.recalled import encode_enriched
 from storage.documents import _recalled_or_model, message_from_doc
-from storage.save_plan import _message_write
+from storage.save_plan import message_write
 from tests.memory_cases import random_messages, random_part, random_text
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
@@ -106,12 +106,12 @@ def stored_docs(seed: int, count: int, thread: str, resource: str) -> list[dict[
         content = _content(rng, i)
         shape = rng.random()
         if shape < 0.35:
-            # this service's own write (`_message_write`: the models' dump, `_mh_extra` for unknown keys)
+            # this service's own write (`message_write`: the models' dump, `_mh_extra` for unknown keys)
             extra: dict[str, Any] = {"custom": {"n": i}} if rng.random() < 0.1 else {}
             message = Message.model_validate(
                 {"id": f"{thread}:m{i}", "role": role, "createdAt": created, "content": content, **extra}
             )
-            write = _message_write(message, thread, resource, created)
+            write = message_write(message, thread, resource, created)
             doc = {**write.fields, "createdAt": created}
             if write.extra is not None:
                 doc["_mh_extra"] = write.extra

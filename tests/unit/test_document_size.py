@@ -12,7 +12,7 @@ from message_history.errors import DocumentTooLargeError
 from schemas.messages import Message
 from storage.document_size import MAX_DOCUMENT_BYTES, check_document_sizes, may_exceed, message_document_bytes
 from storage.documents import EXTRA_FIELD
-from storage.save_plan import _message_write
+from storage.save_plan import message_write
 
 NOW = datetime(2025, 3, 1, tzinfo=UTC)
 
@@ -24,7 +24,7 @@ def _message(text: str, **extra: Any) -> Message:
 
 def _stored(message: Message) -> dict[str, Any]:
     """The document `storage.mongodb` writes for `message` (the upsert's fields, `_id` and `createdAt`)."""
-    write = _message_write(message, "thread-ü", "resource", NOW)
+    write = message_write(message, "thread-ü", "resource", NOW)
     doc: dict[str, Any] = {"_id": write.fields["id"], **write.fields, "createdAt": write.created}
     if write.extra is not None:
         doc[EXTRA_FIELD] = write.extra

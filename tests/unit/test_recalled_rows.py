@@ -26,7 +26,7 @@ from schemas.recalled import RecalledRow, encode_enriched, materialized, recalle
 from storage.documents import _recalled_or_model, message_from_doc
 from storage.protocol import Thread
 from storage.recalled_rows import row_from_doc
-from storage.save_plan import _message_write
+from storage.save_plan import message_write
 from tests.memory_cases import random_messages
 from tests.recall_docs import enriched_both, model_bytes, newest_first, readable, request_for, stored_docs
 from tests.rule_cases import RECALL_CASES, RESOURCE, RecallCase
@@ -223,7 +223,7 @@ def _doc(message: Message, mastra: bool) -> dict[str, Any]:
             "content": content,
             "createdAt": created,
         }
-    write = _message_write(message, thread, resource, created)
+    write = message_write(message, thread, resource, created)
     doc = {**write.fields, "createdAt": created}
     if write.extra is not None:
         doc["_mh_extra"] = write.extra
