@@ -19,8 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
@@ -29,7 +28,7 @@ from aiokafka.errors import KafkaError
 from message_history.core.turn_rules import best_progress, lagging, partition_mismatch
 from message_history.errors import BarrierUnavailableError, StartupError, WaitInterruptedError
 from message_history.settings import Settings
-from producers.connection import kafka_options
+from producers.connection import kafka_options, topic_partitions
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +46,6 @@ def build_barrier_consumer(settings: Settings) -> AIOKafkaConsumer:
         enable_auto_commit=False,
         isolation_level="read_committed",  # end offsets are the last stable offsets, what persist can read
     )
-
-
-def topic_partitions(described: Iterable[Mapping[str, Any]]) -> dict[str, set[int]]:
-    """{topic: its partition ids} from `AIOKafkaAdminClient.describe_topics()`; a topic the broker reports
-    with an error (it does not exist, or is not readable) is left out, as the consumer's metadata did."""
-    return {
-        entry["topic"]: {p["partition"] for p in entry["partitions"]}
-        for entry in described
-        if entry.get("error_code", 0) == 0
-    }
 
 
 class TurnBarrier:

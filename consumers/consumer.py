@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer
 
@@ -59,4 +59,20 @@ def build_consumer(settings: Settings, *, topic: str, path: str) -> AIOKafkaCons
         heartbeat_interval_ms=max(1000, settings.session_timeout_ms // 3),
         max_poll_interval_ms=settings.max_poll_interval_ms,
         max_poll_records=settings.max_batch_records,
+    )
+
+
+def build_reader(
+    settings: Settings, *, client_id: str, reset: str = "earliest", max_records: int | None = None
+) -> AIOKafkaConsumer:
+    """A group-less consumer for the tools (`replay`, `dlq`): the caller assigns partitions and seeks, nothing
+    is ever committed; committed reads only, as the live service reads."""
+    options: dict[str, Any] = {"max_poll_records": max_records} if max_records is not None else {}
+    return AIOKafkaConsumer(
+        **kafka_options(settings, client_id=client_id),
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset=reset,
+        isolation_level="read_committed",
+        **options,
     )

@@ -1,10 +1,12 @@
-"""Connection options shared by every Kafka client of the service (bootstrap, TLS, SASL), from the settings.
+"""Connection options shared by every Kafka client of the service (bootstrap, TLS, SASL), from the settings,
+and the reading of the cluster's topic metadata those clients share.
 
 Only here do secrets leave `SecretStr`: they go straight into the client, never into a log line.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from message_history.settings import Settings
@@ -27,3 +29,13 @@ def kafka_options(settings: Settings, *, client_id: str) -> dict[str, Any]:
 
         options["ssl_context"] = create_ssl_context(cafile=settings.kafka_ssl_cafile)
     return options
+
+
+def topic_partitions(described: Iterable[Mapping[str, Any]]) -> dict[str, set[int]]:
+    """{topic: its partition ids} from `AIOKafkaAdminClient.describe_topics()`; a topic the broker reports
+    with an error (it does not exist, or is not readable) is left out, as if it did not exist."""
+    return {
+        entry["topic"]: {p["partition"] for p in entry["partitions"]}
+        for entry in described
+        if entry.get("error_code", 0) == 0
+    }

@@ -31,6 +31,7 @@ from typing import Any, TextIO
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
+from consumers.consumer import build_reader
 from message_history.app.dlq_plan import (
     DeadLetter,
     Selection,
@@ -112,16 +113,6 @@ def options_from_args(args: argparse.Namespace, settings: Settings) -> DlqOption
 
 
 # --- reading -----------------------------------------------------------------------------------------------
-
-
-def _consumer(settings: Settings) -> AIOKafkaConsumer:
-    return AIOKafkaConsumer(
-        **kafka_options(settings, client_id=CLIENT_ID),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset="earliest",
-        isolation_level="read_committed",
-    )
 
 
 async def topic_partitions(settings: Settings, topics: Sequence[str]) -> dict[str, list[int]]:
@@ -237,7 +228,7 @@ async def collect(
                 print(
                     f"dlq {options.command}: {topic} does not exist (no dead letters yet)", file=progress.out
                 )
-    consumer = _consumer(settings)
+    consumer = build_reader(settings, client_id=CLIENT_ID)
     await consumer.start()
     chosen: list[DeadLetter] = []
     try:
@@ -271,7 +262,7 @@ async def redriven_markers(
     # a missing target topic holds no copy
     existing = await existing_partitions(settings, list(targets), client_id=CLIENT_ID)
     found: set[str] = set()
-    consumer = _consumer(settings)
+    consumer = build_reader(settings, client_id=CLIENT_ID)
     await consumer.start()
     try:
         ranges: dict[TopicPartition, tuple[int, int]] = {}

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from message_history.settings import Settings
-from producers.connection import kafka_options
+from producers.connection import kafka_options, topic_partitions
 
 _TIMEOUT_MS = 30_000
 
@@ -104,11 +104,8 @@ async def existing_partitions(
         described = await admin.describe_topics()
     finally:
         await admin.close()
-    return {
-        t["topic"]: sorted(p["partition"] for p in t["partitions"])
-        for t in described
-        if t["error_code"] == 0 and t["topic"] in topics
-    }
+    found = topic_partitions(described)
+    return {topic: sorted(found[topic]) for topic in topics if topic in found}
 
 
 def main(*, partitions: int | None, replication: int) -> int:

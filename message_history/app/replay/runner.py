@@ -15,6 +15,7 @@ from typing import Any, TextIO, TypeVar
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
+from consumers.consumer import build_reader
 from consumers.contract import BatchHandler
 from consumers.outage import Backoff, Failure, is_outage, retry_batch, retry_call, settle_outcomes
 from consumers.unreadable import is_unreadable, read_carefully
@@ -25,7 +26,6 @@ from message_history.app.replay.sinks import InvalidReport
 from message_history.app.topics import existing_partitions
 from message_history.errors import MessageHistoryError, error_type
 from message_history.settings import Settings
-from producers.connection import kafka_options
 from producers.dead_letters import DeadLetterPublisher
 from schemas.events import EnrichedRequest, HistoryPersisted
 
@@ -200,18 +200,6 @@ class BatchRunner:
 # --- the partitions ----------------------------------------------------------------------------------------
 
 
-def _consumer(settings: Settings, *, max_records: int, reset: str = "none") -> AIOKafkaConsumer:
-    """A group-less consumer (no commits, ever); committed reads only, as the live service reads."""
-    return AIOKafkaConsumer(
-        **kafka_options(settings, client_id=CLIENT_ID),
-        group_id=None,
-        enable_auto_commit=False,
-        auto_offset_reset=reset,
-        isolation_level="read_committed",
-        max_poll_records=max_records,
-    )
-
-
 async def plan_replay(settings: Settings, options: ReplayOptions) -> Plan:
     """The partitions' ranges: the topic's partitions, start and end offsets now, the start/until lookups."""
     found = await existing_partitions(settings, [options.topic], client_id=CLIENT_ID)
@@ -219,7 +207,7 @@ async def plan_replay(settings: Settings, options: ReplayOptions) -> Plan:
         raise UsageError(f"topic {options.topic!r} does not exist")
     partitions = found[options.topic]
     tps = [TopicPartition(options.topic, p) for p in partitions]
-    consumer = _consumer(settings, max_records=1, reset="earliest")
+    consumer = build_reader(settings, client_id=CLIENT_ID, max_records=1)
     await consumer.start()
     try:
         consumer.assign(tps)
@@ -351,7 +339,9 @@ class Replay:
             if self.stop.is_set():
                 return
             tp = TopicPartition(self.options.topic, state.partition)
-            consumer = _consumer(self.settings, max_records=self._batch_limit)
+            consumer = build_reader(
+                self.settings, client_id=CLIENT_ID, reset="none", max_records=self._batch_limit
+            )
             try:
                 try:
                     await self.retrying(f"partition {state.partition}: connect to Kafka", consumer.start)

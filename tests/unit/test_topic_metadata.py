@@ -1,4 +1,4 @@
-"""The barrier's partition counts, read from the admin client's `describe_topics()` answer."""
+"""Partition ids per topic from `AIOKafkaAdminClient.describe_topics()` (the barrier, `topics`, `dlq`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from consumers.barrier import topic_partitions
+from producers.connection import topic_partitions
 
 
 def _topic(name: str, partitions: int, error_code: int = 0) -> dict[str, Any]:
