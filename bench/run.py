@@ -140,12 +140,12 @@ async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineR
         if name in selected:
             log(f"--- {name}")
             turn = ctx.turns.recall if path == "recall" else ctx.turns.fresh()
-            yield await run_anchor(ctx, path, events=events, turn=turn, latency_turn=ctx.turns.fresh())
+            yield await run_anchor(ctx, path, events=events, turn=turn)
             await ctx.quiet(wrote=path == "persist")
     if "mastra_memory" in selected:  # no database: the turns are fresh ones, on Node's own store
         log("--- mastra_memory")
         turn = ctx.turns.fresh()
-        yield await run_anchor(ctx, "memory", events=events, turn=turn, latency_turn=ctx.turns.fresh())
+        yield await run_anchor(ctx, "memory", events=events, turn=turn)
 
 
 def _settler(db: AsyncDatabase[Any], ctx: RunContext) -> Callable[[], Awaitable[float]]:
