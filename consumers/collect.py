@@ -55,8 +55,9 @@ class CollectingHistory:
         newest row of the `latest_of` threads (turns without user input): concurrent queries, one round
         trip."""
         ids = list(dict.fromkeys(thread_ids))
-        lookup = list(dict.fromkeys(message_ids)) if isinstance(storage, MessageLookup) else []
-        newest_of = list(dict.fromkeys(latest_of)) if lookup else []
+        merges = isinstance(storage, MessageLookup)  # the tool-state merge needs the stored copies by id
+        lookup = list(dict.fromkeys(message_ids)) if merges else []
+        newest_of = list(dict.fromkeys(latest_of)) if merges else []  # even when no id is to be looked up
 
         async def copies() -> list[Message]:
             return await storage.get_messages(lookup) if lookup and isinstance(storage, MessageLookup) else []
@@ -70,10 +71,9 @@ class CollectingHistory:
             storage.get_threads(ids) if ids else _no_threads(), copies(), latest()
         )
         batch = cls(storage, dict(threads), ids)
-        if lookup:
-            batch._by_id = {m.id: m for m in rows if m.id is not None}
-            batch._looked_up = set(lookup)
-            batch._latest = {t: next(iter(newest.get(t, [])), None) for t in newest_of}
+        batch._by_id = {m.id: m for m in rows if m.id is not None}
+        batch._looked_up = set(lookup)
+        batch._latest = {t: next(iter(newest.get(t, [])), None) for t in newest_of}
         return batch
 
     async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:

@@ -154,6 +154,16 @@ async def test_the_batch_path_folds_the_same_way() -> None:
     assert (await _stored(storage))["a1"] == ["text:Asking.", "tool:result:ask", "step-start", "text:Done."]
 
 
+async def test_the_latest_row_is_prefetched_even_when_no_id_is_looked_up() -> None:
+    """A batch whose turns carry no message ids still gets its latest rows in the one prefetch round trip
+    (they used to be fetched only beside an id look-up, one `list_messages` per turn)."""
+    storage = InMemoryHistoryStorage()
+    await seed(storage, _pending())
+    batch = await CollectingHistory.load(SequentialBatches(storage), [THREAD], [], [THREAD])
+    [latest] = await batch.latest(THREAD)
+    assert (latest.id, batch.misses) == ("a1", 0)
+
+
 def test_merge_turn_table() -> None:
     """The pure rule: new messages pass through; a fold needs an assistant latest and no new user input."""
     stored = {"a1": _pending()[1]}
