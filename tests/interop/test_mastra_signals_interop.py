@@ -1,7 +1,7 @@
 """Transient signals: a Mastra 1.71 app on `@mastra/mongodb` and this service leave the same rows.
 
 Mastra's side is its own `MessageHistory` output step on its own `MongoDBStore`
-(tests/interop/mastra-mongodb/persist_turn.mjs); ours is `MessageHistory.persist_turn` on
+(tests/interop/mastra-mongodb/store.mjs `persist`); ours is `MessageHistory.persist_turn` on
 `MongoHistoryStorage`, in a second database on the same server. Mastra's `listMessages` must list the same
 rows from both, turn by turn: transient signals left out of input and response, a turn of nothing else
 creating no thread, a failed turn whose only output is one still saving its input (docs/rules.md#r7, #r8).
@@ -12,8 +12,6 @@ Token-budgeted recall over a thread holding a stored transient signal skips it o
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +26,7 @@ from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
 from tests import infra
 from tests.interop.test_mastra_memory_mongodb_interop import _mastra_turn
-from tests.interop.test_mastra_mongodb_interop import HERE, NODE_TIMEOUT_S, Mastra, _node, at, comparable
+from tests.interop.test_mastra_mongodb_interop import Mastra, _node, at, comparable
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -80,21 +78,6 @@ def _cases() -> list[dict[str, Any]]:
     ]
 
 
-def _mastra_persist(uri: str, db_name: str, case: dict[str, Any]) -> dict[str, Any]:
-    result = subprocess.run(
-        [_node(), "persist_turn.mjs", db_name],
-        cwd=HERE,
-        input=json.dumps({**case, "resourceId": RESOURCE}).encode(),
-        capture_output=True,
-        timeout=NODE_TIMEOUT_S,
-        check=False,
-        env={**os.environ, "MONGODB_URI": uri},
-    )
-    assert result.returncode == 0, result.stderr.decode(errors="replace")[-4000:]
-    out: dict[str, Any] = json.loads(result.stdout)
-    return out
-
-
 @pytest_asyncio.fixture
 async def ours_db(mongo_client: AsyncMongoClient[dict[str, Any]]) -> AsyncIterator[Db]:
     """A second fresh database on the same server: message ids are unique per database."""
@@ -125,10 +108,10 @@ async def test_a_turn_with_transient_signals_leaves_mastras_rows(
     storage = MongoHistoryStorage(ours_db)
     await storage.ensure_indexes()
     history = MessageHistory(storage=storage)
-    listing = Mastra(mongo_uri, ours_db.name)
+    mastra, listing = Mastra(mongo_uri, mongo_db.name), Mastra(mongo_uri, ours_db.name)
     for case in _cases():
         thread_id = case["threadId"]
-        theirs = _mastra_persist(mongo_uri, mongo_db.name, case)
+        theirs = mastra.persist({**case, "resourceId": RESOURCE})
         outcome = await history.persist_turn(
             thread_id=thread_id,
             resource_id=RESOURCE,
