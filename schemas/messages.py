@@ -256,7 +256,7 @@ class MessageContent(Open):
 
 
 Role = Literal["user", "assistant", "system", "signal"]
-"""`signal` is Mastra 1.71's transient role; accepted so a newer worker's echo is not dead-lettered."""
+"""`signal`: Mastra 1.71's agent signals; transient ones are never saved (`message_history.core.signals`)."""
 
 
 class Message(Open):

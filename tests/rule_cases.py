@@ -76,6 +76,18 @@ def msg(
     return Message.model_validate(data)
 
 
+TRANSIENT_SIGNAL = {"signal": {"type": "notification", "tagName": "notification", "transient": True}}
+"""`content.metadata` of a transient signal (Mastra 1.71's `createSignal({..., transient: true})`)."""
+
+
+def signal_msg(id: str, *, t: int, transient: bool = True) -> Message:
+    """A `signal` message, transient unless told otherwise (then it carries the signal without the flag)."""
+    signal = dict(TRANSIENT_SIGNAL["signal"])
+    if not transient:
+        del signal["transient"]
+    return msg(id, "signal", t=t, content_extra={"metadata": {"signal": signal}})
+
+
 def summarize(message: Message) -> list[str]:
     """A message's parts as short strings: `text:<text>`, `tool:<state>:<name>`, or the part type."""
     out: list[str] = []
@@ -256,6 +268,18 @@ RECALL_CASES: list[RecallCase] = [
         expected_limit=2,
     ),
     RecallCase(
+        id="stored-transient-signal-recalled-under-a-count-cap-as-mastra",
+        stored=[msg("u1", t=1), signal_msg("s1", t=2), msg("a1", "assistant", t=3)],
+        incoming=[msg("u2", t=4)],
+        expected=[("u1", "memory"), ("s1", "memory"), ("a1", "memory"), ("u2", "input")],
+    ),
+    RecallCase(
+        id="incoming-transient-signal-stays-in-the-context",
+        stored=[msg("u1", t=1)],
+        incoming=[msg("u2", t=2), signal_msg("s2", t=3)],
+        expected=[("u1", "memory"), ("u2", "input"), ("s2", "input")],
+    ),
+    RecallCase(
         id="incoming-system-message-kept-as-input",
         stored=[msg("u1", t=1)],
         incoming=[msg("sys", "system", t=0, text="Be brief."), msg("u2", t=2)],
@@ -408,6 +432,26 @@ PERSIST_CASES: list[PersistCase] = [
         input=[msg("s0", "system", t=0, text="You are terse."), msg("u1", t=1)],
         response=[msg("a1", "assistant", t=2)],
         saved=["u1", "a1"],
+    ),
+    PersistCase(
+        id="transient-signals-never-saved-from-input-or-response",
+        input=[msg("u1", t=1), signal_msg("si", t=2), signal_msg("sk", t=3, transient=False)],
+        response=[signal_msg("sr", t=4), msg("a1", "assistant", t=5)],
+        saved=["u1", "sk", "a1"],
+    ),
+    PersistCase(
+        id="response-of-only-a-transient-signal-nothing-to-save",
+        input=[],
+        response=[signal_msg("sr", t=4)],
+        saved=[],
+        skipped="nothing-to-save",
+    ),
+    PersistCase(
+        id="failed-turn-whose-response-is-only-a-transient-signal-saves-the-input",
+        input=[msg("u1", t=1)],
+        response=[signal_msg("sr", t=4)],
+        finish_reason="error",
+        saved=["u1"],
     ),
     PersistCase(
         id="memory-sourced-input-never-resaved",

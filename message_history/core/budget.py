@@ -3,7 +3,8 @@
 Mastra 1.71's Memory recalls a thread in three steps, reproduced here without any I/O:
 
 1. `HistoryLoader` (Mastra's `loadMessageHistory`): pages of 40 rows, newest first, each page ending
-   (inclusively) at the oldest instant seen, starting (inclusively) at the stored boundary; the loaded rows
+   (inclusively) at the oldest instant seen, starting (inclusively) at the stored boundary; system rows and
+   transient signals (`signals`) are skipped, though they still move the page cursor; the loaded rows
    are split by `partition` into what fits and what overflows. The loader says which page it wants next;
    the caller fetches it (for a whole batch of threads at once, see `consumers.prefetch`).
 2. `partition`: messages sharing a `toolCallId` form one group (`group_linked`); groups are kept newest first
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+from message_history.core.signals import is_transient_signal
 from message_history.core.tokens import TOKENS_PER_CONVERSATION, count_message, count_system_text
 from message_history.errors import InvalidInputError
 from schemas.events import AT_MAX_REMOVE_TOKENS_ERROR, MAX_TOKENS_ERROR
@@ -328,8 +330,10 @@ class HistoryLoader:
         self.pages += 1
         added = 0
         for message in rows:
-            if message.role == "system" or (
-                self._boundary is not None and not is_after(message, self._boundary)
+            if (
+                message.role == "system"
+                or is_transient_signal(message)
+                or (self._boundary is not None and not is_after(message, self._boundary))
             ):
                 continue
             key = message.id or ""

@@ -13,7 +13,8 @@ Decisions worth knowing:
   path puts on `EnrichedRequest` messages); such input messages are never re-saved (docs/rules.md#r6). The
   `source` tag is a transport annotation, not part of a Mastra message, so it is removed from what gets saved.
 * The persistence filter is Mastra 1.71.0's (docs/rules.md#r7): whitespace is trimmed only where a
-  working-memory block was actually removed.
+  working-memory block was actually removed, and transient signals are never saved (the failed-turn check
+  still sees them, as upstream: a response made only of one saves the input).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
+from message_history.core.signals import is_transient_signal
 from message_history.errors import InvalidInputError
 from schemas.messages import Message, TextPart, ToolInvocationPart
 
@@ -219,7 +221,7 @@ def _filter_parts(parts: Iterable[Any]) -> tuple[list[Any], bool]:
 def filter_for_persistence(messages: Iterable[Message]) -> list[Message]:
     """Mastra 1.71.0's `filterMessagesForPersistence` (docs/rules.md#r4 + #r7), without mutating anything.
 
-    * `system` messages are dropped.
+    * `system` messages and transient signals (`message_history.core.signals`) are dropped.
     * `content.content`: complete working-memory blocks are removed (trimmed only if something was removed).
     * `content.parts`: `tool-invocation` parts in state `partial-call` and `updateWorkingMemory` calls are
       removed, `text` parts are cleaned like `content.content`; a message left with no parts is dropped.
@@ -230,7 +232,7 @@ def filter_for_persistence(messages: Iterable[Message]) -> list[Message]:
     """
     result: list[Message] = []
     for message in messages:
-        if message.role == "system":
+        if message.role == "system" or is_transient_signal(message):
             continue
         content = message.content
         update: dict[str, Any] = {}

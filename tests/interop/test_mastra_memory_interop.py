@@ -228,6 +228,14 @@ def _tool(state: str, call: str = "c1", **extra: Any) -> dict[str, Any]:
     return {"type": "tool-invocation", "toolInvocation": invocation}
 
 
+def _transient(id: str, ms: int) -> dict[str, Any]:
+    message = _wire(id, "signal", ms, [{"type": "text", "text": "<system-reminder>ping</system-reminder>"}])
+    created = message["createdAt"]
+    signal = {"type": "reactive", "tagName": "system-reminder", "transient": True}
+    message["content"]["metadata"] = {"signal": {**signal, "createdAt": created, "acceptedAt": created}}
+    return message
+
+
 def _persist_cases() -> list[dict[str, Any]]:
     user = _wire("u1", "user", 1000, [{"type": "text", "text": "Which file?"}])
     pending = _wire("a1", "assistant", 2000, [{"type": "text", "text": "Asking."}, _tool("call")])
@@ -249,6 +257,17 @@ def _persist_cases() -> list[dict[str, Any]]:
             "stored": [user, pending],
             "input": [user, answered, _wire("u2", "user", 3000, [{"type": "text", "text": "And?"}])],
             "response": [_wire("a2", "assistant", 4000, [{"type": "text", "text": "Done."}])],
+        },
+        {  # transient signals (Mastra 1.71 agent signals) in the input and the response: never saved
+            "stored": [user, pending],
+            "input": [
+                _wire("u2", "user", 3000, [{"type": "text", "text": "Go on."}]),
+                _transient("s1", 3001),
+            ],
+            "response": [
+                _transient("s2", 3500),
+                _wire("a2", "assistant", 4000, [{"type": "text", "text": "Ok."}]),
+            ],
         },
         {  # a stale echo (the call again) cannot move a stored result back
             "stored": [user, answered],

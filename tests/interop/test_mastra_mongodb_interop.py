@@ -92,6 +92,10 @@ class Mastra:
     def save(self, messages: list[dict[str, Any]], thread: dict[str, Any] | None = None) -> list[str]:
         return list(self._run("save", stdin={"thread": thread, "messages": messages})["saved"])
 
+    def persist(self, turn: dict[str, Any]) -> dict[str, Any]:
+        """Mastra's `processOutputResult` on `turn` (threadId, resourceId, input, response, finishReason)."""
+        return dict(self._run("persist", stdin=turn))
+
 
 @pytest.fixture
 def mastra(mongo_uri: str, mongo_db: Db) -> Mastra:

@@ -6,6 +6,10 @@
 //       Prints {thread, messages}: getThreadById and listMessages (perPage false = all, createdAt ASC).
 //   MONGODB_URI=... node store.mjs <dbName> save < {thread, messages}
 //       saveThread (when `thread` is given) then saveMessages; ISO dates become Date. Prints {saved}.
+//   MONGODB_URI=... node store.mjs <dbName> persist < {threadId, resourceId, input, response, finishReason}
+//       The output step of Mastra's MessageHistory: `input` then `response` added to a MessageList, then
+//       processOutputResult (filterMessagesForPersistence; creates the thread when it saves something).
+//       Prints {thread, messages} as `list` does.
 //
 // disableInit keeps list/save from creating indexes, so the test decides who creates them and when.
 import { MongoDBStore } from '@mastra/mongodb';
@@ -13,7 +17,7 @@ import { MongoDBStore } from '@mastra/mongodb';
 const [dbName, command, ...args] = process.argv.slice(2);
 const uri = process.env.MONGODB_URI;
 if (!uri || !dbName || !command) {
-  console.error('usage: MONGODB_URI=... node store.mjs <dbName> init|list|save ...');
+  console.error('usage: MONGODB_URI=... node store.mjs <dbName> init|list|save|persist ...');
   process.exit(2);
 }
 
@@ -25,6 +29,31 @@ async function readStdin() {
 
 const asDate = (value) => (typeof value === 'string' ? new Date(value) : value);
 
+async function listThread(memory, threadId, resourceId) {
+  const thread = await memory.getThreadById({ threadId, ...(resourceId ? { resourceId } : {}) });
+  const page = await memory.listMessages({ threadId, ...(resourceId ? { resourceId } : {}), perPage: false });
+  if (thread) delete thread._id; // Mastra leaks the ObjectId; it is not part of the thread
+  return { thread, messages: page.messages, total: page.total };
+}
+
+async function persist(memory, input) {
+  const { MessageList } = await import('@mastra/core/agent');
+  const { MessageHistory } = await import('@mastra/core/processors');
+  const { RequestContext } = await import('@mastra/core/request-context');
+  const { threadId, resourceId } = input;
+  const requestContext = new RequestContext();
+  requestContext.set('MastraMemory', { thread: { id: threadId }, resourceId, memoryConfig: {} });
+  const list = new MessageList({ threadId, resourceId });
+  const withDate = (m) => ({ ...m, createdAt: asDate(m.createdAt) });
+  for (const message of input.input) list.add(withDate(message), 'input');
+  for (const message of input.response) list.add(withDate(message), 'response');
+  const abort = () => { throw new Error('abort'); };
+  await new MessageHistory({ storage: memory }).processOutputResult({
+    messageList: list, messages: [], requestContext, abort, result: { finishReason: input.finishReason },
+  });
+  return listThread(memory, threadId);
+}
+
 const store = new MongoDBStore({ id: 'interop', uri, dbName, disableInit: command !== 'init' });
 try {
   if (command === 'init') {
@@ -34,10 +63,9 @@ try {
     const memory = await store.getStore('memory');
     if (command === 'list') {
       const [threadId, resourceId] = args;
-      const thread = await memory.getThreadById({ threadId, ...(resourceId ? { resourceId } : {}) });
-      const page = await memory.listMessages({ threadId, ...(resourceId ? { resourceId } : {}), perPage: false });
-      if (thread) delete thread._id; // Mastra leaks the ObjectId; it is not part of the thread
-      console.log(JSON.stringify({ thread, messages: page.messages, total: page.total }));
+      console.log(JSON.stringify(await listThread(memory, threadId, resourceId)));
+    } else if (command === 'persist') {
+      console.log(JSON.stringify(await persist(memory, await readStdin())));
     } else if (command === 'save') {
       const input = await readStdin();
       if (input.thread) {
