@@ -21,7 +21,7 @@ from consumers.collect import CollectedTurn, CollectingHistory
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
 from consumers.lanes import Failed
 from message_history import metrics, tracing
-from message_history.core.rules import SOURCE_FIELD
+from message_history.core.rules import SOURCE_FIELD, filter_for_persistence
 from message_history.errors import InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
 from message_history.settings import Settings
@@ -188,8 +188,8 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         response = decode_response(value, self.limits)
         if may_exceed(len(value)):
             # only events this large can hold such a message; the exact check dumps every content
-            check_document_sizes(
-                [*turn_input(response), *response.response],
+            check_document_sizes(  # what can be saved: never a system message or a transient signal
+                filter_for_persistence([*turn_input(response), *response.response]),
                 thread_id=response.threadId,
                 resource_id=response.resourceId,
             )

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import bson
 import pytest
 
+from consumers.contract import Record
+from consumers.persist import PersistHandler
 from message_history.errors import DocumentTooLargeError
+from message_history.settings import Settings
+from producers.persisted import PersistedPublisher
 from schemas.messages import Message
 from storage.document_size import MAX_DOCUMENT_BYTES, check_document_sizes, may_exceed, message_document_bytes
 from storage.documents import EXTRA_FIELD
+from storage.memory import InMemoryHistoryStorage
 from storage.save_plan import message_write
+from storage.sequential import SequentialBatches
 
 NOW = datetime(2025, 3, 1, tzinfo=UTC)
 
@@ -61,3 +68,44 @@ def test_only_large_events_need_the_exact_check() -> None:
     assert not may_exceed(1024 * 1024)
     assert may_exceed(4 * 1024 * 1024)
     assert may_exceed(MAX_DOCUMENT_BYTES)
+
+
+def _response(last: dict[str, Any]) -> bytes:
+    user = {"id": "q", "role": "user", "content": {"format": 2, "parts": [{"type": "text", "text": "q"}]}}
+    return json.dumps(
+        {
+            "schemaVersion": 1,
+            "requestId": "r1",
+            "threadId": "t",
+            "resourceId": "u",
+            "createdAt": "2025-01-01T10:00:00.000Z",
+            "input": [user],
+            "response": [last],
+            "finishReason": "stop",
+        }
+    ).encode()
+
+
+@pytest.mark.parametrize(("transient", "refused"), [(True, False), (False, True)])
+def test_only_what_can_be_saved_is_size_checked(transient: bool, refused: bool) -> None:
+    """A 17 MiB transient signal is never saved (docs/rules.md#r7), so it does not refuse its turn; the same
+    signal kept (not transient) is over MongoDB's limit and does."""
+    settings = Settings(max_event_bytes=20 * 1024 * 1024)
+    handler = PersistHandler(
+        settings, SequentialBatches(InMemoryHistoryStorage()), cast(PersistedPublisher, None)
+    )
+    signal = {
+        "id": "s",
+        "role": "signal",
+        "content": {
+            "format": 2,
+            "parts": [{"type": "text", "text": "x" * (17 * 1024 * 1024)}],
+            "metadata": {"signal": {"transient": transient}},
+        },
+    }
+    raw = _response(signal)
+    if refused:
+        with pytest.raises(DocumentTooLargeError):
+            handler._decode(cast(Record, None), raw)
+    else:
+        assert handler._decode(cast(Record, None), raw).response.response[0].id == "s"
