@@ -106,10 +106,18 @@ async def run_prune(
             return await run_prune(settings, args, out=out, err=err, stop=stop, db=opened)
     from storage.pruning import MongoPruner  # noqa: PLC0415 -- keeps `--help` free of pymongo
 
-    pruner = MongoPruner(db, batch_size=args.batch_size or settings.prune_batch_size)
+    pruner = MongoPruner(
+        db, batch_size=args.batch_size or settings.prune_batch_size, turn_timeout_s=settings.turn_timeout_s
+    )
     if args.dry_run:
-        messages, threads = await pruner.count(cutoff)
-        summary = {"cutoff": iso(cutoff), "dryRun": True, "messages": messages, "staleThreads": threads}
+        messages, threads, markers = await pruner.count(cutoff)
+        summary = {
+            "cutoff": iso(cutoff),
+            "dryRun": True,
+            "messages": messages,
+            "staleThreads": threads,
+            "turnMarkers": markers,
+        }
         print(json.dumps(summary), file=out)
         return 0
     started = time.monotonic()
@@ -118,7 +126,8 @@ async def run_prune(
         elapsed = max(time.monotonic() - started, 1e-9)
         rate = (progress.messages + progress.threads) / elapsed
         print(
-            f"prune: {progress.messages} messages, {progress.threads} threads deleted "
+            f"prune: {progress.messages} messages, {progress.threads} threads, "
+            f"{progress.markers} turn markers deleted "
             f"({progress.batches} batches, {rate:.0f} rows/s)",
             file=err,
             flush=True,
@@ -131,6 +140,7 @@ async def run_prune(
         "done": progress.done,
         "deletedMessages": progress.messages,
         "deletedThreads": progress.threads,
+        "deletedTurnMarkers": progress.markers,
         "batches": progress.batches,
         "seconds": round(elapsed, 3),
         "rowsPerSecond": round((progress.messages + progress.threads) / max(elapsed, 1e-9)),
@@ -200,7 +210,7 @@ async def periodic_prune(db: AsyncDatabase[Any], settings: Settings) -> AsyncIte
 async def _prune_forever(db: AsyncDatabase[Any], settings: Settings, older_than: timedelta) -> None:
     from storage.pruning import MongoPruner  # noqa: PLC0415
 
-    pruner = MongoPruner(db, batch_size=settings.prune_batch_size)
+    pruner = MongoPruner(db, batch_size=settings.prune_batch_size, turn_timeout_s=settings.turn_timeout_s)
     while True:
         cutoff = datetime.now(UTC) - older_than
         started = time.monotonic()
@@ -216,6 +226,7 @@ async def _prune_forever(db: AsyncDatabase[Any], settings: Settings, older_than:
                     "cutoff": iso(cutoff),
                     "deleted_messages": progress.messages,
                     "deleted_threads": progress.threads,
+                    "deleted_turn_markers": progress.markers,
                     "seconds": round(time.monotonic() - started, 3),
                 },
             )
