@@ -10,7 +10,9 @@ prints the command that resumes it with the same cut-off (`--before`); every ste
 resumed run ends where one uninterrupted run would. The order is `@mastra/mongodb`'s (`storage.pruning`).
 
 With `MESSAGE_HISTORY_PRUNE_OLDER_THAN` set, `run` also prunes every `MESSAGE_HISTORY_PRUNE_INTERVAL_S`
-(`periodic_prune`); off by default.
+(`periodic_prune`); off by default. With several replicas only the holder of the `prune` lease
+(`storage.lease`, two intervals long, renewed at each of its rounds and while it prunes) prunes; the others
+skip the round (a debug line), and take over once a holder that stopped lets the lease expire.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import signal
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -34,7 +38,8 @@ if TYPE_CHECKING:
     from pymongo.asynchronous.database import AsyncDatabase
 
     from message_history.settings import Settings
-    from storage.pruning import PruneProgress
+    from storage.lease import MongoLease
+    from storage.pruning import MongoPruner, PruneProgress
 
 log = logging.getLogger(__name__)
 
@@ -192,13 +197,25 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
 
 # --- from the service --------------------------------------------------------------------------------------
 
+PRUNE_LEASE = "prune"
+
+
+def replica_id() -> str:
+    """This replica's name for the lease: the host (the pod's name on Kubernetes) and the process id."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
 
 @contextlib.asynccontextmanager
-async def periodic_prune(db: AsyncDatabase[Any], settings: Settings) -> AsyncIterator[None]:
-    """While the block runs, prune every `prune_interval_s` with `prune_older_than`; a failure is logged."""
+async def periodic_prune(
+    db: AsyncDatabase[Any], settings: Settings, *, holder: str | None = None
+) -> AsyncIterator[None]:
+    """While the block runs, prune every `prune_interval_s` with `prune_older_than` when this replica holds
+    the prune lease (`holder`, default `replica_id()`); a failure is logged."""
     assert settings.prune_older_than is not None
     older_than = parse_duration(settings.prune_older_than)  # a bad value refuses to start
-    task = asyncio.create_task(_prune_forever(db, settings, older_than), name="periodic-prune")
+    task = asyncio.create_task(
+        _prune_forever(db, settings, older_than, holder or replica_id()), name="periodic-prune"
+    )
     try:
         yield
     finally:
@@ -207,27 +224,84 @@ async def periodic_prune(db: AsyncDatabase[Any], settings: Settings) -> AsyncIte
             await task
 
 
-async def _prune_forever(db: AsyncDatabase[Any], settings: Settings, older_than: timedelta) -> None:
+async def _prune_forever(
+    db: AsyncDatabase[Any], settings: Settings, older_than: timedelta, holder: str
+) -> None:
+    from storage.lease import MongoLease  # noqa: PLC0415
     from storage.pruning import MongoPruner  # noqa: PLC0415
 
     pruner = MongoPruner(db, batch_size=settings.prune_batch_size, turn_timeout_s=settings.turn_timeout_s)
+    # two intervals: the holder renews it at every round, so it keeps it while it lives
+    lease = MongoLease(db, PRUNE_LEASE, holder=holder, ttl=timedelta(seconds=2 * settings.prune_interval_s))
     while True:
+        await prune_round(pruner, lease, older_than)
+        await asyncio.sleep(settings.prune_interval_s)
+
+
+async def prune_round(pruner: MongoPruner, lease: MongoLease, older_than: timedelta) -> bool:
+    """One round of the periodic prune: prune when this replica takes (or keeps) the lease; True if it did."""
+    try:
+        if not await lease.acquire():
+            await _skipped(lease)
+            return False
         cutoff = datetime.now(UTC) - older_than
         started = time.monotonic()
-        try:
+        async with _renewing(lease):
             progress = await pruner.prune(cutoff)
-        except MessageHistoryError as exc:  # an outage or a refusal: the next run tries again
-            log.warning("periodic prune failed", extra={"error": str(exc), "retriable": exc.retriable})
-        else:
-            log.info(
-                "periodic prune",
-                extra={
-                    "audit": "prune",
-                    "cutoff": iso(cutoff),
-                    "deleted_messages": progress.messages,
-                    "deleted_threads": progress.threads,
-                    "deleted_turn_markers": progress.markers,
-                    "seconds": round(time.monotonic() - started, 3),
-                },
-            )
-        await asyncio.sleep(settings.prune_interval_s)
+        await lease.acquire()  # the next round starts an interval from now, well within the lease
+    except MessageHistoryError as exc:  # an outage or a refusal: the next run tries again
+        log.warning("periodic prune failed", extra={"error": str(exc), "retriable": exc.retriable})
+        return False
+    log.info(
+        "periodic prune",
+        extra={
+            "audit": "prune",
+            "pruned": True,
+            "replica": lease.holder,
+            "cutoff": iso(cutoff),
+            "deleted_messages": progress.messages,
+            "deleted_threads": progress.threads,
+            "deleted_turn_markers": progress.markers,
+            "seconds": round(time.monotonic() - started, 3),
+        },
+    )
+    return True
+
+
+async def _skipped(lease: MongoLease) -> None:
+    if not log.isEnabledFor(logging.DEBUG):
+        return  # reading who holds it is only for this line
+    current = await lease.current()
+    log.debug(
+        "periodic prune skipped: another replica holds the prune lease",
+        extra={
+            "pruned": False,
+            "replica": lease.holder,
+            "lease_holder": current.holder if current else None,
+            "lease_expires_at": iso(current.expires_at) if current else None,
+        },
+    )
+
+
+@contextlib.asynccontextmanager
+async def _renewing(lease: MongoLease) -> AsyncIterator[None]:
+    """Renew the lease every quarter of its length while the block runs (a prune longer than the lease)."""
+
+    async def renew() -> None:
+        while True:
+            await asyncio.sleep(lease.ttl.total_seconds() / 4)
+            try:
+                kept = await lease.acquire()
+            except MessageHistoryError:
+                continue  # the prune meets the same outage and reports it
+            if not kept:  # a clock skew or a stall let another take it: both prune once, harmless
+                log.warning("periodic prune: the prune lease was taken over", extra={"replica": lease.holder})
+                return
+
+    task = asyncio.create_task(renew(), name="prune-lease-renewal")
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
