@@ -14,9 +14,10 @@ import pytest
 import pytest_asyncio
 from pymongo import AsyncMongoClient
 
-from message_history.app.prune import periodic_prune
+from message_history.app.prune import PRUNE_LEASE, periodic_prune, prune_round
 from message_history.settings import Settings
 from storage.lease import MongoLease
+from storage.pruning import MongoPruner, PruneProgress
 from tests import infra
 from tests.integration.service_harness import fresh_settings
 
@@ -195,3 +196,41 @@ async def test_without_the_lease_both_replicas_prune(
                 stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
             await clients[0].drop_database(db_name)
+
+
+class _SlowPruner(MongoPruner):
+    """A prune that lasts until `release` is set (a prune longer than the lease)."""
+
+    def __init__(self, db: Any) -> None:
+        super().__init__(db)
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def prune(self, cutoff: datetime, **_: Any) -> PruneProgress:
+        self.started.set()
+        await self.release.wait()
+        return PruneProgress(done=True)
+
+
+async def test_a_prune_longer_than_the_lease_keeps_it(
+    clients: tuple[AsyncMongoClient[dict[str, Any]], ...], db_name: str
+) -> None:
+    """The holder renews the lease while it prunes: past the first expiry another replica is still refused."""
+    ttl = timedelta(seconds=2)
+    db_a, db_b = clients[0][db_name], clients[1][db_name]
+    lease_a = MongoLease(db_a, PRUNE_LEASE, holder="a", ttl=ttl)
+    lease_b = MongoLease(db_b, PRUNE_LEASE, holder="b", ttl=ttl)
+    pruner = _SlowPruner(db_a)
+    try:
+        taken_at = datetime.now(UTC)
+        running = asyncio.create_task(prune_round(pruner, lease_a, timedelta(days=1)))
+        await asyncio.wait_for(pruner.started.wait(), WAIT_S)
+        first_expiry = taken_at + ttl
+        await _until(lambda: datetime.now(UTC) > first_expiry + ttl / 4, "the first expiry never passed")
+        assert not await lease_b.acquire()  # renewed meanwhile
+        pruner.release.set()
+        assert await asyncio.wait_for(running, WAIT_S) is True
+        assert not await lease_b.acquire()  # renewed once more at the end
+    finally:
+        pruner.release.set()
+        await clients[0].drop_database(db_name)
