@@ -28,7 +28,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -213,15 +213,10 @@ async def periodic_prune(
     the prune lease (`holder`, default `replica_id()`); a failure is logged."""
     assert settings.prune_older_than is not None
     older_than = parse_duration(settings.prune_older_than)  # a bad value refuses to start
-    task = asyncio.create_task(
-        _prune_forever(db, settings, older_than, holder or replica_id()), name="periodic-prune"
-    )
-    try:
+    async with _in_background(
+        _prune_forever(db, settings, older_than, holder or replica_id()), "periodic-prune"
+    ):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
 
 
 async def _prune_forever(
@@ -298,7 +293,14 @@ async def _renewing(lease: MongoLease) -> AsyncIterator[None]:
                 log.warning("periodic prune: the prune lease was taken over", extra={"replica": lease.holder})
                 return
 
-    task = asyncio.create_task(renew(), name="prune-lease-renewal")
+    async with _in_background(renew(), "prune-lease-renewal"):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _in_background(job: Coroutine[Any, Any, None], name: str) -> AsyncIterator[None]:
+    """Run `job` as a task while the block runs; cancelled (and awaited) when the block ends."""
+    task = asyncio.create_task(job, name=name)
     try:
         yield
     finally:
