@@ -14,7 +14,7 @@ import pytest
 import pytest_asyncio
 from pymongo import AsyncMongoClient
 
-from message_history.app.prune import PRUNE_LEASE, periodic_prune, prune_round
+from message_history.app.periodic_prune import PRUNE_LEASE, periodic_prune, prune_round
 from message_history.settings import Settings
 from storage.lease import MongoLease
 from storage.pruning import MongoPruner, PruneProgress
@@ -93,7 +93,7 @@ class _Rounds(logging.Handler):
 
 @contextlib.contextmanager
 def _captured() -> Any:
-    logger = logging.getLogger("message_history.app.prune")
+    logger = logging.getLogger("message_history.app.periodic_prune")
     handler, level = _Rounds(), logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
