@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import pytest_asyncio
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 
 from message_history.app import topics as topics_app
 from message_history.app.topics import ensure_topics, service_topics
@@ -96,3 +97,16 @@ async def test_the_command_prints_created_and_existing(
         await _drop(admin, settings)
     assert first == [f"{t}: created, 1 partitions" for t in service_topics(settings)]
     assert second == [f"{t}: exists, 1 partitions" for t in service_topics(settings)]
+
+
+async def test_a_refused_creation_is_an_error_not_a_wait(
+    kafka_bootstrap: str, mongo_uri: str, admin: AIOKafkaAdminClient
+) -> None:
+    """A replication factor the cluster cannot give (one broker here) fails at once with the broker's error,
+    instead of waiting for topics that will never appear."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    try:
+        with pytest.raises(KafkaError, match="create topic"):
+            await ensure_topics(settings, partitions=1, replication=3)
+    finally:
+        await _drop(admin, settings)
