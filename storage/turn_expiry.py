@@ -1,12 +1,14 @@
 """Removing busy-thread markers (`message_history_turns`): with the thread on forget, old ones on prune.
 
-A marker is written for every thread a request is enriched for and is otherwise never deleted; these two
-keep the collection from growing forever. Forget removes the markers of the threads it forgets (erasure
-leaves no request id behind). Prune, after the messages and threads, removes the markers that no longer
-matter (`core.turn_rules.marker_expires`): it reads the candidates in batches, checks which threads still
-have a `mastra_threads` row (one `distinct` per batch), and deletes the chosen ones with a filter that
-repeats the age condition, so a marker written meanwhile (a new turn on the thread) matches no more and is
-kept: the read and the delete never race a live write into losing it.
+With the busy-thread policy on (`enqueue`, `reject`) a marker is written for every thread a request is
+enriched for, and nothing else deletes it; these two keep the collection from growing forever. Forget
+removes the markers of the threads it forgets (erasure leaves no request id behind). Prune, after the
+messages and threads, removes the markers that no longer matter (`core.turn_rules.marker_expires`): it reads
+the candidates in batches, checks which threads still have a `mastra_threads` row (one `distinct` per batch),
+and deletes the chosen ones with a filter that repeats the age condition, so a marker written meanwhile (a
+new turn on the thread) matches no more and is kept: the read and the delete never race a live write into
+losing it. No index: the one scan per prune (about 45 000 markers/s on the local stack) is cheaper than an
+index every mark would update.
 """
 
 from __future__ import annotations
