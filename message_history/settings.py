@@ -146,10 +146,18 @@ class Settings(BaseSettings):
         None,
         description=(
             "Run `prune` from the service every `PRUNE_INTERVAL_S`: delete messages older than this "
-            "(`90d`, `12h`, `30m`, `2w`) and threads left empty. Unset = off."
+            "(`90d`, `12h`, `30m`, `2w`), threads left empty and busy-thread markers that no longer matter. "
+            "Unset = off."
         ),
     )
-    prune_interval_s: float = Field(3600.0, gt=0, description="Interval between the service's prune runs.")
+    prune_interval_s: float = Field(
+        3600.0,
+        gt=0,
+        description=(
+            "Interval between the service's prune runs; with several replicas one of them prunes per "
+            "interval (the holder of a lease two intervals long, in `message_history_leases`)."
+        ),
+    )
     prune_batch_size: int = Field(1000, ge=1, description="Rows deleted per batch by `prune`.")
 
     # --- lifecycle and operations ---

@@ -11,7 +11,9 @@ turn made before its thread or resource was forgotten: a replay of the responses
 redelivery, does not write the history back.
 
 Order, as Mastra's `deleteThread` (messages, then the thread): the tombstone first, so that the persist path
-stops writing the thread from its next batch on, then the messages in batches of `_id`s, then the threads.
+stops writing the thread from its next batch on, then the messages in batches of `_id`s, then the threads,
+then their busy-thread markers (`message_history_turns`: no request id of the thread is left behind; a
+request waiting on one goes out with `history.complete: false`, as after its timeout).
 Every step is idempotent, so a forget interrupted part-way is completed by running it again.
 """
 
@@ -30,6 +32,7 @@ from storage.client import CODEC
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
 from storage.protocol import Tombstones
+from storage.turn_expiry import remove_markers
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -106,6 +109,7 @@ class MongoForgetting:
         with storage_errors("forget the thread"):
             result = await self.threads.delete_many({"id": thread_id})
         outcome.deleted_threads = result.deleted_count
+        await remove_markers(self.db, [thread_id])
         return outcome
 
     async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> ForgetOutcome:
@@ -128,6 +132,7 @@ class MongoForgetting:
         outcome.deleted_threads = await self._delete_by_keys(
             self.threads, [doc["_id"] for doc in threads], "forget threads"
         )
+        await remove_markers(self.db, thread_ids)
         return outcome
 
     async def _message_keys(self, query: dict[str, Any], outcome: ForgetOutcome) -> list[Any]:

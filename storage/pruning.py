@@ -8,6 +8,10 @@ application sharing the database never sees a thread deleted before its messages
 2. `mastra_threads` left empty: `updatedAt < cutoff` (every message of such a thread is older than the
    cut-off, since `updatedAt` is the newest message's time) and no message left, checked per batch.
 
+3. `message_history_turns`, the busy-thread markers that no longer matter (`storage.turn_expiry`): those last
+   written before the cut-off, and those of threads that are gone (never closer to now than
+   `core.turn_rules.MARKER_GRACE`). Mastra has no such collection.
+
 Mastra's prune also deletes `mastra_resources` rows by their `createdAt` and threads by their *creation* time
 (even with newer messages); this service writes no resources and keeps a thread while it has messages.
 
@@ -20,13 +24,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from pymongo import IndexModel
 
+from message_history.core.turn_rules import marker_horizons
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
+from storage.turn_expiry import expire_markers
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -43,26 +49,35 @@ class PruneProgress:
 
     messages: int = 0
     threads: int = 0
+    markers: int = 0
     batches: int = 0
     done: bool = False
 
 
 class MongoPruner:
-    """Batched, resumable deletion of old history from `mastra_messages` and `mastra_threads`."""
+    """Batched, resumable deletion of old history from `mastra_messages` and `mastra_threads`, then of the
+    busy-thread markers that no longer matter (`turn_timeout_s`: the service's turn timeout)."""
 
-    def __init__(self, db: AsyncDatabase[Any], *, batch_size: int = 1000) -> None:
+    def __init__(
+        self, db: AsyncDatabase[Any], *, batch_size: int = 1000, turn_timeout_s: float = 0.0
+    ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        self.db = db
         self.batch_size = batch_size
+        self.turn_timeout_s = turn_timeout_s
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES)
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS)
 
-    async def count(self, cutoff: datetime) -> tuple[int, int]:
-        """(messages older than `cutoff`, threads older than it): what a prune would look at (dry run)."""
+    async def count(self, cutoff: datetime, *, now: datetime | None = None) -> tuple[int, int, int]:
+        """(messages older than `cutoff`, threads older than it, markers that would go): what a prune would
+        look at (dry run; the markers of threads this prune would delete are not counted as gone yet)."""
         with storage_errors("count what prune would delete"):
             messages = await self.messages.count_documents({"createdAt": {"$lt": cutoff}})
             threads = await self.threads.count_documents(_stale_threads(cutoff))
-        return messages, threads
+        horizons = marker_horizons(cutoff, now or datetime.now(UTC), self.turn_timeout_s)
+        markers, _ = await expire_markers(self.db, horizons, batch_size=self.batch_size, dry_run=True)
+        return messages, threads, markers
 
     async def prune(
         self,
@@ -71,10 +86,13 @@ class MongoPruner:
         on_batch: Callable[[PruneProgress], None] | None = None,
         stop: asyncio.Event | None = None,
         max_batches: int | None = None,
+        now: datetime | None = None,
     ) -> PruneProgress:
-        """Delete messages older than `cutoff`, then the threads left empty; stops early on `stop` or
-        after `max_batches` batches (then `done` is False and a second run with the same cut-off finishes)."""
+        """Delete messages older than `cutoff`, then the threads left empty, then the markers that no longer
+        matter (as of `now`, default the start); stops early on `stop` or after `max_batches` batches (then
+        `done` is False and a second run with the same cut-off finishes)."""
         progress = PruneProgress()
+        horizons = marker_horizons(cutoff, now or datetime.now(UTC), self.turn_timeout_s)
         with storage_errors("create the retention index"):
             await self.messages.create_indexes([ANCHOR_INDEX])
 
@@ -100,8 +118,18 @@ class MongoPruner:
                 break
         else:
             return progress
-        if await self._prune_threads(cutoff, progress, on_batch, halted):
-            progress.done = True
+        if not await self._prune_threads(cutoff, progress, on_batch, halted):
+            return progress
+
+        def counted(markers: int) -> None:
+            progress.markers = markers
+            progress.batches += 1
+            if on_batch is not None:
+                on_batch(progress)
+
+        _, progress.done = await expire_markers(
+            self.db, horizons, batch_size=self.batch_size, on_batch=counted, halted=halted
+        )
         return progress
 
     async def _prune_threads(

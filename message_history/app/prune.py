@@ -10,7 +10,7 @@ prints the command that resumes it with the same cut-off (`--before`); every ste
 resumed run ends where one uninterrupted run would. The order is `@mastra/mongodb`'s (`storage.pruning`).
 
 With `MESSAGE_HISTORY_PRUNE_OLDER_THAN` set, `run` also prunes every `MESSAGE_HISTORY_PRUNE_INTERVAL_S`
-(`periodic_prune`); off by default.
+(`message_history.app.periodic_prune`, one replica at a time); off by default.
 """
 
 from __future__ import annotations
@@ -106,10 +106,18 @@ async def run_prune(
             return await run_prune(settings, args, out=out, err=err, stop=stop, db=opened)
     from storage.pruning import MongoPruner  # noqa: PLC0415 -- keeps `--help` free of pymongo
 
-    pruner = MongoPruner(db, batch_size=args.batch_size or settings.prune_batch_size)
+    pruner = MongoPruner(
+        db, batch_size=args.batch_size or settings.prune_batch_size, turn_timeout_s=settings.turn_timeout_s
+    )
     if args.dry_run:
-        messages, threads = await pruner.count(cutoff)
-        summary = {"cutoff": iso(cutoff), "dryRun": True, "messages": messages, "staleThreads": threads}
+        messages, threads, markers = await pruner.count(cutoff)
+        summary = {
+            "cutoff": iso(cutoff),
+            "dryRun": True,
+            "messages": messages,
+            "staleThreads": threads,
+            "turnMarkers": markers,
+        }
         print(json.dumps(summary), file=out)
         return 0
     started = time.monotonic()
@@ -118,7 +126,8 @@ async def run_prune(
         elapsed = max(time.monotonic() - started, 1e-9)
         rate = (progress.messages + progress.threads) / elapsed
         print(
-            f"prune: {progress.messages} messages, {progress.threads} threads deleted "
+            f"prune: {progress.messages} messages, {progress.threads} threads, "
+            f"{progress.markers} turn markers deleted "
             f"({progress.batches} batches, {rate:.0f} rows/s)",
             file=err,
             flush=True,
@@ -131,6 +140,7 @@ async def run_prune(
         "done": progress.done,
         "deletedMessages": progress.messages,
         "deletedThreads": progress.threads,
+        "deletedTurnMarkers": progress.markers,
         "batches": progress.batches,
         "seconds": round(elapsed, 3),
         "rowsPerSecond": round((progress.messages + progress.threads) / max(elapsed, 1e-9)),
@@ -178,45 +188,3 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
     except MessageHistoryError as exc:
         print(f"message-history prune: {exc}", file=sys.stderr)
         return 1
-
-
-# --- from the service --------------------------------------------------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def periodic_prune(db: AsyncDatabase[Any], settings: Settings) -> AsyncIterator[None]:
-    """While the block runs, prune every `prune_interval_s` with `prune_older_than`; a failure is logged."""
-    assert settings.prune_older_than is not None
-    older_than = parse_duration(settings.prune_older_than)  # a bad value refuses to start
-    task = asyncio.create_task(_prune_forever(db, settings, older_than), name="periodic-prune")
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def _prune_forever(db: AsyncDatabase[Any], settings: Settings, older_than: timedelta) -> None:
-    from storage.pruning import MongoPruner  # noqa: PLC0415
-
-    pruner = MongoPruner(db, batch_size=settings.prune_batch_size)
-    while True:
-        cutoff = datetime.now(UTC) - older_than
-        started = time.monotonic()
-        try:
-            progress = await pruner.prune(cutoff)
-        except MessageHistoryError as exc:  # an outage or a refusal: the next run tries again
-            log.warning("periodic prune failed", extra={"error": str(exc), "retriable": exc.retriable})
-        else:
-            log.info(
-                "periodic prune",
-                extra={
-                    "audit": "prune",
-                    "cutoff": iso(cutoff),
-                    "deleted_messages": progress.messages,
-                    "deleted_threads": progress.threads,
-                    "seconds": round(time.monotonic() - started, 3),
-                },
-            )
-        await asyncio.sleep(settings.prune_interval_s)

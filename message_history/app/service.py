@@ -31,7 +31,7 @@ from consumers.recall import RecallHandler
 from consumers.turn_gate import TurnGate
 from message_history import __version__, tracing
 from message_history.app.health import Health, serve_http
-from message_history.app.prune import periodic_prune
+from message_history.app.periodic_prune import periodic_prune
 from message_history.errors import StartupError
 from message_history.logs import start_command
 from message_history.settings import Settings

@@ -1,11 +1,13 @@
 """`message-history topics`: create the service's topics with one partition count, or check the counts.
 
 The turn barrier needs the requests and responses topics to have the same partition count (a thread's
-responses sit on the partition number of its requests). `--partitions N` creates every missing topic of the
-settings (requests, responses, enriched, persisted, both dead-letter topics) with N partitions; without it,
-nothing is created. Either way the input topics' counts are compared, one line per topic, and the exit code
-is 1 when they differ (or when a topic exists with another count than N). Existing topics are never altered:
-adding partitions moves threads between partitions, see docs/operations.md section 2.
+responses sit on the partition number of its requests). `--partitions N` creates every missing topic the
+service reads or writes (requests, responses, enriched, persisted, both path dead-letter topics, and, unless
+`MESSAGE_HISTORY_COMMANDS_TOPIC` is empty, the commands, forgotten and commands dead-letter topics) with N
+partitions; without it, nothing is created. One line per topic says whether it was created, existed or is
+missing; the input topics' counts are compared, and the exit code is 1 when they differ (or when a topic
+exists with another count than N). Existing topics are never altered: adding partitions moves threads
+between partitions, see docs/operations.md section 2. Running it twice creates nothing the second time.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ import asyncio
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from message_history.settings import Settings
 from producers.connection import kafka_options, topic_partitions
@@ -26,8 +29,8 @@ _TIMEOUT_MS = 30_000
 
 
 def service_topics(settings: Settings) -> list[str]:
-    """Every topic the service reads or writes, inputs first."""
-    return [
+    """Every topic the service reads or writes, inputs first; the commands path's only when it runs."""
+    topics = [
         settings.requests_topic,
         settings.responses_topic,
         settings.enriched_topic,
@@ -35,6 +38,28 @@ def service_topics(settings: Settings) -> list[str]:
         settings.requests_dlq,
         settings.responses_dlq,
     ]
+    if settings.commands_topic:  # empty = no commands path (service.selected_paths)
+        topics += [settings.commands_topic, settings.forgotten_topic, settings.commands_dlq]
+    return list(dict.fromkeys(topics))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicsReport:
+    """What `ensure_topics` found and did: partitions per topic (None = missing), created, problems."""
+
+    counts: dict[str, int | None]
+    created: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """One line per topic: created, existed or missing, with its partition count."""
+        return [f"{topic}: {_state(topic, count, self.created)}" for topic, count in self.counts.items()]
+
+
+def _state(topic: str, count: int | None, created: list[str]) -> str:
+    if count is None:
+        return "missing"
+    return f"{'created' if topic in created else 'exists'}, {count} partitions"
 
 
 def verdict(counts: dict[str, int | None], inputs: tuple[str, str], wanted: int | None) -> list[str]:
@@ -55,24 +80,39 @@ def verdict(counts: dict[str, int | None], inputs: tuple[str, str], wanted: int 
     return problems
 
 
-async def ensure_topics(
-    settings: Settings, *, partitions: int | None, replication: int
-) -> tuple[dict[str, int | None], list[str]]:
-    """(partition count per topic after creating the missing ones when `partitions` is set, problems)."""
+async def ensure_topics(settings: Settings, *, partitions: int | None, replication: int) -> TopicsReport:
+    """The partition count per topic after creating the missing ones (when `partitions` is set)."""
     names = service_topics(settings)
     admin = AIOKafkaAdminClient(**kafka_options(settings, client_id="message-history-topics"))
     await admin.start()
+    created: list[str] = []
     try:
         counts = await _counts(admin, names)
         missing = [name for name, count in counts.items() if count is None]
         if partitions is not None and missing:
-            await admin.create_topics(
-                [NewTopic(name, partitions, replication) for name in missing], timeout_ms=_TIMEOUT_MS
-            )
+            created = await _create(admin, missing, partitions, replication)
             counts = await _created(admin, names, missing)
     finally:
         await admin.close()
-    return counts, verdict(counts, (settings.requests_topic, settings.responses_topic), partitions)
+    inputs = (settings.requests_topic, settings.responses_topic)
+    return TopicsReport(counts, created, verdict(counts, inputs, partitions))
+
+
+async def _create(
+    admin: AIOKafkaAdminClient, names: list[str], partitions: int, replication: int
+) -> list[str]:
+    """Create `names`; the ones this call created. One created meanwhile by someone else (a second `topics`
+    job, a broker auto-creating it) is not an error: it existed."""
+    response = await admin.create_topics(
+        [NewTopic(name, partitions, replication) for name in names], timeout_ms=_TIMEOUT_MS
+    )
+    created: list[str] = []
+    for topic, code, *_ in response.topic_errors:
+        if code == 0:
+            created.append(str(topic))
+        elif code != TopicAlreadyExistsError.errno:
+            raise for_code(code)(f"create topic {topic!r}")
+    return created
 
 
 async def _created(admin: AIOKafkaAdminClient, names: list[str], missing: list[str]) -> dict[str, int | None]:
@@ -112,14 +152,12 @@ def main(*, partitions: int | None, replication: int) -> int:
     """Entry point of `message-history topics`; prints one line per topic, returns the exit code."""
     settings = Settings()
     try:
-        counts, problems = asyncio.run(
-            ensure_topics(settings, partitions=partitions, replication=replication)
-        )
+        report = asyncio.run(ensure_topics(settings, partitions=partitions, replication=replication))
     except (KafkaError, OSError) as exc:
         print(f"FAIL kafka {settings.kafka_bootstrap_servers}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    for topic, count in counts.items():
-        print(f"{topic}: {'missing' if count is None else f'{count} partitions'}")
-    for problem in problems:
+    for line in report.lines():
+        print(line)
+    for problem in report.problems:
         print(f"FAIL {problem}", file=sys.stderr)
-    return 1 if problems else 0
+    return 1 if report.problems else 0

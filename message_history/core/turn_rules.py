@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Literal
 
 BusyPolicy = Literal["enqueue", "allow", "reject"]
@@ -67,6 +68,48 @@ def should_mark(marker: TurnMarker | None, request_id: str) -> bool:
     """False for a request already answered (a replay or redelivery): marking it would make the thread busy
     until the timeout."""
     return marker is None or request_id not in marker.answered
+
+
+MARKER_GRACE = timedelta(days=1)
+"""How long after its last write a marker is kept even when its thread is gone (see `marker_expires`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MarkerHorizons:
+    """Prune's two instants for the markers: every marker last written before `stale_before` goes; one of
+    a thread that is gone goes when it was last written before `gone_before` and names no unanswered turn."""
+
+    stale_before: datetime
+    gone_before: datetime
+
+
+def marker_horizons(cutoff: datetime, now: datetime, turn_timeout_s: float) -> MarkerHorizons:
+    """The horizons for a prune with `cutoff` run at `now`: never closer to `now` than the grace.
+
+    The grace (a day, or twice the turn timeout if that is longer) outlives every wait (a wait lasts at most
+    the turn timeout) and the redeliveries a restart brings, which a marker's `answered` ids are for. A
+    `--before` cut-off in the last day therefore still leaves the last day's markers alone.
+    """
+    gone_before = now - max(MARKER_GRACE, timedelta(seconds=2 * turn_timeout_s))
+    return MarkerHorizons(stale_before=min(cutoff, gone_before), gone_before=gone_before)
+
+
+def marker_expires(
+    marker: TurnMarker, last_write: datetime | None, *, thread_exists: bool, horizons: MarkerHorizons
+) -> bool:
+    """Whether prune may delete this marker (`last_write`: its newest `enrichedAt` / `answeredAt`).
+
+    * last written before `stale_before`: the turns it describes are older than the history prune deletes;
+      a request still waiting on it (a turn never answered) ends its wait with `history.complete: false`,
+      which is what its timeout would have given.
+    * its thread is gone (no `mastra_threads` row: forgotten, deleted by a Mastra app, or never saved
+      because its turns were read-only or failed), it was last written before `gone_before` and it names no
+      unanswered turn: nobody waits on it, and a thread seen for the first time has a marker but no row
+      yet, which the grace protects (and a busy marker is never removed this way).
+    """
+    if last_write is None or last_write < horizons.stale_before:
+        return True
+    return not thread_exists and not is_busy(marker) and last_write < horizons.gone_before
 
 
 def keep_answered(previous: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:

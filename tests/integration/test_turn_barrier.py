@@ -297,7 +297,8 @@ async def test_the_topics_command_creates_equal_counts_and_refuses_unequal_ones(
     """`message-history topics --partitions 3` creates every topic with 3; unequal input topics fail."""
     settings = fresh_settings(kafka_bootstrap, mongo_uri)
     try:
-        counts, problems = await ensure_topics(settings, partitions=3, replication=1)
+        report = await ensure_topics(settings, partitions=3, replication=1)
+        counts, problems = report.counts, report.problems
     finally:
         admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
         await admin.start()
@@ -312,7 +313,8 @@ async def test_the_topics_command_creates_equal_counts_and_refuses_unequal_ones(
     unequal = fresh_settings(kafka_bootstrap, mongo_uri)
     await make_topic(partitions=4, name=unequal.requests_topic)
     await make_topic(partitions=2, name=unequal.responses_topic)
-    counts, problems = await ensure_topics(unequal, partitions=None, replication=1)
+    report = await ensure_topics(unequal, partitions=None, replication=1)
+    counts, problems = report.counts, report.problems
     assert counts[unequal.requests_topic] == 4
     assert counts[unequal.enriched_topic] is None  # nothing created without --partitions
     assert len(problems) == 1

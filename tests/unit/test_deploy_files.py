@@ -327,6 +327,7 @@ def test_operations_guide_names_only_real_metrics_and_settings() -> None:
         "message_history_check",
         "message_history_forgotten",  # the tombstone collection, not a metric
         "message_history_turns",  # the busy-thread markers collection, not a metric
+        "message_history_leases",  # the lease collection (periodic prune), not a metric
     }
     assert mentioned_metrics
     assert mentioned_metrics - series == set()

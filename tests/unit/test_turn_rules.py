@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from message_history.core.turn_rules import (
     ANSWERED_KEPT,
+    MARKER_GRACE,
     BusyPolicy,
     Decision,
+    MarkerHorizons,
     TurnMarker,
     best_progress,
     busy_decision,
     keep_answered,
     lagging,
+    marker_expires,
+    marker_horizons,
     partition_mismatch,
     should_mark,
     still_waiting,
@@ -110,3 +116,45 @@ def test_best_progress(candidates: tuple[int | None, ...], expected: int | None)
 def test_partition_mismatch(requests: int | None, responses: int | None, expected: bool) -> None:
     """Only two existing topics with different counts are refused; a missing one is looked at later."""
     assert partition_mismatch(requests, responses) is expected
+
+
+_NOW = datetime(2026, 6, 1, tzinfo=UTC)
+_DAY = timedelta(days=1)
+_HORIZONS = marker_horizons(_NOW - 90 * _DAY, _NOW, turn_timeout_s=60)
+
+
+@pytest.mark.parametrize(
+    ("marker", "age", "thread_exists", "expected"),
+    [
+        (IDLE, 100 * _DAY, True, True),  # older than the cut-off: its turns are older than the history kept
+        (PENDING_K, 100 * _DAY, True, True),  # even a turn never answered: a waiter ends as on a timeout
+        (IDLE, 2 * _DAY, True, False),  # the thread lives: the answered ids still guard redeliveries
+        (IDLE, 2 * _DAY, False, True),  # the thread is gone, past the grace
+        (ANSWERED_K, 2 * _DAY, False, True),  # gone; its pending turn was answered
+        (PENDING_K, 2 * _DAY, False, False),  # gone but a turn is pending: someone may wait on it
+        (IDLE, timedelta(hours=23), False, False),  # within the grace: a first turn has no thread row yet
+        (PENDING_K, timedelta(minutes=1), False, False),
+        (IDLE, None, True, True),  # no write time at all: nothing shows it is recent
+    ],
+)
+def test_marker_expires(
+    marker: TurnMarker, age: timedelta | None, thread_exists: bool, expected: bool
+) -> None:
+    """Which markers prune may delete: old ones, and idle ones of gone threads past the grace."""
+    last_write = None if age is None else _NOW - age
+    assert marker_expires(marker, last_write, thread_exists=thread_exists, horizons=_HORIZONS) is expected
+
+
+@pytest.mark.parametrize(
+    ("cutoff", "timeout_s", "stale_before", "gone_before"),
+    [
+        (_NOW - 90 * _DAY, 60, _NOW - 90 * _DAY, _NOW - MARKER_GRACE),
+        (_NOW, 60, _NOW - MARKER_GRACE, _NOW - MARKER_GRACE),  # `--before now`: the grace still holds
+        (_NOW, 86_400, _NOW - 2 * _DAY, _NOW - 2 * _DAY),  # a turn timeout over half a day widens it
+    ],
+)
+def test_marker_horizons(
+    cutoff: datetime, timeout_s: float, stale_before: datetime, gone_before: datetime
+) -> None:
+    """Neither horizon is ever closer to now than the grace."""
+    assert marker_horizons(cutoff, _NOW, timeout_s) == MarkerHorizons(stale_before, gone_before)
