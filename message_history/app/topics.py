@@ -17,7 +17,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
@@ -128,9 +127,8 @@ async def _created(admin: AIOKafkaAdminClient, names: list[str], missing: list[s
 async def _counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int | None]:
     existing = set(await admin.list_topics())
     present = [name for name in names if name in existing]
-    described: list[dict[str, Any]] = await admin.describe_topics(present) if present else []
-    by_name = {str(t["topic"]): len(t["partitions"]) for t in described if t.get("error_code", 0) == 0}
-    return {name: by_name.get(name) for name in names}
+    found = topic_partitions(await admin.describe_topics(present) if present else [])
+    return {name: len(found[name]) if name in found else None for name in names}
 
 
 async def existing_partitions(
