@@ -17,14 +17,25 @@ when stopping, leaves them to the partition's next owner.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from message_history import metrics
-from message_history.core.turn_rules import BusyPolicy, TurnMarker, busy_decision, should_mark
+from message_history.core.turn_rules import (
+    BusyPolicy,
+    Decision,
+    TurnMarker,
+    busy_decision,
+    is_abandoned,
+    should_mark,
+)
 from message_history.errors import RetriableError, ThreadBusyError
+
+log = logging.getLogger(__name__)
 
 
 class Barrier(Protocol):
@@ -72,6 +83,7 @@ class TurnGate:
     policy: BusyPolicy
     timeout_s: float
     stop: asyncio.Event | None = None
+    abandon_after_s: float = 900.0  # a pending turn unanswered this long no longer makes its thread busy
 
     async def open_batch(self, requests: Sequence[tuple[int, str]]) -> BatchGate:
         """Look-ups for a batch of (partition, threadId): partitions behind and the threads' markers."""
@@ -84,7 +96,14 @@ class TurnGate:
             else _no_markers()
         )
         behind, markers = await asyncio.gather(behind_task, markers_task)
-        return BatchGate(self, deadline=started + self.timeout_s, behind=behind, markers=markers)
+        abandoned_before = datetime.now(UTC) - timedelta(seconds=self.abandon_after_s)
+        return BatchGate(
+            self,
+            deadline=started + self.timeout_s,
+            behind=behind,
+            markers=markers,
+            abandoned_before=abandoned_before,
+        )
 
 
 async def _none_behind() -> dict[int, int]:
@@ -103,6 +122,7 @@ class BatchGate:
     deadline: float
     behind: dict[int, int]
     markers: dict[str, TurnMarker]
+    abandoned_before: datetime | None = None  # pending turns enriched before it are abandoned
     blocked: dict[str, RetriableError] = field(default_factory=dict)
 
     async def admit(self, partition: int, thread_id: str, request_id: str) -> Admission:
@@ -110,6 +130,7 @@ class BatchGate:
         blocked = self.blocked.get(thread_id)
         if blocked is not None:
             return Admission(retry=blocked)
+        self._note_abandoned(thread_id, request_id)
         if partition not in self.behind and not self._busy(thread_id, request_id):
             return GO
         started = time.monotonic()
@@ -126,7 +147,30 @@ class BatchGate:
         return Admission(complete=complete, waited_ms=round(waited * 1000), fresh=True)
 
     def _busy(self, thread_id: str, request_id: str) -> bool:
-        return busy_decision(self.markers.get(thread_id), request_id, self.gate.policy) != "go"
+        return self._decision(self.markers.get(thread_id), request_id) != "go"
+
+    def _decision(self, marker: TurnMarker | None, request_id: str) -> Decision:
+        return busy_decision(marker, request_id, self.gate.policy, abandoned_before=self.abandoned_before)
+
+    def _note_abandoned(self, thread_id: str, request_id: str) -> None:
+        """Say so when the thread's pending turn is abandoned: a worker dropped it, or never got it."""
+        marker = self.markers.get(thread_id)
+        if (
+            self.gate.policy != "allow"
+            and self.abandoned_before is not None
+            and marker is not None
+            and marker.pending != request_id
+            and is_abandoned(marker, self.abandoned_before)
+        ):
+            log.warning(
+                "a turn was never answered: its thread is not busy any more",
+                extra={
+                    "thread_id": thread_id,
+                    "abandoned_request_id": marker.pending,
+                    "enriched_at": marker.pending_since.isoformat() if marker.pending_since else None,
+                    "request_id": request_id,
+                },
+            )
 
     async def _wait(
         self, partition: int, thread_id: str, request_id: str
@@ -141,7 +185,7 @@ class BatchGate:
                 metrics.TURN_WAIT_TIMEOUTS.labels(reason="barrier").inc()
                 complete = False
         marker = self.markers.get(thread_id)
-        decision = busy_decision(marker, request_id, gate.policy)
+        decision = self._decision(marker, request_id)
         if decision == "reject" and marker is not None and marker.pending is not None:
             return complete, ThreadBusyError(thread_id, marker.pending)
         if decision == "wait" and marker is not None and marker.pending is not None and gate.markers:
@@ -170,5 +214,5 @@ class BatchGate:
         marker = self.markers.get(thread_id)
         if not should_mark(marker, request_id):
             return None  # already answered: a replay or a redelivery
-        self.markers[thread_id] = (marker or TurnMarker()).enriched(request_id)
+        self.markers[thread_id] = (marker or TurnMarker()).enriched(request_id, datetime.now(UTC))
         return asyncio.ensure_future(gate.markers.mark(thread_id, request_id))

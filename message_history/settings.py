@@ -114,6 +114,15 @@ class Settings(BaseSettings):
             "`history.complete: false`. Capped at half of `MAX_POLL_INTERVAL_MS`."
         ),
     )
+    abandon_turn_after_ms: int = Field(
+        900_000,
+        ge=1000,
+        description=(
+            "A turn enriched and not answered for this long is abandoned (its worker dropped it): its thread "
+            "is no longer busy, so `enqueue` does not wait for it and `reject` does not refuse the thread's "
+            "next requests; a warning names it. Longer than the slowest turn a worker may take."
+        ),
+    )
 
     # --- batching and flow control ---
     max_batch_records: int = Field(500, ge=1)

@@ -82,9 +82,11 @@ def _answered_plain(thread_id: str, ids: list[str], now: datetime) -> list[Updat
 def marker_from_doc(doc: Mapping[str, Any]) -> TurnMarker:
     pending = doc.get("pending")
     answered = doc.get("answered") or ()
+    since = doc.get("enrichedAt")
     return TurnMarker(
         pending=str(pending) if pending is not None else None,
         answered=tuple(str(a) for a in answered),
+        pending_since=since if isinstance(since, datetime) else None,
     )
 
 

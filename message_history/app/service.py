@@ -214,6 +214,7 @@ async def run_service(
             policy=settings.busy_thread,
             timeout_s=settings.turn_timeout_s,
             stop=stop,
+            abandon_after_s=settings.abandon_turn_after_ms / 1000,
         )
         opened = Opened(
             settings,

@@ -34,29 +34,56 @@ class TurnMarker:
 
     pending: str | None = None
     answered: tuple[str, ...] = ()
+    pending_since: datetime | None = None  # when the pending turn was enriched (`enrichedAt`); None: unknown
 
-    def enriched(self, request_id: str) -> TurnMarker:
-        """This marker after `request_id` was enriched (unchanged when that turn was already answered)."""
+    def enriched(self, request_id: str, at: datetime | None = None) -> TurnMarker:
+        """This marker after `request_id` was enriched at `at` (unchanged when that turn was already
+        answered)."""
         if not should_mark(self, request_id):
             return self
-        return TurnMarker(pending=request_id, answered=self.answered)
+        return TurnMarker(pending=request_id, answered=self.answered, pending_since=at)
 
 
-def busy_decision(marker: TurnMarker | None, request_id: str, policy: BusyPolicy) -> Decision:
+def busy_decision(
+    marker: TurnMarker | None,
+    request_id: str,
+    policy: BusyPolicy,
+    *,
+    abandoned_before: datetime | None = None,
+) -> Decision:
     """`go`, `wait` (policy enqueue) or `reject` (policy reject) for `request_id` on its thread's marker.
 
-    A redelivered copy of the pending request itself goes: it must not wait for its own answer.
+    A redelivered copy of the pending request itself goes: it must not wait for its own answer. A pending turn
+    enriched before `abandoned_before` is abandoned (`is_abandoned`): the thread is not busy any more.
     """
-    if policy == "allow" or not is_busy(marker, exclude=request_id):
+    if policy == "allow" or not is_busy(marker, exclude=request_id, abandoned_before=abandoned_before):
         return "go"
     return "wait" if policy == "enqueue" else "reject"
 
 
-def is_busy(marker: TurnMarker | None, *, exclude: str | None = None) -> bool:
-    """True when the marker names a pending turn (other than `exclude`) that has no answer yet."""
+def is_busy(
+    marker: TurnMarker | None, *, exclude: str | None = None, abandoned_before: datetime | None = None
+) -> bool:
+    """True when the marker names a pending turn (other than `exclude`) that has no answer yet and, with
+    `abandoned_before`, is not abandoned."""
     if marker is None or marker.pending is None or marker.pending == exclude:
         return False
+    if abandoned_before is not None and is_abandoned(marker, abandoned_before):
+        return False
     return marker.pending not in marker.answered
+
+
+def is_abandoned(marker: TurnMarker | None, abandoned_before: datetime) -> bool:
+    """True when the marker's pending turn is unanswered and was enriched before `abandoned_before`: its
+    worker dropped it (or is gone), and waiting for it (`enqueue`) or refusing the thread's next requests
+    (`reject`) would hold the thread for good. A marker without a time is never abandoned."""
+    return (
+        marker is not None
+        and marker.pending is not None
+        and marker.pending not in marker.answered
+        and marker.pending_since is not None
+        and marker.pending_since < abandoned_before
+    )
 
 
 def still_waiting(marker: TurnMarker | None, awaited: str) -> bool:

@@ -226,6 +226,30 @@ async def test_reject_sends_a_request_on_a_busy_thread_to_the_dead_letter_topic(
     assert len(await dead_letters(settings)) == 1  # nothing else refused
 
 
+async def test_reject_lets_a_thread_go_on_once_its_unanswered_turn_is_abandoned(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """Policy reject, a worker that never answers turn 1: once turn 1 is older than
+    `MESSAGE_HISTORY_ABANDON_TURN_AFTER_MS` (1 s here), turn 2 is enriched, not refused; without the
+    horizon every later request of the thread was a dead letter (the test above shows the refusal)."""
+    settings = await _settings(
+        kafka_bootstrap, mongo_uri, make_topic, busy_thread="reject", abandon_turn_after_ms=1000
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.requests_topic, [encoded(request_event("t", "u", 1, "q1"))])
+            await _enriched(settings, request_id("t", 1))
+            await asyncio.sleep(1.5)  # turn 1 stays unanswered past the horizon
+            await produce(bootstrap, settings.requests_topic, [encoded(request_event("t", "u", 2, "q2"))])
+            [second] = await _enriched(settings, request_id("t", 2))
+        letters = await dead_letters(settings)
+    finally:
+        await drop_database(settings)
+    assert second["requestId"] == request_id("t", 2)
+    assert letters == []
+
+
 @pytest.mark.parametrize("barrier", ["on", "off"])
 async def test_unequal_partition_counts_refuse_to_start_with_the_barrier_on(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, barrier: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -191,3 +192,28 @@ async def test_a_stop_interrupts_a_wait() -> None:
     batch = await _gate(markers=markers, stop=stop).open_batch([(0, "a")])
     admission = await batch.admit(0, "a", "a2")
     assert isinstance(admission.retry, WaitInterruptedError)
+
+
+@pytest.mark.parametrize("policy", ["reject", "enqueue"])
+@pytest.mark.parametrize(("abandon_after_s", "held"), [(900.0, False), (10 * 86400.0, True)])
+async def test_a_turn_never_answered_stops_holding_its_thread(
+    policy: BusyPolicy, abandon_after_s: float, held: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pending turn enriched an hour ago and never answered: past the abandon horizon (15 min) the next
+    request goes at once and a warning names the dropped turn; with a horizon beyond its age (as before
+    there was one), `reject` refuses every later request of the thread and `enqueue` makes each wait."""
+    an_hour_ago = datetime.now(UTC) - timedelta(hours=1)
+    markers = FakeMarkers({"a": TurnMarker(pending="a0", pending_since=an_hour_ago)})
+    gate = TurnGate(
+        barrier=None, markers=markers, policy=policy, timeout_s=0.05, abandon_after_s=abandon_after_s
+    )
+    batch = await gate.open_batch([(0, "a")])
+    admission = await batch.admit(0, "a", "a1")
+    if not held:
+        assert admission is GO
+        named = [getattr(r, "abandoned_request_id", None) for r in caplog.records]
+        assert [n for n in named if n is not None] == ["a0"]
+    elif policy == "reject":
+        assert admission.refused is not None
+    else:
+        assert (admission.complete, admission.waited_ms >= 50) == (False, True)

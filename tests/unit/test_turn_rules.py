@@ -15,6 +15,7 @@ from message_history.core.turn_rules import (
     TurnMarker,
     best_progress,
     busy_decision,
+    is_abandoned,
     keep_answered,
     lagging,
     marker_expires,
@@ -47,6 +48,53 @@ def test_busy_decision(
 ) -> None:
     """Only another turn, pending and unanswered, makes a thread busy; the policy says what then."""
     assert busy_decision(marker, request_id, policy) == expected
+
+
+_NOW = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+_HORIZON = _NOW - timedelta(minutes=15)  # abandon_turn_after 15 min
+
+
+@pytest.mark.parametrize(
+    ("marker", "request_id", "policy", "expected"),
+    [
+        # pending since before the horizon: abandoned, the thread is free under every policy
+        (TurnMarker(pending="k", pending_since=_NOW - timedelta(hours=1)), "k1", "enqueue", "go"),
+        (TurnMarker(pending="k", pending_since=_NOW - timedelta(hours=1)), "k1", "reject", "go"),
+        # within the horizon: still busy
+        (TurnMarker(pending="k", pending_since=_NOW - timedelta(minutes=14)), "k1", "enqueue", "wait"),
+        (TurnMarker(pending="k", pending_since=_NOW - timedelta(minutes=14)), "k1", "reject", "reject"),
+        # no time known (a marker written before times were read): never abandoned
+        (TurnMarker(pending="k"), "k1", "reject", "reject"),
+        # answered: not busy whatever its age
+        (
+            TurnMarker(pending="k", answered=("k",), pending_since=_NOW - timedelta(days=2)),
+            "k1",
+            "reject",
+            "go",
+        ),
+    ],
+)
+def test_an_abandoned_turn_does_not_hold_its_thread(
+    marker: TurnMarker, request_id: str, policy: BusyPolicy, expected: Decision
+) -> None:
+    """A turn enriched before the horizon and never answered no longer makes its thread busy."""
+    assert busy_decision(marker, request_id, policy, abandoned_before=_HORIZON) == expected
+    # without the horizon, the same markers keep their thread busy forever (what `reject` did before)
+    still = busy_decision(marker, request_id, policy)
+    assert still == ("go" if marker.pending in marker.answered else {"enqueue": "wait"}.get(policy, policy))
+
+
+@pytest.mark.parametrize(
+    ("since", "expected"),
+    [
+        (_HORIZON - timedelta(seconds=1), True),
+        (_HORIZON, False),
+        (_HORIZON + timedelta(seconds=1), False),
+        (None, False),
+    ],
+)
+def test_is_abandoned_at_the_horizon(since: datetime | None, expected: bool) -> None:
+    assert is_abandoned(TurnMarker(pending="k", pending_since=since), _HORIZON) is expected
 
 
 @pytest.mark.parametrize(
