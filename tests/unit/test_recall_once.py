@@ -14,7 +14,8 @@ import pytest
 
 from consumers.recall import RecallHandler
 from message_history.core import echo
-from message_history.core.budget import HistoryLoader
+from message_history.core.budget import HistoryLoader, resolve_budget
+from message_history.processor import MessageHistory
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, OutputProducer
@@ -50,9 +51,11 @@ def _record(offset: int, thread: str, messages: Sequence[Message], memory: dict[
     return SimpleNamespace(topic="requests", partition=0, offset=offset, key=b"", value=value, headers=[])
 
 
-async def _handle(storage: _CountingPages, records: Sequence[Any]) -> list[dict[str, Any]]:
+async def _handle(
+    storage: _CountingPages, records: Sequence[Any], *, write_boundaries: bool = False
+) -> list[dict[str, Any]]:
     publisher = _Sent()
-    handler = RecallHandler(Settings(), storage, publisher, write_boundaries=False)
+    handler = RecallHandler(Settings(), storage, publisher, write_boundaries=write_boundaries)
     for ack in await handler.handle(records):
         assert not isinstance(ack, Exception), ack
         await ack
@@ -130,3 +133,31 @@ async def test_an_echo_request_is_planned_once(
     """`plan_echo` once per request: the prefetch's id look-up and the processor's filter share it."""
     await _echo_batch(_CountingPages(), memory)
     assert len(echo_plans) == 1
+
+
+async def test_a_boundary_moved_earlier_in_the_batch_is_loaded_anew() -> None:
+    """Two budgeted requests of one thread: the first trims and moves the boundary, so the second's load is
+    another one (from the new boundary), not the prefetch's; both match the processor over the storage."""
+    batched, direct = _CountingPages(), _CountingPages()
+    for storage in (batched, direct):
+        await _seed(storage, "a", "u", 60)
+    incoming = [[_message(f"in{i}", "user", "next?", 1000 + i)] for i in range(2)]
+    enriched = await _handle(
+        batched,
+        [_record(i, "a", incoming[i], {"maxTokens": 60, "atMaxRemoveTokens": 30}) for i in range(2)],
+        write_boundaries=True,
+    )
+    expected = []
+    for messages in incoming:
+        outcome = await MessageHistory(storage=direct).recall(
+            thread_id="a",
+            resource_id="u",
+            incoming=messages,
+            last_messages=False,
+            budget=resolve_budget(60, 30),
+        )
+        boundary = outcome.boundary.to_metadata() if outcome.boundary is not None else None
+        expected.append([outcome.recalled, outcome.trimmed, boundary])
+    assert expected[0] != expected[1]  # the first request's trim changed what the second one loads
+    got = [[e["history"]["recalled"], e["history"]["trimmed"], e["history"]["boundary"]] for e in enriched]
+    assert got == expected
