@@ -2,15 +2,17 @@
 
 The processor is the one implementation of the rules, and it talks to a `HistoryStorage` one event at a time.
 `PrefetchedHistory` is loaded with one `get_threads` and one `list_messages_many` for the whole batch
-(issued concurrently) and answers `get_thread` / `list_messages` from memory. It is a cache, not a copy of
-the rules: a query it was not loaded for (another resource, a larger page) goes to the storage.
+(issued concurrently) and answers `get_thread` / `list_messages` from memory. Under a token budget it also
+runs every thread's `HistoryLoader` (the pages in rounds) and hands the processor their results (`loaded`), so
+a request's history is loaded once. It is a cache, not a copy of the rules: a query it was not loaded for
+(another resource, a larger page, a boundary moved since) goes to the storage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,6 +24,7 @@ from storage.protocol import (
     BatchHistoryStorage,
     BatchPagedStorage,
     BudgetedHistoryStorage,
+    HistoryLoad,
     HistoryStorage,
     MessageLookup,
     Page,
@@ -85,6 +88,7 @@ class PrefetchedHistory:
         self.counter = CountCache()  # token counts of the batch's messages, shared with the processor
         self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
         self.page_rounds = 0  # round trips spent on those pages
+        self._loaded: dict[HistoryLoad, list[Message]] = {}  # those loaders' results, for the processor
         self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
         self.by_id: dict[str, Message] = {}  # stored copies the client-echo filter asked for
         self.looked_up: set[str] = set()
@@ -133,6 +137,10 @@ class PrefetchedHistory:
             history.by_id = {m.id: m for m in rows if m.id is not None}
             history.looked_up = set(lookup)
         newest = {q.thread_id: list(pages.get(q.thread_id, [])) for q in first}
+        # ...and answer the client-echo filter's probe (`list_messages`, limit 1) of a budgeted thread.
+        history._pages.update(
+            {q.thread_id: _Page(q.resource_id, q.limit, newest[q.thread_id]) for q in first}
+        )
         await history._prefetch_budgeted(budgeted, newest)
         return history
 
@@ -142,17 +150,23 @@ class PrefetchedHistory:
         """Run every budgeted thread's `HistoryLoader` together: one round trip per paging round after the
         first (whose pages are cut from each thread's `newest` rows)."""
         loaders: list[tuple[RecallQuery, HistoryLoader]] = []
+        loads: list[HistoryLoad] = []
         for query in queries:  # `load` passes only budgeted queries (a budget, max_tokens > 0)
             assert query.budget is not None
             thread = self._threads.get(query.thread_id)
             stored = read_boundary(thread.metadata) if thread is not None else None
+            load = HistoryLoad(
+                query.thread_id,
+                query.resource_id,
+                boundary_for(query.budget, stored),
+                query.limit,
+                query.budget,
+            )
             loader = HistoryLoader(
-                boundary=boundary_for(query.budget, stored),
-                max_messages=query.limit,
-                budget=query.budget,
-                count=self.counter,
+                boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=self.counter
             )
             loaders.append((query, loader))
+            loads.append(load)
             page_query = _page_query(query, loader)
             if page_query.page == 0 and page_query.end is None and page_query.per_page == PAGE_SIZE:
                 self.budget_pages[page_query] = _first_page(newest.get(query.thread_id, []), page_query.start)
@@ -165,6 +179,12 @@ class PrefetchedHistory:
             for (_, loader), page_query in zip(active, asked, strict=True):
                 page = self.budget_pages[page_query]
                 loader.feed(page.messages, has_more=page.has_more)
+        self._loaded.update((load, loader.result()) for load, (_, loader) in zip(loads, loaders, strict=True))
+
+    def loaded(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message] | None:
+        """A prefetched loader's result: same thread, resource, boundary, count cap, budget and counter
+        (the boundary an earlier request of the batch advanced is another load)."""
+        return self._loaded.get(load) if count is self.counter else None
 
     async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
         if set(message_ids) <= self.looked_up:

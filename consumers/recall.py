@@ -28,7 +28,7 @@ from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.core.budget import TokenBudget, resolve_budget
-from message_history.core.echo import plan_echo
+from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.rules import LastMessages, normalize_limit
 from message_history.errors import InvalidInputError, RetriableError
 from message_history.processor import MessageHistory, RecallOutcome
@@ -108,6 +108,7 @@ class _Item:
     record: Record
     request: AgentRequest
     memory: TurnMemory
+    echo: EchoPlan | None  # the client-echo filter's plan (None: the input is kept whole), made once
 
 
 class RecallHandler(PathHandler[EnrichedPublisher]):
@@ -131,7 +132,9 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         request = decode_request(value, self.limits)
-        return _Item(record, request, turn_memory(request, self._defaults))
+        memory = turn_memory(request, self._defaults)
+        echo = None if memory.retain_full_input else plan_echo(request.messages)
+        return _Item(record, request, memory, echo)
 
     async def _handle(
         self, records: Sequence[Record], spans: tracing.BatchSpans
@@ -167,7 +170,8 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
                 last_messages=item.memory.last_messages,
                 budget=item.memory.budget,
                 read_only=item.memory.read_only or not self._write_boundaries,
-                filter_echo=not item.memory.retain_full_input,
+                filter_echo=item.echo is not None,
+                echo_plan=item.echo,
                 counter=history.counter,
             )
             enriched = self._enriched(request, outcome, admission)
@@ -230,7 +234,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
     def _query(self, item: _Item) -> RecallQuery:
         limit = normalize_limit(item.memory.last_messages)
         request = item.request
-        lookup = () if item.memory.retain_full_input else plan_echo(request.messages).needs
+        lookup = () if item.echo is None else item.echo.needs
         return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget, lookup)
 
 

@@ -9,12 +9,12 @@ paths use: one round trip per batch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
-from message_history.core.budget import TokenBudget
+from message_history.core.budget import Boundary, TokenBudget
 from message_history.errors import ThreadOwnershipError
 from schemas.messages import Message
 
@@ -138,6 +138,27 @@ class MessageLookup(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class HistoryLoad:
+    """One thread's token-limited load: what its `HistoryLoader` is made of (the pages follow from these)."""
+
+    thread_id: str
+    resource_id: str | None
+    boundary: Boundary | None
+    max_messages: int | None
+    budget: TokenBudget
+
+
+@runtime_checkable
+class LoadedHistory(Protocol):
+    """A storage that has already run some threads' `HistoryLoader`s over its own pages (the recall
+    prefetch), so that the processor need not run them again."""
+
+    def loaded(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message] | None:
+        """`HistoryLoader.result()` of `load` when it ran here with the counter `count`, else None."""
+        ...
+
+
 # --- the batch forms -------------------------------------------------------------------------------------
 
 
@@ -210,6 +231,14 @@ class BatchPagedStorage(Protocol):
 # methods), so it is remembered per class.
 _LOOKUP_CLASSES: dict[type, bool] = {}
 _BUDGETED_CLASSES: dict[type, bool] = {}
+_LOADED_CLASSES: dict[type, bool] = {}
+
+
+def _remembered(classes: dict[type, bool], storage: object, protocol: type) -> bool:
+    known = classes.get(type(storage))
+    if known is None:
+        known = classes[type(storage)] = isinstance(storage, protocol)
+    return known
 
 
 class LookupHistoryStorage(HistoryStorage, MessageLookup, Protocol):
@@ -218,18 +247,17 @@ class LookupHistoryStorage(HistoryStorage, MessageLookup, Protocol):
 
 def is_message_lookup(storage: HistoryStorage) -> TypeGuard[LookupHistoryStorage]:
     """`isinstance(storage, MessageLookup)`, remembered per class."""
-    known = _LOOKUP_CLASSES.get(type(storage))
-    if known is None:
-        known = _LOOKUP_CLASSES[type(storage)] = isinstance(storage, MessageLookup)
-    return known
+    return _remembered(_LOOKUP_CLASSES, storage, MessageLookup)
 
 
 def is_budgeted(storage: HistoryStorage) -> TypeGuard[BudgetedHistoryStorage]:
     """`isinstance(storage, BudgetedHistoryStorage)`, remembered per class."""
-    known = _BUDGETED_CLASSES.get(type(storage))
-    if known is None:
-        known = _BUDGETED_CLASSES[type(storage)] = isinstance(storage, BudgetedHistoryStorage)
-    return known
+    return _remembered(_BUDGETED_CLASSES, storage, BudgetedHistoryStorage)
+
+
+def has_loaded(storage: HistoryStorage) -> TypeGuard[LoadedHistory]:
+    """`isinstance(storage, LoadedHistory)`, remembered per class."""
+    return _remembered(_LOADED_CLASSES, storage, LoadedHistory)
 
 
 @runtime_checkable

@@ -46,8 +46,8 @@ from message_history.core.budget import (
     read_boundary,
     trim_memory,
 )
+from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.echo import filter_echo as drop_client_echo
-from message_history.core.echo import plan_echo
 from message_history.core.message_list import MessageList
 from message_history.core.request_context import RequestContext, parse_memory_context
 from message_history.core.rules import (
@@ -65,10 +65,12 @@ from message_history.errors import AbortError, ThreadOwnershipError
 from schemas.messages import Message
 from storage.protocol import (
     BudgetedHistoryStorage,
+    HistoryLoad,
     HistoryStorage,
     Page,
     PageQuery,
     Thread,
+    has_loaded,
     is_budgeted,
     is_message_lookup,
 )
@@ -283,6 +285,7 @@ class MessageHistory:
         system: Sequence[str] = (),
         read_only: bool = False,
         filter_echo: bool = False,
+        echo_plan: EchoPlan | None = None,
         counter: Callable[[Message], float] | None = None,
     ) -> RecallOutcome:
         """Build the context for a turn: recalled history plus `incoming`, ordered, deduplicated by id.
@@ -293,7 +296,7 @@ class MessageHistory:
         boundary stored in the thread's metadata unless `read_only` (see `message_history.core.budget`).
         `filter_echo` runs Mastra 1.71's `MemoryInputFilter` on `incoming` first
         (`message_history.core.echo`): a client's resent history is dropped from the input; the outcome's
-        context holds what is left.
+        context holds what is left; `echo_plan` is `plan_echo(incoming)` when the caller has it already.
 
         `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
         the processor's own. Without a thread id: no storage call, the context is `incoming` alone
@@ -309,7 +312,7 @@ class MessageHistory:
         thread = await self.storage.get_thread(thread_id)
         _check_owner(thread, thread_id, resource_id)
         if filter_echo and limit != 0 and (budget is None or budget.max_tokens != 0):
-            incoming = await self._filter_echo(thread_id, resource_id, incoming)
+            incoming = await self._filter_echo(thread_id, resource_id, incoming, echo_plan)
         if budget is not None and limit != 0 and budget.max_tokens != 0:
             return await self._recall_budgeted(
                 thread_id,
@@ -344,11 +347,8 @@ class MessageHistory:
     ) -> RecallOutcome:
         stored = read_boundary(thread.metadata) if thread is not None else None
         boundary = boundary_for(budget, stored)
-        loader = HistoryLoader(boundary=boundary, max_messages=limit, budget=budget, count=count)
-        while loader.next_page is not None:
-            page = await self._page(thread_id, resource_id, loader.next_page)
-            loader.feed(page.messages, has_more=page.has_more)
-        context = build_context(loader.result()[::-1], incoming)
+        loaded = await self._load(HistoryLoad(thread_id, resource_id, boundary, limit, budget), count)
+        context = build_context(loaded[::-1], incoming)
         removed, _ = trim_memory(context, budget, system=system, count=count)
         removed_ids = {m.id for m in removed}
         context = [(m, s) for m, s in context if s != "memory" or m.id not in removed_ids]
@@ -372,10 +372,25 @@ class MessageHistory:
             boundary=boundary,
         )
 
+    async def _load(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
+        """`HistoryLoader.result()` for `load`: the storage's, when it ran this very load already."""
+        if has_loaded(self.storage):
+            loaded = self.storage.loaded(load, count)
+            if loaded is not None:
+                return loaded
+        loader = HistoryLoader(
+            boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=count
+        )
+        while loader.next_page is not None:
+            page = await self._page(load.thread_id, load.resource_id, loader.next_page)
+            loader.feed(page.messages, has_more=page.has_more)
+        return loader.result()
+
     async def _filter_echo(
-        self, thread_id: str, resource_id: str | None, incoming: Sequence[Message]
+        self, thread_id: str, resource_id: str | None, incoming: Sequence[Message], plan: EchoPlan | None
     ) -> Sequence[Message]:
-        plan = plan_echo(incoming)
+        if plan is None:
+            plan = plan_echo(incoming)
         if plan.unchanged:
             return incoming  # the common case (no assistant message in the input): no storage read
         probe = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=1)

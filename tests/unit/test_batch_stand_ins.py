@@ -152,11 +152,15 @@ async def test_collecting_refuses_stored_owner() -> None:
 
 
 class _CountingPages(_Counting):
-    """Also counts the token-limited recall's page reads and boundary writes."""
+    """Also counts the token-limited recall's page reads and boundary writes, and look-ups by id."""
 
     async def list_page(self, query: PageQuery) -> Page:
         self._count("list_page")
         return await super().list_page(query)
+
+    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+        self._count("get_messages")
+        return await super().get_messages(message_ids)
 
     async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
         self._count("save_thread_metadata")

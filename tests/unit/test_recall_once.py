@@ -1,0 +1,163 @@
+"""The recall path does each piece of a request's work once: one loader run per budgeted thread, the
+client-echo probe answered by the prefetch, one `plan_echo` per request (counted through `RecallHandler`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+
+from consumers.recall import RecallHandler
+from message_history.core import echo
+from message_history.core.budget import HistoryLoader, resolve_budget
+from message_history.processor import MessageHistory
+from message_history.settings import Settings
+from producers.enriched import EnrichedPublisher
+from producers.output import Headers, OutputProducer
+from schemas.messages import Message
+from tests.unit.test_batch_stand_ins import T0, _CountingPages, _message, _seed
+
+
+class _Sent(EnrichedPublisher):
+    """Keeps what the handler sends; every send is acknowledged at once."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(OutputProducer, None), "enriched")
+        self.values: list[bytes] = []
+
+    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+        self.values.append(value)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+def _record(offset: int, thread: str, messages: Sequence[Message], memory: dict[str, Any]) -> Any:
+    event = {
+        "schemaVersion": 1,
+        "requestId": f"r{offset}",
+        "threadId": thread,
+        "resourceId": "u",
+        "createdAt": (T0 + timedelta(days=1)).isoformat(),
+        "messages": [m.model_dump(mode="json", exclude_none=True) for m in messages],
+        "memory": memory,
+    }
+    value = json.dumps(event).encode()
+    return SimpleNamespace(topic="requests", partition=0, offset=offset, key=b"", value=value, headers=[])
+
+
+async def _handle(
+    storage: _CountingPages, records: Sequence[Any], *, write_boundaries: bool = False
+) -> list[dict[str, Any]]:
+    publisher = _Sent()
+    handler = RecallHandler(Settings(), storage, publisher, write_boundaries=write_boundaries)
+    for ack in await handler.handle(records):
+        assert not isinstance(ack, Exception), ack
+        await ack
+    return [json.loads(value) for value in publisher.values]
+
+
+@pytest.fixture
+def loader_runs(monkeypatch: pytest.MonkeyPatch) -> set[int]:
+    """The `HistoryLoader`s fed at least one page, wherever they were made."""
+    fed: set[int] = set()
+    feed = HistoryLoader.feed
+
+    def counting(self: HistoryLoader, rows: Sequence[Message], *, has_more: bool) -> Any:
+        fed.add(id(self))
+        return feed(self, rows, has_more=has_more)
+
+    monkeypatch.setattr(HistoryLoader, "feed", counting)
+    return fed
+
+
+@pytest.fixture
+def echo_plans(monkeypatch: pytest.MonkeyPatch) -> list[echo.EchoPlan]:
+    """Every `EchoPlan` made: `plan_echo` makes exactly one per call, whoever calls it."""
+    made: list[echo.EchoPlan] = []
+    plan = echo.EchoPlan
+
+    def counting(*args: Any, **kwargs: Any) -> echo.EchoPlan:
+        made.append(plan(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(echo, "EchoPlan", counting)
+    return made
+
+
+async def test_a_budgeted_request_runs_its_loader_once(loader_runs: set[int]) -> None:
+    """The processor takes the prefetch's loaded history; it does not page the thread again."""
+    storage = _CountingPages()
+    for thread in ("a", "b"):
+        await _seed(storage, thread, "u", 130)
+    records = [
+        _record(i, thread, [_message(f"in{i}", "user", "next?", 1000)], {"maxTokens": 100_000})
+        for i, thread in enumerate(("a", "b"))
+    ]
+    enriched = await _handle(storage, records)
+    assert [e["history"]["recalled"] for e in enriched] == [130, 130]
+    assert len(loader_runs) == 2  # one per budgeted request (was two each: prefetch, then processor)
+
+
+async def _echo_batch(storage: _CountingPages, memory: dict[str, Any]) -> list[dict[str, Any]]:
+    """One request resending thread "a"'s stored history (useChat style), then a new user message."""
+    await _seed(storage, "a", "u", 10)
+    stored = await storage.storage.list_messages("a", resource_id="u", limit=2)
+    reply = _message("a-reply", "assistant", "an answer", 11)
+    await storage.storage.save_messages(thread_id="a", resource_id="u", messages=[reply])
+    resent = [stored[1], stored[0], reply, _message("new", "user", "and now?", 12)]
+    enriched = await _handle(storage, [_record(0, "a", resent, memory)])
+    assert [m["id"] for m in enriched[0]["messages"] if m["source"] == "input"] == ["new"]
+    return enriched
+
+
+async def test_a_budgeted_echo_request_reads_storage_once() -> None:
+    """The echo probe of a budgeted thread is answered by the prefetch's newest rows."""
+    storage = _CountingPages()
+    await _echo_batch(storage, {"maxTokens": 100_000})
+    # one get_threads, one list_messages_many (newest rows), one get_messages (the echo's stored copies)
+    assert storage.calls == {"get_threads": 1, "list_messages_many": 1, "get_messages": 1}
+
+
+@pytest.mark.parametrize(
+    "memory", [pytest.param({}, id="no-budget"), pytest.param({"maxTokens": 100_000}, id="budget")]
+)
+async def test_an_echo_request_is_planned_once(
+    memory: dict[str, Any], echo_plans: list[echo.EchoPlan]
+) -> None:
+    """`plan_echo` once per request: the prefetch's id look-up and the processor's filter share it."""
+    await _echo_batch(_CountingPages(), memory)
+    assert len(echo_plans) == 1
+
+
+async def test_a_boundary_moved_earlier_in_the_batch_is_loaded_anew() -> None:
+    """Two budgeted requests of one thread: the first trims and moves the boundary, so the second's load is
+    another one (from the new boundary), not the prefetch's; both match the processor over the storage."""
+    batched, direct = _CountingPages(), _CountingPages()
+    for storage in (batched, direct):
+        await _seed(storage, "a", "u", 60)
+    incoming = [[_message(f"in{i}", "user", "next?", 1000 + i)] for i in range(2)]
+    enriched = await _handle(
+        batched,
+        [_record(i, "a", incoming[i], {"maxTokens": 60, "atMaxRemoveTokens": 30}) for i in range(2)],
+        write_boundaries=True,
+    )
+    expected = []
+    for messages in incoming:
+        outcome = await MessageHistory(storage=direct).recall(
+            thread_id="a",
+            resource_id="u",
+            incoming=messages,
+            last_messages=False,
+            budget=resolve_budget(60, 30),
+        )
+        boundary = outcome.boundary.to_metadata() if outcome.boundary is not None else None
+        expected.append([outcome.recalled, outcome.trimmed, boundary])
+    assert expected[0] != expected[1]  # the first request's trim changed what the second one loads
+    got = [[e["history"]["recalled"], e["history"]["trimmed"], e["history"]["boundary"]] for e in enriched]
+    assert got == expected
