@@ -54,9 +54,7 @@ class ThreadOwnershipError(InvalidInputError):
         self.thread_id = thread_id
         self.resource_id = resource_id
         self.owner = owner
-        super().__init__(
-            f"thread {thread_id!r} belongs to resource {owner!r}, not {resource_id!r}"
-        )
+        super().__init__(f"thread {thread_id!r} belongs to resource {owner!r}, not {resource_id!r}")
 
 
 class DocumentTooLargeError(InvalidInputError):

@@ -101,7 +101,6 @@ RecallStrategy = Literal["in", "concurrent"]
 _Build = Callable[[Mapping[str, Any]], Message]
 
 
-
 def _index_present(collection: str, model: IndexModel, existing: Sequence[Mapping[str, Any]]) -> bool:
     """True when an index with `model`'s keys exists; raises when it exists in a form we cannot use."""
     spec = model.document

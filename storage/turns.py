@@ -132,9 +132,7 @@ class MongoTurnMarkers:
     async def mark(self, thread_id: str, request_id: str) -> None:
         """Record `request_id` as the thread's pending turn; concurrent marks share one bulk write."""
         now = datetime.now(UTC)
-        op = UpdateOne(
-            {"_id": thread_id}, {"$set": {"pending": request_id, "enrichedAt": now}}, upsert=True
-        )
+        op = UpdateOne({"_id": thread_id}, {"$set": {"pending": request_id, "enrichedAt": now}}, upsert=True)
         await self._marks.submit(op)
 
     async def wait_answered(

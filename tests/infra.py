@@ -152,8 +152,10 @@ def mongo_server_binary(root: Path, environ: Mapping[str, str] | None = None) ->
     """
     env = os.environ if environ is None else environ
     candidates = [Path(env["SECANTUSD"])] if env.get("SECANTUSD") else []
-    candidates += [root / ".cache" / "secantus" / "bin" / "secantusd-rs",
-                   root / ".cache" / "secantus-py" / "bin" / "secantusd-py"]
+    candidates += [
+        root / ".cache" / "secantus" / "bin" / "secantusd-rs",
+        root / ".cache" / "secantus-py" / "bin" / "secantusd-py",
+    ]
     return next((path for path in candidates if path.is_file() and os.access(path, os.X_OK)), None)
 
 

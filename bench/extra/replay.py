@@ -129,7 +129,6 @@ async def last_output_at(bootstrap: str, topic: str, count: int, timeout_s: floa
         await consumer.stop()
 
 
-
 def log_time(log: str, msg: str, *, with_field: str | None = None) -> float:
     """Epoch seconds of the first JSON log line with message `msg` (and a truthy `with_field`)."""
     for line in log.splitlines():

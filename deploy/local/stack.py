@@ -301,8 +301,18 @@ def install_venv() -> None:
         return
     # Constrained by the image's lock, so the tests run the exact runtime versions the image ships.
     run(
-        [VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q", "-c", lock,
-         "-e", ".[dev]"],
+        [
+            VENV_PYTHON,
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-q",
+            "-c",
+            lock,
+            "-e",
+            ".[dev]",
+        ],
         what="install the project and its dev dependencies into .venv",
     )
     write_stamp(VENV_STAMP, want)
@@ -318,8 +328,16 @@ def install_kafka_libs() -> None:
     staging = Path(tempfile.mkdtemp(prefix="kafka-libs.", dir=CACHE))
     try:
         run(
-            [mvn, "-B", "-q", "-f", KAFKA_POM, DEPENDENCY_PLUGIN, "-DincludeScope=runtime",
-             f"-DoutputDirectory={staging}"],
+            [
+                mvn,
+                "-B",
+                "-q",
+                "-f",
+                KAFKA_POM,
+                DEPENDENCY_PLUGIN,
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={staging}",
+            ],
             what="resolve the Kafka broker jars",
         )
         # Swap jar by jar (a running broker may be loading classes from this folder), then drop the jars of an
@@ -364,8 +382,17 @@ def install_secantus_rs() -> None:
     # guard it.
     # --locked: exactly the dependency versions the crate was published with. Builds WiredTiger (~3-5 min).
     run(
-        [cargo, "install", SECANTUS_RS_CRATE, "--version", SECANTUS_RS_VERSION, "--locked",
-         "--ignore-rust-version", "--root", SECANTUS_RS_ROOT],
+        [
+            cargo,
+            "install",
+            SECANTUS_RS_CRATE,
+            "--version",
+            SECANTUS_RS_VERSION,
+            "--locked",
+            "--ignore-rust-version",
+            "--root",
+            SECANTUS_RS_ROOT,
+        ],
         env=env,
         what=f"build SecantusDB's Rust server ({SECANTUS_RS_CRATE} {SECANTUS_RS_VERSION})",
     )
@@ -382,8 +409,15 @@ def install_secantus_py() -> None:
     # A virtualenv of its own: the server is GPL-2.0 and must not mix into the project's environment.
     run([sys.executable, "-m", "venv", "--clear", SECANTUS_PY_VENV], what="create SecantusDB's virtualenv")
     run(
-        [SECANTUS_PY_VENV / "bin" / "python", "-m", "pip", "install", "--disable-pip-version-check", "-q",
-         f"{SECANTUS_PY_PACKAGE}=={SECANTUS_PY_VERSION}"],
+        [
+            SECANTUS_PY_VENV / "bin" / "python",
+            "-m",
+            "pip",
+            "install",
+            "--disable-pip-version-check",
+            "-q",
+            f"{SECANTUS_PY_PACKAGE}=={SECANTUS_PY_VERSION}",
+        ],
         what=f"install SecantusDB's Python server ({SECANTUS_PY_PACKAGE} {SECANTUS_PY_VERSION})",
     )
     smoke_test_mongo_server(SECANTUS_PY_BIN)
@@ -402,8 +436,17 @@ def install_mongo_server() -> None:
 
 
 def mongo_server_command(binary: Path, port: int, data: Path) -> list[str | Path]:
-    cmd: list[str | Path] = [binary, "--host", "127.0.0.1", "--port", str(port), "--storage-path", data,
-                             "--log-level", os.environ.get("STACK_SECANTUS_LOG_LEVEL", "WARNING")]
+    cmd: list[str | Path] = [
+        binary,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--storage-path",
+        data,
+        "--log-level",
+        os.environ.get("STACK_SECANTUS_LOG_LEVEL", "WARNING"),
+    ]
     if binary == SECANTUS_RS_BIN:
         cmd += ["--cache-size", SECANTUS_CACHE_SIZE]
     return cmd
@@ -424,11 +467,17 @@ def smoke_test_mongo_server(binary: Path) -> None:
                     raise StackError(f"{binary.name} did not start for its smoke test\n{tail(log)}")
                 time.sleep(0.2)
             env = {k: v for k, v in os.environ.items() if not k.startswith("MESSAGE_HISTORY_")}
-            env.update(MONGODB_URI=f"mongodb://127.0.0.1:{port}/?directConnection=true",
-                       MONGODB_DATABASE="message_history_smoke")
+            env.update(
+                MONGODB_URI=f"mongodb://127.0.0.1:{port}/?directConnection=true",
+                MONGODB_DATABASE="message_history_smoke",
+            )
             done = subprocess.run(
                 [VENV_PYTHON, "-m", "message_history", "check", "--only", "mongodb", "--timeout", "30"],
-                cwd=ROOT, env=env, capture_output=True, text=True, check=False,
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
             )
             if done.returncode != 0:
                 output = done.stdout + done.stderr
@@ -585,9 +634,23 @@ def start_stack() -> dict[str, Any]:
     say(f"formatting Kafka storage in {kafka_dir / 'data'}")
     with format_log.open("wb") as out:
         formatted = subprocess.run(
-            [java, "-Xmx512m", log4j, "-cp", classpath, "kafka.tools.StorageTool", "format",
-             "-t", kafka_cluster_id(), "-c", str(config)],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, check=False,
+            [
+                java,
+                "-Xmx512m",
+                log4j,
+                "-cp",
+                classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                kafka_cluster_id(),
+                "-c",
+                str(config),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            check=False,
         )
     if formatted.returncode != 0:
         raise StackError(f"Kafka storage format failed (exit {formatted.returncode})\n{tail(format_log)}")
@@ -628,9 +691,19 @@ def start_stack() -> dict[str, Any]:
     )
     heap = shlex.split(os.environ.get("KAFKA_HEAP_OPTS", KAFKA_HEAP_DEFAULT))
     services["kafka"]["pid"] = spawn(
-        [java, *heap, *KAFKA_JVM_OPTS, log4j, f"-Dkafka.logs.dir={kafka_dir}", "-cp", classpath,
-         "kafka.Kafka", config],
-        kafka_log, kafka_dir,
+        [
+            java,
+            *heap,
+            *KAFKA_JVM_OPTS,
+            log4j,
+            f"-Dkafka.logs.dir={kafka_dir}",
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            config,
+        ],
+        kafka_log,
+        kafka_dir,
     )
     save_state(state)  # recorded before readiness, so that `down` can clean up an interrupted `up`
     say(

@@ -21,8 +21,13 @@ async def test_check_passes_against_the_running_stack(
     env = {name: value for name, value in os.environ.items() if not name.startswith("MESSAGE_HISTORY_")}
     env.update(KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, MONGODB_URI=mongo_uri, MONGODB_DATABASE=mongo_db.name)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "message_history", "check",
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "message_history",
+        "check",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     async with asyncio.timeout(80):
         out, err = await proc.communicate()

@@ -110,10 +110,18 @@ async def test_a_batch_the_service_cannot_decompress_is_dead_lettered_and_the_st
         await drop_database(settings)
 
     assert sorted({v["requestId"] for v in values(enriched)}) == [
-        "a-turn1", "a-turn2", "a-turn3", "a-turn4", "b-turn1", "b-turn2", "b-turn3",
+        "a-turn1",
+        "a-turn2",
+        "a-turn3",
+        "a-turn4",
+        "b-turn1",
+        "b-turn2",
+        "b-turn3",
     ]
-    infos = {parse_dead_letter_headers(r.headers).source_offset: (r, parse_dead_letter_headers(r.headers))
-             for r in letters}
+    infos = {
+        parse_dead_letter_headers(r.headers).source_offset: (r, parse_dead_letter_headers(r.headers))
+        for r in letters
+    }
     assert sorted(infos) == [2, 3, 4, 6, 7]
     for offset in (2, 3, 4):
         record, info = infos[offset]

@@ -155,4 +155,3 @@ async def test_spans_chain_across_both_paths_and_the_worker(
 
 def _hex_link(link: Any) -> str:
     return f"{link.context.span_id:016x}"
-

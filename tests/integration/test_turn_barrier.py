@@ -45,7 +45,11 @@ PARTITIONS = 4
 
 
 async def _settings(
-    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, *, responses_partitions: int = PARTITIONS,
+    kafka_bootstrap: str,
+    mongo_uri: str,
+    make_topic: MakeTopic,
+    *,
+    responses_partitions: int = PARTITIONS,
     **overrides: Any,
 ) -> Settings:
     settings = fresh_settings(kafka_bootstrap, mongo_uri, **overrides)
@@ -129,6 +133,7 @@ async def test_two_instances_in_one_group_miss_nothing(
 
 def _distribution(waits: list[int]) -> str:
     """waitedMs over every enriched request: how many waited, and percentiles (for the bench notes)."""
+
     def at(q: float) -> int:
         return waits[min(len(waits) - 1, int(len(waits) * q))]
 

@@ -29,9 +29,7 @@ from message_history.app.check import CheckResult, mask_mongodb_uri
         pytest.param(
             "mongodb://x509user@host/?authMechanism=MONGODB-X509", "mongodb://x509user@host/", id="user-only"
         ),
-        pytest.param(
-            "mongodb://u:p:with:colons@host/", "mongodb://u:***@host/", id="colons-in-password"
-        ),
+        pytest.param("mongodb://u:p:with:colons@host/", "mongodb://u:***@host/", id="colons-in-password"),
     ],
 )
 def test_mask_mongodb_uri(uri: str, expected: str) -> None:

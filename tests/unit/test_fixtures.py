@@ -32,8 +32,12 @@ def _docker_must_not_be_asked() -> bool:
     ("environ", "docker_ok", "kind"),
     [
         pytest.param({"KAFKA_BOOTSTRAP_SERVERS": "h:1"}, _docker_must_not_be_asked, "env", id="env-wins"),
-        pytest.param({"KAFKA_BOOTSTRAP_SERVERS": "h:1", "CI": "true"}, _docker_must_not_be_asked, "env",
-                     id="env-wins-under-ci"),
+        pytest.param(
+            {"KAFKA_BOOTSTRAP_SERVERS": "h:1", "CI": "true"},
+            _docker_must_not_be_asked,
+            "env",
+            id="env-wins-under-ci",
+        ),
         pytest.param({}, _docker, "docker", id="docker-when-no-env"),
         pytest.param({"KAFKA_BOOTSTRAP_SERVERS": "  "}, _docker, "docker", id="blank-env-is-unset"),
         pytest.param({"CI": "true"}, _no_docker, "fail", id="ci-true-fails"),
@@ -55,16 +59,14 @@ def test_choose(environ: dict[str, str], docker_ok: Any, kind: str) -> None:
         assert "deploy/local/stack" in choice.value
 
 
-
-
-CHILD_TEST = '''
+CHILD_TEST = """
 def test_needs_kafka(kafka_bootstrap):
     assert kafka_bootstrap
 
 
 def test_needs_mongodb(mongo_uri):
     assert mongo_uri
-'''
+"""
 
 
 def _run_child_suite(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
@@ -116,8 +118,13 @@ def test_fixtures_skip_outside_ci_without_endpoints(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("ci", "outcome"),
-    [("true", pytest.fail.Exception), ("1", pytest.fail.Exception), ("false", pytest.skip.Exception),
-     ("", pytest.skip.Exception), (None, pytest.skip.Exception)],
+    [
+        ("true", pytest.fail.Exception),
+        ("1", pytest.fail.Exception),
+        ("false", pytest.skip.Exception),
+        ("", pytest.skip.Exception),
+        (None, pytest.skip.Exception),
+    ],
 )
 def test_a_missing_prerequisite_fails_under_ci_and_skips_elsewhere(
     ci: str | None, outcome: type[BaseException], monkeypatch: pytest.MonkeyPatch

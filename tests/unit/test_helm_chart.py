@@ -548,9 +548,7 @@ def test_topics_job_is_off_by_default(helm: str) -> None:
 def test_topics_job_creates_every_topic_with_one_partition_count_before_the_pods(helm: str) -> None:
     """topics.create renders a pre-install/pre-upgrade hook running `message-history topics --partitions N`
     with kafka.topicPartitions, the service's settings inline (no ConfigMap yet) and no MongoDB secret."""
-    docs = render(
-        helm, "--set", "topics.create=true,kafka.topicPartitions=12,config.responsesTopic=resp"
-    )
+    docs = render(helm, "--set", "topics.create=true,kafka.topicPartitions=12,config.responsesTopic=resp")
     (job,) = [j for j in of_kind(docs, "Job") if j["metadata"]["name"].endswith("-topics")]
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     (container,) = pod_spec(job)["containers"]

@@ -35,6 +35,7 @@ class Row:
 
 _NOT_LIBRARIES = ("__future__", "_typeshed")  # the stdlib's type-only stubs are not a dependency
 
+
 def _rows() -> list[Row]:
     text = README.read_text(encoding="utf-8")
     section = text.split("## Where to change what", 1)[1].split("\n## ", 1)[0]
@@ -54,9 +55,7 @@ ROWS = _rows()
 
 
 def _modules() -> list[str]:
-    return sorted(
-        str(p.relative_to(ROOT)) for package in FIRST_PARTY for p in (ROOT / package).rglob("*.py")
-    )
+    return sorted(str(p.relative_to(ROOT)) for package in FIRST_PARTY for p in (ROOT / package).rglob("*.py"))
 
 
 def _row_of(module: str) -> Row | None:

@@ -248,4 +248,3 @@ def test_an_unreadable_record_goes_to_the_report_without_a_timestamp(tmp_path: P
     assert (entry["topic"], entry["partition"], entry["offset"], entry["timestamp"]) == ("rs", 3, 10, None)
     assert entry["error_type"] == "UnreadableRecordError"
     assert entry["dead_letter_topic"] == "rs.dlq"
-

@@ -81,8 +81,12 @@ class FakeMarkers:
 
 
 def _gate(
-    *, barrier: FakeBarrier | None = None, markers: FakeMarkers | None = None, policy: BusyPolicy = "enqueue",
-    timeout_s: float = 5.0, stop: asyncio.Event | None = None,
+    *,
+    barrier: FakeBarrier | None = None,
+    markers: FakeMarkers | None = None,
+    policy: BusyPolicy = "enqueue",
+    timeout_s: float = 5.0,
+    stop: asyncio.Event | None = None,
 ) -> TurnGate:
     return TurnGate(barrier=barrier, markers=markers, policy=policy, timeout_s=timeout_s, stop=stop)
 
