@@ -212,19 +212,26 @@ class PrefetchedHistory:
         if thread is not None:
             self._threads[thread_id] = dataclasses.replace(thread, metadata={**thread.metadata, **update})
 
-    async def flush(self) -> None:
-        """Write the batch's boundary updates: one round trip (nothing when there are none)."""
-        if not self.metadata_updates:
+    async def flush(self, thread_id: str | None = None) -> None:
+        """Write the batch's boundary updates: one round trip (nothing when there are none). With `thread_id`,
+        only that thread's, now: before a request of it is recalled from MongoDB, which must see them (and
+        whose own boundary the batch's later flush must not overwrite)."""
+        if thread_id is not None:
+            update = self.metadata_updates.pop(thread_id, None)
+            updates = [(thread_id, update)] if update is not None else []
+        else:
+            updates = list(self.metadata_updates.items())
+        if not updates:
             return
-        updates = list(self.metadata_updates.items())
         if isinstance(self._storage, BatchPagedStorage):
             await self._storage.save_thread_metadata_many(updates)
         elif isinstance(self._storage, BudgetedHistoryStorage):
-            for thread_id, update in updates:
-                await self._storage.save_thread_metadata(thread_id, update)
+            for thread, changes in updates:
+                await self._storage.save_thread_metadata(thread, changes)
         else:
             raise TypeError(f"{type(self._storage).__name__} cannot store a token boundary")
-        self.metadata_updates.clear()
+        if thread_id is None:
+            self.metadata_updates.clear()
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:

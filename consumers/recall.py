@@ -163,6 +163,8 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
                     raise admission.refused
                 if admission.retry is not None:
                     return _failed(admission.retry)
+            if admission.fresh:
+                await history.flush(request.threadId)  # the boundaries this batch moved, before reading them
             outcome = await (fresh if admission.fresh else processor).recall(
                 thread_id=request.threadId,
                 resource_id=request.resourceId,

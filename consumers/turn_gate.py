@@ -5,7 +5,10 @@ for the batch's partitions and one read of the batch's threads' markers. Then ea
 `admit` for its request, which waits only when that request's partition is behind or its thread is busy,
 so other threads go on. Every wait of a batch ends by one deadline (`turn_timeout_ms` after the batch
 started), so a batch never holds its partitions longer than that; a request whose wait ran out goes out with
-`history.complete: false`. After recall, `enriched` marks the thread busy (policies enqueue and reject)
+`history.complete: false`. A request that waited, or whose partition another request of the batch waited for,
+is recalled from MongoDB (`fresh`): the prefetch predates what was persisted meanwhile. A thread whose pending
+turn is abandoned (`abandon_after_s`) is not busy, and its request says `complete: false` (that answer is
+missing). After recall, `enriched` marks the thread busy (policies enqueue and reject)
 while the enriched request is sent; the record is acknowledged once both are durable.
 
 A wait interrupted by the stop signal, or a marker read that fails, is not the request's fault: `admit`
@@ -124,15 +127,20 @@ class BatchGate:
     markers: dict[str, TurnMarker]
     abandoned_before: datetime | None = None  # pending turns enriched before it are abandoned
     blocked: dict[str, RetriableError] = field(default_factory=dict)
+    reached: set[int] = field(default_factory=set)  # partitions the barrier was waited for and reached
 
     async def admit(self, partition: int, thread_id: str, request_id: str) -> Admission:
         """Wait (bounded) until the request may be recalled; see the module docstring."""
         blocked = self.blocked.get(thread_id)
         if blocked is not None:
             return Admission(retry=blocked)
-        self._note_abandoned(thread_id, request_id)
+        abandoned = self._abandoned(thread_id, request_id)
         if partition not in self.behind and not self._busy(thread_id, request_id):
-            return GO
+            if partition in self.reached:
+                # the barrier was reached for another request of this batch: the prefetch predates the
+                # turns persisted meanwhile, so this request is recalled from MongoDB too
+                return Admission(complete=not abandoned, fresh=True)
+            return Admission(complete=False) if abandoned else GO
         started = time.monotonic()
         try:
             complete, refused = await self._wait(partition, thread_id, request_id)
@@ -144,7 +152,7 @@ class BatchGate:
             metrics.TURN_REFUSALS.inc()
             return Admission(refused=refused)
         metrics.TURN_WAIT_SECONDS.observe(waited)
-        return Admission(complete=complete, waited_ms=round(waited * 1000), fresh=True)
+        return Admission(complete=complete and not abandoned, waited_ms=round(waited * 1000), fresh=True)
 
     def _busy(self, thread_id: str, request_id: str) -> bool:
         return self._decision(self.markers.get(thread_id), request_id) != "go"
@@ -152,8 +160,9 @@ class BatchGate:
     def _decision(self, marker: TurnMarker | None, request_id: str) -> Decision:
         return busy_decision(marker, request_id, self.gate.policy, abandoned_before=self.abandoned_before)
 
-    def _note_abandoned(self, thread_id: str, request_id: str) -> None:
-        """Say so when the thread's pending turn is abandoned: a worker dropped it, or never got it."""
+    def _abandoned(self, thread_id: str, request_id: str) -> bool:
+        """True (and said in the log) when the thread's pending turn is abandoned: a worker dropped it, or
+        never got it; the request goes on without waiting, its history lacking that turn's answer."""
         marker = self.markers.get(thread_id)
         if (
             self.gate.policy != "allow"
@@ -171,6 +180,8 @@ class BatchGate:
                     "request_id": request_id,
                 },
             )
+            return True
+        return False
 
     async def _wait(
         self, partition: int, thread_id: str, request_id: str
@@ -181,6 +192,7 @@ class BatchGate:
             metrics.TURN_WAITS.labels(reason="barrier").inc()
             if await gate.barrier.reach(partition, target, self._left(), gate.stop):
                 self.behind.pop(partition, None)
+                self.reached.add(partition)
             else:
                 metrics.TURN_WAIT_TIMEOUTS.labels(reason="barrier").inc()
                 complete = False

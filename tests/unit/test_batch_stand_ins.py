@@ -204,6 +204,44 @@ async def test_budgeted_recall_batch_prefetches_pages_and_writes_boundaries_once
         assert stored.metadata[BOUNDARY_KEY] == outcome.boundary.to_metadata()
 
 
+async def test_a_fresh_recall_sees_the_boundary_the_batch_moved_and_keeps_its_own() -> None:
+    """Request 1 of thread a moves its boundary in the batch (recorded for the flush); request 2 waited at the
+    turn gate and is recalled from MongoDB. `flush("a")` writes request 1's boundary first, so request 2 reads
+    it, and takes it out of the batch's flush, which would otherwise write request 1's older boundary over
+    request 2's (the boundary moved back)."""
+    storage = _CountingPages()
+    await _seed(storage, "a", "u", 100)
+    await _seed(storage, "b", "u", 100)
+    budget = resolve_budget(60, 30)
+    view = await PrefetchedHistory.load(storage, [RecallQuery(t, "u", None, budget) for t in ("a", "b")])
+    for thread in ("a", "b"):  # the batch's first requests: boundaries recorded, not written
+        await MessageHistory(storage=view).recall(
+            thread_id=thread, resource_id="u", incoming=[], last_messages=False, budget=budget
+        )
+    first = view.metadata_updates["a"][BOUNDARY_KEY]
+    await view.flush("a")  # what the recall path does before a fresh recall of thread a
+    stored = await storage.storage.get_thread("a")
+    assert stored is not None
+    assert stored.metadata[BOUNDARY_KEY] == first
+    await storage.storage.save_messages(
+        thread_id="a",
+        resource_id="u",
+        messages=[_message(f"a-new-{i}", "user", "new", 200 + i) for i in range(20)],
+    )
+    fresh = await MessageHistory(storage=storage).recall(
+        thread_id="a", resource_id="u", incoming=[], last_messages=False, budget=budget
+    )
+    assert fresh.boundary is not None
+    own = fresh.boundary.to_metadata()
+    assert own != first
+    await view.flush()  # the batch's end: thread b only
+    stored = await storage.storage.get_thread("a")
+    assert stored is not None
+    assert stored.metadata[BOUNDARY_KEY] == own
+    assert set(view.metadata_updates) == set()
+    assert storage.calls["save_thread_metadata"] == 3  # a (before the fresh recall), a (its own), b
+
+
 async def test_budgeted_recall_read_only_writes_no_boundary() -> None:
     """Read-only: the limiter still trims, but the thread's metadata is left alone."""
     storage = _CountingPages()

@@ -13,8 +13,10 @@ from typing import Any, cast
 import pytest
 
 from consumers.recall import RecallHandler
+from consumers.turn_gate import TurnGate
 from message_history.core import echo
-from message_history.core.budget import HistoryLoader, resolve_budget
+from message_history.core.budget import BOUNDARY_KEY, HistoryLoader, resolve_budget
+from message_history.core.turn_rules import TurnMarker
 from message_history.processor import MessageHistory
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
@@ -161,3 +163,51 @@ async def test_a_boundary_moved_earlier_in_the_batch_is_loaded_anew() -> None:
     assert expected[0] != expected[1]  # the first request's trim changed what the second one loads
     got = [[e["history"]["recalled"], e["history"]["trimmed"], e["history"]["boundary"]] for e in enriched]
     assert got == expected
+
+
+class _AnsweringMarkers:
+    """Busy markers (policy enqueue) whose wait ends with the awaited turn answered: its reply saved into
+    the thread first, as the persist path would, then the marker cleared."""
+
+    def __init__(self, storage: _CountingPages) -> None:
+        self.storage = storage
+        self.pending: dict[str, str] = {}
+
+    async def get_many(self, thread_ids: Sequence[str]) -> dict[str, TurnMarker]:
+        return {t: TurnMarker(pending=self.pending[t]) for t in thread_ids if t in self.pending}
+
+    async def mark(self, thread_id: str, request_id: str) -> None:
+        self.pending[thread_id] = request_id
+
+    async def wait_answered(
+        self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
+    ) -> TurnMarker | None:
+        replies = [
+            _message(f"{awaited}-reply-{i}", "assistant", "a long answer " * 3, 2000 + i) for i in range(20)
+        ]
+        await self.storage.storage.save_messages(thread_id=thread_id, resource_id="u", messages=replies)
+        self.pending.pop(thread_id, None)
+        return TurnMarker(pending=None, answered=(awaited,))
+
+
+async def test_a_request_recalled_after_its_wait_keeps_the_boundary_it_moved() -> None:
+    """Turn 1 trims (its boundary recorded for the batch's flush); turn 2 waits for turn 1's answer and is
+    recalled from MongoDB. It reads turn 1's boundary (flushed first) and moves it on over the answer; the
+    batch's flush at the end must not write turn 1's older boundary back over it."""
+    storage = _CountingPages()
+    await _seed(storage, "a", "u", 60)
+    memory = {"maxTokens": 60, "atMaxRemoveTokens": 30}
+    records = [_record(i, "a", [_message(f"in{i}", "user", "next?", 1000 + i)], memory) for i in range(2)]
+    gate = TurnGate(barrier=None, markers=_AnsweringMarkers(storage), policy="enqueue", timeout_s=5.0)
+    publisher = _Sent()
+    handler = RecallHandler(Settings(), storage, publisher, gate=gate)
+    for ack in await handler.handle(records):
+        assert not isinstance(ack, Exception), ack
+        await ack
+    first, second = (json.loads(v)["history"] for v in publisher.values)
+    assert (first["waitedMs"], second["complete"]) == (0, True)
+    assert second["boundary"] is not None
+    assert second["boundary"] != first["boundary"]  # moved on over turn 1's answer
+    thread = await storage.storage.get_thread("a")
+    assert thread is not None
+    assert thread.metadata[BOUNDARY_KEY] == second["boundary"]  # not turn 1's, written back by the flush

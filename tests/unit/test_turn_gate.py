@@ -214,10 +214,28 @@ async def test_a_turn_never_answered_stops_holding_its_thread(
     batch = await gate.open_batch([(0, "a")])
     admission = await batch.admit(0, "a", "a1")
     if not held:
-        assert admission is GO
+        # no wait, no refusal; the history lacks the dropped turn's answer, and says so
+        assert (admission.refused, admission.complete, admission.waited_ms) == (None, False, 0)
         named = [getattr(r, "abandoned_request_id", None) for r in caplog.records]
         assert [n for n in named if n is not None] == ["a0"]
     elif policy == "reject":
         assert admission.refused is not None
-    else:
-        assert (admission.complete, admission.waited_ms >= 50) == (False, True)
+    else:  # waited for the answer until the deadline
+        assert (admission.refused, admission.complete, admission.fresh) == (None, False, True)
+
+
+async def test_every_request_of_a_partition_the_barrier_waited_for_is_recalled_fresh() -> None:
+    """Partition 0 behind: the first request waits for the barrier; a request of another thread on that
+    partition admitted after the wait does not wait again, but is recalled from MongoDB too (`fresh`): the
+    batch's prefetch predates the turns persisted during the wait. (It used to take the prefetch: a batch
+    with more threads than `max_in_flight_threads` on a lagging partition could miss an earlier turn.)"""
+    barrier = FakeBarrier({0: 10})
+    batch = await _gate(barrier=barrier).open_batch([(0, "a"), (0, "b"), (1, "c")])
+    barrier.release.set()
+    first = await batch.admit(0, "a", "a1")
+    later = await batch.admit(0, "b", "b1")
+    other = await batch.admit(1, "c", "c1")
+    assert (first.fresh, first.complete) == (True, True)
+    assert (later.fresh, later.complete, later.waited_ms) == (True, True, 0)
+    assert other is GO
+    assert barrier.reached == [0]
