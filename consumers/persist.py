@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,7 +38,7 @@ PATH = "persist"
 class AnsweredTurns(Protocol):
     """What the persist path needs of `storage.turns.MongoTurnMarkers`: record that turns were answered."""
 
-    async def answered(self, turns: dict[str, list[str]]) -> None: ...
+    async def answered(self, turns: dict[str, list[str]], *, existing_only: Set[str] = ...) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,9 +179,14 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         if self._markers is None:
             return None
         answered = _answered(items, outcomes)
-        for _, item in forgotten:  # a forgotten turn is answered too: its thread must not stay busy
+        # a forgotten turn is answered too, so its thread does not stay busy, but forget removed its marker:
+        # only one still there is updated (a thread answered in this batch too keeps its usual upsert)
+        existing_only = {item.response.threadId for _, item in forgotten} - answered.keys()
+        for _, item in forgotten:
             answered.setdefault(item.response.threadId, []).append(item.response.requestId)
-        return asyncio.ensure_future(self._markers.answered(answered)) if answered else None
+        if not answered:
+            return None
+        return asyncio.ensure_future(self._markers.answered(answered, existing_only=existing_only))
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence, Set
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ _DUPLICATE_KEY = frozenset({11000, 11001})  # two writers upserting one new _id:
 _OPS_PER_COMMAND = 500
 
 
-def _answered_pipeline(thread_id: str, ids: list[str], now: datetime) -> UpdateOne:
+def _answered_pipeline(thread_id: str, ids: list[str], now: datetime, upsert: bool = True) -> UpdateOne:
     """One update: `pending` cleared when it is one of `ids`; `ids` appended to `answered` (newest kept)."""
     pending = {"$ifNull": ["$pending", None]}
     return UpdateOne(
@@ -61,17 +61,17 @@ def _answered_pipeline(thread_id: str, ids: list[str], now: datetime) -> UpdateO
                 }
             }
         ],
-        upsert=True,
+        upsert=upsert,
     )
 
 
-def _answered_plain(thread_id: str, ids: list[str], now: datetime) -> list[UpdateOne]:
+def _answered_plain(thread_id: str, ids: list[str], now: datetime, upsert: bool = True) -> list[UpdateOne]:
     """The same as `_answered_pipeline` in two plain updates, for servers without pipeline updates."""
     return [
         UpdateOne(
             {"_id": thread_id},
             {"$push": {"answered": {"$each": ids, "$slice": -ANSWERED_KEPT}}, "$set": {"answeredAt": now}},
-            upsert=True,
+            upsert=upsert,
         ),
         UpdateOne(
             {"_id": thread_id, "pending": {"$in": ids}}, {"$set": {"pending": None, "enrichedAt": None}}
@@ -184,18 +184,22 @@ class MongoTurnMarkers:
 
     # --- persist side ---
 
-    async def answered(self, turns: Mapping[str, Sequence[str]]) -> None:
+    async def answered(
+        self, turns: Mapping[str, Sequence[str]], *, existing_only: Set[str] = frozenset()
+    ) -> None:
         """After the turns' messages are written: remember their request ids and clear the pending ones.
 
+        The threads in `existing_only` (forgotten ones) only have a marker that is still there updated, never
+        one created: forget removed it, and no request id of theirs is to be left behind.
         One pipeline update per thread where the server has them (half the cost of two plain updates on
         the local stack); a server refusing pipelines (FerretDB 1.x) gets the two-update form from then on.
         """
         if not turns:
             return
         now = datetime.now(UTC)
-        prepared = {t: list(dict.fromkeys(ids)) for t, ids in turns.items()}
+        prepared = {t: (list(dict.fromkeys(ids)), t not in existing_only) for t, ids in turns.items()}
         if self._pipelines:
-            ops = [_answered_pipeline(t, ids, now) for t, ids in prepared.items()]
+            ops = [_answered_pipeline(t, ids, now, upsert) for t, (ids, upsert) in prepared.items()]
             try:
                 await self._write_chunks(ops)
             except FatalStorageError:
@@ -203,7 +207,8 @@ class MongoTurnMarkers:
                 self._pipelines = False
             else:
                 return
-        await self._write_chunks([op for t, ids in prepared.items() for op in _answered_plain(t, ids, now)])
+        plain = [op for t, (ids, upsert) in prepared.items() for op in _answered_plain(t, ids, now, upsert)]
+        await self._write_chunks(plain)
 
     async def _write_chunks(self, ops: list[UpdateOne]) -> None:
         for start in range(0, len(ops), _OPS_PER_COMMAND):

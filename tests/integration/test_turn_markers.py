@@ -84,3 +84,14 @@ async def test_concurrent_marks_share_one_write_and_live_beside_mastras_collecti
     assert len(await markers.get_many([f"t{i}" for i in range(20)])) == 20
     names = await markers.collection.database.list_collection_names()
     assert names == [TURNS]
+
+
+async def test_an_answer_for_a_forgotten_thread_never_creates_its_marker(markers: MongoTurnMarkers) -> None:
+    """`existing_only` (threads forgotten meanwhile): a marker still there is cleared, none is created, and
+    the other threads of the same write keep their upsert."""
+    await markers.mark("kept", "k1")
+    await markers.answered({"gone": ["g1"], "kept": ["k1"], "new": ["n1"]}, existing_only={"gone", "kept"})
+    found = await markers.get_many(["gone", "kept", "new"])
+    assert sorted(found) == ["kept", "new"]
+    assert (found["kept"].pending, found["kept"].answered) == (None, ("k1",))
+    assert found["new"].answered == ("n1",)
