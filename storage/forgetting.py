@@ -11,9 +11,10 @@ turn made before its thread or resource was forgotten: a replay of the responses
 redelivery, does not write the history back.
 
 Order, as Mastra's `deleteThread` (messages, then the thread): the tombstone first, so that the persist path
-stops writing the thread from its next batch on, then the messages in batches of `_id`s, then the threads,
-then their busy-thread markers (`message_history_turns`: no request id of the thread is left behind; a
-request waiting on one goes out with `history.complete: false`, as after its timeout).
+stops writing the thread from its next batch on, then the messages in batches of `_id`s, then the threads'
+busy-thread markers (`message_history_turns`: no request id of the thread is left behind; a request waiting
+on one goes out with `history.complete: false`, as after its timeout), then the threads (last, as their ids
+are what a second run finds again).
 Every step is idempotent, so a forget interrupted part-way is completed by running it again.
 """
 
@@ -32,7 +33,7 @@ from storage.client import CODEC
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
 from storage.protocol import Tombstones
-from storage.turn_expiry import remove_markers
+from storage.turns import TURNS
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -52,6 +53,7 @@ class MongoForgetting:
         )
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES)
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS)
+        self.turns: AsyncCollection[dict[str, Any]] = db.get_collection(TURNS)
 
     async def ensure_indexes(self) -> None:
         """The tombstones are read by `_id` only; a `resourceId` index lets operators list a user's."""
@@ -105,11 +107,11 @@ class MongoForgetting:
         await self._tombstone(
             f"thread:{thread_id}", outcome.forgotten_at, kind="thread", threadId=thread_id, resourceId=owner
         )
-        outcome.deleted_messages = await self._delete_by_keys(self.messages, keys, "forget messages")
+        outcome.deleted_messages = await delete_by_keys(self.messages, keys, "forget messages")
+        await delete_by_keys(self.turns, [thread_id], "forget the thread's markers")
         with storage_errors("forget the thread"):
             result = await self.threads.delete_many({"id": thread_id})
         outcome.deleted_threads = result.deleted_count
-        await remove_markers(self.db, [thread_id])
         return outcome
 
     async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> ForgetOutcome:
@@ -128,11 +130,12 @@ class MongoForgetting:
         await self._tombstone(
             f"resource:{resource_id}", outcome.forgotten_at, kind="resource", resourceId=resource_id
         )
-        outcome.deleted_messages = await self._delete_by_keys(self.messages, keys, "forget messages")
-        outcome.deleted_threads = await self._delete_by_keys(
+        outcome.deleted_messages = await delete_by_keys(self.messages, keys, "forget messages")
+        # the markers before the threads: a forget interrupted after the threads finds no thread ids again
+        await delete_by_keys(self.turns, thread_ids, "forget the threads' markers")
+        outcome.deleted_threads = await delete_by_keys(
             self.threads, [doc["_id"] for doc in threads], "forget threads"
         )
-        await remove_markers(self.db, thread_ids)
         return outcome
 
     async def _message_keys(self, query: dict[str, Any], outcome: ForgetOutcome) -> list[Any]:
@@ -149,15 +152,12 @@ class MongoForgetting:
                 {"_id": key}, {"$set": values, "$max": {"forgottenAt": at}}, upsert=True
             )
 
-    @staticmethod
-    async def _delete_by_keys(
-        collection: AsyncCollection[dict[str, Any]], keys: Sequence[Any], what: str
-    ) -> int:
-        deleted = 0
-        for start in range(0, len(keys), DELETE_BATCH):
-            with storage_errors(what):
-                result = await collection.delete_many(
-                    {"_id": {"$in": list(keys[start : start + DELETE_BATCH])}}
-                )
-            deleted += result.deleted_count
-        return deleted
+
+async def delete_by_keys(collection: AsyncCollection[dict[str, Any]], keys: Sequence[Any], what: str) -> int:
+    """Delete the documents with these `_id`s, `DELETE_BATCH` per `deleteMany`; how many there were."""
+    deleted = 0
+    for start in range(0, len(keys), DELETE_BATCH):
+        with storage_errors(what):
+            result = await collection.delete_many({"_id": {"$in": list(keys[start : start + DELETE_BATCH])}})
+        deleted += result.deleted_count
+    return deleted

@@ -1,8 +1,8 @@
-"""Removing busy-thread markers (`message_history_turns`): with the thread on forget, old ones on prune.
+"""Removing busy-thread markers (`message_history_turns`) that no longer matter, on prune.
 
 With the busy-thread policy on (`enqueue`, `reject`) a marker is written for every thread a request is
-enriched for, and nothing else deletes it; these two keep the collection from growing forever. Forget
-removes the markers of the threads it forgets (erasure leaves no request id behind). Prune, after the
+enriched for; forget removes the markers of the threads it forgets (`storage.forgetting`: erasure leaves no
+request id behind), and this keeps the collection from growing forever otherwise. Prune, after the
 messages and threads, removes the markers that no longer matter (`core.turn_rules.marker_expires`): it reads
 the candidates in batches, checks which threads still have a `mastra_threads` row (one `distinct` per batch),
 and deletes the chosen ones with a filter that repeats the age condition, so a marker written meanwhile (a
@@ -13,7 +13,7 @@ have to update.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -27,23 +27,9 @@ if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
     from pymongo.asynchronous.database import AsyncDatabase
 
-_DELETE_BATCH = 1000
-
 
 def _turns(db: AsyncDatabase[Any]) -> AsyncCollection[dict[str, Any]]:
     return db.get_collection(TURNS, codec_options=CODEC)
-
-
-async def remove_markers(db: AsyncDatabase[Any], thread_ids: Sequence[str]) -> int:
-    """Delete the markers of `thread_ids` (forget); how many there were."""
-    deleted = 0
-    for start in range(0, len(thread_ids), _DELETE_BATCH):
-        with storage_errors(f"delete on {TURNS}"):
-            result = await _turns(db).delete_many(
-                {"_id": {"$in": list(thread_ids[start : start + _DELETE_BATCH])}}
-            )
-        deleted += result.deleted_count
-    return deleted
 
 
 def _written_before(instant: datetime) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history.core.turn_rules import marker_horizons
+from message_history.errors import StorageUnavailableError
+from storage import forgetting as forgetting_module
 from storage.forgetting import MongoForgetting
 from storage.pruning import MongoPruner
 from storage.turn_expiry import _expire, _written_before, expire_markers
@@ -77,6 +79,36 @@ async def test_forget_removes_the_markers_of_what_it_forgets(db: AsyncDatabase[d
     assert await _markers(db) == {"t2", "t3"}
     await forgetting.forget_resource("alice")
     assert await _markers(db) == {"t3"}
+
+
+async def test_a_resource_forget_interrupted_before_its_threads_went_is_completed_by_a_second_run(
+    db: AsyncDatabase[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The markers go before the thread rows: a forget stopped by an outage while deleting the markers still
+    finds the thread ids on its second run (they were found from the thread rows, which are not gone yet), so
+    the markers do not outlive the forget."""
+    markers = MongoTurnMarkers(db)
+    try:
+        await _threads(db, "t1", "t2", resource="alice")
+        for thread in ("t1", "t2"):
+            await markers.mark(thread, f"{thread}-r1")
+        forgetting = MongoForgetting(db)
+        real = forgetting_module.delete_by_keys
+
+        async def outage_at_markers(collection: Any, keys: Any, what: str) -> int:
+            if what == "forget the threads' markers":
+                raise StorageUnavailableError("MongoDB went away")
+            return await real(collection, keys, what)
+
+        monkeypatch.setattr(forgetting_module, "delete_by_keys", outage_at_markers)
+        with pytest.raises(StorageUnavailableError):
+            await forgetting.forget_resource("alice")
+        monkeypatch.setattr(forgetting_module, "delete_by_keys", real)
+        await forgetting.forget_resource("alice")
+        assert await _markers(db) == set()
+        assert await db["mastra_threads"].count_documents({}) == 0
+    finally:
+        await markers.close()
 
 
 async def test_prune_removes_the_markers_that_no_longer_matter(db: AsyncDatabase[dict[str, Any]]) -> None:
