@@ -21,7 +21,7 @@ from consumers.collect import CollectedTurn, CollectingHistory
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
 from consumers.lanes import Failed
 from message_history import metrics, tracing
-from message_history.core.rules import SOURCE_FIELD, filter_for_persistence
+from message_history.core.rules import SOURCE_FIELD, select_for_persistence
 from message_history.errors import InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
 from message_history.settings import Settings
@@ -52,6 +52,10 @@ class _Done:
     outcome: PersistOutcome
     saved: CollectedTurn | None  # this turn's write
     before: CollectedTurn | None  # the latest earlier write to the same thread in this batch
+
+
+def _read_only(response: AgentResponse) -> bool:
+    return bool(response.memory and response.memory.readOnly)
 
 
 def turn_input(response: AgentResponse) -> list[Message]:
@@ -112,7 +116,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
                 input=turn_input(response),
                 response=response.response,
                 finish_reason=response.finishReason,
-                read_only=bool(response.memory and response.memory.readOnly),
+                read_only=_read_only(response),
             )
             if turn.saved is not None:
                 last_write[response.threadId] = turn.saved
@@ -192,9 +196,18 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
         response = decode_response(value, self.limits)
         if may_exceed(len(value)):
-            # only events this large can hold such a message; the exact check dumps every content
-            check_document_sizes(  # what can be saved: never a system message or a transient signal
-                filter_for_persistence([*turn_input(response), *response.response]),
+            # only events this large can hold such a message; the exact check dumps every content of what
+            # the turn saves (never a system message, a transient signal, a recalled echo, a read-only or
+            # failed turn's), selected as the processor selects it
+            decision = select_for_persistence(
+                turn_input(response),
+                response.response,
+                finish_reason=response.finishReason,
+                read_only=_read_only(response),
+                has_thread=True,
+            )
+            check_document_sizes(
+                decision.messages,
                 thread_id=response.threadId,
                 resource_id=response.resourceId,
             )

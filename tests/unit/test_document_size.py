@@ -70,42 +70,65 @@ def test_only_large_events_need_the_exact_check() -> None:
     assert may_exceed(MAX_DOCUMENT_BYTES)
 
 
-def _response(last: dict[str, Any]) -> bytes:
+def _response(
+    last: dict[str, Any], *, echoed: dict[str, Any] | None = None, read_only: bool = False
+) -> bytes:
     user = {"id": "q", "role": "user", "content": {"format": 2, "parts": [{"type": "text", "text": "q"}]}}
-    return json.dumps(
-        {
-            "schemaVersion": 1,
-            "requestId": "r1",
-            "threadId": "t",
-            "resourceId": "u",
-            "createdAt": "2025-01-01T10:00:00.000Z",
-            "input": [user],
-            "response": [last],
-            "finishReason": "stop",
-        }
-    ).encode()
+    event: dict[str, Any] = {
+        "schemaVersion": 1,
+        "requestId": "r1",
+        "threadId": "t",
+        "resourceId": "u",
+        "createdAt": "2025-01-01T10:00:00.000Z",
+        "input": [*([echoed] if echoed else []), user],
+        "response": [last],
+        "finishReason": "stop",
+    }
+    if read_only:
+        event["memory"] = {"readOnly": True}
+    return json.dumps(event).encode()
 
 
-@pytest.mark.parametrize(("transient", "refused"), [(True, False), (False, True)])
-def test_only_what_can_be_saved_is_size_checked(transient: bool, refused: bool) -> None:
-    """A 17 MiB transient signal is never saved (docs/rules.md#r7), so it does not refuse its turn; the same
-    signal kept (not transient) is over MongoDB's limit and does."""
-    settings = Settings(max_event_bytes=20 * 1024 * 1024)
+_HUGE = "x" * (17 * 1024 * 1024)
+
+
+def _big(role: str, **content: Any) -> dict[str, Any]:
+    return {
+        "id": "big",
+        "role": role,
+        "content": {"format": 2, "parts": [{"type": "text", "text": _HUGE}], **content},
+    }
+
+
+_SMALL = {"id": "a", "role": "assistant", "content": {"format": 2, "parts": [{"type": "text", "text": "a"}]}}
+
+
+@pytest.mark.parametrize(
+    ("raw", "refused"),
+    [
+        pytest.param(
+            _response(_big("signal", metadata={"signal": {"transient": True}})), False, id="transient-signal"
+        ),
+        pytest.param(
+            _response(_big("signal", metadata={"signal": {"transient": False}})), True, id="kept-signal"
+        ),
+        pytest.param(_response(_big("system")), False, id="system"),
+        pytest.param(
+            _response(_SMALL, echoed={**_big("assistant"), "source": "memory"}), False, id="recalled-echo"
+        ),
+        pytest.param(_response(_big("assistant"), read_only=True), False, id="read-only"),
+        pytest.param(_response(_big("assistant")), True, id="saved"),
+    ],
+)
+def test_only_what_the_turn_saves_is_size_checked(raw: bytes, refused: bool) -> None:
+    """A 17 MiB message that is never saved (docs/rules.md#r4 #r6 #r7, read-only) does not refuse its turn;
+    one that would be saved is over MongoDB's limit and does."""
+    settings = Settings(max_event_bytes=40 * 1024 * 1024)
     handler = PersistHandler(
         settings, SequentialBatches(InMemoryHistoryStorage()), cast(PersistedPublisher, None)
     )
-    signal = {
-        "id": "s",
-        "role": "signal",
-        "content": {
-            "format": 2,
-            "parts": [{"type": "text", "text": "x" * (17 * 1024 * 1024)}],
-            "metadata": {"signal": {"transient": transient}},
-        },
-    }
-    raw = _response(signal)
     if refused:
         with pytest.raises(DocumentTooLargeError):
             handler._decode(cast(Record, None), raw)
     else:
-        assert handler._decode(cast(Record, None), raw).response.response[0].id == "s"
+        assert handler._decode(cast(Record, None), raw).response.requestId == "r1"
