@@ -25,7 +25,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Final, Protocol
 
 from message_history import metrics
 from message_history.core.turn_rules import (
@@ -37,8 +37,11 @@ from message_history.core.turn_rules import (
     should_mark,
 )
 from message_history.errors import RetriableError, ThreadBusyError
+from message_history.settings import Settings
 
 log = logging.getLogger(__name__)
+
+_ABANDON_AFTER_S: Final[float] = Settings.model_fields["abandon_turn_after_ms"].default / 1000
 
 
 class Barrier(Protocol):
@@ -86,7 +89,7 @@ class TurnGate:
     policy: BusyPolicy
     timeout_s: float
     stop: asyncio.Event | None = None
-    abandon_after_s: float = 900.0  # a pending turn unanswered this long no longer makes its thread busy
+    abandon_after_s: float = _ABANDON_AFTER_S  # a pending turn unanswered this long no longer makes it busy
 
     async def open_batch(self, requests: Sequence[tuple[int, str]]) -> BatchGate:
         """Look-ups for a batch of (partition, threadId): partitions behind and the threads' markers."""

@@ -35,7 +35,7 @@ LEASES: Final = "message_history_leases"
 
 @dataclass(frozen=True, slots=True)
 class LeaseHolder:
-    """Who holds a lease and until when (None when nobody does)."""
+    """Who holds (or last held) a lease and until when; `MongoLease.current` reads it."""
 
     holder: str
     expires_at: datetime
@@ -65,7 +65,8 @@ class MongoLease:
         return True
 
     async def current(self) -> LeaseHolder | None:
-        """Who holds the lease now (for a log line; not part of taking it)."""
+        """Who holds the lease, or last held it when `expires_at` is past (for a log line; not part of taking
+        it); None when nobody ever took it."""
         with storage_errors(f"read the {self.job!r} lease"):
             doc = await self.collection.find_one({"_id": self.job})
         if doc is None or not isinstance(doc.get("expiresAt"), datetime):

@@ -118,8 +118,8 @@ class MongoPruner:
                 break
         else:
             return progress
-        if not await self._prune_threads(cutoff, progress, on_batch, halted):
-            return progress
+        if not await self._prune_threads(cutoff, progress, on_batch, halted) or halted():
+            return progress  # stopped, or out of batches: the markers wait for the next run
 
         def counted(markers: int) -> None:
             progress.markers = markers
