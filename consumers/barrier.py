@@ -28,7 +28,7 @@ from aiokafka.errors import KafkaError
 from message_history.core.turn_rules import best_progress, lagging, partition_mismatch
 from message_history.errors import BarrierUnavailableError, StartupError, WaitInterruptedError
 from message_history.settings import Settings
-from producers.connection import kafka_options, topic_partitions
+from producers.connection import all_topic_partitions, kafka_options
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,9 @@ class TurnBarrier:
         self._checked_at = now
         try:
             async with asyncio.timeout(self._timeout):
-                # one metadata round trip for every topic: naming the two could auto-create a missing one
-                described = await self._admin.describe_topics()
+                partitions = await all_topic_partitions(self._admin)
         except (KafkaError, TimeoutError) as exc:
             raise BarrierUnavailableError(f"barrier: metadata look-up failed: {type(exc).__name__}") from exc
-        partitions = topic_partitions(described)
         requests = partitions.get(self._requests_topic)
         responses = partitions.get(self._responses_topic)
         if partition_mismatch(len(requests) if requests else None, len(responses) if responses else None):

@@ -7,9 +7,14 @@ Only here do secrets leave `SecretStr`: they go straight into the client, never 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
+
+from aiokafka.errors import KafkaError
 
 from message_history.settings import Settings
+
+if TYPE_CHECKING:
+    from aiokafka.admin import AIOKafkaAdminClient
 
 
 def kafka_options(settings: Settings, *, client_id: str) -> dict[str, Any]:
@@ -39,3 +44,19 @@ def topic_partitions(described: Iterable[Mapping[str, Any]]) -> dict[str, set[in
         for entry in described
         if entry.get("error_code", 0) == 0
     }
+
+
+_DESCRIBE_TRIES: Final = 3
+
+
+async def all_topic_partitions(admin: AIOKafkaAdminClient) -> dict[str, set[int]]:
+    """Every topic's partition ids, in one metadata read of all topics (naming one could make a broker with
+    auto-create create it). The admin client asks one broker at random, so a broker that is down is tried
+    past: a retriable error is tried again, up to `_DESCRIBE_TRIES` times, then raised."""
+    for attempt in range(1, _DESCRIBE_TRIES + 1):
+        try:
+            return topic_partitions(await admin.describe_topics())
+        except KafkaError as exc:
+            if attempt == _DESCRIBE_TRIES or not getattr(exc, "retriable", False):
+                raise
+    raise AssertionError("unreachable")

@@ -22,7 +22,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
 from message_history.settings import Settings
-from producers.connection import kafka_options, topic_partitions
+from producers.connection import all_topic_partitions, kafka_options, topic_partitions
 
 _TIMEOUT_MS = 30_000
 
@@ -138,11 +138,9 @@ async def existing_partitions(
     admin = AIOKafkaAdminClient(**kafka_options(settings, client_id=client_id))
     await admin.start()
     try:
-        # All topics' metadata: naming a topic would make a broker with auto-create create it.
-        described = await admin.describe_topics()
+        found = await all_topic_partitions(admin)
     finally:
         await admin.close()
-    found = topic_partitions(described)
     return {topic: sorted(found[topic]) for topic in topics if topic in found}
 
 
