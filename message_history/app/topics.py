@@ -106,11 +106,17 @@ async def _create(
         [NewTopic(name, partitions, replication) for name in names], timeout_ms=_TIMEOUT_MS
     )
     created: list[str] = []
-    for topic, code, *_ in response.topic_errors:
+    refused: list[tuple[int, str]] = []
+    for topic, code, *rest in response.topic_errors:
         if code == 0:
             created.append(str(topic))
         elif code != TopicAlreadyExistsError.errno:
-            raise for_code(code)(f"create topic {topic!r}")
+            reason = rest[0] if rest and rest[0] else for_code(code).__name__  # the broker says why, or not
+            refused.append((code, f"{topic!r}: {reason}"))
+    if refused:
+        # every refusal at once, and what was created beside them (a second run creates only the rest)
+        done = f" (created: {', '.join(map(repr, created))})" if created else ""
+        raise for_code(refused[0][0])(f"create topic {'; '.join(r for _, r in refused)}{done}")
     return created
 
 

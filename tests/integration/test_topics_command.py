@@ -106,7 +106,10 @@ async def test_a_refused_creation_is_an_error_not_a_wait(
     instead of waiting for topics that will never appear."""
     settings = fresh_settings(kafka_bootstrap, mongo_uri)
     try:
-        with pytest.raises(KafkaError, match="create topic"):
+        with pytest.raises(KafkaError, match="create topic") as refused:
             await ensure_topics(settings, partitions=1, replication=3)
+        # every topic's refusal, in the broker's words (here: more replicas than brokers)
+        assert str(refused.value).count("'") >= 2 * len(service_topics(settings))
+        assert "eplication factor" in str(refused.value)
     finally:
         await _drop(admin, settings)
