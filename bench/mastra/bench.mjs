@@ -121,9 +121,11 @@ async function main() {
   // are measured warm too (after their warm-up event, with CPython's caches filled)
   const warmupTurns = config.warmupTurnsFile ? readTurns(config.warmupTurnsFile) : [];
   const warmupDeadline = performance.now() + (config.warmupSeconds ?? 0) * 1000;
+  let warmedUp = 0;
   for (const turn of warmupTurns) {
     if (performance.now() > warmupDeadline) break;
     await step(turn);
+    warmedUp += 1;
   }
 
   // throughput: `concurrency` workers pulling turns until done or out of time
@@ -164,7 +166,7 @@ async function main() {
     cpu_s: cpu,
     peak_rss_bytes: process.resourceUsage().maxRSS * 1024,
     latencies_ms: latencies,
-    details: { messages_in_context_or_saved: messages, concurrency: config.concurrency, warmup_turns: warmupTurns.length, version, store: path === 'memory' ? 'InMemoryStore per thread' : '@mastra/mongodb' },
+    details: { messages_in_context_or_saved: messages, concurrency: config.concurrency, warmup_turns: warmedUp, version, store: path === 'memory' ? 'InMemoryStore per thread' : '@mastra/mongodb' },
   };
   process.stdout.write(JSON.stringify(result) + '\n');
 }
