@@ -115,7 +115,12 @@ async def _until(condition: Callable[[], bool], what: str) -> None:
 
 def _settings(kafka_bootstrap: str, mongo_uri: str, db_name: str) -> Settings:
     return fresh_settings(
-        kafka_bootstrap, mongo_uri, MONGODB_DATABASE=db_name, prune_older_than="1d", prune_interval_s=1.0
+        # 3 s rounds: the lease (two rounds) outlives a holder's stall of a few seconds on a busy machine
+        kafka_bootstrap,
+        mongo_uri,
+        MONGODB_DATABASE=db_name,
+        prune_older_than="1d",
+        prune_interval_s=3.0,
     )
 
 
@@ -216,7 +221,7 @@ async def test_a_prune_longer_than_the_lease_keeps_it(
     clients: tuple[AsyncMongoClient[dict[str, Any]], ...], db_name: str
 ) -> None:
     """The holder renews the lease while it prunes: past the first expiry another replica is still refused."""
-    ttl = timedelta(seconds=2)
+    ttl = timedelta(seconds=6)  # renewed every 1.5 s: a stall of seconds does not lose it
     db_a, db_b = clients[0][db_name], clients[1][db_name]
     lease_a = MongoLease(db_a, PRUNE_LEASE, holder="a", ttl=ttl)
     lease_b = MongoLease(db_b, PRUNE_LEASE, holder="b", ttl=ttl)

@@ -64,21 +64,24 @@ def _marker(
 async def test_forget_removes_the_markers_of_what_it_forgets(db: AsyncDatabase[dict[str, Any]]) -> None:
     """Forgetting a thread or a resource deletes those threads' markers (busy or not), no other."""
     markers = MongoTurnMarkers(db)
-    await _threads(db, "t1", "t2", resource="alice")
-    await _threads(db, "t3", resource="bob")
-    for thread in ("t1", "t2", "t3", "unsaved"):
-        await markers.mark(thread, f"{thread}-r1")
-    await markers.answered({"t2": ["t2-r1"]})
-    forgetting = MongoForgetting(db)
+    try:
+        await _threads(db, "t1", "t2", resource="alice")
+        await _threads(db, "t3", resource="bob")
+        for thread in ("t1", "t2", "t3", "unsaved"):
+            await markers.mark(thread, f"{thread}-r1")
+        await markers.answered({"t2": ["t2-r1"]})
+        forgetting = MongoForgetting(db)
 
-    await forgetting.forget_thread("t1", dry_run=True)
-    assert await _markers(db) == {"t1", "t2", "t3", "unsaved"}  # a dry run deletes nothing
-    await forgetting.forget_thread("t1")
-    assert await _markers(db) == {"t2", "t3", "unsaved"}
-    await forgetting.forget_thread("unsaved")  # a thread never saved has a marker all the same
-    assert await _markers(db) == {"t2", "t3"}
-    await forgetting.forget_resource("alice")
-    assert await _markers(db) == {"t3"}
+        await forgetting.forget_thread("t1", dry_run=True)
+        assert await _markers(db) == {"t1", "t2", "t3", "unsaved"}  # a dry run deletes nothing
+        await forgetting.forget_thread("t1")
+        assert await _markers(db) == {"t2", "t3", "unsaved"}
+        await forgetting.forget_thread("unsaved")  # a thread never saved has a marker all the same
+        assert await _markers(db) == {"t2", "t3"}
+        await forgetting.forget_resource("alice")
+        assert await _markers(db) == {"t3"}
+    finally:
+        await markers.close()
 
 
 async def test_a_resource_forget_interrupted_before_its_threads_went_is_completed_by_a_second_run(
@@ -178,7 +181,11 @@ async def test_a_marker_written_between_the_read_and_the_delete_is_kept(
     horizons = marker_horizons(CUTOFF, NOW, 60)
     chunk = await db[TURNS].find(_written_before(horizons.gone_before)).to_list()
     assert [d["_id"] for d in chunk] == ["t"]
-    await MongoTurnMarkers(db).mark("t", "new")
+    writer = MongoTurnMarkers(db)
+    try:
+        await writer.mark("t", "new")
+    finally:
+        await writer.close()
     assert await _expire(db, chunk, horizons, _written_before(horizons.gone_before), dry_run=False) == 0
     assert (await db[TURNS].find_one({"_id": "t"}) or {}).get("pending") == "new"
     # the guard is what kept it: the same chunk deleted without the age condition is gone
