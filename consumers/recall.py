@@ -178,7 +178,11 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             )
             enriched = self._enriched(request, outcome, admission)
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
-            mark = batch_gate.enriched(request.threadId, request.requestId) if batch_gate else None
+            mark = (
+                batch_gate.enriched(request.threadId, request.requestId, request.resourceId)
+                if batch_gate
+                else None
+            )
             ack = await self._publish(request, enriched, spans.headers(index, item.record))
             spans.end_when_done(index, ack)
             return ack if mark is None else ack_after(mark, ack)

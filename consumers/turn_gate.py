@@ -59,7 +59,7 @@ class TurnMarkers(Protocol):
 
     async def get_many(self, thread_ids: Sequence[str]) -> dict[str, TurnMarker]: ...
 
-    async def mark(self, thread_id: str, request_id: str) -> None: ...
+    async def mark(self, thread_id: str, request_id: str, *, resource_id: str | None = None) -> None: ...
 
     async def wait_answered(
         self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
@@ -216,7 +216,9 @@ class BatchGate:
     def _left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
 
-    def enriched(self, thread_id: str, request_id: str) -> asyncio.Future[None] | None:
+    def enriched(
+        self, thread_id: str, request_id: str, resource_id: str | None = None
+    ) -> asyncio.Future[None] | None:
         """Mark the thread busy with `request_id`: the write starts now, beside the enriched request's send.
 
         The caller makes it part of the record's acknowledgement, so the record is committed only once the
@@ -230,4 +232,4 @@ class BatchGate:
         if not should_mark(marker, request_id):
             return None  # already answered: a replay or a redelivery
         self.markers[thread_id] = (marker or TurnMarker()).enriched(request_id, datetime.now(UTC))
-        return asyncio.ensure_future(gate.markers.mark(thread_id, request_id))
+        return asyncio.ensure_future(gate.markers.mark(thread_id, request_id, resource_id=resource_id))

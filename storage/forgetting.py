@@ -56,9 +56,13 @@ class MongoForgetting:
         self.turns: AsyncCollection[dict[str, Any]] = db.get_collection(TURNS)
 
     async def ensure_indexes(self) -> None:
-        """The tombstones are read by `_id` only; a `resourceId` index lets operators list a user's."""
+        """The tombstones are read by `_id` only; a `resourceId` index lets operators list a user's. The
+        markers' `resourceId` index serves a resource's forget (every mark writes the same value again, which
+        changes no index entry)."""
         with storage_errors(f"createIndexes on {TOMBSTONES}"):
             await self.tombstones_collection.create_indexes([IndexModel([("resourceId", 1)])])
+        with storage_errors(f"createIndexes on {TURNS}"):
+            await self.turns.create_indexes([IndexModel([("resourceId", 1)])])
 
     # --- the persist path's guard ---
 
@@ -133,6 +137,8 @@ class MongoForgetting:
         outcome.deleted_messages = await delete_by_keys(self.messages, keys, "forget messages")
         # the markers before the threads: a forget interrupted after the threads finds no thread ids again
         await delete_by_keys(self.turns, thread_ids, "forget the threads' markers")
+        with storage_errors("forget the resource's markers"):  # of threads never saved, too
+            await self.turns.delete_many({"resourceId": resource_id})
         outcome.deleted_threads = await delete_by_keys(
             self.threads, [doc["_id"] for doc in threads], "forget threads"
         )

@@ -3,7 +3,7 @@
 One document per thread, in the same database as Mastra's collections but in a collection of its own, so
 Mastra never reads or writes it:
 
-    {_id: threadId, pending: requestId | null, enrichedAt: Date | null,
+    {_id: threadId, pending: requestId | null, enrichedAt: Date | null, resourceId (the request's),
      answered: [requestId, ...] (the newest 64), answeredAt: Date}
 
 The recall path sets `pending` (an upsert by `_id`) while it sends the enriched request; the persist path,
@@ -129,10 +129,15 @@ class MongoTurnMarkers:
             docs = await self.collection.find({"_id": {"$in": list(dict.fromkeys(thread_ids))}}).to_list()
         return {str(doc["_id"]): marker_from_doc(doc) for doc in docs}
 
-    async def mark(self, thread_id: str, request_id: str) -> None:
-        """Record `request_id` as the thread's pending turn; concurrent marks share one bulk write."""
+    async def mark(self, thread_id: str, request_id: str, *, resource_id: str | None = None) -> None:
+        """Record `request_id` as the thread's pending turn; concurrent marks share one bulk write. The
+        thread's `resource_id` is kept too, so forgetting the resource finds the marker of a thread that was
+        never saved (no `mastra_threads` row to find it through)."""
         now = datetime.now(UTC)
-        op = UpdateOne({"_id": thread_id}, {"$set": {"pending": request_id, "enrichedAt": now}}, upsert=True)
+        changes: dict[str, Any] = {"pending": request_id, "enrichedAt": now}
+        if resource_id is not None:
+            changes["resourceId"] = resource_id
+        op = UpdateOne({"_id": thread_id}, {"$set": changes}, upsert=True)
         await self._marks.submit(op)
 
     async def wait_answered(

@@ -84,6 +84,23 @@ async def test_forget_removes_the_markers_of_what_it_forgets(db: AsyncDatabase[d
         await markers.close()
 
 
+async def test_forgetting_a_resource_removes_the_markers_of_its_threads_never_saved(
+    db: AsyncDatabase[dict[str, Any]],
+) -> None:
+    """A thread whose turns were enriched but never saved (no `mastra_threads` row) is found through the
+    resource its marker names; another resource's marker, and a marker written before markers named their
+    resource, stay (the latter is left to prune, or `forget --thread`)."""
+    markers = MongoTurnMarkers(db)
+    try:
+        await markers.mark("unsaved", "u-r1", resource_id="alice")
+        await markers.mark("theirs", "b-r1", resource_id="bob")
+        await db[TURNS].insert_one(_marker("legacy", pending="l-r1", answered=[], at=NOW))
+        await MongoForgetting(db).forget_resource("alice")
+        assert await _markers(db) == {"theirs", "legacy"}
+    finally:
+        await markers.close()
+
+
 async def test_a_resource_forget_interrupted_before_its_threads_went_is_completed_by_a_second_run(
     db: AsyncDatabase[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:

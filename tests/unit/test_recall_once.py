@@ -176,7 +176,7 @@ class _AnsweringMarkers:
     async def get_many(self, thread_ids: Sequence[str]) -> dict[str, TurnMarker]:
         return {t: TurnMarker(pending=self.pending[t]) for t in thread_ids if t in self.pending}
 
-    async def mark(self, thread_id: str, request_id: str) -> None:
+    async def mark(self, thread_id: str, request_id: str, *, resource_id: str | None = None) -> None:
         self.pending[thread_id] = request_id
 
     async def wait_answered(
@@ -211,3 +211,22 @@ async def test_a_request_recalled_after_its_wait_keeps_the_boundary_it_moved() -
     thread = await storage.storage.get_thread("a")
     assert thread is not None
     assert thread.metadata[BOUNDARY_KEY] == second["boundary"]  # not turn 1's, written back by the flush
+
+
+async def test_a_mark_names_the_requests_resource() -> None:
+    """The busy mark carries the request's `resourceId`, so forgetting the resource finds the marker even of
+    a thread that is never saved."""
+    storage = _CountingPages()
+    markers = _AnsweringMarkers(storage)
+    marked: list[tuple[str, str, str | None]] = []
+
+    async def mark(thread_id: str, request_id: str, *, resource_id: str | None = None) -> None:
+        marked.append((thread_id, request_id, resource_id))
+
+    markers.mark = mark  # type: ignore[method-assign]
+    gate = TurnGate(barrier=None, markers=markers, policy="enqueue", timeout_s=5.0)
+    handler = RecallHandler(Settings(), storage, _Sent(), gate=gate)
+    for ack in await handler.handle([_record(0, "a", [_message("in0", "user", "hi", 1000)], {})]):
+        assert not isinstance(ack, Exception), ack
+        await ack
+    assert marked == [("a", "r0", "u")]

@@ -49,7 +49,7 @@ class FakeMarkers:
     async def get_many(self, thread_ids: Sequence[str]) -> dict[str, TurnMarker]:
         return {t: self.markers[t] for t in thread_ids if t in self.markers}
 
-    async def mark(self, thread_id: str, request_id: str) -> None:
+    async def mark(self, thread_id: str, request_id: str, *, resource_id: str | None = None) -> None:
         self.marked.append((thread_id, request_id))
         self.markers[thread_id] = TurnMarker(pending=request_id)
 
