@@ -17,11 +17,13 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pymongo import AsyncMongoClient
 
+from schemas.commands import ForgetOutcome
 from storage.documents import MESSAGES, THREADS
 from storage.forgetting import MongoForgetting
 from storage.mongodb import MongoHistoryStorage
@@ -81,19 +83,10 @@ async def measure(args: argparse.Namespace) -> None:
         forgetting = MongoForgetting(db)
         await forgetting.ensure_indexes()
         chosen = resources[: max(1, len(resources) // 10)]
-        started, rows = time.perf_counter(), 0
-        for resource in chosen:
-            outcome = await forgetting.forget_resource(resource)
-            rows += outcome.deleted_messages + outcome.deleted_threads
-        line("forget --resource", rows, time.perf_counter() - started, commands=len(chosen))
-
-        left = [t for t in threads if f"r{int(t[1:]) // args.per_resource}" not in set(chosen)]
-        chosen_threads = left[: max(1, len(left) // 10)]
-        started, rows = time.perf_counter(), 0
-        for thread in chosen_threads:
-            outcome = await forgetting.forget_thread(thread)
-            rows += outcome.deleted_messages + outcome.deleted_threads
-        line("forget --thread", rows, time.perf_counter() - started, commands=len(chosen_threads))
+        await _forget_each("forget --resource", chosen, forgetting.forget_resource)
+        gone = set(chosen)
+        left = [t for t in threads if f"r{int(t[1:]) // args.per_resource}" not in gone]
+        await _forget_each("forget --thread", left[: max(1, len(left) // 10)], forgetting.forget_thread)
 
         pruner = MongoPruner(db, batch_size=args.batch_size)
         started = time.perf_counter()
@@ -103,6 +96,17 @@ async def measure(args: argparse.Namespace) -> None:
     finally:
         await client.drop_database(db.name)
         await client.close()
+
+
+async def _forget_each(
+    name: str, targets: list[str], forget: Callable[[str], Awaitable[ForgetOutcome]]
+) -> None:
+    """One forget per target, timed as one line (rows = messages + threads deleted)."""
+    started, rows = time.perf_counter(), 0
+    for target in targets:
+        outcome = await forget(target)
+        rows += outcome.deleted_messages + outcome.deleted_threads
+    line(name, rows, time.perf_counter() - started, commands=len(targets))
 
 
 def main(argv: list[str]) -> int:
