@@ -45,7 +45,7 @@ class LoopOptions:
         )
 
 
-def build_consumer(settings: Settings, *, topic: str, path: str) -> AIOKafkaConsumer:
+def build_consumer(settings: Settings, *, path: str) -> AIOKafkaConsumer:
     """The path's consumer: manual commits, earliest offset for a new group, committed reads only."""
     instance = f"{settings.group_instance_id}-{path}" if settings.group_instance_id else None
     return AIOKafkaConsumer(

@@ -8,9 +8,11 @@ Requests of one thread run in batch order, so their enriched events leave in the
 Token boundaries the memory-only limiter advanced are written with one round trip at the end of the batch.
 
 With a `TurnGate` (the turn barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups
-run beside the prefetch, and each request first passes `admit`: a request that had to wait is recalled from
-MongoDB (the prefetch may predate the turn it waited for), a refused one is a dead letter, and its thread is
-marked busy while its enriched event is sent (the mark is part of the record's acknowledgement).
+run beside the prefetch, and each request first passes `admit`: a request that had to wait, or whose
+partition another request of the batch waited for, is recalled from MongoDB (the prefetch may predate the
+turn it waited for; its thread's boundary recorded earlier in the batch is written first, and its own is
+written directly), a refused one is a dead letter, and its thread is marked busy while its enriched event is
+sent (the mark is part of the record's acknowledgement).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class Admission:
 
     complete: bool = True
     waited_ms: int = 0
-    fresh: bool = False  # it waited: read MongoDB again instead of the batch's prefetch
+    fresh: bool = False  # it, or another request of its partition, waited: read MongoDB, not the prefetch
     refused: ThreadBusyError | None = None
     retry: RetriableError | None = None
 
@@ -167,12 +167,13 @@ class BatchGate:
         """True (and said in the log) when the thread's pending turn is abandoned: a worker dropped it, or
         never got it; the request goes on without waiting, its history lacking that turn's answer."""
         marker = self.markers.get(thread_id)
+        horizon = self.abandoned_before
+        # busy by the policy's rule, but past the horizon: the rule's own test, then the age
         if (
-            self.gate.policy != "allow"
-            and self.abandoned_before is not None
+            horizon is not None
             and marker is not None
-            and marker.pending != request_id
-            and is_abandoned(marker, self.abandoned_before)
+            and busy_decision(marker, request_id, self.gate.policy) != "go"
+            and is_abandoned(marker, horizon)
         ):
             log.warning(
                 "a turn was never answered: its thread is not busy any more",

@@ -129,7 +129,7 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
     return StreamLoop(
         path=path,
         topic=topic,
-        consumer=build_consumer(settings, topic=topic, path=path),
+        consumer=build_consumer(settings, path=path),
         handler=handler,
         dead_letters=DeadLetterPublisher(producer, dlq),
         health=loop_health,

@@ -99,7 +99,7 @@ async def _run_loop(
     loop = StreamLoop(
         path="recall",
         topic=settings.requests_topic,
-        consumer=build_consumer(settings, topic=settings.requests_topic, path="recall"),
+        consumer=build_consumer(settings, path="recall"),
         handler=handler,
         dead_letters=DeadLetterPublisher(producer, settings.requests_dlq),
         health=health,
