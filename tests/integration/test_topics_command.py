@@ -17,6 +17,8 @@ from message_history.settings import Settings
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import fresh_settings
 
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
 
 @pytest_asyncio.fixture
 async def admin(kafka_bootstrap: str) -> AsyncIterator[AIOKafkaAdminClient]:
