@@ -183,6 +183,10 @@ def demo_settings(base: Settings, run_id: str) -> Settings:
             "persisted_topic": f"{prefix}.agent.history.persisted",
             "requests_dlq_topic": None,
             "responses_dlq_topic": None,
+            # the commands path's topics too: the demo creates and, afterwards, deletes every topic it uses
+            "commands_topic": f"{prefix}.agent.history.commands",
+            "forgotten_topic": f"{prefix}.agent.history.forgotten",
+            "commands_dlq_topic": None,
             "group_id": f"message-history-{prefix}",
             "group_instance_id": None,
             "mongodb_database": f"mastra_demo_{run_id}",
