@@ -197,8 +197,9 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         response = decode_response(value, self.limits)
         if may_exceed(len(value)):
             # only events this large can hold such a message; the exact check dumps every content of what
-            # the turn saves (never a system message, a transient signal, a recalled echo, a read-only or
-            # failed turn's), selected as the processor selects it
+            # the turn selects to save (never a system message, a transient signal, a recalled echo, a
+            # read-only or failed turn's), as the processor selects it; the tool-state merge with stored
+            # copies comes later and is not checked here
             decision = select_for_persistence(
                 turn_input(response),
                 response.response,

@@ -104,7 +104,6 @@ class Opened:
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
     settings, producer, forgetting = opened.settings, opened.producer, opened.forgetting
-    limits = Limits.from_settings(settings)
     loop_health: Health | _Advisory = opened.health
     if path == "commands":
         if forgetting is None:
@@ -113,7 +112,7 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         handler: RecallHandler | PersistHandler | CommandsHandler = CommandsHandler(
             forgetting=forgetting,
             publisher=ForgottenPublisher(producer, settings.forgotten_topic),
-            limits=limits,
+            limits=Limits.from_settings(settings),
         )
         loop_health = _Advisory(opened.health)
     elif path == "recall":

@@ -5,8 +5,9 @@ turn's input and response messages. The rules themselves live in `message_histor
 only wires them to a storage. Two public coroutines carry the work and are what the Kafka paths call directly:
 
 * `recall(...)`: one `get_thread` (ownership) and at most one `list_messages`, then `rules.build_context`;
-  under a token budget, pages and the memory-only limiter (`budget`), and the boundary written to the thread;
-  with `filter_echo`, Mastra's `MemoryInputFilter` first (`echo`);
+  under a token budget, pages and the memory-only limiter (`budget`) instead, and the boundary written to
+  the thread; with `filter_echo`, Mastra's `MemoryInputFilter` first (`echo`: a `list_messages(limit=1)`
+  probe and a `get_messages` of the resent ids);
 * `persist_turn(...)`: `rules.select_for_persistence`, the tool-state merge against the stored copies
   (`tool_state.merge_turn`, on storages with `get_messages`), then one `save_messages` (or, when nothing is
   saved, one `get_thread` to enforce ownership and report the thread).

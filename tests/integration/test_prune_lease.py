@@ -227,9 +227,9 @@ async def test_a_prune_longer_than_the_lease_keeps_it(
     lease_b = MongoLease(db_b, PRUNE_LEASE, holder="b", ttl=ttl)
     pruner = _SlowPruner(db_a)
     try:
-        taken_at = datetime.now(UTC)
         running = asyncio.create_task(prune_round(pruner, lease_a, timedelta(days=1)))
         await asyncio.wait_for(pruner.started.wait(), WAIT_S)
+        taken_at = datetime.now(UTC)  # the lease was taken before the prune started: it expires earlier
         first_expiry = taken_at + ttl
         await _until(lambda: datetime.now(UTC) > first_expiry + ttl / 4, "the first expiry never passed")
         assert not await lease_b.acquire()  # renewed meanwhile

@@ -109,7 +109,7 @@ async def run_replay(
     abandon = abandon or asyncio.Event()
     out = out or sys.stdout
     err = err or sys.stderr
-    replay = Replay(settings, options, stop=stop, err=err)
+    replay = Replay(settings, options, stop=stop)
     started = time.monotonic()
     display = ProgressDisplay(
         err,

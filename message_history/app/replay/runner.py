@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TextIO, TypeVar
+from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
@@ -243,12 +243,10 @@ class Replay:
         options: ReplayOptions,
         *,
         stop: asyncio.Event,
-        err: TextIO,
     ) -> None:
         self.settings = settings
         self.options = options
         self.stop = stop
-        self.err = err
         self.counts = Counts()
         self.partitions: list[PartitionState] = []
         self.notes: list[str] = []
