@@ -495,7 +495,9 @@ def smoke_test_mongo_server(binary: Path) -> None:
 
 
 def install_npm() -> None:
-    for manifest in sorted((ROOT / "tests").rglob("package.json")):
+    # the interop tests' packages, and the bench's Mastra anchor (the bench smoke test runs it)
+    manifests = [*(ROOT / "tests").rglob("package.json"), ROOT / "bench" / "mastra" / "package.json"]
+    for manifest in sorted(manifests):
         if "node_modules" in manifest.parts:
             continue
         folder = manifest.parent
@@ -876,7 +878,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Kafka 4 (KRaft, one node) and SecantusDB (MongoDB wire) on loopback, without Docker.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("install", help="create .venv, fetch Kafka jars, build SecantusDB, npm packages of tests")
+    sub.add_parser("install", help="create .venv, fetch Kafka jars, build SecantusDB, the npm packages")
     sub.add_parser("up", help="start the stack (or reuse a healthy one); prints export lines on stdout")
     sub.add_parser("env", help="print the export lines of the running stack")
     sub.add_parser("down", help="stop the stack and remove its state")
