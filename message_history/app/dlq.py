@@ -6,11 +6,13 @@
 * Selection (`message_history.app.dlq_plan`): `--error-type`, `--since`/`--until` (on `failed.at`),
   `--offsets` (ranges of the dead-letter topic), `--source-topic`, `--limit`. `redrive` refuses to run
   without a filter unless `--all` is given.
-* Redrive produces the original key and value bytes, untouched, to `source.topic` (or `--to`), with the
-  original headers minus the service's, plus `redrive.of` naming the dead letter. It is bounded (the captured
-  end offsets, `--limit`) and idempotent: dead letters whose `redrive.of` marker is already in the target
-  topic (read from the earliest selected failure on) are skipped, so a second run produces nothing. A record
-  refused again simply becomes a new dead letter with the new reason (and the old marker, for the record).
+* Redrive produces the original key and value bytes, untouched, to the dead-letter topic's own input topic
+  (or `--to`), with the original headers minus the service's, plus `redrive.of` naming the dead letter. A dead
+  letter whose `source.topic` header names another topic is refused: reported, counted, never sent. It is
+  bounded (the captured end offsets, `--limit`) and idempotent: dead letters whose `redrive.of` marker is
+  already in the target topic (read from the earliest selected failure on) are skipped, so a second run
+  produces nothing. A record refused again simply becomes a new dead letter with the new reason (and the
+  old marker, for the record).
 * Progress lines go to stderr every `--progress-interval` seconds; the listing goes to stdout.
 """
 
@@ -23,8 +25,8 @@ import json
 import signal
 import sys
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -34,6 +36,7 @@ from aiokafka.errors import KafkaError
 from consumers.consumer import build_reader
 from message_history.app.dlq_plan import (
     DeadLetter,
+    Refused,
     Selection,
     Tally,
     default_topics,
@@ -81,6 +84,7 @@ class DlqOptions:
     to: str | None = None
     dry_run: bool = False
     force: bool = False
+    inputs: Mapping[str, str] = field(default_factory=dict)  # dead-letter topic -> its own input topic
 
 
 def options_from_args(args: argparse.Namespace, settings: Settings) -> DlqOptions:
@@ -109,7 +113,16 @@ def options_from_args(args: argparse.Namespace, settings: Settings) -> DlqOption
         to=getattr(args, "to", None),
         dry_run=bool(getattr(args, "dry_run", False)),
         force=bool(getattr(args, "force", False)),
+        inputs=input_topics(settings),
     )
+
+
+def input_topics(settings: Settings) -> dict[str, str]:
+    """The service's dead-letter topics, each with the input topic whose refusals it holds."""
+    pairs = {settings.requests_dlq: settings.requests_topic, settings.responses_dlq: settings.responses_topic}
+    if settings.commands_topic:
+        pairs[settings.commands_dlq] = settings.commands_topic
+    return pairs
 
 
 # --- reading -----------------------------------------------------------------------------------------------
@@ -252,13 +265,13 @@ async def collect(
 
 
 async def redriven_markers(
-    settings: Settings, letters: Sequence[DeadLetter], to: str | None, *, err: TextIO, stop: asyncio.Event
+    settings: Settings, sends: Sequence[tuple[DeadLetter, str]], *, err: TextIO, stop: asyncio.Event
 ) -> set[str]:
     """`redrive.of` values already in the target topics, read from the earliest selected failure on (a stop
     leaves the set incomplete: the caller then produces nothing)."""
     targets: dict[str, list[DeadLetter]] = {}
-    for letter in letters:
-        targets.setdefault(redrive_target(letter, to), []).append(letter)
+    for letter, target in sends:
+        targets.setdefault(target, []).append(letter)
     # a missing target topic holds no copy
     existing = await existing_partitions(settings, list(targets), client_id=CLIENT_ID)
     found: set[str] = set()
@@ -295,7 +308,7 @@ async def redriven_markers(
 
 async def produce(
     settings: Settings,
-    letters: Sequence[DeadLetter],
+    sends: Sequence[tuple[DeadLetter, str]],
     options: DlqOptions,
     *,
     tally: Tally,
@@ -314,14 +327,13 @@ async def produce(
     )
     await producer.start()
     try:
-        for first in range(0, len(letters), SEND_CHUNK):
+        for first in range(0, len(sends), SEND_CHUNK):
             if stop.is_set():
                 break
-            chunk = letters[first : first + SEND_CHUNK]
+            chunk = sends[first : first + SEND_CHUNK]
             now = format_timestamp(datetime.now(UTC))
             sent = []
-            for letter in chunk:
-                target = redrive_target(letter, options.to)
+            for letter, target in chunk:
                 headers = redrive_headers(letter, now=now)
                 sent.append(
                     (
@@ -339,6 +351,21 @@ async def produce(
             progress.tick()
     finally:
         await producer.stop()
+
+
+def _targets(
+    letters: Sequence[DeadLetter], options: DlqOptions, *, tally: Tally, out: TextIO
+) -> list[tuple[DeadLetter, str]]:
+    """Each selected dead letter with its target; the refused ones are reported and counted, not kept."""
+    sends: list[tuple[DeadLetter, str]] = []
+    for letter in letters:
+        target = redrive_target(letter, options.to, options.inputs)
+        if isinstance(target, Refused):
+            tally.refused += 1
+            print(f"refused {letter.ref}: {target.reason}", file=out, flush=True)
+        else:
+            sends.append((letter, target))
+    return sends
 
 
 async def run_dlq(
@@ -361,17 +388,18 @@ async def run_dlq(
             await collect(settings, options, tally=tally, progress=progress, stop=stop, emit=emit)
         else:
             letters = await collect(settings, options, tally=tally, progress=progress, stop=stop)
-            if letters and not options.force and not stop.is_set():
-                done = await redriven_markers(settings, letters, options.to, err=err, stop=stop)
-                todo = [letter for letter in letters if letter.ref not in done]
-                tally.already_redriven = len(letters) - len(todo)
-                letters = todo
+            sends = _targets(letters, options, tally=tally, out=out)
+            if sends and not options.force and not stop.is_set():
+                done = await redriven_markers(settings, sends, err=err, stop=stop)
+                todo = [(letter, target) for letter, target in sends if letter.ref not in done]
+                tally.already_redriven = len(sends) - len(todo)
+                sends = todo
             if options.dry_run and not stop.is_set():
-                for letter in letters:
-                    print(f"would redrive {line(letter)} -> {redrive_target(letter, options.to)}", file=out)
-                tally.redriven = len(letters)
+                for letter, target in sends:
+                    print(f"would redrive {line(letter)} -> {target}", file=out)
+                tally.redriven = len(sends)
             elif not stop.is_set():  # interrupted while reading: nothing is sent
-                await produce(settings, letters, options, tally=tally, progress=progress, stop=stop, out=out)
+                await produce(settings, sends, options, tally=tally, progress=progress, stop=stop, out=out)
     except UsageError as exc:
         print(f"message-history dlq: error: {exc}", file=err)
         return EXIT_USAGE

@@ -10,6 +10,10 @@ dead letter it came from. Before producing, the redrive reads the target topics 
 `failed.at` on (nothing older can be a redriven copy) and skips the dead letters whose marker is already
 there: running the same redrive twice produces nothing the second time. The service's own idempotence
 (upserts by message id, `eventId` on enriched requests) covers what is left, such as two redrives at once.
+
+Where a redrive sends (`redrive_target`): each dead-letter topic's own input topic (the configured pair, else
+its name minus `.dlq`), never a topic named only by the dead letter's `source.topic` header, which anyone able
+to write to the dead-letter topic controls; `--to` names another target on purpose.
 """
 
 from __future__ import annotations
@@ -151,12 +155,48 @@ def redrive_headers(letter: DeadLetter, *, now: str) -> list[tuple[str, bytes]]:
     return [*kept, (REDRIVE_OF, letter.ref.encode()), (REDRIVE_AT, now.encode())]
 
 
-def redrive_target(letter: DeadLetter, override: str | None) -> str:
-    """Where the dead letter goes back to: `--to`, else its `source.topic`."""
+DLQ_SUFFIX = ".dlq"
+
+
+def own_input(dlq_topic: str, inputs: Mapping[str, str]) -> str | None:
+    """The input topic whose refusals `dlq_topic` holds: the configured pair (`inputs`: dead-letter topic ->
+    input topic, from the settings), else the name minus `.dlq`; None when neither says."""
+    if dlq_topic in inputs:
+        return inputs[dlq_topic]
+    if dlq_topic.endswith(DLQ_SUFFIX) and len(dlq_topic) > len(DLQ_SUFFIX):
+        return dlq_topic[: -len(DLQ_SUFFIX)]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A selected dead letter that a redrive does not send, and why."""
+
+    reason: str
+
+
+def redrive_target(letter: DeadLetter, override: str | None, inputs: Mapping[str, str]) -> str | Refused:
+    """Where the dead letter goes back to: `--to` when given, else its dead-letter topic's own input topic.
+
+    `source.topic` is only a header: whoever can write to a dead-letter topic can make it name any topic (the
+    commands topic, say, where a planted `ForgetResource` would erase a tenant under the service's
+    credentials). So without `--to` a dead letter is sent only to the input topic its dead-letter topic
+    belongs to, and one whose `source.topic` names another topic is refused (reported, counted, not sent).
+    """
     if override is not None:
         return override
     assert letter.info is not None  # only selected letters are redriven
-    return letter.info.source_topic
+    own = own_input(letter.topic, inputs)
+    if own is None:
+        return Refused(
+            f"no input topic is known for {letter.topic!r} (not configured, no .dlq suffix): use --to"
+        )
+    if letter.info.source_topic != own:
+        return Refused(
+            f"source.topic {letter.info.source_topic!r} is not {letter.topic!r}'s input topic {own!r}"
+            " (not sent; --to sends it elsewhere on purpose)"
+        )
+    return own
 
 
 def marker(headers: Iterable[tuple[str, bytes | None]]) -> str | None:
@@ -183,6 +223,7 @@ class Tally:
     not_dead_letters: int = 0
     redriven: int = 0
     already_redriven: int = 0
+    refused: int = 0  # source.topic not the dead-letter topic's own input: never sent
     by_error_type: dict[str, int] = field(default_factory=dict)
 
     def count(self, letter: DeadLetter, *, is_selected: bool) -> None:
@@ -262,6 +303,7 @@ def summary(tally: Tally, *, command: str, dry_run: bool = False) -> list[str]:
         verb = "would redrive" if dry_run else "redriven"
         lines.append(
             f"{command}: {verb} {tally.redriven:,}, skipped {tally.already_redriven:,} already redriven"
+            f", refused {tally.refused:,} (source.topic not the dead-letter topic's input)"
         )
     return lines
 
@@ -321,7 +363,11 @@ def add_dlq_arguments(parser: argparse.ArgumentParser) -> None:
         )
     inspect.add_argument("--json", action="store_true", help="one JSON object per line instead of text")
     inspect.add_argument("--show-value", action="store_true", help="also print the start of each value")
-    redrive.add_argument("--to", metavar="TOPIC", help="produce here instead of each record's source.topic")
+    redrive.add_argument(
+        "--to",
+        metavar="TOPIC",
+        help="produce here instead of each dead-letter topic's own input topic (source.topic must name it)",
+    )
     redrive.add_argument("--dry-run", action="store_true", help="list what would be redriven; send nothing")
     redrive.add_argument(
         "--all", action="store_true", help="allow a redrive without any filter (every dead letter)"

@@ -18,6 +18,7 @@ from message_history.app.dlq import options_from_args, run_dlq
 from message_history.app.dlq_plan import REDRIVE_OF, add_dlq_arguments
 from message_history.settings import Settings
 from schemas.dead_letters import parse_dead_letter_headers
+from tests import infra
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     ROOT,
@@ -249,8 +250,8 @@ def _dead_letter_headers(
 async def test_redrive_copies_the_original_bytes_back(kafka_bootstrap: str, make_topic: MakeTopic) -> None:
     """The chosen dead letters' key and value bytes go back to `source.topic` untouched (not JSON, several
     lines, whatever they were), keeping their own headers, dropping the service's, each once."""
-    dlq_topic = await make_topic()
     source = await make_topic()
+    dlq_topic = await make_topic(name=f"{source}.dlq")  # its own input: the name minus .dlq
     sent = [b'{"ok": 0}', b"\xff\x00 not json", b'{"ok": 2}\n{"second line": true}', b'{"ok": 3}']
     for index, value in enumerate(sent):
         headers = _dead_letter_headers(source, index, "EventValidationError", "2026-01-01T00:00:00.000Z")
@@ -275,3 +276,45 @@ async def test_redrive_copies_the_original_bytes_back(kafka_bootstrap: str, make
         assert names["traceparent"] == f"00-{index:032x}-{index:016x}-01".encode()
         assert names[REDRIVE_OF] == f"{dlq_topic}:0:{index}".encode()
         assert set(names) == {"traceparent", REDRIVE_OF, "redrive.at"}
+
+
+async def test_redrive_all_never_delivers_a_planted_command(
+    kafka_bootstrap: str, make_topic: MakeTopic
+) -> None:
+    """Whoever can write to a dead-letter topic can make `source.topic` name any topic. A `ForgetResource`
+    planted in the requests' dead-letter topic with `source.topic` = the commands topic is refused by
+    `redrive --all` (reported, counted, not sent): nothing reaches the commands topic, while the genuine dead
+    letter beside it goes back to its own input topic."""
+    run = infra.unique_name("")
+    settings = Settings(
+        KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap,
+        requests_topic=f"rq-{run}",
+        responses_topic=f"rs-{run}",
+        commands_topic=f"cm-{run}",
+    )
+    for topic in (settings.requests_topic, settings.requests_dlq, settings.commands_topic):
+        await make_topic(name=topic)
+    failed_at = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    genuine = b'{"a": "request refused earlier"}'
+    planted = json.dumps(
+        {"schemaVersion": 1, "command": "ForgetResource", "requestId": "evil", "resourceId": "victim",
+         "createdAt": failed_at}
+    ).encode()  # fmt: skip
+    headers = _dead_letter_headers(settings.requests_topic, 7, "EventValidationError", failed_at)
+    await produce(kafka_bootstrap, settings.requests_dlq, [(b"thread-1", genuine)], headers=headers)
+    headers = _dead_letter_headers(settings.commands_topic, 8, "EventValidationError", failed_at)
+    await produce(kafka_bootstrap, settings.requests_dlq, [(b"victim", planted)], headers=headers)
+
+    code, out, err = await dlq(settings, "redrive", "--all", "--dry-run")
+    assert code == 0, err
+    assert f"would redrive {settings.requests_dlq}:0:0" in out
+    assert f"refused {settings.requests_dlq}:0:1: source.topic {settings.commands_topic!r}" in out
+    code, out, err = await dlq_process(settings, "redrive", "--all")
+    assert code == 0, err
+    assert out.count("redrove ") == 1
+    assert f"refused {settings.requests_dlq}:0:1" in out
+    assert "redrive: redriven 1, skipped 0 already redriven, refused 1" in err
+
+    assert await read_all(kafka_bootstrap, settings.commands_topic, settle_s=1.0) == []
+    (back,) = await read_all(kafka_bootstrap, settings.requests_topic, settle_s=0.5)
+    assert (back.key, back.value) == (b"thread-1", genuine)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -13,6 +14,7 @@ from message_history.app.dlq_plan import (
     REDRIVE_OF,
     DeadLetter,
     OffsetRange,
+    Refused,
     Selection,
     Tally,
     add_dlq_arguments,
@@ -20,6 +22,7 @@ from message_history.app.dlq_plan import (
     earliest_failure,
     line,
     marker,
+    own_input,
     parse_offset_ranges,
     preview,
     redrive_headers,
@@ -131,10 +134,48 @@ def test_redrive_headers_keep_the_original_ones_and_mark_the_dead_letter() -> No
     assert not {k for k, _ in headers} & set(DEAD_LETTER_HEADERS)
 
 
-def test_redrive_target_is_the_source_topic_unless_overridden() -> None:
-    """`--to` wins; otherwise the dead letter goes back where it was read from."""
-    assert redrive_target(letter(), None) == "agent.requests"
-    assert redrive_target(letter(), "staging.requests") == "staging.requests"
+INPUTS = {"custom-refusals": "agent.requests", "agent.history.commands.dlq": "agent.history.commands"}
+
+
+@pytest.mark.parametrize(
+    ("dlq_topic", "source_topic", "to", "expected"),
+    [
+        # its own input: the name minus .dlq, or the configured pair
+        ("agent.requests.dlq", "agent.requests", None, "agent.requests"),
+        ("custom-refusals", "agent.requests", None, "agent.requests"),
+        ("agent.history.commands.dlq", "agent.history.commands", None, "agent.history.commands"),
+        # a header naming another topic: refused, whatever it names
+        ("agent.requests.dlq", "agent.history.commands", None, None),
+        ("agent.responses.dlq", "agent.requests", None, None),
+        ("custom-refusals", "agent.history.commands", None, None),
+        # a topic with no known input: nothing is trusted
+        ("refusals", "refusals", None, None),
+        (".dlq", "", None, None),
+        # --to is the operator's explicit choice
+        ("agent.requests.dlq", "agent.requests", "staging.requests", "staging.requests"),
+        ("agent.requests.dlq", "agent.history.commands", "agent.requests", "agent.requests"),
+    ],
+)
+def test_redrive_target_is_the_dead_letter_topics_own_input(
+    dlq_topic: str, source_topic: str, to: str | None, expected: str | None
+) -> None:
+    """Without `--to`, a dead letter goes back only to its dead-letter topic's own input topic; a
+    `source.topic` header naming anything else (planted by whoever can write the dead-letter topic) is
+    refused with a reason, never followed."""
+    target = redrive_target(replace(letter(source_topic=source_topic or "x"), topic=dlq_topic), to, INPUTS)
+    if expected is None:
+        assert isinstance(target, Refused)
+        assert repr(dlq_topic) in target.reason
+    else:
+        assert target == expected
+
+
+def test_own_input_prefers_the_configured_pair() -> None:
+    """A configured pair wins over the name; the suffix rule needs something before `.dlq`."""
+    assert own_input("agent.requests.dlq", {"agent.requests.dlq": "requests-v2"}) == "requests-v2"
+    assert own_input("agent.requests.dlq", {}) == "agent.requests"
+    assert own_input(".dlq", {}) is None
+    assert own_input("refusals", {}) is None
 
 
 def test_marker_reads_redrive_of() -> None:
@@ -180,12 +221,13 @@ def test_summary_counts_by_reason() -> None:
     for record in (letter(1), letter(2, error_type="ThreadOwnershipError"), letter(3)):
         tally.count(record, is_selected=True)
     tally.count(NOT_OURS, is_selected=False)
-    tally.redriven, tally.already_redriven = 2, 1
+    tally.redriven, tally.already_redriven, tally.refused = 2, 1, 1
     assert summary(tally, command="redrive") == [
         "redrive: read 4 record(s), 3 selected, 1 without dead-letter headers",
         "  EventValidationError: 2",
         "  ThreadOwnershipError: 1",
-        "redrive: redriven 2, skipped 1 already redriven",
+        "redrive: redriven 2, skipped 1 already redriven,"
+        " refused 1 (source.topic not the dead-letter topic's input)",
     ]
 
 
@@ -222,3 +264,16 @@ def test_since_must_precede_until() -> None:
         options_from_args(
             _args("inspect", "--since", "2026-01-10T10:00Z", "--until", "2026-01-10T09:00Z"), Settings()
         )
+
+
+def test_input_pairs_come_from_the_settings() -> None:
+    """Configured dead-letter topics pair with their own input topics (the commands path's too)."""
+    settings = Settings(
+        requests_dlq_topic="req-refusals",
+        commands_topic="cmds",
+    )
+    assert options_from_args(_args("inspect"), settings).inputs == {
+        "req-refusals": settings.requests_topic,
+        settings.responses_dlq: settings.responses_topic,
+        "cmds.dlq": "cmds",
+    }
