@@ -145,6 +145,15 @@ READY = Gauge(
     ["component"],
     registry=REGISTRY,
 )
+HTTP_CONNECTIONS_SHED = Counter(
+    "message_history_http_connections_shed_total",
+    "Connections the /livez /readyz /metrics server cut short: `evicted` (the oldest one still waiting for"
+    " its request, closed to make room under the cap), `refused` (at the cap with none to evict), `timeout`"
+    " (request not received in time: answered 408; or answer not taken in time: dropped), `accept_failed`"
+    " (the OS refused the accept, e.g. out of file descriptors).",
+    ["reason"],
+    registry=REGISTRY,
+)
 RECALLED_MESSAGES = Histogram(
     "message_history_recalled_messages",
     "Messages recalled from MongoDB per request.",

@@ -10,9 +10,17 @@ Two separate questions, as Kubernetes asks them:
   the service is ready only when every component that reported is ready. An outage makes a component
   not-ready, never not-live.
 
-The HTTP server is stdlib asyncio, GET only, one request per connection, with capped request sizes and a read
-timeout, so a misbehaving client can neither block nor crash it. `/metrics` serves the service's Prometheus
-registry.
+The HTTP server is stdlib asyncio, GET only, one request per connection, with capped request sizes, so a
+misbehaving client can neither block nor crash it. `/metrics` serves the service's Prometheus registry.
+
+Slow or idle clients cannot starve the probes or the process's file descriptors: at most `MAX_CONNECTIONS`
+are open at once; a new connection beyond that closes the oldest one still waiting for its request (a probe
+sends its request at once, so a slowloris flood evicts itself, not the kubelet), and a request must arrive
+within `_READ_TIMEOUT_S`, its answer be taken within `_WRITE_TIMEOUT_S`. Shed connections are counted
+(`message_history_http_connections_shed_total{reason}`), never logged one by one: at most one warning per
+`_SHED_WARNING_INTERVAL_S` sums them up. The server accepts one connection at a time itself (not
+`asyncio.start_server`, whose accept loop takes up to a backlog's worth before any handler can refuse one, and
+logs an ERROR per accept that fails when descriptors run out): a failed accept is counted the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -38,7 +47,14 @@ DEFAULT_MAX_LOOP_LAG_S = 5.0
 """Event-loop lag above which the process counts as wedged (a sampled sleep overshooting by this much)."""
 
 _LAG_SAMPLE_INTERVAL_S = 0.5
-_READ_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 16
+"""Most connections open at once: probes and scrapes each hold one for milliseconds, so 16 is ample, and few
+enough that a flood of them cannot use up the descriptors Kafka and MongoDB need."""
+_READ_TIMEOUT_S = 2.0  # kubelet and Prometheus send their request as soon as they connect
+_WRITE_TIMEOUT_S = 5.0  # /metrics is tens of kB: a reader slower than this is not a scraper
+_SHED_WARNING_INTERVAL_S = 60.0
+_ACCEPT_BACKLOG = 128  # the kernel's queue: a probe arriving during a flood waits there, not in SYN retries
+_ACCEPT_RETRY_S = 0.1  # after a failed accept (out of descriptors): others must close first
 _MAX_REQUEST_LINE = 8 * 1024
 _MAX_HEADER_BYTES = 16 * 1024
 _MAX_HEADERS = 100
@@ -144,10 +160,15 @@ class Health:
 class HealthServer:
     """A running probe server; `port` is the bound port (useful when asked for port 0)."""
 
-    def __init__(self, server: asyncio.Server, host: str, port: int) -> None:
-        self._server = server
+    def __init__(self, host: str, port: int, connections: _Connections) -> None:
         self.host = host
         self.port = port
+        self._connections = connections
+
+    @property
+    def open_connections(self) -> int:
+        """Connections open now (never more than `MAX_CONNECTIONS`)."""
+        return len(self._connections)
 
     @property
     def url(self) -> str:
@@ -247,34 +268,136 @@ async def _discard_unread(reader: asyncio.StreamReader) -> None:
                 budget -= len(chunk)
 
 
-def _handler(health: Health) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            try:
-                async with asyncio.timeout(_READ_TIMEOUT_S):
-                    method, target = await _read_request(reader)
-            except TimeoutError:
-                status, ctype, body = _json(408, {"error": "request not received in time"})
-            except _BadRequestError as exc:
-                status, ctype, body = _json(exc.status, {"error": exc.reason})
-            else:
-                try:
-                    status, ctype, body = _route(health, method, target)
-                except Exception:  # a probe must answer even if a collector breaks
-                    log.exception("health endpoint failed", extra={"target": target[:200]})
-                    status, ctype, body = _json(500, {"error": "internal error"})
-            await _write(writer, status, ctype, body)
-            if status >= 400:
-                await _discard_unread(reader)
-        except (ConnectionError, TimeoutError):
-            pass  # the client went away; nothing to answer
-        finally:
+class _Connection:
+    """One open connection: its transport, and whether its request has arrived (only then it is answered)."""
+
+    __slots__ = ("shed", "transport", "waiting")
+
+    def __init__(self, transport: asyncio.WriteTransport) -> None:
+        self.transport = transport
+        self.waiting = True  # no complete request yet: the one to evict first
+        self.shed = False
+
+
+class _Shedding:
+    """Counts shed connections; at most one warning per interval sums them up (no line per connection)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._since_warning: dict[str, int] = {}
+        self._last_warning: float | None = None
+
+    def count(self, reason: str) -> None:
+        metrics.HTTP_CONNECTIONS_SHED.labels(reason=reason).inc()
+        self._since_warning[reason] = self._since_warning.get(reason, 0) + 1
+        now = self._clock()
+        if self._last_warning is not None and now - self._last_warning < _SHED_WARNING_INTERVAL_S:
+            return
+        self._last_warning = now
+        counts, self._since_warning = self._since_warning, {}
+        log.warning(
+            "health server shed %d connection(s) (at most %d open; %s)",
+            sum(counts.values()),
+            MAX_CONNECTIONS,
+            ", ".join(f"{reason}: {n}" for reason, n in sorted(counts.items())),
+            extra={"shed": counts, "max_connections": MAX_CONNECTIONS},
+        )
+
+
+class _Connections:
+    """The open connections, oldest first, and the cap on them."""
+
+    def __init__(self, shedding: _Shedding, limit: int = MAX_CONNECTIONS) -> None:
+        self._open: dict[int, _Connection] = {}  # insertion order = age
+        self._shedding = shedding
+        self._limit = limit
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def admit(self, connection: _Connection) -> bool:
+        """Make room for `connection` (evicting the oldest still waiting for its request) or refuse it."""
+        if len(self._open) >= self._limit:
+            oldest = next((c for c in self._open.values() if c.waiting), None)
+            if oldest is None:  # every slot is busy answering: the newcomer waits for nothing
+                self._shed(connection, "refused")
+                return False
+            self._shed(oldest, "evicted")
+        self._open[id(connection)] = connection
+        return True
+
+    def close(self, connection: _Connection) -> None:
+        self._open.pop(id(connection), None)
+
+    def timed_out(self, connection: _Connection) -> None:
+        self._shed(connection, "timeout")
+
+    def count(self, reason: str) -> None:
+        self._shedding.count(reason)
+
+    def _shed(self, connection: _Connection, reason: str) -> None:
+        connection.shed = True
+        connection.transport.abort()  # no answer, no lingering close: the descriptor is free at once
+        self._open.pop(id(connection), None)
+        self._shedding.count(reason)
+
+
+async def _handle(
+    health: Health,
+    connections: _Connections,
+    connection: _Connection,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    try:
+        await _serve(health, connections, connection, reader, writer)
+    except (ConnectionError, TimeoutError, _BadRequestError):
+        pass  # the client went away, or was shed; nothing to answer
+    finally:
+        connections.close(connection)
+        if not connection.shed:
             writer.close()
             with contextlib.suppress(ConnectionError, TimeoutError):
                 async with asyncio.timeout(_READ_TIMEOUT_S):
                     await writer.wait_closed()
 
-    return handle
+
+async def _serve(
+    health: Health,
+    connections: _Connections,
+    connection: _Connection,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    try:
+        async with asyncio.timeout(_READ_TIMEOUT_S):
+            method, target = await _read_request(reader)
+    except TimeoutError:  # idle or slowloris: a short 408, closed without the lingering read
+        connections.count("timeout")
+        status, ctype, body = _json(408, {"error": "request not received in time"})
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_WRITE_TIMEOUT_S):
+                await _write(writer, status, ctype, body)
+        return
+    except _BadRequestError as exc:
+        if connection.shed:
+            return  # evicted while waiting: the transport is gone
+        status, ctype, body = _json(exc.status, {"error": exc.reason})
+    else:
+        connection.waiting = False
+        try:
+            status, ctype, body = _route(health, method, target)
+        except Exception:  # a probe must answer even if a collector breaks
+            log.exception("health endpoint failed", extra={"target": target[:200]})
+            status, ctype, body = _json(500, {"error": "internal error"})
+    try:
+        async with asyncio.timeout(_WRITE_TIMEOUT_S):
+            await _write(writer, status, ctype, body)
+    except TimeoutError:
+        connections.timed_out(connection)  # a reader too slow to take the answer
+        return
+    if status >= 400:
+        await _discard_unread(reader)
 
 
 async def _sample_loop_lag(health: Health, interval_s: float) -> None:
@@ -285,6 +408,48 @@ async def _sample_loop_lag(health: Health, interval_s: float) -> None:
         health.record_loop_lag(loop.time() - started - interval_s)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A non-blocking listening socket on host:port (the first address `host` resolves to)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(_ACCEPT_BACKLOG)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _accept(
+    sock: socket.socket, health: Health, connections: _Connections, handlers: set[asyncio.Task[None]]
+) -> None:
+    """Accept one connection at a time, admit it under the cap (evicting or refusing at once), serve it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        try:
+            client, _ = await loop.sock_accept(sock)
+        except OSError:  # EMFILE, ENFILE, ENOBUFS, ECONNABORTED: counted, not logged per accept
+            connections.count("accept_failed")
+            await asyncio.sleep(_ACCEPT_RETRY_S)
+            continue
+        try:
+            reader, writer = await asyncio.open_connection(sock=client, limit=_MAX_REQUEST_LINE)
+        except OSError:
+            client.close()
+            connections.count("accept_failed")
+            continue
+        connection = _Connection(writer.transport)
+        if connections.admit(connection):
+            task = loop.create_task(_handle(health, connections, connection, reader, writer))
+            handlers.add(task)
+            task.add_done_callback(handlers.discard)
+
+
 @contextlib.asynccontextmanager
 async def serve_http(health: Health, host: str, port: int) -> AsyncIterator[HealthServer]:
     """Serve `/livez`, `/readyz` and `/metrics` on host:port while the block runs (port 0: any free port).
@@ -292,15 +457,16 @@ async def serve_http(health: Health, host: str, port: int) -> AsyncIterator[Heal
     Also samples the event loop's lag for liveness. Raises `StartupError` if the address cannot be bound.
     """
     try:
-        server = await asyncio.start_server(
-            _handler(health), host, port, limit=_MAX_REQUEST_LINE, reuse_address=True
-        )
+        sock = _listen(host, port)
     except OSError as exc:
         raise StartupError(
             f"cannot serve health and metrics on {host}:{port}: {exc.strerror or exc} "
             "(set MESSAGE_HISTORY_HTTP_PORT / MESSAGE_HISTORY_HTTP_HOST, 0 = any free port)"
         ) from exc
-    bound_host, bound_port = server.sockets[0].getsockname()[:2]
+    bound_host, bound_port = sock.getsockname()[:2]
+    connections = _Connections(_Shedding())
+    handlers: set[asyncio.Task[None]] = set()
+    accepter = asyncio.create_task(_accept(sock, health, connections, handlers), name="health-accept")
     sampler = asyncio.create_task(_sample_loop_lag(health, _LAG_SAMPLE_INTERVAL_S), name="loop-lag-sampler")
     log.info(
         "serving /livez /readyz /metrics on %s:%s",
@@ -309,10 +475,10 @@ async def serve_http(health: Health, host: str, port: int) -> AsyncIterator[Heal
         extra={"http_host": bound_host, "http_port": bound_port},
     )
     try:
-        yield HealthServer(server, str(bound_host), int(bound_port))
+        yield HealthServer(str(bound_host), int(bound_port), connections)
     finally:
-        sampler.cancel()
-        server.close()
-        with contextlib.suppress(asyncio.CancelledError):
-            await sampler
-        await server.wait_closed()
+        background = [accepter, sampler, *handlers]
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
+        sock.close()

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
+import os
 import platform
+import resource
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -368,3 +373,107 @@ async def test_secrets_never_reach_the_endpoints(server: HealthServer, health: H
         assert json.loads(body)["components"]["mongodb"].startswith("auth failed for mongodb://svc:***@db")
     finally:
         clear_secrets()
+
+
+# --- many slow clients -------------------------------------------------------------------------------------
+
+FLOOD = 200
+PROBE_TIMEOUT_S = 3.0  # the chart's liveness probe timeoutSeconds: a slower answer is a failed probe
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _shed(reason: str) -> float:
+    return (
+        metrics.REGISTRY.get_sample_value("message_history_http_connections_shed_total", {"reason": reason})
+        or 0
+    )
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts descriptors in /proc")
+async def test_livez_answers_under_a_flood_of_slow_connections(
+    server: HealthServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """200 connections that never finish a request, in a process allowed only ~40 descriptors beyond them:
+    /livez still answers within the probe's timeout, the server never holds more than its cap, and the
+    flood leaves a counter and at most one warning, no ERROR line. (Without the cap, the server took every
+    connection until accept() failed with EMFILE, then logged an ERROR per failed accept and left the probe
+    in the backlog until the slow ones timed out.)"""
+    evicted_before = _shed("evicted")
+    loop = asyncio.get_running_loop()
+    probe = socket.socket()  # made before the limit: the probe's own descriptor is not the one missing
+    probe.setblocking(False)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    flood: list[socket.socket] = []
+    caplog.set_level(logging.INFO)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (_open_fds() + FLOOD + 40, hard))
+    try:
+        for _ in range(FLOOD):
+            slow = socket.socket()
+            slow.setblocking(False)
+            slow.connect_ex(("127.0.0.1", server.port))
+            flood.append(slow)
+        await asyncio.sleep(0.5)  # let the server meet the flood first (pacing, not an assertion)
+        for slow in flood:
+            with contextlib.suppress(OSError):
+                slow.send(b"GET /li")  # started, never finished
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            await loop.sock_connect(probe, ("127.0.0.1", server.port))
+            await loop.sock_sendall(probe, b"GET /livez HTTP/1.1\r\nHost: k\r\n\r\n")
+            answer = await loop.sock_recv(probe, 4096)
+        assert answer.startswith(b"HTTP/1.1 200 ")
+        assert server.open_connections <= health_module.MAX_CONNECTIONS
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        probe.close()
+        for slow in flood:
+            slow.close()
+    assert _shed("evicted") > evicted_before  # the cap met the flood
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) <= 1
+
+
+class _FakeTransport:
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True
+
+
+def test_the_cap_evicts_the_oldest_waiting_connection_or_refuses() -> None:
+    """At the cap, a newcomer closes the oldest connection still waiting for its request; when every slot is
+    answering, the newcomer itself is refused. Either way the count stays at the cap."""
+    shedding = health_module._Shedding(clock=lambda: 0.0)
+    connections = health_module._Connections(shedding, limit=3)
+    made = [health_module._Connection(_FakeTransport()) for _ in range(6)]  # type: ignore[arg-type]
+    for c in made[:3]:
+        assert connections.admit(c)
+    made[0].waiting = False  # answering: not evictable
+    assert connections.admit(made[3])
+    assert (made[0].shed, made[1].shed, made[1].transport.aborted) == (False, True, True)  # type: ignore[attr-defined]
+    made[2].waiting = made[3].waiting = False
+    assert not connections.admit(made[4])
+    assert made[4].shed
+    assert made[4].transport.aborted  # type: ignore[attr-defined]
+    assert len(connections) == 3
+    connections.close(made[0])
+    assert connections.admit(made[5])
+
+
+def test_shedding_warns_at_most_once_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    """A thousand shed connections make one warning with the counts, then nothing until the interval ends."""
+    clock = FakeClock()
+    shedding = health_module._Shedding(clock=clock)
+    caplog.set_level(logging.WARNING, logger="message_history.app.health")
+    for _ in range(1000):
+        shedding.count("evicted")
+    clock.now += health_module._SHED_WARNING_INTERVAL_S
+    shedding.count("timeout")
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 2
+    assert messages[1].startswith("health server shed 1000 connection(s)")
+    assert "evicted: 999" in messages[1]
+    assert "timeout: 1" in messages[1]
