@@ -264,6 +264,49 @@ def test_created_secret_holds_the_values_and_nothing_else_shows_them(helm: str) 
     assert values["kafkaSaslPassword"] not in clear_text
 
 
+def test_no_hash_of_a_secret_reaches_a_pod_template(helm: str) -> None:
+    """Pod annotations are readable by many: no digest of a created Secret appears anywhere but in the Secret
+    (an unsalted sha256 of a short password can be guessed offline). Rotation rolls the pods through
+    secrets.revision, a value the operator bumps, rendered as it is."""
+    docs = render(helm, *ALL_ON)
+    for doc in pod_docs(docs):
+        annotations = doc["spec"].get("template", doc)["metadata"].get("annotations", {})
+        assert [k for k in annotations if "secret" in k] in ([], ["message-history/secrets-revision"])
+        digests = [k for k, v in annotations.items() if re.fullmatch(r"[0-9a-f]{64}", str(v))]
+        assert digests in ([], ["checksum/config"])  # the ConfigMap holds no secret
+    revision = load_yaml(VALUES_ALL_ON)["secrets"]["revision"]
+    for workload in _workloads(docs):
+        annotations = workload["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["message-history/secrets-revision"] == revision
+
+
+# --- network --------------------------------------------------------------------------------------
+
+
+def test_network_policy_is_on_by_default_and_admits_only_the_http_port_from_metrics_from(helm: str) -> None:
+    """By default a NetworkPolicy selects the release's pods and lets in only TCP to the HTTP port, only from
+    `networkPolicy.metricsFrom` (kubelet probes come from the node, which NetworkPolicy does not block);
+    egress is left open unless restrictEgress asks for it."""
+    docs = render(helm)
+    (policy,) = of_kind(docs, "NetworkPolicy")
+    metrics_from = load_yaml(CHART / "values.yaml")["networkPolicy"]["metricsFrom"]
+    assert metrics_from  # someone is named: an empty `from` would admit everyone
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    assert policy["spec"]["ingress"] == [
+        {"ports": [{"port": _http_port(docs), "protocol": "TCP"}], "from": metrics_from}
+    ]
+    assert "egress" not in policy["spec"]
+    (workload,) = _workloads(docs)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= workload["spec"]["template"]["metadata"]["labels"].items()
+
+    (restricted,) = of_kind(render(helm, "--set", "networkPolicy.restrictEgress=true"), "NetworkPolicy")
+    assert restricted["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    ports = {p["port"] for rule in restricted["spec"]["egress"] for p in rule["ports"]}
+    assert ports == {53, 9092, 27017}
+    assert of_kind(render(helm, "--set", "networkPolicy.enabled=false"), "NetworkPolicy") == []
+
+
 # --- settings -------------------------------------------------------------------------------------
 
 
