@@ -28,10 +28,14 @@ from tests.unit.deploy_support import (
 
 DOCKERFILE = DEPLOY / "Dockerfile"
 LOCK = DEPLOY / "requirements.txt"
+BUILD_LOCK = DEPLOY / "build-requirements.txt"
+CONSTRAINTS = DEPLOY / "constraints.txt"
 COMPOSE = DEPLOY / "compose.yaml"
 REPLAY_JOB = DEPLOY / "k8s" / "replay-job.yaml"
 # A tag naming an exact release: three numeric parts (3.11.14, 4.3.1, 7.0.16), optionally a variant suffix.
 PINNED_TAG = re.compile(r"^[\w./-]+:\d+\.\d+\.\d+(-[\w.-]+)?(@sha256:[0-9a-f]{64})?$")
+# The image's own base: that, and the digest of what the tag pointed to (a tag can be re-pushed).
+PINNED_DIGEST = re.compile(r"^[\w./-]+:\d+\.\d+\.\d+(-[\w.-]+)?@sha256:[0-9a-f]{64}$")
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,8 @@ def dockerfile() -> list[Instruction]:
 
 
 def test_dockerfile_builds_in_stages_from_a_pinned_base(dockerfile: list[Instruction]) -> None:
-    """The image has a builder and a runtime stage, each FROM an exact base release (no `latest`)."""
+    """The image has a builder and a runtime stage, each FROM an exact base release (no `latest`), pinned by
+    tag and by digest."""
     args = _global_args(dockerfile)
     stages = _stages(dockerfile)
     assert len(stages) >= 2
@@ -101,7 +106,7 @@ def test_dockerfile_builds_in_stages_from_a_pinned_base(dockerfile: list[Instruc
         base, _, name = stage[0].value.partition(" AS ")
         image = re.sub(r"\$\{(\w+)\}", lambda m: args[str(m.group(1))], base.strip())
         assert "latest" not in image
-        assert PINNED_TAG.match(image), image
+        assert PINNED_DIGEST.match(image), image
         names.append(name.strip())
     assert names[0] == "builder"
     assert names[-1] == "runtime"
@@ -161,14 +166,54 @@ def test_dockerignore_lets_in_everything_the_dockerfile_copies(dockerfile: list[
 # --- dependency lock ------------------------------------------------------------------------------
 
 
-def _lock() -> dict[str, str]:
-    pins: dict[str, str] = {}
-    for line in LOCK.read_text(encoding="utf-8").splitlines():
+def _entries(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, hashes) of a requirements file, continuation lines joined."""
+    text = path.read_text(encoding="utf-8").replace("\\\n", " ")
+    entries: dict[str, tuple[str, list[str]]] = {}
+    for line in text.splitlines():
         if line.strip() and not line.startswith("#"):
-            name, _, version = line.partition("==")
+            spec, *options = line.split()
+            name, _, version = spec.partition("==")
             assert version, f"not pinned: {line}"
-            pins[name.lower().replace("_", "-")] = version
-    return pins
+            hashes = [o.removeprefix("--hash=sha256:") for o in options if o.startswith("--hash=sha256:")]
+            entries[name.lower().replace("_", "-")] = (version, hashes)
+    return entries
+
+
+def _lock() -> dict[str, str]:
+    return {name: version for name, (version, _) in _entries(LOCK).items()}
+
+
+def test_lock_holds_hashes_the_image_requires() -> None:
+    """Every pin of the image's locks carries sha256 hashes, the Dockerfile installs each lock with
+    --require-hashes (pip then refuses any file whose hash is not listed), and deploy/constraints.txt, the
+    hash-free copy for `pip install -c`, pins exactly the same versions."""
+    for path in (LOCK, BUILD_LOCK):
+        entries = _entries(path)
+        assert entries
+        for name, (_, hashes) in entries.items():
+            assert hashes, f"{path.name}: {name} has no hash"
+            assert all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+    installs = [i.value for i in _instructions(DOCKERFILE.read_text(encoding="utf-8")) if i.keyword == "RUN"]
+    requirement_files = re.findall(r"install ([^&]*?)-r (\S+)", " ".join(installs))
+    assert sorted(f for _, f in requirement_files) == [
+        "deploy/build-requirements.txt",
+        "deploy/requirements.txt",
+    ]
+    assert all("--require-hashes" in options for options, _ in requirement_files)
+    constraints = _entries(CONSTRAINTS)
+    assert {n: v for n, (v, _) in constraints.items()} == _lock()
+    assert not any(hashes for _, hashes in constraints.values())  # pip -c with a hash demands hashes of all
+
+
+def test_no_binary_artefact_is_committed() -> None:
+    """Nothing installable or executable from a third party sits in the repository (a wheel used nowhere
+    was once at its root): dependencies come from the index, pinned by hash."""
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.whl", "*.egg", "*.tar.gz", "*.so", "*.jar", "*.exe"],
+        cwd=REPO, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert tracked == []
 
 
 def test_lock_pins_every_runtime_dependency_as_pyproject_does() -> None:
