@@ -53,7 +53,7 @@ from message_history.app.dlq_plan import (
 from message_history.app.replay.plan import UsageError, to_millis
 from message_history.app.replay.progress import format_count
 from message_history.app.topics import existing_partitions
-from message_history.logs import start_command
+from message_history.logs import scrub, start_command
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from schemas.dead_letters import parse_dead_letter_headers
@@ -401,11 +401,11 @@ async def run_dlq(
             elif not stop.is_set():  # interrupted while reading: nothing is sent
                 await produce(settings, sends, options, tally=tally, progress=progress, stop=stop, out=out)
     except UsageError as exc:
-        print(f"message-history dlq: error: {exc}", file=err)
+        print(f"message-history dlq: error: {scrub(str(exc))}", file=err)
         return EXIT_USAGE
     except KafkaError as exc:
         progress.tick(force=True)
-        print(f"message-history dlq: Kafka failed: {exc!r}", file=err)
+        print(f"message-history dlq: Kafka failed: {scrub(repr(exc))}", file=err)
         return EXIT_FAILED
     progress.tick(force=True)
     for text in summary(tally, command=options.command, dry_run=options.dry_run):
@@ -420,7 +420,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args, settings)
     except UsageError as exc:
-        print(f"message-history dlq: error: {exc}", file=sys.stderr)
+        print(f"message-history dlq: error: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     return asyncio.run(_main(settings, options))
 

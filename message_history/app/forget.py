@@ -38,6 +38,7 @@ async def run_forget(settings: Settings, args: argparse.Namespace, *, out: TextI
 
     from consumers.commands import audit  # noqa: PLC0415
     from message_history.errors import MessageHistoryError, ThreadOwnershipError  # noqa: PLC0415
+    from message_history.logs import scrub  # noqa: PLC0415
     from schemas.commands import encode_answer, forgotten_event  # noqa: PLC0415
     from storage.client import mongo_client  # noqa: PLC0415
     from storage.forgetting import MongoForgetting  # noqa: PLC0415
@@ -57,10 +58,10 @@ async def run_forget(settings: Settings, args: argparse.Namespace, *, out: TextI
         else:
             outcome = await forgetting.forget_resource(args.resource, dry_run=args.dry_run)
     except ThreadOwnershipError as exc:
-        print(f"message-history forget: refused: {exc}", file=err)
+        print(f"message-history forget: refused: {scrub(str(exc))}", file=err)
         return 1
     except MessageHistoryError as exc:
-        print(f"message-history forget: {exc}", file=err)
+        print(f"message-history forget: {scrub(str(exc))}", file=err)
         return 1
     finally:
         await client.close()

@@ -96,10 +96,12 @@ async def run_prune(
     db: AsyncDatabase[Any] | None = None,
 ) -> int:
     """The `prune` command on an open database (`db`, else one connected from the settings)."""
+    from message_history.logs import scrub  # noqa: PLC0415 -- pydantic: not for `--help`
+
     try:
         cutoff = cutoff_from(older_than=args.older_than, before=args.before, now=datetime.now(UTC))
     except ValueError as exc:
-        print(f"message-history prune: {exc}", file=err)
+        print(f"message-history prune: {scrub(str(exc))}", file=err)
         return 2
     if db is None:
         async with _database(settings) as opened:
@@ -179,6 +181,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _main(settings: Settings, args: argparse.Namespace) -> int:
+    from message_history.logs import scrub  # noqa: PLC0415
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -186,5 +190,5 @@ async def _main(settings: Settings, args: argparse.Namespace) -> int:
     try:
         return await run_prune(settings, args, out=sys.stdout, err=sys.stderr, stop=stop)
     except MessageHistoryError as exc:
-        print(f"message-history prune: {exc}", file=sys.stderr)
+        print(f"message-history prune: {scrub(str(exc))}", file=sys.stderr)
         return 1

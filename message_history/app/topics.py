@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError, TopicAlreadyExistsError, for_code
 
+from message_history.logs import scrub
 from message_history.settings import Settings
 from producers.connection import all_topic_partitions, kafka_options, topic_partitions
 
@@ -156,7 +157,10 @@ def main(*, partitions: int | None, replication: int) -> int:
     try:
         report = asyncio.run(ensure_topics(settings, partitions=partitions, replication=replication))
     except (KafkaError, OSError) as exc:
-        print(f"FAIL kafka {settings.kafka_bootstrap_servers}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(
+            f"FAIL kafka {settings.kafka_bootstrap_servers}: {type(exc).__name__}: {scrub(str(exc))}",
+            file=sys.stderr,
+        )
         return 1
     for line in report.lines():
         print(line)

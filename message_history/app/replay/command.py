@@ -34,7 +34,7 @@ from message_history.app.replay.sinks import (
     ReplayStorage,
     open_mongo,
 )
-from message_history.logs import start_command
+from message_history.logs import scrub, start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
@@ -171,7 +171,7 @@ async def run_replay(
                 with contextlib.suppress(asyncio.CancelledError):
                     await ticker
     except UsageError as exc:
-        print(f"message-history replay: error: {exc}", file=err)
+        print(f"message-history replay: error: {scrub(str(exc))}", file=err)
         return ReplayResult("failed", EXIT_USAGE, replay.counts, replay.partitions)
     except StoppedError:
         pass  # a signal during setup: reported as interrupted
@@ -210,7 +210,7 @@ def _finish(
         if options.emits
         else None,
         resume=resume,
-        error=f"{type(failure).__name__}: {failure}" if failure is not None else None,
+        error=f"{type(failure).__name__}: {scrub(str(failure))}" if failure is not None else None,
         notes=notes,
     )
     result.summary = summary
@@ -270,7 +270,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         options = options_from_args(args, settings, tty=sys.stderr.isatty())
     except UsageError as exc:
-        print(f"message-history replay: error: {exc}", file=sys.stderr)
+        print(f"message-history replay: error: {scrub(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     return asyncio.run(_main(settings, options))
 
