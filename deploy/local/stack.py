@@ -715,7 +715,7 @@ def start_stack(kind: str) -> dict[str, Any]:
     mongo_bin = mongo_server_bin(kind)
     for needed in (KAFKA_LIBS, mongo_bin, VENV_PYTHON):
         if not needed.exists():
-            raise StackError(f"{needed} is missing; run `deploy/local/stack install`")
+            raise StackError(f"{needed} is missing; run `deploy/local/stack install` (or `install --all`)")
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     kafka_dir, mongo_dir = STATE_DIR / "kafka", STATE_DIR / "secantusdb"
     (kafka_dir / "data").mkdir(parents=True)
