@@ -70,6 +70,16 @@ def _node() -> str:
 def built() -> str:
     """The example built by its pinned TypeScript (type-checked against Mastra's and the package's types)."""
     node = _node()
+    # The package first (the example links worker-ts/): its dist/ then matches its sources.
+    package = subprocess.run(
+        [node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.build.json"],
+        cwd=HERE.parents[2] / "worker-ts",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert package.returncode == 0, package.stdout[-4000:] + package.stderr[-4000:]
     result = subprocess.run(
         [node, "node_modules/typescript/bin/tsc", "-p", "."],
         cwd=HERE,
