@@ -17,6 +17,7 @@ import {
 import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
 import {
   DEFAULT_SEEN_PER_PARTITION,
+  FAILED,
   failedResponse,
   buildResponse,
   replyProblem,
@@ -65,7 +66,8 @@ export interface WorkerOptions {
 
 export interface WorkerStats {
   answered: number;
-  /** Answered as failed turns: the handler threw, timed out, or replied with messages that cannot be sent. */
+  /** Answered as failed turns (finishReason "error"): the handler threw, timed out, said so, or its reply could
+   * not be sent (messages without role or content, too large for Kafka). */
   failed: number;
   /** Dropped: the eventId was already answered (in this process, or found on the responses topic). */
   duplicates: number;
@@ -291,13 +293,12 @@ export class AgentWorker extends EventEmitter {
     const turn = new Turn(event, partition, offset, this.giveUp.signal);
     let response = await this.respond(turn, heartbeat);
     if (response === undefined) return; // given up at shutdown: not sent, not committed
-    const failedBefore = response.finishReason === 'error';
     response = await this.send(turn, response, headers);
     if (response === undefined) return;
     await this.commit(partition, offset);
     this.seen.add(partition, event.eventId);
-    if (response.finishReason === 'error') {
-      if (!failedBefore) this.stats.failed += 1;
+    if (response.finishReason === FAILED) {
+      this.stats.failed += 1;
       this.emit('failed', { turn, response });
     } else {
       this.stats.answered += 1;
@@ -330,7 +331,6 @@ export class AgentWorker extends EventEmitter {
       return buildResponse(turn, reply);
     } catch (error) {
       if (this.giveUp.signal.aborted) return undefined;
-      this.stats.failed += 1;
       this.log('error', 'the handler failed: answering a failed turn', {
         requestId: turn.requestId,
         threadId: turn.threadId,
@@ -355,8 +355,7 @@ export class AgentWorker extends EventEmitter {
         });
         return response;
       } catch (error) {
-        if (isTooLarge(error) && response.finishReason !== 'error') {
-          this.stats.failed += 1;
+        if (isTooLarge(error) && response.finishReason !== FAILED) {
           this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
           response = failedResponse(turn);
           continue;
