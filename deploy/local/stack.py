@@ -115,15 +115,50 @@ def locked() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def run(cmd: Sequence[str | Path], *, cwd: Path = ROOT, env: dict[str, str] | None = None, what: str) -> None:
-    """Run a build step with its output on stderr; raise StackError naming the step if it fails."""
+def run(
+    cmd: Sequence[str | Path],
+    *,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    what: str,
+    heartbeat_s: float = 0.0,
+) -> None:
+    """Run a build step with its output on stderr; raise StackError naming the step if it fails.
+
+    With `heartbeat_s`, a line every that many seconds says the step still runs and for how long (a long build
+    step, WiredTiger's, prints nothing for minutes).
+    """
     say(f"{what}: {' '.join(str(part) for part in cmd)}")
+    started = time.monotonic()
     try:
-        done = subprocess.run([str(part) for part in cmd], cwd=cwd, env=env, stdout=sys.stderr, check=False)
+        proc = subprocess.Popen([str(part) for part in cmd], cwd=cwd, env=env, stdout=sys.stderr)
     except FileNotFoundError as exc:
         raise StackError(f"{what}: {exc.filename} not found on PATH") from exc
-    if done.returncode != 0:
-        raise StackError(f"{what} failed (exit {done.returncode}); its output is above")
+    while True:
+        try:
+            code = proc.wait(timeout=heartbeat_s or None)
+            break
+        except subprocess.TimeoutExpired:
+            say(f"{what}: still running, {time.monotonic() - started:.0f} s so far")
+    if code != 0:
+        raise StackError(f"{what} failed (exit {code}); its output is above")
+
+
+@contextlib.contextmanager
+def step(name: str) -> Iterator[Callable[[str], None]]:
+    """One install step: says what it does and, at the end, how long it took (or that nothing was needed).
+
+    The body calls the yielded `skip(why)` when it finds the step already done.
+    """
+    started = time.monotonic()
+    skipped: list[str] = []
+    say(f"install: {name} ...")
+    yield skipped.append
+    took = time.monotonic() - started
+    if skipped:
+        say(f"install: {name}: {skipped[0]} ({took:.1f} s)")
+    else:
+        say(f"install: {name}: done in {took:.1f} s")
 
 
 def digest(*parts: bytes | str | Path) -> str:
@@ -286,153 +321,193 @@ def stop_processes(services: dict[str, dict[str, Any]]) -> list[str]:
 # ----------------------------------------------------------------------------------------------- install
 
 
-def install_venv() -> None:
-    if not VENV_PYTHON.exists():
-        run([sys.executable, "-m", "venv", VENV], what="create the virtualenv")
-        VENV_STAMP.unlink(missing_ok=True)
-    version = subprocess.run(
-        [VENV_PYTHON, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=False
-    )
-    if version.returncode != 0:
-        raise StackError(f"{VENV_PYTHON} does not run ({version.stderr.strip()}); delete .venv and retry")
-    lock = ROOT / "deploy" / "requirements.txt"
-    want = digest(ROOT / "pyproject.toml", lock, version.stdout)
-    if stamp_matches(VENV_STAMP, want):
-        return
-    # Constrained by the image's lock, so the tests run the exact runtime versions the image ships.
-    run(
-        [
-            VENV_PYTHON,
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "-q",
-            "-c",
-            lock,
-            "-e",
-            ".[dev]",
-        ],
-        what="install the project and its dev dependencies into .venv",
-    )
-    write_stamp(VENV_STAMP, want)
+def install_venv(extras: str) -> None:
+    """`.venv` with the project: `extras` "" (what the service and the demo run) or "dev" (tests, lint)."""
+    with step(
+        f"the project's virtualenv .venv ({'with [dev] extras' if extras else 'runtime only'})"
+    ) as skip:
+        if not VENV_PYTHON.exists():
+            run([sys.executable, "-m", "venv", VENV], what="create the virtualenv")
+            VENV_STAMP.unlink(missing_ok=True)
+        version = subprocess.run(
+            [VENV_PYTHON, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=False
+        )
+        if version.returncode != 0:
+            raise StackError(f"{VENV_PYTHON} does not run ({version.stderr.strip()}); delete .venv and retry")
+        lock = ROOT / "deploy" / "requirements.txt"
+        want = digest(ROOT / "pyproject.toml", lock, version.stdout)
+        # The stamp is "<digest> <extras>": a dev install also serves a runtime-only request.
+        if stamp_matches(VENV_STAMP, f"{want} dev") or stamp_matches(VENV_STAMP, f"{want} {extras}".rstrip()):
+            skip("up to date")
+            return
+        # Constrained by the image's lock, so the tests run the exact runtime versions the image ships.
+        target = f".[{extras}]" if extras else "."
+        run(
+            [
+                VENV_PYTHON,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                "-c",
+                lock,
+                "-e",
+                target,
+            ],
+            what=f"pip install -e {target} into .venv",
+        )
+        write_stamp(VENV_STAMP, f"{want} {extras}".rstrip())
 
 
 def install_kafka_libs() -> None:
-    stamp = STAMPS / "kafka-libs"
-    want = digest(KAFKA_POM)
-    if stamp_matches(stamp, want) and any(KAFKA_LIBS.glob("kafka_2.13-*.jar")):
-        return
-    mvn = require_tool("mvn", "resolve the Kafka jars from Maven Central")
-    CACHE.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="kafka-libs.", dir=CACHE))
-    try:
-        run(
-            [
-                mvn,
-                "-B",
-                "-q",
-                "-f",
-                KAFKA_POM,
-                DEPENDENCY_PLUGIN,
-                "-DincludeScope=runtime",
-                f"-DoutputDirectory={staging}",
-            ],
-            what="resolve the Kafka broker jars",
-        )
-        # Swap jar by jar (a running broker may be loading classes from this folder), then drop the jars of an
-        # older pin: left on the classpath they would mix versions.
-        KAFKA_LIBS.mkdir(parents=True, exist_ok=True)
-        fresh = {jar.name for jar in staging.glob("*.jar")}
-        for name in fresh:
-            (staging / name).replace(KAFKA_LIBS / name)
-        for jar in KAFKA_LIBS.glob("*.jar"):
-            if jar.name not in fresh:
-                jar.unlink()
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    write_stamp(stamp, want)
-    say(f"{len(list(KAFKA_LIBS.glob('*.jar')))} jars in {KAFKA_LIBS}")
+    with step("Kafka's jars from Maven Central") as skip:
+        stamp = STAMPS / "kafka-libs"
+        want = digest(KAFKA_POM)
+        if stamp_matches(stamp, want) and any(KAFKA_LIBS.glob("kafka_2.13-*.jar")):
+            skip(f"up to date in {KAFKA_LIBS.relative_to(ROOT)}")
+            return
+        mvn = require_tool("mvn", "resolve the Kafka jars from Maven Central")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix="kafka-libs.", dir=CACHE))
+        try:
+            # -C (--strict-checksums): a download whose checksum does not match fails instead of being used.
+            run(
+                [
+                    mvn,
+                    "-B",
+                    "-q",
+                    "-C",
+                    "-f",
+                    KAFKA_POM,
+                    DEPENDENCY_PLUGIN,
+                    "-DincludeScope=runtime",
+                    f"-DoutputDirectory={staging}",
+                ],
+                what="resolve the Kafka broker jars",
+            )
+            # Swap jar by jar (a running broker may be loading classes from this folder), then drop the
+            # jars of an older pin: left on the classpath they would mix versions.
+            KAFKA_LIBS.mkdir(parents=True, exist_ok=True)
+            fresh = {jar.name for jar in staging.glob("*.jar")}
+            for name in fresh:
+                (staging / name).replace(KAFKA_LIBS / name)
+            for jar in KAFKA_LIBS.glob("*.jar"):
+                if jar.name not in fresh:
+                    jar.unlink()
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        write_stamp(stamp, want)
+        say(f"{len(list(KAFKA_LIBS.glob('*.jar')))} jars in {KAFKA_LIBS}")
 
 
-def mongo_server_kind() -> str:
-    """Which SecantusDB server the stack runs: "rust" when cargo is there (or built it), else "python"."""
+def secantus_rs_built() -> bool:
+    stamp = STAMPS / "secantusd-rs"
+    return stamp_matches(stamp, digest(SECANTUS_RS_CRATE, SECANTUS_RS_VERSION)) and SECANTUS_RS_BIN.exists()
+
+
+def mongo_server_kind(full: bool) -> str:
+    """Which SecantusDB server the stack runs.
+
+    STACK_MONGO_SERVER decides when set. Otherwise the Rust server once it is built; when it is not, `full`
+    (test, CI) builds it if cargo is there (the index-plan proof needs it), and the demo takes the Python
+    server, which installs from PyPI in seconds instead of a build of minutes.
+    """
     wanted = os.environ.get("STACK_MONGO_SERVER", "").strip().lower()
     if wanted in ("rust", "python"):
         return wanted
     if wanted:
         raise StackError(f"STACK_MONGO_SERVER must be `rust` or `python`, not {wanted!r}")
-    return "rust" if SECANTUS_RS_BIN.exists() or shutil.which("cargo") else "python"
+    if secantus_rs_built() or (full and shutil.which("cargo")):
+        return "rust"
+    return "python"
 
 
-def mongo_server_bin() -> Path:
-    return SECANTUS_RS_BIN if mongo_server_kind() == "rust" else SECANTUS_PY_BIN
+def mongo_server_bin(kind: str) -> Path:
+    return SECANTUS_RS_BIN if kind == "rust" else SECANTUS_PY_BIN
 
 
 def install_secantus_rs() -> None:
-    stamp = STAMPS / "secantusd-rs"
-    want = digest(SECANTUS_RS_CRATE, SECANTUS_RS_VERSION)
-    if stamp_matches(stamp, want) and SECANTUS_RS_BIN.exists():
-        return
-    cargo = require_tool("cargo", "build SecantusDB's Rust server from crates.io")
-    target = CACHE / "secantus-build"
-    env = dict(os.environ, CARGO_TARGET_DIR=str(target))
-    # --ignore-rust-version: the crate declares rust-version 1.98 while the machines have rustc 1.95; it
-    # builds and runs correctly there, and the smoke run below plus the suite's storage and index-plan tests
-    # guard it.
-    # --locked: exactly the dependency versions the crate was published with. Builds WiredTiger (~3-5 min).
-    run(
-        [
-            cargo,
-            "install",
-            SECANTUS_RS_CRATE,
-            "--version",
-            SECANTUS_RS_VERSION,
-            "--locked",
-            "--ignore-rust-version",
-            "--root",
-            SECANTUS_RS_ROOT,
-        ],
-        env=env,
-        what=f"build SecantusDB's Rust server ({SECANTUS_RS_CRATE} {SECANTUS_RS_VERSION})",
-    )
-    shutil.rmtree(target, ignore_errors=True)  # ~600 MB of build output; the binary is all we keep
-    smoke_test_mongo_server(SECANTUS_RS_BIN)
-    write_stamp(stamp, want)
+    with step(f"SecantusDB's Rust server ({SECANTUS_RS_CRATE} {SECANTUS_RS_VERSION})") as skip:
+        if secantus_rs_built():
+            skip(f"built, {SECANTUS_RS_BIN.relative_to(ROOT)}")
+            return
+        stamp = STAMPS / "secantusd-rs"
+        want = digest(SECANTUS_RS_CRATE, SECANTUS_RS_VERSION)
+        cargo = require_tool("cargo", "build SecantusDB's Rust server from crates.io")
+        say(
+            "building SecantusDB's Rust server from crates.io, once per clone: about 4-8 min on 2 cores "
+            "(WiredTiger is compiled from source; the demo does not need it)"
+        )
+        target = CACHE / "secantus-build"
+        env = dict(os.environ, CARGO_TARGET_DIR=str(target))
+        # --ignore-rust-version: the crate declares rust-version 1.98 while the machines have rustc 1.95; it
+        # builds and runs correctly there, and the smoke run below plus the suite's storage and index-plan
+        # tests guard it.
+        # --locked: exactly the dependency versions the crate was published with.
+        run(
+            [
+                cargo,
+                "install",
+                SECANTUS_RS_CRATE,
+                "--version",
+                SECANTUS_RS_VERSION,
+                "--locked",
+                "--ignore-rust-version",
+                "--root",
+                SECANTUS_RS_ROOT,
+            ],
+            env=env,
+            what=f"build SecantusDB's Rust server ({SECANTUS_RS_CRATE} {SECANTUS_RS_VERSION})",
+            heartbeat_s=30.0,
+        )
+        shutil.rmtree(target, ignore_errors=True)  # ~600 MB of build output; the binary is all we keep
+        smoke_test_mongo_server(SECANTUS_RS_BIN)
+        write_stamp(stamp, want)
 
 
 def install_secantus_py() -> None:
-    stamp = STAMPS / "secantusd-py"
-    want = digest(SECANTUS_PY_PACKAGE, SECANTUS_PY_VERSION, sys.version)
-    if stamp_matches(stamp, want) and SECANTUS_PY_BIN.exists():
-        return
-    # A virtualenv of its own: the server is GPL-2.0 and must not mix into the project's environment.
-    run([sys.executable, "-m", "venv", "--clear", SECANTUS_PY_VENV], what="create SecantusDB's virtualenv")
-    run(
-        [
-            SECANTUS_PY_VENV / "bin" / "python",
-            "-m",
-            "pip",
-            "install",
-            "--disable-pip-version-check",
-            "-q",
-            f"{SECANTUS_PY_PACKAGE}=={SECANTUS_PY_VERSION}",
-        ],
-        what=f"install SecantusDB's Python server ({SECANTUS_PY_PACKAGE} {SECANTUS_PY_VERSION})",
-    )
-    smoke_test_mongo_server(SECANTUS_PY_BIN)
-    write_stamp(stamp, want)
+    with step(f"SecantusDB's Python server ({SECANTUS_PY_PACKAGE} {SECANTUS_PY_VERSION} from PyPI)") as skip:
+        stamp = STAMPS / "secantusd-py"
+        want = digest(SECANTUS_PY_PACKAGE, SECANTUS_PY_VERSION, sys.version)
+        if stamp_matches(stamp, want) and SECANTUS_PY_BIN.exists():
+            skip(f"up to date in {SECANTUS_PY_VENV.relative_to(ROOT)}")
+            return
+        # A virtualenv of its own: the server is GPL-2.0 and must not mix into the project's environment.
+        run(
+            [sys.executable, "-m", "venv", "--clear", SECANTUS_PY_VENV], what="create SecantusDB's virtualenv"
+        )
+        run(
+            [
+                SECANTUS_PY_VENV / "bin" / "python",
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "-q",
+                f"{SECANTUS_PY_PACKAGE}=={SECANTUS_PY_VERSION}",
+            ],
+            what=f"install SecantusDB's Python server ({SECANTUS_PY_PACKAGE} {SECANTUS_PY_VERSION})",
+        )
+        smoke_test_mongo_server(SECANTUS_PY_BIN)
+        write_stamp(stamp, want)
 
 
-def install_mongo_server() -> None:
-    kind = mongo_server_kind()
+def install_mongo_server(full: bool) -> str:
+    kind = mongo_server_kind(full)
     if kind == "rust":
         install_secantus_rs()
         say(f"MongoDB-wire server: SecantusDB Rust server {SECANTUS_RS_VERSION} ({SECANTUS_RS_BIN})")
     else:
         install_secantus_py()
-        why = "STACK_MONGO_SERVER=python" if os.environ.get("STACK_MONGO_SERVER") else "cargo not found"
+        if os.environ.get("STACK_MONGO_SERVER"):
+            why = "STACK_MONGO_SERVER=python"
+        elif full:
+            why = "cargo not found"
+        else:
+            why = "the Rust server is not built yet; `deploy/local/stack test` builds it"
         say(f"MongoDB-wire server: SecantusDB Python server {SECANTUS_PY_VERSION} ({why}; {SECANTUS_PY_BIN})")
+    return kind
 
 
 def mongo_server_command(binary: Path, port: int, data: Path) -> list[str | Path]:
@@ -494,29 +569,42 @@ def smoke_test_mongo_server(binary: Path) -> None:
                     os.kill(pid, signal.SIGKILL)
 
 
+def npm_projects() -> list[Path]:
+    """Every Node project the tests run: the TypeScript worker package first (the Mastra worker example
+    links it), then the interop suites under tests/ and the bench's Mastra anchor (the bench smoke test)."""
+    manifests = sorted(
+        [*(ROOT / "tests").rglob("package.json"), ROOT / "bench" / "mastra" / "package.json"],
+    )
+    folders = [m.parent for m in manifests if "node_modules" not in m.parts]
+    package = ROOT / "worker-ts"
+    return [package, *folders] if (package / "package.json").exists() else folders
+
+
 def install_npm() -> None:
-    # the interop tests' packages, and the bench's Mastra anchor (the bench smoke test runs it)
-    manifests = [*(ROOT / "tests").rglob("package.json"), ROOT / "bench" / "mastra" / "package.json"]
-    for manifest in sorted(manifests):
-        if "node_modules" in manifest.parts:
-            continue
-        folder = manifest.parent
-        lock = folder / "package-lock.json"
+    for folder in npm_projects():
         relative = folder.relative_to(ROOT)
-        npm = require_tool("npm", f"install the Node packages of {relative}")
-        node = require_tool("node", f"install the Node packages of {relative}")
-        node_version = subprocess.run([node, "--version"], capture_output=True, text=True, check=False).stdout
-        want = digest(manifest, lock, node_version)
-        stamp = STAMPS / ("npm-" + str(relative).replace(os.sep, "__"))
-        if stamp_matches(stamp, want) and (folder / "node_modules").is_dir():
-            continue
-        verb = ["ci"] if lock.exists() else ["install"]
-        run(
-            [npm, *verb, "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=folder,
-            what=f"install the Node packages of {relative}",
-        )
-        write_stamp(stamp, want)
+        with step(f"npm packages of {relative}") as skip:
+            manifest, lock = folder / "package.json", folder / "package-lock.json"
+            npm = require_tool("npm", f"install the Node packages of {relative}")
+            node = require_tool("node", f"install the Node packages of {relative}")
+            node_version = subprocess.run(
+                [node, "--version"], capture_output=True, text=True, check=False
+            ).stdout
+            # The worker package's sources count too: `npm ci` builds it (its `prepare` script), and the
+            # example that links it uses the build.
+            sources = sorted((ROOT / "worker-ts" / "src").rglob("*.ts")) if folder.name == "worker-ts" else []
+            want = digest(manifest, lock, node_version, *sources)
+            stamp = STAMPS / ("npm-" + str(relative).replace(os.sep, "__"))
+            if stamp_matches(stamp, want) and (folder / "node_modules").is_dir():
+                skip("up to date")
+                continue
+            verb = ["ci"] if lock.exists() else ["install"]
+            run(
+                [npm, *verb, "--no-audit", "--no-fund", "--loglevel=error"],
+                cwd=folder,
+                what=f"npm {verb[0]} in {relative}",
+            )
+            write_stamp(stamp, want)
 
 
 def install_hooks() -> None:
@@ -524,17 +612,24 @@ def install_hooks() -> None:
     for script in sorted((ROOT / "deploy").rglob("install-*.sh")):
         if "node_modules" in script.parts:
             continue
-        run(["bash", script], what=f"run {script.relative_to(ROOT)}")
+        with step(f"{script.relative_to(ROOT)}"):
+            run(["bash", script], what=f"run {script.relative_to(ROOT)}")
 
 
-def install() -> None:
+def install(full: bool) -> str:
+    """What the demo needs (`full` False: .venv without dev extras, Kafka, a MongoDB-wire server that installs
+    in seconds unless the Rust one is built), or everything the tests need (`full`: the dev extras, the Rust
+    server, the Node projects, the Go tools). Returns the MongoDB-wire server's kind."""
     started = time.monotonic()
-    install_venv()
+    install_venv("dev" if full else "")
     install_kafka_libs()
-    install_mongo_server()
-    install_npm()
-    install_hooks()
-    say(f"install: everything in place ({time.monotonic() - started:.1f} s)")
+    kind = install_mongo_server(full)
+    if full:
+        install_npm()
+        install_hooks()
+    what = "everything" if full else "what the demo needs"
+    say(f"install: {what} in place ({time.monotonic() - started:.1f} s)")
+    return kind
 
 
 # ----------------------------------------------------------------------------------------------- state
@@ -615,12 +710,12 @@ group.initial.rebalance.delay.ms=0
     )
 
 
-def start_stack() -> dict[str, Any]:
+def start_stack(kind: str) -> dict[str, Any]:
     java = java_executable()
-    mongo_bin = mongo_server_bin()
+    mongo_bin = mongo_server_bin(kind)
     for needed in (KAFKA_LIBS, mongo_bin, VENV_PYTHON):
         if not needed.exists():
-            raise StackError(f"{needed} is missing; run `deploy/local/stack install`")
+            raise StackError(f"{needed} is missing; run `deploy/local/stack install` (or `install --all`)")
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     kafka_dir, mongo_dir = STATE_DIR / "kafka", STATE_DIR / "secantusdb"
     (kafka_dir / "data").mkdir(parents=True)
@@ -667,6 +762,7 @@ def start_stack() -> dict[str, Any]:
             "secantusdb": {
                 "pid": 0,
                 "marker": f"--storage-path {mongo_dir / 'data'}",
+                "kind": kind,
                 "server": f"{mongo_bin.name} "
                 + (SECANTUS_RS_VERSION if mongo_bin == SECANTUS_RS_BIN else SECANTUS_PY_VERSION),
                 "ports": [mongo_port],
@@ -741,12 +837,18 @@ def start_stack() -> dict[str, Any]:
     return state
 
 
-def up() -> dict[str, Any]:
+def up(full: bool) -> dict[str, Any]:
+    """Install (`full`: everything, see `install`), then reuse the running stack or start one."""
     with locked():
-        install()
+        kind = install(full)
         state = load_state()
         if state is not None:
-            if services_alive(state):
+            running = state["services"]["secantusdb"].get("kind", "rust")
+            if full and running != kind:
+                # The demo's stack runs the Python server; the tests need the Rust one (index plans).
+                say(f"the running stack has SecantusDB's {running} server, the tests need {kind}: restarting")
+                stop_processes(state["services"])
+            elif services_alive(state):
                 ok, output = probe(state, timeout_s=15.0)
                 if ok:
                     say(f"reusing the running stack (started {state['started_at']}, state in {STATE_DIR})")
@@ -757,7 +859,7 @@ def up() -> dict[str, Any]:
             stop_processes(state["services"])
         started = time.monotonic()
         try:
-            state = start_stack()
+            state = start_stack(kind)
         except BaseException:
             recorded = load_state()
             if recorded is not None:
@@ -818,14 +920,14 @@ def status() -> int:
     return 0 if healthy else 1
 
 
-def install_command() -> int:
+def install_command(full: bool) -> int:
     with locked():
-        install()
+        install(full)
     return 0
 
 
-def up_command() -> int:
-    sys.stdout.write(exports(up()))
+def up_command(full: bool) -> int:
+    sys.stdout.write(exports(up(full)))
     return 0
 
 
@@ -838,8 +940,8 @@ def env_command() -> int:
     return 0
 
 
-def run_with_stack(cmd: Sequence[str | Path], extra_env: dict[str, str] | None = None) -> int:
-    state = up()
+def run_with_stack(cmd: Sequence[str | Path], full: bool, extra_env: dict[str, str] | None = None) -> int:
+    state = up(full)
     env = dict(os.environ)
     env.update(state["exports"])
     for name, value in (extra_env or {}).items():
@@ -853,7 +955,7 @@ def run_with_stack(cmd: Sequence[str | Path], extra_env: dict[str, str] | None =
 
 
 def test(pytest_args: Sequence[str]) -> int:
-    code = run_with_stack([VENV_PYTHON, "-m", "pytest", *pytest_args])
+    code = run_with_stack([VENV_PYTHON, "-m", "pytest", *pytest_args], full=True)
     if code == 5:
         say("pytest collected no tests: that counts as a failure")
         code = 1
@@ -866,7 +968,11 @@ def test(pytest_args: Sequence[str]) -> int:
 def demo(args: Sequence[str]) -> int:
     # The service's HTTP endpoint binds every interface by default; on a developer box keep it on loopback.
     extra = {"MESSAGE_HISTORY_HTTP_HOST": "127.0.0.1", "MESSAGE_HISTORY_HTTP_PORT": str(free_ports(1)[0])}
-    return run_with_stack([VENV / "bin" / "message-history", "demo", *args], extra)
+    started = time.monotonic()
+    # Only what the demo needs: no dev extras, no Rust build, no Node or Go tooling (`test` installs those).
+    code = run_with_stack([VENV / "bin" / "message-history", "demo", *args], full=False, extra_env=extra)
+    say(f"demo: exit {code}, {time.monotonic() - started:.1f} s in all (install, start, conversation)")
+    return code
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -878,20 +984,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Kafka 4 (KRaft, one node) and SecantusDB (MongoDB wire) on loopback, without Docker.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("install", help="create .venv, fetch Kafka jars, build SecantusDB, the npm packages")
-    sub.add_parser("up", help="start the stack (or reuse a healthy one); prints export lines on stdout")
+    install_parser = sub.add_parser(
+        "install",
+        help="what the demo needs (.venv, Kafka's jars, a SecantusDB server); --all: what the tests need",
+    )
+    install_parser.add_argument(
+        "--all",
+        action="store_true",
+        help="also the dev extras, SecantusDB's Rust server, the npm packages, Go tools",
+    )
+    up_parser = sub.add_parser(
+        "up", help="start the stack (or reuse a healthy one); prints export lines on stdout"
+    )
+    up_parser.add_argument("--all", action="store_true", help="install everything first, as `test` does")
     sub.add_parser("env", help="print the export lines of the running stack")
     sub.add_parser("down", help="stop the stack and remove its state")
     sub.add_parser("status", help="what runs where")
-    sub.add_parser("test", help="install, up, then `pytest ARGS...` with the stack's environment")
-    sub.add_parser("demo", help="install, up, then `message-history demo ARGS...`")
+    sub.add_parser("test", help="install everything, up, then `pytest ARGS...` with the stack's environment")
+    sub.add_parser("demo", help="install what the demo needs, up, then `message-history demo ARGS...`")
     argv = list(sys.argv[1:] if argv is None else argv)
     # test/demo pass every following argument through untouched (argparse would claim `-k`, `--help`...).
     passthrough = argv[1:] if argv[:1] in (["test"], ["demo"]) else []
     args = parser.parse_args(argv[:1] if passthrough else argv)
     commands: dict[str, Callable[[], int]] = {
-        "install": install_command,
-        "up": up_command,
+        "install": lambda: install_command(args.all),
+        "up": lambda: up_command(args.all),
         "env": env_command,
         "down": down,
         "status": status,

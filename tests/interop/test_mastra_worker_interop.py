@@ -1,11 +1,12 @@
-"""The Mastra worker example under Node: a `@mastra/core` 1.71 `Agent` without memory, a stub model, kafkajs.
+"""The Mastra worker example under Node: a `@mastra/core` 1.71 `Agent` without memory, a stub model, and the
+TypeScript worker package (`worker-ts/`, linked as `@message-history/worker`).
 
 The service runs in-process; the example (tests/interop/mastra-worker, TypeScript compiled with its pinned
 `tsc`) answers the enriched requests of a three-turn conversation on each of two threads. Each turn's
 enriched context must be every earlier turn, the agent's model must have been given exactly that context, and
 the stored history must be the dialogue, each message once. The Node packages come from
-`deploy/local/stack install` (`npm ci`); without Node or them the test is skipped with the reason (it fails
-under CI).
+`deploy/local/stack install --all` (`npm ci`); without Node or them the test is skipped with the reason (it
+fails under CI).
 """
 
 from __future__ import annotations
@@ -54,10 +55,10 @@ def _node() -> str:
     if node is None:
         reason = "node is not on PATH"
     else:
-        for package in ("@mastra/core", "kafkajs", "typescript"):
+        for package in ("@mastra/core", "@message-history/worker/dist", "typescript"):
             if not (HERE / "node_modules" / package).is_dir():
                 where = f"tests/interop/mastra-worker/node_modules/{package}"
-                reason = f"{where} is missing (run `deploy/local/stack install`)"
+                reason = f"{where} is missing (run `deploy/local/stack install --all`)"
                 break
     if reason is not None:
         skip_or_fail(reason)
@@ -67,8 +68,18 @@ def _node() -> str:
 
 @pytest.fixture(scope="module")
 def built() -> str:
-    """The example built by its pinned TypeScript (type-checked against Mastra's and kafkajs' types)."""
+    """The example built by its pinned TypeScript (type-checked against Mastra's and the package's types)."""
     node = _node()
+    # The package first (the example links worker-ts/): its dist/ then matches its sources.
+    package = subprocess.run(
+        [node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.build.json"],
+        cwd=HERE.parents[2] / "worker-ts",
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert package.returncode == 0, package.stdout[-4000:] + package.stderr[-4000:]
     result = subprocess.run(
         [node, "node_modules/typescript/bin/tsc", "-p", "."],
         cwd=HERE,

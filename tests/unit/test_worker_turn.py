@@ -130,7 +130,7 @@ def test_seen_events_needs_room_for_one() -> None:
 
 
 def test_the_docs_example_uses_what_the_sdk_exports() -> None:
-    """docs/worker.md's Python example parses and imports only names the `worker` package provides."""
+    """docs/worker.md's Python examples parse and import only names the `worker` package provides."""
     import ast  # noqa: PLC0415
     import re  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
@@ -138,14 +138,16 @@ def test_the_docs_example_uses_what_the_sdk_exports() -> None:
     import worker  # noqa: PLC0415
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "worker.md").read_text(encoding="utf-8")
-    (block,) = re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
-    tree = ast.parse(block)
-    imported = [
-        alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom) and node.module == "worker"
-        for alias in node.names
-    ]
-    assert imported
-    assert all(hasattr(worker, name) for name in imported)
-    assert "from_settings" in block
+    blocks = re.findall(r"^```python\n(.*?)^```$", text, flags=re.MULTILINE | re.DOTALL)
+    assert len(blocks) == 2  # the short one beside the TypeScript example, and the SDK's section
+    for block in blocks:
+        tree = ast.parse(block)
+        imported = [
+            alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module == "worker"
+            for alias in node.names
+        ]
+        assert imported
+        assert all(hasattr(worker, name) for name in imported)
+        assert "from_settings" in block

@@ -1,0 +1,336 @@
+"""The TypeScript worker package (`worker-ts/`, `@message-history/worker`) under Node, on the local stack.
+
+Its unit tests run under node's test runner; then its test worker (`worker-ts/test/fixtures/mastra-worker.ts`:
+the package around a `@mastra/core` Agent without memory and a stub model) answers beside the service in this
+process: a three-turn conversation on two threads with the worker killed (SIGKILL) in the middle of a turn and
+restarted, and a failed turn; and a restart that finds a turn already answered on the responses topic but not
+committed. The Node packages come from `deploy/local/stack install --all` (`npm ci`); without Node or them the
+tests are skipped with the reason (they fail under CI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from message_history.settings import Settings
+from schemas.messages import format_timestamp
+from tests.conftest import MakeTopic
+from tests.infra import skip_or_fail, unique_name
+from tests.integration.service_harness import (
+    encoded,
+    fresh_settings,
+    request_event,
+    request_id,
+    running_service,
+    stored_messages,
+    values,
+)
+from tests.integration.stream_helpers import produce, read_all, read_topic
+
+pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
+
+PACKAGE = Path(__file__).resolve().parents[2] / "worker-ts"
+FIXTURE = "build/test/fixtures/mastra-worker.js"
+WAIT_S = 90.0
+
+
+@pytest.fixture(scope="module")
+def node() -> str:
+    """node, once the package's npm packages are installed and its tests compiled by its pinned TypeScript."""
+    node = shutil.which("node")
+    if node is None:
+        skip_or_fail("node is not on PATH")
+    for package in ("kafkajs", "@mastra/core", "typescript"):
+        if not (PACKAGE / "node_modules" / package).is_dir():
+            skip_or_fail(
+                f"worker-ts/node_modules/{package} is missing (run `deploy/local/stack install --all`)"
+            )
+    built = subprocess.run(
+        [node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.json"],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
+    return node
+
+
+def test_unit_tests_pass_under_node(node: str) -> None:
+    """The package's pure half and its Mastra adapter (node --test)."""
+    done = subprocess.run(
+        [node, "--test", "build/test/unit.test.js"],
+        cwd=PACKAGE,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    assert "# fail 0" in output, output[-2000:]
+    assert "# pass 0" not in output, output[-2000:]
+
+
+class NodeWorker:
+    """The test worker as a child process; its stdout lines are JSON events."""
+
+    def __init__(self, node: str, env: dict[str, str], log: Path) -> None:
+        self.log = log
+        with log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [node, FIXTURE], cwd=PACKAGE, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def lines(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                out.append(json.loads(line))
+        return [line for line in out if isinstance(line, dict)]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        return [line for line in self.lines() if line.get("event") == name]
+
+    async def wait_for(self, what: str, found: Callable[[], bool]) -> None:
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while not found():
+            if self.process.poll() is not None:
+                raise AssertionError(f"the worker exited waiting for {what}:\n{self.tail()}")
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"no {what} after {WAIT_S:.0f} s:\n{self.tail()}")
+            await asyncio.sleep(0.1)
+
+    async def terminate(self) -> int:
+        """SIGTERM, and the exit code once it left (it must, within the shutdown grace)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.to_thread(self.process.wait, 40)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(10)
+            raise AssertionError(f"the worker did not stop on SIGTERM:\n{self.tail()}") from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def tail(self) -> str:
+        return self.log.read_text(errors="replace")[-4000:]
+
+
+@contextlib.asynccontextmanager
+async def node_worker(node: str, settings: Settings, log: Path, **env: str) -> AsyncIterator[NodeWorker]:
+    worker = NodeWorker(
+        node,
+        {
+            **os.environ,
+            "KAFKA_BOOTSTRAP_SERVERS": settings.kafka_bootstrap_servers,
+            "MESSAGE_HISTORY_ENRICHED_TOPIC": settings.enriched_topic,
+            "MESSAGE_HISTORY_RESPONSES_TOPIC": settings.responses_topic,
+            "WORKER_GROUP_ID": f"{settings.group_id}-ts",
+            **env,
+        },
+        log,
+    )
+    try:
+        yield worker
+    finally:
+        worker.kill()
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message["content"]
+    if isinstance(content, str):
+        content = json.loads(content)
+    return " ".join(p.get("text", "") for p in content["parts"] if p["type"] == "text")
+
+
+async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_turn(
+    node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Three turns on two threads through the service. The worker is SIGKILLed while answering ada's second
+    turn and restarted: that turn is answered once, by the new worker. Bob's third turn fails in the model:
+    a failed turn, nothing of it saved. Every turn is answered exactly once; SIGTERM stops the worker."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=2, name=name)
+    bootstrap = settings.kafka_bootstrap_servers
+    texts = {
+        ("ada", 1): "Hi, I'm Ada.",
+        ("ada", 2): "My favourite number is 1843.",
+        ("ada", 3): "What do you remember?",
+        ("bob", 1): "Bob here.",
+        ("bob", 2): "I go to Lisbon.",
+        ("bob", 3): "FAIL this turn, please.",
+    }
+
+    async def send_and_wait(turns: list[tuple[str, int]], worker: NodeWorker) -> None:
+        sent = [
+            request_event(t, f"{t}@test", k, texts[t, k], createdAt=format_timestamp(datetime.now(UTC)))
+            for t, k in turns
+        ]
+        await produce(bootstrap, settings.requests_topic, [encoded(r) for r in sent])
+        wanted = {request_id(t, k) for t, k in turns}
+        try:
+            await read_topic(
+                bootstrap,
+                settings.persisted_topic,
+                until=lambda records: wanted <= {v["requestId"] for v in values(records)},
+                timeout_s=WAIT_S,
+            )
+        except AssertionError:
+            raise AssertionError(f"{sorted(wanted)} not persisted; worker log:\n{worker.tail()}") from None
+
+    hanging = request_id("ada", 2)
+    async with running_service(settings):
+        async with node_worker(node, settings, tmp_path / "first.log", HANG_ON=hanging) as first:
+            await send_and_wait([("ada", 1), ("bob", 1)], first)
+            await produce(
+                bootstrap,
+                settings.requests_topic,
+                [
+                    encoded(
+                        request_event(
+                            "ada",
+                            "ada@test",
+                            2,
+                            texts["ada", 2],
+                            createdAt=format_timestamp(datetime.now(UTC)),
+                        )
+                    )
+                ],
+            )
+            await first.wait_for("hanging turn", lambda: bool(first.events("hanging")))
+            first.kill()  # SIGKILL in the middle of the turn: nothing sent, nothing committed
+        async with node_worker(node, settings, tmp_path / "second.log") as second:
+            await send_and_wait([("bob", 2)], second)
+            await read_topic(
+                bootstrap,
+                settings.persisted_topic,
+                until=lambda records: hanging in {v["requestId"] for v in values(records)},
+                timeout_s=WAIT_S,
+            )
+            await send_and_wait([("ada", 3), ("bob", 3)], second)
+            assert await second.terminate() == 0, second.tail()
+            assert second.lines()[-1]["event"] == "stopped", second.tail()
+
+    first_answered = {line["requestId"] for line in first.events("answered")}
+    assert hanging not in first_answered
+    assert {line["requestId"] for line in second.events("answered")} >= {hanging}
+    responses = values(await read_all(bootstrap, settings.responses_topic, settle_s=0.5))
+    assert Counter(r["requestId"] for r in responses) == Counter(request_id(t, k) for t, k in texts)
+    failed = next(r for r in responses if r["requestId"] == request_id("bob", 3))
+    assert (failed["finishReason"], failed["response"]) == ("error", [])
+    assert [line["requestId"] for line in second.events("failed")] == [request_id("bob", 3)]
+    persisted = {v["requestId"]: v for v in values(await read_all(bootstrap, settings.persisted_topic))}
+    assert persisted[request_id("bob", 3)]["skipped"] == "failed-turn"
+
+    stored = await stored_messages(settings)
+    for thread, turns in (("ada", 3), ("bob", 2)):
+        rows = sorted(
+            (m for m in stored if m["thread_id"] == thread), key=lambda m: (m["createdAt"], m["id"])
+        )
+        assert [(m["role"], m["id"]) for m in rows] == [
+            (role, f"{request_id(thread, k)}:{kind}:0")
+            for k in range(1, turns + 1)
+            for role, kind in (("user", "input"), ("assistant", "response"))
+        ]
+        # the Agent was given the whole recalled context each turn
+        assert [_text(m) for m in rows if m["role"] == "assistant"] == [
+            f"I remember {2 * (k - 1)} earlier messages. You said: {texts[thread, k]}"
+            for k in range(1, turns + 1)
+        ]
+
+
+def _enriched(thread: str, rid: str, text: str) -> dict[str, Any]:
+    now = format_timestamp(datetime.now(UTC))
+    return {
+        "schemaVersion": 1,
+        "requestId": rid,
+        "eventId": rid,
+        "threadId": thread,
+        "resourceId": "r",
+        "createdAt": now,
+        "history": {"recalled": 0, "limit": 40},
+        "messages": [
+            {
+                "id": f"{rid}:input:0",
+                "role": "user",
+                "createdAt": now,
+                "threadId": thread,
+                "resourceId": "r",
+                "type": "v2",
+                "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
+                "source": "input",
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(("read_back", "answers_of_the_first"), [("1000", 1), ("0", 2)])
+async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
+    node: str,
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    read_back: str,
+    answers_of_the_first: int,
+) -> None:
+    """A previous owner answered turn 1 (its response is on the responses topic) but crashed before
+    committing: the new worker reads the responses topic back on assignment and drops turn 1 as a duplicate.
+    With the read-back off (`readBackPerPartition: 0`) it answers it again: the read-back prevents it."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    for name in (settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=name)
+    bootstrap = settings.kafka_bootstrap_servers
+    first, second = _enriched("t", "t:1", "one"), _enriched("t", "t:2", "two")
+    await produce(bootstrap, settings.enriched_topic, [encoded(first), encoded(second)])
+    earlier = {
+        "schemaVersion": 1,
+        "requestId": "t:1",
+        "threadId": "t",
+        "resourceId": "r",
+        "createdAt": format_timestamp(datetime.now(UTC)),
+        "input": first["messages"],
+        "response": [
+            {"role": "assistant", "content": {"format": 2, "parts": [{"type": "text", "text": "1"}]}}
+        ],
+        "finishReason": "stop",
+    }
+    await produce(bootstrap, settings.responses_topic, [encoded(earlier)])
+
+    async with node_worker(node, settings, tmp_path / "worker.log", READ_BACK=read_back) as worker:
+        await worker.wait_for(
+            "both turns handled",
+            lambda: {"t:1", "t:2"}
+            <= {
+                line.get("requestId") for line in worker.lines() if line["event"] in ("answered", "duplicate")
+            },
+        )
+        assert await worker.terminate() == 0, worker.tail()
+
+    responses = values(await read_all(bootstrap, settings.responses_topic, settle_s=0.5))
+    counts = Counter(r["requestId"] for r in responses)
+    assert counts == {"t:1": answers_of_the_first, "t:2": 1}, worker.tail()
+    stopped = worker.lines()[-1]
+    assert stopped["event"] == "stopped", worker.tail()
+    assert (stopped["answered"], stopped["duplicates"]) == (answers_of_the_first, 2 - answers_of_the_first)

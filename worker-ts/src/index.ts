@@ -1,0 +1,22 @@
+export type {
+  AgentResponse,
+  EnrichedMessage,
+  EnrichedRequest,
+  HistoryInfo,
+  ResponseMessage,
+  Source,
+} from './events.js';
+export { enrichedProblem } from './events.js';
+export {
+  assistantText,
+  buildResponse,
+  DEFAULT_SEEN_PER_PARTITION,
+  failedResponse,
+  FAILED,
+  replyProblem,
+  SeenEvents,
+  textReply,
+  Turn,
+  type Reply,
+} from './turn.js';
+export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerStats } from './worker.js';

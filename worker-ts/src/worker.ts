@@ -1,0 +1,449 @@
+// AgentWorker: agent.requests.enriched in, agent.responses out, around the user's async handler. The same
+// behaviour as the Python SDK's worker.AgentWorker (docs/worker.md, "What a worker must get right"), on KafkaJS.
+import { randomUUID } from 'node:crypto';
+import { EventEmitter } from 'node:events';
+
+import {
+  Kafka,
+  logLevel,
+  Partitioners,
+  type Consumer,
+  type ConsumerConfig,
+  type IHeaders,
+  type KafkaConfig,
+  type Producer,
+} from 'kafkajs';
+
+import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
+import {
+  DEFAULT_SEEN_PER_PARTITION,
+  FAILED,
+  failedResponse,
+  buildResponse,
+  replyProblem,
+  SeenEvents,
+  Turn,
+  type Reply,
+} from './turn.js';
+
+/** The user's code: one turn in, its reply out (a string is one assistant text message). */
+export type Handler = (turn: Turn) => Promise<Reply | string>;
+
+export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
+export type Logger = (level: LogLevel, message: string, fields?: Record<string, unknown>) => void;
+
+export interface WorkerOptions {
+  /** Kafka bootstrap servers, e.g. ['127.0.0.1:9092']. */
+  brokers: string[];
+  /** The worker's consumer group; a new group starts from the earliest offset. */
+  groupId: string;
+  enrichedTopic?: string;
+  responsesTopic?: string;
+  clientId?: string;
+  /** Passed to KafkaJS as they are (TLS, SASL, timeouts), beside `brokers` and `clientId`. */
+  kafka?: Omit<KafkaConfig, 'brokers' | 'clientId'>;
+  /** KafkaJS consumer settings (sessionTimeout, heartbeatInterval, ...), beside `groupId`. */
+  consumer?: Omit<ConsumerConfig, 'groupId'>;
+  /** Partitions answered at the same time (turns of one partition, so of one thread, stay in order). */
+  partitionsConsumedConcurrently?: number;
+  /** A handler still running after this long answers a failed turn (default: no limit). */
+  handlerTimeoutMs?: number;
+  /** On SIGTERM/SIGINT or stop(): how long the turns in flight may take before they are given up. */
+  shutdownGraceMs?: number;
+  /** SIGTERM and SIGINT call stop() (default true); false leaves signals to the application. */
+  handleSignals?: boolean;
+  seenPerPartition?: number;
+  /**
+   * On assignment, how many of the newest records of each owned partition of the responses topic are read
+   * back for their requestIds, so a turn the previous owner answered but did not commit is not answered
+   * again (default 1000; 0 turns it off). Needs equal partition counts on the two topics, as the service.
+   */
+  readBackPerPartition?: number;
+  /** How long the read-back may take before the worker goes on with what it read (default 30 s). */
+  readBackTimeoutMs?: number;
+  logger?: Logger;
+}
+
+export interface WorkerStats {
+  answered: number;
+  /** Answered as failed turns (finishReason "error"): the handler threw, timed out, said so, or its reply could
+   * not be sent (messages without role or content, too large for Kafka). */
+  failed: number;
+  /** Dropped: the eventId was already answered (in this process, or found on the responses topic). */
+  duplicates: number;
+  /** Skipped: not an EnrichedRequest. */
+  invalid: number;
+}
+
+const RETRY_INITIAL_MS = 200;
+const RETRY_MAX_MS = 5_000;
+const HEARTBEAT_EVERY_MS = 3_000;
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+const jsonLogger: Logger = (level, message, fields) => {
+  process.stderr.write(JSON.stringify({ time: new Date().toISOString(), level, message, ...fields }) + '\n');
+};
+
+/** Kafka being unavailable (retry until it is back), as opposed to a refusal (raise). */
+function isOutage(error: unknown): boolean {
+  const e = error as { retriable?: boolean; name?: string; cause?: unknown } | null;
+  if (!e) return false;
+  if (e.retriable === true) return true;
+  if (
+    ['KafkaJSConnectionError', 'KafkaJSRequestTimeoutError', 'KafkaJSNumberOfRetriesExceeded', 'KafkaJSBrokerNotFound']
+      .includes(e.name ?? '')
+  ) {
+    return true;
+  }
+  return e.cause !== undefined && e.cause !== error && isOutage(e.cause);
+}
+
+function isTooLarge(error: unknown): boolean {
+  const e = error as { type?: string; cause?: unknown } | null;
+  if (!e) return false;
+  return e.type === 'MESSAGE_TOO_LARGE' || (e.cause !== undefined && e.cause !== error && isTooLarge(e.cause));
+}
+
+/** "Equal jitter": half fixed, half random, so many workers do not retry in step. */
+function backoff(attempt: number): number {
+  const ceiling = Math.min(RETRY_MAX_MS, RETRY_INITIAL_MS * 2 ** attempt);
+  return ceiling / 2 + Math.random() * (ceiling / 2);
+}
+
+function requestIdOf(value: Buffer | null): string | undefined {
+  if (!value) return undefined;
+  try {
+    const parsed = JSON.parse(value.toString('utf8')) as { requestId?: unknown };
+    return typeof parsed.requestId === 'string' ? parsed.requestId : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * A worker: call `run()` (it resolves once stopped, by SIGTERM/SIGINT or `stop()`).
+ *
+ * Per turn: the handler is called with the Turn; its Reply becomes the AgentResponse (ids and metadata of the
+ * request, `input` = the context with its `source`, `response` = the reply's messages, `finishReason`), sent
+ * keyed by the threadId with the enriched record's headers, acks from all in-sync replicas, retried while
+ * Kafka is unavailable; only then is the enriched offset committed. A handler that throws (or times out)
+ * answers a failed turn (`finishReason: "error"`, no message). Events: 'answered', 'failed', 'duplicate',
+ * 'invalid' (each with the turn or the record's position), 'assigned', 'stopped'.
+ */
+export class AgentWorker extends EventEmitter {
+  readonly stats: WorkerStats = { answered: 0, failed: 0, duplicates: 0, invalid: 0 };
+  readonly enrichedTopic: string;
+  readonly responsesTopic: string;
+  readonly groupId: string;
+
+  private readonly kafka: Kafka;
+  private readonly producer: Producer;
+  private readonly consumer: Consumer;
+  private readonly seen: SeenEvents;
+  private readonly log: Logger;
+  private readonly giveUp = new AbortController();
+  private readonly warmups = new Map<number, Promise<void>>();
+  private owned = new Set<number>();
+  private stopping: Promise<void> | undefined;
+  private signalsInstalled: (() => void) | undefined;
+
+  constructor(
+    private readonly handler: Handler,
+    private readonly options: WorkerOptions,
+  ) {
+    super();
+    this.enrichedTopic = options.enrichedTopic ?? 'agent.requests.enriched';
+    this.responsesTopic = options.responsesTopic ?? 'agent.responses';
+    this.groupId = options.groupId;
+    this.log = options.logger ?? jsonLogger;
+    this.seen = new SeenEvents(options.seenPerPartition ?? DEFAULT_SEEN_PER_PARTITION);
+    this.kafka = new Kafka({
+      logLevel: logLevel.WARN,
+      ...options.kafka,
+      clientId: options.clientId ?? options.groupId,
+      brokers: options.brokers,
+    });
+    // The Java-compatible (murmur2) partitioner, as the service's: a thread's records share a partition.
+    this.producer = this.kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });
+    this.consumer = this.kafka.consumer({ ...options.consumer, groupId: options.groupId });
+  }
+
+  /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, MESSAGE_HISTORY_ENRICHED_TOPIC,
+   * MESSAGE_HISTORY_RESPONSES_TOPIC (their defaults when unset). */
+  static fromEnv(
+    handler: Handler,
+    options: Partial<WorkerOptions> & { groupId: string },
+    env: NodeJS.ProcessEnv = process.env,
+  ): AgentWorker {
+    return new AgentWorker(handler, {
+      brokers: (env.KAFKA_BOOTSTRAP_SERVERS || '127.0.0.1:9092').split(',').map((b) => b.trim()),
+      enrichedTopic: env.MESSAGE_HISTORY_ENRICHED_TOPIC || undefined,
+      responsesTopic: env.MESSAGE_HISTORY_RESPONSES_TOPIC || undefined,
+      ...options,
+    });
+  }
+
+  /** Connects, joins the group and answers until stopped; resolves after the consumer left and the producer
+   * flushed. Rejects if the consumer crashes for good (a refusal such as "not authorized"). */
+  async run(): Promise<WorkerStats> {
+    if (this.options.handleSignals ?? true) this.installSignals();
+    const crashed = new Promise<never>((_, reject) => {
+      this.consumer.on(this.consumer.events.CRASH, (event) => {
+        if (!event.payload.restart) reject(event.payload.error);
+      });
+    });
+    crashed.catch(() => undefined); // observed below; never an unhandled rejection
+    this.consumer.on(this.consumer.events.GROUP_JOIN, (event) => {
+      const assigned = new Set(event.payload.memberAssignment[this.enrichedTopic] ?? []);
+      const fresh = [...assigned].filter((p) => !this.owned.has(p));
+      this.owned = assigned;
+      // Synchronously here, before the first fetch of the new assignment: each turn awaits its partition's.
+      const warmup = this.readBack(fresh);
+      for (const partition of fresh) this.warmups.set(partition, warmup);
+      this.emit('assigned', { partitions: [...assigned].sort((a, b) => a - b), readBack: fresh });
+    });
+    await this.producer.connect();
+    await this.consumer.connect();
+    await this.consumer.subscribe({ topics: [this.enrichedTopic], fromBeginning: true });
+    const stopped = new Promise<void>((resolve) => this.once('stopped', () => resolve()));
+    await this.consumer.run({
+      autoCommit: false,
+      partitionsConsumedConcurrently: this.options.partitionsConsumedConcurrently ?? 4,
+      eachMessage: async ({ topic, partition, message, heartbeat }) => {
+        await this.onRecord(topic, partition, message.offset, message.value, message.headers, heartbeat);
+      },
+    });
+    this.log('info', 'agent worker running', { topic: this.enrichedTopic, groupId: this.groupId });
+    await Promise.race([stopped, crashed]).finally(() => this.signalsInstalled?.());
+    return this.stats;
+  }
+
+  /** Stop fetching, let the turns in flight finish (at most shutdownGraceMs, then they are given up and not
+   * committed: the next owner answers them), leave the group, flush the producer. */
+  stop(): Promise<void> {
+    this.stopping ??= (async () => {
+      const grace = this.options.shutdownGraceMs ?? 25_000;
+      let timer: NodeJS.Timeout | undefined;
+      const late = new Promise<'late'>((resolve) => {
+        timer = setTimeout(() => resolve('late'), grace);
+      });
+      const leaving = this.consumer.disconnect(); // waits for the turn in flight of each partition
+      if ((await Promise.race([leaving.then(() => 'left' as const), late])) === 'late') {
+        this.log('warn', 'shutdown grace over: giving up the turns in flight (not committed)', { graceMs: grace });
+        this.giveUp.abort();
+        await leaving;
+      }
+      clearTimeout(timer);
+      await this.producer.disconnect();
+      this.log('info', 'agent worker stopped', { ...this.stats });
+      this.emit('stopped', { ...this.stats });
+    })();
+    return this.stopping;
+  }
+
+  private installSignals(): void {
+    const onSignal = (signal: NodeJS.Signals): void => {
+      this.log('info', 'stopping', { signal });
+      void this.stop();
+    };
+    process.on('SIGTERM', onSignal);
+    process.on('SIGINT', onSignal);
+    this.signalsInstalled = () => {
+      process.off('SIGTERM', onSignal);
+      process.off('SIGINT', onSignal);
+    };
+  }
+
+  private async commit(partition: number, offset: string): Promise<void> {
+    const next = (BigInt(offset) + 1n).toString();
+    await this.consumer.commitOffsets([{ topic: this.enrichedTopic, partition, offset: next }]);
+  }
+
+  private async onRecord(
+    topic: string,
+    partition: number,
+    offset: string,
+    value: Buffer | null,
+    headers: IHeaders | undefined,
+    heartbeat: () => Promise<void>,
+  ): Promise<void> {
+    if (this.giveUp.signal.aborted) return;
+    await this.warmups.get(partition);
+    let event: EnrichedRequest;
+    try {
+      const parsed: unknown = JSON.parse(value?.toString('utf8') ?? '');
+      const problem = enrichedProblem(parsed);
+      if (problem !== undefined) throw new Error(problem);
+      event = parsed as EnrichedRequest;
+    } catch (error) {
+      // The service never writes one; the worker has no dead-letter topic: log it and go on.
+      this.stats.invalid += 1;
+      this.log('warn', 'skipped a record that is not an EnrichedRequest', { topic, partition, offset, error: String(error) });
+      this.emit('invalid', { partition, offset });
+      await this.commit(partition, offset);
+      return;
+    }
+    if (this.seen.has(partition, event.eventId)) {
+      this.stats.duplicates += 1;
+      this.emit('duplicate', { partition, offset, eventId: event.eventId, requestId: event.requestId });
+      await this.commit(partition, offset);
+      return;
+    }
+    const turn = new Turn(event, partition, offset, this.giveUp.signal);
+    let response = await this.respond(turn, heartbeat);
+    if (response === undefined) return; // given up at shutdown: not sent, not committed
+    response = await this.send(turn, response, headers);
+    if (response === undefined) return;
+    await this.commit(partition, offset);
+    this.seen.add(partition, event.eventId);
+    if (response.finishReason === FAILED) {
+      this.stats.failed += 1;
+      this.emit('failed', { turn, response });
+    } else {
+      this.stats.answered += 1;
+      this.emit('answered', { turn, response });
+    }
+  }
+
+  /** The handler's answer, or a failed turn; undefined when the worker gave the turn up (shutdown). */
+  private async respond(turn: Turn, heartbeat: () => Promise<void>): Promise<AgentResponse | undefined> {
+    // A long model call must not cost the group membership: KafkaJS heartbeats only between records.
+    const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      const outcomes: Promise<Reply | string | 'gave-up'>[] = [
+        this.handler(turn),
+        new Promise((resolve) => this.giveUp.signal.addEventListener('abort', () => resolve('gave-up'), { once: true })),
+      ];
+      const limit = this.options.handlerTimeoutMs;
+      if (limit !== undefined) {
+        outcomes.push(
+          new Promise((_, reject) => {
+            timer = setTimeout(() => reject(new Error(`handler still running after ${limit} ms`)), limit);
+          }),
+        );
+      }
+      const reply = await Promise.race(outcomes);
+      if (reply === 'gave-up') return undefined;
+      const problem = typeof reply === 'string' ? undefined : replyProblem(reply);
+      if (problem !== undefined) throw new Error(`the reply cannot be sent: ${problem}`);
+      return buildResponse(turn, reply);
+    } catch (error) {
+      if (this.giveUp.signal.aborted) return undefined;
+      this.log('error', 'the handler failed: answering a failed turn', {
+        requestId: turn.requestId,
+        threadId: turn.threadId,
+        error: error instanceof Error ? (error.stack ?? error.message) : String(error),
+      });
+      return failedResponse(turn);
+    } finally {
+      clearInterval(beat);
+      clearTimeout(timer);
+    }
+  }
+
+  /** Sends and waits for the acknowledgement, retrying while Kafka is unavailable; a response too large for
+   * Kafka is answered as a failed turn instead. Returns what was sent (undefined if given up at shutdown). */
+  private async send(turn: Turn, response: AgentResponse, headers: IHeaders | undefined): Promise<AgentResponse | undefined> {
+    for (let attempt = 0; ; attempt += 1) {
+      try {
+        await this.producer.send({
+          topic: this.responsesTopic,
+          acks: -1,
+          messages: [{ key: response.threadId, value: JSON.stringify(response), headers }],
+        });
+        return response;
+      } catch (error) {
+        if (isTooLarge(error) && response.finishReason !== FAILED) {
+          this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
+          response = failedResponse(turn);
+          continue;
+        }
+        if (!isOutage(error)) throw error;
+        if (this.giveUp.signal.aborted) return undefined;
+        const delay = backoff(attempt);
+        this.log('warn', 'Kafka unavailable: retrying the response', { requestId: turn.requestId, delayMs: Math.round(delay), error: String(error) });
+        await sleep(delay);
+      }
+    }
+  }
+
+  /**
+   * Reads the newest `readBackPerPartition` records of the responses topic's `partitions` and marks their
+   * requestIds answered. Those partitions hold the answers to the owned enriched partitions (same key, same
+   * partitioner, equal counts). Best effort: on a timeout or an error the worker goes on with what it read.
+   */
+  private async readBack(partitions: number[]): Promise<void> {
+    const perPartition = this.options.readBackPerPartition ?? 1000;
+    if (perPartition <= 0 || partitions.length === 0) return;
+    const started = Date.now();
+    const topic = this.responsesTopic;
+    const admin = this.kafka.admin();
+    let found = 0;
+    try {
+      await admin.connect();
+      const targets = new Map<number, { start: bigint; end: bigint }>();
+      for (const o of await admin.fetchTopicOffsets(topic)) {
+        const high = BigInt(o.high);
+        const low = BigInt(o.low);
+        const start = high - BigInt(perPartition) > low ? high - BigInt(perPartition) : low;
+        if (partitions.includes(o.partition) && high > low) targets.set(o.partition, { start, end: high });
+      }
+      if (targets.size === 0) return;
+      // A throwaway group (KafkaJS has no manual assignment), deleted afterwards.
+      const groupId = `${this.groupId}.read-back.${randomUUID()}`;
+      const reader = this.kafka.consumer({ groupId });
+      const remaining = new Set(targets.keys());
+      let finished!: () => void;
+      const done = new Promise<void>((resolve) => {
+        finished = resolve;
+      });
+      try {
+        await reader.connect();
+        await reader.subscribe({ topics: [topic], fromBeginning: true });
+        await reader.run({
+          autoCommit: false,
+          eachBatch: async ({ batch }) => {
+            const target = targets.get(batch.partition);
+            if (target === undefined) return;
+            for (const message of batch.messages) {
+              const offset = BigInt(message.offset);
+              if (offset < target.start || offset >= target.end) continue;
+              const id = requestIdOf(message.value);
+              if (id !== undefined) {
+                this.seen.add(batch.partition, id);
+                found += 1;
+              }
+            }
+            if (BigInt(batch.lastOffset()) >= target.end - 1n) {
+              remaining.delete(batch.partition);
+              if (remaining.size === 0) finished();
+            }
+          },
+        });
+        for (const [partition, { start }] of targets) reader.seek({ topic, partition, offset: start.toString() });
+        const timeout = this.options.readBackTimeoutMs ?? 30_000;
+        let timer: NodeJS.Timeout | undefined;
+        const late = new Promise<'late'>((resolve) => {
+          timer = setTimeout(() => resolve('late'), timeout);
+        });
+        if ((await Promise.race([done.then(() => 'done' as const), late])) === 'late') {
+          this.log('warn', 'read-back of answered requestIds timed out: going on with what was read', {
+            partitions: [...remaining],
+            timeoutMs: timeout,
+          });
+        }
+        clearTimeout(timer);
+      } finally {
+        await reader.disconnect().catch(() => undefined);
+        await admin.deleteGroups([groupId]).catch(() => undefined);
+      }
+    } catch (error) {
+      this.log('warn', 'read-back of answered requestIds failed: going on without it', { error: String(error) });
+    } finally {
+      await admin.disconnect().catch(() => undefined);
+      this.log('info', 'read back answered requestIds', { partitions, found, ms: Date.now() - started });
+    }
+  }
+}
