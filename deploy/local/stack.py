@@ -334,7 +334,9 @@ def install_venv(extras: str) -> None:
         )
         if version.returncode != 0:
             raise StackError(f"{VENV_PYTHON} does not run ({version.stderr.strip()}); delete .venv and retry")
-        lock = ROOT / "deploy" / "requirements.txt"
+        # the image's lock without hashes: pip checks hashes of everything once a constraints file has one,
+        # and the editable project has none
+        lock = ROOT / "deploy" / "constraints.txt"
         want = digest(ROOT / "pyproject.toml", lock, version.stdout)
         # The stamp is "<digest> <extras>": a dev install also serves a runtime-only request.
         if stamp_matches(VENV_STAMP, f"{want} dev") or stamp_matches(VENV_STAMP, f"{want} {extras}".rstrip()):
