@@ -45,9 +45,10 @@ class LoopOptions:
             commit_interval_s=settings.commit_interval_ms / 1000,
             retry_initial_s=settings.retry_initial_backoff_s,
             retry_max_s=settings.retry_max_backoff_s,
-            # A revoke must finish well inside the rebalance timeout (max.poll.interval for aiokafka).
-            revoke_drain_s=min(settings.shutdown_grace_s / 2, settings.max_poll_interval_ms / 4000),
-            commit_timeout_s=max(5.0, settings.session_timeout_ms / 1000),
+            # Every member of the group waits for the slowest revoke (eager rebalancing): at most half a
+            # session, inside the rebalance timeout (`rebalance_timeout_ms`).
+            revoke_drain_s=revoke_drain_s(settings),
+            commit_timeout_s=commit_timeout_s(settings),
             exit_timeout_s=settings.shutdown_grace_s / 2,
         )
 
@@ -64,6 +65,7 @@ def build_consumer(settings: Settings, *, path: str) -> AIOKafkaConsumer:
         isolation_level="read_committed",
         session_timeout_ms=settings.session_timeout_ms,
         heartbeat_interval_ms=heartbeat_interval_ms(settings.session_timeout_ms),
+        rebalance_timeout_ms=rebalance_timeout_ms(settings),
         max_poll_interval_ms=settings.max_poll_interval_ms,
         max_poll_records=settings.max_batch_records,
     )
@@ -83,6 +85,31 @@ def build_reader(
         isolation_level="read_committed",
         **options,
     )
+
+
+def revoke_drain_s(settings: Settings) -> float:
+    """How long a revoke waits for the batch in flight before abandoning it (the next owner redoes it)."""
+    return min(
+        settings.shutdown_grace_s / 2,
+        settings.max_poll_interval_ms / 4000,
+        settings.session_timeout_ms / 2000,
+    )
+
+
+def commit_timeout_s(settings: Settings) -> float:
+    """One synchronous commit's bound (revoke, shutdown)."""
+    return max(5.0, settings.session_timeout_ms / 1000)
+
+
+def rebalance_timeout_ms(settings: Settings) -> int:
+    """How long the broker waits for a live member to rejoin: its whole revoke (drain, then the commit).
+
+    aiokafka's default is the session timeout, shorter than a revoke may take: a member still finishing its
+    revoke would be dropped from the generation and rejoin, a second rebalance. A dead member is evicted by
+    its session timeout whatever this says; this bounds only how long a slow live member holds everyone.
+    """
+    revoke_s = revoke_drain_s(settings) + commit_timeout_s(settings)
+    return max(settings.session_timeout_ms, int(revoke_s * 1000) + 5000)
 
 
 def heartbeat_interval_ms(session_timeout_ms: int) -> int:

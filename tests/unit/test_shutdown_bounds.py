@@ -13,8 +13,15 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from consumers.consumer import heartbeat_interval_ms, stop_consumer
+from consumers.consumer import (
+    commit_timeout_s,
+    heartbeat_interval_ms,
+    rebalance_timeout_ms,
+    revoke_drain_s,
+    stop_consumer,
+)
 from message_history.app.service import Bounded, ShutdownClock
+from message_history.settings import Settings
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -115,3 +122,23 @@ def test_past_the_budget_a_step_still_gets_a_moment() -> None:
 )
 def test_heartbeat_interval_is_a_tenth_of_the_session_within_bounds(session_ms: int, expected: int) -> None:
     assert heartbeat_interval_ms(session_ms) == expected
+
+
+@pytest.mark.parametrize(
+    ("overrides", "drain_s", "rebalance_ms"),
+    [
+        ({}, 5.0, 20_000),  # defaults: session 10 s, grace 25 s
+        ({"session_timeout_ms": 30_000}, 12.5, 47_500),  # the grace's half bounds the drain
+        ({"session_timeout_ms": 6_000, "shutdown_grace_s": 4.0}, 2.0, 13_000),
+        ({"session_timeout_ms": 60_000, "max_poll_interval_ms": 20_000}, 5.0, 70_000),  # the session wins
+    ],
+)
+def test_a_revoke_fits_in_the_rebalance_timeout(
+    overrides: dict[str, float], drain_s: float, rebalance_ms: int
+) -> None:
+    """The broker waits for a live member's whole revoke (drain + commit) before dropping it from the
+    generation, and never less than the session timeout (aiokafka's default, too short for a revoke)."""
+    settings = Settings(**overrides)  # type: ignore[arg-type]
+    assert revoke_drain_s(settings) == drain_s
+    assert rebalance_timeout_ms(settings) == rebalance_ms
+    assert rebalance_timeout_ms(settings) >= (revoke_drain_s(settings) + commit_timeout_s(settings)) * 1000
