@@ -45,8 +45,8 @@ class LoopOptions:
             commit_interval_s=settings.commit_interval_ms / 1000,
             retry_initial_s=settings.retry_initial_backoff_s,
             retry_max_s=settings.retry_max_backoff_s,
-            # Every member of the group waits for the slowest revoke (eager rebalancing): at most half a
-            # session, inside the rebalance timeout (`rebalance_timeout_ms`).
+            # Every member of the group waits for the slowest revoke (eager rebalancing): at most a quarter
+            # of a session, inside the rebalance timeout (`rebalance_timeout_ms`).
             revoke_drain_s=revoke_drain_s(settings),
             commit_timeout_s=commit_timeout_s(settings),
             exit_timeout_s=settings.shutdown_grace_s / 2,
@@ -88,11 +88,17 @@ def build_reader(
 
 
 def revoke_drain_s(settings: Settings) -> float:
-    """How long a revoke waits for the batch in flight before abandoning it (the next owner redoes it)."""
+    """How long a revoke waits for the batch in flight before abandoning it (the next owner redoes it).
+
+    Eager rebalancing stops every consumer of the group until the slowest member's revoke is done, so this
+    is a pause of every thread of every instance. A batch that is working ends in about a second; one that
+    is longer is mostly waiting (the barrier, a busy thread), which a rebalance cannot end sooner: a quarter
+    of the session timeout.
+    """
     return min(
         settings.shutdown_grace_s / 2,
         settings.max_poll_interval_ms / 4000,
-        settings.session_timeout_ms / 2000,
+        settings.session_timeout_ms / 4000,
     )
 
 

@@ -127,10 +127,10 @@ def test_heartbeat_interval_is_a_tenth_of_the_session_within_bounds(session_ms: 
 @pytest.mark.parametrize(
     ("overrides", "drain_s", "rebalance_ms"),
     [
-        ({}, 5.0, 20_000),  # defaults: session 10 s, grace 25 s
-        ({"session_timeout_ms": 30_000}, 12.5, 47_500),  # the grace's half bounds the drain
-        ({"session_timeout_ms": 6_000, "shutdown_grace_s": 4.0}, 2.0, 13_000),
-        ({"session_timeout_ms": 60_000, "max_poll_interval_ms": 20_000}, 5.0, 70_000),  # the session wins
+        ({}, 2.5, 17_500),  # defaults: session 10 s, grace 25 s
+        ({"session_timeout_ms": 60_000}, 12.5, 77_500),  # the grace's half bounds the drain
+        ({"session_timeout_ms": 6_000, "shutdown_grace_s": 4.0}, 1.5, 12_500),
+        ({"session_timeout_ms": 60_000, "max_poll_interval_ms": 20_000}, 5.0, 70_000),  # a quarter poll
     ],
 )
 def test_a_revoke_fits_in_the_rebalance_timeout(
