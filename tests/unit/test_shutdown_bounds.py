@@ -10,9 +10,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
+from consumers.barrier import TurnBarrier
 from consumers.consumer import (
     commit_timeout_s,
     heartbeat_interval_ms,
@@ -142,3 +144,34 @@ def test_a_revoke_fits_in_the_rebalance_timeout(
     assert revoke_drain_s(settings) == drain_s
     assert rebalance_timeout_ms(settings) == rebalance_ms
     assert rebalance_timeout_ms(settings) >= (revoke_drain_s(settings) + commit_timeout_s(settings)) * 1000
+
+
+class _Committed:
+    """The barrier's consumer: `committed()` answers `offset` once released (until then, a look-up in
+    flight when a rebalance cancels the wait)."""
+
+    def __init__(self, offset: int) -> None:
+        self.offset = offset
+        self.released = asyncio.Event()
+        self.asked = asyncio.Event()
+
+    async def committed(self, tp: Any) -> int:
+        self.asked.set()
+        await self.released.wait()
+        return self.offset
+
+
+async def test_a_barrier_wait_cancelled_mid_look_up_leaves_the_partition_free() -> None:
+    """A revoke cancels a request's barrier wait (its records go to the partition's next owner): the wait
+    ends at once, even inside an OffsetFetch, and the partition's shared look-up is not left locked for the
+    waits after it."""
+    consumer = _Committed(offset=7)
+    barrier = TurnBarrier(consumer, admin=None, settings=Settings())
+    barrier.remote_poll_s = 0.0  # every poll asks
+    waiting = asyncio.create_task(barrier.reach(0, target=7, timeout_s=60))
+    await consumer.asked.wait()
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    consumer.released.set()
+    assert await barrier.reach(0, target=7, timeout_s=5) is True
