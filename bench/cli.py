@@ -34,6 +34,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
     "budget": ("bench.extra.budget", "recall with a token budget vs without, in process (no Kafka)"),
     "replay": ("bench.extra.replay", "message-history replay vs the live persist path on one topic"),
     "retention": ("bench.extra.retention", "forget and prune throughput on a seeded database"),
+    "failover": (
+        "bench.extra.failover",
+        "one of three instances SIGKILLed under fast turns: send-to-answer of its threads and the others'",
+    ),
 }
 
 # --quick: a small workload and short budgets for CI smoke runs (under two minutes on the local stack)

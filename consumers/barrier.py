@@ -11,6 +11,12 @@ interval. Per batch: one ListOffsets for the batch's partitions and, beside it, 
 partition this instance does not persist (afterwards, also for one it persists but has not caught up on).
 Nothing waits when the persist side is caught up. A look-up that fails is an outage
 (`BarrierUnavailableError`): the batch is retried, never recalled without the barrier, never dead-lettered.
+
+A partition whose persist owner is gone (dead, or being revoked) has no watermark here and a committed
+offset that does not move: its progress comes back only with the owner the next rebalance gives it, which
+reads from that committed offset (docs/operations-stream.md, section 6: the session timeout bounds it).
+Nothing here holds a revoke: a wait ends at any await when its task is cancelled, a look-up in flight
+included, and leaves the partition's shared look-up free for the waits after it.
 """
 
 from __future__ import annotations

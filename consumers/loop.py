@@ -37,7 +37,7 @@ from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from opentelemetry.trace import Span
 
-from consumers.consumer import Health, LoopOptions
+from consumers.consumer import Health, LoopOptions, stop_consumer
 from consumers.contract import BatchHandler
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage import (
@@ -75,6 +75,9 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
 
 class StreamLoop:
     """Consumes one topic for one path until told to stop; an async context manager owning its consumer."""
+
+    exit_deadline: float | None = None  # when `__aexit__` must be done (monotonic); the service sets it
+    stopped_cleanly = False  # after `__aexit__`: everything done committed and the consumer stopped in time
 
     def __init__(
         self,
@@ -125,13 +128,35 @@ class StreamLoop:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        """Final commit of what is done, then leave the group."""
+        """Final commit of what is done, then leave the group; both by `exit_deadline` (a monotonic time,
+        set by the service from its shutdown budget; else `exit_timeout_s` from now).
+
+        `stopped_cleanly` says afterwards whether everything done was committed and the consumer stopped in
+        time. The commit gets half of the time left and at most its usual bound; the stop gets the rest:
+        whatever the group is doing (a join held for a dead member, a revoke callback), this returns by the
+        deadline.
+        """
         self._stopping = True
         self._health.set_ready(self.path, False, "stopping")
+        deadline = self.exit_deadline or time.monotonic() + self._opts.exit_timeout_s
+        committed = False
         try:
-            await self._commit_now(self._tracker.keys(), reason="shutdown")
+            bound = min(self._opts.commit_timeout_s, (deadline - time.monotonic()) / 2)
+            async with asyncio.timeout(max(0.0, bound)):
+                await self._commit_now(self._tracker.keys(), reason="shutdown")
+            # a refused or failed commit is logged by `_commit` and leaves the offsets committable
+            committed = not self._tracker.committable(self._assigned)
+        except TimeoutError:
+            log.warning("shutdown commit did not finish in time", extra={"path": self.path})
         finally:
-            await self._consumer.stop()  # leaves the group (no LeaveGroup with static membership)
+            # leaves the group (no LeaveGroup with static membership)
+            left = await stop_consumer(self._consumer, deadline - time.monotonic())
+            if not left:
+                log.error(
+                    "consumer did not stop in time (its group is rebalancing?): closed without waiting",
+                    extra={"path": self.path},
+                )
+            self.stopped_cleanly = committed and left
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and process batches until `stop` is set; returns once the batch in hand is finished."""

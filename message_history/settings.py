@@ -64,7 +64,9 @@ class Settings(BaseSettings):
     # --- consumer group ---
     group_id: str = "message-history"
     group_instance_id: str | None = None  # static membership (the pod name on Kubernetes)
-    session_timeout_ms: int = Field(30_000, ge=6_000)
+    session_timeout_ms: int = Field(
+        10_000, ge=6_000
+    )  # failover time vs false evictions: operations-stream.md
     max_poll_interval_ms: int = Field(300_000, ge=10_000)
 
     # --- recall ---

@@ -5,9 +5,12 @@ Resources are entered in dependency order into one exit stack and unwound in rev
     MongoDB (+ turn markers)  ->  producer  ->  HTTP probes  ->  [periodic prune]  ->  turn barrier
         ->  consumers (recall, persist, commands)
 
-so on the way out the consumers finish their batch, commit and leave the group first, then the probe server
-stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop event; everything
-after it is bounded by `shutdown_grace_s`.
+so on the way out the consumers finish their batch, commit and leave the group first (all of them at once),
+then the probe server stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop
+event; everything after it is bounded by `shutdown_grace_s`: each step's stop has its own bound inside that
+budget (`ShutdownClock`), keeping a reserve for the steps after it, and a step that overruns is abandoned
+(logged; exit code 1) so that the next still runs. As a process, a watchdog thread ends it at the grace
+whatever the event loop is doing.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from consumers.barrier import TurnBarrier, open_barrier
 from consumers.commands import CommandsHandler
@@ -55,6 +61,117 @@ PATHS: tuple[Path, ...] = ("recall", "persist", "commands")
 
 DRAIN_SHARE = 0.6
 """Share of the grace period given to finishing in-flight batches; the rest is for commit, leave, flush."""
+
+# Share of the grace each step of the exit keeps for the steps after it: the consumers keep time for the
+# barrier, the probe server, the producer's flush and MongoDB; the producer for the MongoDB clients.
+RESERVE_CONSUMERS = 0.2
+RESERVE_SERVICES = 0.12
+RESERVE_PRODUCER = 0.04
+MIN_STEP_S = 0.1  # even past the budget, each step gets this long to close what closes at once
+
+T = TypeVar("T")
+
+
+@dataclass
+class ShutdownClock:
+    """The shutdown budget: `grace_s` from the moment the service started stopping (`start`)."""
+
+    grace_s: float
+    started: float | None = None
+    unfinished: list[str] = field(default_factory=list)  # steps that overran or lost work
+
+    def start(self) -> None:
+        if self.started is None:
+            self.started = time.monotonic()
+
+    @property
+    def deadline(self) -> float:
+        """When the whole shutdown must be over (monotonic); `grace_s` from now before it started."""
+        return (self.started if self.started is not None else time.monotonic()) + self.grace_s
+
+    def step_deadline(self, reserve_share: float) -> float:
+        """When a step must be done, keeping `reserve_share` of the grace for the later steps."""
+        return max(time.monotonic() + MIN_STEP_S, self.deadline - reserve_share * self.grace_s)
+
+    def failed(self, step: str) -> None:
+        self.unfinished.append(step)
+
+
+class Bounded(AbstractAsyncContextManager[T]):
+    """`inner`, whose exit is cut off at the clock's step deadline: an overrun is logged and recorded, not
+    raised, so that the steps after it still run."""
+
+    def __init__(
+        self, name: str, inner: AbstractAsyncContextManager[T], clock: ShutdownClock, reserve_share: float
+    ) -> None:
+        self._name = name
+        self._inner = inner
+        self._clock = clock
+        self._reserve = reserve_share
+
+    async def __aenter__(self) -> T:
+        return await self._inner.__aenter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        deadline = self._clock.step_deadline(self._reserve)
+        try:
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                return await self._inner.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            self._clock.failed(self._name)
+            log.error(  # noqa: TRY400 -- the step and its bound say it all; the stack is asyncio's
+                "shutdown step did not finish within its bound: abandoned",
+                extra={"step": self._name, "grace_s": self._clock.grace_s},
+            )
+            return None
+
+
+def _loop_time(deadline: float) -> float:
+    """A `time.monotonic()` deadline on the running event loop's clock."""
+    return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+
+class LoopGroup:
+    """Every path's loop as one step: started one after the other, stopped all at once.
+
+    Stopping them together matters in a rebalance: a consumer leaving the group makes the others of this
+    instance rejoin, and each stop after it would wait for that join (held by the broker for any dead member).
+    Each loop's own exit is bounded by the step deadline it is given; `clean` says whether all of them
+    committed what they had done and left in time.
+    """
+
+    def __init__(self, loops: Sequence[StreamLoop], clock: ShutdownClock, reserve_share: float) -> None:
+        self.loops = list(loops)
+        self._clock = clock
+        self._reserve = reserve_share
+        self._started: list[StreamLoop] = []
+
+    async def __aenter__(self) -> LoopGroup:
+        try:
+            for loop in self.loops:
+                await loop.__aenter__()
+                self._started.append(loop)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        deadline = self._clock.step_deadline(self._reserve)
+        for loop in self._started:
+            loop.exit_deadline = deadline
+        results = await asyncio.gather(
+            *(loop.__aexit__(exc_type, exc, tb) for loop in self._started), return_exceptions=True
+        )
+        for loop, result in zip(self._started, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("%s loop failed to stop", loop.path, exc_info=result)
+            if isinstance(result, BaseException) or not loop.stopped_cleanly:
+                self._clock.failed(f"{loop.path} consumer")
 
 
 @contextlib.asynccontextmanager
@@ -188,25 +305,37 @@ async def run_service(
     health = health or Health()
     paths: Sequence[Path] = selected_paths(settings, only)
     stack = contextlib.AsyncExitStack()
-    stopped_at: list[float] = []
+    clock = ShutdownClock(settings.shutdown_grace_s)
     code = 1
+
+    def step(name: str, inner: AbstractAsyncContextManager[T], reserve: float = 0.0) -> Bounded[T]:
+        return Bounded(name, inner, clock, reserve)
+
     try:
         batch_storage = (
             as_batch_storage(storage)
             if storage is not None
-            else await stack.enter_async_context(open_storage(settings))
+            else await stack.enter_async_context(step("mongodb", open_storage(settings)))
         )
-        markers = await stack.enter_async_context(open_markers(settings))
-        producer = await stack.enter_async_context(OutputProducer(settings))
-        await stack.enter_async_context(serve_http(health, settings.http_host, settings.http_port))
+        markers = await stack.enter_async_context(step("turn markers", open_markers(settings)))
+        producer = await stack.enter_async_context(
+            step("producer", OutputProducer(settings), RESERVE_PRODUCER)
+        )
+        await stack.enter_async_context(
+            step("probes", serve_http(health, settings.http_host, settings.http_port), RESERVE_SERVICES)
+        )
         forgetting = _forgetting(batch_storage)
         if forgetting is None:
             paths = [p for p in paths if p != "commands"]  # forgetting needs MongoDB (embedded use, tests)
         else:
             await forgetting.ensure_indexes()
         if settings.prune_older_than and forgetting is not None:
-            await stack.enter_async_context(periodic_prune(forgetting.db, settings))
-        barrier = await stack.enter_async_context(maybe_barrier(settings, paths))
+            await stack.enter_async_context(
+                step("prune", periodic_prune(forgetting.db, settings), RESERVE_SERVICES)
+            )
+        barrier = await stack.enter_async_context(
+            step("barrier", maybe_barrier(settings, paths), RESERVE_SERVICES)
+        )
         gate = TurnGate(
             barrier=barrier,
             markers=markers,
@@ -224,12 +353,11 @@ async def run_service(
             gate=gate if gate.barrier or gate.markers else None,
             markers=markers,
         )
-        loops: list[StreamLoop] = []
-        for path in paths:
-            loop = build_loop(path, opened)
-            loops.append(await stack.enter_async_context(loop))
+        loops = [build_loop(path, opened) for path in paths]
+        for path, loop in zip(paths, loops, strict=True):
             if path == "persist" and barrier is not None:
                 barrier.local = loop.done_offset
+        await stack.enter_async_context(LoopGroup(loops, clock, RESERVE_CONSUMERS))
         log.info(
             "message-history started",
             extra={
@@ -240,16 +368,19 @@ async def run_service(
                 "busy_thread": settings.busy_thread,
             },
         )
-        code = await _run_until_stopped(loops, stop, health, settings, stopped_at)
+        code = await _run_until_stopped(loops, stop, health, settings, clock)
     finally:
-        budget = settings.shutdown_grace_s - (time.monotonic() - stopped_at[0] if stopped_at else 0.0)
+        clock.start()  # a start-up that failed is stopped within the same budget
         try:
-            async with asyncio.timeout(max(1.0, budget)):
+            # each step bounds itself; this is the backstop for the stack as a whole
+            async with asyncio.timeout_at(_loop_time(clock.deadline + MIN_STEP_S)):
                 await stack.aclose()
         except TimeoutError:
-            log.exception(
-                "shutdown did not finish within the grace period",
-                extra={"grace_s": settings.shutdown_grace_s},
+            clock.failed("shutdown")
+        if clock.unfinished:
+            log.error(
+                "shutdown did not finish cleanly within the grace period",
+                extra={"grace_s": settings.shutdown_grace_s, "steps": clock.unfinished},
             )
             code = 1
     log.info("message-history stopped", extra={"exit_code": code})
@@ -261,7 +392,7 @@ async def _run_until_stopped(
     stop: asyncio.Event,
     health: Health,
     settings: Settings,
-    stopped_at: list[float],
+    clock: ShutdownClock,
 ) -> int:
     silence = settings.max_poll_interval_ms / 1000
     for loop in loops:
@@ -271,20 +402,24 @@ async def _run_until_stopped(
     try:
         await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
         stop.set()  # a loop that ended by itself failed: stop the other one too
-        stopped_at.append(time.monotonic())
+        clock.start()
         log.info("stopping: finishing in-flight batches")
         _, pending = await asyncio.wait(tasks, timeout=settings.shutdown_grace_s * DRAIN_SHARE)
         for task in pending:
             log.warning("in-flight batch abandoned at shutdown", extra={"loop": task.get_name()})
             task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        if pending:
+            # a cancelled loop ends at its next await; one that does not is left behind, not waited for
+            _, stuck = await asyncio.wait(pending, timeout=MIN_STEP_S * 10)
+            for task in stuck:
+                clock.failed(task.get_name())
     finally:
         stopper.cancel()
         for loop in loops:
             health.unregister_loop(loop.path)
     code = 0
     for task in tasks:
-        if task.cancelled():
+        if task.cancelled() or not task.done():
             continue
         error = task.exception()
         if error is not None:
@@ -361,12 +496,14 @@ async def _main(settings: Settings, only: Path | None) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, _on_signal, stop, sig)
+    watchdog = asyncio.create_task(_arm_watchdog(stop, settings.shutdown_grace_s), name="shutdown-watchdog")
     try:
         return await run_service(settings, stop=stop, only=only)
     except StartupError as exc:
         log.error("cannot start: %s", exc)  # noqa: TRY400 -- the message says it all; no traceback
         return 1
     finally:
+        watchdog.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
 
@@ -374,3 +511,20 @@ async def _main(settings: Settings, only: Path | None) -> int:
 def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
     log.info("signal received: stopping", extra={"signal": sig.name})
     stop.set()
+
+
+async def _arm_watchdog(stop: asyncio.Event, grace_s: float) -> None:
+    """Once stopping, end the process at the grace whatever the event loop is doing (a join no bound
+    reached, a blocked call, asyncio's own teardown); a daemon thread: a clean exit does not wait for it."""
+    await stop.wait()
+    timer = threading.Timer(grace_s, _overrun_exit, args=(grace_s,))
+    timer.daemon = True
+    timer.start()
+
+
+def _overrun_exit(grace_s: float) -> None:
+    log.error("shutdown overran the grace period: exiting now", extra={"grace_s": grace_s, "exit_code": 1})
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(1)

@@ -55,3 +55,30 @@ def test_quick_run_measures_every_line(kafka_bootstrap: str, mongo_uri: str, tmp
         assert value > 0, key
     assert record["machine"]["nproc"] >= 1
     assert record["environment"]["seeded"]["messages"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_failover_quick_run_answers_every_turn(kafka_bootstrap: str, mongo_uri: str, tmp_path: Path) -> None:
+    """`python -m bench failover --quick`: three instances, one SIGKILLed, every turn answered; the figures
+    of both sides are there (not their size: that is the bench's report)."""
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, MONGODB_URI=mongo_uri)
+    out = tmp_path / "failover.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", "failover", "--quick", "--json", str(out)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(out.read_text())
+    assert summary["unanswered"] == 0
+    assert summary["latency_ms"]["others/before"]["n"] > 0
+    assert summary["latency_ms"]["others/after"]["n"] > 0
+    assert set(summary["targets"]) == {"others_not_slowed", "dead_within_session_plus_5s", "none_incomplete"}
+    assert summary["stops"]["instance-1"]["exit"] == -9  # the SIGKILLed one
+    # the others stop by SIGTERM within their grace (1 only if a final commit met the group mid-rebalance)
+    assert all(s["exit"] in (0, 1) for name, s in summary["stops"].items() if name != "instance-1")

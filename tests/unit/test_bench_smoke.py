@@ -9,6 +9,7 @@ import pytest
 from bench import targets
 from bench.cli import SIDE
 from bench.cli import main as bench_main
+from bench.extra import failover
 from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
 from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
@@ -301,3 +302,31 @@ def test_main_help_lists_the_side_measurements(capsys: pytest.CaptureFixture[str
         bench_main(["--help"])
     out = capsys.readouterr().out
     assert all(name in out for name in SIDE)
+
+
+def test_failover_summary_splits_threads_by_the_dead_instance_and_the_kill() -> None:
+    """A turn counts `before` only when answered before the kill (one in flight at the kill is `after`), on
+    the dead side when its partition was the dead instance's; the targets compare as the issue states."""
+    run = failover.Run(killed_at=100.0, dead_partitions={1})
+    turns = [
+        ("a", 0, 10.0, 10.1, True),  # others, before: 100 ms
+        ("b", 0, 99.9, 100.3, True),  # others, in flight at the kill: after, 400 ms
+        ("c", 1, 50.0, 50.2, True),  # dead, before: 200 ms
+        ("d", 1, 99.0, 111.0, False),  # dead, after: 12 s, and incomplete
+        ("e", 1, 101.0, None, None),  # never answered
+    ]
+    for rid, partition, sent, answered, complete in turns:
+        run.turns[rid] = failover.Turn(rid, partition, sent, answered, complete)
+    summary = failover.summarize(run, session_s=10.0)
+    figures = summary["latency_ms"]
+    assert figures["others/before"]["max"] == pytest.approx(100)
+    assert figures["others/after"]["max"] == pytest.approx(400)
+    assert figures["dead/before"]["max"] == pytest.approx(200)
+    assert figures["dead/after"]["max"] == pytest.approx(12_000)
+    assert (summary["incomplete"], summary["unanswered"]) == (1, 1)
+    assert summary["targets"] == {
+        "others_not_slowed": False,  # 400 ms after > 100 ms p99 before
+        "dead_within_session_plus_5s": True,  # 12 s <= 15 s
+        "none_incomplete": False,
+    }
+    assert "dead/after" in failover.render(summary)

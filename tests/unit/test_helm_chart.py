@@ -361,10 +361,13 @@ def test_every_setting_is_reachable_from_the_chart(helm: str) -> None:
     assert len(config_keys) == len(set(Settings.model_fields) - SET_OUTSIDE_CONFIG)
 
 
-@pytest.mark.parametrize("kind", ["Deployment", "StatefulSet"])
-def test_static_membership_uses_the_pod_name(helm: str, kind: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "extra"),
+    [("Deployment", ("--set", "staticMembership.enabled=true")), ("StatefulSet", ())],
+)
+def test_static_membership_uses_the_pod_name(helm: str, kind: str, extra: tuple[str, ...]) -> None:
     """MESSAGE_HISTORY_GROUP_INSTANCE_ID comes from the pod name, defined first so Kubernetes expands it."""
-    docs = render(helm, "--set", f"workload.kind={kind}")
+    docs = render(helm, "--set", f"workload.kind={kind}", *extra)
     (workload,) = _workloads(docs)
     assert workload["kind"] == kind
     env = _service_container(workload)["env"]
@@ -377,9 +380,20 @@ def test_static_membership_uses_the_pod_name(helm: str, kind: str) -> None:
     assert re.fullmatch(r"[A-Za-z0-9._$()-]+", instance)  # Kafka accepts [a-zA-Z0-9._-] once expanded
 
 
+@pytest.mark.parametrize(("kind", "static"), [("Deployment", False), ("StatefulSet", True)])
+def test_static_membership_by_default_only_where_pod_names_are_stable(
+    helm: str, kind: str, static: bool
+) -> None:
+    """A Deployment's replaced pods get new names: a static member (no LeaveGroup) would hold its partitions
+    for a session timeout on every rollout, so by default only a StatefulSet's pods are static members."""
+    (workload,) = _workloads(render(helm, "--set", f"workload.kind={kind}"))
+    assert ("MESSAGE_HISTORY_GROUP_INSTANCE_ID" in env_names(_service_container(workload))) is static
+
+
 def test_static_membership_can_be_turned_off(helm: str) -> None:
     """With staticMembership.enabled=false no instance id is set, so each pod is a dynamic member."""
-    (workload,) = _workloads(render(helm, "--set", "staticMembership.enabled=false"))
+    docs = render(helm, "--set", "workload.kind=StatefulSet", "--set", "staticMembership.enabled=false")
+    (workload,) = _workloads(docs)
     assert "MESSAGE_HISTORY_GROUP_INSTANCE_ID" not in env_names(_service_container(workload))
 
 

@@ -96,6 +96,13 @@ message-history/path: {{ .path }}
 {{- if .Values.kafka.sasl.passwordSecret.name }}{{ .Values.kafka.sasl.passwordSecret.key }}{{ else }}kafka-sasl-password{{ end }}
 {{- end }}
 
+{{/* Static membership: as set, or (null) only where pod names are stable, i.e. with a StatefulSet. Empty = off. */}}
+{{- define "message-history.staticMembership" -}}
+{{- $enabled := .Values.staticMembership.enabled }}
+{{- if kindIs "invalid" $enabled }}{{ $enabled = eq .Values.workload.kind "StatefulSet" }}{{ end }}
+{{- if $enabled }}true{{ end }}
+{{- end }}
+
 {{/* Graceful shutdown: always longer than the service's own drain grace. */}}
 {{- define "message-history.terminationGracePeriodSeconds" -}}
 {{- $grace := ceil .Values.config.shutdownGraceSeconds | int64 }}
