@@ -18,7 +18,9 @@ sent (the mark is part of the record's acknowledgement).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,14 +28,18 @@ from typing import Any
 
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
 from consumers.lanes import Failed
+from consumers.outage import Backoff
+from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
 from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.rules import LastMessages, normalize_limit
+from message_history.core.turn_rules import TurnMarker
 from message_history.errors import InvalidInputError, RetriableError
 from message_history.processor import MessageHistory, RecallOutcome
+from message_history.processor.history import check_owner
 from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
@@ -131,6 +137,13 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         self._gate = gate
         self._defaults = MemoryDefaults.from_settings(settings)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
+        # requests that must wait, parked in their thread's lane (see `consumers.parking`)
+        self.parking: ParkedLanes[TurnMarker | None] = ParkedLanes(
+            path=PATH,
+            capacity=settings.max_in_flight_threads,
+            backoff=Backoff(settings.retry_initial_backoff_s, settings.retry_max_backoff_s, random.random),
+            stop=gate.stop if gate is not None else None,
+        )
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         request = decode_request(value, self.limits)
@@ -142,6 +155,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
+        self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
@@ -158,8 +172,16 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             index, item = entry
             request = item.request
             spans.identify(index, request.requestId)
+            # ownership first: a foreign request never waits in the owner's lane nor learns its pending turn
+            check_owner(await history.get_thread(request.threadId), request.threadId, request.resourceId)
             admission = GO
             if batch_gate is not None:
+                key = (item.record.partition, request.threadId)
+                if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
+                    headers = spans.headers(index, item.record)
+                    deferred = self._park(key, item, batch_gate, history, fresh, headers)
+                    spans.end_when_done(index, deferred)
+                    return deferred
                 admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
                 if admission.refused is not None:
                     raise admission.refused
@@ -207,6 +229,59 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
 
+    def _park(
+        self,
+        key: LaneKey,
+        item: _Item,
+        batch_gate: BatchGate,
+        history: PrefetchedHistory,
+        fresh: MessageHistory,
+        headers: Headers,
+    ) -> Deferred:
+        """Park a request that must wait behind its thread's parked work; the loop settles it later.
+
+        When its lane reaches it, it waits (its partition's barrier target as its batch saw it, its thread's
+        marker as the lane last left it), is recalled from MongoDB (its batch's prefetch predates the wait;
+        the boundary its batch recorded for the thread is written first), marks its thread and is sent.
+        `waitedMs` counts from when it was parked.
+        """
+        partition, thread_id = key
+        request = item.request
+        target = batch_gate.behind.get(partition)
+        parked_at = time.monotonic()
+        gate = batch_gate.gate
+
+        async def work(lane: Lane[TurnMarker | None]) -> Ack:
+            own = gate.for_parked(partition, target, thread_id, lane.state)
+            admission = await own.admit(partition, thread_id, request.requestId)
+            if admission.refused is not None:
+                raise admission.refused
+            if admission.retry is not None:
+                raise admission.retry
+            waited = round((time.monotonic() - parked_at) * 1000)
+            admission = dataclasses.replace(admission, fresh=True, waited_ms=max(admission.waited_ms, waited))
+            lane.state = own.markers.get(thread_id, lane.state)
+            await history.flush(thread_id)  # the boundaries its batch moved, before reading them
+            outcome = await fresh.recall(
+                thread_id=thread_id,
+                resource_id=request.resourceId,
+                incoming=request.messages,
+                last_messages=item.memory.last_messages,
+                budget=item.memory.budget,
+                read_only=item.memory.read_only or not self._write_boundaries,
+                filter_echo=item.echo is not None,
+                echo_plan=item.echo,
+            )
+            enriched = self._enriched(request, outcome, admission)
+            metrics.RECALLED_MESSAGES.observe(outcome.recalled)
+            mark = own.enriched(thread_id, request.requestId, request.resourceId)
+            lane.state = own.markers.get(thread_id, lane.state)
+            ack = await self._publish(request, enriched, headers)
+            metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
+            return ack if mark is None else ack_after(mark, ack)
+
+        return self.parking.park(key, work, batch_gate.markers.get(thread_id))
+
     def _enriched(
         self, request: AgentRequest, outcome: RecallOutcome, admission: Admission
     ) -> EnrichedRequest | bytes:
@@ -248,7 +323,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
 
 def _count_enriched(outcomes: Sequence[object]) -> None:
     """OUTCOMES for a batch's enriched events: one label look-up per batch, not per record."""
-    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, Failed))
+    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, (Failed, Deferred)))
     if enriched:
         metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc(enriched)
 

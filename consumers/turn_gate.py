@@ -111,6 +111,20 @@ class TurnGate:
             abandoned_before=abandoned_before,
         )
 
+    def for_parked(
+        self, partition: int, target: int | None, thread_id: str, marker: TurnMarker | None
+    ) -> BatchGate:
+        """The gate of one parked request, built when its lane reaches it: the barrier target its batch saw
+        (None: not behind), its thread's marker as its lane last knew it, and a fresh wait bound (a parked
+        request waits at most `timeout_s` from when the requests before it on its thread are out)."""
+        return BatchGate(
+            self,
+            deadline=time.monotonic() + self.timeout_s,
+            behind={} if target is None else {partition: target},
+            markers={} if marker is None else {thread_id: marker},
+            abandoned_before=datetime.now(UTC) - timedelta(seconds=self.abandon_after_s),
+        )
+
 
 async def _none_behind() -> dict[int, int]:
     return {}
@@ -156,6 +170,16 @@ class BatchGate:
             return Admission(refused=refused)
         metrics.TURN_WAIT_SECONDS.observe(waited)
         return Admission(complete=complete and not abandoned, waited_ms=round(waited * 1000), fresh=True)
+
+    def must_wait(self, partition: int, thread_id: str, request_id: str) -> bool:
+        """True when `admit` would wait for this request: its partition is behind, or its thread is busy
+        under `enqueue` (a `reject` refusal and an abandoned turn need no wait). No I/O: the recall path parks
+        such a request in its thread's lane (`consumers.parking`) instead of waiting in its batch."""
+        if thread_id in self.blocked:
+            return False  # `admit` answers it at once (retry)
+        if partition in self.behind:
+            return True
+        return self._decision(self.markers.get(thread_id), request_id) == "wait"
 
     def _busy(self, thread_id: str, request_id: str) -> bool:
         return self._decision(self.markers.get(thread_id), request_id) != "go"
