@@ -6,7 +6,9 @@ One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's
 2. The path's `BatchHandler` returns, per record, either an acknowledgement to wait for (the output was sent,
    and for the persist path the MongoDB write is already acknowledged) or an `InvalidInputError`: that record
    is sent to the path's dead-letter topic.
-3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are.
+3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are. A
+   parked record (a recall request waiting in its thread's lane, `consumers.parking`) is settled in the
+   background instead: the loop fetches on, and its commit stops below it until it is done.
 4. A background commit, at most every `commit_interval_ms`, commits each partition's contiguous done
    watermark; the loop never waits for it. Revoke and shutdown commit synchronously.
 

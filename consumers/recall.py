@@ -7,12 +7,15 @@ from the prefetch) and one `EnrichedRequest` sent without waiting; the loop gath
 Requests of one thread run in batch order, so their enriched events leave in the order the requests came.
 Token boundaries the memory-only limiter advanced are written with one round trip at the end of the batch.
 
-With a `TurnGate` (the turn barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups
-run beside the prefetch, and each request first passes `admit`: a request that had to wait, or whose
-partition another request of the batch waited for, is recalled from MongoDB (the prefetch may predate the
-turn it waited for; its thread's boundary recorded earlier in the batch is written first, and its own is
-written directly), a refused one is a dead letter, and its thread is marked busy while its enriched event is
-sent (the mark is part of the record's acknowledgement).
+Each request's thread row (prefetched) is checked first: a request of another resource is a dead letter
+(`ThreadOwnershipError`) before any gate, wait or look-up of the owner's turns. With a `TurnGate` (the turn
+barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups run beside the prefetch; a
+request that must wait, and every later request of a thread that has one parked, is parked in its thread's
+lane (`consumers.parking`) and answered with a `Deferred` the loop settles in the background: there it waits,
+is recalled from MongoDB (the prefetch may predate the turn it waited for; its thread's boundary recorded
+earlier in the batch is written first, and its own is written directly) and sent. The others pass `admit` at
+once; a refused one is a dead letter. A thread is marked busy while its enriched event is sent (the mark is
+part of the record's acknowledgement).
 """
 
 from __future__ import annotations

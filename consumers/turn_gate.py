@@ -1,20 +1,22 @@
 """Before a request is recalled: wait for the turns before it (the barrier, the busy-thread policy).
 
 `TurnGate.open_batch` runs once per recall batch, concurrently with the history prefetch: one barrier look-up
-for the batch's partitions and one read of the batch's threads' markers. Then each thread's lane calls
-`admit` for its request, which waits only when that request's partition is behind or its thread is busy,
-so other threads go on. Every wait of a batch ends by one deadline (`turn_timeout_ms` after the batch
-started), so a batch never holds its partitions longer than that; a request whose wait ran out goes out with
-`history.complete: false`. A request that waited, or whose partition another request of the batch waited for,
-is recalled from MongoDB (`fresh`): the prefetch predates what was persisted meanwhile. A thread whose pending
-turn is abandoned (`abandon_after_s`) is not busy, and its request says `complete: false` (that answer is
-missing). After recall, `enriched` marks the thread busy (policies enqueue and reject)
-while the enriched request is sent; the record is acknowledged once both are durable.
+for the batch's partitions and one read of the batch's threads' markers. Then each thread's lane asks
+`must_wait` (no I/O): a request whose partition is behind or whose thread is busy under `enqueue` is parked
+by the recall path in its thread's lane (`consumers.parking`), where `for_parked` gives it a gate of its own
+(its batch's barrier target, the marker as its lane last left it, a fresh `turn_timeout_ms` bound) and
+`admit` waits; the others are admitted at once, so neither other threads nor later batches wait for it. A
+request whose wait ran out goes out with `history.complete: false`. A request that waited is recalled from
+MongoDB (`fresh`): the prefetch predates what was persisted meanwhile. A thread whose pending turn is
+abandoned (`abandon_after_s`) is not busy, and its request says `complete: false` (that answer is missing).
+After recall, `enriched` marks the thread busy (policies enqueue and reject) while the enriched request is
+sent; the record is acknowledged once both are durable.
 
 A wait interrupted by the stop signal, or a marker read that fails, is not the request's fault: `admit`
-returns it as `retry`, the lane acknowledges the record with that error, the rest of the thread's requests in
-the batch do the same (so a thread never runs past a turn that did not finish), and the loop retries them or,
-when stopping, leaves them to the partition's next owner.
+returns it as `retry`; a parked request's lane tries it again (or, when stopping, leaves it to the
+partition's next owner) before anything behind it runs, and in a batch the lane acknowledges the record with
+that error, the rest of the thread's requests in the batch do the same (so a thread never runs past a turn
+that did not finish), and the loop retries them.
 """
 
 from __future__ import annotations
