@@ -215,6 +215,35 @@ async def test_a_revoke_drops_a_parked_request_for_the_next_owner(
     assert second["history"]["recalled"] >= 2
 
 
+async def test_at_the_parking_cap_intake_pauses_until_a_parked_request_is_out(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cap 2 (`MAX_IN_FLIGHT_THREADS`): threads a and b each have turn 2 parked behind an unanswered turn 1.
+    The loop stops fetching; a request on thread c sent then is not enriched until a's answer lets a's turn
+    2 out, and then it is."""
+    settings = await _lane_settings(
+        kafka_bootstrap, mongo_uri, make_topic, busy_thread="enqueue", max_in_flight_threads=2
+    )
+    parked = metrics.PARKED.labels(path="recall")
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        async with running_service(settings):
+            await _send_requests(settings, ["a", "b"])
+            firsts = await _all_enriched(settings, [request_id("a", 1), request_id("b", 1)], OTHERS_BOUND_S)
+            await _send_requests(settings, ["a", "b"], turn=2)
+            await _until(lambda: parked._value.get() >= 2, "turns 2 never parked")
+            await _until(lambda: "parked requests at their cap" in caplog.text, "intake never paused")
+            await _send_requests(settings, ["c"])
+            assert request_id("c", 1) not in await _out_now(settings)  # not fetched while at the cap
+            first = firsts[request_id("a", 1)]
+            answer = response_event("a", "u", 1, first["messages"], "a1")
+            await produce(bootstrap, settings.responses_topic, [encoded(answer)])
+            out = await _all_enriched(settings, [request_id("a", 2), request_id("c", 1)], OTHERS_BOUND_S)
+            assert request_id("b", 2) not in out  # still parked: c was fetched once there was room
+    finally:
+        await drop_database(settings)
+
+
 async def _foreign_request_on_a_busy_thread(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, policy: str
 ) -> tuple[dict[str, str], bytes]:
