@@ -120,6 +120,13 @@ class ParkedLanes(Generic[S]):
         last state)."""
         return key in self._lanes or key in self._ended
 
+    def last_state(self, key: LaneKey, default: S) -> S:
+        """The state `key`'s lane holds (or ended with during this batch), else `default`."""
+        lane = self._lanes.get(key)
+        if lane is not None:
+            return lane.state
+        return self._ended.get(key, default)
+
     def park(self, key: LaneKey, work: Callable[[Lane[S]], Awaitable[Outcome]], state: S) -> Deferred:
         """Queue `work` behind the lane's parked work (`state` starts a new lane: the batch's view, unless
         the lane ended during this batch). `work` waits, recalls and sends; it returns the output's

@@ -39,8 +39,8 @@ from message_history import metrics, tracing
 from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.rules import LastMessages, normalize_limit
-from message_history.core.turn_rules import TurnMarker
-from message_history.errors import InvalidInputError, RetriableError
+from message_history.core.turn_rules import TurnMarker, foreign_pending
+from message_history.errors import InvalidInputError, RetriableError, ThreadOwnershipError
 from message_history.processor import MessageHistory, RecallOutcome
 from message_history.processor.history import check_owner
 from message_history.settings import Settings, settings_slice
@@ -176,7 +176,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             request = item.request
             spans.identify(index, request.requestId)
             # ownership first: a foreign request never waits in the owner's lane nor learns its pending turn
-            check_owner(await history.get_thread(request.threadId), request.threadId, request.resourceId)
+            await self._refuse_foreign(item, history, batch_gate)
             admission = GO
             if batch_gate is not None:
                 key = (item.record.partition, request.threadId)
@@ -231,6 +231,22 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
+
+    async def _refuse_foreign(
+        self, item: _Item, history: PrefetchedHistory, batch_gate: BatchGate | None
+    ) -> None:
+        """Raise `ThreadOwnershipError` for a request on another resource's thread: its stored owner (the
+        prefetched row), or, for a thread not saved yet, the resource with a turn pending on it."""
+        request = item.request
+        thread = await history.get_thread(request.threadId)
+        check_owner(thread, request.threadId, request.resourceId)
+        if thread is not None or batch_gate is None or request.resourceId is None:
+            return
+        key = (item.record.partition, request.threadId)
+        marker = self.parking.last_state(key, batch_gate.markers.get(request.threadId))
+        owner = foreign_pending(marker, request.resourceId)
+        if owner is not None:
+            raise ThreadOwnershipError(request.threadId, request.resourceId, owner)
 
     def _park(
         self,

@@ -258,5 +258,7 @@ class BatchGate:
         marker = self.markers.get(thread_id)
         if not should_mark(marker, request_id):
             return None  # already answered: a replay or a redelivery
-        self.markers[thread_id] = (marker or TurnMarker()).enriched(request_id, datetime.now(UTC))
+        self.markers[thread_id] = (marker or TurnMarker()).enriched(
+            request_id, datetime.now(UTC), resource_id
+        )
         return asyncio.ensure_future(gate.markers.mark(thread_id, request_id, resource_id=resource_id))

@@ -245,24 +245,24 @@ async def test_at_the_parking_cap_intake_pauses_until_a_parked_request_is_out(
 
 
 async def _foreign_request_on_a_busy_thread(
-    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, policy: str
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, policy: str, *, saved: bool = True
 ) -> tuple[dict[str, str], bytes]:
-    """Resource `tenant-a` owns t (turn 1 answered) and has turn 2 enriched, unanswered; `tenant-b` sends a
-    request on t. Returns the dead letter's headers and value, awaited far below the turn timeout."""
+    """Resource `tenant-a` has a turn on t enriched and unanswered (with `saved`, turn 2, after turn 1 was
+    answered and so t stored as tenant-a's; else turn 1, t not stored yet); `tenant-b` sends a request on t.
+    Returns the dead letter's headers and value, awaited far below the turn timeout."""
     settings = await _lane_settings(kafka_bootstrap, mongo_uri, make_topic, busy_thread=policy)
     bootstrap = settings.kafka_bootstrap_servers
+    owner = [encoded(request_event(HELD, "tenant-a", turn, "q")) for turn in (1, 2)]
     try:
         async with running_service(settings):
-            await produce(
-                bootstrap, settings.requests_topic, [encoded(request_event(HELD, "tenant-a", 1, "q"))]
-            )
+            await produce(bootstrap, settings.requests_topic, owner[:1])
             [first] = await _enriched(settings, request_id(HELD, 1))
-            answer = response_event(HELD, "tenant-a", 1, first["messages"], "a1")
-            await produce(bootstrap, settings.responses_topic, [encoded(answer)])
-            await produce(
-                bootstrap, settings.requests_topic, [encoded(request_event(HELD, "tenant-a", 2, "q"))]
-            )
-            await _enriched(settings, request_id(HELD, 2))  # pending, never answered
+            if saved:
+                answer = response_event(HELD, "tenant-a", 1, first["messages"], "a1")
+                await produce(bootstrap, settings.responses_topic, [encoded(answer)])
+                await read_topic(bootstrap, settings.persisted_topic, until=bool)  # t is tenant-a's now
+                await produce(bootstrap, settings.requests_topic, owner[1:])
+                await _enriched(settings, request_id(HELD, 2))  # pending, never answered
             foreign = request_event(HELD, "tenant-b", 1, "q", requestId="b-request")
             await produce(bootstrap, settings.requests_topic, [encoded(foreign)])
             [letter] = await read_topic(
@@ -273,15 +273,18 @@ async def _foreign_request_on_a_busy_thread(
     return {k: (v or b"").decode() for k, v in letter.headers}, letter.value or b""
 
 
+@pytest.mark.parametrize("saved", [True, False], ids=["stored-thread", "thread-not-stored-yet"])
 @pytest.mark.parametrize("policy", ["reject", "enqueue"])
 async def test_a_foreign_request_is_refused_at_once_naming_no_pending_turn(
-    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, policy: str
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, policy: str, saved: bool
 ) -> None:
     """Ownership before the busy gate: refused as an ownership refusal (not "busy"), without waiting in the
     owner's lane, and nothing in the dead letter names the owner's pending request."""
-    headers, value = await _foreign_request_on_a_busy_thread(kafka_bootstrap, mongo_uri, make_topic, policy)
+    headers, value = await _foreign_request_on_a_busy_thread(
+        kafka_bootstrap, mongo_uri, make_topic, policy, saved=saved
+    )
     assert headers["error.type"] == "ThreadOwnershipError"
-    assert request_id(HELD, 2) not in " ".join(headers.values())
+    assert request_id(HELD, 2 if saved else 1) not in " ".join(headers.values())
     assert b"tenant-a" not in value
 
 

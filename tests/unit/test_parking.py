@@ -148,6 +148,20 @@ async def test_a_foreign_request_is_refused_before_any_busy_gate(policy: BusyPol
     assert publisher.values == []
 
 
+async def test_a_foreign_request_on_a_thread_not_saved_yet_is_refused_before_the_busy_gate() -> None:
+    """Thread t has no stored row yet, only resource u's turn pending on it: resource x's request is refused
+    for ownership at once, not parked behind u's turn; u's own next request waits as before."""
+    markers = FakeMarkers({"t": TurnMarker(pending="u-secret-pending", resource_id="u")})
+    handler, _ = _handler(markers)
+    foreign, own = await asyncio.wait_for(
+        handler.handle([_record(0, "t", resource="x"), _record(1, "t")]), BOUND_S
+    )
+    assert isinstance(foreign, ThreadOwnershipError)
+    assert "u-secret-pending" not in str(foreign)
+    assert isinstance(own, Deferred)
+    await handler.parking.cancel()
+
+
 async def test_lanes_keep_order_retry_an_outage_in_place_and_drop_revoked_work() -> None:
     """One lane's entries run one after the other (an outage retried before the next entry); another lane
     runs meanwhile; a refusal is the entry's outcome; `cancel` drops a partition's lanes."""
