@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -118,8 +119,10 @@ async def test_a_busy_thread_holds_only_its_own_lane(
             before = waits._value.get()
             await _send_requests(settings, [HELD], turn=2)
             await _until(lambda: waits._value.get() > before, "t's turn 2 never started waiting")
+            sent = time.monotonic()
             await _send_requests(settings, others)
             out = await _all_enriched(settings, [request_id(t, 1) for t in others], OTHERS_BOUND_S)
+            took = time.monotonic() - sent
             assert request_id(HELD, 2) not in await _out_now(settings)  # still held: the others did not wait
             answer = response_event(HELD, "u", 1, first["messages"], "a1")
             await produce(settings.kafka_bootstrap_servers, settings.responses_topic, [encoded(answer)])
@@ -130,6 +133,7 @@ async def test_a_busy_thread_holds_only_its_own_lane(
     assert second["history"]["complete"] is True
     assert second["history"]["waitedMs"] > 0
     assert second["history"]["recalled"] >= 2  # turn 1 and its answer
+    print(f"\n{OTHERS} other threads enriched {took:.2f}s after they were sent, while t waited")
 
 
 @contextlib.asynccontextmanager
