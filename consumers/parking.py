@@ -27,6 +27,8 @@ from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from aiokafka.errors import KafkaError
+
 from consumers.contract import Ack
 from consumers.outage import Backoff, Failure, is_outage, retry_batch
 from message_history import metrics
@@ -203,9 +205,9 @@ class ParkedLanes(Generic[S]):
 
     async def _wait(self, failure: Failure[None]) -> bool:
         error = failure.error
-        metrics.RETRIES.labels(
-            path=self.path, dependency="mongodb" if error is not None and _mongo(error) else "kafka"
-        ).inc()
+        # labelled as the loop labels its outages: Kafka's errors are kafka, the rest mongodb
+        dependency = "kafka" if error is None or isinstance(error, KafkaError) else "mongodb"
+        metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
         log.warning(
             "parked request not done for an outage; retrying it in its lane",
             extra={"path": self.path, "attempt": failure.attempt, "error": type(error).__name__},
@@ -221,10 +223,6 @@ class ParkedLanes(Generic[S]):
 
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()
-
-
-def _mongo(error: BaseException) -> bool:
-    return not type(error).__module__.startswith("aiokafka")
 
 
 def _resolved(value: object) -> asyncio.Future[object]:
