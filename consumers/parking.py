@@ -54,7 +54,7 @@ class Lane(Generic[S]):
     task: asyncio.Task[None] | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Entry(Generic[S]):
     work: Callable[[Lane[S]], Awaitable[Outcome]]
     outcome: asyncio.Future[Outcome]
@@ -103,6 +103,7 @@ class ParkedLanes(Generic[S]):
         self._stop = stop
         self._lanes: dict[LaneKey, Lane[S]] = {}
         self._ended: dict[LaneKey, S] = {}  # lanes ended since the current batch began: their last state
+        self._batch: list[tuple[LaneKey, _Entry[S]]] = []  # what the current batch parked
         self._parked = 0
 
     def __len__(self) -> int:
@@ -115,6 +116,37 @@ class ParkedLanes(Generic[S]):
     def begin_batch(self) -> None:
         """Called before a batch reads its look-ups: the lanes that ended before are visible to them."""
         self._ended.clear()
+        self._batch = []
+
+    async def abort_batch(self) -> None:
+        """The current batch failed and will be tried again whole: drop what it parked (it parks them again),
+        so no parked copy runs unwatched beside the retried one."""
+        parked, self._batch = self._batch, []
+        by_lane: dict[LaneKey, list[_Entry[S]]] = {}
+        for key, entry in parked:
+            by_lane.setdefault(key, []).append(entry)
+        tasks: list[asyncio.Task[None]] = []
+        for key, entries in by_lane.items():
+            lane = self._lanes.get(key)
+            if lane is None:
+                continue
+            dropped = [e for e in lane.entries if any(e is d for d in entries)]
+            for entry in dropped:
+                entry.outcome.cancel()
+            self._parked -= len(dropped)
+            if lane.entries and lane.entries[0] in dropped:
+                # the batch's entries are the lane's tail: its head started, so the whole lane is the batch's
+                self._lanes.pop(key)
+                lane.entries.clear()
+                if lane.task is not None:
+                    lane.task.cancel()
+                    tasks.append(lane.task)
+            else:
+                lane.entries = deque(e for e in lane.entries if e not in dropped)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        metrics.PARKED.labels(path=self.path).set(self._parked)
 
     def holds(self, key: LaneKey) -> bool:
         """True when `key` has parked work, or had some that ended after the current batch began (the batch's
@@ -137,7 +169,9 @@ class ParkedLanes(Generic[S]):
         if lane is None:
             lane = self._lanes[key] = Lane(self._ended.pop(key, state))
         outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        lane.entries.append(_Entry(work, outcome))
+        entry = _Entry(work, outcome)
+        lane.entries.append(entry)
+        self._batch.append((key, entry))
         self._parked += 1
         metrics.PARKED.labels(path=self.path).set(self._parked)
         if lane.task is None:

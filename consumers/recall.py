@@ -25,7 +25,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,6 +170,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
         processor = MessageHistory(storage=history, last_messages=self._defaults.last_messages)
         fresh = MessageHistory(storage=self.storage, last_messages=self._defaults.last_messages)
+        flushed = asyncio.Event()  # the batch's boundary writes are done: a parked recall reads after them
 
         async def enrich(entry: tuple[int, _Item]) -> Ack:
             index, item = entry
@@ -182,7 +183,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
                 key = (item.record.partition, request.threadId)
                 if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
                     headers = spans.headers(index, item.record)
-                    deferred = self._park(key, item, batch_gate, history, fresh, headers)
+                    deferred = self._park(key, item, batch_gate, fresh, headers, flushed)
                     spans.end_when_done(index, deferred)
                     return deferred
                 admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
@@ -215,8 +216,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             return ack if mark is None else ack_after(mark, ack)
 
         sent_from = time.perf_counter()
-        outcomes = await self.per_thread(items, lambda item: item.request.threadId, enrich)
-        await history.flush()  # the batch's boundary writes, one round trip, before any offset commits
+        outcomes = await self._enrich_all(items, enrich, history, flushed)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         for (index, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
@@ -231,6 +231,25 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
+
+    async def _enrich_all(
+        self,
+        items: Sequence[tuple[int, _Item]],
+        enrich: Callable[[tuple[int, _Item]], Awaitable[Ack]],
+        history: PrefetchedHistory,
+        flushed: asyncio.Event,
+    ) -> list[Ack | Failed]:
+        """`enrich` per thread, then the batch's boundary writes (one round trip, before any offset commits);
+        `flushed` is set after them. When either fails the loop tries the whole batch again, so what it parked
+        is dropped first (it is parked again)."""
+        try:
+            outcomes = await self.per_thread(items, lambda item: item.request.threadId, enrich)
+            await history.flush()
+        except BaseException:
+            await self.parking.abort_batch()
+            raise
+        flushed.set()
+        return outcomes
 
     async def _refuse_foreign(
         self, item: _Item, history: PrefetchedHistory, batch_gate: BatchGate | None
@@ -253,15 +272,16 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         key: LaneKey,
         item: _Item,
         batch_gate: BatchGate,
-        history: PrefetchedHistory,
         fresh: MessageHistory,
         headers: Headers,
+        flushed: asyncio.Event,
     ) -> Deferred:
         """Park a request that must wait behind its thread's parked work; the loop settles it later.
 
         When its lane reaches it, it waits (its partition's barrier target as its batch saw it, its thread's
-        marker as the lane last left it), is recalled from MongoDB (its batch's prefetch predates the wait;
-        the boundary its batch recorded for the thread is written first), marks its thread and is sent.
+        marker as the lane last left it), is recalled from MongoDB once its batch's boundary writes are done
+        (its batch's prefetch predates the wait, and a boundary the batch recorded for the thread must neither
+        be missed nor written back over the one this recall moves), marks its thread and is sent.
         `waitedMs` counts from when it was parked.
         """
         partition, thread_id = key
@@ -280,7 +300,8 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             waited = round((time.monotonic() - parked_at) * 1000)
             admission = dataclasses.replace(admission, fresh=True, waited_ms=max(admission.waited_ms, waited))
             lane.state = own.markers.get(thread_id, lane.state)
-            await history.flush(thread_id)  # the boundaries its batch moved, before reading them
+            # the boundaries its batch moved, before reading them (and never written back over its own)
+            await flushed.wait()
             outcome = await fresh.recall(
                 thread_id=thread_id,
                 resource_id=request.resourceId,

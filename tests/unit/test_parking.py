@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaConnectionError
 
 from consumers.outage import Backoff
 from consumers.parking import Deferred, Lane, ParkedLanes
@@ -24,6 +25,7 @@ from consumers.turn_gate import TurnGate
 from message_history.core.turn_rules import BusyPolicy, TurnMarker
 from message_history.errors import EventValidationError, StorageUnavailableError, ThreadOwnershipError
 from message_history.settings import Settings
+from producers.output import Headers
 from tests.unit.test_batch_stand_ins import T0, _CountingPages, _message, _seed
 from tests.unit.test_recall_once import _Sent
 from tests.unit.test_turn_gate import FakeBarrier, FakeMarkers
@@ -160,6 +162,40 @@ async def test_a_foreign_request_on_a_thread_not_saved_yet_is_refused_before_the
     assert "u-secret-pending" not in str(foreign)
     assert isinstance(own, Deferred)
     await handler.parking.cancel()
+
+
+class _FailingFor(_Sent):
+    """Sends like `_Sent`, but Kafka is down for one thread's event."""
+
+    def __init__(self, thread: str) -> None:
+        super().__init__()
+        self.thread = thread.encode()
+
+    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+        if key == self.thread:
+            raise KafkaConnectionError("down")
+        return await super()._send(key, value, headers)
+
+
+async def test_a_batch_that_fails_drops_what_it_parked_so_its_retry_parks_it_once() -> None:
+    """t's request is parked, then the batch fails for an outage (u's send): the loop will try the whole
+    batch again, so t's parked copy is dropped (never sent); the retry parks it again, once."""
+    markers = FakeMarkers({"t": TurnMarker(pending="t-old")})
+    gate = TurnGate(barrier=None, markers=markers, policy="enqueue", timeout_s=WAIT_S)
+    publisher = _FailingFor("u")
+    handler = RecallHandler(Settings(), _CountingPages(), publisher, gate=gate)
+    batch = [_record(0, "t"), _record(1, "u")]
+    with pytest.raises(KafkaConnectionError):
+        await asyncio.wait_for(handler.handle(batch), BOUND_S)
+    assert len(handler.parking) == 0
+    publisher.thread = b"nobody"  # Kafka is back
+    again = await asyncio.wait_for(handler.handle(batch), BOUND_S)
+    assert isinstance(again[0], Deferred)
+    await _settle(again[1:])
+    await asyncio.sleep(0.01)  # parked a while: waitedMs counts it
+    markers.answer("t")
+    await _settle(again[:1])
+    assert [e["requestId"] for e in _sent(publisher)] == ["u-r1", "t-r0"]  # t-r0 once
 
 
 async def test_lanes_keep_order_retry_an_outage_in_place_and_drop_revoked_work() -> None:
