@@ -67,11 +67,10 @@ class Deferred:
     refusal, or resolves with the output's acknowledgement.
     """
 
-    __slots__ = ("_outcome", "lanes", "partition")
+    __slots__ = ("_outcome", "lanes")
 
-    def __init__(self, lanes: ParkedLanes[Any], partition: int, outcome: asyncio.Future[Outcome]) -> None:
-        self.lanes = lanes
-        self.partition = partition
+    def __init__(self, lanes: ParkedLanes[Any], outcome: asyncio.Future[Outcome]) -> None:
+        self.lanes = lanes  # the loop drops them on revoke and shutdown, and stops fetching when full
         self._outcome = outcome
 
     async def outcome(self) -> Outcome:
@@ -176,7 +175,7 @@ class ParkedLanes(Generic[S]):
         metrics.PARKED.labels(path=self.path).set(self._parked)
         if lane.task is None:
             lane.task = asyncio.ensure_future(self._run(key, lane))
-        return Deferred(self, key[0], outcome)
+        return Deferred(self, outcome)
 
     async def cancel(self, partitions: Iterable[int] | None = None) -> int:
         """Drop the lanes of `partitions` (None: every lane): their work stops, their records stay unsettled
