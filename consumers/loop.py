@@ -6,7 +6,9 @@ One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's
 2. The path's `BatchHandler` returns, per record, either an acknowledgement to wait for (the output was sent,
    and for the persist path the MongoDB write is already acknowledged) or an `InvalidInputError`: that record
    is sent to the path's dead-letter topic.
-3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are.
+3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are. A
+   parked record (a recall request waiting in its thread's lane, `consumers.parking`) is settled in the
+   background instead: the loop fetches on, and its commit stops below it until it is done.
 4. A background commit, at most every `commit_interval_ms`, commits each partition's contiguous done
    watermark; the loop never waits for it. Revoke and shutdown commit synchronously.
 
@@ -26,11 +28,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -48,6 +52,7 @@ from consumers.outage import (
     retry_batch,
     settle_outcomes,
 )
+from consumers.parking import Deferred, ParkedLanes
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
 from message_history.errors import error_type
@@ -108,6 +113,10 @@ class StreamLoop:
         self._random = random.Random()  # noqa: S311 -- jitter, not security
         self._chunks = ChunkLimit(options.max_batch_records, grow_after=_GROW_AFTER)  # shrinks after failures
         self._handed_out: dict[TopicPartition, int] = {}  # one past the last record fetched, per partition
+        # parked records (a request waiting in its thread's lane) settling in the background, per partition
+        self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
+        self._parkings: set[ParkedLanes[Any]] = set()  # the lanes those records wait in
+        self._parked_failure: BaseException | None = None  # a bug met while settling one: raised by `run`
 
     def done_offset(self, partition: int) -> int | None:
         """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
@@ -136,6 +145,7 @@ class StreamLoop:
         whatever the group is doing (a join held for a dead member, a revoke callback), this returns by the
         deadline.
         """
+        await self._drop_parked(None)  # parked requests are left uncommitted, for the next owner
         self._stopping = True
         self._health.set_ready(self.path, False, "stopping")
         deadline = self.exit_deadline or time.monotonic() + self._opts.exit_timeout_s
@@ -164,6 +174,11 @@ class StreamLoop:
             return
         while not stop.is_set():
             self._health.beat(self.path)
+            if self._parked_failure is not None:
+                raise self._parked_failure
+            if any(parking.full() for parking in self._parkings):
+                await self._wait_for_parking_room(stop)
+                continue
             batch = await self._fetch()
             if batch:
                 await self._process(batch, stop)
@@ -342,6 +357,7 @@ class StreamLoop:
     ) -> list[tuple[ConsumerRecord, PartitionOffsets]]:
         """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
         results = await self._handler.handle([rec for rec, _ in pending])
+        pending, results = self._settle_deferred_later(pending, results)
         started = time.perf_counter()
         failed = await settle_outcomes(
             pending,
@@ -356,6 +372,105 @@ class StreamLoop:
             failed.sort(key=lambda item: (item[0].partition, item[0].offset))
             log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
         return failed
+
+    # --- parked records -------------------------------------------------------------------------------------
+
+    def _settle_deferred_later(
+        self,
+        pending: list[tuple[ConsumerRecord, PartitionOffsets]],
+        results: Sequence[object],
+    ) -> tuple[list[tuple[ConsumerRecord, PartitionOffsets]], list[Any]]:
+        """Take the parked records (`Deferred` results) out of an attempt: each settles in the background,
+        so the loop fetches on while they wait in their thread's lane. Returns the rest, to settle now."""
+        now: list[tuple[ConsumerRecord, PartitionOffsets]] = []
+        answers: list[Any] = []
+        for item, result in zip(pending, results, strict=True):
+            if not isinstance(result, Deferred):
+                now.append(item)
+                answers.append(result)
+                continue
+            self._parkings.add(result.lanes)
+            tp = _tp(item[0])
+            task = asyncio.ensure_future(self._settle_parked(item, result))
+            self._settling.setdefault(tp, set()).add(task)
+            task.add_done_callback(functools.partial(self._parked_settled, tp))
+        return now, answers
+
+    async def _settle_parked(self, item: tuple[ConsumerRecord, PartitionOffsets], deferred: Deferred) -> None:
+        """Once a parked record's work ran: done (the watermark moves) or a dead letter; a dead letter Kafka
+        does not acknowledge is tried again by the retry loop. A dropped lane leaves the record unsettled."""
+        try:
+            outcome = await deferred.outcome()
+        except asyncio.CancelledError:
+            return  # its lane was dropped (revoke, shutdown): the next owner reads it again
+        await retry_batch(
+            [item],
+            lambda items: settle_outcomes(
+                items,
+                [outcome],
+                reject=lambda it, error: self._dead_letter(it[0], error),
+                explain=lambda error: explain_too_large(error, self.path),
+                done=lambda it, _: it[1].done(it[0].offset),
+            ),
+            backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
+            wait=self._wait_parked_retry,
+            keep=lambda items: [(rec, part) for rec, part in items if self._tracker.owns(_tp(rec), part)],
+        )
+
+    async def _wait_parked_retry(self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]]) -> bool:
+        metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+        await asyncio.sleep(failure.delay)
+        return self._stopping
+
+    def _parked_settled(self, tp: TopicPartition, task: asyncio.Task[None]) -> None:
+        tasks = self._settling.get(tp)
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self._settling[tp]
+        if not task.cancelled() and task.exception() is not None and self._parked_failure is None:
+            self._parked_failure = task.exception()  # neither an outage nor bad input: `run` raises it
+
+    async def _drop_parked(self, partitions: set[TopicPartition] | None) -> None:
+        """Cancel the parked work of `partitions` (None: all) and its settlements: those records stay
+        uncommitted, and the partition's next owner reads them again. Never waits for a barrier or a turn."""
+        numbers = (
+            None if partitions is None else {tp.partition for tp in partitions if tp.topic == self.topic}
+        )
+        dropped = 0
+        for parking in self._parkings:
+            dropped += await parking.cancel(numbers)
+        tasks = [
+            task
+            for tp, settling in self._settling.items()
+            if partitions is None or tp in partitions
+            for task in settling
+        ]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if dropped:
+            log.info(
+                "parked requests dropped; the partition's next owner reads them again",
+                extra={"path": self.path, "records": dropped},
+            )
+
+    async def _wait_for_parking_room(self, stop: asyncio.Event) -> None:
+        """Too many parked requests: fetch nothing (partitions paused, still polling to stay in the group)
+        until some are settled."""
+        log.warning(
+            "parked requests at their cap: intake paused until some are answered",
+            extra={"path": self.path, "parked": sum(len(p) for p in self._parkings)},
+        )
+        while not stop.is_set() and any(parking.full() for parking in self._parkings):
+            if self._parked_failure is not None:
+                break
+            await self._wait_polling(0.1, stop)
+        if not self._outage:
+            paused = self._consumer.paused()
+            if paused:
+                self._consumer.resume(*paused)
+            metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
 
     async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
         """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
@@ -482,6 +597,7 @@ class StreamLoop:
                     "revoke: in-flight batch not finished in time, abandoning it",
                     extra={"path": self.path, "pending": self._tracker.pending()},
                 )
+        await self._drop_parked(revoked)
         await self._commit_now(sorted(revoked), reason="revoke")
         self._tracker.forget(revoked)
         for tp in revoked:

@@ -7,33 +7,42 @@ from the prefetch) and one `EnrichedRequest` sent without waiting; the loop gath
 Requests of one thread run in batch order, so their enriched events leave in the order the requests came.
 Token boundaries the memory-only limiter advanced are written with one round trip at the end of the batch.
 
-With a `TurnGate` (the turn barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups
-run beside the prefetch, and each request first passes `admit`: a request that had to wait, or whose
-partition another request of the batch waited for, is recalled from MongoDB (the prefetch may predate the
-turn it waited for; its thread's boundary recorded earlier in the batch is written first, and its own is
-written directly), a refused one is a dead letter, and its thread is marked busy while its enriched event is
-sent (the mark is part of the record's acknowledgement).
+Each request's thread row (prefetched) is checked first: a request of another resource is a dead letter
+(`ThreadOwnershipError`) before any gate, wait or look-up of the owner's turns. With a `TurnGate` (the turn
+barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups run beside the prefetch; a
+request that must wait, and every later request of a thread that has one parked, is parked in its thread's
+lane (`consumers.parking`) and answered with a `Deferred` the loop settles in the background: there it waits,
+is recalled from MongoDB (the prefetch may predate the turn it waited for; its thread's boundary recorded
+earlier in the batch is written first, and its own is written directly) and sent. The others pass `admit` at
+once; a refused one is a dead letter. A thread is marked busy while its enriched event is sent (the mark is
+part of the record's acknowledgement).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
 from consumers.lanes import Failed
+from consumers.outage import Backoff
+from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
 from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.rules import LastMessages, normalize_limit
-from message_history.errors import InvalidInputError, RetriableError
+from message_history.core.turn_rules import TurnMarker, foreign_pending
+from message_history.errors import InvalidInputError, RetriableError, ThreadOwnershipError
 from message_history.processor import MessageHistory, RecallOutcome
+from message_history.processor.history import check_owner
 from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
@@ -131,6 +140,13 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         self._gate = gate
         self._defaults = MemoryDefaults.from_settings(settings)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
+        # requests that must wait, parked in their thread's lane (see `consumers.parking`)
+        self.parking: ParkedLanes[TurnMarker | None] = ParkedLanes(
+            path=PATH,
+            capacity=settings.max_in_flight_threads,
+            backoff=Backoff(settings.retry_initial_backoff_s, settings.retry_max_backoff_s, random.random),
+            stop=gate.stop if gate is not None else None,
+        )
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         request = decode_request(value, self.limits)
@@ -142,6 +158,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
+        self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
@@ -153,13 +170,22 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
         processor = MessageHistory(storage=history, last_messages=self._defaults.last_messages)
         fresh = MessageHistory(storage=self.storage, last_messages=self._defaults.last_messages)
+        flushed = asyncio.Event()  # the batch's boundary writes are done: a parked recall reads after them
 
         async def enrich(entry: tuple[int, _Item]) -> Ack:
             index, item = entry
             request = item.request
             spans.identify(index, request.requestId)
+            # ownership first: a foreign request never waits in the owner's lane nor learns its pending turn
+            await self._refuse_foreign(item, history, batch_gate)
             admission = GO
             if batch_gate is not None:
+                key = (item.record.partition, request.threadId)
+                if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
+                    headers = spans.headers(index, item.record)
+                    deferred = self._park(key, item, batch_gate, fresh, headers, flushed)
+                    spans.end_when_done(index, deferred)
+                    return deferred
                 admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
                 if admission.refused is not None:
                     raise admission.refused
@@ -190,8 +216,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             return ack if mark is None else ack_after(mark, ack)
 
         sent_from = time.perf_counter()
-        outcomes = await self.per_thread(items, lambda item: item.request.threadId, enrich)
-        await history.flush()  # the batch's boundary writes, one round trip, before any offset commits
+        outcomes = await self._enrich_all(items, enrich, history, flushed)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         for (index, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
@@ -206,6 +231,96 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
+
+    async def _enrich_all(
+        self,
+        items: Sequence[tuple[int, _Item]],
+        enrich: Callable[[tuple[int, _Item]], Awaitable[Ack]],
+        history: PrefetchedHistory,
+        flushed: asyncio.Event,
+    ) -> list[Ack | Failed]:
+        """`enrich` per thread, then the batch's boundary writes (one round trip, before any offset commits);
+        `flushed` is set after them. When either fails the loop tries the whole batch again, so what it parked
+        is dropped first (it is parked again)."""
+        try:
+            outcomes = await self.per_thread(items, lambda item: item.request.threadId, enrich)
+            await history.flush()
+        except BaseException:
+            await self.parking.abort_batch()
+            raise
+        flushed.set()
+        return outcomes
+
+    async def _refuse_foreign(
+        self, item: _Item, history: PrefetchedHistory, batch_gate: BatchGate | None
+    ) -> None:
+        """Raise `ThreadOwnershipError` for a request on another resource's thread: its stored owner (the
+        prefetched row), or, for a thread not saved yet, the resource with a turn pending on it."""
+        request = item.request
+        thread = await history.get_thread(request.threadId)
+        check_owner(thread, request.threadId, request.resourceId)
+        if thread is not None or batch_gate is None or request.resourceId is None:
+            return
+        key = (item.record.partition, request.threadId)
+        marker = self.parking.last_state(key, batch_gate.markers.get(request.threadId))
+        owner = foreign_pending(marker, request.resourceId)
+        if owner is not None:
+            raise ThreadOwnershipError(request.threadId, request.resourceId, owner)
+
+    def _park(
+        self,
+        key: LaneKey,
+        item: _Item,
+        batch_gate: BatchGate,
+        fresh: MessageHistory,
+        headers: Headers,
+        flushed: asyncio.Event,
+    ) -> Deferred:
+        """Park a request that must wait behind its thread's parked work; the loop settles it later.
+
+        When its lane reaches it, it waits (its partition's barrier target as its batch saw it, its thread's
+        marker as the lane last left it), is recalled from MongoDB once its batch's boundary writes are done
+        (its batch's prefetch predates the wait, and a boundary the batch recorded for the thread must neither
+        be missed nor written back over the one this recall moves), marks its thread and is sent.
+        `waitedMs` counts from when it was parked.
+        """
+        partition, thread_id = key
+        request = item.request
+        target = batch_gate.behind.get(partition)
+        parked_at = time.monotonic()
+        gate = batch_gate.gate
+
+        async def work(lane: Lane[TurnMarker | None]) -> Ack:
+            own = gate.for_parked(partition, target, thread_id, lane.state)
+            admission = await own.admit(partition, thread_id, request.requestId)
+            if admission.refused is not None:
+                raise admission.refused
+            if admission.retry is not None:
+                raise admission.retry
+            waited = round((time.monotonic() - parked_at) * 1000)
+            admission = dataclasses.replace(admission, fresh=True, waited_ms=max(admission.waited_ms, waited))
+            lane.state = own.markers.get(thread_id, lane.state)
+            # the boundaries its batch moved, before reading them (and never written back over its own)
+            await flushed.wait()
+            outcome = await fresh.recall(
+                thread_id=thread_id,
+                resource_id=request.resourceId,
+                incoming=request.messages,
+                last_messages=item.memory.last_messages,
+                budget=item.memory.budget,
+                read_only=item.memory.read_only or not self._write_boundaries,
+                filter_echo=item.echo is not None,
+                echo_plan=item.echo,
+            )
+            enriched = self._enriched(request, outcome, admission)
+            metrics.RECALLED_MESSAGES.observe(outcome.recalled)
+            mark = own.enriched(thread_id, request.requestId, request.resourceId)
+            lane.state = own.markers.get(thread_id, lane.state)
+            ack = await self._publish(request, enriched, headers)
+            metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
+            return ack if mark is None else ack_after(mark, ack)
+
+        return self.parking.park(key, work, batch_gate.markers.get(thread_id))
 
     def _enriched(
         self, request: AgentRequest, outcome: RecallOutcome, admission: Admission
@@ -248,7 +363,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
 
 def _count_enriched(outcomes: Sequence[object]) -> None:
     """OUTCOMES for a batch's enriched events: one label look-up per batch, not per record."""
-    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, Failed))
+    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, (Failed, Deferred)))
     if enriched:
         metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc(enriched)
 

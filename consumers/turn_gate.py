@@ -1,20 +1,22 @@
 """Before a request is recalled: wait for the turns before it (the barrier, the busy-thread policy).
 
 `TurnGate.open_batch` runs once per recall batch, concurrently with the history prefetch: one barrier look-up
-for the batch's partitions and one read of the batch's threads' markers. Then each thread's lane calls
-`admit` for its request, which waits only when that request's partition is behind or its thread is busy,
-so other threads go on. Every wait of a batch ends by one deadline (`turn_timeout_ms` after the batch
-started), so a batch never holds its partitions longer than that; a request whose wait ran out goes out with
-`history.complete: false`. A request that waited, or whose partition another request of the batch waited for,
-is recalled from MongoDB (`fresh`): the prefetch predates what was persisted meanwhile. A thread whose pending
-turn is abandoned (`abandon_after_s`) is not busy, and its request says `complete: false` (that answer is
-missing). After recall, `enriched` marks the thread busy (policies enqueue and reject)
-while the enriched request is sent; the record is acknowledged once both are durable.
+for the batch's partitions and one read of the batch's threads' markers. Then each thread's lane asks
+`must_wait` (no I/O): a request whose partition is behind or whose thread is busy under `enqueue` is parked
+by the recall path in its thread's lane (`consumers.parking`), where `for_parked` gives it a gate of its own
+(its batch's barrier target, the marker as its lane last left it, a fresh `turn_timeout_ms` bound) and
+`admit` waits; the others are admitted at once, so neither other threads nor later batches wait for it. A
+request whose wait ran out goes out with `history.complete: false`. A request that waited is recalled from
+MongoDB (`fresh`): the prefetch predates what was persisted meanwhile. A thread whose pending turn is
+abandoned (`abandon_after_s`) is not busy, and its request says `complete: false` (that answer is missing).
+After recall, `enriched` marks the thread busy (policies enqueue and reject) while the enriched request is
+sent; the record is acknowledged once both are durable.
 
 A wait interrupted by the stop signal, or a marker read that fails, is not the request's fault: `admit`
-returns it as `retry`, the lane acknowledges the record with that error, the rest of the thread's requests in
-the batch do the same (so a thread never runs past a turn that did not finish), and the loop retries them or,
-when stopping, leaves them to the partition's next owner.
+returns it as `retry`; a parked request's lane tries it again (or, when stopping, leaves it to the
+partition's next owner) before anything behind it runs, and in a batch the lane acknowledges the record with
+that error, the rest of the thread's requests in the batch do the same (so a thread never runs past a turn
+that did not finish), and the loop retries them.
 """
 
 from __future__ import annotations
@@ -111,6 +113,20 @@ class TurnGate:
             abandoned_before=abandoned_before,
         )
 
+    def for_parked(
+        self, partition: int, target: int | None, thread_id: str, marker: TurnMarker | None
+    ) -> BatchGate:
+        """The gate of one parked request, built when its lane reaches it: the barrier target its batch saw
+        (None: not behind), its thread's marker as its lane last knew it, and a fresh wait bound (a parked
+        request waits at most `timeout_s` from when the requests before it on its thread are out)."""
+        return BatchGate(
+            self,
+            deadline=time.monotonic() + self.timeout_s,
+            behind={} if target is None else {partition: target},
+            markers={} if marker is None else {thread_id: marker},
+            abandoned_before=datetime.now(UTC) - timedelta(seconds=self.abandon_after_s),
+        )
+
 
 async def _none_behind() -> dict[int, int]:
     return {}
@@ -156,6 +172,16 @@ class BatchGate:
             return Admission(refused=refused)
         metrics.TURN_WAIT_SECONDS.observe(waited)
         return Admission(complete=complete and not abandoned, waited_ms=round(waited * 1000), fresh=True)
+
+    def must_wait(self, partition: int, thread_id: str, request_id: str) -> bool:
+        """True when `admit` would wait for this request: its partition is behind, or its thread is busy
+        under `enqueue` (a `reject` refusal and an abandoned turn need no wait). No I/O: the recall path parks
+        such a request in its thread's lane (`consumers.parking`) instead of waiting in its batch."""
+        if thread_id in self.blocked:
+            return False  # `admit` answers it at once (retry)
+        if partition in self.behind:
+            return True
+        return self._decision(self.markers.get(thread_id), request_id) == "wait"
 
     def _busy(self, thread_id: str, request_id: str) -> bool:
         return self._decision(self.markers.get(thread_id), request_id) != "go"
@@ -232,5 +258,7 @@ class BatchGate:
         marker = self.markers.get(thread_id)
         if not should_mark(marker, request_id):
             return None  # already answered: a replay or a redelivery
-        self.markers[thread_id] = (marker or TurnMarker()).enriched(request_id, datetime.now(UTC))
+        self.markers[thread_id] = (marker or TurnMarker()).enriched(
+            request_id, datetime.now(UTC), resource_id
+        )
         return asyncio.ensure_future(gate.markers.mark(thread_id, request_id, resource_id=resource_id))

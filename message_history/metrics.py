@@ -127,6 +127,12 @@ IN_FLIGHT = Gauge(
     ["path"],
     registry=REGISTRY,
 )
+PARKED = Gauge(
+    "message_history_parked_requests",
+    "Requests waiting in their own thread's lane (barrier or busy thread), not settled yet.",
+    ["path"],
+    registry=REGISTRY,
+)
 PAUSED_PARTITIONS = Gauge(
     "message_history_paused_partitions",
     "Partitions paused for back-pressure or an outage.",

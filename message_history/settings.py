@@ -112,7 +112,8 @@ class Settings(BaseSettings):
         60_000,
         ge=0,
         description=(
-            "Longest wait of a batch for the barrier or a busy thread; then the request goes out with "
+            "Longest wait of a request (parked in its thread's lane) for the barrier or a busy thread; then "
+            "it goes out with "
             "`history.complete: false`. Capped at half of `MAX_POLL_INTERVAL_MS`."
         ),
     )

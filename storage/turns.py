@@ -83,10 +83,12 @@ def marker_from_doc(doc: Mapping[str, Any]) -> TurnMarker:
     pending = doc.get("pending")
     answered = doc.get("answered") or ()
     since = doc.get("enrichedAt")
+    resource = doc.get("resourceId")
     return TurnMarker(
         pending=str(pending) if pending is not None else None,
         answered=tuple(str(a) for a in answered),
         pending_since=since if isinstance(since, datetime) else None,
+        resource_id=str(resource) if resource is not None else None,
     )
 
 

@@ -35,13 +35,21 @@ class TurnMarker:
     pending: str | None = None
     answered: tuple[str, ...] = ()
     pending_since: datetime | None = None  # when the pending turn was enriched (`enrichedAt`); None: unknown
+    resource_id: str | None = None  # the resource of the request last marked pending (`resourceId`)
 
-    def enriched(self, request_id: str, at: datetime | None = None) -> TurnMarker:
-        """This marker after `request_id` was enriched at `at` (unchanged when that turn was already
-        answered)."""
+    def enriched(
+        self, request_id: str, at: datetime | None = None, resource_id: str | None = None
+    ) -> TurnMarker:
+        """This marker after `request_id` (of `resource_id`) was enriched at `at` (unchanged when that turn
+        was already answered)."""
         if not should_mark(self, request_id):
             return self
-        return TurnMarker(pending=request_id, answered=self.answered, pending_since=at)
+        return TurnMarker(
+            pending=request_id,
+            answered=self.answered,
+            pending_since=at,
+            resource_id=resource_id or self.resource_id,
+        )
 
 
 def busy_decision(
@@ -71,6 +79,15 @@ def is_busy(
     if abandoned_before is not None and is_abandoned(marker, abandoned_before):
         return False
     return marker.pending not in marker.answered
+
+
+def foreign_pending(marker: TurnMarker | None, resource_id: str | None) -> str | None:
+    """The resource with an unanswered turn pending on a thread that has no stored row yet, when it is not
+    `resource_id`; else None. Such a thread is that resource's as soon as its turn is saved: a request of
+    another resource is refused for ownership before it could wait for, or be refused naming, that turn."""
+    if resource_id is None or marker is None or marker.resource_id is None or not is_busy(marker):
+        return None
+    return marker.resource_id if marker.resource_id != resource_id else None
 
 
 def is_abandoned(marker: TurnMarker | None, abandoned_before: datetime) -> bool:

@@ -311,7 +311,7 @@ class MessageHistory:
         if not thread_id:
             return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
         thread = await self.storage.get_thread(thread_id)
-        _check_owner(thread, thread_id, resource_id)
+        check_owner(thread, thread_id, resource_id)
         if filter_echo and limit != 0 and (budget is None or budget.max_tokens != 0):
             incoming = await self._filter_echo(thread_id, resource_id, incoming, echo_plan)
         if budget is not None and limit != 0 and budget.max_tokens != 0:
@@ -443,7 +443,7 @@ class MessageHistory:
         thread: Thread | None = None
         if decision.skipped is not None or resource_id is None:
             thread = await self.storage.get_thread(thread_id)
-            _check_owner(thread, thread_id, resource_id)
+            check_owner(thread, thread_id, resource_id)
         if decision.skipped is not None:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
         owner = resource_id or (thread.resourceId if thread is not None and thread.resourceId else thread_id)
@@ -452,7 +452,7 @@ class MessageHistory:
             to_save = await self._merge_with_stored(thread_id, owner, to_save, response)
             if not to_save:
                 thread = thread or await self.storage.get_thread(thread_id)
-                _check_owner(thread, thread_id, resource_id)
+                check_owner(thread, thread_id, resource_id)
                 return PersistOutcome(saved_ids=[], skipped="nothing-to-save", thread=thread)
         saved_thread = await self.storage.save_messages(
             thread_id=thread_id, resource_id=owner, messages=to_save
@@ -493,7 +493,10 @@ class MessageHistory:
         )
 
 
-def _check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:
+def check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:
+    """Raise `ThreadOwnershipError` when `thread` belongs to a resource other than `resource_id`.
+
+    Public so the recall path can refuse a foreign request from its prefetched row before any wait."""
     # A thread stored without a resourceId is unowned, as in Mastra: any resource may use it.
     if (
         thread is not None

@@ -53,7 +53,10 @@ DESCRIPTIONS: dict[str, str] = {
     "last_messages": "Messages recalled per request when the event does not say (`0` = none).",
     "max_batch_records": "Most records fetched and processed as one batch.",
     "poll_timeout_ms": "How long a fetch waits for records before returning an empty batch.",
-    "max_in_flight_threads": "Most threads processed concurrently inside a batch.",
+    "max_in_flight_threads": (
+        "Most threads processed concurrently inside a batch; also the most recall requests parked waiting in"
+        " their thread's lane (then intake pauses)."
+    ),
     "commit_interval_ms": "Interval between asynchronous offset commits of completed work.",
     "linger_ms": "Producer linger: how long output records wait to be batched.",
     "max_event_bytes": "Largest accepted input record (bytes); larger ones are dead letters.",

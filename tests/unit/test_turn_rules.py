@@ -15,6 +15,7 @@ from message_history.core.turn_rules import (
     TurnMarker,
     best_progress,
     busy_decision,
+    foreign_pending,
     is_abandoned,
     keep_answered,
     lagging,
@@ -95,6 +96,29 @@ def test_an_abandoned_turn_does_not_hold_its_thread(
 )
 def test_is_abandoned_at_the_horizon(since: datetime | None, expected: bool) -> None:
     assert is_abandoned(TurnMarker(pending="k", pending_since=since), _HORIZON) is expected
+
+
+@pytest.mark.parametrize(
+    ("marker", "resource", "expected"),
+    [
+        pytest.param(TurnMarker(pending="k", resource_id="a"), "b", "a", id="another-resource-pending"),
+        pytest.param(TurnMarker(pending="k", resource_id="a"), "a", None, id="own-pending"),
+        pytest.param(
+            TurnMarker(pending="k", answered=("k",), resource_id="a"), "b", None, id="answered-not-held"
+        ),
+        pytest.param(TurnMarker(pending=None, answered=("k",), resource_id="a"), "b", None, id="idle"),
+        pytest.param(PENDING_K, "b", None, id="resource-unknown"),
+        pytest.param(TurnMarker(pending="k", resource_id="a"), None, None, id="request-without-resource"),
+        pytest.param(None, "b", None, id="no-marker"),
+    ],
+)
+def test_foreign_pending(marker: TurnMarker | None, resource: str | None, expected: str | None) -> None:
+    assert foreign_pending(marker, resource) == expected
+
+
+def test_enriched_keeps_the_resource_of_the_pending_turn() -> None:
+    assert TurnMarker().enriched("k", None, "a").resource_id == "a"
+    assert TurnMarker(resource_id="a").enriched("k").resource_id == "a"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,270 @@
+"""Parked requests: a request that must wait holds its own thread's lane, never its batch or its partition.
+
+The recall path *parks* a request that has to wait (the barrier, a busy thread under `enqueue`), and every
+later request of that thread, in its batch or a later one, behind it. Parked work runs in one task per lane (a
+partition and a thread): its entries one after the other, each to the end (waited, recalled, sent, and its
+outputs acknowledged) before the next starts, so a thread's order is kept. The handler answers a parked record
+with a `Deferred`: the loop does not wait for it before fetching on, and settles it in the background when it
+resolves (done: the watermark moves; bad input: a dead letter). Until then the partition's commit stops below
+the record (`consumers.offsets`), so a crash or a revoke leaves it for the partition's next owner.
+
+An entry that fails for an outage is tried again in its lane by the one retry loop (`consumers.outage`),
+before anything behind it runs; when stopping, it is left unsettled. `cancel` drops the lanes of revoked
+partitions (their records are read again by the next owner) or, at shutdown, every lane.
+
+The lanes are bounded: `full()` once `capacity` records are parked; the loop then stops fetching (its
+partitions paused, still polling to stay in the group) until parked work finishes. A batch parks whatever
+it holds, so the bound may be passed by at most one batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Generator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from aiokafka.errors import KafkaError
+
+from consumers.contract import Ack
+from consumers.outage import Backoff, Failure, is_outage, retry_batch
+from message_history import metrics
+from message_history.errors import InvalidInputError
+
+log = logging.getLogger(__name__)
+
+S = TypeVar("S")
+
+LaneKey = tuple[int, str]
+"""(partition, threadId): a mis-keyed thread's records on two partitions are two lanes, each revoked apart."""
+
+Outcome = Ack | InvalidInputError
+"""A parked record's result: an acknowledgement already resolved (or failed), or the reason to refuse it."""
+
+
+@dataclass(slots=True)
+class Lane(Generic[S]):
+    """One thread's parked work, in order, and what its work remembers between entries (`state`)."""
+
+    state: S
+    entries: deque[_Entry[S]] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True, eq=False)
+class _Entry(Generic[S]):
+    work: Callable[[Lane[S]], Awaitable[Outcome]]
+    outcome: asyncio.Future[Outcome]
+
+
+class Deferred:
+    """A parked record's acknowledgement, which the loop settles in the background (see the module docstring).
+
+    Awaited directly (by a caller that does not know parking), it behaves as a plain `Ack`: it raises the
+    refusal, or resolves with the output's acknowledgement.
+    """
+
+    __slots__ = ("_outcome", "lanes")
+
+    def __init__(self, lanes: ParkedLanes[Any], outcome: asyncio.Future[Outcome]) -> None:
+        self.lanes = lanes  # the loop drops them on revoke and shutdown, and stops fetching when full
+        self._outcome = outcome
+
+    async def outcome(self) -> Outcome:
+        """The record's outcome once its parked work ran; raises `CancelledError` if its lane was dropped."""
+        return await asyncio.shield(self._outcome)
+
+    def add_done_callback(self, callback: Callable[[asyncio.Future[Outcome]], object]) -> None:
+        self._outcome.add_done_callback(callback)
+
+    async def _resolve(self) -> object:
+        outcome = await self.outcome()
+        if isinstance(outcome, InvalidInputError):
+            raise outcome
+        return await outcome
+
+    def __await__(self) -> Generator[Any, None, object]:
+        return self._resolve().__await__()
+
+
+class ParkedLanes(Generic[S]):
+    """The parked lanes of one path (see the module docstring)."""
+
+    def __init__(
+        self, *, path: str, capacity: int, backoff: Backoff, stop: asyncio.Event | None = None
+    ) -> None:
+        self.path = path
+        self.capacity = capacity
+        self._backoff = backoff
+        self._stop = stop
+        self._lanes: dict[LaneKey, Lane[S]] = {}
+        self._ended: dict[LaneKey, S] = {}  # lanes ended since the current batch began: their last state
+        self._batch: list[tuple[LaneKey, _Entry[S]]] = []  # what the current batch parked
+        self._parked = 0
+
+    def __len__(self) -> int:
+        """Records parked and not settled yet."""
+        return self._parked
+
+    def full(self) -> bool:
+        return self._parked >= self.capacity
+
+    def begin_batch(self) -> None:
+        """Called before a batch reads its look-ups: the lanes that ended before are visible to them."""
+        self._ended.clear()
+        self._batch = []
+
+    async def abort_batch(self) -> None:
+        """The current batch failed and will be tried again whole: drop what it parked (it parks them again),
+        so no parked copy runs unwatched beside the retried one."""
+        parked, self._batch = self._batch, []
+        by_lane: dict[LaneKey, list[_Entry[S]]] = {}
+        for key, entry in parked:
+            by_lane.setdefault(key, []).append(entry)
+        tasks: list[asyncio.Task[None]] = []
+        for key, entries in by_lane.items():
+            lane = self._lanes.get(key)
+            if lane is None:
+                continue
+            dropped = [e for e in lane.entries if any(e is d for d in entries)]
+            for entry in dropped:
+                entry.outcome.cancel()
+            self._parked -= len(dropped)
+            if lane.entries and lane.entries[0] in dropped:
+                # the batch's entries are the lane's tail: its head started, so the whole lane is the batch's
+                self._lanes.pop(key)
+                lane.entries.clear()
+                if lane.task is not None:
+                    lane.task.cancel()
+                    tasks.append(lane.task)
+            else:
+                lane.entries = deque(e for e in lane.entries if e not in dropped)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        metrics.PARKED.labels(path=self.path).set(self._parked)
+
+    def holds(self, key: LaneKey) -> bool:
+        """True when `key` has parked work, or had some that ended after the current batch began (the batch's
+        look-ups may predate that work's effects, so its next request is parked too, to start from the lane's
+        last state)."""
+        return key in self._lanes or key in self._ended
+
+    def last_state(self, key: LaneKey, default: S) -> S:
+        """The state `key`'s lane holds (or ended with during this batch), else `default`."""
+        lane = self._lanes.get(key)
+        if lane is not None:
+            return lane.state
+        return self._ended.get(key, default)
+
+    def park(self, key: LaneKey, work: Callable[[Lane[S]], Awaitable[Outcome]], state: S) -> Deferred:
+        """Queue `work` behind the lane's parked work (`state` starts a new lane: the batch's view, unless
+        the lane ended during this batch). `work` waits, recalls and sends; it returns the output's
+        acknowledgement or a refusal, and raises for an outage (tried again) or a bug (the loop raises it)."""
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = Lane(self._ended.pop(key, state))
+        outcome: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        entry = _Entry(work, outcome)
+        lane.entries.append(entry)
+        self._batch.append((key, entry))
+        self._parked += 1
+        metrics.PARKED.labels(path=self.path).set(self._parked)
+        if lane.task is None:
+            lane.task = asyncio.ensure_future(self._run(key, lane))
+        return Deferred(self, outcome)
+
+    async def cancel(self, partitions: Iterable[int] | None = None) -> int:
+        """Drop the lanes of `partitions` (None: every lane): their work stops, their records stay unsettled
+        (the loop leaves them uncommitted). Returns how many records were dropped."""
+        chosen = None if partitions is None else set(partitions)
+        keys = [k for k in self._lanes if chosen is None or k[0] in chosen]
+        dropped = 0
+        tasks: list[asyncio.Task[None]] = []
+        for key in keys:
+            lane = self._lanes.pop(key)
+            self._ended.pop(key, None)
+            for entry in lane.entries:
+                if not entry.outcome.done():
+                    entry.outcome.cancel()
+                    dropped += 1
+            self._parked -= len(lane.entries)
+            lane.entries.clear()
+            if lane.task is not None:
+                lane.task.cancel()
+                tasks.append(lane.task)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        metrics.PARKED.labels(path=self.path).set(self._parked)
+        return dropped
+
+    async def _run(self, key: LaneKey, lane: Lane[S]) -> None:
+        while lane.entries:
+            entry = lane.entries[0]
+            settled = await self._settle(entry, lane)
+            if not settled:
+                return  # stopping during an outage: the record is left for the next owner
+            lane.entries.popleft()
+            self._parked -= 1
+            metrics.PARKED.labels(path=self.path).set(self._parked)
+        if self._lanes.get(key) is lane:
+            del self._lanes[key]
+            self._ended[key] = lane.state
+
+    async def _settle(self, entry: _Entry[S], lane: Lane[S]) -> bool:
+        """Run `entry` to its outcome, trying again after an outage; False when stopped before it ended."""
+
+        async def once(_: list[None]) -> list[None]:
+            outcome: Outcome
+            try:
+                result = await entry.work(lane)
+                outcome = result if isinstance(result, InvalidInputError) else _resolved(await result)
+            except InvalidInputError as exc:
+                outcome = exc
+            except Exception as exc:
+                if is_outage(exc):
+                    raise  # tried again, in this lane, before anything behind it
+                outcome = _raising(exc)  # too large for Kafka, or a bug: the loop's settlement decides
+            if not entry.outcome.done():
+                entry.outcome.set_result(outcome)
+            return []
+
+        left = await retry_batch([None], once, backoff=self._backoff, wait=self._wait)
+        return not left
+
+    async def _wait(self, failure: Failure[None]) -> bool:
+        error = failure.error
+        # labelled as the loop labels its outages: Kafka's errors are kafka, the rest mongodb
+        dependency = "kafka" if error is None or isinstance(error, KafkaError) else "mongodb"
+        metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
+        log.warning(
+            "parked request not done for an outage; retrying it in its lane",
+            extra={"path": self.path, "attempt": failure.attempt, "error": type(error).__name__},
+        )
+        if self._stopping():
+            return True
+        with contextlib.suppress(TimeoutError):
+            if self._stop is not None:
+                await asyncio.wait_for(self._stop.wait(), failure.delay)
+            else:
+                await asyncio.sleep(failure.delay)
+        return self._stopping()
+
+    def _stopping(self) -> bool:
+        return self._stop is not None and self._stop.is_set()
+
+
+def _resolved(value: object) -> asyncio.Future[object]:
+    future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    future.set_result(value)
+    return future
+
+
+def _raising(error: BaseException) -> asyncio.Future[object]:
+    future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    future.set_exception(error)
+    return future
