@@ -6,8 +6,8 @@ which must hold them with the same ids, in the same order, split into memory and
 Each check runs against every pinned `@mastra/core` (tests/interop/mastra-core: 0.24.9, the newest that
 declares Node 20; tests/interop/mastra-core/v1: 1.71.0, the release docs/rules.md follows).
 
-The Node packages are installed by `deploy/local/stack install --all` (`npm ci`). Without them the tests are skipped
-with the reason, except under CI, where they fail.
+The Node packages are installed by `deploy/local/stack install --all` (`npm ci`). Without them the tests are
+skipped with the reason, except under CI, where they fail.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ test's fresh database on the same server. A thread our storage wrote is listed b
 order and content; a thread Mastra wrote is recalled by ours identically; both index sets coexist whichever
 side creates them first.
 
-The Node packages are installed by `deploy/local/stack install --all` (`npm ci`). Without them the tests are skipped
-with the reason, except under CI, where they fail.
+The Node packages are installed by `deploy/local/stack install --all` (`npm ci`). Without them the tests are
+skipped with the reason, except under CI, where they fail.
 """
 
 from __future__ import annotations
