@@ -10,7 +10,7 @@ is refused as the storage would refuse it.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -38,8 +38,9 @@ class CollectingHistory:
         self._known = set(known)
         self.turns: list[CollectedTurn] = []
         self.misses = 0
-        # For the tool-state merge: stored copies by id and each thread's newest row, overlaid by the saves.
-        self._by_id: dict[str, Message] = {}
+        # For the tool-state merge: stored copies by (thread, id) and each thread's newest row, overlaid by
+        # the saves. Keyed by thread: a turn sees only its own thread's copies (never another tenant's).
+        self._by_id: dict[tuple[str, str], Message] = {}
         self._looked_up: set[str] = set()
         self._latest: dict[str, Message | None] = {}
 
@@ -51,16 +52,18 @@ class CollectingHistory:
         message_ids: Iterable[str] = (),
         latest_of: Iterable[str] = (),
     ) -> CollectingHistory:
-        """Prefetch the threads and, for the tool-state merge, the stored copies of `message_ids` and the
-        newest row of the `latest_of` threads (turns without user input): concurrent queries, one round
-        trip."""
+        """Prefetch the threads and, for the tool-state merge, the stored copies of `message_ids` in those
+        threads and the newest row of the `latest_of` threads (turns without user input): concurrent
+        queries, one round trip."""
         ids = list(dict.fromkeys(thread_ids))
         merges = isinstance(storage, MessageLookup)  # the tool-state merge needs the stored copies by id
         lookup = list(dict.fromkeys(message_ids)) if merges else []
         newest_of = list(dict.fromkeys(latest_of)) if merges else []  # even when no id is to be looked up
 
         async def copies() -> list[Message]:
-            return await storage.get_messages(lookup) if lookup and isinstance(storage, MessageLookup) else []
+            if not lookup or not isinstance(storage, MessageLookup):
+                return []
+            return await storage.get_messages(lookup, thread_ids=ids)
 
         async def latest() -> dict[str, list[Message]]:
             if not newest_of:
@@ -71,18 +74,25 @@ class CollectingHistory:
             storage.get_threads(ids) if ids else _no_threads(), copies(), latest()
         )
         batch = cls(storage, dict(threads), ids)
-        batch._by_id = {m.id: m for m in rows if m.id is not None}
+        batch._by_id = {(m.threadId, m.id): m for m in rows if m.id and m.threadId}
         batch._looked_up = set(lookup)
         batch._latest = {t: next(iter(newest.get(t, [])), None) for t in newest_of}
         return batch
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
-        if set(message_ids) <= self._looked_up:
-            return [self._by_id[i] for i in message_ids if i in self._by_id]
+    def stored(self, thread_id: str, message_id: str) -> Message | None:
+        """The prefetched (or batch-saved) copy of `message_id` in `thread_id`, if any."""
+        return self._by_id.get((thread_id, message_id))
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        cached = thread_ids is not None and set(thread_ids) <= self._known
+        if cached and thread_ids is not None and set(message_ids) <= self._looked_up:
+            return [m for t in thread_ids for i in message_ids if (m := self._by_id.get((t, i))) is not None]
         if not isinstance(self._storage, MessageLookup):
             return []  # a storage without lookup: no stored copies known, turns are saved as they come
         self.misses += 1
-        return await self._storage.get_messages(message_ids)
+        return await self._storage.get_messages(message_ids, thread_ids=thread_ids)
 
     async def latest(self, thread_id: str) -> list[Message]:
         if thread_id in self._latest:
@@ -126,11 +136,11 @@ class CollectingHistory:
         for message in messages:
             if message.id is None:
                 continue
-            earlier = self._by_id.get(message.id)
+            earlier = self._by_id.get((thread_id, message.id))
             row = message
             if earlier is not None and earlier.createdAt is not None:
                 row = message.model_copy(update={"createdAt": earlier.createdAt})
-            self._by_id[message.id] = row
+            self._by_id[(thread_id, message.id)] = row
             self._looked_up.add(message.id)
             if thread_id in self._latest:
                 current = self._latest[thread_id]
@@ -165,8 +175,10 @@ class TurnStorage:
             raise RuntimeError("the persist path reads only a thread's newest row")  # a programming error
         return await self._batch.latest(thread_id)
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
-        return await self._batch.get_messages(message_ids)
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        return await self._batch.get_messages(message_ids, thread_ids=thread_ids)
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         self.saved = self._batch.record(thread_id=thread_id, resource_id=resource_id, messages=messages)

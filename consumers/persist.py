@@ -26,8 +26,9 @@ from message_history.errors import InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
-from schemas.codec import decode_response
+from schemas.codec import decode_response, keyed_by_thread
 from schemas.events import AgentResponse, HistoryPersisted, TurnMessage
+from schemas.ids import legacy_ids
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
@@ -165,9 +166,14 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             for _, item in items
             if not any(m.role == "user" and m.source != "memory" for m in item.response.input)
         ]
-        return await CollectingHistory.load(
+        legacy = [(item.response, _legacy_ids(item.response)) for _, item in items]
+        message_ids += [old for _, ids in legacy for old in ids.values()]
+        batch = await CollectingHistory.load(
             self.storage, [item.response.threadId for _, item in items], message_ids, no_user_input
         )
+        for response, ids in legacy:
+            _keep_legacy_ids(response, ids, batch)
+        return batch
 
     def _mark_answered(
         self,
@@ -194,7 +200,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
-        response = decode_response(value, self.limits)
+        response = keyed_by_thread(record.key, decode_response(value, self.limits))
         if may_exceed(len(value)):
             # only events this large can hold such a message; the exact check dumps every content of what
             # the turn selects to save (never a system message, a transient signal, a recalled echo, a
@@ -266,6 +272,31 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             skipped=outcome.skipped,
             thread_updated_at=thread.updatedAt if thread is not None else None,
         )
+
+
+def _legacy_ids(response: AgentResponse) -> dict[str, str]:
+    """The response's ids derived by the service (messages that came without one) -> their pre-0.1.0 ids."""
+    return legacy_ids(
+        response.resourceId,
+        response.threadId,
+        response.requestId,
+        [("input", response.input), ("response", response.response)],
+    )
+
+
+def _keep_legacy_ids(response: AgentResponse, ids: dict[str, str], batch: CollectingHistory) -> None:
+    """A message whose row is already stored in its thread under its pre-0.1.0 id keeps that id.
+
+    So a replay (or a late redelivery) of a response written before ids were scoped to the tenant and thread
+    updates the rows it made then instead of adding copies. Only the turn's own thread is looked at.
+    """
+    keep = {new: old for new, old in ids.items() if batch.stored(response.threadId, old) is not None}
+    if not keep:
+        return
+    response.input = [m.model_copy(update={"id": keep[m.id]}) if m.id in keep else m for m in response.input]
+    response.response = [
+        m.model_copy(update={"id": keep[m.id]}) if m.id in keep else m for m in response.response
+    ]
 
 
 def _describe(spans: tracing.BatchSpans, index: int, event: HistoryPersisted) -> None:

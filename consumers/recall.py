@@ -37,7 +37,7 @@ from message_history.processor import MessageHistory, RecallOutcome
 from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
-from schemas.codec import decode_request
+from schemas.codec import decode_request, keyed_by_thread
 from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions
 from schemas.recalled import encode_enriched, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery
@@ -133,7 +133,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
 
     def _decode(self, record: Record, value: bytes) -> _Item:
-        request = decode_request(value, self.limits)
+        request = keyed_by_thread(record.key, decode_request(value, self.limits))
         memory = turn_memory(request, self._defaults)
         echo = None if memory.retain_full_input else plan_echo(request.messages)
         return _Item(record, request, memory, echo)
