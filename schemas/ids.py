@@ -1,7 +1,8 @@
 """The ids the service gives messages that come without one, and the ones it gave before 0.1.0.
 
-A derived id is a UUIDv5 under one fixed namespace of the JSON array `[resourceId, threadId, requestId, kind,
-position]` (`kind`: `"input"` or `"response"`; `position`: the message's index in that list of its event).
+A derived id is a UUIDv5 under one fixed namespace of the compact JSON array `[resourceId, threadId,
+requestId, kind, position]` in UTF-8, no spaces: the text JavaScript's `JSON.stringify` writes, so a worker in
+any language can derive it (`kind`: `"input"` or `"response"`; `position`: the message's index in that list).
 Deterministic, so a redelivered or replayed event produces the same rows; scoped to the tenant and the thread,
 so one client's request ids (guessed, or numbered per session like "req-1") never meet another's rows. The
 JSON array is an unambiguous encoding: no choice of ids makes two different tuples hash the same text.
@@ -28,7 +29,10 @@ Kind = Literal["input", "response"]
 
 def derived_message_id(resource_id: str, thread_id: str, request_id: str, kind: Kind, position: int) -> str:
     """The id of the message at `position` of an event's `kind` list that came without one."""
-    name = json.dumps([resource_id, thread_id, request_id, kind, position], ensure_ascii=False)
+    # compact separators: the text JavaScript's JSON.stringify writes
+    name = json.dumps(
+        [resource_id, thread_id, request_id, kind, position], ensure_ascii=False, separators=(",", ":")
+    )
     return str(uuid.uuid5(MESSAGE_ID_NAMESPACE, name))
 
 

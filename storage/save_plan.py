@@ -106,7 +106,7 @@ class SavePlan:
                 and message.id in self.homes
                 and self.homes[message.id] != turn.thread_id
             ):
-                return MessageIdTakenError(turn.thread_id, turn.resource_id, message.id or "")
+                return MessageIdTakenError(turn.thread_id, turn.resource_id, message.id)
         if not turn.messages:
             if current is None:
                 raise InvalidInputError(f"nothing to save into thread {turn.thread_id!r}: it does not exist")
