@@ -1,9 +1,12 @@
 """The persist path's batch handler: `agent.responses` in, MongoDB written, `agent.history.persisted` out.
 
-Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads (one query), run
+Per batch: decode every record (a bad one, or one not keyed by its `threadId`, is a dead letter), prefetch the
+batch's threads and stored copies (one round trip; the copies of the turns' own threads only, and, for ids the
+service derived, the copy under the pre-0.1.0 id, which the turn then keeps: `_keep_legacy_ids`), run
 `MessageHistory.persist_turn` per response against a collecting storage (responses of one thread in batch
 order), write every collected turn with one `save_many`, and only then send one `HistoryPersisted` per
-response. A turn refused for thread ownership, by the collector or by `save_many`, is a dead letter. With
+response. A turn refused for ownership (its thread's, or a message id stored in another thread), by the
+collector or by `save_many`, is a dead letter. With
 busy markers (`storage/turns.py`), one more bulk write after `save_many` records the batch's turns as
 answered, beside the `HistoryPersisted` sends and part of their acknowledgements.
 """
