@@ -25,6 +25,7 @@ class CollectedTurn:
 
     turn: SaveTurn
     result: Thread | ThreadOwnershipError | None = None
+    order: int = 0  # the turn's place in the batch: `flush` writes in batch order, not in completion order
 
 
 class CollectingHistory:
@@ -101,9 +102,10 @@ class CollectingHistory:
         self.misses += 1
         return await self._storage.list_messages(thread_id, resource_id=None, limit=1)
 
-    def for_turn(self) -> TurnStorage:
-        """A `HistoryStorage` for one turn: its save (at most one) is recorded as that turn's."""
-        return TurnStorage(self)
+    def for_turn(self, order: int = 0) -> TurnStorage:
+        """A `HistoryStorage` for one turn (the `order`-th of the batch): its save (at most one) is recorded
+        as that turn's."""
+        return TurnStorage(self, order)
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:
@@ -115,7 +117,9 @@ class CollectingHistory:
             self._threads[thread_id] = thread
         return thread
 
-    def record(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> CollectedTurn:
+    def record(
+        self, *, thread_id: str, resource_id: str, messages: Sequence[Message], order: int = 0
+    ) -> CollectedTurn:
         """Record a save; refuses a thread owned by another resource (stored, or created in this batch)."""
         thread = self._threads.get(thread_id)
         if thread is not None and thread.resourceId and thread.resourceId != resource_id:
@@ -126,7 +130,9 @@ class CollectingHistory:
             self._threads[thread_id] = Thread(
                 id=thread_id, resourceId=resource_id, createdAt=now, updatedAt=now
             )
-        collected = CollectedTurn(SaveTurn(thread_id=thread_id, resource_id=resource_id, messages=messages))
+        collected = CollectedTurn(
+            SaveTurn(thread_id=thread_id, resource_id=resource_id, messages=messages), order=order
+        )
         self.turns.append(collected)
         self._overlay(thread_id, messages)
         return collected
@@ -151,6 +157,9 @@ class CollectingHistory:
         """Write every recorded turn with one `save_many`; each turn gets its result."""
         if not self.turns:
             return
+        # Batch order, so that of two threads' turns carrying one message id the later record is the one
+        # refused (threads run concurrently; one thread's turns are recorded in order; the sort is stable).
+        self.turns.sort(key=lambda c: c.order)
         results = await self._storage.save_many([c.turn for c in self.turns])
         if len(results) != len(self.turns):
             raise RuntimeError(f"save_many returned {len(results)} results for {len(self.turns)} turns")
@@ -161,8 +170,9 @@ class CollectingHistory:
 class TurnStorage:
     """One turn's view of a `CollectingHistory`: reads are shared, the save is remembered as `saved`."""
 
-    def __init__(self, batch: CollectingHistory) -> None:
+    def __init__(self, batch: CollectingHistory, order: int = 0) -> None:
         self._batch = batch
+        self._order = order
         self.saved: CollectedTurn | None = None
 
     async def get_thread(self, thread_id: str) -> Thread | None:
@@ -181,7 +191,9 @@ class TurnStorage:
         return await self._batch.get_messages(message_ids, thread_ids=thread_ids)
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
-        self.saved = self._batch.record(thread_id=thread_id, resource_id=resource_id, messages=messages)
+        self.saved = self._batch.record(
+            thread_id=thread_id, resource_id=resource_id, messages=messages, order=self._order
+        )
         thread = await self._batch.get_thread(thread_id)
         assert thread is not None  # just recorded
         return thread

@@ -112,7 +112,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         async def persist(entry: tuple[int, _Item]) -> _Done:
             response = entry[1].response
             spans.identify(entry[0], response.requestId)
-            turn = batch.for_turn()
+            turn = batch.for_turn(entry[0])
             before = last_write.get(response.threadId)
             outcome = await MessageHistory(storage=turn).persist_turn(
                 thread_id=response.threadId,

@@ -240,6 +240,23 @@ async def test_an_explicit_id_equal_to_another_tenants_refuses_only_that_turn(st
     assert len(await _rows(stack.settings, B_THREAD)) == 2
 
 
+async def test_one_id_in_two_threads_of_one_batch_is_not_merged(stack: Stack) -> None:
+    """A's and B's turns carry one explicit message id and arrive together: the earlier record (A's) is
+    saved, the later (B's) refused; the row is A's, with A's content ("last save wins" no more)."""
+    turns = [
+        _response(thread, owner, f"{owner}-1", [text_message("user", f"{owner}'s", id="dup-1")], [])
+        for thread, owner in ((A_THREAD, A), (B_THREAD, B))
+    ]
+    await stack.send(stack.settings.responses_topic, [_keyed(t) for t in turns])
+    [row] = await stored_messages(stack.settings)
+    assert (row["id"], row["thread_id"], row["resourceId"]) == ("dup-1", A_THREAD, A)
+    assert json.loads(row["content"])["parts"][0]["text"] == f"{A}'s"
+    assert [t for t, _, _ in await stack.letters()] == ["MessageIdTakenError"]
+    written = await stack.written_for(B_THREAD)
+    assert A_THREAD not in written
+    assert A not in written
+
+
 async def test_responses_written_before_scoped_ids_replay_onto_their_rows(stack: Stack) -> None:
     """A response without ids, written before 0.1.0 and already saved under `{requestId}:input:0` /
     `{requestId}:response:0`, is delivered again (a replay): it updates those rows, it adds no copies."""
