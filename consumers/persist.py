@@ -1,9 +1,12 @@
 """The persist path's batch handler: `agent.responses` in, MongoDB written, `agent.history.persisted` out.
 
-Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads (one query), run
+Per batch: decode every record (a bad one, or one not keyed by its `threadId`, is a dead letter), prefetch the
+batch's threads and stored copies (one round trip; the copies of the turns' own threads only, and, for ids the
+service derived, the copy under the pre-0.1.0 id, which the turn then keeps: `_keep_legacy_ids`), run
 `MessageHistory.persist_turn` per response against a collecting storage (responses of one thread in batch
 order), write every collected turn with one `save_many`, and only then send one `HistoryPersisted` per
-response. A turn refused for thread ownership, by the collector or by `save_many`, is a dead letter. With
+response. A turn refused for ownership (its thread's, or a message id stored in another thread), by the
+collector or by `save_many`, is a dead letter. With
 busy markers (`storage/turns.py`), one more bulk write after `save_many` records the batch's turns as
 answered, beside the `HistoryPersisted` sends and part of their acknowledgements.
 """
@@ -26,8 +29,9 @@ from message_history.errors import InvalidInputError
 from message_history.processor import MessageHistory, PersistOutcome
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
-from schemas.codec import decode_response
+from schemas.codec import decode_response, keyed_by_thread
 from schemas.events import AgentResponse, HistoryPersisted, TurnMessage
+from schemas.ids import legacy_ids
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
@@ -108,7 +112,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         async def persist(entry: tuple[int, _Item]) -> _Done:
             response = entry[1].response
             spans.identify(entry[0], response.requestId)
-            turn = batch.for_turn()
+            turn = batch.for_turn(entry[0])
             before = last_write.get(response.threadId)
             outcome = await MessageHistory(storage=turn).persist_turn(
                 thread_id=response.threadId,
@@ -165,9 +169,14 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             for _, item in items
             if not any(m.role == "user" and m.source != "memory" for m in item.response.input)
         ]
-        return await CollectingHistory.load(
+        legacy = [(item.response, _legacy_ids(item.response)) for _, item in items]
+        message_ids += [old for _, ids in legacy for old in ids.values()]
+        batch = await CollectingHistory.load(
             self.storage, [item.response.threadId for _, item in items], message_ids, no_user_input
         )
+        for response, ids in legacy:
+            _keep_legacy_ids(response, ids, batch)
+        return batch
 
     def _mark_answered(
         self,
@@ -194,7 +203,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
 
     def _decode(self, record: Record, value: bytes) -> _Item:
         """The record's response, refused (`InvalidInputError`) when it cannot be stored as it is."""
-        response = decode_response(value, self.limits)
+        response = keyed_by_thread(record.key, decode_response(value, self.limits))
         if may_exceed(len(value)):
             # only events this large can hold such a message; the exact check dumps every content of what
             # the turn selects to save (never a system message, a transient signal, a recalled echo, a
@@ -266,6 +275,31 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             skipped=outcome.skipped,
             thread_updated_at=thread.updatedAt if thread is not None else None,
         )
+
+
+def _legacy_ids(response: AgentResponse) -> dict[str, str]:
+    """The response's ids derived by the service (messages that came without one) -> their pre-0.1.0 ids."""
+    return legacy_ids(
+        response.resourceId,
+        response.threadId,
+        response.requestId,
+        [("input", response.input), ("response", response.response)],
+    )
+
+
+def _keep_legacy_ids(response: AgentResponse, ids: dict[str, str], batch: CollectingHistory) -> None:
+    """A message whose row is already stored in its thread under its pre-0.1.0 id keeps that id.
+
+    So a replay (or a late redelivery) of a response written before ids were scoped to the tenant and thread
+    updates the rows it made then instead of adding copies. Only the turn's own thread is looked at.
+    """
+    keep = {new: old for new, old in ids.items() if batch.stored(response.threadId, old) is not None}
+    if not keep:
+        return
+    response.input = [m.model_copy(update={"id": keep[m.id]}) if m.id in keep else m for m in response.input]
+    response.response = [
+        m.model_copy(update={"id": keep[m.id]}) if m.id in keep else m for m in response.response
+    ]
 
 
 def _describe(spans: tracing.BatchSpans, index: int, event: HistoryPersisted) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -90,8 +90,9 @@ class PrefetchedHistory:
         self.page_rounds = 0  # round trips spent on those pages
         self._loaded: dict[HistoryLoad, list[Message]] = {}  # those loaders' results, for the processor
         self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
-        self.by_id: dict[str, Message] = {}  # stored copies the client-echo filter asked for
+        self.by_id: dict[tuple[str, str], Message] = {}  # (thread, id): stored copies the echo filter needs
         self.looked_up: set[str] = set()
+        self.looked_in: set[str] = set()  # the threads those copies were looked up in
 
     @classmethod
     async def load(cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery]) -> PrefetchedHistory:
@@ -110,10 +111,12 @@ class PrefetchedHistory:
         # rows hold it whatever the boundary is, so they come with the threads, in the same round trip.
         first = [RecallQuery(q.thread_id, q.resource_id, PAGE_SIZE + 1) for q in budgeted]
         lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
+        lookup_threads = list(dict.fromkeys(q.thread_id for q in queries if q.lookup))
 
         async def copies() -> list[Message]:
             if lookup and isinstance(storage, MessageLookup):
-                return await storage.get_messages(lookup)
+                # copies in the asking threads only: another thread's row must not change a request
+                return await storage.get_messages(lookup, thread_ids=lookup_threads)
             return []
 
         async def recent() -> dict[str, list[Message]]:
@@ -134,8 +137,11 @@ class PrefetchedHistory:
         }
         history = cls(storage, dict(threads), loaded, ids)
         if lookup and isinstance(storage, MessageLookup):
-            history.by_id = {m.id: m for m in rows if m.id is not None}
+            history.by_id = {
+                (m.threadId, m.id): m for m in rows if m.id is not None and m.threadId is not None
+            }
             history.looked_up = set(lookup)
+            history.looked_in = set(lookup_threads)
         newest = {q.thread_id: list(pages.get(q.thread_id, [])) for q in first}
         # ...and answer the client-echo filter's probe (`list_messages`, limit 1) of a budgeted thread.
         history._pages.update(
@@ -186,13 +192,19 @@ class PrefetchedHistory:
         (the boundary an earlier request of the batch advanced is another load)."""
         return self._loaded.get(load) if count is self.counter else None
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
-        if set(message_ids) <= self.looked_up:
-            return [self.by_id[i] for i in message_ids if i in self.by_id]
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        if (
+            thread_ids is not None
+            and set(message_ids) <= self.looked_up
+            and set(thread_ids) <= self.looked_in
+        ):
+            return [m for t in thread_ids for i in message_ids if (m := self.by_id.get((t, i))) is not None]
         self.misses += 1
         if not isinstance(self._storage, MessageLookup):
             raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
-        return await self._storage.get_messages(message_ids)
+        return await self._storage.get_messages(message_ids, thread_ids=thread_ids)
 
     async def list_page(self, query: PageQuery) -> Page:
         page = self.budget_pages.get(query)

@@ -46,7 +46,7 @@ from message_history.processor.history import check_owner
 from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
-from schemas.codec import decode_request
+from schemas.codec import decode_request, keyed_by_thread
 from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions
 from schemas.recalled import encode_enriched, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery
@@ -149,7 +149,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         )
 
     def _decode(self, record: Record, value: bytes) -> _Item:
-        request = decode_request(value, self.limits)
+        request = keyed_by_thread(record.key, decode_request(value, self.limits))
         memory = turn_memory(request, self._defaults)
         echo = None if memory.retain_full_input else plan_echo(request.messages)
         return _Item(record, request, memory, echo)

@@ -4,6 +4,7 @@
     ├── InvalidInputError (ValueError)  bad input: a dead letter, never retried
     │   ├── EventValidationError        not JSON, not the schema, over a limit; carries the field path
     │   ├── ThreadOwnershipError        the event's resourceId is not the stored thread's owner
+    │   │   └── MessageIdTakenError     a message id of the turn is already another thread's
     │   ├── DocumentTooLargeError       a message would be a MongoDB document over its 16 MiB limit
     │   ├── OutputTooLargeError         the output of a record is over Kafka's record size limit
     │   └── ThreadBusyError             busy-thread policy `reject`: an earlier turn is not answered yet
@@ -55,6 +56,26 @@ class ThreadOwnershipError(InvalidInputError):
         self.resource_id = resource_id
         self.owner = owner
         super().__init__(f"thread {thread_id!r} belongs to resource {owner!r}, not {resource_id!r}")
+
+
+class MessageIdTakenError(ThreadOwnershipError):
+    """A message id of the turn is stored in another thread (or saved by another thread earlier in the batch):
+    the turn is refused, nothing of it is written. The reason names only the caller's own thread and id.
+
+    A subclass of `ThreadOwnershipError` so that every path refusing a turn for ownership refuses it for this.
+    """
+
+    def __init__(self, thread_id: str, resource_id: str, message_id: str) -> None:
+        self.thread_id = thread_id
+        self.resource_id = resource_id
+        self.owner = ""  # never told: it may be another tenant
+        self.message_id = message_id
+        InvalidInputError.__init__(
+            self,
+            f"message id {message_id!r} is already used in another thread; a message id must be unique "
+            f"across all threads (give messages UUIDs, or leave `id` out); turn for thread {thread_id!r} "
+            "refused",
+        )
 
 
 class DocumentTooLargeError(InvalidInputError):

@@ -30,6 +30,7 @@ from schemas.events import (
     HistoryPersisted,
     MemoryOptions,
 )
+from schemas.ids import Kind, derived_message_id
 from schemas.limits import Limits
 from schemas.messages import PART_TAGS, Message
 
@@ -162,7 +163,7 @@ def _check_messages(event: EventBase, messages: Sequence[Message], path: str, li
 M = TypeVar("M", bound=Message)
 
 
-def _normalize(event: EventBase, messages: list[M], kind: str, offset: int) -> list[M]:
+def _normalize(event: EventBase, messages: list[M], kind: Kind, offset: int) -> list[M]:
     """Fill `id`, `createdAt`, `threadId`, `resourceId` where absent, deterministically from the event.
 
     `model_copy(update=...)` marks the filled fields as set, so they are in the wire form.
@@ -170,7 +171,8 @@ def _normalize(event: EventBase, messages: list[M], kind: str, offset: int) -> l
     for i, message in enumerate(messages):
         update: dict[str, Any] = {}
         if message.id is None:
-            update["id"] = f"{event.requestId}:{kind}:{i}"
+            # scoped to tenant and thread, deterministic (schemas.ids)
+            update["id"] = derived_message_id(event.resourceId, event.threadId, event.requestId, kind, i)
         if message.createdAt is None:
             update["createdAt"] = event.createdAt + timedelta(milliseconds=offset + i)
         if message.threadId is None:
@@ -207,3 +209,17 @@ def error_path(loc: Sequence[int | str]) -> str:
             continue
         out.append(str(item))
     return ".".join(out)
+
+
+def keyed_by_thread(key: bytes | None, event: E) -> E:
+    """`event`, when its record's Kafka key is its `threadId`; else `EventValidationError` (a dead letter).
+
+    One writer per thread: the key picks the partition, and only records of one partition are processed in
+    order by one consumer. A record keyed otherwise (or not at all) could be processed beside another record
+    of its thread, on another partition or instance, so it is refused. The reason never echoes the key.
+    """
+    if key is None:
+        raise EventValidationError("the record has no key; records must be keyed by their threadId", "key")
+    if key != event.threadId.encode():
+        raise EventValidationError("the record's key is not its threadId; records must be keyed by it", "key")
+    return event

@@ -3,7 +3,8 @@
 For embedded use, examples and fast tests. Same observable semantics as the MongoDB storage:
 
 * messages are upserted by `id`; the `createdAt` of the first insert never changes; every other field is
-  replaced by the newest save (and a re-saved id moves to the thread it is saved into, as in Mastra);
+  replaced by the newest save; an id stored in another thread refuses the save (`MessageIdTakenError`,
+  nothing written): unlike Mastra, an id never moves a message out of another thread;
 * a missing thread is created (`title ''`, `metadata {}`, `createdAt` = the earliest saved `createdAt`);
   `updatedAt` becomes `max(updatedAt, newest saved createdAt)`. Both come from the messages, not the clock,
   so replaying an old turn changes nothing;
@@ -20,11 +21,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from message_history.core.budget import PageRequest, page_of
-from message_history.errors import InvalidInputError, ThreadOwnershipError
+from message_history.errors import InvalidInputError, MessageIdTakenError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
 from storage.protocol import Page, PageQuery, Thread
 
@@ -85,6 +86,8 @@ class InMemoryHistoryStorage:
             if not message.id:
                 raise InvalidInputError("a message to save has no id")
             previous = self._messages.get(message.id)
+            if previous is not None and previous.threadId != thread_id:
+                raise MessageIdTakenError(thread_id, resource_id, message.id)
             created = (
                 previous.createdAt
                 if previous is not None and previous.createdAt is not None
@@ -151,8 +154,13 @@ class InMemoryHistoryStorage:
         metadata = {**copy.deepcopy(existing.metadata), **copy.deepcopy(update)}
         self._threads[thread_id] = dataclasses.replace(existing, metadata=metadata, updatedAt=updated)
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
-        """The stored messages among `message_ids`."""
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        """The stored messages among `message_ids` in one of `thread_ids` (any thread when None)."""
+        found = (self._messages.get(i) for i in dict.fromkeys(message_ids))
         return [
-            self._messages[i].model_copy(deep=True) for i in dict.fromkeys(message_ids) if i in self._messages
+            m.model_copy(deep=True)
+            for m in found
+            if m is not None and (thread_ids is None or m.threadId in thread_ids)
         ]

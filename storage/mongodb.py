@@ -16,21 +16,23 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
 * `list_messages`: one `find` (`sort(createdAt -1, id -1).limit(n)`, batch size = n), no count;
   backed by the index `{thread_id: 1, createdAt: 1, id: 1}`, so the `(createdAt, id)` tie-break is free.
 * `get_thread` / `get_threads`: one `find`.
-* `save_messages` / `save_many`: one `find` on the threads (ownership), one unordered `bulk_write` of message
-  upserts, one unordered `bulk_write` of thread upserts. The returned threads are computed, not read back.
+* `save_messages` / `save_many`: one `find` on the threads and one on the message ids (ownership), issued
+  concurrently; one unordered `bulk_write` creating the new threads (only when the batch has any), one of
+  message upserts, one touching the existing threads. The returned threads are computed, not read back.
 * `list_messages_many`: one `find` with `$in` (the default, measured faster, see `docs/storage.md`), or one
   `find` per thread issued concurrently.
 * token-limited recall: `list_page` one `find` (date range, skip, `per_page + 1` rows, no count);
   `list_pages_many` those concurrently; `save_thread_metadata_many` one unordered bulk `$set` of
   `metadata.<key>` (the boundary), `updatedAt` moved forward.
-* `get_messages` (the echo filter and the tool-state merge): one `find` with `$in` on `id`.
+* `get_messages` (the echo filter and the tool-state merge): one `find` with `$in` on `id`, within the
+  asking threads.
 
 The documents' mapping is `storage.documents`, the save planner `storage.save_plan`; this module is the one
 storage class and its round trips (one job, hence its length).
 
 A save uses no transaction (it must work on a standalone server, which has none), so it is not atomic across
-the two collections: messages are written first, then the threads, and every write is an idempotent upsert,
-so a retried save converges.
+the two collections: a new thread is created (owner and all) first, then the messages are written, then the
+existing threads touched; every write is an idempotent upsert, so a retried save converges.
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from pymongo import IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
+from pymongo.results import BulkWriteResult
 
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
@@ -58,7 +62,7 @@ from storage.documents import (
 from storage.errors import storage_errors, to_storage_error
 from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
 from storage.recalled_rows import MESSAGE_PROJECTION
-from storage.save_plan import _check_thread_id, _check_turns, plan_saves
+from storage.save_plan import SavePlan, _check_thread_id, _check_turns, plan_saves
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -371,16 +375,35 @@ class MongoHistoryStorage:
         rows = [message_from_doc(doc) for doc in docs[: query.per_page]]
         return Page(rows, len(docs) > query.per_page)
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
-        """The stored messages among `message_ids`, with one `find` (none for an empty list)."""
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        """The stored messages among `message_ids` in one of `thread_ids` (any thread when None), with one
+        `find` (none for an empty list). The filter is in the query: a copy in another thread never leaves
+        the server, so no answer depends on another thread's rows."""
+        ids = list(dict.fromkeys(message_ids))
+        if not ids or (thread_ids is not None and not thread_ids):
+            return []
+        query: dict[str, Any] = {"id": {"$in": ids}}
+        if thread_ids is not None:
+            threads = list(dict.fromkeys(thread_ids))
+            query["thread_id"] = threads[0] if len(threads) == 1 else {"$in": threads}
+        with storage_errors("get_messages"):
+            docs = await self.messages.find(query, MESSAGE_PROJECTION, batch_size=len(ids) + 1).to_list()
+        return [message_from_doc(doc) for doc in docs]
+
+    async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]:
+        """The thread each stored message among `message_ids` is in, by id: one `find` on the unique `id`
+        index, ids and thread ids only (the per-message ownership check of `save_many`)."""
         ids = list(dict.fromkeys(message_ids))
         if not ids:
-            return []
-        with storage_errors("get_messages"):
+            return {}
+        query: dict[str, Any] = {"id": ids[0]} if len(ids) == 1 else {"id": {"$in": ids}}
+        with storage_errors("save messages"):
             docs = await self.messages.find(
-                {"id": {"$in": ids}}, MESSAGE_PROJECTION, batch_size=len(ids) + 1
+                query, {"_id": 0, "id": 1, "thread_id": 1}, batch_size=len(ids) + 1
             ).to_list()
-        return [message_from_doc(doc) for doc in docs]
+        return {doc["id"]: doc.get("thread_id") for doc in docs if "id" in doc}
 
     async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
         """`list_page` for each query, issued concurrently (at most `recall_concurrency` in flight)."""
@@ -416,39 +439,74 @@ class MongoHistoryStorage:
         return await save_one(self, thread_id=thread_id, resource_id=resource_id, messages=messages)
 
     async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
-        """`save_messages` for each turn, in order, with one `find` and at most two unordered bulk writes.
+        """`save_messages` for each turn, in order: one read, then the batch's new threads, its messages and
+        its existing threads, each with one unordered bulk write (no write when there is nothing to write).
 
-        A turn whose thread belongs to another resource (stored, or created by an earlier turn of the batch)
-        gets its `ThreadOwnershipError` and writes nothing. Messages of one id saved twice in the batch are
-        written once: the last save's fields, the first save's `createdAt` (what two saves in a row give).
-        A turn with no messages writes nothing and reports the thread; if the thread does not exist either,
-        the batch is refused with `InvalidInputError` before anything is written.
+        The read (a `find` on the threads and one on the turns' message ids, concurrently) feeds the plan
+        (`storage.save_plan`): a turn whose thread belongs to another resource (stored, or created by an
+        earlier turn of the batch) gets its `ThreadOwnershipError`, one with a message id stored in (or saved
+        by the batch into) another thread its `MessageIdTakenError`; a refused turn writes nothing.
+
+        New threads are created, owner included (`$setOnInsert`), before any message is written into them.
+        A creation that did not insert (another writer created the thread in between: another instance, a
+        replay, Mastra) reads the thread back, and the turns are planned again against its real owner, so
+        two resources creating one thread end with one owner and nothing of the other in it.
+
+        Messages of one id saved twice in the batch into one thread are written once: the last save's
+        fields, the first save's `createdAt` (what two saves in a row give). A turn with no messages writes
+        nothing and reports the thread; if the thread does not exist either, the batch is refused with
+        `InvalidInputError` before anything is written.
         """
         if not turns:
             return []
         _check_turns(turns)  # before reading anything
-        state, keys = await self._get_threads([t.thread_id for t in turns])
-        results, plan = plan_saves(turns, state, keys, check=False)  # checked above
+        (state, keys), homes = await asyncio.gather(
+            self._get_threads([t.thread_id for t in turns]),
+            self.message_homes([m.id for t in turns for m in t.messages if m.id is not None]),
+        )
+        results, plan = plan_saves(turns, state, keys, homes=homes, check=False)  # checked above
+        created = await self._create_threads(plan, [t for t in plan.threads if t not in state])
+        if created.lost:
+            # another writer created some of them first: plan again against their real owners
+            found, found_keys = await self._get_threads(created.lost)
+            state.update(found)
+            keys.update(found_keys)
+            state.update(created.ours)
+            results, plan = plan_saves(turns, state, keys, homes=homes, check=False)
         if plan.messages:
             await self._keyed_bulk_write(
                 self.messages,
                 lambda by_id_field: [w.op(by_id_field=by_id_field) for w in plan.messages.values()],
                 "save messages",
             )
-        if plan.threads:
+        touched = {t: w for t, w in plan.threads.items() if t not in created.ours}
+        if touched:
             await self._keyed_bulk_write(
                 self.threads,
-                lambda by_id_field: [w.op(t, by_id_field=by_id_field) for t, w in plan.threads.items()],
+                lambda by_id_field: [w.op(t, by_id_field=by_id_field) for t, w in touched.items()],
                 "update threads",
             )
         return results
+
+    async def _create_threads(self, plan: SavePlan, thread_ids: Sequence[str]) -> _Created:
+        """Upsert the plan's new threads (one unordered bulk): which this write inserted, which it found."""
+        if not thread_ids:
+            return _Created({}, [])
+        result = await self._keyed_bulk_write(
+            self.threads,
+            lambda by_id_field: [plan.threads[t].op(t, by_id_field=by_id_field) for t in thread_ids],
+            "create threads",
+        )
+        inserted = set(result.upserted_ids or {}) if result is not None else set()
+        ours = {t: plan.state[t] for i, t in enumerate(thread_ids) if i in inserted}
+        return _Created(ours, [t for t in thread_ids if t not in ours])
 
     async def _keyed_bulk_write(
         self,
         collection: AsyncCollection[dict[str, Any]],
         ops: Callable[[bool], list[UpdateOne]],
         operation: str,
-    ) -> None:
+    ) -> BulkWriteResult | None:
         """The bulk keyed by `_id`; if it collides with a row Mastra inserted, the same bulk keyed by `id`.
 
         Rows this service inserts have `_id` = their id, so an upsert is a primary-key lookup. A message or
@@ -458,10 +516,10 @@ class MongoHistoryStorage:
         the ops of the first attempt that did apply are applied again without change.
         """
         try:
-            await self._bulk_write(collection, ops(False), operation, retry_race=False)
+            return await self._bulk_write(collection, ops(False), operation, retry_race=False)
         except _UniqueIndexCollisionError:
             log.debug("%s: a row keyed by ObjectId, rewriting the batch keyed by id", operation)
-            await self._bulk_write(collection, ops(True), operation, retry_race=True)
+            return await self._bulk_write(collection, ops(True), operation, retry_race=True)
 
     async def _bulk_write(
         self,
@@ -470,9 +528,10 @@ class MongoHistoryStorage:
         operation: str,
         *,
         retry_race: bool,
-    ) -> None:
-        """One unordered `bulk_write`. A unique-index collision raises `_UniqueIndexCollisionError`, or, with
-        `retry_race`, first runs the bulk once more.
+    ) -> BulkWriteResult | None:
+        """One unordered `bulk_write`, its result (None when the server does not acknowledge writes). A
+        unique-index collision raises `_UniqueIndexCollisionError`, or, with `retry_race`, first runs the
+        bulk once more.
 
         Two writers upserting the same new id can both miss and both insert; the loser gets a duplicate key
         (MongoDB 4.2+ retries that itself for equality filters, other servers may not). Every op here is an
@@ -480,7 +539,7 @@ class MongoHistoryStorage:
         """
         for attempt in (1, 2):
             try:
-                await collection.bulk_write(ops, ordered=False)
+                result = await collection.bulk_write(ops, ordered=False)
             except BulkWriteError as exc:
                 codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
                 if not (codes and codes <= _UPSERT_RACE_CODES):
@@ -493,13 +552,22 @@ class MongoHistoryStorage:
             except PyMongoError as exc:
                 raise to_storage_error(exc, operation) from exc
             else:
-                return
+                return result if result.acknowledged else None
             if not retry_race:
                 raise _UniqueIndexCollisionError(operation) from collision
             if attempt == 1:
                 log.warning("retrying %s once after a duplicate key on upsert", operation)
                 continue
             raise to_storage_error(collision, operation) from collision
+        raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
+
+
+@dataclass(frozen=True, slots=True)
+class _Created:
+    """A batch's new threads after their creation: inserted by it (its own), or found created by another."""
+
+    ours: dict[str, Thread]
+    lost: list[str]
 
 
 class _UniqueIndexCollisionError(Exception):

@@ -9,7 +9,7 @@ paths use: one round trip per batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeGuard, runtime_checkable
@@ -133,8 +133,12 @@ class BudgetedHistoryStorage(HistoryStorage, Protocol):
 class MessageLookup(Protocol):
     """Stored messages by id (Mastra's `listMessagesById`), for the client-echo filter."""
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
-        """The stored messages among `message_ids` (any thread), in no particular order."""
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        """The stored messages among `message_ids` that are in one of `thread_ids` (any thread when None), in
+        no particular order. The paths always pass the asking turn's thread: a copy in another thread must
+        not change what a turn does (no existence oracle across threads or tenants)."""
         ...
 
 

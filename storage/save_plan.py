@@ -1,6 +1,12 @@
 """What one `save_many` writes: the message and thread upserts planned from a batch of turns and the
 threads they land in, ownership refused per turn, computed without reading anything back.
 
+Two ownership checks, both refusing the whole turn before anything of it is planned: the thread's (its stored
+or batch-created owner is another resource: `ThreadOwnershipError`) and each message's (its id is stored in
+another thread, or an earlier turn of the batch saves it into another thread: `MessageIdTakenError`). So an
+id never moves a message out of another thread, or another tenant's, and two turns of different threads
+carrying one id are never merged.
+
 Used by `MongoHistoryStorage.save_many` and by replay's dry run, so both plan the same writes.
 """
 
@@ -14,7 +20,7 @@ from typing import Any
 from pydantic_core import to_json
 from pymongo import UpdateOne
 
-from message_history.errors import InvalidInputError, ThreadOwnershipError
+from message_history.errors import InvalidInputError, MessageIdTakenError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
 from storage.documents import EXTRA_FIELD
 from storage.protocol import SaveTurn, Thread
@@ -75,10 +81,17 @@ class _ThreadWrite:
 class SavePlan:
     """The writes of a batch of turns, planned in turn order against the threads as they stand."""
 
-    def __init__(self, threads: dict[str, Thread], keys: dict[str, Any], now: datetime) -> None:
+    def __init__(
+        self,
+        threads: dict[str, Thread],
+        keys: dict[str, Any],
+        now: datetime,
+        homes: Mapping[str, str | None] | None = None,
+    ) -> None:
         self.state = threads  # stored threads, then as each accepted turn leaves them
         self.keys = keys  # stored threads' `_id`s
         self.now = now
+        self.homes = dict(homes or {})  # stored message ids -> their thread, then the batch's accepted saves
         self.messages: dict[str, MessageWrite] = {}
         self.threads: dict[str, _ThreadWrite] = {}
 
@@ -87,6 +100,13 @@ class SavePlan:
         current = self.state.get(turn.thread_id)
         if current is not None and current.resourceId and current.resourceId != turn.resource_id:
             return ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId)
+        for message in turn.messages:
+            if (
+                message.id is not None
+                and message.id in self.homes
+                and self.homes[message.id] != turn.thread_id
+            ):
+                return MessageIdTakenError(turn.thread_id, turn.resource_id, message.id)
         if not turn.messages:
             if current is None:
                 raise InvalidInputError(f"nothing to save into thread {turn.thread_id!r}: it does not exist")
@@ -97,6 +117,7 @@ class SavePlan:
             if earlier is not None:
                 write.created = earlier.created
             self.messages[write.fields["id"]] = write
+            self.homes[write.fields["id"]] = turn.thread_id
         earliest = min(w.created for w in writes)
         newest = max(w.created for w in writes)
         pending = self.threads.get(turn.thread_id)
@@ -120,17 +141,19 @@ def plan_saves(
     threads: Mapping[str, Thread],
     keys: Mapping[str, Any] | None = None,
     *,
+    homes: Mapping[str, str | None] | None = None,
     now: datetime | None = None,
     check: bool = True,
 ) -> tuple[list[Thread | ThreadOwnershipError], SavePlan]:
-    """What `save_many` returns for `turns` and the writes it makes, against the stored `threads`; no I/O.
+    """What `save_many` returns for `turns` and the writes it makes, against the stored `threads` and the
+    threads the turns' message ids are stored in (`homes`, by id; ids absent there are new); no I/O.
 
     `save_many` writes the plan; replay's dry run answers with the results and writes nothing. Refuses (with
     `InvalidInputError`, before planning anything) a turn whose thread id or a message id is unusable.
     """
     if check:
         _check_turns(turns)
-    plan = SavePlan(dict(threads), dict(keys or {}), now or utc_now_ms())
+    plan = SavePlan(dict(threads), dict(keys or {}), now or utc_now_ms(), homes)
     return [plan.add(turn) for turn in turns], plan
 
 

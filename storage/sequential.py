@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 from message_history.errors import ThreadOwnershipError
@@ -51,10 +51,12 @@ class SequentialBatches:
             for q in queries
         }
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
         if not isinstance(self.storage, MessageLookup):
             raise TypeError(f"{type(self.storage).__name__} cannot look messages up by id")
-        return await self.storage.get_messages(message_ids)
+        return await self.storage.get_messages(message_ids, thread_ids=thread_ids)
 
     async def list_page(self, query: PageQuery) -> Page:
         if not isinstance(self.storage, BudgetedHistoryStorage):

@@ -7,7 +7,9 @@ The response follows docs/events.md#6-responses so the persist path saves the ri
 - `input` is every message the worker was given, with its `source` tag, so recalled (`"memory"`) messages are
   not saved again and the turn's own (`"input"`) are;
 - `response` is what the handler produced; a message without `id`/`createdAt` gets them from the service
-  (`{requestId}:response:{i}`), so an answer produced twice is stored once;
+  (an id derived from the resource, thread, request and position: docs/events.md#11-ids-and-timestamps), so
+  an answer produced twice is stored once; the SDK never sets response ids itself (an id the handler sets
+  must be unique across all threads: a UUID);
 - `createdAt` is now, but never before the context's newest message (+1 ms), so the answer sorts after its
   question even when the worker's clock is behind the client's;
 - `finishReason` is the handler's (`"stop"` by default); a failed turn is `"error"` with no response
@@ -147,8 +149,8 @@ class SeenEvents:
     from the service re-emitting after a crash (soon after the first copy, same partition, as the key is the
     thread) and from this worker's own uncommitted offsets after a rebalance or restart; the second kind is
     not covered across processes: a new owner answers again. That duplicate is harmless to the history (the
-    service upserts by message id, and response ids are derived from the `requestId`), only a second model
-    call is spent.
+    service upserts by message id, and derives response ids from the turn's `requestId`), only a second
+    model call is spent.
     """
 
     def __init__(self, per_partition: int = DEFAULT_SEEN_PER_PARTITION) -> None:

@@ -7,8 +7,8 @@ decides, given whether the thread has any stored message and the stored copies b
 * input ending with a user message: keep what follows the last assistant message; that assistant message
   contributes only tool parts that advance a call its stored copy still has pending;
 * input ending with an assistant message: keep only its trailing client tool updates (`approval-responded`,
-  `result`, `output-error`, `output-denied`; `data-*` parts skipped over); none, and that message is stored:
-  nothing is new (the input becomes empty); not stored: the input is kept whole;
+  `result`, `output-error`, `output-denied`; `data-*` parts skipped over); none, and that message is stored
+  in this thread: nothing is new (the input becomes empty); not stored here: the input is kept whole;
 * an empty thread takes the whole input as its seed, with `providerMetadata` / `providerOptions` removed from
   the assistant's parts that are not client tool updates.
 
@@ -125,6 +125,9 @@ def filter_echo(
     """The turn's input after the filter (system messages first, as they came, then what is kept)."""
     if plan.unchanged:
         return list(input)
+    # Only a copy in this thread counts: one elsewhere (another tenant's, say) must neither empty the input
+    # nor, by changing the outcome, tell the client that its id exists there.
+    stored = {i: m for i, m in stored.items() if m.threadId == thread_id}
     system = [m for m in input if m.role == "system"]
     messages = [m for m in input if m.role != "system"]
     if thread_empty:

@@ -399,7 +399,9 @@ class MessageHistory:
         if plan.needs:
             if not is_message_lookup(self.storage):
                 raise TypeError(f"{type(self.storage).__name__} cannot look messages up by id")
-            stored = {m.id: m for m in await self.storage.get_messages(plan.needs) if m.id is not None}
+            # this thread's copies only: a copy elsewhere must not change the turn (nor reveal it exists)
+            rows = await self.storage.get_messages(plan.needs, thread_ids=(thread_id,))
+            stored = {m.id: m for m in rows if m.id is not None and m.threadId == thread_id}
         return drop_client_echo(incoming, plan, thread_empty=not probe, stored=stored, thread_id=thread_id)
 
     def _budget_storage(self) -> BudgetedHistoryStorage:
@@ -469,20 +471,14 @@ class MessageHistory:
     ) -> list[Message]:
         """Fold the turn into its stored copies (`tool_state.merge_turn`): one lookup by id, one latest row.
 
-        A stored row with one of the turn's ids in another resource's thread refuses the turn: an id never
-        lets one resource overwrite another's message (Mastra's processors would).
+        Only this thread's copies are looked up. A turn carrying an id stored in another thread is refused
+        by the save itself (`MessageIdTakenError`): an id never lets one thread, or one resource, overwrite
+        another's message (Mastra's processors would).
         """
         assert is_message_lookup(self.storage)
         ids = [m.id for m in to_save if m.id is not None]
-        rows = await self.storage.get_messages(ids)
-        stored: dict[str, Message] = {}
-        for row in rows:
-            if row.id is None:
-                continue
-            if row.threadId == thread_id:
-                stored[row.id] = row
-            elif row.resourceId and row.resourceId != owner:
-                raise ThreadOwnershipError(row.threadId or "", owner, row.resourceId)
+        rows = await self.storage.get_messages(ids, thread_ids=(thread_id,))
+        stored = {row.id: row for row in rows if row.id is not None and row.threadId == thread_id}
         response_ids = {m.id for m in response if m.id is not None}
         latest: list[Message] = []
         if not has_new_user_input(to_save, response_ids=response_ids, stored=stored):

@@ -25,6 +25,7 @@ from message_history.app.health import Health
 from message_history.app.service import Path as Path_
 from message_history.app.service import run_service
 from message_history.settings import Settings
+from schemas.ids import Kind, derived_message_id
 from storage.protocol import HistoryStorage
 from tests import infra
 from tests.integration.stream_helpers import Record, read_all, read_topic
@@ -158,6 +159,11 @@ def text_message(role: str, text: str, **extra: Any) -> dict[str, Any]:
 
 def request_id(thread: str, turn: int) -> str:
     return f"{thread}-turn{turn}"
+
+
+def message_id(thread: str, resource: str, turn: int, kind: Kind = "input", position: int = 0) -> str:
+    """The id the service gives the message at `position` of `kind` of `turn`'s events when it has none."""
+    return derived_message_id(resource, thread, request_id(thread, turn), kind, position)
 
 
 def request_event(thread: str, resource: str, turn: int, text: str, **extra: Any) -> dict[str, Any]:

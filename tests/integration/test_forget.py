@@ -23,6 +23,7 @@ from tests.integration.service_harness import (
     drop_database,
     encoded,
     fresh_settings,
+    message_id,
     read_request_ids,
     response_event,
     running_service,
@@ -94,7 +95,7 @@ async def test_forget_by_cli_is_idempotent_and_a_replay_or_redelivery_does_not_b
             assert (first["scope"], first["threadId"], first["requestId"]) == ("thread", "t1", "erase-1")
             assert (first["deletedMessages"], first["deletedThreads"], first["dryRun"]) == (4, 1, False)
             assert sorted(first["messageIds"]) == sorted(
-                f"t1-turn{t}:{kind}:{i}" for t in (1, 2) for kind, i in (("input", 0), ("response", 0))
+                message_id("t1", "alice", t, kind) for t in (1, 2) for kind in ("input", "response")
             )
             assert first["threadIds"] == ["t1"]
             assert by_thread(await stored_messages(settings)) == {"t2": 4, "t3": 4}

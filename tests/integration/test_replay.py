@@ -31,6 +31,9 @@ from message_history.app.replay.plan import add_replay_arguments, parse_offsets
 from message_history.settings import Settings
 from schemas.codec import decode_response
 from schemas.dead_letters import parse_dead_letter_headers
+from schemas.ids import legacy_ids
+from storage.mongodb import MongoHistoryStorage
+from storage.protocol import SaveTurn
 from tests import infra
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
@@ -217,6 +220,51 @@ async def test_replay_into_an_empty_database_equals_what_the_live_service_built(
         )
         assert (counts.messages_inserted, counts.threads) == (4 * 3 * 2, 4)
         assert printed.startswith(f"replay of {live.responses_topic} finished")
+
+
+async def test_a_replay_of_responses_saved_before_scoped_ids_adds_no_copies(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """Responses without ids, saved by a version before 0.1.0 under `{requestId}:{kind}:{i}`, replayed now:
+    every message is found under its old id in its thread and updated there, none is inserted again under the
+    scoped id (docs/events.md#11-ids-and-timestamps)."""
+    settings = await setup(kafka_bootstrap, mongo_uri, make_topic)
+    items = simple_events(6, prefix="old")
+    await produce(kafka_bootstrap, settings.responses_topic, items)
+    async with databases(settings):
+        client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+        try:  # the turns as the previous version saved them: same rows, the old ids
+            storage = MongoHistoryStorage(client[settings.mongodb_database])
+            await storage.ensure_indexes()
+            turns = []
+            for _, value in items:
+                event = decode_response(value)
+                old = legacy_ids(
+                    event.resourceId,
+                    event.threadId,
+                    event.requestId,
+                    [("input", event.input), ("response", event.response)],
+                )
+                messages = [m.to_message() for m in event.input] + list(event.response)
+                turns.append(
+                    SaveTurn(
+                        event.threadId,
+                        event.resourceId,
+                        [m.model_copy(update={"id": old[m.id or ""]}) for m in messages],
+                    )
+                )
+            await storage.save_many(turns)
+        finally:
+            await client.close()
+        before = await docs(settings)
+        assert len(before[0]) == 6 * 2
+        assert all(d["id"].endswith((":input:0", ":response:0")) for d in before[0])
+
+        result, printed = await replay(settings, "--from-beginning")
+
+        assert result.exit_code == 0, printed
+        assert await docs(settings) == before
+        assert (result.counts.messages_inserted, result.counts.messages_present) == (0, len(before[0]))
 
 
 async def test_replaying_twice_changes_nothing_and_emits_only_when_asked(

@@ -15,6 +15,7 @@ from tests.integration.service_harness import (
     drop_database,
     encoded,
     fresh_settings,
+    message_id,
     request_event,
     request_id,
     response_event,
@@ -76,7 +77,7 @@ async def test_multi_turn_conversations_grow_turn_by_turn(
                 responses = []
                 for thread in THREADS:
                     event = by_request[request_id(thread, turn)]
-                    input_id = f"{request_id(thread, turn)}:input:0"
+                    input_id = message_id(thread, _owner(thread), turn, "input")
                     got = [
                         (m["id"], m["content"]["parts"][0]["text"], m["source"]) for m in event["messages"]
                     ]
@@ -95,7 +96,7 @@ async def test_multi_turn_conversations_grow_turn_by_turn(
                     responses.append(response_event(thread, _owner(thread), turn, event["messages"], answer))
                     expected_memory[thread] += [
                         (input_id, f"{thread} question {turn}"),
-                        (f"{request_id(thread, turn)}:response:0", answer),
+                        (message_id(thread, _owner(thread), turn, "response"), answer),
                     ]
                 await produce(bootstrap, settings.responses_topic, [encoded(r) for r in responses])
                 persisted = await read_topic(

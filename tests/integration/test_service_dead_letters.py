@@ -12,6 +12,7 @@ from tests.integration.service_harness import (
     drop_database,
     encoded,
     fresh_settings,
+    message_id,
     request_event,
     response_event,
     running_service,
@@ -95,10 +96,9 @@ async def test_poison_records_are_dead_lettered_and_the_rest_processed(
             assert info.service_version
             assert (letter.key, letter.value) == sent[offset]
     # the refused turn wrote nothing: only the owner's messages are stored for "owned"
-    assert sorted(r["id"] for r in rows if r["thread_id"] == "owned") == [
-        "owned-turn1:input:0",
-        "owned-turn1:response:0",
-    ]
+    assert sorted(r["id"] for r in rows if r["thread_id"] == "owned") == sorted(
+        message_id("owned", "alice", 1, kind) for kind in ("input", "response")
+    )
 
 
 async def test_the_dead_letter_log_line_names_the_error_type(

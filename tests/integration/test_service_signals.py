@@ -103,9 +103,12 @@ async def test_recall_keeps_the_turns_transient_signal_and_skips_stored_ones_und
     memory = [("u0", "memory"), ("s0", "memory"), ("a0", "memory")]
     assert contexts[counted["requestId"]] == [
         *memory,
-        (f"{counted['requestId']}:input:0", "input"),
+        (harness.message_id(THREAD, RESOURCE, 1), "input"),
         ("now-1", "input"),
     ]
     assert contexts[budgeted["requestId"]] == [
-        ("u0", "memory"), ("a0", "memory"), (f"{budgeted['requestId']}:input:0", "input"), ("now-2", "input")
-    ]  # fmt: skip
+        ("u0", "memory"),
+        ("a0", "memory"),
+        (harness.message_id(THREAD, RESOURCE, 2), "input"),
+        ("now-2", "input"),
+    ]

@@ -20,6 +20,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from message_history.errors import (
     FatalStorageError,
     InvalidInputError,
+    MessageIdTakenError,
     StorageUnavailableError,
     ThreadOwnershipError,
 )
@@ -244,12 +245,16 @@ async def test_a_message_without_id_is_refused_before_writing(
     assert await raw(mongo_db, THREADS) == []
 
 
-async def test_a_resaved_id_moves_to_the_new_thread(storage: MongoHistoryStorage) -> None:
-    """As in Mastra, saving an existing id into another thread moves the message there."""
+async def test_a_resaved_id_in_another_thread_is_refused(storage: MongoHistoryStorage) -> None:
+    """Unlike Mastra (which moves the message), saving an existing id into another thread refuses the turn:
+    an id never takes a message out of another thread, or another tenant's."""
     await storage.save_messages(thread_id="t1", resource_id="r1", messages=[msg("m1", t=0)])
-    await storage.save_messages(thread_id="t2", resource_id="r1", messages=[msg("m1", t=0)])
-    assert await ids(storage, "t1") == []
-    assert await ids(storage, "t2") == ["m1"]
+    turn = [msg("m2", t=1), msg("m1", t=0)]
+    with pytest.raises(MessageIdTakenError):
+        await storage.save_messages(thread_id="t2", resource_id="r1", messages=turn)
+    assert await ids(storage, "t1") == ["m1"]
+    assert await ids(storage, "t2") == []
+    assert await storage.get_thread("t2") is None
 
 
 async def test_system_rows_are_stored_and_returned(storage: MongoHistoryStorage) -> None:
@@ -317,7 +322,8 @@ async def test_resaving_a_row_mastra_inserted_falls_back_to_the_id_key(
     thread = await storage.save_messages(
         thread_id="t1", resource_id="r1", messages=[msg("m1", t=7, text="new"), msg("m2", t=8)]
     )
-    assert log.names == ["find", "update", "update", "update"]  # threads, messages by _id, by id, thread
+    # threads and message homes, messages by _id, by id, thread
+    assert log.names == ["find", "find", "update", "update", "update"]
     assert thread.updatedAt == at(8)
     docs = await raw(mongo_db, MESSAGES)
     assert sorted(d["id"] for d in docs) == ["m1", "m2"]
@@ -362,7 +368,7 @@ async def test_resaving_over_a_hundred_stored_messages_completes(
     await storage.save_messages(thread_id="t1", resource_id="r1", messages=turn)
     log.names.clear()
     await storage.save_messages(thread_id="t1", resource_id="r1", messages=turn)  # every op matches
-    assert log.names == ["find", "update", "update"]
+    assert log.names == ["find", "find", "update", "update"]
     assert len(await ids(storage, "t1")) == 120
 
 
@@ -487,15 +493,19 @@ async def test_one_find_per_recall(monitored: tuple[MongoHistoryStorage, Command
     assert log.names == ["find"]
 
 
-async def test_save_is_one_find_and_two_bulk_writes(
+async def test_save_is_two_concurrent_finds_and_two_bulk_writes(
     monitored: tuple[MongoHistoryStorage, CommandLog],
 ) -> None:
-    """save_messages costs one threads find, one messages update and one threads update command."""
+    """save_messages costs a threads find and a message-homes find (one round trip), then one threads update
+    (creating a new thread, or touching an existing one) and one messages update."""
     storage, log = monitored
     await storage.save_messages(
         thread_id="t1", resource_id="r1", messages=[msg(f"m{i}", t=i) for i in range(20)]
     )
-    assert log.names == ["find", "update", "update"]
+    assert log.names == ["find", "find", "update", "update"]  # new thread: created before its messages
+    log.names.clear()
+    await storage.save_messages(thread_id="t1", resource_id="r1", messages=[msg("m20", t=20)])
+    assert log.names == ["find", "find", "update", "update"]  # existing thread: messages, then the touch
 
 
 @pytest.mark.parametrize("strategy", ["in", "concurrent"])
@@ -579,7 +589,8 @@ async def test_save_many_mixes_accepted_and_refused_turns(
             SaveTurn("theirs", "owner", [msg("o2", t=40)]),
         ]
     )
-    assert log.names == ["find", "update", "update"]
+    # threads and message homes; the new thread created; the messages; the existing thread touched
+    assert log.names == ["find", "find", "update", "update", "update"]
     assert results[0] == Thread("new", "r1", "", {}, createdAt=at(10), updatedAt=at(10))
     assert isinstance(results[1], ThreadOwnershipError)
     assert results[1].owner == "owner"

@@ -27,6 +27,7 @@ from tests.integration.service_harness import (
     drop_database,
     encoded,
     fresh_settings,
+    message_id,
     request_event,
     request_id,
     response_event,
@@ -201,7 +202,7 @@ async def test_the_busy_marker_survives_a_restart_and_a_redelivery_does_not_wait
     assert again["history"]["waitedMs"] == 0
     assert second["history"]["complete"] is True
     assert second["history"]["waitedMs"] > 0
-    assert f"{request_id('t', 1)}:response:0" in _memory_ids(second)
+    assert message_id("t", "u", 1, "response") in _memory_ids(second)
 
 
 async def test_reject_sends_a_request_on_a_busy_thread_to_the_dead_letter_topic(
@@ -317,7 +318,7 @@ async def test_a_stop_while_a_request_waits_drains_at_once_and_leaves_it_for_the
     finally:
         await drop_database(settings)
     assert second["history"]["complete"] is True
-    assert f"{request_id('t', 1)}:response:0" in _memory_ids(second)
+    assert message_id("t", "u", 1, "response") in _memory_ids(second)
 
 
 async def test_the_topics_command_creates_equal_counts_and_refuses_unequal_ones(

@@ -20,11 +20,13 @@ from typing import Any
 import pytest
 
 from message_history.settings import Settings
+from schemas.ids import Kind
 from schemas.messages import format_timestamp
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     encoded,
     fresh_settings,
+    message_id,
     request_event,
     request_id,
     running_service,
@@ -37,6 +39,7 @@ from worker import AgentWorker, Reply, Turn
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 TURNS = 3
+KINDS: tuple[Kind, ...] = ("input", "response")
 WAIT_S = 90.0
 
 
@@ -126,8 +129,8 @@ async def test_conversation_through_service_and_sdk_worker(
                     persisted = await _turn(settings, thread, turn)
                     assert persisted["skipped"] is None
                     assert persisted["savedMessageIds"] == [
-                        f"{request_id(thread, turn)}:input:0",
-                        f"{request_id(thread, turn)}:response:0",
+                        message_id(thread, "u", turn, "input"),
+                        message_id(thread, "u", turn, "response"),
                     ]
 
     seen = {(t.thread_id, t.request_id): t for t in handler.turns}
@@ -136,9 +139,9 @@ async def test_conversation_through_service_and_sdk_worker(
             got = seen[(thread, request_id(thread, turn))]
             assert got.history.recalled == 2 * (turn - 1)
             assert [m.id for m in got.memory] == [
-                f"{request_id(thread, k)}:{kind}:0" for k in range(1, turn) for kind in ("input", "response")
+                message_id(thread, "u", k, kind) for k in range(1, turn) for kind in KINDS
             ]
-            assert [m.id for m in got.input] == [f"{request_id(thread, turn)}:input:0"]
+            assert [m.id for m in got.input] == [message_id(thread, "u", turn, "input")]
             assert got.metadata is None
     # the responses carry the context as the worker saw it, recalled messages tagged so they are not re-saved
     responses = _by_request(await read_all(kafka_bootstrap, settings.responses_topic, settle_s=0.5))
@@ -150,7 +153,7 @@ async def test_conversation_through_service_and_sdk_worker(
     for thread in threads:
         rows = [m for m in stored if m["thread_id"] == thread]
         assert [m["id"] for m in rows] == [
-            f"{request_id(thread, k)}:{kind}:0" for k in range(1, TURNS + 1) for kind in ("input", "response")
+            message_id(thread, "u", k, kind) for k in range(1, TURNS + 1) for kind in KINDS
         ]
         answers = [json.loads(m["content"])["parts"][0]["text"] for m in rows if m["role"] == "assistant"]
         assert answers == [f"{thread}: I remember {2 * k} messages" for k in range(TURNS)]
@@ -181,11 +184,11 @@ async def test_a_handler_that_raises_is_a_failed_turn(
     assert [(r["finishReason"], r["response"]) for r in response] == [("error", [])]
     # nothing orphaned: turn 2's user message was never saved, so turn 3 recalls only turn 1
     assert [m.id for m in handler.turns[-1].memory] == [
-        f"{request_id(thread, 1)}:input:0",
-        f"{request_id(thread, 1)}:response:0",
+        message_id(thread, "u", 1, "input"),
+        message_id(thread, "u", 1, "response"),
     ]
     stored_ids = {m["id"] for m in await stored_messages(settings)}
-    assert not any(i.startswith(request_id(thread, 2)) for i in stored_ids)
+    assert not {message_id(thread, "u", 2, kind) for kind in ("input", "response")} & stored_ids
     assert len(stored_ids) == 4
 
 

@@ -19,7 +19,13 @@ from typing import Any, Literal
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from message_history.settings import Settings
-from tests.integration.service_harness import encoded, request_event, request_id, response_event
+from tests.integration.service_harness import (
+    encoded,
+    message_id,
+    request_event,
+    request_id,
+    response_event,
+)
 
 UserMode = Literal["after-answer", "while-answering"]
 
@@ -40,8 +46,8 @@ class Conversations:
                 event = self.enriched[request_id(thread, turn)]
                 ids = {m["id"] for m in event["messages"] if m.get("source") == "memory"}
                 for earlier in range(1, turn):
-                    rid = request_id(thread, earlier)
-                    if not {f"{rid}:input:0", f"{rid}:response:0"} <= ids:
+                    wanted = {message_id(thread, "u", earlier, kind) for kind in ("input", "response")}
+                    if not wanted <= ids:
                         missing.append(request_id(thread, turn))
                         break
         return missing

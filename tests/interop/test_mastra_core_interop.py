@@ -23,6 +23,7 @@ import pytest
 
 from schemas.codec import decode_request, decode_response, encode
 from schemas.events import AgentRequest, AgentResponse, EnrichedRequest, HistoryPersisted
+from schemas.ids import derived_message_id
 from schemas.messages import Message
 from tests.infra import skip_or_fail
 
@@ -143,10 +144,11 @@ def test_mastra_accepts_an_enriched_request(folder: Path) -> None:
     )
     held = _run(folder, "mastra.mjs", "accept", str(folder), stdin=encode(enriched))
     ours = [m.id for m in enriched.messages]
-    assert ours[-1] == "interop-turn-2:input:0"  # the filled-in deterministic id is what Mastra sees
+    filled = derived_message_id(RESOURCE, THREAD, "interop-turn-2", "input", 0)
+    assert ours[-1] == filled  # the filled-in deterministic id is what Mastra sees
     assert held["all"] == ours
     assert held["remembered"] == [m.id for m in enriched.messages if m.source == "memory"]
-    assert held["input"] == ["interop-turn-2:input:0"]
+    assert held["input"] == [filled]
 
 
 def _validate(schema: str, documents: list[Any]) -> list[dict[str, Any]]:

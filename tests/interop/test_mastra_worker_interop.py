@@ -26,12 +26,14 @@ from typing import Any
 import pytest
 
 from message_history.settings import Settings
+from schemas.ids import Kind
 from schemas.messages import format_timestamp
 from tests.conftest import MakeTopic
 from tests.infra import skip_or_fail
 from tests.integration.service_harness import (
     encoded,
     fresh_settings,
+    message_id,
     request_event,
     request_id,
     running_service,
@@ -44,6 +46,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(
 
 HERE = Path(__file__).parent / "mastra-worker"
 THREADS = ("ada", "bob")
+ROLES: tuple[tuple[str, Kind], ...] = (("user", "input"), ("assistant", "response"))
 TURNS = 3
 WAIT_S = 90.0
 
@@ -185,8 +188,10 @@ async def test_mastra_agent_worker_holds_a_conversation(
             context = enriched[rid]["messages"]
             assert [m["source"] for m in context] == ["memory"] * (2 * (turn - 1)) + ["input"]
             assert [m["id"] for m in context] == [
-                f"{request_id(thread, k)}:{kind}:0" for k in range(1, turn) for kind in ("input", "response")
-            ] + [f"{rid}:input:0"]
+                message_id(thread, f"user-{thread}", k, kind)
+                for k in range(1, turn)
+                for kind in ("input", "response")
+            ] + [message_id(thread, f"user-{thread}", turn, "input")]
             # the Agent gave its model the system instructions plus exactly that context
             assert answered[rid]["promptMessages"] == 1 + len(context)
             assert answered[rid]["finishReason"] == "stop"
@@ -194,9 +199,9 @@ async def test_mastra_agent_worker_holds_a_conversation(
             (m for m in stored if m["thread_id"] == thread), key=lambda m: (m["createdAt"], m["id"])
         )
         assert [(m["role"], m["id"]) for m in rows] == [
-            (role, f"{request_id(thread, k)}:{kind}:0")
+            (role, message_id(thread, f"user-{thread}", k, kind))
             for k in range(1, TURNS + 1)
-            for role, kind in (("user", "input"), ("assistant", "response"))
+            for role, kind in ROLES
         ]
         assert [_text(m) for m in rows if m["role"] == "assistant"] == [
             f"I remember {2 * (k - 1)} earlier messages. You said: {thread} says {k}"

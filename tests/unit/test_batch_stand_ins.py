@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -158,9 +158,11 @@ class _CountingPages(_Counting):
         self._count("list_page")
         return await super().list_page(query)
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
         self._count("get_messages")
-        return await super().get_messages(message_ids)
+        return await super().get_messages(message_ids, thread_ids=thread_ids)
 
     async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
         self._count("save_thread_metadata")

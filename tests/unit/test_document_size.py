@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any, cast
 
 import bson
@@ -20,6 +21,8 @@ from storage.documents import EXTRA_FIELD
 from storage.memory import InMemoryHistoryStorage
 from storage.save_plan import message_write
 from storage.sequential import SequentialBatches
+
+_KEYED = cast(Record, SimpleNamespace(key=b"t"))  # keyed by the events' threadId, as records must be
 
 NOW = datetime(2025, 3, 1, tzinfo=UTC)
 
@@ -129,6 +132,6 @@ def test_only_what_the_turn_saves_is_size_checked(raw: bytes, refused: bool) -> 
     )
     if refused:
         with pytest.raises(DocumentTooLargeError):
-            handler._decode(cast(Record, None), raw)
+            handler._decode(_KEYED, raw)
     else:
-        assert handler._decode(cast(Record, None), raw).response.requestId == "r1"
+        assert handler._decode(_KEYED, raw).response.requestId == "r1"

@@ -18,6 +18,7 @@ from schemas.events import (
     EnrichedRequest,
     HistoryPersisted,
 )
+from schemas.ids import Kind, derived_message_id
 from schemas.limits import Limits
 from schemas.messages import Message, MessageContent, TextPart
 
@@ -454,13 +455,19 @@ def test_default_limits_match_the_settings_defaults() -> None:
 # --- normalization: ids, createdAt, thread and resource -------------------------------------------
 
 
+def _derived(kind: Kind, position: int) -> str:
+    """The id the service gives the message at `position` of `kind` of the test events (r1, t1, req-1)."""
+    return derived_message_id("r1", "t1", "req-1", kind, position)
+
+
 def test_request_messages_get_deterministic_ids_timestamps_thread_and_resource() -> None:
-    """Missing fields come from the event: `{requestId}:input:{i}`, createdAt + i ms, thread, resource."""
+    """Missing fields come from the event: an id derived from resource, thread, request and position,
+    createdAt + i ms, thread, resource."""
     document = request(
         messages=[user("a"), user("b") | {"id": "keep", "createdAt": "2024-12-31T00:00:00.000Z"}, user()]
     )
     event = decode_request(raw(document))
-    assert [m.id for m in event.messages] == ["req-1:input:0", "keep", "req-1:input:2"]
+    assert [m.id for m in event.messages] == [_derived("input", 0), "keep", _derived("input", 2)]
     assert [m.createdAt for m in event.messages] == [
         T0_DT,
         datetime(2024, 12, 31, tzinfo=UTC),
@@ -471,19 +478,20 @@ def test_request_messages_get_deterministic_ids_timestamps_thread_and_resource()
         assert {"id", "createdAt", "threadId", "resourceId"} <= message.model_fields_set
     wire = json.loads(encode(event))["messages"]
     assert [(m["id"], m["createdAt"]) for m in wire] == [
-        ("req-1:input:0", "2025-01-01T11:00:00.000Z"),
+        (_derived("input", 0), "2025-01-01T11:00:00.000Z"),
         ("keep", "2024-12-31T00:00:00.000Z"),
-        ("req-1:input:2", "2025-01-01T11:00:00.002Z"),
+        (_derived("input", 2), "2025-01-01T11:00:00.002Z"),
     ]
     assert all(m["threadId"] == "t1" and m["resourceId"] == "r1" for m in wire)
 
 
 def test_response_numbers_input_then_response_as_one_turn() -> None:
-    """Response input i gets +i ms and `:input:i`; response j gets +(len(input)+j) ms and `:response:j`."""
+    """Response input i gets +i ms and the id of (input, i); response j gets +(len(input)+j) ms and the id
+    of (response, j)."""
     document = response(input=[user(), user()], response=[user() | {"role": "assistant"}] * 3)
     event = decode_response(raw(document))
-    assert [m.id for m in event.input] == ["req-1:input:0", "req-1:input:1"]
-    assert [m.id for m in event.response] == ["req-1:response:0", "req-1:response:1", "req-1:response:2"]
+    assert [m.id for m in event.input] == [_derived("input", 0), _derived("input", 1)]
+    assert [m.id for m in event.response] == [_derived("response", j) for j in range(3)]
     stamps = [m.createdAt for m in [*event.input, *event.response]]
     offsets = [(t - T0_DT) // timedelta(milliseconds=1) for t in stamps if t is not None]
     assert offsets == [0, 1, 2, 3, 4]
@@ -501,7 +509,7 @@ def test_request_ids_match_the_ids_a_worker_echoes_back() -> None:
     enriched = EnrichedRequest.from_request(req, [(m, "input") for m in req.messages], recalled=0, limit=40)
     echoed = json.loads(encode(enriched))["messages"]
     resp = decode_response(raw(response(input=echoed, response=[user() | {"role": "assistant"}])))
-    assert [m.id for m in resp.input] == [m.id for m in req.messages] == ["req-1:input:0"]
+    assert [m.id for m in resp.input] == [m.id for m in req.messages] == [_derived("input", 0)]
 
 
 # --- building the service's events ----------------------------------------------------------------
@@ -542,7 +550,7 @@ def test_enriched_request_is_the_same_event_with_context_history_and_event_id() 
     assert out["history"] == {"recalled": 1, "limit": 5, "complete": True, "waitedMs": 0}
     assert [(m["id"], m["source"]) for m in out["messages"]] == [
         ("old", "memory"),
-        ("req-1:input:0", "input"),
+        (_derived("input", 0), "input"),
     ]
     assert out["messages"][0]["x"] == 1  # the stored message's unknown field travels too
     assert (out["messages"][0]["threadId"], out["messages"][0]["resourceId"]) == ("t1", "r1")  # filled
@@ -634,7 +642,7 @@ def test_events_built_in_python_always_encode_schema_version() -> None:
     )
     out = json.loads(encode(event))
     assert out["schemaVersion"] == 1
-    assert decode_request(encode(event)).messages[0].id == "r:input:0"
+    assert decode_request(encode(event)).messages[0].id == derived_message_id("u", "t", "r", "input", 0)
 
 
 def test_encode_is_compact_utf8_json_bytes() -> None:

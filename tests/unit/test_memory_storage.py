@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from message_history.errors import InvalidInputError, ThreadOwnershipError
+from message_history.errors import InvalidInputError, MessageIdTakenError, ThreadOwnershipError
 from storage.memory import InMemoryHistoryStorage
 from storage.protocol import HistoryStorage
 from tests.rule_cases import RESOURCE, THREAD, at, msg, summarize
@@ -76,13 +76,18 @@ async def test_system_rows_are_stored_when_given() -> None:
     assert [m.role for m in await storage.list_messages(THREAD, resource_id=None, limit=None)] == ["system"]
 
 
-async def test_a_message_saved_into_another_thread_moves() -> None:
-    """Re-saving an id into another thread moves it there (Mastra's upsert semantics)."""
+async def test_a_message_id_stored_in_another_thread_refuses_the_save() -> None:
+    """Re-saving an id into another thread is refused, nothing written (Mastra would move the message)."""
     storage = InMemoryHistoryStorage()
     await storage.save_messages(thread_id=THREAD, resource_id=RESOURCE, messages=[msg("x", t=1)])
-    await storage.save_messages(thread_id="t2", resource_id=RESOURCE, messages=[msg("x", t=1, thread="t2")])
-    assert await storage.list_messages(THREAD, resource_id=None, limit=None) == []
-    assert [m.threadId for m in await storage.list_messages("t2", resource_id=None, limit=None)] == ["t2"]
+    messages = [msg("y", t=2, thread="t2"), msg("x", t=1, thread="t2")]
+    with pytest.raises(MessageIdTakenError) as refused:
+        await storage.save_messages(thread_id="t2", resource_id="other", messages=messages)
+    assert THREAD not in str(refused.value)
+    assert RESOURCE not in str(refused.value)
+    assert [m.id for m in await storage.list_messages(THREAD, resource_id=None, limit=None)] == ["x"]
+    assert await storage.get_thread("t2") is None
+    assert await storage.list_messages("t2", resource_id=None, limit=None) == []
 
 
 async def test_stored_state_cannot_be_changed_through_returned_objects() -> None:

@@ -50,7 +50,8 @@ def _record(offset: int, thread: str, messages: Sequence[Message], memory: dict[
         "memory": memory,
     }
     value = json.dumps(event).encode()
-    return SimpleNamespace(topic="requests", partition=0, offset=offset, key=b"", value=value, headers=[])
+    key = thread.encode()
+    return SimpleNamespace(topic="requests", partition=0, offset=offset, key=key, value=value, headers=[])
 
 
 async def _handle(

@@ -9,6 +9,7 @@ import pytest
 
 from schemas.codec import decode_response, encode
 from schemas.events import EnrichedRequest
+from schemas.ids import derived_message_id
 from worker import Reply, SeenEvents, Turn, build_response, failed_response
 
 NOW = datetime(2025, 3, 1, 10, 5, tzinfo=UTC)
@@ -68,9 +69,12 @@ def test_response_echoes_ids_input_with_sources_and_the_reply() -> None:
     ]
     assert response.finishReason == "stop"
     assert response.metadata == {"k": 1}
-    # what the persist path reads back: the service fills the response id from the requestId
+    # what the persist path reads back: the SDK leaves response ids to the service, which derives them
+    # from the resource, thread, request and position (the same for an answer produced twice)
     decoded = decode_response(encode(response))
-    assert decoded.response[0].id == "r2:response:0"
+    assert decoded.response[0].id == derived_message_id(
+        response.resourceId, response.threadId, "r2", "response", 0
+    )
 
 
 @pytest.mark.parametrize(

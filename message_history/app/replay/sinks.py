@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, ClassVar, TypeVar
@@ -106,6 +106,7 @@ class ReplayStorage:
         self.dry_run = dry_run
         self._virtual: dict[str, Thread] = {}  # dry run: threads it would have created
         self._planned: set[str] = set()  # dry run: message ids it would have inserted
+        self._planned_homes: dict[str, str | None] = {}  # dry run: the threads it would have saved them in
         self._threads_seen: set[str] = set()
 
     async def get_thread(self, thread_id: str) -> Thread | None:
@@ -127,8 +128,10 @@ class ReplayStorage:
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         return await self._mongo.list_messages_many(queries)
 
-    async def get_messages(self, message_ids: Sequence[str]) -> list[Message]:
-        return await self._mongo.get_messages(message_ids)
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        return await self._mongo.get_messages(message_ids, thread_ids=thread_ids)
 
     async def list_page(self, query: PageQuery) -> Page:
         return await self._mongo.list_page(query)
@@ -154,7 +157,8 @@ class ReplayStorage:
         if self.dry_run:
             stored = await self._mongo.get_threads([t.thread_id for t in turns])
             present |= self._planned.intersection(ids)
-            results = self._plan(turns, stored)
+            homes = {**self._planned_homes, **await self._mongo.message_homes(ids)}
+            results = self._plan(turns, stored, homes)
         else:
             results = await self._mongo.save_many(turns)
         accepted: set[str] = set()
@@ -186,13 +190,14 @@ class ReplayStorage:
         return {doc["id"] for doc in docs if "id" in doc}
 
     def _plan(
-        self, turns: Sequence[SaveTurn], stored: dict[str, Thread]
+        self, turns: Sequence[SaveTurn], stored: dict[str, Thread], homes: dict[str, str | None]
     ) -> list[Thread | ThreadOwnershipError]:
         """What `save_many` would return, without writing: the storage's own planner, against the stored
-        threads and those this dry run would have created."""
+        threads and message homes and those this dry run would have created."""
         known = {**{k: v for k, v in self._virtual.items() if k not in stored}, **stored}
-        results, plan = plan_saves(turns, known)
+        results, plan = plan_saves(turns, known, homes=homes)
         self._virtual.update({k: v for k, v in plan.state.items() if k not in stored})
+        self._planned_homes.update({i: w.fields["thread_id"] for i, w in plan.messages.items()})
         return results
 
 
