@@ -5,7 +5,9 @@ One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's
 1. `getmany` returns up to `max_batch_records` records; each is tracked in the partition's watermark.
 2. The path's `BatchHandler` returns, per record, either an acknowledgement to wait for (the output was sent,
    and for the persist path the MongoDB write is already acknowledged) or an `InvalidInputError`: that record
-   is sent to the path's dead-letter topic.
+   is sent to the path's dead-letter topic. When the handler raises for the whole batch, the batch is split
+   in halves until the record that raises is alone (`consumers.outage.Contained`), and that one is the dead
+   letter.
 3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are.
 4. A background commit, at most every `commit_interval_ms`, commits each partition's contiguous done
    watermark; the loop never waits for it. Revoke and shutdown commit synchronously.
@@ -15,8 +17,12 @@ input: the loop pauses its partitions, reports not-ready, backs off exponentiall
 the same records that are not done yet. While it waits it keeps calling `getmany` (on paused partitions, so
 nothing is returned) so that the consumer stays in the group. A record whose output is too large for Kafka
 is dead-lettered like bad input, and so is each offset of a record batch the consumer cannot decompress or
-parse (see `consumers.unreadable`). Anything else (a bug, a refused configuration) stops the loop: the service
-exits non-zero without committing past the failed work.
+parse (see `consumers.unreadable`). Any other exception met on one record (a bug) is contained the same way:
+the record is dead-lettered with the exception's class and message, logged at ERROR with its topic,
+partition and offset, and counted in `message_history_unexpected_errors_total`; the loop never exits on a
+record. Only a systemic refusal (`consumers.outage.is_systemic`: MongoDB refusing for good, Kafka refusing
+authorization or configuration) stops the loop: the service exits non-zero without committing past the
+failed work, since dead-lettering every record would be wrong.
 
 One job, the loop itself (hence its length): the consumer and the knobs are built in `consumers.consumer`,
 the retry policy is `consumers.outage`, what a path promises the loop is `consumers.contract`.
@@ -43,8 +49,10 @@ from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage import (
     Backoff,
     ChunkLimit,
+    Contained,
     Failure,
     is_outage,
+    report_unexpected,
     retry_batch,
     settle_outcomes,
 )
@@ -90,7 +98,8 @@ class StreamLoop:
         self.path = path
         self.topic = topic
         self._consumer = consumer
-        self._handler = SkippingUnreadable(handler)  # an unreadable record is refused before the path sees it
+        # an unreadable record is refused before the path sees it; a batch the path raises for is split
+        self._handler = Contained(SkippingUnreadable(handler), path)
         self._dead_letters = dead_letters
         self._health = health
         self._opts = options
@@ -347,6 +356,7 @@ class StreamLoop:
             # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
             result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
         kind = error_type(error)
+        report_unexpected(self.path, record, error)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()
         metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
         log.warning(

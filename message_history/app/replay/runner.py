@@ -17,7 +17,15 @@ from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.consumer import build_reader
 from consumers.contract import BatchHandler
-from consumers.outage import Backoff, Failure, is_outage, retry_batch, retry_call, settle_outcomes
+from consumers.outage import (
+    Backoff,
+    Failure,
+    is_outage,
+    report_unexpected,
+    retry_batch,
+    retry_call,
+    settle_outcomes,
+)
 from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
@@ -173,6 +181,7 @@ class BatchRunner:
         elif isinstance(outcome, EnrichedRequest):
             self.counts.add_enriched(outcome.history.recalled)
         elif isinstance(outcome, _Invalid):
+            report_unexpected("replay", record, outcome.error)
             dlq = self.dead_letters.topic if outcome.dead_lettered and self.dead_letters else None
             self.counts.add_invalid(
                 partition=record.partition,
