@@ -12,6 +12,7 @@ which): those are raised for the whole batch, as before.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
@@ -67,9 +68,17 @@ class BatchHandler(Protocol):
         ...
 
 
-async def ack_after(first: Awaitable[object], ack: Ack) -> object:
+def ack_after(first: Awaitable[object], ack: Ack) -> Ack:
     """`ack`, resolved only once `first` (another write the record caused) is durable too; either failing
-    fails the record, so the loop retries it."""
+    fails the record, so the loop retries it.
+
+    A future, not a bare coroutine: when the batch raises after it was made (and `consumers.outage.Contained`
+    splits the batch), it is dropped without a "never awaited" warning.
+    """
+    return asyncio.ensure_future(_after(first, ack))
+
+
+async def _after(first: Awaitable[object], ack: Ack) -> object:
     await first
     return await ack
 
