@@ -133,9 +133,14 @@ _UNMARKED: tuple[tuple[str, str, str], ...] = (
 )
 
 
+_MAY_START_OTHER = frozenset({b"", b"\x00", b"\xef", b"\xfe", b"\xff"})
+
+
 def other_encoding(raw: bytes) -> str | None:
     """Why a value that is JSON text in another encoding than UTF-8 (or UTF-8 behind a byte order mark) is
     refused, else None. Checked before the Schema Registry frame, which also starts with a zero byte."""
+    if raw[:1] not in _MAY_START_OTHER and raw[1:2] != b"\x00":
+        return None  # the common case: UTF-8 JSON starts with an ASCII byte, then a non-zero one
     if raw.startswith(b"\xef\xbb\xbf"):
         return (
             "not valid JSON: the value starts with a UTF-8 byte order mark (BOM); produce UTF-8 without one"
