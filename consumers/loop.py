@@ -354,7 +354,15 @@ class StreamLoop:
             result = await ack
         except OUTPUT_TOO_LARGE:
             # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
-            result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
+            try:
+                result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
+            except OUTPUT_TOO_LARGE:
+                # its own headers are (hostile headers near the limit, plus ours): without them too, so that a
+                # record is never left without a dead letter (which would stop the loop)
+                bare = await self._dead_letters.publish(
+                    record, error, span=span, omit_value=True, omit_headers=True
+                )
+                result = await bare
         kind = error_type(error)
         report_unexpected(self.path, record, error)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()

@@ -266,3 +266,37 @@ async def test_poison_records_on_every_input_topic_are_dead_lettered_and_the_ser
         ("persist", settings.responses_topic, 6),
         ("commands", settings.commands_topic, 4),
     }
+
+
+async def test_a_record_whose_own_headers_are_over_kafkas_limit_is_still_dead_lettered(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """Hostile headers: a bad record carrying 1.1 MB of headers (gzip keeps the batch small for the broker).
+    Its dead letter cannot carry them, nor its value: it goes without both, saying so, and the record after it
+    is processed. Before, the dead letter's second refusal was raised and stopped the loop."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(partitions=1, name=settings.requests_topic)
+    await produce(
+        bootstrap,
+        settings.requests_topic,
+        [(b"k", b"{not json")],
+        headers=[("x-padding", b"h" * 1_100_000)],
+        compression_type="gzip",
+        max_request_size=4 * 1_048_576,
+    )
+    await produce(bootstrap, settings.requests_topic, [encoded(_request("after"))])
+    try:
+        async with running_service(settings, only="recall") as service:
+            letters = await read_topic(bootstrap, settings.requests_dlq, until=lambda rs: len(rs) >= 1)
+            enriched = await read_topic(bootstrap, settings.enriched_topic, until=lambda rs: len(rs) >= 1)
+            assert not service.done(), "the service stopped on a record"
+    finally:
+        await drop_database(settings)
+    [letter] = letters
+    info = parse_dead_letter_headers(letter.headers)
+    assert (info.source_offset, info.error_type) == (0, "EventValidationError")
+    assert "the record's own headers are omitted from this dead letter" in info.error_message
+    assert letter.value == b""
+    assert all(key != "x-padding" for key, _ in letter.headers)
+    assert [v["requestId"] for v in values(enriched)] == ["after-turn1"]
