@@ -60,7 +60,7 @@ from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unread
 from message_history import metrics, tracing
 from message_history.errors import error_type
 from producers.dead_letters import DeadLetterPublisher
-from producers.output import OUTPUT_TOO_LARGE, explain_too_large
+from producers.output import explain_too_large
 
 log = logging.getLogger(__name__)
 
@@ -349,20 +349,8 @@ class StreamLoop:
     async def _send_dead_letter(
         self, record: ConsumerRecord, error: BaseException, span: Span | None
     ) -> object:
-        ack = await self._dead_letters.publish(record, error, span=span)
-        try:
-            result = await ack
-        except OUTPUT_TOO_LARGE:
-            # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
-            try:
-                result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
-            except OUTPUT_TOO_LARGE:
-                # its own headers are (hostile headers near the limit, plus ours): without them too, so that a
-                # record is never left without a dead letter (which would stop the loop)
-                bare = await self._dead_letters.publish(
-                    record, error, span=span, omit_value=True, omit_headers=True
-                )
-                result = await bare
+        # too large for Kafka: without the value, then without the record's own headers too, saying so
+        result = await self._dead_letters.deliver(record, error, span=span)
         kind = error_type(error)
         report_unexpected(self.path, record, error)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()

@@ -172,7 +172,7 @@ class BatchRunner:
     async def _invalid(self, record: ConsumerRecord, error: BaseException) -> _Invalid:
         if self.dead_letters is None:
             return _Invalid(error, dead_lettered=False)
-        await (await self.dead_letters.publish(record, error))
+        await self.dead_letters.deliver(record, error)  # as the live loop: one that fits Kafka's limit
         return _Invalid(error, dead_lettered=True)
 
     def _settle(self, record: ConsumerRecord, outcome: object) -> None:
