@@ -123,7 +123,8 @@ class BatchRunner:
         """Process `records` (one partition, ascending); moves `state.next` past what is done.
 
         Raises `ReplayAbortedError` when an outage outlasts `max_retry_s` (`state.next` is then the first
-        record not done), and re-raises anything that is not an outage (`state.next` stays before the batch).
+        record not done), and re-raises what is neither an outage nor contained (a systemic refusal,
+        `consumers.outage.is_systemic`: `state.next` stays before the batch).
         """
         failing_since: float | None = None
 
