@@ -482,7 +482,8 @@ class MessageHistory:
             if row.threadId == thread_id:
                 stored[row.id] = row
             elif row.resourceId and row.resourceId != owner:
-                raise ThreadOwnershipError(row.threadId or "", owner, row.resourceId)
+                # named by the id the turn sent: the other thread's id is the other resource's to know
+                raise ThreadOwnershipError(thread_id, owner, row.resourceId, message_id=row.id)
         response_ids = {m.id for m in response if m.id is not None}
         latest: list[Message] = []
         if not has_new_user_input(to_save, response_ids=response_ids, stored=stored):

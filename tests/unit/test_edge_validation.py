@@ -319,3 +319,5 @@ def test_an_ownership_refusal_does_not_name_the_owner() -> None:
     assert str(error) == "thread 't1' is owned by another resource"
     assert "alice-tenant-42" not in str(error)
     assert "mallory" not in str(error)
+    collision = ThreadOwnershipError("mallorys-thread", "mallory", "alice", message_id="m-1")
+    assert str(collision) == "message 'm-1' is owned by another resource"
