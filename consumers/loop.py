@@ -35,7 +35,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -303,6 +303,12 @@ class StreamLoop:
                     len(left),
                     extra={"path": self.path},
                 )
+        except Exception as exc:  # systemic (records are contained): say which batch was in hand
+            log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
+                "a failure that is no record's fault stops the loop; nothing past the batch is committed",
+                extra={"path": self.path, "error_type": type(exc).__name__, "batch": _positions(records)},
+            )
+            raise
         finally:
             if self._outage:
                 self._leave_outage()
@@ -485,6 +491,16 @@ class StreamLoop:
             "partitions assigned",
             extra={"path": self.path, "partitions": sorted(tp.partition for tp in assigned)},
         )
+
+
+def _positions(records: Iterable[ConsumerRecord | UnreadableRecord]) -> dict[str, str]:
+    """`{"topic[partition]": "first-last"}` offsets of a batch, for a log line."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for record in records:
+        key = f"{record.topic}[{record.partition}]"
+        low, high = ranges.get(key, (record.offset, record.offset))
+        ranges[key] = (min(low, record.offset), max(high, record.offset))
+    return {key: f"{low}-{high}" for key, (low, high) in ranges.items()}
 
 
 def _tp(record: ConsumerRecord) -> TopicPartition:

@@ -10,6 +10,7 @@ alone). Before containment, each of them stopped the loop and the service exited
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Sequence
@@ -20,6 +21,8 @@ import pytest
 from consumers import commands, persist, recall
 from message_history import metrics
 from message_history.app.health import Health
+from message_history.app.service import run_service
+from message_history.errors import FatalStorageError
 from schemas.dead_letters import parse_dead_letter_headers
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
@@ -33,7 +36,14 @@ from tests.integration.service_harness import (
     text_message,
     values,
 )
-from tests.integration.stream_helpers import Record, produce, read_topic, wait_committed
+from tests.integration.stream_helpers import (
+    Record,
+    committed_offsets,
+    produce,
+    read_all,
+    read_topic,
+    wait_committed,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -300,3 +310,42 @@ async def test_a_record_whose_own_headers_are_over_kafkas_limit_is_still_dead_le
     assert letter.value == b""
     assert all(key != "x-padding" for key, _ in letter.headers)
     assert [v["requestId"] for v in values(enriched)] == ["after-turn1"]
+
+
+async def test_a_systemic_refusal_stops_the_loop_and_dead_letters_nothing(
+    kafka_bootstrap: str,
+    mongo_uri: str,
+    make_topic: MakeTopic,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """MongoDB refusing for good (say, the service's user lost its write role) is no record's fault: the loop
+    stops (exit 1) with an ERROR line naming the batch in hand, nothing is dead-lettered and nothing past the
+    batch is committed, so the restarted service reads the same records once the cause is fixed."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(partitions=1, name=settings.responses_topic)
+    turn_input = persist.turn_input
+
+    def refused(response: Any) -> Any:
+        if response.threadId == "refused":
+            raise FatalStorageError("MongoDB refused the write: OperationFailure code 13 Unauthorized")
+        return turn_input(response)
+
+    monkeypatch.setattr(persist, "turn_input", refused)
+    caplog.set_level("ERROR", logger="consumers.loop")
+    await produce(bootstrap, settings.responses_topic, [encoded(_response("refused"))])
+    stop = asyncio.Event()
+    try:
+        code = await asyncio.wait_for(run_service(settings, stop=stop, only="persist"), 120)
+        letters = await read_all(bootstrap, settings.responses_dlq, settle_s=0.5)
+        committed = await committed_offsets(bootstrap, settings.group_id, settings.responses_topic)
+    finally:
+        stop.set()
+        await drop_database(settings)
+    assert code == 1
+    assert letters == []
+    assert committed.get(0, 0) == 0
+    [line] = [r for r in caplog.records if "no record's fault stops the loop" in r.getMessage()]
+    assert line.__dict__["batch"] == {f"{settings.responses_topic}[0]": "0-0"}
+    assert line.__dict__["error_type"] == "FatalStorageError"
