@@ -3,8 +3,9 @@
 Commands are rare and each one may delete many rows, so a batch runs them one after the other, in order. An
 outage raises (the loop retries the batch; forgetting is idempotent, so a command run twice answers twice with
 the same effect). A command that cannot be decoded, or that names a thread another resource owns, is a dead
-letter. Every forget is written to the log as an audit line (`"audit": "forget"`), with counts and ids but no
-content.
+letter, and so is one whose decode or forget raises anything else that is neither an outage nor a systemic
+refusal (`consumers.outage.containable`: a bug, logged at ERROR when it is dead-lettered). Every forget is
+written to the log as an audit line (`"audit": "forget"`), with counts and ids but no content.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from consumers.contract import Ack, Record, record_headers
+from consumers.outage import contain, containable
 from message_history import metrics
 from message_history.errors import EventValidationError, InvalidInputError
 from producers.forgotten import ForgottenPublisher
@@ -65,9 +67,10 @@ class CommandsHandler:
     async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
         results: list[Ack | InvalidInputError] = []
         for record in records:
+            if record.value is None:
+                results.append(EventValidationError("empty record (no value)"))
+                continue
             try:
-                if record.value is None:
-                    raise EventValidationError("empty record (no value)")
                 command = decode_command(record.value, self._limits)
                 if isinstance(command, ForgetThread):
                     outcome = await self._forgetting.forget_thread(
@@ -77,11 +80,19 @@ class CommandsHandler:
                     outcome = await self._forgetting.forget_resource(
                         command.resourceId, dry_run=command.dryRun
                     )
-            except InvalidInputError as exc:
-                results.append(exc)
+            except Exception as exc:
+                if not containable(exc):
+                    raise
+                results.append(contain(exc, "process"))
                 continue
             audit(outcome, request_id=command.requestId, via="commands-topic")
-            event = forgotten_event(outcome, command, request_id=command.requestId)
+            try:
+                event = forgotten_event(outcome, command, request_id=command.requestId)
+            except Exception as exc:  # the forget is done (and idempotent): only this answer cannot be built
+                if not containable(exc):
+                    raise
+                results.append(contain(exc, "output"))
+                continue
             results.append(
                 await self._publisher.publish(event, key=command_key(command), headers=record_headers(record))
             )

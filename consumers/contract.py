@@ -3,14 +3,21 @@ helpers both sides use on them.
 
 A path (`consumers.recall`, `consumers.persist`, `consumers.commands`, the replay) implements
 `BatchHandler`; the loop (`consumers.loop`, or replay's runner) calls it and waits for the returned `Ack`s.
+
+Containment (docs/operations-stream.md, "Bad input never stops the stream"): what a path meets on one record
+is that record's result. `decode_each` and `per_thread` turn any exception of one record's decode or work
+into its dead-letter reason, except an outage or a systemic refusal (`consumers.outage.containable` says
+which): those are raised for the whole batch, as before.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 from consumers.lanes import Failed, run_lanes
+from consumers.outage import contain, containable
 from message_history import tracing
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.settings import Settings
@@ -61,9 +68,17 @@ class BatchHandler(Protocol):
         ...
 
 
-async def ack_after(first: Awaitable[object], ack: Ack) -> object:
+def ack_after(first: Awaitable[object], ack: Ack) -> Ack:
     """`ack`, resolved only once `first` (another write the record caused) is durable too; either failing
-    fails the record, so the loop retries it."""
+    fails the record, so the loop retries it.
+
+    A future, not a bare coroutine: when the batch raises after it was made (and `consumers.outage.Contained`
+    splits the batch), it is dropped without a "never awaited" warning.
+    """
+    return asyncio.ensure_future(_after(first, ack))
+
+
+async def _after(first: Awaitable[object], ack: Ack) -> object:
     await first
     return await ack
 
@@ -77,18 +92,23 @@ def decode_each(
     records: Sequence[Record], spans: tracing.BatchSpans, decode: Callable[[Record, bytes], T]
 ) -> tuple[list[Ack | InvalidInputError | None], list[tuple[int, T]]]:
     """Each record decoded (`decode(record, value)`), its span started: (per-record results with the refused
-    ones' errors filled in, the decoded ones with their index). An empty record is refused here."""
+    ones' errors filled in, the decoded ones with their index). An empty record is refused here, and so is
+    one whose decode raises anything `containable` (a bug met on it included)."""
     results: list[Ack | InvalidInputError | None] = [None] * len(records)
     items: list[tuple[int, T]] = []
     for index, record in enumerate(records):
         spans.start(index, record)
-        try:
-            if record.value is None:
-                raise EventValidationError("empty record (no value)")
-            items.append((index, decode(record, record.value)))
-        except InvalidInputError as exc:
-            results[index] = exc
-            spans.fail(index, exc)
+        error: InvalidInputError = EventValidationError("empty record (no value)")
+        if record.value is not None:
+            try:
+                items.append((index, decode(record, record.value)))
+                continue
+            except Exception as exc:
+                if not containable(exc):
+                    raise
+                error = contain(exc, "decode")
+        results[index] = error
+        spans.fail(index, error)
     return results, items
 
 
@@ -124,11 +144,21 @@ class PathHandler(SpannedPath, Generic[P]):
         work: Callable[[tuple[int, T]], Awaitable[R]],
     ) -> list[R | Failed]:
         """`work` on every decoded record: one thread's in batch order, up to `max_in_flight` threads at once;
-        a record's `InvalidInputError` comes back as its `Failed` (the others go on)."""
+        what a record's work raises that is `containable` comes back as its `Failed`, an
+        `InvalidInputError` (the others go on)."""
+
+        async def contained(entry: tuple[int, T]) -> R:
+            try:
+                return await work(entry)
+            except Exception as exc:
+                if not containable(exc):
+                    raise
+                raise contain(exc, "process") from exc
+
         return await run_lanes(
             items,
             key=lambda entry: thread_of(entry[1]),
-            work=work,
+            work=contained,
             max_concurrent=self.max_in_flight,
             item_errors=(InvalidInputError,),
         )

@@ -5,7 +5,9 @@ One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's
 1. `getmany` returns up to `max_batch_records` records; each is tracked in the partition's watermark.
 2. The path's `BatchHandler` returns, per record, either an acknowledgement to wait for (the output was sent,
    and for the persist path the MongoDB write is already acknowledged) or an `InvalidInputError`: that record
-   is sent to the path's dead-letter topic.
+   is sent to the path's dead-letter topic. When the handler raises for the whole batch, the batch is split
+   in halves until the record that raises is alone (`consumers.outage.Contained`), and that one is the dead
+   letter.
 3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are. A
    parked record (a recall request waiting in its thread's lane, `consumers.parking`) is settled in the
    background instead: the loop fetches on, and its commit stops below it until it is done.
@@ -17,8 +19,12 @@ input: the loop pauses its partitions, reports not-ready, backs off exponentiall
 the same records that are not done yet. While it waits it keeps calling `getmany` (on paused partitions, so
 nothing is returned) so that the consumer stays in the group. A record whose output is too large for Kafka
 is dead-lettered like bad input, and so is each offset of a record batch the consumer cannot decompress or
-parse (see `consumers.unreadable`). Anything else (a bug, a refused configuration) stops the loop: the service
-exits non-zero without committing past the failed work.
+parse (see `consumers.unreadable`). Any other exception met on one record (a bug) is contained the same way:
+the record is dead-lettered with the exception's class and message, logged at ERROR with its topic,
+partition and offset, and counted in `message_history_unexpected_errors_total`; the loop never exits on a
+record. Only a systemic refusal (`consumers.outage.is_systemic`: MongoDB refusing for good, Kafka refusing
+authorization or configuration) stops the loop: the service exits non-zero without committing past the
+failed work, since dead-lettering every record would be wrong.
 
 One job, the loop itself (hence its length): the consumer and the knobs are built in `consumers.consumer`,
 the retry policy is `consumers.outage`, what a path promises the loop is `consumers.contract`.
@@ -32,7 +38,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -47,8 +53,10 @@ from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage import (
     Backoff,
     ChunkLimit,
+    Contained,
     Failure,
     is_outage,
+    report_unexpected,
     retry_batch,
     settle_outcomes,
 )
@@ -57,7 +65,7 @@ from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unread
 from message_history import metrics, tracing
 from message_history.errors import error_type
 from producers.dead_letters import DeadLetterPublisher
-from producers.output import OUTPUT_TOO_LARGE, explain_too_large
+from producers.output import explain_too_large
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +106,8 @@ class StreamLoop:
         self.path = path
         self.topic = topic
         self._consumer = consumer
-        self._handler = SkippingUnreadable(handler)  # an unreadable record is refused before the path sees it
+        # an unreadable record is refused before the path sees it; a batch the path raises for is split
+        self._handler = Contained(SkippingUnreadable(handler), path)
         self._dead_letters = dead_letters
         self._health = health
         self._opts = options
@@ -334,6 +343,12 @@ class StreamLoop:
                     len(left),
                     extra={"path": self.path},
                 )
+        except Exception as exc:  # systemic (records are contained): say which batch was in hand
+            log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
+                "a failure that is no record's fault stops the loop; nothing past the batch is committed",
+                extra={"path": self.path, "error_type": type(exc).__name__, "batch": _positions(records)},
+            )
+            raise
         finally:
             if self._outage:
                 self._leave_outage()
@@ -480,13 +495,10 @@ class StreamLoop:
     async def _send_dead_letter(
         self, record: ConsumerRecord, error: BaseException, span: Span | None
     ) -> object:
-        ack = await self._dead_letters.publish(record, error, span=span)
-        try:
-            result = await ack
-        except OUTPUT_TOO_LARGE:
-            # the input itself is over Kafka's limit (max_event_bytes allows it): say where it is instead
-            result = await (await self._dead_letters.publish(record, error, span=span, omit_value=True))
+        # too large for Kafka: without the value, then without the record's own headers too, saying so
+        result = await self._dead_letters.deliver(record, error, span=span)
         kind = error_type(error)
+        report_unexpected(self.path, record, error)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()
         metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
         log.warning(
@@ -620,6 +632,16 @@ class StreamLoop:
             "partitions assigned",
             extra={"path": self.path, "partitions": sorted(tp.partition for tp in assigned)},
         )
+
+
+def _positions(records: Iterable[ConsumerRecord | UnreadableRecord]) -> dict[str, str]:
+    """`{"topic[partition]": "first-last"}` offsets of a batch, for a log line."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for record in records:
+        key = f"{record.topic}[{record.partition}]"
+        low, high = ranges.get(key, (record.offset, record.offset))
+        ranges[key] = (min(low, record.offset), max(high, record.offset))
+    return {key: f"{low}-{high}" for key, (low, high) in ranges.items()}
 
 
 def _tp(record: ConsumerRecord) -> TopicPartition:

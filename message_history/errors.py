@@ -7,7 +7,8 @@
     │   │   └── MessageIdTakenError     a message id of the turn is already another thread's
     │   ├── DocumentTooLargeError       a message would be a MongoDB document over its 16 MiB limit
     │   ├── OutputTooLargeError         the output of a record is over Kafka's record size limit
-    │   └── ThreadBusyError             busy-thread policy `reject`: an earlier turn is not answered yet
+    │   ├── ThreadBusyError             busy-thread policy `reject`: an earlier turn is not answered yet
+    │   └── UnexpectedRecordError       a bug met on one record (any other exception): dead-lettered too
     ├── AbortError                      a processor step called abort(reason): the turn stops, nothing written
     ├── RetriableError                  retriable = True: an outage; back off, pause intake, never dead-letter
     │   ├── StorageUnavailableError     MongoDB unreachable, timed out, not primary
@@ -51,11 +52,17 @@ class EventValidationError(InvalidInputError):
 class ThreadOwnershipError(InvalidInputError):
     """The event names a thread that belongs to another resourceId; nothing is recalled or written."""
 
-    def __init__(self, thread_id: str, resource_id: str, owner: str) -> None:
+    def __init__(
+        self, thread_id: str, resource_id: str, owner: str, *, message_id: str | None = None
+    ) -> None:
         self.thread_id = thread_id
         self.resource_id = resource_id
         self.owner = owner
-        super().__init__(f"thread {thread_id!r} belongs to resource {owner!r}, not {resource_id!r}")
+        self.message_id = message_id
+        # The message becomes a dead letter's header: it names only what the sender sent (the thread, or the
+        # message id another resource's thread holds), never the owner nor anything else of theirs.
+        what = f"message {message_id!r}" if message_id is not None else f"thread {thread_id!r}"
+        super().__init__(f"{what} is owned by another resource")
 
 
 class MessageIdTakenError(ThreadOwnershipError):
@@ -107,6 +114,24 @@ class ThreadBusyError(InvalidInputError):
         super().__init__(
             f"thread-busy: thread {thread_id!r} has turn {pending_request_id!r} enriched and not answered yet"
         )
+
+
+class UnexpectedRecordError(InvalidInputError):
+    """Any exception met on one record that is neither bad input we name nor an outage: a bug, contained.
+
+    The record is dead-lettered like bad input, so one record never stops the stream; `error_type` is the
+    original exception's class and the message is its message. `cause` keeps the exception (and its
+    traceback) for the ERROR log line; `stage` says where it was met (decode, process, output, batch).
+    """
+
+    def __init__(self, cause: BaseException, stage: str) -> None:
+        self.cause = cause
+        self.stage = stage
+        super().__init__(str(cause) or type(cause).__name__)
+
+    @property
+    def error_type(self) -> str:
+        return error_type(self.cause)
 
 
 class AbortError(MessageHistoryError):

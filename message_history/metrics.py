@@ -83,6 +83,12 @@ DEAD_LETTERS = Counter(
     ["path", "error_type"],
     registry=REGISTRY,
 )
+UNEXPECTED_ERRORS = Counter(
+    "message_history_unexpected_errors",
+    "Records dead-lettered for an unexpected exception (a bug, not bad input), by path and exception class.",
+    ["path", "error_type"],
+    registry=REGISTRY,
+)
 RETRIES = Counter(
     "message_history_retries",
     "Retries after a dependency failed (an outage, not bad input).",

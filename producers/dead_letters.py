@@ -11,17 +11,18 @@ from opentelemetry.trace import Span
 from message_history import __version__
 from message_history.errors import MessageHistoryError, error_type
 from message_history.tracing import output_headers
-from producers.output import OutputProducer
+from producers.output import OUTPUT_TOO_LARGE, OutputProducer
 from schemas.dead_letters import dead_letter_headers
 
 
 class ValueOmittedError(MessageHistoryError):
     """The reason of a dead letter sent without its value, which is over Kafka's record size limit."""
 
-    def __init__(self, error: BaseException, size: int) -> None:
+    def __init__(self, error: BaseException, size: int, *, headers_too: bool = False) -> None:
         self.original_type = error_type(error)
+        what = f"the value ({size} bytes)" + (" and the record's own headers are" if headers_too else " is")
         super().__init__(
-            f"[the value ({size} bytes) is omitted from this dead letter: it is over Kafka's record size "
+            f"[{what} omitted from this dead letter: it is over Kafka's record size "
             f"limit; the record is still in the source topic at source.partition/source.offset] {error}"
         )
 
@@ -55,14 +56,17 @@ class DeadLetterPublisher:
         *,
         span: Span | None = None,
         omit_value: bool = False,
+        omit_headers: bool = False,
     ) -> asyncio.Future[Any]:
         """Buffer the dead letter for `record`; the future resolves when Kafka acknowledged it.
 
         With a `span`, the dead letter carries its trace context instead of the record's (one `traceparent`).
-        `omit_value` sends it with an empty value (for a record too large to be sent again), saying so.
+        `omit_value` sends it with an empty value (for a record too large to be sent again), saying so;
+        `omit_headers` (with `omit_value`) leaves out the record's own headers too, for a record whose headers
+        alone, with ours, are over the limit.
         """
         if omit_value:
-            error = ValueOmittedError(error, len(record.value or b""))
+            error = ValueOmittedError(error, len(record.value or b""), headers_too=omit_headers)
         headers = dead_letter_headers(
             error=error,
             source_topic=record.topic,
@@ -70,9 +74,25 @@ class DeadLetterPublisher:
             source_offset=record.offset,
             failed_at=datetime.now(UTC),
             service_version=__version__,
-            original_headers=output_headers([(k, v or b"") for k, v in (record.headers or ())], span),
+            original_headers=output_headers(
+                [] if omit_headers else [(k, v or b"") for k, v in (record.headers or ())], span
+            ),
         )
         value = b"" if omit_value else record.value
         if value is None and record.key is None:
             value = b""  # a record with neither key nor value cannot be produced as is; empty is the closest
         return await self._producer.send(self.topic, key=record.key, value=value, headers=headers)
+
+    async def deliver(self, record: SourceRecord, error: BaseException, *, span: Span | None = None) -> Any:
+        """`publish` and wait for Kafka's acknowledgement. A dead letter over Kafka's record size limit goes
+        again without the value (a record as large as the limit allows), then without the record's own
+        headers too (hostile headers near the limit), each time saying so: a record is never left without its
+        dead letter, which would stop the loop."""
+        try:
+            return await (await self.publish(record, error, span=span))
+        except OUTPUT_TOO_LARGE:
+            pass
+        try:
+            return await (await self.publish(record, error, span=span, omit_value=True))
+        except OUTPUT_TOO_LARGE:
+            return await (await self.publish(record, error, span=span, omit_value=True, omit_headers=True))

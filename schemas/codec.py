@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from pydantic_core import ErrorDetails
+from pydantic_core import ErrorDetails, from_json
 
 from message_history.errors import EventValidationError
 from schemas.events import (
@@ -32,7 +32,7 @@ from schemas.events import (
 )
 from schemas.ids import Kind, derived_message_id
 from schemas.limits import Limits
-from schemas.messages import PART_TAGS, Message
+from schemas.messages import LATEST, PART_TAGS, TIMESTAMP_RANGE_ERROR, Message
 
 E = TypeVar("E", bound=EventBase)
 
@@ -49,6 +49,7 @@ def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:
     event = _decode(raw, AgentRequest, limits)
     _check_memory(event.memory)
     _check_messages(event, event.messages, "messages", limits)
+    _check_derived_times(event, event.messages, "messages", 0)
     event.messages = _normalize(event, event.messages, "input", 0)
     return event
 
@@ -61,6 +62,8 @@ def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentRespons
     event = _decode(raw, AgentResponse, limits)
     _check_messages(event, event.input, "input", limits)
     _check_messages(event, event.response, "response", limits)
+    _check_derived_times(event, event.input, "input", 0)
+    _check_derived_times(event, event.response, "response", len(event.input))
     event.input = _normalize(event, event.input, "input", 0)
     event.response = _normalize(event, event.response, "response", len(event.input))
     return event
@@ -92,7 +95,7 @@ def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
         event = model.model_validate_json(raw)
     except ValidationError as exc:
         # `from None`: the pydantic error embeds input excerpts, which must not reach logs or headers.
-        raise _from_pydantic(exc) from None
+        raise validation_error(exc) from None
     if "schemaVersion" not in event.model_fields_set:
         raise EventValidationError("Field required", "schemaVersion")
     for name in ("requestId", "threadId", "resourceId"):
@@ -101,12 +104,102 @@ def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
 
 
 def check_raw(raw: bytes, limits: Limits, what: str) -> None:
-    """Refuse a record value over the size limit or in a Schema Registry frame, before parsing it."""
+    """Refuse a record value over the size limit, not UTF-8, in a Schema Registry frame, or holding NaN or
+    Infinity, before parsing it into the models."""
     if len(raw) > limits.max_event_bytes:
         raise EventValidationError(f"{what} is {len(raw)} bytes; the limit is {limits.max_event_bytes}")
+    encoded = other_encoding(raw)
+    if encoded is not None:
+        raise EventValidationError(encoded)
     framed = schema_registry_framing(raw)
     if framed is not None:
         raise EventValidationError(framed)
+    _refuse_non_finite(raw)
+
+
+# Byte order marks, longest first (UTF-32 LE's starts with UTF-16 LE's).
+_BOMS: tuple[tuple[bytes, str], ...] = (
+    (b"\x00\x00\xfe\xff", "UTF-32 (big-endian, with a byte order mark)"),
+    (b"\xff\xfe\x00\x00", "UTF-32 (little-endian, with a byte order mark)"),
+    (b"\xfe\xff", "UTF-16 (big-endian, with a byte order mark)"),
+    (b"\xff\xfe", "UTF-16 (little-endian, with a byte order mark)"),
+)
+# Without a mark, JSON text starts with an ASCII character, so the zero bytes of its first code unit say the
+# encoding (RFC 4627, section 3): the pattern of the first four bytes (0 = zero, x = not zero), the codec.
+_UNMARKED: tuple[tuple[str, str, str], ...] = (
+    ("000x", "utf-32-be", "UTF-32 (big-endian)"),
+    ("x000", "utf-32-le", "UTF-32 (little-endian)"),
+    ("0x0x", "utf-16-be", "UTF-16 (big-endian)"),
+    ("x0x0", "utf-16-le", "UTF-16 (little-endian)"),
+)
+
+
+_MAY_START_OTHER = frozenset({b"", b"\x00", b"\xef", b"\xfe", b"\xff"})
+
+
+def other_encoding(raw: bytes) -> str | None:
+    """Why a value that is JSON text in another encoding than UTF-8 (or UTF-8 behind a byte order mark) is
+    refused, else None. Checked before the Schema Registry frame, which also starts with a zero byte."""
+    if raw[:1] not in _MAY_START_OTHER and raw[1:2] != b"\x00":
+        return None  # the common case: UTF-8 JSON starts with an ASCII byte, then a non-zero one
+    if raw.startswith(b"\xef\xbb\xbf"):
+        return (
+            "not valid JSON: the value starts with a UTF-8 byte order mark (BOM); produce UTF-8 without one"
+        )
+    marked = next((name for mark, name in _BOMS if raw.startswith(mark)), None)
+    if marked is not None:
+        return f"not UTF-8: the value is {marked} text; produce UTF-8 JSON"
+    unmarked = _unmarked_encoding(raw)
+    return f"not UTF-8: the value looks like {unmarked} JSON text; produce UTF-8 JSON" if unmarked else None
+
+
+def _unmarked_encoding(raw: bytes) -> str | None:
+    if len(raw) < 4 or 0 not in raw[:4]:
+        return None
+    pattern = "".join("0" if byte == 0 else "x" for byte in raw[:4])
+    for expected, codec, name in _UNMARKED:
+        if pattern == expected:
+            try:
+                text = raw.decode(codec)
+            except UnicodeDecodeError:
+                return None  # not text in that encoding either (a Schema Registry frame, say)
+            return name if text.lstrip()[:1] in ("{", "[") else None
+    return None
+
+
+_NON_FINITE = "NaN, Infinity and -Infinity are not JSON"
+
+
+def _refuse_non_finite(raw: bytes) -> None:
+    """Refuse the `NaN`, `Infinity` and `-Infinity` literals anywhere in a value (the models' parser reads
+    them as floats, and they would be written back as null).
+
+    Two substring scans in the common case; only a value that contains the letters anywhere (in a string,
+    say) is parsed once more, by the same parser with those literals refused.
+    """
+    if b"NaN" not in raw and b"Infinity" not in raw:
+        return
+    try:
+        from_json(raw, allow_inf_nan=False)
+    except ValueError as exc:
+        try:
+            from_json(raw)
+        except ValueError:
+            return  # not JSON for another reason too: the models' parse says where
+        raise EventValidationError(f"not valid JSON: {exc} ({_NON_FINITE})") from None
+
+
+def _check_derived_times(event: EventBase, messages: Sequence[Message], path: str, offset: int) -> None:
+    """A message without `createdAt` gets the event's `createdAt` + its position in ms (`_normalize`): refuse
+    the event when that instant is past the latest storable one, instead of overflowing."""
+    if event.createdAt <= LATEST - timedelta(milliseconds=offset + len(messages)):
+        return  # the common case: no derived time of this list can pass the end
+    for i, message in enumerate(messages):
+        if message.createdAt is None and event.createdAt > LATEST - timedelta(milliseconds=offset + i):
+            raise EventValidationError(
+                f"derived from the event's createdAt + {offset + i} ms, {TIMESTAMP_RANGE_ERROR}",
+                f"{path}.{i}.createdAt",
+            )
 
 
 def schema_registry_framing(raw: bytes) -> str | None:
@@ -184,7 +277,9 @@ def _normalize(event: EventBase, messages: list[M], kind: Kind, offset: int) -> 
     return messages
 
 
-def _from_pydantic(exc: ValidationError) -> EventValidationError:
+def validation_error(exc: ValidationError) -> EventValidationError:
+    """The one `EventValidationError` for a pydantic error (its first error, "not valid JSON: ..." for JSON
+    that does not parse), the same on every path."""
     errors = exc.errors(include_url=False, include_context=False, include_input=False)
     first = errors[0]
     reason = _reason(first)

@@ -16,8 +16,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
-from message_history.errors import EventValidationError
-from schemas.codec import check_id, check_raw, encode, error_path
+from schemas.codec import check_id, check_raw, encode, validation_error
 from schemas.events import SchemaVersion
 from schemas.limits import Limits
 from schemas.messages import Open, Timestamp
@@ -87,8 +86,7 @@ def decode_command(raw: bytes, limits: Limits = Limits()) -> ForgetThread | Forg
     try:
         command = _COMMAND.validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors(include_url=False, include_context=False, include_input=False)[0]
-        raise EventValidationError(first["msg"][:200], error_path(first["loc"])) from None
+        raise validation_error(exc) from None  # the events' wording ("not valid JSON: ...")
     ids = [("requestId", command.requestId), ("resourceId", command.resourceId)]
     if isinstance(command, ForgetThread):
         ids.append(("threadId", command.threadId))

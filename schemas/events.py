@@ -48,21 +48,32 @@ AT_MAX_REMOVE_TOKENS_ERROR: Final = (
 )
 """Mastra 1.71's messages (`normalizeMessageHistoryConfig`): a dead letter says what Mastra says."""
 
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+"""The cap on every count and token number of an event (`lastMessages`, `maxTokens`, `atMaxRemoveTokens`):
+JavaScript's `Number.MAX_SAFE_INTEGER`, the largest integer a Mastra client writes exactly (and the usual way
+to say "all"), well inside MongoDB's int64, which these numbers reach (a query's limit, a thread's metadata).
+"""
+ABOVE_SAFE_INTEGER_ERROR: Final = f"must be at most {MAX_SAFE_INTEGER} (Number.MAX_SAFE_INTEGER)"
+
 
 def _last_messages(value: Any) -> int | Literal[False] | None:
     # One clear error instead of pydantic's per-union-member pair, and `true` refused (bool is an int).
     if value is None or value is False:
         return value
     if type(value) is int and value >= 0:
+        if value > MAX_SAFE_INTEGER:
+            raise PydanticCustomError("last_messages", f"lastMessages {ABOVE_SAFE_INTEGER_ERROR}")
         return value
     raise PydanticCustomError("last_messages", LAST_MESSAGES_ERROR)
 
 
-def _token_number(message: str) -> Any:
+def _token_number(message: str, name: str) -> Any:
     def check(value: Any) -> float | int | None:
         if value is None:
             return None
         if type(value) in (int, float) and math.isfinite(value) and value >= 0:
+            if value > MAX_SAFE_INTEGER:
+                raise PydanticCustomError("token_number", f"{name} {ABOVE_SAFE_INTEGER_ERROR}")
             return value  # type: ignore[no-any-return]
         raise PydanticCustomError("token_number", message)
 
@@ -72,7 +83,7 @@ def _token_number(message: str) -> Any:
 def _token_schema(title: str, description: str) -> WithJsonSchema:
     return WithJsonSchema(
         {
-            "anyOf": [{"type": "number", "minimum": 0}, {"type": "null"}],
+            "anyOf": [{"type": "number", "minimum": 0, "maximum": MAX_SAFE_INTEGER}, {"type": "null"}],
             "title": title,
             "description": description,
         }
@@ -81,14 +92,14 @@ def _token_schema(title: str, description: str) -> WithJsonSchema:
 
 MaxTokens = Annotated[
     float | int | None,
-    PlainValidator(_token_number(MAX_TOKENS_ERROR)),
+    PlainValidator(_token_number(MAX_TOKENS_ERROR, "messageHistory.maxTokens")),
     _token_schema(
         "maxTokens", "token budget of the recalled history; 0 = no history; null/absent = the service default"
     ),
 ]
 AtMaxRemoveTokens = Annotated[
     float | int | None,
-    PlainValidator(_token_number(AT_MAX_REMOVE_TOKENS_ERROR)),
+    PlainValidator(_token_number(AT_MAX_REMOVE_TOKENS_ERROR, "messageHistory.atMaxRemoveTokens")),
     _token_schema(
         "atMaxRemoveTokens", "how far below maxTokens a trim goes (≤ maxTokens); default maxTokens × 0.25"
     ),
@@ -100,7 +111,11 @@ LastMessages = Annotated[
     PlainValidator(_last_messages),
     WithJsonSchema(
         {
-            "anyOf": [{"type": "integer", "minimum": 0}, {"const": False}, {"type": "null"}],
+            "anyOf": [
+                {"type": "integer", "minimum": 0, "maximum": MAX_SAFE_INTEGER},
+                {"const": False},
+                {"type": "null"},
+            ],
             "title": "lastMessages",
             "description": "messages to recall: 0 or false = none, null/absent = the service default",
         }

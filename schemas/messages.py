@@ -10,7 +10,7 @@ releases, and a memory service must not be the component that rejects them).
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
     AfterValidator,
@@ -21,6 +21,16 @@ from pydantic import (
     PlainSerializer,
     Tag,
     field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+EARLIEST: Final = datetime(1, 1, 1, tzinfo=UTC)
+LATEST: Final = datetime(9999, 12, 31, 23, 59, 59, 999000, tzinfo=UTC)
+"""The instants a timestamp may be: what a Python `datetime` holds in UTC, at millisecond precision (a BSON
+date, int64 milliseconds, and a JavaScript `Date` hold more, so Python's range is the narrower one)."""
+
+TIMESTAMP_RANGE_ERROR: Final = (
+    "is outside the range of storable times (0001-01-01T00:00:00.000Z to 9999-12-31T23:59:59.999Z, in UTC)"
 )
 
 
@@ -43,7 +53,10 @@ def format_timestamp(value: datetime) -> str:
 
 def _to_utc_ms(value: datetime) -> datetime:
     # MongoDB and JavaScript keep milliseconds; truncating here keeps ordering identical on both sides.
-    value = _as_utc(value)
+    try:
+        value = _as_utc(value)
+    except OverflowError:  # an offset that moves the instant past year 1 or 9999 in UTC
+        raise PydanticCustomError("timestamp_range", TIMESTAMP_RANGE_ERROR) from None
     sub_ms = value.microsecond % 1000
     return value.replace(microsecond=value.microsecond - sub_ms) if sub_ms else value
 

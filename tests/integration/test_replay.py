@@ -25,6 +25,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pymongo import AsyncMongoClient
 
+from consumers import persist
 from message_history.app.replay.command import ReplayResult, run_replay
 from message_history.app.replay.options import options_from_args
 from message_history.app.replay.plan import add_replay_arguments, parse_offsets
@@ -473,6 +474,54 @@ async def test_bad_records_are_dead_lettered_with_the_live_headers(
         assert len((await docs(settings))[0]) == 6
         assert f"(dead-lettered to {settings.responses_dlq})" in printed
         assert "    at 0/1: EventValidationError" in printed
+
+
+async def test_poison_records_and_a_bug_are_dead_lettered_and_the_replay_goes_on(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23's records (a derived time past 9999, an offset before year 1, NaN) and a bug met on one record
+    (patched to raise) are dead-lettered as the live loop does; the good records around them are saved. Before
+    containment the OverflowError and the bug ended the replay with exit code 1."""
+    settings = await setup(kafka_bootstrap, mongo_uri, make_topic, partitions=1)
+    good = simple_events(3)
+    late = response_event("late", "u", 0, [text_message("user", "q")], "a")
+    early = response_event("early", "u", 0, [text_message("user", "q")], "a")
+    nan = response_event("nan", "u", 0, [text_message("user", "q")], "a")
+    bug = response_event("bug", "u", 0, [text_message("user", "q")], "a")
+    bad: list[Item] = [
+        _encode(late | {"createdAt": "9999-12-31T23:59:59.999Z"}),
+        _encode(early | {"createdAt": "0001-01-01T00:00:00+01:00"}),
+        (b"nan", json.dumps(nan | {"metadata": {"x": 1}}).replace('"x": 1', '"x": NaN').encode()),
+        _encode(bug),
+    ]
+    turn_input = persist.turn_input
+
+    def buggy(response: Any) -> Any:
+        if response.threadId == "bug":
+            raise KeyError("injected bug")
+        return turn_input(response)
+
+    monkeypatch.setattr(persist, "turn_input", buggy)
+    await produce(
+        kafka_bootstrap,
+        settings.responses_topic,
+        [good[0], bad[0], bad[1], good[1], bad[2], bad[3], good[2]],
+    )
+    async with databases(settings):
+        result, printed = await replay(settings, "--from-beginning")
+
+        assert result.exit_code == 0, printed
+        assert (result.counts.invalid, result.counts.dead_lettered, result.counts.persisted) == (4, 4, 3)
+        dead = await read_all(kafka_bootstrap, settings.responses_dlq)
+        assert [(r.key, r.value) for r in dead] == bad
+        infos = [parse_dead_letter_headers(r.headers) for r in dead]
+        assert [(i.source_offset, i.error_type) for i in infos] == [
+            (1, "EventValidationError"),
+            (2, "EventValidationError"),
+            (4, "EventValidationError"),
+            (5, "KeyError"),
+        ]
+        assert {d["thread_id"] for d in (await docs(settings))[0]} == {"s0", "s1", "s2"}
 
 
 async def test_skip_invalid_reports_bad_records_instead_of_dead_lettering(

@@ -35,6 +35,7 @@ SCHEMA = CHART / "values.schema.json"
 ALERTS = {
     "MessageHistoryConsumerLagGrowing",
     "MessageHistoryDeadLetters",
+    "MessageHistoryUnexpectedErrors",
     "MessageHistoryNotReady",
     "MessageHistoryOutageRetries",
 }
@@ -230,10 +231,11 @@ def test_alert_thresholds_come_from_values(helm: str) -> None:
         "--set",
         "prometheusRule.lagGrowing.threshold=1234,prometheusRule.lagGrowing.window=20m,"
         "prometheusRule.notReady.for=7m,prometheusRule.outageRetries.ratePerSecond=0.25,"
-        "prometheusRule.deadLetters.enabled=false",
+        "prometheusRule.deadLetters.enabled=false,prometheusRule.unexpectedErrors.window=42m",
     )
     rules = {r["alert"]: r for r in _rules(docs)}
     assert "MessageHistoryDeadLetters" not in rules
+    assert "[42m]" in rules["MessageHistoryUnexpectedErrors"]["expr"]
     assert "> 1234" in rules["MessageHistoryConsumerLagGrowing"]["expr"]
     assert "[20m]" in rules["MessageHistoryConsumerLagGrowing"]["expr"]
     assert rules["MessageHistoryNotReady"]["for"] == "7m"

@@ -7,16 +7,18 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
-from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
 from consumers.contract import Ack, Record, record_headers
 from consumers.outage import Backoff, ChunkLimit, Failure, retry_batch, retry_call, settle_outcomes
 from consumers.unreadable import UnreadableRecord, UnreadableRecordError
 from message_history.errors import (
     EventValidationError,
+    FatalStorageError,
     InvalidInputError,
     StorageUnavailableError,
     ThreadOwnershipError,
+    error_type,
 )
 from schemas.messages import Message
 from storage.protocol import SaveTurn, Thread
@@ -191,7 +193,8 @@ async def test_outcomes_are_sorted_into_done_rejected_and_retried() -> None:
     assert done == [("a", "ok"), ("b", "dead-lettered"), ("c", "dead-lettered")]
 
 
-async def test_an_outcome_that_is_neither_is_raised_after_the_ones_before_it_are_done() -> None:
+async def test_a_systemic_outcome_is_raised_after_the_ones_before_it_are_done() -> None:
+    """MongoDB refusing for good is no record's fault: raised (the loop stops), nothing dead-lettered."""
     done: list[str] = []
 
     async def reject(item: str, error: BaseException) -> object:
@@ -199,14 +202,49 @@ async def test_an_outcome_that_is_neither_is_raised_after_the_ones_before_it_are
 
     results: list[Ack | InvalidInputError] = [
         _resolved("ok"),
-        _resolved(RuntimeError("bug")),
+        _resolved(FatalStorageError("MongoDB refused the write: Unauthorized")),
         _resolved("ok"),
     ]
-    with pytest.raises(RuntimeError, match="bug"):
+    with pytest.raises(FatalStorageError, match="Unauthorized"):
         await settle_outcomes(
             ["a", "b", "c"], results, reject=reject, explain=lambda e: e, done=lambda i, _: done.append(i)
         )
     assert done == ["a"]
+
+
+async def test_an_unexpected_outcome_is_contained_as_that_records_dead_letter() -> None:
+    """A bug surfacing in one record's acknowledgement dead-letters that record (its class and message);
+    before containment it was raised and stopped the loop."""
+    done: list[tuple[str, object]] = []
+    rejected: list[tuple[str, str, str]] = []
+
+    async def reject(item: str, error: BaseException) -> object:
+        rejected.append((item, error_type(error), str(error)))
+        return "dead-lettered"
+
+    results: list[Ack | InvalidInputError] = [
+        _resolved("ok"),
+        _resolved(KeyError("boom")),
+        _resolved("ok"),
+    ]
+    failed = await settle_outcomes(
+        ["a", "b", "c"], results, reject=reject, explain=lambda e: e, done=lambda i, o: done.append((i, o))
+    )
+    assert failed == []
+    assert rejected == [("b", "KeyError", "'boom'")]
+    assert done == [("a", "ok"), ("c", "ok"), ("b", "dead-lettered")]
+
+
+async def test_a_dead_letter_that_fails_for_good_is_raised() -> None:
+    """There is nowhere else to put a record whose dead letter is refused (not for an outage)."""
+
+    async def reject(item: str, error: BaseException) -> object:
+        raise TopicAuthorizationFailedError()
+
+    with pytest.raises(TopicAuthorizationFailedError):
+        await settle_outcomes(
+            ["a"], [EventValidationError("bad")], reject=reject, explain=lambda e: e, done=lambda i, o: None
+        )
 
 
 def test_an_unreadable_record_is_a_record_and_its_headers_pass_on() -> None:

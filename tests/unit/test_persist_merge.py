@@ -113,10 +113,12 @@ async def test_an_id_of_another_resource_never_overwrites_its_row() -> None:
     await storage.save_messages(
         thread_id="theirs", resource_id="alice", messages=[msg("x1", t=1, thread="theirs", resource="alice")]
     )
-    with pytest.raises(ThreadOwnershipError):
+    with pytest.raises(ThreadOwnershipError) as refused:
         await MessageHistory(storage=storage).persist_turn(
             thread_id=THREAD, resource_id="mallory", input=[msg("x1", t=2, resource="mallory")], response=[]
         )
+    # the refusal (a dead letter's error.message) names the id mallory sent, nothing of alice's
+    assert str(refused.value) == "message 'x1' is owned by another resource"
     [row] = await storage.list_messages("theirs", resource_id=None, limit=None)
     assert row.resourceId == "alice"
 

@@ -99,7 +99,13 @@ class RecordingDeadLetters(DeadLetterPublisher):
         self.sent: list[tuple[int, str]] = []
 
     async def publish(
-        self, record: SourceRecord, error: BaseException, *, span: Any = None, omit_value: bool = False
+        self,
+        record: SourceRecord,
+        error: BaseException,
+        *,
+        span: Any = None,
+        omit_value: bool = False,
+        omit_headers: bool = False,
     ) -> asyncio.Future[Any]:
         self.sent.append((record.offset, type(error).__name__))
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()

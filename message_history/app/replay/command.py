@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from consumers.contract import BatchHandler
+from consumers.outage import Contained
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.unreadable import SkippingUnreadable
@@ -71,24 +72,24 @@ def _handler(
     options: ReplayOptions, settings: Settings, storage: ReplayStorage, producer: OutputProducer
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
+    path: BatchHandler
     if options.path == "recall":
         assert options.emit_to is not None
-        return SkippingUnreadable(
-            RecallHandler(
-                settings,
-                storage,
-                EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
-                write_boundaries=not options.dry_run,
-            )
+        path = RecallHandler(
+            settings,
+            storage,
+            EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
+            write_boundaries=not options.dry_run,
         )
-    return SkippingUnreadable(
-        PersistHandler(
+    else:
+        path = PersistHandler(
             settings,
             storage,
             PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
             tombstones=storage.tombstones,
         )
-    )
+    # as the live loop: an unreadable record is refused first; a batch the path raises for is split
+    return Contained(SkippingUnreadable(path), options.path)
 
 
 async def run_replay(

@@ -17,7 +17,15 @@ from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.consumer import build_reader
 from consumers.contract import BatchHandler
-from consumers.outage import Backoff, Failure, is_outage, retry_batch, retry_call, settle_outcomes
+from consumers.outage import (
+    Backoff,
+    Failure,
+    is_outage,
+    report_unexpected,
+    retry_batch,
+    retry_call,
+    settle_outcomes,
+)
 from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
@@ -115,7 +123,8 @@ class BatchRunner:
         """Process `records` (one partition, ascending); moves `state.next` past what is done.
 
         Raises `ReplayAbortedError` when an outage outlasts `max_retry_s` (`state.next` is then the first
-        record not done), and re-raises anything that is not an outage (`state.next` stays before the batch).
+        record not done), and re-raises what is neither an outage nor contained (a systemic refusal,
+        `consumers.outage.is_systemic`: `state.next` stays before the batch).
         """
         failing_since: float | None = None
 
@@ -164,7 +173,7 @@ class BatchRunner:
     async def _invalid(self, record: ConsumerRecord, error: BaseException) -> _Invalid:
         if self.dead_letters is None:
             return _Invalid(error, dead_lettered=False)
-        await (await self.dead_letters.publish(record, error))
+        await self.dead_letters.deliver(record, error)  # as the live loop: one that fits Kafka's limit
         return _Invalid(error, dead_lettered=True)
 
     def _settle(self, record: ConsumerRecord, outcome: object) -> None:
@@ -173,6 +182,7 @@ class BatchRunner:
         elif isinstance(outcome, EnrichedRequest):
             self.counts.add_enriched(outcome.history.recalled)
         elif isinstance(outcome, _Invalid):
+            report_unexpected("replay", record, outcome.error)
             dlq = self.dead_letters.topic if outcome.dead_lettered and self.dead_letters else None
             self.counts.add_invalid(
                 partition=record.partition,
