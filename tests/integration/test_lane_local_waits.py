@@ -292,9 +292,6 @@ async def test_a_foreign_request_is_refused_at_once_naming_no_pending_turn(
     assert b"tenant-a" not in value
 
 
-@pytest.mark.xfail(
-    strict=True, reason="ThreadOwnershipError's message names the owner until helper containment rewords it"
-)
 async def test_a_foreign_request_refusal_names_no_owner(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
 ) -> None:
