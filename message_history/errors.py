@@ -52,17 +52,14 @@ class EventValidationError(InvalidInputError):
 class ThreadOwnershipError(InvalidInputError):
     """The event names a thread that belongs to another resourceId; nothing is recalled or written."""
 
-    def __init__(
-        self, thread_id: str, resource_id: str, owner: str, *, message_id: str | None = None
-    ) -> None:
+    def __init__(self, thread_id: str, resource_id: str, owner: str) -> None:
         self.thread_id = thread_id
         self.resource_id = resource_id
         self.owner = owner
-        self.message_id = message_id
-        # The message becomes a dead letter's header: it names only what the sender sent (the thread, or the
-        # message id another resource's thread holds), never the owner nor anything else of theirs.
-        what = f"message {message_id!r}" if message_id is not None else f"thread {thread_id!r}"
-        super().__init__(f"{what} is owned by another resource")
+        self.message_id: str | None = None
+        # The message becomes a dead letter's header: it names only the thread the sender sent, never the
+        # owner nor anything else of theirs.
+        super().__init__(f"thread {thread_id!r} is owned by another resource")
 
 
 class MessageIdTakenError(ThreadOwnershipError):
