@@ -29,6 +29,7 @@ from tests.integration.service_harness import (
     drop_database,
     encoded,
     fresh_settings,
+    message_id,
     request_event,
     response_event,
     running_service,
@@ -260,8 +261,8 @@ async def test_poison_records_on_every_input_topic_are_dead_lettered_and_the_ser
 
     # the good edge values went through to MongoDB as they are
     created = {row["id"]: row["createdAt"] for row in rows}
-    assert created["h-2-turn1:response:0"].year == 1
-    assert created["h-3-turn1:response:0"].isoformat().startswith("9999-12-31T23:59:59.998")
+    assert created[message_id("h-2", "u", 1, "response")].year == 1
+    assert created[message_id("h-3", "u", 1, "response")].isoformat().startswith("9999-12-31T23:59:59.998")
     # nothing of a record refused before the write reached MongoDB
     assert not [row for row in rows if row["thread_id"] in ("p-derived", "p-nan-args", "p-offset", "p-bug")]
 

@@ -26,12 +26,14 @@ from typing import Any
 import pytest
 
 from message_history.settings import Settings
+from schemas.ids import Kind
 from schemas.messages import format_timestamp
 from tests.conftest import MakeTopic
 from tests.infra import skip_or_fail, unique_name
 from tests.integration.service_harness import (
     encoded,
     fresh_settings,
+    message_id,
     request_event,
     request_id,
     running_service,
@@ -247,15 +249,18 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
             (m for m in stored if m["thread_id"] == thread), key=lambda m: (m["createdAt"], m["id"])
         )
         assert [(m["role"], m["id"]) for m in rows] == [
-            (role, f"{request_id(thread, k)}:{kind}:0")
+            (role, message_id(thread, f"{thread}@test", k, kind))
             for k in range(1, turns + 1)
-            for role, kind in (("user", "input"), ("assistant", "response"))
+            for role, kind in _ROLE_KINDS
         ]
         # the Agent was given the whole recalled context each turn
         assert [_text(m) for m in rows if m["role"] == "assistant"] == [
             f"I remember {2 * (k - 1)} earlier messages. You said: {texts[thread, k]}"
             for k in range(1, turns + 1)
         ]
+
+
+_ROLE_KINDS: tuple[tuple[str, Kind], ...] = (("user", "input"), ("assistant", "response"))
 
 
 def _enriched(thread: str, rid: str, text: str) -> dict[str, Any]:
