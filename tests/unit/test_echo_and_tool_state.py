@@ -16,7 +16,7 @@ from message_history.core.tool_state import (
     merge_response,
 )
 from schemas.messages import Message
-from tests.rule_cases import THREAD, msg, summarize, tool
+from tests.rule_cases import CONTINUE_CASES, THREAD, ContinueCase, msg, summarize, tool
 
 # --- ranks ------
 
@@ -96,18 +96,14 @@ def test_merge_response_result_replaces_call_never_the_reverse() -> None:
     assert merged.createdAt == stored.createdAt
 
 
-def test_continue_assistant_appends_a_step() -> None:
-    """A new-id response after the latest assistant message: a step-start and its parts, no new row."""
-    latest = _assistant("a", tool("ask", "call", "c1"), text="Let me ask.")
-    response = _assistant("b", tool("ask", "result", "c1"), t=5, text="Thanks, here it is.")
-    merged = continue_assistant(latest, response)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CONTINUE_CASES])
+def test_continue_assistant_has_the_parts_mastra_gives(case: ContinueCase) -> None:
+    """A new-id response folded into the latest assistant message: Mastra 1.71's parts, its id, createdAt."""
+    latest = _assistant("a", *case.latest)
+    merged = continue_assistant(latest, _assistant("b", *case.response, t=5))
     assert merged.id == "a"
-    assert summarize(merged) == [
-        "text:Let me ask.",
-        "tool:result:ask",
-        "step-start",
-        "text:Thanks, here it is.",
-    ]
+    assert merged.createdAt == latest.createdAt
+    assert [p.model_dump(mode="json", exclude_unset=True) for p in merged.content.parts] == case.merged
 
 
 # --- the client-echo filter ------
