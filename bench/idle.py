@@ -11,6 +11,10 @@ latency), and each process's CPU over the step is attributed to its path.
 
 Four results: `idle_service_recall`, `idle_forwarder_recall`, `idle_service_persist`,
 `idle_forwarder_persist`.
+
+The line starts from no turn in flight: earlier lines (the recall lines with the default `enqueue` policy)
+leave every thread marked busy, which would make each request here wait `MESSAGE_HISTORY_TURN_TIMEOUT_MS`,
+so the benchmark database's busy-thread markers are removed first.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from typing import Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from pymongo import AsyncMongoClient
 
 from bench import processes
 from bench.context import RunContext
@@ -32,6 +37,7 @@ from bench.progress import Progress, log
 from bench.stats import LineResult
 from bench.workload import encode_json, enriched_event, request_event, response_event
 from producers.connection import kafka_options
+from storage.turns import TURNS
 
 IDLE_LINES: Final = (
     "idle_service_recall",
@@ -121,6 +127,16 @@ class _Step:
             result.cpu_s = (result.cpu_s or 0.0) + cpu_after - cpu_before
 
 
+async def _clear_busy_markers(ctx: RunContext) -> int:
+    client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(
+        ctx.settings.mongodb_uri.get_secret_value()
+    )
+    try:
+        return int((await client[ctx.db][TURNS].delete_many({})).deleted_count)
+    finally:
+        await client.close()
+
+
 def _service_env(ctx: RunContext, topics: dict[str, str]) -> dict[str, str]:
     return ctx.child_env(
         MESSAGE_HISTORY_GROUP_ID=f"bench-{ctx.workload.run_id}-idle-service",
@@ -134,7 +150,9 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
     """`turns` timed turns (after a short warm-up), alternating the service and the forwarder."""
     w = ctx.workload
     results = {name: LineResult(name, 0, 0.0, None, None, latency_kind=_KIND) for name in IDLE_LINES}
-    topics = {k: ctx.topic("idle", k.lower()) for k in ("REQUESTS", "ENRICHED", "RESPONSES", "PERSISTED")}
+    # every topic of the service fresh (commands too: the broker's default one may carry others' events)
+    names = ("REQUESTS", "ENRICHED", "RESPONSES", "PERSISTED", "COMMANDS", "FORGOTTEN")
+    topics = {k: ctx.topic("idle", k.lower()) for k in names}
     fwd_in, fwd_out = ctx.topic("idle", "forward-in"), ctx.topic("idle", "forward-out")
     service: asyncio.subprocess.Process | None = None
     forwarder: asyncio.subprocess.Process | None = None
@@ -146,6 +164,9 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         max_request_size=16 << 20,
     )
     try:
+        cleared = await _clear_busy_markers(ctx)
+        if cleared:
+            log(f"idle latency: removed {cleared:,} busy-thread markers left by the earlier lines")
         await create_topics(ctx.settings, [*topics.values(), fwd_in, fwd_out], w.partitions)
         service = await processes.spawn(
             [ctx.python(), "-m", "message_history", "run"],
@@ -160,32 +181,7 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         )
         await outputs.start()
         await producer.start()
-        step = _Step(producer, outputs)
-        turn, progress = ctx.turns.fresh(), Progress("idle latency")
-        enriched_cache: dict[int, bytes] = {}
-        total = _WARMUP_TURNS + turns
-        for n in range(total):
-            if n and n % w.threads == 0:
-                turn = ctx.turns.fresh()  # wrapping around the threads moves on to a fresh turn: ids stay new
-            i = n % w.threads
-            timed = n >= _WARMUP_TURNS
-            key = w.thread_id(i).encode()
-            if i not in enriched_cache:
-                enriched_cache[i] = encode_json(enriched_event(w, i, ctx.turns.recall, w.history))
-            response = encode_json(response_event(w, i, turn))
-            steps = (
-                (topics["REQUESTS"], encode_json(request_event(w, i, turn)), service.pid, "service_recall"),
-                (fwd_in, enriched_cache[i], forwarder.pid, "forwarder_recall"),
-                (topics["RESPONSES"], response, service.pid, "service_persist"),
-                (fwd_in, response, forwarder.pid, "forwarder_persist"),
-            )
-            for topic, value, pid, name in steps:
-                _check_alive(service, forwarder)
-                result = results[f"idle_{name}"] if timed else None
-                timeout = _STEP_TIMEOUT_S if timed else ctx.budget.startup_timeout_s
-                await step(topic, (key, value), pid, result, timeout)
-            progress.update(n + 1, total)
-        progress.update(total, total, force=True)
+        await _alternate(ctx, _Step(producer, outputs), (service, forwarder), topics, fwd_in, results, turns)
         for name, pid in (("service", service.pid), ("forwarder", forwarder.pid)):
             rss = peak_rss_bytes(pid)
             for path in ("recall", "persist"):
@@ -204,6 +200,44 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
                 await processes.stop(process)
         await ctx.quiet(wrote=True)
     return list(results.values())
+
+
+async def _alternate(
+    ctx: RunContext,
+    step: _Step,
+    procs: tuple[asyncio.subprocess.Process, asyncio.subprocess.Process],
+    topics: dict[str, str],
+    fwd_in: str,
+    results: dict[str, LineResult],
+    turns: int,
+) -> None:
+    """The warm-up turns, then `turns` timed ones: request, forwarder, response, forwarder, one at a time."""
+    w, (service, forwarder) = ctx.workload, procs
+    turn, progress = ctx.turns.fresh(), Progress("idle latency")
+    enriched_cache: dict[int, bytes] = {}
+    total = _WARMUP_TURNS + turns
+    for n in range(total):
+        if n and n % w.threads == 0:
+            turn = ctx.turns.fresh()  # wrapping around the threads moves on to a fresh turn: ids stay new
+        i = n % w.threads
+        timed = n >= _WARMUP_TURNS
+        key = w.thread_id(i).encode()
+        if i not in enriched_cache:
+            enriched_cache[i] = encode_json(enriched_event(w, i, ctx.turns.recall, w.history))
+        response = encode_json(response_event(w, i, turn))
+        steps = (
+            (topics["REQUESTS"], encode_json(request_event(w, i, turn)), service.pid, "service_recall"),
+            (fwd_in, enriched_cache[i], forwarder.pid, "forwarder_recall"),
+            (topics["RESPONSES"], response, service.pid, "service_persist"),
+            (fwd_in, response, forwarder.pid, "forwarder_persist"),
+        )
+        for topic, value, pid, name in steps:
+            _check_alive(service, forwarder)
+            result = results[f"idle_{name}"] if timed else None
+            timeout = _STEP_TIMEOUT_S if timed else ctx.budget.startup_timeout_s
+            await step(topic, (key, value), pid, result, timeout)
+        progress.update(n + 1, total)
+    progress.update(total, total, force=True)
 
 
 def _check_alive(*procs: asyncio.subprocess.Process) -> None:
