@@ -666,6 +666,7 @@ class ContinueCase:
     latest: list[dict[str, Any]]
     response: list[dict[str, Any]]
     merged: list[dict[str, Any]]
+    same_id: bool = False  # the response carries the stored message's id (`merge_response`)
 
 
 CONTINUE_CASES: list[ContinueCase] = [
@@ -736,6 +737,27 @@ CONTINUE_CASES: list[ContinueCase] = [
             _text("After f."),
             tool("g", "call", "c2"),
         ],
+    ),
+    ContinueCase(
+        id="same-id-text-after-the-calls-opens-a-step",
+        latest=[tool("f", "call", "c1"), tool("g", "result", "c2")],
+        response=[tool("f", "result", "c1"), tool("g", "call", "c2"), _text("Done.")],
+        merged=[tool("f", "result", "c1"), tool("g", "result", "c2"), _STEP, _text("Done.")],
+        same_id=True,
+    ),
+    ContinueCase(
+        id="same-id-text-before-the-calls-goes-first-in-a-step",
+        latest=[tool("f", "call", "c1"), tool("g", "result", "c2")],
+        response=[_text("Done."), tool("f", "result", "c1"), tool("g", "call", "c2")],
+        merged=[_STEP, _text("Done."), tool("f", "result", "c1"), tool("g", "result", "c2")],
+        same_id=True,
+    ),
+    ContinueCase(
+        id="same-id-text-after-text-adds-no-step-start",
+        latest=[_text("A.")],
+        response=[_text("B.")],
+        merged=[_text("A."), _text("B.")],
+        same_id=True,
     ),
 ]
 

@@ -9,7 +9,8 @@ A tool call moves forward only: `partial-call` 0 < `call` 1 < `approval-requeste
 * `merge_into_stored(stored, incoming)`: the stored copy wins (text, arguments, `createdAt`, metadata); only
   the advancing outcomes of the incoming copy are taken (Mastra's memory/input fold);
 * `merge_response(stored, response)`: a response with a stored id, merged into the stored message: tool parts
-  advance their calls (a result replaces a call, a call never overwrites a result), other new parts append;
+  advance their calls (a result replaces a call, a call never overwrites a result), other new parts are
+  placed as in `continue_assistant` when both are assistant messages, else appended;
 * `continue_assistant(latest, response)`: a response with a new id folded into the thread's latest assistant
   message as Mastra's `MessageMerger.merge` folds it: calls advance in place, new parts go after their
   anchors, a part the message already holds as often is not added again, and a `step-start` is synthesized
@@ -35,6 +36,7 @@ __all__ = [
     "merge_into_stored",
     "merge_response",
     "merge_turn",
+    "merged_parts",
     "part_key",
 ]
 
@@ -143,7 +145,13 @@ def _fold_parts(base: Sequence[Any], incoming: Sequence[Any]) -> list[Any]:
 
 
 def merge_response(stored: Message, response: Message) -> Message:
-    """A response saved under a stored message's id: merged into it, the stored `createdAt` kept."""
+    """A response saved under a stored message's id: merged into it, the stored `createdAt` kept.
+
+    Two assistant messages merge as Mastra's `MessageMerger.merge` merges them (`merged_parts`, the same
+    parts as `continue_assistant`); any other pair folds tool parts forward and appends new parts.
+    """
+    if stored.role == "assistant" and response.role == "assistant":
+        return _with_parts(stored, merged_parts(stored, response))
     return _with_parts(stored, _fold_parts(stored.content.parts, response.content.parts))
 
 
@@ -215,13 +223,18 @@ def _push_part(parts: list[Any], incoming: Sequence[Any], i: int, insert_at: int
 
 
 def continue_assistant(latest: Message, response: Message) -> Message:
-    """A response with a new id after the thread's latest assistant message, folded into it.
+    """A new-id response after the thread's latest assistant message, folded into it (`merged_parts`)."""
+    return _with_parts(latest, merged_parts(latest, response))
 
-    Mastra 1.71's `MessageMerger.merge` (parts only): a tool part for a call the message already has advances
-    it in place (never back) and anchors the parts around it; every other part is inserted after its left
-    anchor (appended when there is none), unless the message already holds it as often as the response
-    does; a `step-start` is synthesized only before a text part when the message's last part is a tool part
-    and the response has no `step-start` right before that text.
+
+def merged_parts(latest: Message, response: Message) -> list[Any]:
+    """The parts of `latest` with `response` merged in, as Mastra 1.71's `MessageMerger.merge` gives them.
+
+    A tool part for a call the message already has advances it in place (never back) and anchors the parts
+    around it; every other part is inserted after its left anchor (appended when there is none), unless the
+    message already holds it as often as the response does; a `step-start` is synthesized only before a text
+    part when the message's last part is a tool part and the response has no `step-start` right before that
+    text.
     """
     parts: list[Any] = list(latest.content.parts)
     incoming = list(response.content.parts)
@@ -266,7 +279,7 @@ def continue_assistant(latest: Message, response: Message) -> Message:
         for k, at in anchors.items():
             if at >= insert_at:
                 anchors[k] = at + inserted
-    return _with_parts(latest, parts)
+    return parts
 
 
 def has_new_user_input(
