@@ -51,6 +51,7 @@ QUICK = {
     "latency_events": 20,
     "latency_seconds": 3.0,
     "mastra_concurrency": 8,
+    "idle_turns": 10,
 }
 
 
@@ -77,6 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-events", type=int, default=1000, help="events timed per line (%(default)s)")
     p.add_argument("--latency-seconds", type=float, default=20.0, help="latency phase length (%(default)s)")
     p.add_argument("--mastra-concurrency", type=int, default=32, help="turns in flight in Node (%(default)s)")
+    p.add_argument("--idle-turns", type=int, default=300, help="turns timed by the idle line (%(default)s)")
     p.add_argument("--soak", type=int, metavar="N", help="memory flatness: run one path for N events instead")
     p.add_argument("--soak-path", choices=["recall", "persist"], default="recall")
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where results go")
@@ -111,6 +113,7 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         latency_events=values["latency_events"],
         latency_seconds=values["latency_seconds"],
         mastra_concurrency=values["mastra_concurrency"],
+        idle_turns=values["idle_turns"],
     )
     return Options(
         workload=workload,

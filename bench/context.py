@@ -27,6 +27,7 @@ class Budget:
     load_fraction: float = 0.5  # latency is measured at this share of the line's measured throughput
     startup_timeout_s: float = 120.0
     mastra_concurrency: int = 32
+    idle_turns: int = 300  # timed turns of the idle-latency line (`bench.idle`)
 
 
 @dataclass

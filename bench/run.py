@@ -19,6 +19,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from bench import report
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
+from bench.idle import IDLE_LINES, run_idle
 from bench.kafka_io import delete_topics
 from bench.lines import run_mongo_line, stream_lines
 from bench.mongo_lines import KINDS
@@ -146,6 +147,10 @@ async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineR
         log("--- mastra_memory")
         turn = ctx.turns.fresh()
         yield await run_anchor(ctx, "memory", events=events, turn=turn)
+    if selected & set(IDLE_LINES):  # one run gives all four: the service and the forwarder, interleaved
+        log("--- idle latency (one turn at a time, service and forwarder interleaved)")
+        for result in await run_idle(ctx, ctx.budget.idle_turns):
+            yield result
 
 
 def _settler(db: AsyncDatabase[Any], ctx: RunContext) -> Callable[[], Awaitable[float]]:

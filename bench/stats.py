@@ -32,11 +32,17 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "naive_persist": ("naive persist (await each save/send/commit)", "persist"),
     "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node, same database)", "persist"),
     "mastra_memory": ("Mastra MessageHistory, whole turn on its InMemoryStore (Node, no database)", "turn"),
+    "idle_service_recall": ("idle, one turn at a time: service request -> enriched", "recall"),
+    "idle_forwarder_recall": ("idle, interleaved: bare forwarder, enriched-size record", "recall"),
+    "idle_service_persist": ("idle, one turn at a time: service response -> persisted", "persist"),
+    "idle_forwarder_persist": ("idle, interleaved: bare forwarder, response-size record", "persist"),
 }
 
 RATIOS: Final[dict[str, str]] = {
-    "recall_cpu_vs_b1": "service recall CPU per event / B1's (recall-sized)  (target <= 2.0)",
-    "persist_cpu_vs_b1": "service persist CPU per event / B1's (response-sized)  (target <= 3.0)",
+    "recall_cpu_vs_b1": "service recall CPU per event / B1's (recall-sized)",
+    "persist_cpu_vs_b1": "service persist CPU per event / B1's (response-sized)",
+    "recall_cpu_vs_floor": "service recall CPU per event / its floor, B1 + B2 raw  (target <= 1.5)",
+    "persist_cpu_vs_floor": "service persist CPU per event / its floor, B1 + B3 raw  (target <= 2)",
     "recall_vs_limit": "service recall / min(B1, B2 raw)  (target >= 0.85)",
     "persist_vs_limit": "service persist / min(B1, B3 raw)  (target >= 0.85)",
     "recall_vs_limit_models": "service recall / min(B1, B2 with our models)",
@@ -46,7 +52,7 @@ RATIOS: Final[dict[str, str]] = {
     "recall_service_vs_naive": "service recall / naive recall  (target >= 10)",
     "persist_service_vs_naive": "service persist / naive persist  (target >= 10)",
     "turn_service_vs_naive": "service / naive, whole turn (recall + persist)",
-    "turn_service_vs_mastra_memory_per_core": "service turns per CPU second / mastra_memory's  (target >= 3)",
+    "turn_service_vs_mastra_memory_per_core": "service turns per CPU s / mastra_memory's  (target >= 1.25)",
     "recall_service_vs_mastra_per_core": "service recall / Mastra processInput, events per CPU second",
     "persist_service_vs_mastra_per_core": "service persist / Mastra processOutputResult, per CPU second",
     "turn_service_vs_mastra_per_core": "service / Mastra on the database, turns per CPU s  (target >= 3)",
@@ -55,6 +61,10 @@ RATIOS: Final[dict[str, str]] = {
     "recall_turn_guards_cost": "service recall / the same, barrier off + busy allow",
     "recall_barrier_cost": "service recall, barrier only / barrier off (target >= 0.95)",
     "persist_turn_guards_cost": "service persist / the same without busy markers",
+    "recall_idle_p50_vs_forwarder": "idle recall p50 / the interleaved forwarder's  (target <= 1.5)",
+    "persist_idle_p50_vs_forwarder": "idle persist p50 / the interleaved forwarder's  (target <= 1.5)",
+    "recall_idle_p99_vs_forwarder": "idle recall p99 / the interleaved forwarder's",
+    "persist_idle_p99_vs_forwarder": "idle persist p99 / the interleaved forwarder's",
 }
 
 
@@ -176,19 +186,25 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         line = lines.get(name)
         return line.cpu_s_per_1k if line else None
 
-    def p99(name: str) -> float | None:
+    def pct(name: str, q: float) -> float | None:
         line = lines.get(name)
-        return percentile(line.latencies_ms, 99) if line and line.events else None
+        return percentile(line.latencies_ms, q) if line and line.events else None
+
+    def floor(*names: str) -> float | None:
+        values = [cpu(n) for n in names]
+        return sum(v for v in values if v is not None) if all(v is not None for v in values) else None
 
     out = {
         "recall_cpu_vs_b1": _ratio(cpu("service_recall"), cpu("b1_recall")),
         "persist_cpu_vs_b1": _ratio(cpu("service_persist"), cpu("b1_persist")),
+        "recall_cpu_vs_floor": _ratio(cpu("service_recall"), floor("b1_recall", "b2_recall_queries")),
+        "persist_cpu_vs_floor": _ratio(cpu("service_persist"), floor("b1_persist", "b3_bulk_upserts")),
         "recall_vs_limit": _ratio(eps("service_recall"), lowest("b1_recall", "b2_recall_queries")),
         "persist_vs_limit": _ratio(eps("service_persist"), lowest("b1_persist", "b3_bulk_upserts")),
         "recall_vs_limit_models": _ratio(eps("service_recall"), lowest("b1_recall", "b2_recall_models")),
         "persist_vs_limit_models": _ratio(eps("service_persist"), lowest("b1_persist", "b3_save_many")),
-        "recall_p99_vs_b1": _ratio(p99("service_recall"), p99("b1_recall")),
-        "persist_p99_vs_b1": _ratio(p99("service_persist"), p99("b1_persist")),
+        "recall_p99_vs_b1": _ratio(pct("service_recall", 99), pct("b1_recall", 99)),
+        "persist_p99_vs_b1": _ratio(pct("service_persist", 99), pct("b1_persist", 99)),
         "recall_service_vs_naive": _ratio(eps("service_recall"), eps("naive_recall")),
         "persist_service_vs_naive": _ratio(eps("service_persist"), eps("naive_persist")),
         "turn_service_vs_naive": _ratio(
@@ -210,6 +226,10 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         "recall_barrier_cost": _ratio(eps("service_recall_barrier_only"), eps("service_recall_unguarded")),
         "persist_turn_guards_cost": _ratio(eps("service_persist"), eps("service_persist_unguarded")),
     }
+    for path in ("recall", "persist"):
+        for q in (50, 99):
+            service, forwarder = pct(f"idle_service_{path}", q), pct(f"idle_forwarder_{path}", q)
+            out[f"{path}_idle_p{q}_vs_forwarder"] = _ratio(service, forwarder)
     return {k: _round(v) for k, v in out.items()}
 
 

@@ -647,6 +647,121 @@ PERSIST_CASES: list[PersistCase] = [
 ]
 
 
+# --- docs/rules.md#r11: a response folded into the latest assistant message (Mastra's `MessageMerger`) ---
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+_STEP: dict[str, Any] = {"type": "step-start"}
+
+
+@dataclass(frozen=True)
+class ContinueCase:
+    """The latest stored assistant message's parts, a new-id response's parts, and the parts Mastra 1.71 gives
+    the merged message (checked against Mastra's own `processOutputResult` in tests/interop)."""
+
+    id: str
+    latest: list[dict[str, Any]]
+    response: list[dict[str, Any]]
+    merged: list[dict[str, Any]]
+    same_id: bool = False  # the response carries the stored message's id (`merge_response`)
+
+
+CONTINUE_CASES: list[ContinueCase] = [
+    ContinueCase(
+        id="text-after-a-tool-part-opens-a-step",
+        latest=[_text("Asking."), tool("ask", "result", "c1")],
+        response=[_text("Here it is.")],
+        merged=[_text("Asking."), tool("ask", "result", "c1"), _STEP, _text("Here it is.")],
+    ),
+    ContinueCase(
+        id="text-after-text-adds-no-step-start",
+        latest=[_text("Let me look.")],
+        response=[_text("Found it.")],
+        merged=[_text("Let me look."), _text("Found it.")],
+    ),
+    ContinueCase(
+        id="a-new-call-adds-no-step-start",
+        latest=[_text("Checking.")],
+        response=[tool("search", "call", "c2")],
+        merged=[_text("Checking."), tool("search", "call", "c2")],
+    ),
+    ContinueCase(
+        id="a-result-advances-its-call-and-the-text-after-it-opens-a-step",
+        latest=[_text("Let me ask."), tool("ask", "call", "c1")],
+        response=[tool("ask", "result", "c1"), _text("Thanks.")],
+        merged=[_text("Let me ask."), tool("ask", "result", "c1"), _STEP, _text("Thanks.")],
+    ),
+    ContinueCase(
+        id="the-response-own-step-start-is-kept",
+        latest=[_text("OK.")],
+        response=[_STEP, _text("More.")],
+        merged=[_text("OK."), _STEP, _text("More.")],
+    ),
+    ContinueCase(
+        id="a-part-the-message-already-holds-is-not-added-again",
+        latest=[_text("Same.")],
+        response=[_text("Same.")],
+        merged=[_text("Same.")],
+    ),
+    ContinueCase(
+        id="a-step-start-the-message-already-holds-as-often-is-dropped",
+        latest=[_text("A."), tool("f", "result", "c1"), _STEP, _text("B.")],
+        response=[_STEP, _text("C.")],
+        merged=[_text("A."), tool("f", "result", "c1"), _STEP, _text("B."), _text("C.")],
+    ),
+    ContinueCase(
+        id="the-synthesized-step-start-names-the-last-step-model",
+        latest=[_STEP | {"model": "m1"}, _text("A."), tool("f", "result", "c1")],
+        response=[_text("B.")],
+        merged=[
+            _STEP | {"model": "m1"},
+            _text("A."),
+            tool("f", "result", "c1"),
+            _STEP | {"model": "m1"},
+            _text("B."),
+        ],
+    ),
+    ContinueCase(
+        id="parts-go-next-to-the-call-they-follow",
+        latest=[_text("Calling."), tool("f", "call", "c1"), tool("g", "call", "c2")],
+        response=[_text("Meanwhile."), tool("f", "result", "c1"), _text("After f.")],
+        merged=[
+            _STEP,
+            _text("Meanwhile."),
+            _text("Calling."),
+            tool("f", "result", "c1"),
+            _STEP,
+            _text("After f."),
+            tool("g", "call", "c2"),
+        ],
+    ),
+    ContinueCase(
+        id="same-id-text-after-the-calls-opens-a-step",
+        latest=[tool("f", "call", "c1"), tool("g", "result", "c2")],
+        response=[tool("f", "result", "c1"), tool("g", "call", "c2"), _text("Done.")],
+        merged=[tool("f", "result", "c1"), tool("g", "result", "c2"), _STEP, _text("Done.")],
+        same_id=True,
+    ),
+    ContinueCase(
+        id="same-id-text-before-the-calls-goes-first-in-a-step",
+        latest=[tool("f", "call", "c1"), tool("g", "result", "c2")],
+        response=[_text("Done."), tool("f", "result", "c1"), tool("g", "call", "c2")],
+        merged=[_STEP, _text("Done."), tool("f", "result", "c1"), tool("g", "result", "c2")],
+        same_id=True,
+    ),
+    ContinueCase(
+        id="same-id-text-after-text-adds-no-step-start",
+        latest=[_text("A.")],
+        response=[_text("B.")],
+        merged=[_text("A."), _text("B.")],
+        same_id=True,
+    ),
+]
+
+
 async def run_persist_case(storage: HistoryStorage, case: PersistCase) -> None:
     """`persist_turn` saves exactly the case's messages, in one write, filtered by the rules."""
     counting = CountingStorage(storage)

@@ -9,13 +9,17 @@ A tool call moves forward only: `partial-call` 0 < `call` 1 < `approval-requeste
 * `merge_into_stored(stored, incoming)`: the stored copy wins (text, arguments, `createdAt`, metadata); only
   the advancing outcomes of the incoming copy are taken (Mastra's memory/input fold);
 * `merge_response(stored, response)`: a response with a stored id, merged into the stored message: tool parts
-  advance their calls (a result replaces a call, a call never overwrites a result), other new parts append;
+  advance their calls (a result replaces a call, a call never overwrites a result), other new parts are
+  placed as in `continue_assistant` when both are assistant messages, else appended;
 * `continue_assistant(latest, response)`: a response with a new id folded into the thread's latest assistant
-  message as a new step (a `step-start`, then its parts).
+  message as Mastra's `MessageMerger.merge` folds it: calls advance in place, new parts go after their
+  anchors, a part the message already holds as often is not added again, and a `step-start` is synthesized
+  only before a text part that would follow a tool part.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
 
@@ -32,6 +36,8 @@ __all__ = [
     "merge_into_stored",
     "merge_response",
     "merge_turn",
+    "merged_parts",
+    "part_key",
 ]
 
 STATE_RANK: Final[dict[str, int]] = {
@@ -139,32 +145,141 @@ def _fold_parts(base: Sequence[Any], incoming: Sequence[Any]) -> list[Any]:
 
 
 def merge_response(stored: Message, response: Message) -> Message:
-    """A response saved under a stored message's id: merged into it, the stored `createdAt` kept."""
+    """A response saved under a stored message's id: merged into it, the stored `createdAt` kept.
+
+    Two assistant messages merge as Mastra's `MessageMerger.merge` merges them (`merged_parts`, the same
+    parts as `continue_assistant`); any other pair folds tool parts forward and appends new parts.
+    """
+    if stored.role == "assistant" and response.role == "assistant":
+        return _with_parts(stored, merged_parts(stored, response))
     return _with_parts(stored, _fold_parts(stored.content.parts, response.content.parts))
 
 
-def continue_assistant(latest: Message, response: Message) -> Message:
-    """A response with a new id after the thread's latest assistant message, folded into it as a new step.
+_ITEM_ID_PROVIDERS: Final = ("openai", "azure")
 
-    Tool parts for calls the latest message already has advance them in place; every other part is appended
-    after one `step-start`, in the response's order.
+
+def _provider_item_keys(metadata: Any) -> str:
+    """Mastra's `appendResponseProviderItemKeys`: the Responses-API item ids that tell equal texts apart."""
+    if not isinstance(metadata, dict):
+        return ""
+    ids = {
+        p: (metadata.get(p) or {}).get("itemId")
+        for p in _ITEM_ID_PROVIDERS
+        if isinstance(metadata.get(p), dict)
+    }
+    if isinstance(ids.get("azure"), str) and ids.get("azure") == ids.get("openai"):
+        return f"|azure:{ids['azure']}"
+    return "".join(f"|{p}:{i}" for p, i in ids.items() if isinstance(i, str))
+
+
+def part_key(part: Any) -> str:
+    """Mastra 1.71's `CacheKeyGenerator.fromDBParts` for one part: what makes two parts equal on merge."""
+    wire: dict[str, Any] = part.model_dump(mode="json", exclude_unset=True)
+    kind = str(wire.get("type", ""))
+    key = kind
+    if kind.startswith("data-"):
+        return key + json.dumps(wire.get("data"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    if kind == "text":
+        key += str(wire.get("text", "")) + _provider_item_keys(wire.get("providerMetadata"))
+    elif kind == "tool-invocation":
+        invocation = wire.get("toolInvocation") or {}
+        key += f"{invocation.get('toolCallId')}{invocation.get('state')}"
+    elif kind == "reasoning":
+        details = wire.get("details") or []
+        size = sum(
+            len(d.get("text") or "") + len(d.get("signature") or "")
+            for d in details
+            if isinstance(d, dict) and d.get("type") == "text"
+        )
+        key += f"{wire.get('reasoning', '')}{size}" + _provider_item_keys(wire.get("providerMetadata"))
+    elif kind == "file":
+        key += f"{wire.get('data')}{wire.get('mediaType') or wire.get('mimeType')}"
+    return key
+
+
+def _step_start(parts: Sequence[Any]) -> StepStartPart:
+    """The synthesized boundary: it names the model of the message's last step when that one does."""
+    previous = next((p for p in reversed(parts) if isinstance(p, StepStartPart)), None)
+    model = (previous.model_extra or {}).get("model") if previous is not None else None
+    return StepStartPart(type="step-start", model=model) if model else StepStartPart(type="step-start")
+
+
+def _push_part(parts: list[Any], incoming: Sequence[Any], i: int, insert_at: int | None) -> int:
+    """Mastra's `MessageMerger.pushNewPart`: how many parts it inserted (0, 1, or 2 with a `step-start`)."""
+    part = incoming[i]
+    key = part_key(part)
+    if sum(part_key(p) == key for p in parts) >= sum(part_key(p) == key for p in incoming):
+        return 0  # the message already holds this part as often as the response does
+    needs_step = (
+        part.type == "text"
+        and not (i > 0 and isinstance(incoming[i - 1], StepStartPart))
+        and bool(parts)
+        and isinstance(parts[-1], ToolInvocationPart)
+    )
+    new = [_step_start(parts), part] if needs_step else [part]
+    at = len(parts) if insert_at is None else insert_at
+    parts[at:at] = new
+    return len(new)
+
+
+def continue_assistant(latest: Message, response: Message) -> Message:
+    """A new-id response after the thread's latest assistant message, folded into it (`merged_parts`)."""
+    return _with_parts(latest, merged_parts(latest, response))
+
+
+def merged_parts(latest: Message, response: Message) -> list[Any]:
+    """The parts of `latest` with `response` merged in, as Mastra 1.71's `MessageMerger.merge` gives them.
+
+    A tool part for a call the message already has advances it in place (never back) and anchors the parts
+    around it; every other part is inserted after its left anchor (appended when there is none), unless the
+    message already holds it as often as the response does; a `step-start` is synthesized only before a text
+    part when the message's last part is a tool part and the response has no `step-start` right before that
+    text.
     """
     parts: list[Any] = list(latest.content.parts)
-    index_of_call = {
-        p.toolInvocation.toolCallId: i for i, p in enumerate(parts) if isinstance(p, ToolInvocationPart)
-    }
-    step: list[Any] = []
-    for part in response.content.parts:
-        if not isinstance(part, ToolInvocationPart) or part.toolInvocation.toolCallId not in index_of_call:
-            step.append(part)
+    incoming = list(response.content.parts)
+    anchors: dict[int, int] = {}  # response index -> index in `parts` of the call it advanced
+    for i, part in enumerate(incoming):
+        if not isinstance(part, ToolInvocationPart):
             continue
-        at = index_of_call[part.toolInvocation.toolCallId]
-        current: ToolInvocationPart = parts[at]
-        if advances(current.toolInvocation.state, part.toolInvocation.state):
-            parts[at] = _advanced_part(current, part)
-    if step and not isinstance(step[0], StepStartPart):
-        step.insert(0, StepStartPart(type="step-start"))
-    return _with_parts(latest, [*parts, *step])
+        call_id = part.toolInvocation.toolCallId
+        at = next(
+            (
+                j
+                for j in range(len(parts) - 1, -1, -1)
+                if isinstance(parts[j], ToolInvocationPart) and parts[j].toolInvocation.toolCallId == call_id
+            ),
+            None,
+        )
+        if at is None:
+            continue
+        if advances(parts[at].toolInvocation.state, part.toolInvocation.state):
+            parts[at] = _advanced_part(parts[at], part)
+        anchors[i] = at
+    previous_left, drift = -1, 0
+    for i, part in enumerate(incoming):
+        if i in anchors:
+            continue
+        if not anchors:
+            _push_part(parts, incoming, i, None)
+            continue
+        left = max((k for k in anchors if k < i), default=-1)
+        right = min((k for k in anchors if k > i), default=-1)
+        if left != previous_left:
+            previous_left, drift = left, 0
+        insert_at = (anchors[left] if left != -1 else 0) + (i if left == -1 else i - left) + drift
+        right_at = anchors[right] if right != -1 else len(parts)
+        key = part_key(part)
+        if not 0 <= insert_at <= right_at or any(part_key(p) == key for p in parts[insert_at:right_at]):
+            continue
+        inserted = _push_part(parts, incoming, i, insert_at)
+        if inserted == 0:
+            continue
+        drift += inserted - 1
+        for k, at in anchors.items():
+            if at >= insert_at:
+                anchors[k] = at + inserted
+    return parts
 
 
 def has_new_user_input(

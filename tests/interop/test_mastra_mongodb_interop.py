@@ -25,6 +25,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history.core.rules import build_context
 from message_history.errors import ThreadOwnershipError
+from message_history.processor import MessageHistory
 from schemas.codec import encode
 from schemas.events import EnrichedRequest
 from schemas.messages import Message, format_timestamp
@@ -35,6 +36,7 @@ from storage.protocol import RecallQuery
 from tests.infra import skip_or_fail
 from tests.memory_cases import random_messages
 from tests.recall_docs import request_for
+from tests.rule_cases import CONTINUE_CASES, ContinueCase
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -300,3 +302,52 @@ async def test_rows_mastra_wrote_are_spliced_as_the_model_path_reads_them(
         recalled = sum(1 for _, source in model_context if source == "memory")
         expected = encode(EnrichedRequest.from_request(request, model_context, recalled=recalled, limit=None))
         assert encode_enriched(request, view_context, recalled=recalled, limit=None) == expected
+
+
+def _without_part_stamps(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Parts without the `createdAt` Mastra 1.71 stamps on every part a turn adds (`Date.now()`)."""
+    return [{k: v for k, v in p.items() if k != "createdAt"} for p in parts]
+
+
+def _row(id: str, role: str, thread: str, t: float, parts: list[dict[str, Any]]) -> Message:
+    content = {"format": 2, "parts": parts}
+    data = {
+        "id": id,
+        "role": role,
+        "createdAt": at(t),
+        "threadId": thread,
+        "resourceId": "r5",
+        "content": content,
+    }
+    return Message.model_validate(data)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CONTINUE_CASES])
+async def test_a_response_folded_into_the_latest_assistant_has_mastras_parts(
+    case: ContinueCase, ours: MongoHistoryStorage, mastra: Mastra
+) -> None:
+    """docs/rules.md#r11 against Mastra's own `processOutputResult`: the same stored thread, the same response
+    (a new id, or the stored one's); the latest assistant message Mastra re-saves and ours hold the same
+    parts."""
+    await ours.ensure_indexes()
+    parts_by_side: dict[str, list[dict[str, Any]]] = {}
+    for side in ("mastra", "ours"):
+        thread = f"t-fold-{side}"
+        stored = [
+            _row(f"{thread}-u1", "user", thread, 1, [{"type": "text", "text": "Go."}]),
+            _row(f"{thread}-a1", "assistant", thread, 2, case.latest),
+        ]
+        await ours.save_messages(thread_id=thread, resource_id="r5", messages=stored)
+        response = _row(f"{thread}-a{1 if case.same_id else 2}", "assistant", thread, 5, case.response)
+        if side == "mastra":
+            mastra.persist({"threadId": thread, "resourceId": "r5", "recall": 10, "input": [],
+                            "response": [response.wire()], "finishReason": "stop"})  # fmt: skip
+        else:
+            await MessageHistory(storage=ours).persist_turn(
+                thread_id=thread, resource_id="r5", input=[], response=[response]
+            )
+        listed = mastra.list_thread(thread, "r5")["messages"]
+        assert [m["id"] for m in listed] == [f"{thread}-u1", f"{thread}-a1"]  # folded: no row of its own
+        parts_by_side[side] = _without_part_stamps(listed[1]["content"]["parts"])
+    assert parts_by_side["mastra"] == case.merged
+    assert parts_by_side["ours"] == parts_by_side["mastra"]

@@ -16,7 +16,7 @@ from message_history.core.tool_state import (
     merge_response,
 )
 from schemas.messages import Message
-from tests.rule_cases import THREAD, msg, summarize, tool
+from tests.rule_cases import CONTINUE_CASES, THREAD, ContinueCase, msg, summarize, tool
 
 # --- ranks ------
 
@@ -92,22 +92,23 @@ def test_merge_response_result_replaces_call_never_the_reverse() -> None:
     stored = _assistant("a", tool("f", "call", "c1"), tool("g", "result", "c2"))
     response = _assistant("a", tool("f", "result", "c1"), tool("g", "call", "c2"), text="done", t=9)
     merged = merge_response(stored, response)
-    assert summarize(merged) == ["tool:result:f", "tool:result:g", "text:done"]
+    # the text leads the response, so Mastra places it first, in a step of its own (the table below)
+    assert summarize(merged) == ["step-start", "text:done", "tool:result:f", "tool:result:g"]
     assert merged.createdAt == stored.createdAt
 
 
-def test_continue_assistant_appends_a_step() -> None:
-    """A new-id response after the latest assistant message: a step-start and its parts, no new row."""
-    latest = _assistant("a", tool("ask", "call", "c1"), text="Let me ask.")
-    response = _assistant("b", tool("ask", "result", "c1"), t=5, text="Thanks, here it is.")
-    merged = continue_assistant(latest, response)
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CONTINUE_CASES])
+def test_a_response_merged_into_the_latest_assistant_has_mastras_parts(case: ContinueCase) -> None:
+    """A response folded into the latest assistant message (new id or its own): Mastra 1.71's parts, the
+    stored id and createdAt."""
+    latest = _assistant("a", *case.latest)
+    if case.same_id:
+        merged = merge_response(latest, _assistant("a", *case.response, t=5))
+    else:
+        merged = continue_assistant(latest, _assistant("b", *case.response, t=5))
     assert merged.id == "a"
-    assert summarize(merged) == [
-        "text:Let me ask.",
-        "tool:result:ask",
-        "step-start",
-        "text:Thanks, here it is.",
-    ]
+    assert merged.createdAt == latest.createdAt
+    assert [p.model_dump(mode="json", exclude_unset=True) for p in merged.content.parts] == case.merged
 
 
 # --- the client-echo filter ------

@@ -9,6 +9,8 @@
 //   MONGODB_URI=... node store.mjs <dbName> persist < {threadId, resourceId, input, response, finishReason}
 //       The output step of Mastra's MessageHistory: `input` then `response` added to a MessageList, then
 //       processOutputResult (filterMessagesForPersistence; creates the thread when it saves something).
+//       With `recall: N`, MessageHistory's input step first loads the thread's last N stored messages into
+//       the list (as an Agent's turn has them), so a response can merge into the latest stored message.
 //       Prints {thread, messages} as `list` does.
 //
 // disableInit keeps list/save from creating indexes, so the test decides who creates them and when.
@@ -45,9 +47,13 @@ async function persist(memory, input) {
   requestContext.set('MastraMemory', { thread: { id: threadId }, resourceId, memoryConfig: {} });
   const list = new MessageList({ threadId, resourceId });
   const withDate = (m) => ({ ...m, createdAt: asDate(m.createdAt) });
+  const abort = () => { throw new Error('abort'); };
+  if (input.recall) {
+    await new MessageHistory({ storage: memory, lastMessages: input.recall })
+      .processInput({ messageList: list, messages: [], requestContext, abort });
+  }
   for (const message of input.input) list.add(withDate(message), 'input');
   for (const message of input.response) list.add(withDate(message), 'response');
-  const abort = () => { throw new Error('abort'); };
   await new MessageHistory({ storage: memory }).processOutputResult({
     messageList: list, messages: [], requestContext, abort, result: { finishReason: input.finishReason },
   });
