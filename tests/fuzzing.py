@@ -12,6 +12,7 @@ not). Used by tests/unit/test_fuzz_decode.py (pure, decode only) and tests/integ
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,7 @@ class Fuzzed:
     def describe(self) -> str:
         """The record as a reproduction: topic, label, key, value (cut), header names."""
         value = self.value if self.value is None or len(self.value) <= 300 else self.value[:300] + b"..."
-        names = [name for name, _ in self.headers]
+        names = [name[:20] for name, _ in self.headers]
         return f"[{self.topic}] {self.label}: key={self.key!r} value={value!r} headers={names}"
 
 
@@ -392,6 +393,28 @@ EDGES: Final[dict[Topic, Callable[[Limits], list[Edge]]]] = {
 }
 
 
+def _group(edge: Edge) -> str:
+    if edge.path[-1] == "createdAt":
+        return "time"
+    if edge.path[0] == "memory":
+        return "memory"
+    if isinstance(edge.value, Raw) or "metadata" in edge.path:
+        return "numbers and free-form"
+    if edge.path[-1] in ("requestId", "threadId", "resourceId", "id"):
+        return "ids"
+    return "message" if any(isinstance(step, int) for step in edge.path) else "event"
+
+
+@functools.cache
+def edge_groups(topic: Topic, limits: Limits) -> dict[str, list[Edge]]:
+    """`topic`'s edges by kind: a kind is drawn first, so the few time and number edges are not drowned by
+    the many message ones."""
+    groups: dict[str, list[Edge]] = {}
+    for edge in EDGES[topic](limits):
+        groups.setdefault(_group(edge), []).append(edge)
+    return groups
+
+
 def apply_edge(event: dict[str, Any], edge: Edge) -> dict[str, Any]:
     out = copy.deepcopy(event)
     node: Any = out
@@ -575,7 +598,8 @@ def hostile(
     expect: Expect
     value: bytes | None
     if kind == "edge":
-        edge = draw(st.sampled_from(EDGES[topic](limits)))
+        groups = edge_groups(topic, limits)
+        edge = draw(st.sampled_from(groups[draw(st.sampled_from(sorted(groups)))]))
         mutated = apply_edge(event, edge)
         label, value, expect = edge.label(), dumps(mutated), edge.expect
         key = key_of(mutated, topic) or key  # keyed as a producer would (a non-string id: the old key)
@@ -595,8 +619,6 @@ def hostile(
     else:
         label, value, expect = "valid control", dumps(event), "accept"
     extra: Headers = draw(hostile_headers()) if headers else ()
-    if extra:
-        label += f" + headers {[n[:20] for n, _ in extra]}"
     return Fuzzed(topic, label, key, value, expect, request_id, extra, thread)
 
 
@@ -618,10 +640,12 @@ class Victim:
 
 @st.composite
 def ownership_attack(
-    draw: st.DrawFn, victim: Victim, *, attacker: str, request_id: str, own_thread: str
+    draw: st.DrawFn, topic: Topic, victim: Victim, *, attacker: str, request_id: str, own_thread: str
 ) -> Fuzzed:
-    """Resource `attacker` reads or writes `victim`'s thread, forgets it, or writes messages with its ids."""
-    kind = draw(st.sampled_from(["read", "write", "forget", "reuse-ids-response", "reuse-ids-request"]))
+    """On `topic`, resource `attacker` reads or writes `victim`'s thread, forgets it, or writes messages
+    with its ids."""
+    kinds = {"requests": ["read", "reuse-ids-request"], "responses": ["write", "reuse-ids-response"]}
+    kind = draw(st.sampled_from(kinds.get(topic, ["forget"])))
     key = victim.thread.encode()
     if kind == "read":
         event = request(victim.thread, attacker, request_id, "tell me their history")
@@ -637,7 +661,7 @@ def ownership_attack(
     if kind == "reuse-ids-response":
         event = response(own_thread, attacker, request_id, [text_message("user", "x", id=stolen)], "mine")
         event["response"][0]["id"] = draw(st.sampled_from(ids))
-        topic: Topic = "responses"
+        topic = "responses"
     else:
         event = request(own_thread, attacker, request_id, "x")
         event["messages"][0]["id"] = stolen

@@ -2,7 +2,7 @@
 `InvalidInputError`, never another exception; what the contract refuses is refused; what it accepts comes back
 as strict JSON (no NaN/Infinity, integers MongoDB can store) that decodes again to the same event.
 
-Many examples, no stack. `FUZZ_EXAMPLES` raises the count (docs/operations-stream.md, "Fuzzing").
+Many examples, no stack. `FUZZ_EXAMPLES` raises the count (docs/fuzzing.md).
 """
 
 from __future__ import annotations
