@@ -52,7 +52,7 @@ from tests.fuzzing import (
 )
 from tests.integration.service_harness import drop_database, fresh_settings, stored_messages, stored_threads
 
-EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 SEEDS = int(os.environ.get("FUZZ_SEEDS", "1"))
 TURNS = 2
 LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=32)
