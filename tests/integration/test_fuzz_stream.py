@@ -45,6 +45,7 @@ from tests.fuzzing import (
     forget_thread,
     hostile,
     hostile_headers,
+    not_json,
     ownership_attack,
     request,
     response,
@@ -56,7 +57,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 SEEDS = int(os.environ.get("FUZZ_SEEDS", "1"))
 TURNS = 2
 LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=32)
-RESOURCE = "u"  # the valid threads' owner
+RESOURCE = "owner-7f3a"  # the valid threads' owner: distinctive, so a dead letter that names it is found
 ATTACKER = "mallory"
 HOSTILE = "r"  # the hostile records' resource: one, so that two records on one edge thread id do not clash
 
@@ -451,6 +452,20 @@ class Example:
             self.violations.append(
                 f"dead letter without one error.type and error.message ({types}, {messages}): {where}"
             )
+            return
+        self._check_reason(messages[0].decode(errors="replace"), record, where)
+
+    def _check_reason(self, reason: str, record: Fuzzed, where: str) -> None:
+        """The reason is right and tells nothing of another tenant (issue 23's smaller items)."""
+        if RESOURCE in reason and RESOURCE.encode() not in (record.value or b""):
+            self.violations.append(f"dead letter names another resource's id ({reason!r}): {where}")
+        if (
+            record.label.lower().startswith(("utf-16", "utf-32", "issue 23: utf-16"))
+            and "Schema Registry" in reason
+        ):
+            self.violations.append(f"wrong reason {reason!r}: {where}")
+        if not_json(record.value, LIMITS) and "not valid JSON" not in reason:
+            self.violations.append(f"not-JSON reason worded otherwise ({reason!r}): {where}")
 
     def check_enriched(self) -> None:
         for turns in self.plan.turns:

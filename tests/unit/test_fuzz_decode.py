@@ -30,7 +30,7 @@ from schemas.commands import decode_command, encode_answer
 from schemas.limits import Limits
 from storage.memory import InMemoryHistoryStorage
 from storage.sequential import SequentialBatches
-from tests.fuzzing import EDGES, INT64_MAX, Fuzzed, Topic, any_value, apply_edge, base_event, dumps
+from tests.fuzzing import EDGES, INT64_MAX, Fuzzed, Topic, any_value, apply_edge, base_event, dumps, not_json
 
 TOPICS: tuple[Topic, ...] = ("requests", "responses", "commands")
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "400"))
@@ -88,19 +88,6 @@ def _strict(data: bytes) -> Any:
     return parsed
 
 
-def _not_json(value: bytes) -> bool:
-    """True when `value` is UTF-8 text that is not JSON (Python's parser says so, without a BOM)."""
-    if not value or value[0] == 0 or value.startswith(b"\xef\xbb\xbf"):
-        return False
-    try:
-        json.loads(value.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return True
-    except RecursionError:
-        return False
-    return False
-
-
 def check(record: Fuzzed) -> None:
     """The property for one record (see the module docstring)."""
     if record.value is None:
@@ -113,7 +100,7 @@ def check(record: Fuzzed) -> None:
         assert record.expect != "accept", f"refused what the contract accepts: {reason}\n{record.describe()}"
         if record.label.startswith("utf-16") or record.label.startswith("utf-32"):
             assert "Schema Registry" not in reason, f"wrong reason {reason!r}\n{record.describe()}"
-        if len(record.value) <= LIMITS.max_event_bytes and _not_json(record.value):
+        if not_json(record.value, LIMITS):
             assert "not valid JSON" in reason, f"wording {reason!r}\n{record.describe()}"
         return
     except Exception as exc:
