@@ -65,14 +65,15 @@ DELETE: Final = object()  # as an edge value: remove the field
 
 def not_json(value: bytes | None, limits: Limits) -> bool:
     """True for UTF-8 text within the size limit, not framed, that Python's parser refuses: its dead letter
-    must say "not valid JSON" (a BOM and nesting too deep for Python are left out: not decided here)."""
+    must say "not valid JSON" (bytes that are not UTF-8 may say so instead; a BOM and nesting too deep for
+    Python are left out: not decided here)."""
     if not value or len(value) > limits.max_event_bytes or value[0] == 0 or value.startswith(b"\xef\xbb\xbf"):
         return False
     try:
         json.loads(value.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except json.JSONDecodeError:
         return True
-    except RecursionError:
+    except (UnicodeDecodeError, RecursionError):
         return False
     return False
 

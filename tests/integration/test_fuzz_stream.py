@@ -56,7 +56,7 @@ from tests.integration.service_harness import drop_database, fresh_settings, sto
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "25"))
 SEEDS = int(os.environ.get("FUZZ_SEEDS", "1"))
 TURNS = 2
-LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=32)
+LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=40)
 RESOURCE = "owner-7f3a"  # the valid threads' owner: distinctive, so a dead letter that names it is found
 ATTACKER = "mallory"
 HOSTILE = "r"  # the hostile records' resource: one, so that two records on one edge thread id do not clash
@@ -76,6 +76,13 @@ class Turn:
     question: str
     answer: str
     headers: tuple[tuple[str, bytes], ...] = ()
+    explicit_ids: bool = False  # the client names its messages; else the service derives their ids
+    input_id: str | None = None  # the ids the service gave them, read from its outputs
+    response_id: str | None = None
+
+    @property
+    def explicit(self) -> tuple[str, str]:
+        return f"{self.thread}-t{self.number}-q", f"{self.thread}-t{self.number}-a"
 
     @property
     def request_id(self) -> str:
@@ -111,7 +118,9 @@ def plans(draw: st.DrawFn) -> Plan:
     n = 0
     for number in range(1, TURNS + 1):
         headers = st.one_of(st.just(()), hostile_headers())
-        turns.append([Turn(t, number, draw(text), draw(text), draw(headers)) for t in threads])
+        turns.append(
+            [Turn(t, number, draw(text), draw(text), draw(headers), draw(st.booleans())) for t in threads]
+        )
         batch: dict[Topic, list[Fuzzed]] = {}
         topics: tuple[Topic, ...] = ("requests", "responses", "commands")
         for topic in topics:
@@ -124,7 +133,10 @@ def plans(draw: st.DrawFn) -> Plan:
             if number > 1:  # the victims' threads exist: attack them
                 for thread in threads:
                     n += 1
-                    victim = Victim(thread, RESOURCE, _row_ids(thread, number - 1))
+                    earlier = [t for ts in turns[:-1] for t in ts if t.thread == thread]
+                    victim = Victim(
+                        thread, RESOURCE, [*_row_ids(thread, number - 1), *_explicit_ids(earlier)]
+                    )
                     attack = ownership_attack(
                         topic, victim, attacker=ATTACKER, request_id=f"q{n}", own_thread=f"h{n}"
                     )
@@ -189,7 +201,12 @@ ISSUE_PLANS = [
 ]
 
 
+def _explicit_ids(turns: Sequence[Turn]) -> list[str]:
+    return [i for t in turns if t.explicit_ids for i in t.explicit]
+
+
 def _row_ids(thread: str, turns: int) -> list[str]:
+    """The ids main derives for a thread's turns (`{requestId}:{kind}:0`)."""
     return [f"{thread}-t{k}:{kind}:0" for k in range(1, turns + 1) for kind in ("input", "response")]
 
 
@@ -331,19 +348,34 @@ class Example:
             for rec in outputs.of(s.enriched_topic):
                 value = json.loads(rec.value)
                 self.enriched.setdefault(value["eventId"], value)
+            for turn in turns:
+                inputs = [m for m in self.enriched[turn.request_id]["messages"] if m.get("source") == "input"]
+                turn.input_id = inputs[0].get("id") if inputs else None
             answers = [self._response(t) for t in turns]
             await self._send(producer, "responses", _around(hostile_records["responses"], answers))
             persisted = lambda want=want: want <= outputs.ids(s.persisted_topic)  # noqa: E731
             await _until(persisted, f"turn {number} persisted", service)
+            self._read_saved_ids(turns, outputs)
             commands = [] if number == 1 else self._dry_runs(number)
             await self._send(producer, "commands", _around(hostile_records["commands"], commands))
             self.check_ready(f"after turn {number}", service)
         await self._settle(service, outputs)
         self.check_ready("at the end", service)
 
+    def _read_saved_ids(self, turns: list[Turn], outputs: Outputs) -> None:
+        saved: dict[str, list[str]] = {}
+        for rec in outputs.of(self.settings.persisted_topic):
+            value = json.loads(rec.value)
+            saved.setdefault(value["eventId"], value.get("savedMessageIds") or [])
+        for turn in turns:
+            others = [i for i in saved.get(turn.request_id, []) if i != turn.input_id]
+            turn.response_id = others[0] if others else None
+
     def _request(self, turn: Turn) -> Fuzzed:
         event = request(turn.thread, RESOURCE, turn.request_id, turn.question)
         event["createdAt"] = turn.created_at
+        if turn.explicit_ids:
+            event["messages"][0]["id"] = turn.explicit[0]
         label = f"valid request {turn.request_id}"
         key = turn.thread.encode()
         return Fuzzed(
@@ -355,6 +387,8 @@ class Example:
         inputs = [m for m in enriched["messages"] if m["source"] == "input"]  # as a worker echoes them
         event = response(turn.thread, RESOURCE, turn.request_id, inputs, turn.answer)
         event["createdAt"] = turn.created_at.replace(":00.000Z", ":30.000Z")
+        if turn.explicit_ids:
+            event["response"][0]["id"] = turn.explicit[1]
         label = f"valid response {turn.request_id}"
         key = turn.thread.encode()
         return Fuzzed(
@@ -482,11 +516,13 @@ class Example:
             for t in turns
             if t.thread == turn.thread and t.number < turn.number
         ]
-        want = [(f"{t.request_id}:{kind}:0", "memory", text) for t in earlier
-                for kind, text in (("input", t.question), ("response", t.answer))]  # fmt: skip
-        want.append((f"{turn.request_id}:input:0", "input", turn.question))
+        want = [(i, "memory", text) for t in earlier for i, text in _rows(t)]
+        want.append((turn.input_id, "input", turn.question))
         got = [(m.get("id"), m.get("source"), _text(m)) for m in enriched["messages"]]
         history = enriched.get("history", {})
+        wrong_ids = [t.request_id for t in [*earlier, turn] if t.explicit_ids and not _kept_ids(t)]
+        if wrong_ids:
+            self.violations.append(f"explicit message ids not kept for turns {wrong_ids}")
         if got != want or history.get("recalled") != len(want) - 1 or history.get("complete") is not True:
             self.violations.append(
                 f"valid turn {turn.request_id} enriched with the wrong history: got {got} history={history}, "
@@ -498,9 +534,9 @@ class Example:
         threads = await stored_threads(self.settings)
         valid = {t.request_id: t for turns in self.plan.turns for t in turns}
         want: dict[str, tuple[str, str, str, str]] = {}
-        for rid, turn in valid.items():
-            want[f"{rid}:input:0"] = (turn.thread, RESOURCE, "user", turn.question)
-            want[f"{rid}:response:0"] = (turn.thread, RESOURCE, "assistant", turn.answer)
+        for turn in valid.values():
+            for (message_id, text), role in zip(_rows(turn), ("user", "assistant"), strict=True):
+                want[str(message_id)] = (turn.thread, RESOURCE, role, text)
         got = {
             row["id"]: (row.get("thread_id"), row.get("resourceId"), row.get("role"), _row_text(row))
             for row in rows
@@ -529,6 +565,15 @@ def _around(hostile_records: list[Fuzzed], valid: list[Fuzzed]) -> list[Fuzzed]:
         if i < len(valid):
             out.append(valid[i])
     return out
+
+
+def _rows(turn: Turn) -> list[tuple[str | None, str]]:
+    """(id, text) of a turn's two messages, as the service named them."""
+    return [(turn.input_id, turn.question), (turn.response_id, turn.answer)]
+
+
+def _kept_ids(turn: Turn) -> bool:
+    return (turn.input_id, turn.response_id) == turn.explicit
 
 
 def _header(record: Any, name: str) -> bytes | None:

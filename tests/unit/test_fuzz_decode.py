@@ -11,7 +11,7 @@ import json
 import math
 import os
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import pytest
@@ -34,7 +34,7 @@ from tests.fuzzing import EDGES, INT64_MAX, Fuzzed, Topic, any_value, apply_edge
 
 TOPICS: tuple[Topic, ...] = ("requests", "responses", "commands")
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "400"))
-LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=32)
+LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=40)
 SETTINGS = Settings(
     max_event_bytes=LIMITS.max_event_bytes,
     max_messages_per_event=LIMITS.max_messages_per_event,
@@ -46,14 +46,36 @@ _STORAGE = SequentialBatches(InMemoryHistoryStorage())
 _UNBOUNDED = SETTINGS.model_copy(update={"max_event_bytes": 64 * LIMITS.max_event_bytes})
 
 
-def _decoders(settings: Settings) -> dict[Topic, Callable[[bytes], bytes]]:
+@dataclass(frozen=True)
+class _Record:
+    """The consumed record a path's `_decode` is handed (it may read the key)."""
+
+    key: bytes | None
+    value: bytes | None
+    topic: str = "fuzz"
+    partition: int = 0
+    offset: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+Decoder = Callable[[bytes | None, bytes], bytes]
+
+
+def _decoders(settings: Settings) -> dict[Topic, Decoder]:
     recall = RecallHandler(settings, _STORAGE, cast(EnrichedPublisher, None))
     persist = PersistHandler(settings, _STORAGE, cast(PersistedPublisher, None))
     limits = Limits.from_settings(settings)
+
+    def request(key: bytes | None, value: bytes) -> bytes:
+        return encode(recall._decode(cast(Record, _Record(key, value)), value).request)
+
+    def response(key: bytes | None, value: bytes) -> bytes:
+        return encode(persist._decode(cast(Record, _Record(key, value)), value).response)
+
     return {
-        "requests": lambda value: encode(recall._decode(cast(Record, None), value).request),
-        "responses": lambda value: encode(persist._decode(cast(Record, None), value).response),
-        "commands": lambda value: encode_answer(decode_command(value, limits)),
+        "requests": request,
+        "responses": response,
+        "commands": lambda _key, value: encode_answer(decode_command(value, limits)),
     }
 
 
@@ -94,7 +116,7 @@ def check(record: Fuzzed) -> None:
         return  # a record without a value is refused before decoding (`decode_each`): the stream test has it
     decode = DECODERS[record.topic]
     try:
-        wire = decode(record.value)
+        wire = decode(record.key, record.value)
     except InvalidInputError as exc:
         reason = str(exc)
         assert record.expect != "accept", f"refused what the contract accepts: {reason}\n{record.describe()}"
@@ -108,7 +130,7 @@ def check(record: Fuzzed) -> None:
     assert record.expect != "refuse", f"accepted what the contract refuses\n{record.describe()}"
     try:
         _strict(wire)
-        again = AGAIN[record.topic](wire)
+        again = AGAIN[record.topic](record.key, wire)
     except Exception as exc:
         raise AssertionError(
             f"accepted, but its output is not valid: {type(exc).__name__}: {exc}\n"
@@ -146,7 +168,7 @@ def test_decode_returns_a_valid_event_or_refuses(topic: Topic) -> None:
 def test_the_property_fails_on_a_raw_exception(label: str, value: bytes) -> None:
     """The check itself can fail: a decode step that raises anything but `InvalidInputError` is reported."""
 
-    def boom(_: bytes) -> bytes:
+    def boom(_key: bytes | None, _value: bytes) -> bytes:
         raise OverflowError("date value out of range")
 
     DECODERS["requests"], saved = boom, DECODERS["requests"]
