@@ -65,9 +65,14 @@ DELETE: Final = object()  # as an edge value: remove the field
 
 def not_json(value: bytes | None, limits: Limits) -> bool:
     """True for UTF-8 text within the size limit, not framed, that Python's parser refuses: its dead letter
-    must say "not valid JSON" (bytes that are not UTF-8 may say so instead; a BOM and nesting too deep for
-    Python are left out: not decided here)."""
-    if not value or len(value) > limits.max_event_bytes or value[0] == 0 or value.startswith(b"\xef\xbb\xbf"):
+    must say "not valid JSON" (bytes that are not UTF-8, or hold NUL bytes as UTF-16/32 text does, may name
+    their encoding instead; a BOM and nesting too deep for Python are left out: not decided here)."""
+    if (
+        not value
+        or len(value) > limits.max_event_bytes
+        or b"\x00" in value
+        or value.startswith(b"\xef\xbb\xbf")
+    ):
         return False
     try:
         json.loads(value.decode("utf-8"))
