@@ -205,6 +205,7 @@ def _id_edges(path: tuple[str | int, ...], limits: Limits) -> list[Edge]:
         Edge(path, "   ", "refuse"),
         Edge(path, "x" * (n + 1), "refuse"),
         Edge(path, "é" * (n + 1), "refuse"),
+        Edge(path, "x" * 10_000, "refuse"),
         Edge(path, 5, "refuse"),
         Edge(path, None, "refuse"),
         Edge(path, ["a"], "refuse"),
