@@ -12,6 +12,9 @@ come back out as they came in; values the service adds are constructed explicitl
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -168,25 +171,49 @@ def _unmarked_encoding(raw: bytes) -> str | None:
 
 
 _NON_FINITE = "NaN, Infinity and -Infinity are not JSON"
+# A number literal that may not fit a double: a 3-digit exponent, or 300 digits in a row. The parser would
+# read it as infinity, written back as null. Rare in real events: a match only triggers the careful parse.
+_MAYBE_HUGE = re.compile(rb"[eE][+-]?\d{3,}|\d{300,}")
 
 
 def _refuse_non_finite(raw: bytes) -> None:
-    """Refuse the `NaN`, `Infinity` and `-Infinity` literals anywhere in a value (the models' parser reads
-    them as floats, and they would be written back as null).
+    """Refuse the `NaN`, `Infinity` and `-Infinity` literals anywhere in a value, and numbers too large for a
+    double (the models' parser reads them all as floats, and they would be written back as null).
 
-    Two substring scans in the common case; only a value that contains the letters anywhere (in a string,
-    say) is parsed once more, by the same parser with those literals refused.
+    Two substring scans and one regex search in the common case; only a value that contains the letters or a
+    huge-looking number anywhere (in a string, say) is parsed once more, with those refused.
     """
-    if b"NaN" not in raw and b"Infinity" not in raw:
-        return
-    try:
-        from_json(raw, allow_inf_nan=False)
-    except ValueError as exc:
+    if b"NaN" in raw or b"Infinity" in raw:
         try:
-            from_json(raw)
+            from_json(raw, allow_inf_nan=False)
+        except ValueError as exc:
+            try:
+                from_json(raw)
+            except ValueError:
+                return  # not JSON for another reason too: the models' parse says where
+            raise EventValidationError(f"not valid JSON: {exc} ({_NON_FINITE})") from None
+    if _MAYBE_HUGE.search(raw) is not None:
+        try:
+            json.loads(raw, parse_float=_finite_float)
+        except _NotFiniteError as exc:
+            raise EventValidationError(
+                f"not valid JSON: the number {exc.literal[:40]} does not fit a double ({_NON_FINITE})"
+            ) from None
         except ValueError:
-            return  # not JSON for another reason too: the models' parse says where
-        raise EventValidationError(f"not valid JSON: {exc} ({_NON_FINITE})") from None
+            return  # not JSON for another reason: the models' parse says where
+
+
+class _NotFiniteError(Exception):  # control flow inside `_refuse_non_finite` only, never raised out of it
+    def __init__(self, literal: str) -> None:
+        super().__init__(literal)
+        self.literal = literal
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if not math.isfinite(value):
+        raise _NotFiniteError(literal)
+    return value
 
 
 def _check_derived_times(event: EventBase, messages: Sequence[Message], path: str, offset: int) -> None:

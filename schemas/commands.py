@@ -16,6 +16,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
 
+from message_history.errors import EventValidationError
 from schemas.codec import check_id, check_raw, encode, validation_error
 from schemas.events import SchemaVersion
 from schemas.limits import Limits
@@ -87,6 +88,8 @@ def decode_command(raw: bytes, limits: Limits = Limits()) -> ForgetThread | Forg
         command = _COMMAND.validate_json(raw)
     except ValidationError as exc:
         raise validation_error(exc) from None  # the events' wording ("not valid JSON: ...")
+    if "schemaVersion" not in command.model_fields_set:  # required on the wire, as for the events
+        raise EventValidationError("Field required", "schemaVersion")
     ids = [("requestId", command.requestId), ("resourceId", command.resourceId)]
     if isinstance(command, ForgetThread):
         ids.append(("threadId", command.threadId))
