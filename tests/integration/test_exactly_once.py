@@ -1,0 +1,166 @@
+"""`MESSAGE_HISTORY_PROCESSING_GUARANTEE=exactly-once` on the real broker: a SIGKILL mid-stream, a zombie
+instance, a MongoDB outage; `read_committed` consumers see every output once. The same kill with the mode off
+shows the duplicates it removes."""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from message_history.settings import Settings
+from tests.conftest import MakeTopic
+from tests.integration.service_harness import (
+    ServiceProcess,
+    drop_database,
+    encoded,
+    fresh_settings,
+    request_event,
+    request_id,
+    response_event,
+    stored_messages,
+    values,
+)
+from tests.integration.stream_helpers import Record, produce, read_all, read_topic
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
+
+THREADS = [f"th{i:02d}" for i in range(8)]
+COMMITTED = "read_committed"
+
+
+def _input(turns: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """Requests and responses for `turns` turns of every thread, turn-major (threads interleave)."""
+    requests, responses = [], []
+    for turn in range(1, turns + 1):
+        for thread in THREADS:
+            request = request_event(thread, f"owner-{thread}", turn, f"question {turn}")
+            requests.append(encoded(request))
+            responses.append(
+                encoded(
+                    response_event(thread, f"owner-{thread}", turn, request["messages"], f"answer {turn}")
+                )
+            )
+    return requests, responses
+
+
+def _duplicates(records: list[Record]) -> int:
+    """Deliveries beyond the first of each request id."""
+    return sum(n - 1 for n in Counter(v["requestId"] for v in values(records)).values())
+
+
+@pytest.fixture
+def service() -> Iterator[list[ServiceProcess]]:
+    """Service processes started by a test; any still running (or stopped) at the end is killed."""
+    started: list[ServiceProcess] = []
+    yield started
+    for proc in started:
+        if proc.process is not None and proc.process.poll() is None:
+            proc.process.send_signal(signal.SIGCONT)
+        proc.stop_now()
+
+
+def _start(settings: Settings, tmp_path: Path, started: list[ServiceProcess], name: str) -> ServiceProcess:
+    proc = ServiceProcess(settings, tmp_path / f"{name}.log")
+    proc.start()
+    started.append(proc)
+    return proc
+
+
+async def _make_topics(settings: Settings, make_topic: MakeTopic) -> None:
+    for name in (
+        settings.requests_topic,
+        settings.responses_topic,
+        settings.enriched_topic,
+        settings.persisted_topic,
+    ):
+        await make_topic(partitions=2, name=name)
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+async def test_sigkill_mid_stream_duplicates_only_without_the_mode(
+    guarantee: str,
+    kafka_bootstrap: str,
+    mongo_uri: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    service: list[ServiceProcess],
+) -> None:
+    """SIGKILL once outputs are out, then restart: under exactly-once a read_committed consumer sees every
+    enriched and persisted event once and nothing is lost; with the mode off the same kill duplicates.
+
+    The crash window is made deterministic for the mode off: the first instance never commits on its own
+    (a commit interval longer than the test), so every output it sent before the kill is sent again by the
+    restart. Under exactly-once the first instance commits every 100 ms, so the kill lands among commits
+    and open transactions."""
+    interval = 100 if guarantee == "exactly-once" else 600_000
+    settings = fresh_settings(
+        kafka_bootstrap,
+        mongo_uri,
+        max_batch_records=25,
+        processing_guarantee=guarantee,
+        commit_interval_ms=interval,
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    await _make_topics(settings, make_topic)
+    turns = 12
+    requests, responses = _input(turns)
+    half = len(responses) // 2
+    await produce(bootstrap, settings.responses_topic, responses[:half])
+    await produce(bootstrap, settings.requests_topic, requests)
+    try:
+        first = _start(settings, tmp_path, service, "first")
+        # outputs are out (under exactly-once: committed ones), yet the work is far from done
+        await read_topic(
+            bootstrap,
+            settings.persisted_topic,
+            until=lambda rs: len(rs) >= len(responses) // 8,
+            timeout_s=120,
+        )
+        first.signal(signal.SIGKILL)
+        assert await first.wait(10) == -signal.SIGKILL
+        before = await read_all(bootstrap, settings.persisted_topic, settle_s=0.2)
+        assert len({v["requestId"] for v in values(before)}) < len(responses), "the kill came too late"
+        await produce(bootstrap, settings.responses_topic, responses[half:])
+
+        second = _start(settings.model_copy(update={"commit_interval_ms": 100}), tmp_path, service, "second")
+        await read_topic(
+            bootstrap,
+            settings.persisted_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(responses),
+            timeout_s=180,
+            isolation_level=COMMITTED,
+        )
+        await read_topic(
+            bootstrap,
+            settings.enriched_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
+            timeout_s=180,
+            isolation_level=COMMITTED,
+        )
+        second.signal(signal.SIGTERM)
+        assert await second.wait(settings.shutdown_grace_s + 5) == 0, second.log()[-3000:]
+        enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
+        persisted = await read_all(
+            bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED
+        )
+        rows = await stored_messages(settings)
+    finally:
+        await drop_database(settings)
+
+    # nothing lost, every row stored once (upserts), in both modes
+    expected = {request_id(t, n) for t in THREADS for n in range(1, turns + 1)}
+    assert {v["requestId"] for v in values(enriched)} == expected
+    assert len({v["requestId"] for v in values(persisted)}) == len(responses)
+    counts = Counter(r["id"] for r in rows)
+    assert len(counts) == 2 * len(responses)
+    assert set(counts.values()) == {1}
+    if guarantee == "exactly-once":
+        assert _duplicates(enriched) == 0
+        assert _duplicates(persisted) == 0
+    else:
+        # every output the first instance sent before the kill was sent again after it
+        assert _duplicates(persisted) >= len(values(before)) > 0
