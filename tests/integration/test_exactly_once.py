@@ -4,9 +4,11 @@ shows the duplicates it removes."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -164,3 +166,77 @@ async def test_sigkill_mid_stream_duplicates_only_without_the_mode(
     else:
         # every output the first instance sent before the kill was sent again after it
         assert _duplicates(persisted) >= len(values(before)) > 0
+
+
+async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout_s}s: {what}")
+        await asyncio.sleep(0.2)
+
+
+async def test_a_zombie_instance_cannot_publish(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, service: list[ServiceProcess]
+) -> None:
+    """An instance stopped (SIGSTOP) until its partitions moved, then resumed, publishes nothing.
+
+    The zombie holds every output it made (it never commits on its own: a commit interval longer than the
+    test), so when it resumes its revoke commits them, unless its transactional ids were fenced by the
+    instance that took its partitions over: read_committed readers then see each output once, the taker's."""
+    settings = fresh_settings(
+        kafka_bootstrap, mongo_uri, max_batch_records=25, processing_guarantee="exactly-once"
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    await _make_topics(settings, make_topic)
+    turns = 8
+    requests, responses = _input(turns)
+    await produce(bootstrap, settings.responses_topic, responses)
+    await produce(bootstrap, settings.requests_topic, requests)
+    try:
+        zombie = _start(
+            settings.model_copy(update={"commit_interval_ms": 600_000}), tmp_path, service, "zombie"
+        )
+
+        async def worked() -> bool:
+            return len(await stored_messages(settings)) >= len(responses)  # half the turns' rows at least
+
+        await _until(worked, 120, "the first instance stored rows")
+        zombie.signal(signal.SIGSTOP)
+        taker = _start(settings, tmp_path, service, "taker")
+        # the taker gets every partition once the zombie's session expired, and redoes all of its work
+        await read_topic(
+            bootstrap,
+            settings.persisted_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(responses),
+            timeout_s=180,
+            isolation_level=COMMITTED,
+        )
+        await read_topic(
+            bootstrap,
+            settings.enriched_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
+            timeout_s=180,
+            isolation_level=COMMITTED,
+        )
+        zombie.signal(signal.SIGCONT)
+
+        async def fenced() -> bool:
+            return "transaction fenced" in zombie.log()
+
+        await _until(fenced, 120, "the zombie tried to commit and was fenced")
+        for proc in (zombie, taker):
+            proc.signal(signal.SIGTERM)
+        for proc in (zombie, taker):
+            assert await proc.wait(settings.shutdown_grace_s + 5) == 0, proc.log()[-3000:]
+        enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
+        persisted = await read_all(
+            bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED
+        )
+    finally:
+        await drop_database(settings)
+
+    assert len({v["requestId"] for v in values(enriched)}) == len(requests)
+    assert len({v["requestId"] for v in values(persisted)}) == len(responses)
+    assert _duplicates(enriched) == 0
+    assert _duplicates(persisted) == 0
