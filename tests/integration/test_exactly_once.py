@@ -13,20 +13,29 @@ from pathlib import Path
 
 import pytest
 
+from message_history.app.health import Health
 from message_history.settings import Settings
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     ServiceProcess,
+    dead_letters,
     drop_database,
     encoded,
     fresh_settings,
     request_event,
     request_id,
     response_event,
+    running_service,
     stored_messages,
     values,
+    wave,
 )
 from tests.integration.stream_helpers import Record, produce, read_all, read_topic
+from tests.integration.test_service_mongo_outage import (  # noqa: F401
+    _PrivateServer,
+    _wait_not_ready,
+    mongo_server,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -240,3 +249,67 @@ async def test_a_zombie_instance_cannot_publish(
     assert len({v["requestId"] for v in values(persisted)}) == len(responses)
     assert _duplicates(enriched) == 0
     assert _duplicates(persisted) == 0
+
+
+async def test_a_mongodb_outage_mid_transaction_is_retried_without_loss(
+    kafka_bootstrap: str,
+    make_topic: MakeTopic,
+    mongo_server: _PrivateServer,  # noqa: F811 -- the fixture
+) -> None:
+    """MongoDB stopped while batches are in flight under exactly-once: the records that failed are retried
+    (their outputs never held), the others' outputs commit in their transactions; afterwards a read_committed
+    reader sees every output once, every row is stored once, nothing is dead-lettered."""
+    settings = fresh_settings(
+        kafka_bootstrap,
+        mongo_server.uri,
+        mongodb_timeout_ms=1500,
+        retry_max_backoff_s=1.0,
+        processing_guarantee="exactly-once",
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    await _make_topics(settings, make_topic)
+    threads = THREADS[:6]
+    total_turns = 9
+    health = Health()
+    async with running_service(settings, health=health):
+        requests, responses = wave(threads, range(1, 4))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        await read_topic(
+            bootstrap,
+            settings.persisted_topic,
+            until=lambda rs: len(rs) >= len(responses),
+            isolation_level=COMMITTED,
+        )
+        requests, responses = wave(threads, range(4, 7))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        mongo_server.stop()  # while those are in flight
+        reasons = await _wait_not_ready(health, 10)
+        await asyncio.sleep(3)
+        mongo_server.start()
+        requests, responses = wave(threads, range(7, total_turns + 1))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        want = len(threads) * total_turns
+        for topic in (settings.persisted_topic, settings.enriched_topic):
+            await read_topic(
+                bootstrap,
+                topic,
+                until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
+                timeout_s=120,
+                isolation_level=COMMITTED,
+            )
+    enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
+    persisted = await read_all(bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED)
+    rows = await stored_messages(settings)
+    letters = await dead_letters(settings)
+    await drop_database(settings)
+
+    assert any("mongodb" in reason for reason in reasons.values())
+    assert letters == []
+    counts = Counter(r["id"] for r in rows)
+    assert len(counts) == 2 * want
+    assert set(counts.values()) == {1}
+    assert len(values(persisted)) == len({v["requestId"] for v in values(persisted)}) == want
+    assert len(values(enriched)) == len({v["requestId"] for v in values(enriched)}) == want
