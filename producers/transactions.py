@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,24 +123,9 @@ class PartitionTransactions:
         await asyncio.gather(*(self._open(tp) for tp in partitions if tp not in self._producers))
 
     async def _open(self, tp: TopicPartition) -> None:
-        producer = AIOKafkaProducer(
-            **kafka_options(self._settings, client_id=f"message-history-{self._path}-tx"),
-            acks="all",
-            enable_idempotence=True,
-            transactional_id=self.transactional_id(tp),
-            linger_ms=self._settings.linger_ms,
-            max_batch_size=MAX_BATCH_BYTES,
-            compression_type=compression_type(self._settings),
+        self._producers[tp] = await open_transactional(
+            self._settings, self.transactional_id(tp), client_id=f"message-history-{self._path}-tx"
         )
-        await producer.start()
-        try:
-            # an empty transaction waits for InitProducerId (the fencing) and ends without a broker request
-            await producer.begin_transaction()
-            await producer.abort_transaction()
-        except BaseException:
-            await _stop(producer)
-            raise
-        self._producers[tp] = producer
 
     async def close(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Stop the producers of `partitions` (None: all); an open transaction is aborted by the broker."""
@@ -182,19 +167,7 @@ class PartitionTransactions:
         held = self._held.get(tp, {})
         outputs = [output for o in below for output in held[o]]
         try:
-            await producer.begin_transaction()
-            try:
-                acks = [
-                    await producer.send(o.topic, key=o.key, value=o.value, headers=list(o.headers))
-                    for o in outputs
-                ]
-                await asyncio.gather(*acks)
-                await producer.send_offsets_to_transaction({tp: offset}, self.group_id)
-                await producer.commit_transaction()
-            except BaseException:
-                with contextlib.suppress(Exception):
-                    await producer.abort_transaction()
-                raise
+            await in_transaction(producer, outputs, offsets=({tp: offset}, self.group_id))
         except FENCED as exc:
             log.warning(
                 "transaction fenced: another instance owns the partition now; its outputs are dropped",
@@ -216,6 +189,58 @@ class PartitionTransactions:
         for o in below:
             held.pop(o, None)
         return True
+
+
+async def open_transactional(
+    settings: Settings, transactional_id: str, *, client_id: str
+) -> AIOKafkaProducer:
+    """A started transactional producer whose id is initialised: any earlier holder of the id is fenced and
+    its open transaction completed (aborted) by the time this returns."""
+    producer = AIOKafkaProducer(
+        **kafka_options(settings, client_id=client_id),
+        acks="all",
+        enable_idempotence=True,
+        transactional_id=transactional_id,
+        linger_ms=settings.linger_ms,
+        max_batch_size=MAX_BATCH_BYTES,
+        compression_type=compression_type(settings),
+    )
+    await producer.start()
+    try:
+        # an empty transaction waits for InitProducerId (the fencing) and ends without a broker request
+        await producer.begin_transaction()
+        await producer.abort_transaction()
+    except BaseException:
+        await _stop(producer)
+        raise
+    return producer
+
+
+async def in_transaction(
+    producer: AIOKafkaProducer,
+    outputs: Sequence[HeldOutput],
+    *,
+    offsets: tuple[dict[TopicPartition, int], str] | None = None,
+) -> None:
+    """`outputs` (and, given, `offsets` for a group) in one transaction; aborted and raised on a failure."""
+    await producer.begin_transaction()
+    try:
+        acks = [
+            await producer.send(o.topic, key=o.key, value=o.value, headers=list(o.headers)) for o in outputs
+        ]
+        await asyncio.gather(*acks)
+        if offsets is not None:
+            await producer.send_offsets_to_transaction(*offsets)
+        await producer.commit_transaction()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await producer.abort_transaction()
+        raise
+
+
+async def stop_quietly(producer: AIOKafkaProducer) -> None:
+    """Stop a transactional producer, bounded; the broker aborts what it left open."""
+    await _stop(producer)
 
 
 async def _stop(producer: AIOKafkaProducer) -> None:

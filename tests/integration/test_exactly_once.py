@@ -31,6 +31,8 @@ from tests.integration.service_harness import (
     wave,
 )
 from tests.integration.stream_helpers import Record, produce, read_all, read_topic
+from tests.integration.test_replay import databases, end_offsets, mixed_events, replay
+from tests.integration.test_replay import setup as replay_setup
 from tests.integration.test_service_mongo_outage import (  # noqa: F401
     _PrivateServer,
     _wait_not_ready,
@@ -313,3 +315,35 @@ async def test_a_mongodb_outage_mid_transaction_is_retried_without_loss(
     assert set(counts.values()) == {1}
     assert len(values(persisted)) == len({v["requestId"] for v in values(persisted)}) == want
     assert len(values(enriched)) == len({v["requestId"] for v in values(enriched)}) == want
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+async def test_replay_honours_the_mode(
+    guarantee: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """`replay --emit-persisted` under exactly-once sends each batch's events and dead letters in one
+    transaction (the topics then hold commit markers: their end offsets pass the record count); a
+    read_committed reader sees each once. With the mode off they are plain sends (no markers)."""
+    settings = (await replay_setup(kafka_bootstrap, mongo_uri, make_topic)).model_copy(
+        update={"processing_guarantee": guarantee}
+    )
+    items = mixed_events(threads=3, turns=2)  # one of them is not JSON: a dead letter
+    await produce(kafka_bootstrap, settings.responses_topic, items)
+    async with databases(settings):
+        result, printed = await replay(settings, "--from-beginning", "--emit-persisted", "--batch-size", "4")
+        assert result.exit_code == 0, printed
+        emitted = await read_all(
+            kafka_bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED
+        )
+        dead = await read_all(
+            kafka_bootstrap, settings.responses_dlq, settle_s=0.5, isolation_level=COMMITTED
+        )
+        ends = await end_offsets(kafka_bootstrap, settings.persisted_topic)
+
+    assert len(emitted) == len(items) - 1  # one per valid response (the redelivered one again)
+    assert len(dead) == 1
+    markers = sum(ends.values()) - len(emitted)
+    if guarantee == "exactly-once":
+        assert markers > 0
+    else:
+        assert markers == 0
