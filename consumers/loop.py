@@ -50,6 +50,7 @@ from consumers.outage import (
     Failure,
     is_outage,
     retry_batch,
+    retry_call,
     settle_outcomes,
 )
 from consumers.parking import Deferred, ParkedLanes
@@ -646,11 +647,29 @@ class StreamLoop:
         if self._transactions is None or not assigned:
             return
         owned = sorted(assigned, key=lambda tp: tp.partition)
-        await self._transactions.open(owned)
-        for tp in owned:
-            offset = await self._consumer.committed(tp)
-            if offset is not None:
-                self._consumer.seek(tp, offset)
+        transactions = self._transactions
+
+        async def wait(failure: Failure[None]) -> bool:
+            # the partitions cannot be read safely before their ids are fenced: retry, holding the rebalance
+            log.warning(
+                "transactional producers not ready; retrying",
+                extra={"path": self.path, "error": type(failure.error).__name__, "attempt": failure.attempt},
+            )
+            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+            if self._stopping and failure.error is not None:
+                raise failure.error
+            await asyncio.sleep(failure.delay)
+            return False
+
+        async def open_and_seek() -> None:
+            await transactions.open(owned)
+            for tp in owned:
+                offset = await self._consumer.committed(tp)
+                if offset is not None:
+                    self._consumer.seek(tp, offset)
+
+        backoff = Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random)
+        await retry_call(open_and_seek, backoff=backoff, wait=wait)
 
     # --- rebalances -----------------------------------------------------------------------------------------
 

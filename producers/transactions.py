@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,9 @@ class HeldOutput:
 class HoldingProducer(OutputProducer):
     """`OutputProducer` whose `send` holds the record instead of sending it (see the module docstring)."""
 
+    def __init__(self, settings: Settings | None = None, *, client_id: str = "") -> None:
+        """No client: nothing is sent from here (the arguments only mirror `OutputProducer`'s)."""
+
     async def __aenter__(self) -> HoldingProducer:
         return self
 
@@ -93,11 +96,23 @@ class PartitionTransactions:
     """A transactional producer per owned input partition of one path (see the module docstring)."""
 
     def __init__(self, settings: Settings, *, path: str) -> None:
-        self._settings = settings
+        self._setup(
+            producer_options(settings, client_id=f"message-history-{path}-tx"), settings.group_id, path
+        )
+
+    @classmethod
+    def for_client(cls, options: Mapping[str, Any], *, group_id: str, path: str) -> PartitionTransactions:
+        """For a client configured by its own options (the worker SDK), not by the service's settings."""
+        self = cls.__new__(cls)
+        self._setup(dict(options), group_id, path)
+        return self
+
+    def _setup(self, options: dict[str, Any], group_id: str, path: str) -> None:
+        self._options = options
         self._path = path
-        self.group_id = settings.group_id
+        self.group_id = group_id
+        self._owned: set[TopicPartition] = set()  # assigned here, and not fenced since
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
-        self._fenced: set[TopicPartition] = set()  # lost to another instance until assigned again
         self._held: dict[TopicPartition, dict[int, list[HeldOutput]]] = {}  # per input offset, not committed
         self._unsure: set[TopicPartition] = set()  # a transaction failed: did it land? ask the group first
 
@@ -106,7 +121,7 @@ class PartitionTransactions:
 
     def hold(self, tp: TopicPartition, offset: int, outputs: list[HeldOutput]) -> None:
         """File the outputs of a record that is done, until the transaction committing its offset."""
-        if outputs:
+        if outputs and tp in self._owned:
             self._held.setdefault(tp, {})[offset] = outputs
 
     def held(self) -> int:
@@ -117,24 +132,27 @@ class PartitionTransactions:
         return sorted(o for o in self._held.get(tp, {}) if o < offset)
 
     async def open(self, partitions: Iterable[TopicPartition]) -> None:
-        """A producer per partition, its transactional id initialised (fencing the id's previous holder)."""
+        """Own `partitions`: a producer each, its id initialised (fencing the id's previous holder)."""
         partitions = list(partitions)
-        self._fenced.difference_update(partitions)
+        self._owned.update(partitions)
         await asyncio.gather(*(self._open(tp) for tp in partitions if tp not in self._producers))
 
     async def _open(self, tp: TopicPartition) -> None:
-        self._producers[tp] = await open_transactional(
-            self._settings, self.transactional_id(tp), client_id=f"message-history-{self._path}-tx"
-        )
+        self._producers[tp] = await open_transactional(self._options, self.transactional_id(tp))
 
     async def close(self, partitions: Iterable[TopicPartition] | None = None) -> None:
-        """Stop the producers of `partitions` (None: all); an open transaction is aborted by the broker."""
-        chosen = list(self._producers) if partitions is None else list(partitions)
-        self._fenced.difference_update(chosen)
+        """Let go of `partitions` (None: all): their producers stopped (the broker aborts what they left
+        open), their held outputs dropped (the next owner redoes those records). A late commit for one of them
+        does nothing: only `open` (a new assignment) takes a partition again."""
+        chosen = list(self._owned | set(self._producers)) if partitions is None else list(partitions)
         for tp in chosen:
-            self._held.pop(tp, None)  # the next owner redoes those records: it produces them
+            self._owned.discard(tp)
+            self._held.pop(tp, None)
             self._unsure.discard(tp)
-        producers = [p for tp in chosen if (p := self._producers.pop(tp, None)) is not None]
+        await self._stop_producers(chosen)
+
+    async def _stop_producers(self, partitions: Iterable[TopicPartition]) -> None:
+        producers = [p for tp in partitions if (p := self._producers.pop(tp, None)) is not None]
         await asyncio.gather(*(_stop(p) for p in producers))
 
     async def commit(
@@ -144,16 +162,16 @@ class PartitionTransactions:
         committed: Callable[[TopicPartition], Awaitable[int | None]],
     ) -> bool:
         """Produce the outputs held for `tp` below `offset` (in input order) and commit `offset`, in one
-        transaction. True when committed; False when this instance was fenced (the partition is someone
-        else's now: its producer is closed, its held outputs dropped). Raises the error of a transaction
-        that failed otherwise (aborted; the outputs stay held, the next commit tries again).
+        transaction. True when committed; False when the partition is not ours (revoked, or this instance
+        was fenced: the partition is someone else's now; its held outputs are dropped). Raises the error of
+        a transaction that failed otherwise (aborted; the outputs stay held, the next commit tries again).
 
         `committed` reads the group's committed offset: after a failed transaction (a commit cut off by a
         timeout may still have landed) it says which held outputs are already out."""
-        if tp in self._fenced:
+        if tp not in self._owned:
             return False
         if tp not in self._producers:
-            await self.open([tp])  # after a failure: its InitProducerId completes what was left open
+            await self._open(tp)  # after a failure: its InitProducerId completes what was left open
         if tp in self._unsure:
             landed = await committed(tp)
             self._unsure.discard(tp)
@@ -174,36 +192,34 @@ class PartitionTransactions:
                 extra={"path": self._path, "partition": tp.partition, "error": type(exc).__name__},
             )
             await self.close([tp])
-            self._fenced.add(tp)
             return False
         except BaseException:
             # whatever state the producer is in now (a commit cut off may even have landed), a fresh one
             # (its InitProducerId completes what is open) is the clean start, opened by the next commit; the
             # caller reads the committed offset then, to learn whether this transaction landed
-            kept = self._held.get(tp)
-            await self.close([tp])
-            if kept is not None:
-                self._held[tp] = kept
             self._unsure.add(tp)
+            await self._stop_producers([tp])
             raise
         for o in below:
             held.pop(o, None)
         return True
 
 
-async def open_transactional(
-    settings: Settings, transactional_id: str, *, client_id: str
-) -> AIOKafkaProducer:
+def producer_options(settings: Settings, *, client_id: str) -> dict[str, Any]:
+    """The service's producer options (connection, linger, batch size, compression), for transactions."""
+    return {
+        **kafka_options(settings, client_id=client_id),
+        "linger_ms": settings.linger_ms,
+        "max_batch_size": MAX_BATCH_BYTES,
+        "compression_type": compression_type(settings),
+    }
+
+
+async def open_transactional(options: Mapping[str, Any], transactional_id: str) -> AIOKafkaProducer:
     """A started transactional producer whose id is initialised: any earlier holder of the id is fenced and
     its open transaction completed (aborted) by the time this returns."""
     producer = AIOKafkaProducer(
-        **kafka_options(settings, client_id=client_id),
-        acks="all",
-        enable_idempotence=True,
-        transactional_id=transactional_id,
-        linger_ms=settings.linger_ms,
-        max_batch_size=MAX_BATCH_BYTES,
-        compression_type=compression_type(settings),
+        **options, acks="all", enable_idempotence=True, transactional_id=transactional_id
     )
     await producer.start()
     try:

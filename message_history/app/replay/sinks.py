@@ -21,7 +21,14 @@ from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, OutputProducer, TopicPublisher
 from producers.persisted import PersistedPublisher
-from producers.transactions import HeldOutput, held_outputs, in_transaction, open_transactional, stop_quietly
+from producers.transactions import (
+    HeldOutput,
+    held_outputs,
+    in_transaction,
+    open_transactional,
+    producer_options,
+    stop_quietly,
+)
 from schemas.dead_letters import error_message
 from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
@@ -125,9 +132,8 @@ class ReplayTransactions:
         producer = self._producers.get(partition)
         if producer is None:
             producer = self._producers[partition] = await open_transactional(
-                self._settings,
+                producer_options(self._settings, client_id=CLIENT_ID),
                 f"{self._settings.group_id}-replay-{self._topic}-{partition}",
-                client_id=CLIENT_ID,
             )
         try:
             await in_transaction(producer, outputs)
