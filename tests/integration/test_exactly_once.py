@@ -5,7 +5,10 @@ shows the duplicates it removes."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,6 +20,7 @@ from message_history.app.health import Health
 from message_history.settings import Settings
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
+    ROOT,
     ServiceProcess,
     dead_letters,
     drop_database,
@@ -26,6 +30,7 @@ from tests.integration.service_harness import (
     request_id,
     response_event,
     running_service,
+    settings_env,
     stored_messages,
     values,
     wave,
@@ -347,3 +352,125 @@ async def test_replay_honours_the_mode(
         assert markers > 0
     else:
         assert markers == 0
+
+
+_WORKER = """
+import asyncio, logging, os, sys
+from message_history.settings import Settings
+from worker import AgentWorker
+
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+
+async def main() -> None:
+    slow, answered = os.environ.get("SLOW_ID"), os.environ["ANSWERED_FILE"]
+
+    async def answer(turn):
+        if turn.request_id == slow:
+            await asyncio.sleep(20)
+        with open(answered, "a") as out:
+            out.write(turn.request_id + "\\n")
+        return "answer to " + turn.request_id
+
+    settings = Settings()
+    async with AgentWorker.from_settings(answer, settings, group_id=os.environ["WORKER_GROUP"]) as worker:
+        await worker.run()
+
+asyncio.run(main())
+"""
+
+
+class _WorkerProcess:
+    """An `AgentWorker` in a child process (so that it can be paused), its log and answers in files."""
+
+    def __init__(self, settings: Settings, tmp_path: Path, name: str, slow: str | None = None) -> None:
+        self.log_path = tmp_path / f"{name}.log"
+        self.answered = tmp_path / f"{name}.answered"
+        self.answered.touch()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MESSAGE_HISTORY_")}
+        env.update(settings_env(settings))
+        env.update(ANSWERED_FILE=str(self.answered), WORKER_GROUP=f"{settings.group_id}-agent")
+        if slow is not None:
+            env["SLOW_ID"] = slow
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-c", _WORKER], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+
+    def lines(self) -> list[str]:
+        return self.answered.read_text().split()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def end(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+async def test_a_paused_worker_answers_nothing_twice_under_exactly_once(
+    guarantee: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A worker paused (SIGSTOP) in the middle of a batch, its partitions taken by a second worker, then
+    resumed: under exactly-once the responses a read_committed reader sees are one per request (the paused
+    one's transactions are fenced); with the mode off the paused one's answers, sent before its commit, come
+    a second time from the other worker (deterministic: its batch waits on one slow turn, so it commits
+    nothing before the pause)."""
+    settings = fresh_settings(
+        kafka_bootstrap, mongo_uri, processing_guarantee=guarantee, barrier="off", busy_thread="allow"
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=2, name=name)
+    requests, _ = _input(3)
+    workers: list[_WorkerProcess] = []
+    try:
+        async with running_service(settings, only="recall"):
+            await produce(bootstrap, settings.requests_topic, requests)
+            await read_topic(
+                bootstrap,
+                settings.enriched_topic,
+                until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
+                isolation_level=COMMITTED,
+            )
+        slow = request_id(THREADS[0], 3)
+        paused = _WorkerProcess(settings, tmp_path, "paused", slow=slow)
+        workers.append(paused)
+
+        async def answered_all_but_the_slow_one() -> bool:
+            return len(set(paused.lines())) >= len(requests) - 1
+
+        await _until(answered_all_but_the_slow_one, 120, "the first worker answered its batch but one")
+        paused.process.send_signal(signal.SIGSTOP)
+        other = _WorkerProcess(settings, tmp_path, "other")
+        workers.append(other)
+        await read_topic(
+            bootstrap,
+            settings.responses_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
+            timeout_s=120,
+            isolation_level=COMMITTED,
+        )
+        paused.process.send_signal(signal.SIGCONT)
+
+        async def paused_one_committed_or_was_fenced() -> bool:
+            text = paused.log()
+            return slow in paused.lines() and ("fenced" in text or "commit refused" in text)
+
+        await _until(paused_one_committed_or_was_fenced, 120, "the resumed worker ended its batch")
+        responses = await read_all(
+            bootstrap, settings.responses_topic, settle_s=1.0, isolation_level=COMMITTED
+        )
+    finally:
+        for proc in workers:
+            proc.end()
+        await drop_database(settings)
+
+    assert len({v["requestId"] for v in values(responses)}) == len(requests)
+    duplicates = sum(n - 1 for n in Counter(v["requestId"] for v in values(responses)).values())
+    if guarantee == "exactly-once":
+        assert duplicates == 0
+    else:
+        assert duplicates >= len(requests) - 1
