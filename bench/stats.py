@@ -22,6 +22,7 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "service_recall": ("service recall path (request -> enriched)", "recall"),
     "service_recall_unguarded": ("service recall path, barrier off, busy-thread allow", "recall"),
     "service_recall_barrier_only": ("service recall path, barrier on, busy-thread allow", "recall"),
+    "service_recall_eos": ("service recall path, exactly-once (transactions)", "recall"),
     "naive_recall": ("naive recall (await each find/send/commit)", "recall"),
     "mastra_recall": ("Mastra MessageHistory.processInput (Node, same database)", "recall"),
     "b1_persist": ("B1 Kafka pass-through, response-size records", "persist"),
@@ -29,6 +30,7 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "b3_save_many": ("B3 with our models (save_many of Messages)", "persist"),
     "service_persist": ("service persist path (response -> persisted)", "persist"),
     "service_persist_unguarded": ("service persist path, busy-thread allow (no markers)", "persist"),
+    "service_persist_eos": ("service persist path, exactly-once (transactions)", "persist"),
     "naive_persist": ("naive persist (await each save/send/commit)", "persist"),
     "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node, same database)", "persist"),
     "mastra_memory": ("Mastra MessageHistory, whole turn on its InMemoryStore (Node, no database)", "turn"),
@@ -55,6 +57,12 @@ RATIOS: Final[dict[str, str]] = {
     "recall_turn_guards_cost": "service recall / the same, barrier off + busy allow",
     "recall_barrier_cost": "service recall, barrier only / barrier off (target >= 0.95)",
     "persist_turn_guards_cost": "service persist / the same without busy markers",
+    "recall_eos_throughput": "service recall exactly-once / at-least-once, events/s  (target >= 0.85)",
+    "persist_eos_throughput": "service persist exactly-once / at-least-once, events/s  (target >= 0.85)",
+    "recall_eos_cpu": "service recall exactly-once / at-least-once, CPU per event",
+    "persist_eos_cpu": "service persist exactly-once / at-least-once, CPU per event",
+    "recall_eos_p99": "service recall exactly-once / at-least-once, p99 at half capacity",
+    "persist_eos_p99": "service persist exactly-once / at-least-once, p99 at half capacity",
 }
 
 
@@ -209,6 +217,12 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         "recall_turn_guards_cost": _ratio(eps("service_recall"), eps("service_recall_unguarded")),
         "recall_barrier_cost": _ratio(eps("service_recall_barrier_only"), eps("service_recall_unguarded")),
         "persist_turn_guards_cost": _ratio(eps("service_persist"), eps("service_persist_unguarded")),
+        "recall_eos_throughput": _ratio(eps("service_recall_eos"), eps("service_recall")),
+        "persist_eos_throughput": _ratio(eps("service_persist_eos"), eps("service_persist")),
+        "recall_eos_cpu": _ratio(cpu("service_recall_eos"), cpu("service_recall")),
+        "persist_eos_cpu": _ratio(cpu("service_persist_eos"), cpu("service_persist")),
+        "recall_eos_p99": _ratio(p99("service_recall_eos"), p99("service_recall")),
+        "persist_eos_p99": _ratio(p99("service_persist_eos"), p99("service_persist")),
     }
     return {k: _round(v) for k, v in out.items()}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,7 @@ from aiokafka.errors import (
 )
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
+from message_history import metrics
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import MAX_BATCH_BYTES, Headers, OutputProducer, compression_type
@@ -202,6 +204,8 @@ class PartitionTransactions:
             raise
         for o in below:
             held.pop(o, None)
+        for topic, count in Counter(o.topic for o in outputs).items():
+            metrics.RECORDS_PRODUCED.labels(topic=topic).inc(count)  # committed: now readers see them
         return True
 
 
