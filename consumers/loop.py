@@ -10,7 +10,9 @@ One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's
    parked record (a recall request waiting in its thread's lane, `consumers.parking`) is settled in the
    background instead: the loop fetches on, and its commit stops below it until it is done.
 4. A background commit, at most every `commit_interval_ms`, commits each partition's contiguous done
-   watermark; the loop never waits for it. Revoke and shutdown commit synchronously.
+   watermark; the loop never waits for it. Revoke and shutdown commit synchronously. Under exactly-once
+   the outputs were only held (`producers.transactions`): each partition's commit is a transaction that
+   produces the outputs of its records below the watermark, then commits the watermark.
 
 Outages (MongoDB or Kafka unreachable: `RetriableError`, retriable or timed-out Kafka errors) are not bad
 input: the loop pauses its partitions, reports not-ready, backs off exponentially with jitter, and retries
