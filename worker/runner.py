@@ -226,11 +226,25 @@ class AgentWorker:
         if self._transactions is None or not assigned:
             return
         consumer = self._require(self._consumer)
-        await self._transactions.open(sorted(assigned, key=lambda tp: tp.partition))
-        for tp in assigned:
-            offset = await consumer.committed(tp)
-            if offset is not None:
-                consumer.seek(tp, offset)
+        attempt = 0
+        while True:
+            try:
+                await self._transactions.open(sorted(assigned, key=lambda tp: tp.partition))
+                for tp in assigned:
+                    offset = await consumer.committed(tp)
+                    if offset is not None:
+                        consumer.seek(tp, offset)
+                return  # noqa: TRY300 -- the retry loop's exit
+            except KafkaError as exc:  # the partitions cannot be read safely before their ids are fenced
+                if not is_outage(exc) or self._stop.is_set():
+                    raise
+                attempt += 1
+                log.warning(
+                    "transactional producers not ready; retrying", extra={"error": type(exc).__name__}
+                )
+                await asyncio.sleep(
+                    backoff_delay(attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random)
+                )
 
     async def close_transactions(self, revoked: set[TopicPartition]) -> None:
         if self._transactions is not None:
