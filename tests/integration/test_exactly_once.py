@@ -474,3 +474,65 @@ async def test_a_paused_worker_answers_nothing_twice_under_exactly_once(
         assert duplicates == 0
     else:
         assert duplicates >= len(requests) - 1
+
+
+async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, service: list[ServiceProcess]
+) -> None:
+    """Under exactly-once, instances join and leave while the stream runs (three rebalances, one of them a
+    SIGKILL): a read_committed reader sees every enriched and persisted event once, nothing lost."""
+    settings = fresh_settings(
+        kafka_bootstrap, mongo_uri, max_batch_records=25, processing_guarantee="exactly-once"
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    await _make_topics(settings, make_topic)
+    requests, responses = _input(12)
+    half = len(responses) // 2
+
+    async def persisted_at_least(count: int) -> None:
+        await read_topic(
+            bootstrap,
+            settings.persisted_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= count,
+            timeout_s=180,
+            isolation_level=COMMITTED,
+        )
+
+    try:
+        await produce(bootstrap, settings.responses_topic, responses[:half])
+        await produce(bootstrap, settings.requests_topic, requests)
+        first = _start(settings, tmp_path, service, "first")
+        await persisted_at_least(len(responses) // 8)
+        second = _start(settings, tmp_path, service, "second")  # joins: a rebalance
+        await persisted_at_least(len(responses) // 4)
+        first.signal(signal.SIGKILL)  # dies: its partitions move after its session
+        assert await first.wait(10) == -signal.SIGKILL
+        await produce(bootstrap, settings.responses_topic, responses[half:])
+        third = _start(settings, tmp_path, service, "third")  # joins: another one
+        await persisted_at_least(len(responses))
+        await read_topic(
+            bootstrap,
+            settings.enriched_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
+            timeout_s=180,
+            isolation_level=COMMITTED,
+        )
+        for proc in (second, third):
+            proc.signal(signal.SIGTERM)
+        for proc in (second, third):
+            assert await proc.wait(settings.shutdown_grace_s + 5) == 0, proc.log()[-3000:]
+        enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
+        persisted = await read_all(
+            bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED
+        )
+        rows = await stored_messages(settings)
+    finally:
+        await drop_database(settings)
+
+    assert len({v["requestId"] for v in values(enriched)}) == len(requests)
+    assert len({v["requestId"] for v in values(persisted)}) == len(responses)
+    assert _duplicates(enriched) == 0
+    assert _duplicates(persisted) == 0
+    counts = Counter(r["id"] for r in rows)
+    assert len(counts) == 2 * len(responses)
+    assert set(counts.values()) == {1}
