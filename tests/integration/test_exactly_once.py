@@ -38,6 +38,8 @@ from tests.integration.service_harness import (
 from tests.integration.stream_helpers import Record, produce, read_all, read_topic
 from tests.integration.test_replay import databases, end_offsets, mixed_events, replay
 from tests.integration.test_replay import setup as replay_setup
+from tests.integration.test_service_kafka_outage import _Kafka, kafka  # noqa: F401 -- the fixture
+from tests.integration.test_service_kafka_outage import _make_topics as _make_kafka_topics
 from tests.integration.test_service_mongo_outage import (  # noqa: F401
     _PrivateServer,
     _wait_not_ready,
@@ -536,3 +538,69 @@ async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
     counts = Counter(r["id"] for r in rows)
     assert len(counts) == 2 * len(responses)
     assert set(counts.values()) == {1}
+
+
+async def test_a_kafka_outage_mid_stream_aborts_and_retries_without_duplicates(
+    kafka: _Kafka,  # noqa: F811 -- the fixture
+    mongo_uri: str,
+    tmp_path: Path,
+) -> None:
+    """A private broker stopped ~10 s while a wave is in flight under exactly-once: the transactions open or
+    due meanwhile fail (aborted, their outputs kept) and are retried; a read_committed reader then sees every
+    output once, every row is stored once, nothing is dead-lettered, and the service stops cleanly."""
+    settings = fresh_settings(
+        kafka.bootstrap, mongo_uri, retry_max_backoff_s=1.0, processing_guarantee="exactly-once"
+    )
+    bootstrap = kafka.bootstrap
+    await _make_kafka_topics(
+        bootstrap,
+        [
+            settings.requests_topic,
+            settings.responses_topic,
+            settings.enriched_topic,
+            settings.persisted_topic,
+        ],
+    )
+    threads = THREADS[:6]
+    total_turns = 9
+    async with running_service(settings) as service:
+        requests, responses = wave(threads, range(1, 4))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        await read_topic(
+            bootstrap,
+            settings.persisted_topic,
+            until=lambda rs: len(rs) >= len(responses),
+            isolation_level=COMMITTED,
+        )
+        requests, responses = wave(threads, range(4, 7))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        await asyncio.to_thread(kafka.stop)
+        await asyncio.sleep(10)
+        assert not service.done(), "the service gave up during the outage"
+        await asyncio.to_thread(kafka.start)
+        requests, responses = wave(threads, range(7, total_turns + 1))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await produce(bootstrap, settings.requests_topic, requests)
+        want = len(threads) * total_turns
+        for topic in (settings.persisted_topic, settings.enriched_topic):
+            await read_topic(
+                bootstrap,
+                topic,
+                until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
+                timeout_s=180,
+                isolation_level=COMMITTED,
+            )
+    enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
+    persisted = await read_all(bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED)
+    rows = await stored_messages(settings)
+    letters = await dead_letters(settings)
+    await drop_database(settings)
+
+    assert letters == []
+    counts = Counter(r["id"] for r in rows)
+    assert len(counts) == 2 * want
+    assert set(counts.values()) == {1}
+    assert len(values(persisted)) == len({v["requestId"] for v in values(persisted)}) == want
+    assert len(values(enriched)) == len({v["requestId"] for v in values(enriched)}) == want
