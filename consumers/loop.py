@@ -162,8 +162,10 @@ class StreamLoop:
             bound = min(self._opts.commit_timeout_s, (deadline - time.monotonic()) / 2)
             async with asyncio.timeout(max(0.0, bound)):
                 await self._commit_now(self._tracker.keys(), reason="shutdown")
-            # a refused or failed commit is logged by `_commit` and leaves the offsets committable
-            committed = not self._tracker.committable(self._assigned)
+            # a refused or failed commit is logged by `_commit` and leaves the offsets committable; under
+            # exactly-once a partition fenced meanwhile is another instance's to commit, not ours
+            ours = [tp for tp in self._assigned if self._transactions is None or self._transactions.owns(tp)]
+            committed = not self._tracker.committable(ours)
         except TimeoutError:
             log.warning("shutdown commit did not finish in time", extra={"path": self.path})
         finally:

@@ -140,7 +140,17 @@ class PartitionTransactions:
         await asyncio.gather(*(self._open(tp) for tp in partitions if tp not in self._producers))
 
     async def _open(self, tp: TopicPartition) -> None:
-        self._producers[tp] = await open_transactional(self._options, self.transactional_id(tp))
+        producer = await open_transactional(self._options, self.transactional_id(tp))
+        if (
+            tp in self._producers
+        ):  # opened meanwhile (an assignment beside a commit's reopening): keep that one
+            await _stop(producer)
+            return
+        self._producers[tp] = producer
+
+    def owns(self, tp: TopicPartition) -> bool:
+        """True while `tp` is assigned here and not fenced since: its offsets are ours to commit."""
+        return tp in self._owned
 
     async def close(self, partitions: Iterable[TopicPartition] | None = None) -> None:
         """Let go of `partitions` (None: all): their producers stopped (the broker aborts what they left
@@ -225,8 +235,8 @@ async def open_transactional(options: Mapping[str, Any], transactional_id: str) 
     producer = AIOKafkaProducer(
         **options, acks="all", enable_idempotence=True, transactional_id=transactional_id
     )
-    await producer.start()
     try:
+        await producer.start()
         # an empty transaction waits for InitProducerId (the fencing) and ends without a broker request
         await producer.begin_transaction()
         await producer.abort_transaction()
