@@ -117,6 +117,7 @@ class PartitionTransactions:
         self._producers: dict[TopicPartition, AIOKafkaProducer] = {}
         self._held: dict[TopicPartition, dict[int, list[HeldOutput]]] = {}  # per input offset, not committed
         self._unsure: set[TopicPartition] = set()  # a transaction failed: did it land? ask the group first
+        self._opening: dict[TopicPartition, asyncio.Future[AIOKafkaProducer]] = {}
 
     def transactional_id(self, tp: TopicPartition) -> str:
         return f"{self.group_id}-{tp.topic}-{tp.partition}"
@@ -140,10 +141,15 @@ class PartitionTransactions:
         await asyncio.gather(*(self._open(tp) for tp in partitions if tp not in self._producers))
 
     async def _open(self, tp: TopicPartition) -> None:
-        producer = await open_transactional(self._options, self.transactional_id(tp))
-        if (
-            tp in self._producers
-        ):  # opened meanwhile (an assignment beside a commit's reopening): keep that one
+        # one opening per partition at a time: a second producer's InitProducerId would fence the first
+        opening = self._opening.get(tp)
+        if opening is None:
+            opening = self._opening[tp] = asyncio.ensure_future(
+                open_transactional(self._options, self.transactional_id(tp))
+            )
+            opening.add_done_callback(lambda _: self._opening.pop(tp, None))
+        producer = await asyncio.shield(opening)
+        if tp not in self._owned:  # let go of while it opened (a revoke)
             await _stop(producer)
             return
         self._producers[tp] = producer
@@ -184,6 +190,8 @@ class PartitionTransactions:
             return False
         if tp not in self._producers:
             await self._open(tp)  # after a failure: its InitProducerId completes what was left open
+            if tp not in self._producers:
+                return False  # let go of meanwhile
         if tp in self._unsure:
             landed = await committed(tp)
             self._unsure.discard(tp)

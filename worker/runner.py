@@ -148,6 +148,7 @@ class AgentWorker:
             if processing_guarantee == "exactly-once"
             else None
         )
+        self._ready: set[TopicPartition] = set()  # exactly-once: partitions fenced, at their committed offset
 
     @classmethod
     def from_settings(
@@ -234,6 +235,7 @@ class AgentWorker:
                     offset = await consumer.committed(tp)
                     if offset is not None:
                         consumer.seek(tp, offset)
+                self._ready |= assigned  # no await since the seeks: nothing fetched before is taken after
                 return  # noqa: TRY300 -- the retry loop's exit
             except KafkaError as exc:  # the partitions cannot be read safely before their ids are fenced
                 if not is_outage(exc) or self._stop.is_set():
@@ -247,6 +249,7 @@ class AgentWorker:
                 )
 
     async def close_transactions(self, revoked: set[TopicPartition]) -> None:
+        self._ready -= revoked
         if self._transactions is not None:
             await self._transactions.close(revoked)
 
@@ -280,11 +283,27 @@ class AgentWorker:
         )
         while not self._stop.is_set():
             fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms, max_records=self._max_batch)
+            if self._transactions is not None:
+                fetched = self._only_ready(consumer, fetched)
             records = [rec for recs in fetched.values() for rec in recs]
             if records:
                 await self._run_batch(records)
         log.info("agent worker stopped", extra={"stats": self._stats_dict()})
         return self.stats
+
+    def _only_ready(
+        self, consumer: AIOKafkaConsumer, fetched: dict[TopicPartition, list[ConsumerRecord]]
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Exactly-once: records of a partition whose producer is not open yet (its assignment's listener
+        still runs) are handed back: they may come from an offset read before the previous owner's last
+        commit."""
+        ready: dict[TopicPartition, list[ConsumerRecord]] = {}
+        for tp, recs in fetched.items():
+            if tp in self._ready:
+                ready[tp] = recs
+            elif recs and tp in consumer.assignment():
+                consumer.seek(tp, recs[0].offset)
+        return ready
 
     def _stats_dict(self) -> dict[str, int]:
         s = self.stats
