@@ -175,7 +175,10 @@ class LatencyProbe:
         timeout_s: float,
     ) -> list[float]:
         """Send `count` records (seqs from `first_seq`) at `rate`/s; the latencies that arrived in time."""
-        consumer = AIOKafkaConsumer(**_options(self._settings, "bench-latency"), group_id=None)
+        # committed records only: an exactly-once line's output counts once its transaction committed
+        consumer = AIOKafkaConsumer(
+            **_options(self._settings, "bench-latency"), group_id=None, isolation_level="read_committed"
+        )
         producer = AIOKafkaProducer(
             **_options(self._settings, "bench-latency"),
             acks="all",

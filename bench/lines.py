@@ -68,11 +68,12 @@ _GUARDS = {
 
 
 def service_launch(
-    ctx: RunContext, path: str, name: str, *, guards: str = "all"
+    ctx: RunContext, path: str, name: str, *, guards: str = "all", guarantee: str = "at-least-once"
 ) -> Callable[[str, str, str], Launch]:
     """`message-history run --only PATH`, configured through its environment as an operator would.
 
-    `guards`: which turn guards run (`all`, the defaults; `barrier` only; `none`). The recall line's
+    `guards`: which turn guards run (`all`, the defaults; `barrier` only; `none`); `guarantee`:
+    `MESSAGE_HISTORY_PROCESSING_GUARANTEE`. The recall line's
     responses topic is `<in>-responses`; `caught_up_responses` makes it exist, caught up.
     """
 
@@ -100,6 +101,7 @@ def service_launch(
             MESSAGE_HISTORY_HTTP_PORT=str(port),
             **{f"MESSAGE_HISTORY_{k}_TOPIC": v for k, v in topics.items()},
             **_GUARDS[guards],
+            MESSAGE_HISTORY_PROCESSING_GUARANTEE=guarantee,
         )
         argv = [ctx.python(), "-m", "message_history", "run", "--only", path]
         return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics")
@@ -178,6 +180,15 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
                 prepare=caught_up_responses,
             ),
             StreamLine(
+                "service_recall_eos",
+                events,
+                requests(w, turns.recall),
+                requests(w, turns.recall),
+                service_launch(ctx, "recall", "service_recall_eos", guarantee="exactly-once"),
+                prepare=caught_up_responses,
+                transactional=True,
+            ),
+            StreamLine(
                 "naive_recall",
                 events,
                 requests(w, turns.recall),
@@ -209,6 +220,15 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
             responses(w, turns.fresh()),
             service_launch(ctx, "persist", "service_persist_unguarded", guards="none"),
             writes=True,
+        ),
+        StreamLine(
+            "service_persist_eos",
+            events,
+            responses(w, turns.fresh()),
+            responses(w, turns.fresh()),
+            service_launch(ctx, "persist", "service_persist_eos", guarantee="exactly-once"),
+            writes=True,
+            transactional=True,
         ),
         StreamLine(
             "naive_persist",

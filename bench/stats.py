@@ -22,6 +22,7 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "service_recall": ("service recall path (request -> enriched)", "recall"),
     "service_recall_unguarded": ("service recall path, barrier off, busy-thread allow", "recall"),
     "service_recall_barrier_only": ("service recall path, barrier on, busy-thread allow", "recall"),
+    "service_recall_eos": ("service recall path, exactly-once (transactions)", "recall"),
     "naive_recall": ("naive recall (await each find/send/commit)", "recall"),
     "mastra_recall": ("Mastra MessageHistory.processInput (Node, same database)", "recall"),
     "b1_persist": ("B1 Kafka pass-through, response-size records", "persist"),
@@ -29,6 +30,7 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "b3_save_many": ("B3 with our models (save_many of Messages)", "persist"),
     "service_persist": ("service persist path (response -> persisted)", "persist"),
     "service_persist_unguarded": ("service persist path, busy-thread allow (no markers)", "persist"),
+    "service_persist_eos": ("service persist path, exactly-once (transactions)", "persist"),
     "naive_persist": ("naive persist (await each save/send/commit)", "persist"),
     "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node, same database)", "persist"),
     "mastra_memory": ("Mastra MessageHistory, whole turn on its InMemoryStore (Node, no database)", "turn"),
@@ -65,6 +67,12 @@ RATIOS: Final[dict[str, str]] = {
     "persist_idle_p50_vs_forwarder": "idle persist p50 / the interleaved forwarder's  (target <= 1.5)",
     "recall_idle_p99_vs_forwarder": "idle recall p99 / the interleaved forwarder's",
     "persist_idle_p99_vs_forwarder": "idle persist p99 / the interleaved forwarder's",
+    "recall_eos_throughput": "service recall exactly-once / at-least-once, events/s  (target >= 0.85)",
+    "persist_eos_throughput": "service persist exactly-once / at-least-once, events/s  (target >= 0.85)",
+    "recall_eos_cpu": "service recall exactly-once / at-least-once, CPU per event",
+    "persist_eos_cpu": "service persist exactly-once / at-least-once, CPU per event",
+    "recall_eos_p99": "service recall exactly-once / at-least-once, p99 at half capacity",
+    "persist_eos_p99": "service persist exactly-once / at-least-once, p99 at half capacity",
 }
 
 
@@ -225,6 +233,12 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         "recall_turn_guards_cost": _ratio(eps("service_recall"), eps("service_recall_unguarded")),
         "recall_barrier_cost": _ratio(eps("service_recall_barrier_only"), eps("service_recall_unguarded")),
         "persist_turn_guards_cost": _ratio(eps("service_persist"), eps("service_persist_unguarded")),
+        "recall_eos_throughput": _ratio(eps("service_recall_eos"), eps("service_recall")),
+        "persist_eos_throughput": _ratio(eps("service_persist_eos"), eps("service_persist")),
+        "recall_eos_cpu": _ratio(cpu("service_recall_eos"), cpu("service_recall")),
+        "persist_eos_cpu": _ratio(cpu("service_persist_eos"), cpu("service_persist")),
+        "recall_eos_p99": _ratio(pct("service_recall_eos", 99), pct("service_recall", 99)),
+        "persist_eos_p99": _ratio(pct("service_persist_eos", 99), pct("service_persist", 99)),
     }
     for path in ("recall", "persist"):
         for q in (50, 99):

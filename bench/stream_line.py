@@ -51,6 +51,9 @@ class StreamLine:
     writes: bool = False  # it saves messages (the persist path, not B1)
     # run before the process starts, given its launch (e.g. a caught-up responses topic for the barrier)
     prepare: Callable[[RunContext, Launch], Awaitable[None]] | None = None
+    # its outputs are transactional: each commit adds markers to the end offsets, so its outputs are counted
+    # from the service's own `records_produced` (incremented when a transaction commits)
+    transactional: bool = False
 
 
 @dataclass
@@ -143,7 +146,12 @@ async def _throughput(
     if ctx.profile and running.launch.metrics_url:  # the service's lines only
         sampler = Sampler(process.pid, ctx.log_dir / f"{line.name}.py-spy.txt")
         await sampler.start()  # idle until the backlog is released: py-spy skips idle threads
-    async with OutputCounter(ctx.settings, running.out_topic, ctx.workload.partitions) as counter:
+    counting: OutputCounter | MetricsCounter = (
+        MetricsCounter(running.launch.metrics_url, running.out_topic)
+        if line.transactional and running.launch.metrics_url
+        else OutputCounter(ctx.settings, running.out_topic, ctx.workload.partitions)
+    )
+    async with counting as counter:
         base = await counter.count()  # the warm-up's output(s)
         written, released = await preload(
             ctx.settings, running.in_topic, line.events, line.record, Progress(f"{line.name} preload")
@@ -168,7 +176,7 @@ async def _watch(
     ctx: RunContext,
     line: StreamLine,
     process: asyncio.subprocess.Process,
-    counter: OutputCounter,
+    counter: OutputCounter | MetricsCounter,
     first: _Sample,
 ) -> _Sample:
     progress = Progress(f"{line.name} throughput")
@@ -198,6 +206,35 @@ async def _latency(ctx: RunContext, running: _Running, result: LineResult) -> No
         latency_received=len(latencies),
         output_bytes_per_event=round(running.output_bytes) if running.output_bytes else None,
     )
+
+
+class MetricsCounter:
+    """Outputs committed on `topic`, from the service's `message_history_records_produced_total`."""
+
+    def __init__(self, url: str, topic: str) -> None:
+        self._url = url
+        self._prefix = f'message_history_records_produced_total{{topic="{topic}"}} '
+
+    async def __aenter__(self) -> MetricsCounter:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def count(self) -> int:
+        body = await asyncio.to_thread(_fetch, self._url)
+        for row in body.splitlines():
+            if row.startswith(self._prefix):
+                return int(float(row[len(self._prefix) :]))
+        return 0
+
+
+def _fetch(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 -- our own local endpoint
+            return str(response.read().decode())
+    except OSError:
+        return ""
 
 
 def scrape_stages(url: str) -> Mapping[str, float]:

@@ -12,7 +12,9 @@ One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's
    parked record (a recall request waiting in its thread's lane, `consumers.parking`) is settled in the
    background instead: the loop fetches on, and its commit stops below it until it is done.
 4. A background commit, at most every `commit_interval_ms`, commits each partition's contiguous done
-   watermark; the loop never waits for it. Revoke and shutdown commit synchronously.
+   watermark; the loop never waits for it. Revoke and shutdown commit synchronously. Under exactly-once
+   the outputs were only held (`producers.transactions`): each partition's commit is a transaction that
+   produces the outputs of its records below the watermark, then commits the watermark.
 
 Outages (MongoDB or Kafka unreachable: `RetriableError`, retriable or timed-out Kafka errors) are not bad
 input: the loop pauses its partitions, reports not-ready, backs off exponentially with jitter, and retries
@@ -58,6 +60,7 @@ from consumers.outage import (
     is_outage,
     report_unexpected,
     retry_batch,
+    retry_call,
     settle_outcomes,
 )
 from consumers.parking import Deferred, ParkedLanes
@@ -66,6 +69,7 @@ from message_history import metrics, tracing
 from message_history.errors import error_type
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import explain_too_large
+from producers.transactions import PartitionTransactions, held_outputs
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,7 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
         await self._loop.on_revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self._loop.open_transactions(set(assigned))
         self._loop.on_assigned(set(assigned))
 
 
@@ -102,6 +107,7 @@ class StreamLoop:
         dead_letters: DeadLetterPublisher,
         health: Health,
         options: LoopOptions,
+        transactions: PartitionTransactions | None = None,
     ) -> None:
         self.path = path
         self.topic = topic
@@ -126,6 +132,8 @@ class StreamLoop:
         self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
         self._parkings: set[ParkedLanes[Any]] = set()  # the lanes those records wait in
         self._parked_failure: BaseException | None = None  # a bug met while settling one: raised by `run`
+        # exactly-once: outputs held per record, committed with the offsets (`producers.transactions`)
+        self._transactions = transactions
 
     def done_offset(self, partition: int) -> int | None:
         """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
@@ -163,11 +171,15 @@ class StreamLoop:
             bound = min(self._opts.commit_timeout_s, (deadline - time.monotonic()) / 2)
             async with asyncio.timeout(max(0.0, bound)):
                 await self._commit_now(self._tracker.keys(), reason="shutdown")
-            # a refused or failed commit is logged by `_commit` and leaves the offsets committable
-            committed = not self._tracker.committable(self._assigned)
+            # a refused or failed commit is logged by `_commit` and leaves the offsets committable; under
+            # exactly-once a partition fenced meanwhile is another instance's to commit, not ours
+            ours = [tp for tp in self._assigned if self._transactions is None or self._transactions.owns(tp)]
+            committed = not self._tracker.committable(ours)
         except TimeoutError:
             log.warning("shutdown commit did not finish in time", extra={"path": self.path})
         finally:
+            if self._transactions is not None:
+                await self._transactions.close()
             # leaves the group (no LeaveGroup with static membership)
             left = await stop_consumer(self._consumer, deadline - time.monotonic())
             if not left:
@@ -380,13 +392,20 @@ class StreamLoop:
             reject=lambda item, error: self._dead_letter(item[0], error),
             # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
             explain=lambda error: explain_too_large(error, self.path),
-            done=lambda item, _: item[1].done(item[0].offset),
+            done=self._done,
         )
         metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
         if failed:
             failed.sort(key=lambda item: (item[0].partition, item[0].offset))
             log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
         return failed
+
+    def _done(self, item: tuple[ConsumerRecord, PartitionOffsets], outcome: object) -> None:
+        """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
+        record, part = item
+        if self._transactions is not None and self._tracker.owns(_tp(record), part):
+            self._transactions.hold(_tp(record), record.offset, held_outputs(outcome))
+        part.done(record.offset)
 
     # --- parked records -------------------------------------------------------------------------------------
 
@@ -425,7 +444,7 @@ class StreamLoop:
                 [outcome],
                 reject=lambda it, error: self._dead_letter(it[0], error),
                 explain=lambda error: explain_too_large(error, self.path),
-                done=lambda it, _: it[1].done(it[0].offset),
+                done=self._done,
             ),
             backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
             wait=self._wait_parked_retry,
@@ -570,6 +589,10 @@ class StreamLoop:
 
     async def _commit(self, offsets: dict[TopicPartition, int], *, reason: str) -> None:
         started = time.perf_counter()
+        if self._transactions is not None:
+            offsets = await self._commit_transactions(self._transactions, offsets, reason=reason)
+            self._committed(offsets, reason, started)
+            return
         try:
             await asyncio.wait_for(self._consumer.commit(offsets), self._opts.commit_timeout_s)
         except (CommitFailedError, IllegalStateError) as exc:
@@ -583,6 +606,9 @@ class StreamLoop:
                 extra={"path": self.path, "reason": reason, "error": type(exc).__name__},
             )
             return
+        self._committed(offsets, reason, started)
+
+    def _committed(self, offsets: dict[TopicPartition, int], reason: str, started: float) -> None:
         self._tracker.mark_committed(offsets)
         metrics.STAGE_SECONDS.labels(path=self.path, stage="commit").observe(time.perf_counter() - started)
         for tp, offset in offsets.items():
@@ -595,6 +621,71 @@ class StreamLoop:
                 "offsets": {str(tp.partition): o for tp, o in offsets.items()},
             },
         )
+
+    async def _commit_transactions(
+        self, transactions: PartitionTransactions, offsets: dict[TopicPartition, int], *, reason: str
+    ) -> dict[TopicPartition, int]:
+        """Each partition's held outputs below its watermark and the watermark, one transaction per partition,
+        all at once; returns the offsets committed. A failed one is aborted and tried again by the next."""
+        parts = list(offsets.items())
+        results = await asyncio.gather(
+            *(
+                asyncio.wait_for(
+                    transactions.commit(tp, offset, self._consumer.committed), self._opts.commit_timeout_s
+                )
+                for tp, offset in parts
+            ),
+            return_exceptions=True,
+        )
+        committed: dict[TopicPartition, int] = {}
+        for (tp, offset), result in zip(parts, results, strict=True):
+            if result is True:
+                committed[tp] = offset
+            elif isinstance(result, (KafkaError, TimeoutError)):
+                metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+                log.warning(
+                    "transaction failed (aborted); the next commit retries its outputs",
+                    extra={
+                        "path": self.path,
+                        "reason": reason,
+                        "partition": tp.partition,
+                        "error": type(result).__name__,
+                    },
+                )
+            elif isinstance(result, BaseException) and self._parked_failure is None:
+                self._parked_failure = result  # a bug, maybe in a background commit: `run` raises it
+        return committed
+
+    async def open_transactions(self, assigned: set[TopicPartition]) -> None:
+        """Exactly-once: before the new partitions are read, a transactional producer for each (fencing any
+        zombie holding its id, completing its open transaction), then the partitions start from the offset
+        committed after that: pending transactional offsets are not visible before (no KIP-447 here)."""
+        if self._transactions is None or not assigned:
+            return
+        owned = sorted(assigned, key=lambda tp: tp.partition)
+        transactions = self._transactions
+
+        async def wait(failure: Failure[None]) -> bool:
+            # the partitions cannot be read safely before their ids are fenced: retry, holding the rebalance
+            log.warning(
+                "transactional producers not ready; retrying",
+                extra={"path": self.path, "error": type(failure.error).__name__, "attempt": failure.attempt},
+            )
+            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+            if self._stopping and failure.error is not None:
+                raise failure.error
+            await asyncio.sleep(failure.delay)
+            return False
+
+        async def open_and_seek() -> None:
+            await transactions.open(owned)
+            for tp in owned:
+                offset = await self._consumer.committed(tp)
+                if offset is not None:
+                    self._consumer.seek(tp, offset)
+
+        backoff = Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random)
+        await retry_call(open_and_seek, backoff=backoff, wait=wait)
 
     # --- rebalances -----------------------------------------------------------------------------------------
 
@@ -611,6 +702,8 @@ class StreamLoop:
                 )
         await self._drop_parked(revoked)
         await self._commit_now(sorted(revoked), reason="revoke")
+        if self._transactions is not None:
+            await self._transactions.close(revoked)  # held outputs not committed: the next owner redoes them
         self._tracker.forget(revoked)
         for tp in revoked:
             self._handed_out.pop(tp, None)

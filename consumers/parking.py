@@ -208,6 +208,8 @@ class ParkedLanes(Generic[S]):
             settled = await self._settle(entry, lane)
             if not settled:
                 return  # stopping during an outage: the record is left for the next owner
+            if not lane.entries or lane.entries[0] is not entry:
+                return  # dropped by `cancel` while its work was ending (a wait that swallowed the cancel)
             lane.entries.popleft()
             self._parked -= 1
             metrics.PARKED.labels(path=self.path).set(self._parked)

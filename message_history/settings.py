@@ -127,6 +127,17 @@ class Settings(BaseSettings):
         ),
     )
 
+    # --- delivery (docs/operations-stream.md#11-exactly-once) ---
+    processing_guarantee: Literal["at-least-once", "exactly-once"] = Field(
+        "at-least-once",
+        description=(
+            "`exactly-once`: each input partition's outputs (enriched, persisted, dead letters, forget "
+            "answers) and its committed offset go in one Kafka transaction, so `read_committed` consumers "
+            "see every output once across crashes, rebalances and zombie instances; outputs are released "
+            "at each commit (`COMMIT_INTERVAL_MS` later at most)."
+        ),
+    )
+
     # --- batching and flow control ---
     max_batch_records: int = Field(500, ge=1)
     poll_timeout_ms: int = Field(200, ge=1)

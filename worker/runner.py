@@ -15,6 +15,14 @@ are acknowledged by Kafka: a crash redelivers, never loses (at-least-once), and 
 already answered are dropped (`worker.turn.SeenEvents` says how far that goes). An enriched record that does
 not decode is logged and skipped (the service never writes one; the worker has no dead-letter topic).
 
+With `processing_guarantee="exactly-once"` (the service's `MESSAGE_HISTORY_PROCESSING_GUARANTEE`, which
+`from_settings` follows) each response is held, and at the end of the batch the answered responses of each
+partition go out with that partition's consumed offset in one Kafka transaction, from a producer per owned
+partition (transactional id `{group}-{enriched topic}-{partition}`, as the service's; a worker that lost its
+partitions while paused is fenced). A crash, a rebalance or a zombie worker then never makes a response
+visible twice to `read_committed` readers (the service's persist path reads so). The worker always reads
+`read_committed`: under exactly-once the service's aborted enriched requests are never answered.
+
 SIGTERM (and SIGINT) stop fetching; the batch in flight gets `shutdown_grace_s` to finish, then what is left
 is cancelled and not committed (the next owner answers it); then the offsets of what was answered are
 committed, the consumer leaves the group and the producer flushes.
@@ -31,7 +39,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
@@ -47,6 +55,7 @@ from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import OUTPUT_TOO_LARGE
+from producers.transactions import HoldingProducer, PartitionTransactions, held_outputs
 from schemas.codec import decode_enriched, encode
 from schemas.events import AgentResponse
 from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
@@ -81,9 +90,10 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
 
     async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
         await self._worker.wait_idle()  # the batch in flight commits what it answered before we let go
+        await self._worker.close_transactions(revoked)
 
     async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        return None
+        await self._worker.open_transactions(assigned)
 
 
 class AgentWorker:
@@ -106,6 +116,7 @@ class AgentWorker:
         shutdown_grace_s: float = 25.0,
         handle_signals: bool = True,
         clock: Callable[[], datetime] = _utc_now,
+        processing_guarantee: Literal["at-least-once", "exactly-once"] = "at-least-once",
     ) -> None:
         if max_concurrent_turns < 1:
             raise ValueError("max_concurrent_turns must be at least 1")
@@ -131,6 +142,13 @@ class AgentWorker:
         self._producer: AIOKafkaProducer | None = None
         self._signals: list[signal.Signals] = []
         self.stats = WorkerStats()
+        # exactly-once: responses held per (partition, offset), committed with the offsets
+        self._transactions = (
+            PartitionTransactions.for_client(options, group_id=group_id, path="worker")
+            if processing_guarantee == "exactly-once"
+            else None
+        )
+        self._ready: set[TopicPartition] = set()  # exactly-once: partitions fenced, at their committed offset
 
     @classmethod
     def from_settings(
@@ -145,25 +163,32 @@ class AgentWorker:
             responses_topic=settings.responses_topic,
             group_id=group_id,
             client_options=client,
-            **options,
+            **{"processing_guarantee": settings.processing_guarantee, **options},
         )
 
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> AgentWorker:
-        producer = AIOKafkaProducer(**self._options, acks="all", enable_idempotence=True, linger_ms=5)
+        producer: AIOKafkaProducer | HoldingProducer = (
+            HoldingProducer()
+            if self._transactions is not None
+            else AIOKafkaProducer(**self._options, acks="all", enable_idempotence=True, linger_ms=5)
+        )
         consumer = AIOKafkaConsumer(
             **self._options,
             group_id=self._group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",
+            isolation_level="read_committed",
             max_poll_records=self._max_batch,
         )
-        await producer.start()
+        if isinstance(producer, AIOKafkaProducer):
+            await producer.start()
         try:
             await consumer.start()
         except BaseException:
-            await producer.stop()
+            if isinstance(producer, AIOKafkaProducer):
+                await producer.stop()
             raise
         consumer.subscribe([self._enriched_topic], listener=_Listener(self))
         self._producer, self._consumer = producer, consumer
@@ -182,7 +207,9 @@ class AgentWorker:
             if consumer is not None:
                 await consumer.stop()  # leaves the group
         finally:
-            if producer is not None:
+            if self._transactions is not None:
+                await self._transactions.close()
+            if isinstance(producer, AIOKafkaProducer):
                 await producer.stop()  # flushes
 
     def stop(self) -> None:
@@ -193,6 +220,38 @@ class AgentWorker:
         """Until no batch is in flight (its answers sent and committed), at most the shutdown grace."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), self._grace_s)
+
+    async def open_transactions(self, assigned: set[TopicPartition]) -> None:
+        """Exactly-once: a transactional producer per new partition (fencing its previous holder), then the
+        partition starts from the offset committed after that (an earlier read could be stale)."""
+        if self._transactions is None or not assigned:
+            return
+        consumer = self._require(self._consumer)
+        attempt = 0
+        while True:
+            try:
+                await self._transactions.open(sorted(assigned, key=lambda tp: tp.partition))
+                for tp in assigned:
+                    offset = await consumer.committed(tp)
+                    if offset is not None:
+                        consumer.seek(tp, offset)
+                self._ready |= assigned  # no await since the seeks: nothing fetched before is taken after
+                return  # noqa: TRY300 -- the retry loop's exit
+            except KafkaError as exc:  # the partitions cannot be read safely before their ids are fenced
+                if not is_outage(exc) or self._stop.is_set():
+                    raise
+                attempt += 1
+                log.warning(
+                    "transactional producers not ready; retrying", extra={"error": type(exc).__name__}
+                )
+                await asyncio.sleep(
+                    backoff_delay(attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random)
+                )
+
+    async def close_transactions(self, revoked: set[TopicPartition]) -> None:
+        self._ready -= revoked
+        if self._transactions is not None:
+            await self._transactions.close(revoked)
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -224,11 +283,27 @@ class AgentWorker:
         )
         while not self._stop.is_set():
             fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms, max_records=self._max_batch)
+            if self._transactions is not None:
+                fetched = self._only_ready(consumer, fetched)
             records = [rec for recs in fetched.values() for rec in recs]
             if records:
                 await self._run_batch(records)
         log.info("agent worker stopped", extra={"stats": self._stats_dict()})
         return self.stats
+
+    def _only_ready(
+        self, consumer: AIOKafkaConsumer, fetched: dict[TopicPartition, list[ConsumerRecord]]
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Exactly-once: records of a partition whose producer is not open yet (its assignment's listener
+        still runs) are handed back: they may come from an offset read before the previous owner's last
+        commit."""
+        ready: dict[TopicPartition, list[ConsumerRecord]] = {}
+        for tp, recs in fetched.items():
+            if tp in self._ready:
+                ready[tp] = recs
+            elif recs and tp in consumer.assignment():
+                consumer.seek(tp, recs[0].offset)
+        return ready
 
     def _stats_dict(self) -> dict[str, int]:
         s = self.stats
@@ -290,11 +365,39 @@ class AgentWorker:
                 offsets[tp] = offset + 1
         if not offsets:
             return
+        if self._transactions is not None:
+            await self._commit_transactions(self._transactions, offsets)
+            return
         try:
             await consumer.commit(offsets)
         except (CommitFailedError, IllegalStateError) as exc:
             # the group rebalanced meanwhile: the next owner redelivers these turns (and drops none by id)
             log.warning("commit refused after a rebalance", extra={"error": str(exc)})
+
+    async def _commit_transactions(
+        self, transactions: PartitionTransactions, offsets: dict[TopicPartition, int]
+    ) -> None:
+        """Each partition's held responses and its offset in one transaction, retried while Kafka is down
+        (until stopped: then the next owner answers those turns again, none of them visible twice)."""
+        consumer = self._require(self._consumer)
+        for tp, offset in offsets.items():
+            attempt = 0
+            while True:
+                try:
+                    await transactions.commit(tp, offset, consumer.committed)
+                    break
+                except KafkaError as exc:
+                    if not is_outage(exc) or self._stop.is_set():
+                        log.warning(
+                            "transaction failed: its turns go to the next owner", extra={"error": str(exc)}
+                        )
+                        break
+                    attempt += 1
+                    await asyncio.sleep(
+                        backoff_delay(
+                            attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random
+                        )
+                    )
 
     # --- one turn -------------------------------------------------------------------------------------------
 
@@ -315,7 +418,11 @@ class AgentWorker:
         with tracing.output_span("agent turn", record, **{"messaging.message.id": event.requestId}) as span:
             response = await self._respond(turn, ids)
             headers = tracing.output_headers([(k, v or b"") for k, v in record.headers or ()], span)
-            await self._send(turn, response, headers)
+            sent = await self._send(turn, response, headers)
+        if self._transactions is not None:
+            self._transactions.hold(
+                TopicPartition(record.topic, record.partition), record.offset, held_outputs(sent)
+            )
         self._seen.add(record.partition, event.eventId)
         self.stats.answered += 1
 
@@ -333,8 +440,9 @@ class AgentWorker:
             log.exception("handler failed: answering a failed turn", extra=ids)
             return failed_response(turn, now=self._clock())
 
-    async def _send(self, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]) -> None:
-        """Send the response and wait for Kafka's acknowledgement, retrying while Kafka is unavailable."""
+    async def _send(self, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]) -> object:
+        """Send the response and wait for Kafka's acknowledgement, retrying while Kafka is unavailable;
+        returns what the acknowledgement resolved with (under exactly-once: the held response)."""
         producer = self._require(self._producer)
         attempt = 0
         while True:
@@ -345,14 +453,13 @@ class AgentWorker:
                     key=turn.thread_id.encode(),
                     headers=headers,
                 )
-                await ack
-                return  # noqa: TRY300 -- the retry loop's exit
+                return await ack
             except OUTPUT_TOO_LARGE:
                 ids = {"request_id": turn.request_id}
                 if response.finishReason == FAILED and not response.response:
                     # even the bare input does not fit: nothing can be said for this turn; the stream goes on
                     log.error("failed-turn response too large for Kafka: turn dropped", extra=ids)  # noqa: TRY400
-                    return
+                    return None
                 log.error("response too large for Kafka: answering a failed turn", extra=ids)  # noqa: TRY400
                 self.stats.failed += 1
                 response = failed_response(turn, now=self._clock())

@@ -46,6 +46,7 @@ from producers.enriched import EnrichedPublisher
 from producers.forgotten import ForgottenPublisher
 from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
+from producers.transactions import HoldingProducer, PartitionTransactions
 from schemas.limits import Limits
 from storage.protocol import BatchHistoryStorage, HistoryStorage
 from storage.sequential import as_batch_storage
@@ -250,6 +251,11 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         dead_letters=DeadLetterPublisher(producer, dlq),
         health=loop_health,
         options=LoopOptions.from_settings(settings),
+        transactions=(
+            PartitionTransactions(settings, path=path)
+            if settings.processing_guarantee == "exactly-once"
+            else None
+        ),
     )
 
 
@@ -318,8 +324,10 @@ async def run_service(
             else await stack.enter_async_context(step("mongodb", open_storage(settings)))
         )
         markers = await stack.enter_async_context(step("turn markers", open_markers(settings)))
+        # exactly-once: the paths' outputs are held, and each loop produces them in its transactions
+        output = HoldingProducer(settings) if settings.processing_guarantee == "exactly-once" else None
         producer = await stack.enter_async_context(
-            step("producer", OutputProducer(settings), RESERVE_PRODUCER)
+            step("producer", output or OutputProducer(settings), RESERVE_PRODUCER)
         )
         await stack.enter_async_context(
             step("probes", serve_http(health, settings.http_host, settings.http_port), RESERVE_SERVICES)
@@ -366,6 +374,7 @@ async def run_service(
                 "group_id": settings.group_id,
                 "barrier": settings.barrier,
                 "busy_thread": settings.busy_thread,
+                "processing_guarantee": settings.processing_guarantee,
             },
         )
         code = await _run_until_stopped(loops, stop, health, settings, clock)

@@ -46,10 +46,15 @@ async def read_topic(
     *,
     until: Callable[[list[Record]], bool],
     timeout_s: float = 60.0,
+    isolation_level: str = "read_uncommitted",
 ) -> list[Record]:
     """Read `topic` from the beginning (no group) until `until(records)` holds; fails after `timeout_s`."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest", group_id=None
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        group_id=None,
+        isolation_level=isolation_level,
     )
     await consumer.start()
     records: list[Record] = []
@@ -79,10 +84,18 @@ async def read_topic(
 
 
 async def read_all(
-    bootstrap: str, topic: str, *, settle_s: float = 2.0, timeout_s: float = 60.0
+    bootstrap: str,
+    topic: str,
+    *,
+    settle_s: float = 2.0,
+    timeout_s: float = 60.0,
+    isolation_level: str = "read_uncommitted",
 ) -> list[Record]:
-    """Every record of `topic` now: read until the end offsets, then `settle_s` more for stragglers."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    """Every record of `topic` now: read until the end offsets, then `settle_s` more for stragglers.
+    Under `read_committed` the end is the last stable offset (an open transaction's records are skipped)."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None, isolation_level=isolation_level
+    )
     await consumer.start()
     try:
         await consumer._client.force_metadata_update()

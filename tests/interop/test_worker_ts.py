@@ -163,13 +163,17 @@ def _text(message: dict[str, Any]) -> str:
     return " ".join(p.get("text", "") for p in content["parts"] if p["type"] == "text")
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_turn(
-    node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path
+    node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
 ) -> None:
     """Three turns on two threads through the service. The worker is SIGKILLed while answering ada's second
     turn and restarted: that turn is answered once, by the new worker. Bob's third turn fails in the model:
-    a failed turn, nothing of it saved. Every turn is answered exactly once; SIGTERM stops the worker."""
-    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    a failed turn, nothing of it saved. Every turn is answered exactly once; SIGTERM stops the worker.
+    Under exactly-once (the service and the worker) every response went out in a transaction with its offset
+    (the responses topic holds a commit marker after each)."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
     for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
         await make_topic(partitions=2, name=name)
     bootstrap = settings.kafka_bootstrap_servers
@@ -201,7 +205,7 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
 
     hanging = request_id("ada", 2)
     async with running_service(settings):
-        async with node_worker(node, settings, tmp_path / "first.log", HANG_ON=hanging) as first:
+        async with node_worker(node, settings, tmp_path / "first.log", HANG_ON=hanging, **mode) as first:
             await send_and_wait([("ada", 1), ("bob", 1)], first)
             await produce(
                 bootstrap,
@@ -220,7 +224,7 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
             )
             await first.wait_for("hanging turn", lambda: bool(first.events("hanging")))
             first.kill()  # SIGKILL in the middle of the turn: nothing sent, nothing committed
-        async with node_worker(node, settings, tmp_path / "second.log") as second:
+        async with node_worker(node, settings, tmp_path / "second.log", **mode) as second:
             await send_and_wait([("bob", 2)], second)
             await read_topic(
                 bootstrap,
@@ -235,8 +239,15 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     first_answered = {line["requestId"] for line in first.events("answered")}
     assert hanging not in first_answered
     assert {line["requestId"] for line in second.events("answered")} >= {hanging}
-    responses = values(await read_all(bootstrap, settings.responses_topic, settle_s=0.5))
+    records = await read_all(bootstrap, settings.responses_topic, settle_s=0.5)
+    responses = values(records)
     assert Counter(r["requestId"] for r in responses) == Counter(request_id(t, k) for t, k in texts)
+    # the offsets each partition's records sit at: under exactly-once a commit marker follows each record
+    offsets: dict[int, list[int]] = {}
+    for record in records:
+        offsets.setdefault(record.partition, []).append(record.offset)
+    step = 2 if guarantee == "exactly-once" else 1
+    assert all(found == list(range(0, step * len(found), step)) for found in offsets.values()), offsets
     failed = next(r for r in responses if r["requestId"] == request_id("bob", 3))
     assert (failed["finishReason"], failed["response"]) == ("error", [])
     assert [line["requestId"] for line in second.events("failed")] == [request_id("bob", 3)]

@@ -9,6 +9,7 @@ outage in place, and drop a revoked partition's work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from datetime import timedelta
@@ -243,3 +244,28 @@ async def test_lanes_keep_order_retry_an_outage_in_place_and_drop_revoked_work()
     assert order == ["b1", "a1", "a2"]
     assert len(lanes) == 0
     assert not lanes.full()
+
+
+async def test_a_lane_dropped_while_its_work_swallows_the_cancel_ends_quietly() -> None:
+    """`cancel` clears a lane whose running entry's work swallows the cancellation and returns normally
+    (a wait that ends early on stop): the lane's task ends without touching the cleared lane, so a revoke
+    or shutdown does not fail with it."""
+    lanes: ParkedLanes[list[str]] = ParkedLanes(
+        path="recall", capacity=3, backoff=Backoff(0.001, 0.002, lambda: 0.5)
+    )
+    started = asyncio.Event()
+
+    async def run(lane: Lane[list[str]]) -> Any:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):  # swallowed: the work answers anyway
+            await asyncio.Event().wait()
+        done: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        done.set_result("late")
+        return done
+
+    parked = lanes.park((0, "a"), run, [])
+    await asyncio.wait_for(started.wait(), BOUND_S)
+    assert await asyncio.wait_for(lanes.cancel([0]), BOUND_S) == 1
+    with pytest.raises(asyncio.CancelledError):
+        await parked.outcome()
+    assert len(lanes) == 0

@@ -61,6 +61,14 @@ export interface WorkerOptions {
   readBackPerPartition?: number;
   /** How long the read-back may take before the worker goes on with what it read (default 30 s). */
   readBackTimeoutMs?: number;
+  /**
+   * 'exactly-once' (the service's MESSAGE_HISTORY_PROCESSING_GUARANTEE): each response goes out with its
+   * consumed offset in one Kafka transaction, from a transactional producer per owned partition (id
+   * `{groupId}-{enrichedTopic}-{partition}`, as the service's, so a worker that lost its partitions while
+   * paused is fenced). Readers of the responses (the service's persist path) must read committed records.
+   * Default 'at-least-once'.
+   */
+  processingGuarantee?: 'at-least-once' | 'exactly-once';
   logger?: Logger;
 }
 
@@ -105,6 +113,16 @@ function isTooLarge(error: unknown): boolean {
   return e.type === 'MESSAGE_TOO_LARGE' || (e.cause !== undefined && e.cause !== error && isTooLarge(e.cause));
 }
 
+/** Another producer holds this partition's transactional id now: this worker lost the partition. */
+function isFenced(error: unknown): boolean {
+  const e = error as { type?: string; cause?: unknown } | null;
+  if (!e) return false;
+  return (
+    ['INVALID_PRODUCER_EPOCH', 'PRODUCER_FENCED', 'TRANSACTIONAL_ID_AUTHORIZATION_FAILED'].includes(e.type ?? '') ||
+    (e.cause !== undefined && e.cause !== error && isFenced(e.cause))
+  );
+}
+
 /** "Equal jitter": half fixed, half random, so many workers do not retry in step. */
 function backoff(attempt: number): number {
   const ceiling = Math.min(RETRY_MAX_MS, RETRY_INITIAL_MS * 2 ** attempt);
@@ -145,6 +163,10 @@ export class AgentWorker extends EventEmitter {
   private readonly giveUp = new AbortController();
   private readonly warmups = new Map<number, Promise<void>>();
   private owned = new Set<number>();
+  private readonly exactlyOnce: boolean;
+  /** exactly-once: a transactional producer per owned partition, and the offset committed when it was opened. */
+  private readonly txProducers = new Map<number, Producer>();
+  private readonly floors = new Map<number, bigint>();
   private stopping: Promise<void> | undefined;
   private signalsInstalled: (() => void) | undefined;
 
@@ -166,7 +188,9 @@ export class AgentWorker extends EventEmitter {
     });
     // The Java-compatible (murmur2) partitioner, as the service's: a thread's records share a partition.
     this.producer = this.kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });
-    this.consumer = this.kafka.consumer({ ...options.consumer, groupId: options.groupId });
+    // Committed records only: under exactly-once the service's aborted outputs are never answered.
+    this.consumer = this.kafka.consumer({ ...options.consumer, groupId: options.groupId, readUncommitted: false });
+    this.exactlyOnce = options.processingGuarantee === 'exactly-once';
   }
 
   /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, MESSAGE_HISTORY_ENRICHED_TOPIC,
@@ -180,6 +204,7 @@ export class AgentWorker extends EventEmitter {
       brokers: (env.KAFKA_BOOTSTRAP_SERVERS || '127.0.0.1:9092').split(',').map((b) => b.trim()),
       enrichedTopic: env.MESSAGE_HISTORY_ENRICHED_TOPIC || undefined,
       responsesTopic: env.MESSAGE_HISTORY_RESPONSES_TOPIC || undefined,
+      processingGuarantee: env.MESSAGE_HISTORY_PROCESSING_GUARANTEE === 'exactly-once' ? 'exactly-once' : undefined,
       ...options,
     });
   }
@@ -197,9 +222,11 @@ export class AgentWorker extends EventEmitter {
     this.consumer.on(this.consumer.events.GROUP_JOIN, (event) => {
       const assigned = new Set(event.payload.memberAssignment[this.enrichedTopic] ?? []);
       const fresh = [...assigned].filter((p) => !this.owned.has(p));
+      const gone = [...this.owned].filter((p) => !assigned.has(p));
       this.owned = assigned;
+      void this.closeTransactions(gone);
       // Synchronously here, before the first fetch of the new assignment: each turn awaits its partition's.
-      const warmup = this.readBack(fresh);
+      const warmup = Promise.all([this.readBack(fresh), this.openTransactions(fresh)]).then(() => undefined);
       for (const partition of fresh) this.warmups.set(partition, warmup);
       this.emit('assigned', { partitions: [...assigned].sort((a, b) => a - b), readBack: fresh });
     });
@@ -235,6 +262,7 @@ export class AgentWorker extends EventEmitter {
         await leaving;
       }
       clearTimeout(timer);
+      await this.closeTransactions([...this.txProducers.keys()]);
       await this.producer.disconnect();
       this.log('info', 'agent worker stopped', { ...this.stats });
       this.emit('stopped', { ...this.stats });
@@ -260,6 +288,105 @@ export class AgentWorker extends EventEmitter {
     await this.consumer.commitOffsets([{ topic: this.enrichedTopic, partition, offset: next }]);
   }
 
+  /**
+   * exactly-once: a transactional producer per new partition, its id initialised (an empty transaction:
+   * InitProducerId fences the id's previous holder and completes its open transaction); then the group's
+   * committed offset, read after that, is the partition's floor: a record below it was answered and
+   * committed by the previous owner (the consumer may have started from an offset read before).
+   */
+  private async openTransactions(partitions: number[]): Promise<void> {
+    if (!this.exactlyOnce || partitions.length === 0) return;
+    await Promise.all(
+      partitions.map(async (partition) => {
+        for (let attempt = 0; ; attempt += 1) {
+          try {
+            if (!this.txProducers.has(partition)) {
+              const producer = this.kafka.producer({
+                transactionalId: `${this.groupId}-${this.enrichedTopic}-${partition}`,
+                idempotent: true,
+                maxInFlightRequests: 1,
+                createPartitioner: Partitioners.DefaultPartitioner,
+              });
+              await producer.connect();
+              await (await producer.transaction()).abort();
+              this.txProducers.set(partition, producer);
+            }
+            break;
+          } catch (error) {
+            if (!isOutage(error) || this.giveUp.signal.aborted) throw error;
+            await sleep(backoff(attempt));
+          }
+        }
+      }),
+    );
+    const admin = this.kafka.admin();
+    await admin.connect();
+    try {
+      const [committed] = await admin.fetchOffsets({ groupId: this.groupId, topics: [this.enrichedTopic] });
+      for (const { partition, offset } of committed?.partitions ?? []) {
+        if (partitions.includes(partition) && BigInt(offset) >= 0n) this.floors.set(partition, BigInt(offset));
+      }
+    } finally {
+      await admin.disconnect().catch(() => undefined);
+    }
+  }
+
+  private async closeTransactions(partitions: number[]): Promise<void> {
+    await Promise.all(
+      partitions.map(async (partition) => {
+        const producer = this.txProducers.get(partition);
+        this.txProducers.delete(partition);
+        this.floors.delete(partition);
+        await producer?.disconnect().catch(() => undefined);
+      }),
+    );
+  }
+
+  /** exactly-once: the response and the consumed offset in one transaction; false when fenced (the partition
+   * is another worker's: nothing of this turn is visible). Retried while Kafka is unavailable. */
+  private async sendInTransaction(
+    turn: Turn,
+    response: AgentResponse,
+    headers: IHeaders | undefined,
+  ): Promise<AgentResponse | undefined | 'fenced'> {
+    for (let attempt = 0; ; attempt += 1) {
+      const producer = this.txProducers.get(turn.partition);
+      if (producer === undefined) return 'fenced'; // revoked meanwhile: the next owner answers it
+      const txn = await producer.transaction();
+      try {
+        await txn.send({
+          topic: this.responsesTopic,
+          messages: [{ key: response.threadId, value: JSON.stringify(response), headers }],
+        });
+        const next = (BigInt(turn.offset) + 1n).toString();
+        await txn.sendOffsets({
+          consumerGroupId: this.groupId,
+          topics: [{ topic: this.enrichedTopic, partitions: [{ partition: turn.partition, offset: next }] }],
+        });
+        await txn.commit();
+        return response;
+      } catch (error) {
+        await txn.abort().catch(() => undefined);
+        if (isFenced(error)) {
+          this.log('warn', 'transaction fenced: another worker owns the partition now; the turn is dropped', {
+            requestId: turn.requestId,
+            partition: turn.partition,
+          });
+          await this.closeTransactions([turn.partition]);
+          return 'fenced';
+        }
+        if (isTooLarge(error) && response.finishReason !== FAILED) {
+          this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
+          response = failedResponse(turn);
+          continue;
+        }
+        if (!isOutage(error)) throw error;
+        if (this.giveUp.signal.aborted) return undefined;
+        await sleep(backoff(attempt));
+      }
+    }
+  }
+
   private async onRecord(
     topic: string,
     partition: number,
@@ -270,6 +397,8 @@ export class AgentWorker extends EventEmitter {
   ): Promise<void> {
     if (this.giveUp.signal.aborted) return;
     await this.warmups.get(partition);
+    const floor = this.floors.get(partition);
+    if (floor !== undefined && BigInt(offset) < floor) return; // answered and committed by the previous owner
     let event: EnrichedRequest;
     try {
       const parsed: unknown = JSON.parse(value?.toString('utf8') ?? '');
@@ -293,9 +422,15 @@ export class AgentWorker extends EventEmitter {
     const turn = new Turn(event, partition, offset, this.giveUp.signal);
     let response = await this.respond(turn, heartbeat);
     if (response === undefined) return; // given up at shutdown: not sent, not committed
-    response = await this.send(turn, response, headers);
-    if (response === undefined) return;
-    await this.commit(partition, offset);
+    if (this.exactlyOnce) {
+      const sent = await this.sendInTransaction(turn, response, headers);
+      if (sent === undefined || sent === 'fenced') return;
+      response = sent;
+    } else {
+      response = await this.send(turn, response, headers);
+      if (response === undefined) return;
+      await this.commit(partition, offset);
+    }
     this.seen.add(partition, event.eventId);
     if (response.finishReason === FAILED) {
       this.stats.failed += 1;

@@ -33,12 +33,14 @@ from message_history.app.replay.sinks import (
     InvalidReport,
     PersistedOutcomes,
     ReplayStorage,
+    ReplayTransactions,
     open_mongo,
 )
 from message_history.logs import scrub, start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
+from producers.transactions import HoldingProducer
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +149,16 @@ async def run_replay(
                 "connect to MongoDB",
                 lambda: stack.enter_async_context(open_mongo(settings, dry_run=options.dry_run)),
             )
-            producer = OutputProducer(settings, client_id=CLIENT_ID)
-            if options.emits or options.dead_letters:
+            sends = options.emits or options.dead_letters
+            exactly_once = sends and settings.processing_guarantee == "exactly-once"
+            # exactly-once: the handlers' outputs are held, each batch's go out in one transaction
+            producer = (HoldingProducer if exactly_once else OutputProducer)(settings, client_id=CLIENT_ID)
+            transactions = (
+                await stack.enter_async_context(ReplayTransactions(settings, options.topic))
+                if exactly_once
+                else None
+            )
+            if sends:
                 await replay.retrying(
                     "connect the Kafka producer", lambda: stack.enter_async_context(producer)
                 )
@@ -163,6 +173,7 @@ async def run_replay(
                 max_retry_s=options.max_retry_s,
                 retry_initial_s=settings.retry_initial_backoff_s,
                 retry_max_s=settings.retry_max_backoff_s,
+                transactions=transactions,
             )
             ticker = asyncio.create_task(replay.tick(display), name="replay-progress")
             try:

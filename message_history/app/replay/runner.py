@@ -30,11 +30,12 @@ from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
 from message_history.app.replay.progress import ProgressDisplay
-from message_history.app.replay.sinks import InvalidReport
+from message_history.app.replay.sinks import Held, InvalidReport, ReplayTransactions
 from message_history.app.topics import existing_partitions
 from message_history.errors import MessageHistoryError, error_type
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
+from producers.transactions import HeldOutput, held_outputs
 from schemas.events import EnrichedRequest, HistoryPersisted
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class _Invalid:
 
     error: BaseException
     dead_lettered: bool
+    outputs: list[HeldOutput] = field(default_factory=list)  # exactly-once: the dead letter, held
 
 
 # --- one batch, with the live loop's retry policy ----------------------------------------------------------
@@ -116,6 +118,9 @@ class BatchRunner:
     clock: Callable[[], float] = time.monotonic
     sleep: Sleep = sleep_or_stop
     rand: Callable[[], float] = field(default_factory=lambda: random.Random().random)  # noqa: S311 -- jitter
+    transactions: ReplayTransactions | None = None  # exactly-once: a batch's outputs in one transaction
+    # exactly-once: outputs held per partition and offset until their batch's transaction
+    _held: dict[int, dict[int, list[HeldOutput]]] = field(default_factory=dict)
 
     async def run(
         self, records: Sequence[ConsumerRecord], state: PartitionState, stop: asyncio.Event
@@ -154,10 +159,43 @@ class BatchRunner:
 
         backoff = Backoff(self.retry_initial_s, self.retry_max_s, self.rand)
         left = await retry_batch(records, self._attempt, backoff=backoff, wait=wait)
+        if self.transactions is not None and records:
+            # only what is done below the first record left: the rest is redone on resume
+            below = left[0].offset if left else records[-1].offset + 1
+            if not await self._commit(
+                self.transactions, state.partition, records[0].offset, below, backoff, wait
+            ):
+                return  # stopped before the batch's transaction committed: `next` stays before the batch
         if left:  # stopped during the backoff: the first record not done is where to resume
             state.next = left[0].offset
         elif records:
             state.next = max(state.next, records[-1].offset + 1)
+
+    async def _commit(
+        self,
+        transactions: ReplayTransactions,
+        partition: int,
+        first: int,
+        below: int,
+        backoff: Backoff,
+        wait: Callable[[Failure[ConsumerRecord]], Awaitable[bool]],
+    ) -> bool:
+        """The held outputs of `partition` below `below`, in offset order, in one transaction, retried through
+        outages like the batch (`first`: the batch's first offset, where a replay that gives up resumes).
+        False when stopped before it committed."""
+        held = self._held.pop(partition, {})
+        outputs = [output for offset in sorted(held) if offset < below for output in held[offset]]
+        if not outputs:
+            return True
+
+        async def once(_: list[None]) -> list[None]:
+            await transactions.produce(partition, outputs)
+            return []
+
+        async def retry(failure: Failure[None]) -> bool:
+            return await wait(Failure(failure.attempt, failure.delay, [_FirstRecord(first)], failure.error))
+
+        return not await retry_batch([None], once, backoff=backoff, wait=retry)
 
     async def _attempt(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
         """One try; returns the records whose outputs failed for an outage (to retry), in order."""
@@ -173,10 +211,15 @@ class BatchRunner:
     async def _invalid(self, record: ConsumerRecord, error: BaseException) -> _Invalid:
         if self.dead_letters is None:
             return _Invalid(error, dead_lettered=False)
-        await self.dead_letters.deliver(record, error)  # as the live loop: one that fits Kafka's limit
-        return _Invalid(error, dead_lettered=True)
+        sent = await self.dead_letters.deliver(record, error)  # as the live loop: one that fits Kafka's limit
+        return _Invalid(error, dead_lettered=True, outputs=held_outputs(sent))
 
     def _settle(self, record: ConsumerRecord, outcome: object) -> None:
+        if isinstance(outcome, Held):
+            self._hold(record, outcome.outputs)
+            outcome = outcome.value
+        elif isinstance(outcome, _Invalid) and outcome.outputs:
+            self._hold(record, outcome.outputs)
         if isinstance(outcome, HistoryPersisted):
             self.counts.add_persisted(outcome.skipped)
         elif isinstance(outcome, EnrichedRequest):
@@ -205,6 +248,16 @@ class BatchRunner:
             )
         else:  # pragma: no cover -- the recorders above resolve with one of these
             raise TypeError(f"unexpected outcome {type(outcome).__name__}")
+
+    def _hold(self, record: ConsumerRecord, outputs: list[HeldOutput]) -> None:
+        self._held.setdefault(record.partition, {})[record.offset] = outputs
+
+
+@dataclass(frozen=True, slots=True)
+class _FirstRecord:
+    """What a failed commit's `Failure` names: the batch's first offset (where the replay resumes)."""
+
+    offset: int
 
 
 # --- the partitions ----------------------------------------------------------------------------------------

@@ -7,9 +7,12 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, ClassVar, TypeVar
+
+from aiokafka import AIOKafkaProducer
 
 from message_history.app.replay.options import CLIENT_ID
 from message_history.app.replay.plan import Counts, distinct
@@ -18,6 +21,14 @@ from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, OutputProducer, TopicPublisher
 from producers.persisted import PersistedPublisher
+from producers.transactions import (
+    HeldOutput,
+    held_outputs,
+    in_transaction,
+    open_transactional,
+    producer_options,
+    stop_quietly,
+)
 from schemas.dead_letters import error_message
 from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
@@ -41,9 +52,18 @@ def _resolved(value: T) -> asyncio.Future[T]:
     return future
 
 
-def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T]:
-    """A future resolving with `value` once `inner` succeeded (or failing as it failed)."""
-    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+@dataclass(frozen=True, slots=True)
+class Held:
+    """Under exactly-once: a recorded event and the outputs held for it, produced when its batch commits."""
+
+    value: object
+    outputs: list[HeldOutput]
+
+
+def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T | Held]:
+    """A future resolving with `value` once `inner` succeeded (or failing as it failed); with the outputs
+    `inner` held (exactly-once), as a `Held`."""
+    out: asyncio.Future[T | Held] = asyncio.get_running_loop().create_future()
 
     def settle(done: asyncio.Future[Any]) -> None:
         if out.done():
@@ -53,7 +73,8 @@ def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T]:
         elif (error := done.exception()) is not None:
             out.set_exception(error)
         else:
-            out.set_result(value)
+            held = held_outputs(done.result())
+            out.set_result(Held(value, held) if held else value)
 
     inner.add_done_callback(settle)
     return out
@@ -69,8 +90,10 @@ class _Recording(TopicPublisher):
 
     async def _recorded(
         self, event: T, send: Callable[[], Awaitable[asyncio.Future[Any]]]
-    ) -> asyncio.Future[T]:
-        return _then(await send(), event) if self.emit else _resolved(event)
+    ) -> asyncio.Future[T | Held]:
+        if not self.emit:
+            return asyncio.ensure_future(_as_outcome(event))
+        return _then(await send(), event)
 
 
 class PersistedOutcomes(_Recording, PersistedPublisher):
@@ -87,6 +110,44 @@ class EnrichedOutcomes(_Recording, EnrichedPublisher):
 
     async def publish(self, event: EnrichedRequest, *, headers: Headers) -> asyncio.Future[Any]:
         return await self._recorded(event, partial(super().publish, event, headers=headers))
+
+
+async def _as_outcome(event: T) -> T | Held:
+    return event
+
+
+class ReplayTransactions:
+    """Exactly-once replay: each batch's outputs (emitted events, dead letters) in one transaction, produced
+    by a transactional producer per source partition (`{group}-replay-{topic}-{partition}`: a second replay
+    of the same partition fences the first). A replay has no group, so no offset joins the transaction: its
+    resume point (`--from-offsets`) moves only past batches whose transaction committed."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self._settings = settings
+        self._topic = topic
+        self._producers: dict[int, AIOKafkaProducer] = {}
+
+    async def produce(self, partition: int, outputs: list[HeldOutput]) -> None:
+        """Commit `outputs` in one transaction; raises (the producer replaced next time) when it failed."""
+        producer = self._producers.get(partition)
+        if producer is None:
+            producer = self._producers[partition] = await open_transactional(
+                producer_options(self._settings, client_id=CLIENT_ID),
+                f"{self._settings.group_id}-replay-{self._topic}-{partition}",
+            )
+        try:
+            await in_transaction(producer, outputs)
+        except BaseException:
+            self._producers.pop(partition, None)
+            await stop_quietly(producer)
+            raise
+
+    async def __aenter__(self) -> ReplayTransactions:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        producers, self._producers = list(self._producers.values()), {}
+        await asyncio.gather(*(stop_quietly(p) for p in producers))
 
 
 # --- the storage, counted (and, for a dry run, not written) ------------------------------------------------
