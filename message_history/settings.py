@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     max_event_bytes: int = Field(1_048_576, ge=1024)
     max_messages_per_event: int = Field(1_000, ge=1)
     max_parts_per_message: int = Field(1_000, ge=1)
-    max_id_length: int = Field(256, ge=8)
+    max_id_length: int = Field(256, ge=36)  # a derived message id is a 36-character UUID
 
     # --- outages ---
     retry_initial_backoff_s: float = Field(0.2, gt=0)

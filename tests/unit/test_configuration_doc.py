@@ -62,7 +62,8 @@ DESCRIPTIONS: dict[str, str] = {
     "max_event_bytes": "Largest accepted input record (bytes); larger ones are dead letters.",
     "max_messages_per_event": "Most messages in one event; more is a dead letter.",
     "max_parts_per_message": "Most content parts in one message; more is a dead letter.",
-    "max_id_length": "Longest accepted id (threadId, resourceId, requestId, message id).",
+    "max_id_length": "Longest accepted id (threadId, resourceId, requestId, message id); at least 36, the "
+    "length of the message ids the service derives.",
     "retry_initial_backoff_s": "First retry delay after a dependency failure (doubles, with jitter).",
     "retry_max_backoff_s": "Upper bound of the retry delay.",
     "mongodb_timeout_ms": "Timeout of each MongoDB operation and of server selection.",

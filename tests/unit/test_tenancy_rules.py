@@ -10,9 +10,11 @@ import uuid
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from message_history.core.echo import filter_echo, plan_echo
 from message_history.errors import EventValidationError, MessageIdTakenError, ThreadOwnershipError
+from message_history.settings import Settings
 from schemas.codec import decode_request, decode_response, keyed_by_thread
 from schemas.ids import MESSAGE_ID_NAMESPACE, Kind, derived_message_id, legacy_ids, legacy_message_id
 from schemas.messages import Message
@@ -268,3 +270,14 @@ async def test_the_memory_storage_looks_ids_up_in_the_given_threads_only() -> No
     assert await storage.get_messages(["a1"], thread_ids=["b-thread"]) == []
     assert await storage.get_messages(["a1"], thread_ids=[]) == []
     assert sorted(m.id or "" for m in await storage.get_messages(["a1", "b1"])) == ["a1", "b1"]  # operators
+
+
+def test_the_id_length_limit_always_admits_the_derived_ids() -> None:
+    """A worker echoes the derived ids back: a limit below their length would refuse every answer (found by
+    the fuzzing: with `MESSAGE_HISTORY_MAX_ID_LENGTH=32` every echoed response was a dead letter)."""
+    derived = derived_message_id("r" * 300, "t" * 300, "q" * 300, "response", 10**6)
+    floor = Settings.model_fields["max_id_length"].metadata[0].ge
+    assert len(derived) == floor == 36
+    Settings(max_id_length=36)
+    with pytest.raises(ValidationError):
+        Settings(max_id_length=35)
