@@ -48,6 +48,7 @@ from producers.enriched import EnrichedPublisher
 from producers.output import Headers
 from schemas.codec import decode_request, keyed_by_thread
 from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions
+from schemas.messages import Message
 from schemas.recalled import encode_enriched, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery
 
@@ -193,17 +194,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
                     return _failed(admission.retry)
             if admission.fresh:
                 await history.flush(request.threadId)  # the boundaries this batch moved, before reading them
-            outcome = await (fresh if admission.fresh else processor).recall(
-                thread_id=request.threadId,
-                resource_id=request.resourceId,
-                incoming=request.messages,
-                last_messages=item.memory.last_messages,
-                budget=item.memory.budget,
-                read_only=item.memory.read_only or not self._write_boundaries,
-                filter_echo=item.echo is not None,
-                echo_plan=item.echo,
-                counter=history.counter,
-            )
+            outcome = await self._recall(fresh if admission.fresh else processor, item, history.counter)
             enriched = self._enriched(request, outcome, admission)
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             mark = (
@@ -302,16 +293,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             lane.state = own.markers.get(thread_id, lane.state)
             # the boundaries its batch moved, before reading them (and never written back over its own)
             await flushed.wait()
-            outcome = await fresh.recall(
-                thread_id=thread_id,
-                resource_id=request.resourceId,
-                incoming=request.messages,
-                last_messages=item.memory.last_messages,
-                budget=item.memory.budget,
-                read_only=item.memory.read_only or not self._write_boundaries,
-                filter_echo=item.echo is not None,
-                echo_plan=item.echo,
-            )
+            outcome = await self._recall(fresh, item)
             enriched = self._enriched(request, outcome, admission)
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             mark = own.enriched(thread_id, request.requestId, request.resourceId)
@@ -321,6 +303,23 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             return ack if mark is None else ack_after(mark, ack)
 
         return self.parking.park(key, work, batch_gate.markers.get(thread_id))
+
+    async def _recall(
+        self, processor: MessageHistory, item: _Item, counter: Callable[[Message], float] | None = None
+    ) -> RecallOutcome:
+        """The processor's recall for one request, with its memory options and echo plan."""
+        request = item.request
+        return await processor.recall(
+            thread_id=request.threadId,
+            resource_id=request.resourceId,
+            incoming=request.messages,
+            last_messages=item.memory.last_messages,
+            budget=item.memory.budget,
+            read_only=item.memory.read_only or not self._write_boundaries,
+            filter_echo=item.echo is not None,
+            echo_plan=item.echo,
+            counter=counter,
+        )
 
     def _enriched(
         self, request: AgentRequest, outcome: RecallOutcome, admission: Admission
