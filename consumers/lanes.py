@@ -5,6 +5,9 @@ Each distinct key is a lane; a lane runs its items one after the other in batch 
 that item's result and its lane goes on; any other error is a batch failure: the remaining lanes are
 cancelled and the error propagates, so the caller retries or stops the whole batch and nothing of a thread
 runs past an item that did not finish.
+
+`run_lanes` is the one lane runner: the recall and persist paths (`consumers.contract.PathHandler.per_thread`)
+and the worker SDK's batches (`worker.runner`) run on it.
 """
 
 from __future__ import annotations
@@ -41,7 +44,12 @@ async def run_lanes(
     max_concurrent: int,
     item_errors: tuple[type[BaseException], ...] = (),
 ) -> list[R | Failed]:
-    """Run `work` on every item, per-key in order, keys concurrently; results in the order of `items`."""
+    """Run `work` on every item, per-key in order, keys concurrently; results in the order of `items`.
+
+    The one lane runner of the service's paths and of the worker SDK (`worker.runner`). The lanes run in a
+    `TaskGroup`: the first untolerated error cancels the other lanes and is raised as itself (not as an
+    `ExceptionGroup`), and a cancelled caller cancels every lane before it returns.
+    """
     if max_concurrent < 1:
         raise ValueError("max_concurrent must be at least 1")
     unset = object()
@@ -60,16 +68,11 @@ async def run_lanes(
     if len(lanes) == 1:  # the common single-thread case needs no tasks
         await run_lane(lanes[0])
     elif lanes:
-        tasks = [asyncio.ensure_future(run_lane(indexes)) for indexes in lanes]
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            for task in done:
-                error = None if task.cancelled() else task.exception()
-                if error is not None:
-                    raise error
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            async with asyncio.TaskGroup() as group:
+                for indexes in lanes:
+                    group.create_task(run_lane(indexes))
+        except ExceptionGroup as failed:  # the lanes' own errors only: the first one to happen, unwrapped
+            raise failed.exceptions[0] from None
     assert all(r is not unset for r in results)  # every lane ran to its end, or an error propagated above
     return cast("list[R | Failed]", results)

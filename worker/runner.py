@@ -49,6 +49,7 @@ from aiokafka.errors import (
     KafkaError,
 )
 
+from consumers.lanes import run_lanes
 from consumers.outage import backoff_delay, is_outage
 from message_history import tracing
 from message_history.errors import InvalidInputError
@@ -333,23 +334,19 @@ class AgentWorker:
             raise batch.exception()  # type: ignore[misc]  # checked just above
 
     async def _answer_all(self, records: Sequence[ConsumerRecord], done: set[tuple[int, int]]) -> None:
-        lanes: dict[object, list[ConsumerRecord]] = {}
-        for rec in records:  # the key is the thread id; one thread's turns in order
-            lanes.setdefault((rec.partition, rec.key), []).append(rec)
-        gate = asyncio.Semaphore(self._max_concurrent)
+        """Answer the batch on the service's lane runner: a lane per (partition, key = thread id), one
+        thread's turns in order; an error (Kafka refused a send) cancels the other lanes and is raised."""
 
-        async def lane(recs: list[ConsumerRecord]) -> None:
-            async with gate:
-                for rec in recs:
-                    await self._answer(rec)
-                    done.add((rec.partition, rec.offset))
+        async def answer(rec: ConsumerRecord) -> None:
+            await self._answer(rec)
+            done.add((rec.partition, rec.offset))
 
-        try:
-            async with asyncio.TaskGroup() as group:
-                for recs in lanes.values():
-                    group.create_task(lane(recs))
-        except ExceptionGroup as failed:  # a lane failed (Kafka refused a send): its first error, unwrapped
-            raise failed.exceptions[0] from None
+        await run_lanes(
+            records,
+            key=lambda rec: (rec.partition, rec.key),
+            work=answer,
+            max_concurrent=self._max_concurrent,
+        )
 
     async def _commit(self, records: Sequence[ConsumerRecord], done: set[tuple[int, int]]) -> None:
         """Commit, per partition, past the longest run of answered records from the batch's start."""

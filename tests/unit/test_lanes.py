@@ -92,3 +92,44 @@ async def test_other_error_fails_the_batch_and_stops_lanes() -> None:
     with pytest.raises(ConnectionError):
         await run_lanes(items, key=lambda i: i[0], work=work, max_concurrent=4, item_errors=(ValueError,))
     assert 2 not in ran
+
+
+async def test_an_error_cancels_the_other_lanes() -> None:
+    """The first untolerated error stops the batch: a lane still working is cancelled, not left running."""
+    finished: list[str] = []
+    cancelled: list[str] = []
+
+    async def work(item: str) -> None:
+        if item == "fails":
+            raise ConnectionError("down")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(item)
+            raise
+        finished.append(item)
+
+    with pytest.raises(ConnectionError):
+        await run_lanes(["slow", "fails"], key=lambda i: i, work=work, max_concurrent=4)
+    assert (cancelled, finished) == (["slow"], [])
+
+
+async def test_a_cancelled_caller_cancels_every_lane() -> None:
+    """The worker's shutdown grace cancels its batch: no lane may outlive it."""
+    started = asyncio.Event()
+    cancelled: list[str] = []
+
+    async def work(item: str) -> None:
+        started.set()
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            cancelled.append(item)
+            raise
+
+    batch = asyncio.ensure_future(run_lanes(["a", "b", "c"], key=lambda i: i, work=work, max_concurrent=4))
+    await started.wait()
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert sorted(cancelled) == ["a", "b", "c"]
