@@ -27,7 +27,7 @@ from typing import Any
 from message_history.core.budget import PageRequest, page_of
 from message_history.errors import InvalidInputError, MessageIdTakenError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
-from storage.protocol import Page, PageQuery, Thread
+from storage.protocol import HistoryStorage, Page, PageQuery, Thread
 
 __all__ = ["InMemoryHistoryStorage"]
 
@@ -36,8 +36,8 @@ def _copy_thread(thread: Thread) -> Thread:
     return dataclasses.replace(thread, metadata=copy.deepcopy(thread.metadata))
 
 
-class InMemoryHistoryStorage:
-    """Threads and messages in dicts; implements `storage.protocol.HistoryStorage`."""
+class InMemoryHistoryStorage(HistoryStorage):
+    """Threads and messages in dicts: a `HistoryStorage` (its batch forms: `SequentialBatches`)."""
 
     def __init__(self) -> None:
         self._threads: dict[str, Thread] = {}

@@ -60,7 +60,7 @@ from storage.documents import (
     thread_from_doc,
 )
 from storage.errors import storage_errors, to_storage_error
-from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
+from storage.protocol import BatchHistoryStorage, Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
 from storage.recalled_rows import MESSAGE_PROJECTION
 from storage.save_plan import SavePlan, _check_thread_id, _check_turns, plan_saves
 
@@ -130,8 +130,8 @@ def _check_limit(limit: int | None) -> None:
 # --- the storage -------------------------------------------------------------------------------------------
 
 
-class MongoHistoryStorage:
-    """`mastra_threads` / `mastra_messages`; implements `HistoryStorage` and the batch forms.
+class MongoHistoryStorage(BatchHistoryStorage):
+    """`mastra_threads` / `mastra_messages`: a `BatchHistoryStorage` (six operations, their batch forms).
 
     `recall_strategy` picks how `list_messages_many` reads: `"in"` (one `$in` query, the default) or
     `"concurrent"` (one query per thread, at most `recall_concurrency` in flight).

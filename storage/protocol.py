@@ -1,10 +1,13 @@
-"""What the MessageHistory processor needs from a storage, and nothing more.
+"""What the MessageHistory processor and the Kafka paths need from a storage: two static protocols.
 
-Implemented by `storage.mongodb.MongoHistoryStorage` (the service, in @mastra/mongodb's layout) and by
-`storage.memory.InMemoryHistoryStorage` (embedded use, examples, fast tests). No driver import here.
-`BudgetedHistoryStorage` adds what token-limited recall needs: paging and the boundary in thread metadata.
-The batch forms (`RecallQuery`, `SaveTurn`, `BatchHistoryStorage`, `BatchPagedStorage`) are what the Kafka
-paths use: one round trip per batch.
+`HistoryStorage`: the six single-item operations (the part of Mastra's `MemoryStorage` MessageHistory uses,
+in Python form). `BatchHistoryStorage`: those and their batch forms (one round trip per batch), what the
+Kafka paths use; `storage.sequential.SequentialBatches` gives the batch forms over any `HistoryStorage`.
+`storage.mongodb.MongoHistoryStorage` declares `BatchHistoryStorage`, `storage.memory.InMemoryHistoryStorage`
+declares `HistoryStorage`, so mypy checks them; nothing is probed at run time. No driver import here.
+
+The finer protocols at the end of this module (`BudgetedHistoryStorage`, `MessageLookup`, ...) and their
+probes are kept only until their last users move to the two above: marked for removal.
 """
 
 from __future__ import annotations
@@ -31,9 +34,32 @@ class Thread:
     updatedAt: datetime | None = None  # noqa: N815
 
 
-@runtime_checkable
+@dataclass(frozen=True, slots=True)
+class PageQuery:
+    """One page of a token-budgeted recall (Mastra's `listMessages` with a date range and a page number).
+
+    The thread's rows (of `resource_id` when given) with `start ≤ createdAt ≤ end` (None = open), ordered
+    `(createdAt, id)` descending, `page × per_page` skipped, at most `per_page` returned, no total count.
+    """
+
+    thread_id: str
+    resource_id: str | None
+    start: datetime | None
+    end: datetime | None
+    page: int
+    per_page: int
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """The rows of a `PageQuery`, newest first, and whether more rows follow it."""
+
+    messages: list[Message]
+    has_more: bool
+
+
 class HistoryStorage(Protocol):
-    """The four operations of Mastra's `MemoryStorage` that MessageHistory uses, in Python form."""
+    """The six operations of Mastra's `MemoryStorage` that MessageHistory uses, in Python form."""
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         """The thread, or None when it does not exist."""
@@ -59,6 +85,26 @@ class HistoryStorage(Protocol):
         """
         ...
 
+    async def list_page(self, query: PageQuery) -> Page:
+        """One page of `query.thread_id` (see `PageQuery`): what token-limited recall reads."""
+        ...
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        """Set the keys of `update` in the thread's metadata (other keys kept), move `updatedAt` forward.
+
+        Nothing happens when the thread does not exist.
+        """
+        ...
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        """Stored messages by id (Mastra's `listMessagesById`), for the client-echo filter and the tool-state
+        merge: those among `message_ids` in one of `thread_ids` (any thread when None), in no particular
+        order. The paths always pass the asking turn's thread: a copy in another thread must not change what
+        a turn does (no existence oracle across threads or tenants)."""
+        ...
+
 
 @dataclass(frozen=True, slots=True)
 class Tombstones:
@@ -80,65 +126,11 @@ class Tombstones:
         return False
 
 
-@runtime_checkable
 class TombstoneReader(Protocol):
     """Reads the tombstones of a batch's threads and resources in one round trip."""
 
     async def tombstones(self, *, thread_ids: Sequence[str], resource_ids: Sequence[str]) -> Tombstones:
         """The tombstones among `thread_ids` and `resource_ids` (missing ones are absent)."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class PageQuery:
-    """One page of a token-budgeted recall (Mastra's `listMessages` with a date range and a page number).
-
-    The thread's rows (of `resource_id` when given) with `start ≤ createdAt ≤ end` (None = open), ordered
-    `(createdAt, id)` descending, `page × per_page` skipped, at most `per_page` returned, no total count.
-    """
-
-    thread_id: str
-    resource_id: str | None
-    start: datetime | None
-    end: datetime | None
-    page: int
-    per_page: int
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """The rows of a `PageQuery`, newest first, and whether more rows follow it."""
-
-    messages: list[Message]
-    has_more: bool
-
-
-@runtime_checkable
-class BudgetedHistoryStorage(HistoryStorage, Protocol):
-    """A `HistoryStorage` that can also page a thread and store a thread's token boundary."""
-
-    async def list_page(self, query: PageQuery) -> Page:
-        """One page of `query.thread_id` (see `PageQuery`)."""
-        ...
-
-    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
-        """Set the keys of `update` in the thread's metadata (other keys kept), move `updatedAt` forward.
-
-        Nothing happens when the thread does not exist.
-        """
-        ...
-
-
-@runtime_checkable
-class MessageLookup(Protocol):
-    """Stored messages by id (Mastra's `listMessagesById`), for the client-echo filter."""
-
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
-        """The stored messages among `message_ids` that are in one of `thread_ids` (any thread when None), in
-        no particular order. The paths always pass the asking turn's thread: a copy in another thread must
-        not change what a turn does (no existence oracle across threads or tenants)."""
         ...
 
 
@@ -151,16 +143,6 @@ class HistoryLoad:
     boundary: Boundary | None
     max_messages: int | None
     budget: TokenBudget
-
-
-@runtime_checkable
-class LoadedHistory(Protocol):
-    """A storage that has already run some threads' `HistoryLoader`s over its own pages (the recall
-    prefetch), so that the processor need not run them again."""
-
-    def loaded(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message] | None:
-        """`HistoryLoader.result()` of `load` when it ran here with the counter `count`, else None."""
-        ...
 
 
 # --- the batch forms -------------------------------------------------------------------------------------
@@ -190,7 +172,6 @@ class SaveTurn:
     messages: Sequence[Message] = field(default_factory=list)
 
 
-@runtime_checkable
 class BatchHistoryStorage(HistoryStorage, Protocol):
     """A `HistoryStorage` with the batch forms the Kafka paths use (one round trip each)."""
 
@@ -206,6 +187,14 @@ class BatchHistoryStorage(HistoryStorage, Protocol):
         """`save_messages` for each turn, in order; a refused turn's entry is its `ThreadOwnershipError`."""
         ...
 
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
+        """`list_page` for each query, in order."""
+        ...
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
+        """`save_thread_metadata` for each `(thread id, update)`."""
+        ...
+
 
 async def save_one(
     storage: BatchHistoryStorage, *, thread_id: str, resource_id: str, messages: Sequence[Message]
@@ -217,22 +206,102 @@ async def save_one(
     return result
 
 
+# --- marked for removal: the finer protocols and their run-time probes ---------------------------------
+# Every storage declares `HistoryStorage` (all six operations) or `BatchHistoryStorage`, so these say nothing
+# mypy does not already know. Kept importable, probes included, only until the recall and persist paths stop
+# using them (issue 25 item 6); remove them then.
+
+
+class PlainHistoryStorage(Protocol):
+    """Marked for removal: what `MessageHistory` accepts while it still probes for the other three operations
+    (`is_budgeted`, `is_message_lookup`): the batch stand-ins of the recall and persist paths have only these.
+    """
+
+    async def get_thread(self, thread_id: str) -> Thread | None: ...
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]: ...
+
+    async def save_messages(
+        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
+    ) -> Thread: ...
+
+
+@runtime_checkable
+class MessageLookup(Protocol):
+    """Marked for removal: `HistoryStorage.get_messages`."""
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]: ...
+
+
+@runtime_checkable
+class BudgetedHistoryStorage(Protocol):
+    """Marked for removal: `HistoryStorage`. The single operations token-limited recall uses."""
+
+    async def get_thread(self, thread_id: str) -> Thread | None: ...
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]: ...
+
+    async def save_messages(
+        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
+    ) -> Thread: ...
+
+    async def list_page(self, query: PageQuery) -> Page: ...
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None: ...
+
+
+class LookupHistoryStorage(MessageLookup, Protocol):
+    """Marked for removal: every `HistoryStorage` looks messages up by id."""
+
+    async def get_thread(self, thread_id: str) -> Thread | None: ...
+
+    async def list_messages(
+        self, thread_id: str, *, resource_id: str | None, limit: int | None
+    ) -> list[Message]: ...
+
+    async def save_messages(
+        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
+    ) -> Thread: ...
+
+
 @runtime_checkable
 class BatchPagedStorage(Protocol):
-    """The batch forms of token-limited recall: many pages, many boundary writes, one round trip each."""
+    """Marked for removal: `BatchHistoryStorage.list_pages_many` / `save_thread_metadata_many`."""
 
-    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
-        """`list_page` for each query, in order."""
+    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]: ...
+
+    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None: ...
+
+
+@runtime_checkable
+class LoadedHistory(Protocol):
+    """Marked for removal (the rewrite loads once per batch): a storage that has already run some threads'
+    `HistoryLoader`s over its own pages (the recall prefetch), so that the processor need not run them
+    again."""
+
+    def loaded(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message] | None:
+        """`HistoryLoader.result()` of `load` when it ran here with the counter `count`, else None."""
         ...
 
-    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        """`save_thread_metadata` for each `(thread id, update)`."""
+
+@runtime_checkable
+class RowRecallStorage(Protocol):
+    """Marked for removal: a storage whose plain recall can answer with `RecalledRow`s (`schemas.recalled`),
+    not models."""
+
+    async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        """`list_messages_many`, where rows may be `RecalledRow`s: for ordering, deduping and sending only."""
         ...
 
 
 # `isinstance` against a runtime protocol walks the protocol's members on every call (Python 3.11), and the
-# processor asks per turn about a storage object made per turn. The answer depends on the class (its
-# methods), so it is remembered per class.
+# processor asks per turn about a storage object made per turn: the answer is remembered per class.
 _LOOKUP_CLASSES: dict[type, bool] = {}
 _BUDGETED_CLASSES: dict[type, bool] = {}
 _LOADED_CLASSES: dict[type, bool] = {}
@@ -245,29 +314,16 @@ def _remembered(classes: dict[type, bool], storage: object, protocol: type) -> b
     return known
 
 
-class LookupHistoryStorage(HistoryStorage, MessageLookup, Protocol):
-    """A `HistoryStorage` that also looks messages up by id."""
-
-
-def is_message_lookup(storage: HistoryStorage) -> TypeGuard[LookupHistoryStorage]:
-    """`isinstance(storage, MessageLookup)`, remembered per class."""
+def is_message_lookup(storage: object) -> TypeGuard[LookupHistoryStorage]:
+    """Marked for removal. `isinstance(storage, MessageLookup)`, remembered per class."""
     return _remembered(_LOOKUP_CLASSES, storage, MessageLookup)
 
 
-def is_budgeted(storage: HistoryStorage) -> TypeGuard[BudgetedHistoryStorage]:
-    """`isinstance(storage, BudgetedHistoryStorage)`, remembered per class."""
+def is_budgeted(storage: object) -> TypeGuard[BudgetedHistoryStorage]:
+    """Marked for removal. `isinstance(storage, BudgetedHistoryStorage)`, remembered per class."""
     return _remembered(_BUDGETED_CLASSES, storage, BudgetedHistoryStorage)
 
 
-def has_loaded(storage: HistoryStorage) -> TypeGuard[LoadedHistory]:
-    """`isinstance(storage, LoadedHistory)`, remembered per class."""
+def has_loaded(storage: object) -> TypeGuard[LoadedHistory]:
+    """Marked for removal. `isinstance(storage, LoadedHistory)`, remembered per class."""
     return _remembered(_LOADED_CLASSES, storage, LoadedHistory)
-
-
-@runtime_checkable
-class RowRecallStorage(Protocol):
-    """A storage whose plain recall can answer with `RecalledRow`s (`schemas.recalled`), not models."""
-
-    async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
-        """`list_messages_many`, where rows may be `RecalledRow`s: for ordering, deduping and sending only."""
-        ...

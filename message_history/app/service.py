@@ -48,8 +48,7 @@ from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
 from producers.transactions import HoldingProducer, PartitionTransactions
 from schemas.limits import Limits
-from storage.protocol import BatchHistoryStorage, HistoryStorage
-from storage.sequential import as_batch_storage
+from storage.protocol import BatchHistoryStorage
 
 if TYPE_CHECKING:
     from storage.forgetting import MongoForgetting
@@ -181,7 +180,7 @@ async def open_storage(settings: Settings) -> AsyncIterator[BatchHistoryStorage]
     from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415 -- keeps `--help` free of pymongo
 
     async with MongoHistoryStorage.open(settings) as storage:
-        yield as_batch_storage(storage)
+        yield storage
 
 
 @contextlib.asynccontextmanager
@@ -302,7 +301,7 @@ async def run_service(
     stop: asyncio.Event,
     only: Path | None = None,
     health: Health | None = None,
-    storage: HistoryStorage | None = None,
+    storage: BatchHistoryStorage | None = None,
 ) -> int:
     """Run the selected paths until `stop` is set or one fails; 0 after a clean stop, 1 after a failure.
 
@@ -319,7 +318,7 @@ async def run_service(
 
     try:
         batch_storage = (
-            as_batch_storage(storage)
+            storage
             if storage is not None
             else await stack.enter_async_context(step("mongodb", open_storage(settings)))
         )

@@ -67,9 +67,9 @@ from schemas.messages import Message
 from storage.protocol import (
     BudgetedHistoryStorage,
     HistoryLoad,
-    HistoryStorage,
     Page,
     PageQuery,
+    PlainHistoryStorage,
     Thread,
     has_loaded,
     is_budgeted,
@@ -195,7 +195,7 @@ class MessageHistory:
     id: Final = "message-history"
     name: Final = "MessageHistory"
 
-    def __init__(self, *, storage: HistoryStorage, last_messages: LastMessages = None) -> None:
+    def __init__(self, *, storage: PlainHistoryStorage, last_messages: LastMessages = None) -> None:
         normalize_limit(last_messages)  # fail at construction, not at the first turn
         self.storage = storage
         self.last_messages: LastMessages = last_messages

@@ -26,7 +26,7 @@ from message_history.app.service import Path as Path_
 from message_history.app.service import run_service
 from message_history.settings import Settings
 from schemas.ids import Kind, derived_message_id
-from storage.protocol import HistoryStorage
+from storage.protocol import BatchHistoryStorage
 from tests import infra
 from tests.integration.stream_helpers import Record, read_all, read_topic
 
@@ -89,7 +89,7 @@ async def running_service(
     *,
     only: Path_ | None = None,
     health: Health | None = None,
-    storage: HistoryStorage | None = None,
+    storage: BatchHistoryStorage | None = None,
 ) -> AsyncIterator[asyncio.Task[int]]:
     """The service as a task of this event loop; stopped (and its exit code checked) on exit."""
     stop = asyncio.Event()

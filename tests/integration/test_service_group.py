@@ -16,6 +16,7 @@ from message_history.settings import Settings
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import BatchHistoryStorage, RecallQuery, SaveTurn, Thread
+from storage.sequential import SequentialBatches
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     drop_database,
@@ -35,36 +36,24 @@ THREADS = [f"th{i:02d}" for i in range(16)]
 PARTITIONS = 4
 
 
-class _Counting:
+class _Counting(SequentialBatches):
     """One instance's storage: the shared MongoDB, counting the requests and turns this instance handled."""
 
     def __init__(self, storage: BatchHistoryStorage) -> None:
-        self._storage = storage
+        super().__init__(storage)
+        self._batches = storage  # the batch forms it counts go to MongoDB's own, one round trip each
         self.recalled: Counter[str] = Counter()
         self.saved: Counter[str] = Counter()
 
-    async def get_thread(self, thread_id: str) -> Thread | None:
-        return await self._storage.get_thread(thread_id)
-
-    async def list_messages(
-        self, thread_id: str, *, resource_id: str | None, limit: int | None
-    ) -> list[Message]:
-        return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
-
-    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
-        return await self._storage.save_messages(
-            thread_id=thread_id, resource_id=resource_id, messages=messages
-        )
-
     async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
-        return await self._storage.get_threads(thread_ids)
+        return await self._batches.get_threads(thread_ids)
 
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         self.recalled.update(q.thread_id for q in queries)
-        return await self._storage.list_messages_many(queries)
+        return await self._batches.list_messages_many(queries)
 
     async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
-        results = await self._storage.save_many(turns)
+        results = await self._batches.save_many(turns)
         self.saved.update(t.thread_id for t in turns)
         return results
 
