@@ -10,13 +10,14 @@ storage; tests/unit/test_processor.py does it with the in-memory storage.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
+from message_history.core.budget import Boundary, HistoryLoader, TokenBudget, page_of
 from message_history.core.message_list import MessageList
 from message_history.core.request_context import MASTRA_MEMORY, RequestContext
 from message_history.core.rules import LastMessages, SkipReason, Source
@@ -823,3 +824,26 @@ async def check_stored(storage: HistoryStorage, case: PersistCase) -> None:
         assert "source" not in (message.model_extra or {})
         assert message.threadId == THREAD
         assert message.resourceId == RESOURCE
+
+
+# --- token-limited loading over rows in memory ------
+
+
+def load_all(
+    rows_newest_first: Sequence[Message],
+    *,
+    boundary: Boundary | None,
+    max_messages: int | None,
+    budget: TokenBudget | None,
+    count: Callable[[Message], float] | None = None,
+) -> tuple[list[Message], int]:
+    """Run a `HistoryLoader` over rows held in memory, page by page as a storage would answer it:
+    (its result, pages fetched). `count` defaults to the loader's own (Mastra's counter)."""
+    extra = {} if count is None else {"count": count}
+    loader = HistoryLoader(boundary=boundary, max_messages=max_messages, budget=budget, **extra)
+    ordered = sorted(rows_newest_first, key=lambda m: (m.createdAt, m.id or ""), reverse=True)
+    request = loader.next_page
+    while request is not None:
+        rows, has_more = page_of(ordered, request)
+        request = loader.feed(rows, has_more=has_more)
+    return loader.result(), loader.pages

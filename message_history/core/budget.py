@@ -365,24 +365,6 @@ class HistoryLoader:
         return list(self._partition.kept)
 
 
-def load_all(
-    rows_newest_first: Sequence[Message],
-    *,
-    boundary: Boundary | None,
-    max_messages: int | None,
-    budget: TokenBudget | None,
-    count: Counter = count_message,
-) -> tuple[list[Message], int]:
-    """Run a `HistoryLoader` over rows held in memory (tests, in-memory storage): (result, pages fetched)."""
-    loader = HistoryLoader(boundary=boundary, max_messages=max_messages, budget=budget, count=count)
-    ordered = sorted(rows_newest_first, key=_desc_key, reverse=True)
-    request = loader.next_page
-    while request is not None:
-        rows, has_more = page_of(ordered, request)
-        request = loader.feed(rows, has_more=has_more)
-    return loader.result(), loader.pages
-
-
 def page_of(rows_newest_first: Sequence[Message], request: PageRequest) -> tuple[list[Message], bool]:
     """The rows a `PageRequest` selects from rows already ordered newest first, and whether more follow."""
     window = [

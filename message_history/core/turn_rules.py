@@ -16,7 +16,7 @@ answer came first (a replay, a redelivery after the answer) never marks its thre
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
@@ -154,12 +154,6 @@ def marker_expires(
     if last_write is None or last_write < horizons.stale_before:
         return True
     return not thread_exists and not is_busy(marker) and last_write < horizons.gone_before
-
-
-def keep_answered(previous: Sequence[str], new: Sequence[str]) -> tuple[str, ...]:
-    """The answered ids to remember: the newest `ANSWERED_KEPT`, oldest first, no repeats."""
-    merged = list(dict.fromkeys([*previous, *new]))
-    return tuple(merged[-ANSWERED_KEPT:])
 
 
 def lagging(ends: Mapping[int, int], progress: Mapping[int, int | None]) -> dict[int, int]:

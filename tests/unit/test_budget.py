@@ -20,7 +20,6 @@ from message_history.core.budget import (
     boundary_for,
     group_linked,
     is_after,
-    load_all,
     partition,
     read_boundary,
     resolve_budget,
@@ -31,7 +30,7 @@ from message_history.processor import MessageHistory
 from schemas.codec import decode_request
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
-from tests.rule_cases import RESOURCE, THREAD, at, msg, tool
+from tests.rule_cases import RESOURCE, THREAD, at, load_all, msg, tool
 
 
 def flat(_: Message) -> float:

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from message_history.core.budget import load_all, resolve_budget
+from message_history.core.budget import resolve_budget
 from message_history.core.rules import build_context, filter_for_persistence, select_for_persistence
 from message_history.core.signals import is_transient_signal
 from schemas.messages import Message
-from tests.rule_cases import TRANSIENT_SIGNAL, msg
+from tests.rule_cases import TRANSIENT_SIGNAL, load_all, msg
 
 
 def signal(id: str, t: int, metadata: Any, role: str = "signal") -> Message:

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from message_history.core.turn_rules import (
-    ANSWERED_KEPT,
     MARKER_GRACE,
     BusyPolicy,
     Decision,
@@ -17,7 +16,6 @@ from message_history.core.turn_rules import (
     busy_decision,
     foreign_pending,
     is_abandoned,
-    keep_answered,
     lagging,
     marker_expires,
     marker_horizons,
@@ -145,16 +143,6 @@ def test_should_mark(marker: TurnMarker | None, request_id: str, expected: bool)
     assert should_mark(marker, request_id) is expected
     after = (marker or TurnMarker()).enriched(request_id)
     assert after == (TurnMarker(pending=request_id, answered=after.answered) if expected else marker)
-
-
-def test_keep_answered_keeps_the_newest_without_repeats() -> None:
-    """The answered list is bounded, ordered oldest first, each id once."""
-    previous = [f"r{i}" for i in range(ANSWERED_KEPT)]
-    kept = keep_answered(previous, ["r1", "new"])
-    assert kept[-1] == "new"
-    assert len(kept) == ANSWERED_KEPT
-    assert len(set(kept)) == len(kept)
-    assert "r0" not in kept
 
 
 @pytest.mark.parametrize(
