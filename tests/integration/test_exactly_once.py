@@ -12,7 +12,9 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,6 +72,54 @@ def _input(turns: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, byt
 def _duplicates(records: list[Record]) -> int:
     """Deliveries beyond the first of each request id."""
     return sum(n - 1 for n in Counter(v["requestId"] for v in values(records)).values())
+
+
+def _request_ids(records: list[Record]) -> set[str]:
+    return {v["requestId"] for v in values(records)}
+
+
+def _seen(want: int) -> Callable[[list[Record]], bool]:
+    return lambda records: len(_request_ids(records)) >= want
+
+
+async def _await_outputs(settings: Settings, *, enriched: int, persisted: int, timeout_s: float = 60) -> None:
+    """Until a read_committed reader sees `enriched` / `persisted` distinct request ids on the outputs."""
+    for topic, want in ((settings.persisted_topic, persisted), (settings.enriched_topic, enriched)):
+        if want:
+            await read_topic(
+                settings.kafka_bootstrap_servers,
+                topic,
+                until=_seen(want),
+                timeout_s=timeout_s,
+                isolation_level=COMMITTED,
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class _Outputs:
+    """What the run left: both output topics as a read_committed reader sees them, the stored rows and (when
+    asked for) the dead letters."""
+
+    enriched: list[Record]
+    persisted: list[Record]
+    rows: list[dict[str, Any]]
+    letters: list[Record]
+
+
+async def _drain_outputs(settings: Settings, *, letters: bool = False) -> _Outputs:
+    """Everything the run left (read once the service stopped, so a late duplicate is seen too)."""
+    bootstrap = settings.kafka_bootstrap_servers
+    enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
+    persisted = await read_all(bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED)
+    rows = await stored_messages(settings)
+    return _Outputs(enriched, persisted, rows, await dead_letters(settings) if letters else [])
+
+
+def _assert_stored_once(rows: list[dict[str, Any]], messages: int) -> None:
+    """`messages` distinct rows, each stored once (upserts)."""
+    counts = Counter(r["id"] for r in rows)
+    assert len(counts) == messages
+    assert set(counts.values()) == {1}
 
 
 @pytest.fixture
@@ -147,43 +197,24 @@ async def test_sigkill_mid_stream_duplicates_only_without_the_mode(
         await produce(bootstrap, settings.responses_topic, responses[half:])
 
         second = _start(settings.model_copy(update={"commit_interval_ms": 100}), tmp_path, service, "second")
-        await read_topic(
-            bootstrap,
-            settings.persisted_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(responses),
-            timeout_s=180,
-            isolation_level=COMMITTED,
-        )
-        await read_topic(
-            bootstrap,
-            settings.enriched_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
-            timeout_s=180,
-            isolation_level=COMMITTED,
-        )
+        await _await_outputs(settings, enriched=len(requests), persisted=len(responses), timeout_s=180)
         second.signal(signal.SIGTERM)
         assert await second.wait(settings.shutdown_grace_s + 5) == 0, second.log()[-3000:]
-        enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
-        persisted = await read_all(
-            bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED
-        )
-        rows = await stored_messages(settings)
+        out = await _drain_outputs(settings)
     finally:
         await drop_database(settings)
 
     # nothing lost, every row stored once (upserts), in both modes
     expected = {request_id(t, n) for t in THREADS for n in range(1, turns + 1)}
-    assert {v["requestId"] for v in values(enriched)} == expected
-    assert len({v["requestId"] for v in values(persisted)}) == len(responses)
-    counts = Counter(r["id"] for r in rows)
-    assert len(counts) == 2 * len(responses)
-    assert set(counts.values()) == {1}
+    assert _request_ids(out.enriched) == expected
+    assert len(_request_ids(out.persisted)) == len(responses)
+    _assert_stored_once(out.rows, 2 * len(responses))
     if guarantee == "exactly-once":
-        assert _duplicates(enriched) == 0
-        assert _duplicates(persisted) == 0
+        assert _duplicates(out.enriched) == 0
+        assert _duplicates(out.persisted) == 0
     else:
         # every output the first instance sent before the kill was sent again after it
-        assert _duplicates(persisted) >= len(values(before)) > 0
+        assert _duplicates(out.persisted) >= len(values(before)) > 0
 
 
 async def _until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
@@ -223,20 +254,7 @@ async def test_a_zombie_instance_cannot_publish(
         zombie.signal(signal.SIGSTOP)
         taker = _start(settings, tmp_path, service, "taker")
         # the taker gets every partition once the zombie's session expired, and redoes all of its work
-        await read_topic(
-            bootstrap,
-            settings.persisted_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(responses),
-            timeout_s=180,
-            isolation_level=COMMITTED,
-        )
-        await read_topic(
-            bootstrap,
-            settings.enriched_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
-            timeout_s=180,
-            isolation_level=COMMITTED,
-        )
+        await _await_outputs(settings, enriched=len(requests), persisted=len(responses), timeout_s=180)
         zombie.signal(signal.SIGCONT)
 
         async def fenced() -> bool:
@@ -247,17 +265,14 @@ async def test_a_zombie_instance_cannot_publish(
             proc.signal(signal.SIGTERM)
         for proc in (zombie, taker):
             assert await proc.wait(settings.shutdown_grace_s + 5) == 0, proc.log()[-3000:]
-        enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
-        persisted = await read_all(
-            bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED
-        )
+        out = await _drain_outputs(settings)
     finally:
         await drop_database(settings)
 
-    assert len({v["requestId"] for v in values(enriched)}) == len(requests)
-    assert len({v["requestId"] for v in values(persisted)}) == len(responses)
-    assert _duplicates(enriched) == 0
-    assert _duplicates(persisted) == 0
+    assert len(_request_ids(out.enriched)) == len(requests)
+    assert len(_request_ids(out.persisted)) == len(responses)
+    assert _duplicates(out.enriched) == 0
+    assert _duplicates(out.persisted) == 0
 
 
 async def test_a_mongodb_outage_mid_transaction_is_retried_without_loss(
@@ -301,27 +316,15 @@ async def test_a_mongodb_outage_mid_transaction_is_retried_without_loss(
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         want = len(threads) * total_turns
-        for topic in (settings.persisted_topic, settings.enriched_topic):
-            await read_topic(
-                bootstrap,
-                topic,
-                until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
-                timeout_s=120,
-                isolation_level=COMMITTED,
-            )
-    enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
-    persisted = await read_all(bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED)
-    rows = await stored_messages(settings)
-    letters = await dead_letters(settings)
+        await _await_outputs(settings, enriched=want, persisted=want, timeout_s=120)
+    out = await _drain_outputs(settings, letters=True)
     await drop_database(settings)
 
     assert any("mongodb" in reason for reason in reasons.values())
-    assert letters == []
-    counts = Counter(r["id"] for r in rows)
-    assert len(counts) == 2 * want
-    assert set(counts.values()) == {1}
-    assert len(values(persisted)) == len({v["requestId"] for v in values(persisted)}) == want
-    assert len(values(enriched)) == len({v["requestId"] for v in values(enriched)}) == want
+    assert out.letters == []
+    _assert_stored_once(out.rows, 2 * want)
+    assert len(out.persisted) == len(_request_ids(out.persisted)) == want
+    assert len(out.enriched) == len(_request_ids(out.enriched)) == want
 
 
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
@@ -492,13 +495,7 @@ async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
     half = len(responses) // 2
 
     async def persisted_at_least(count: int) -> None:
-        await read_topic(
-            bootstrap,
-            settings.persisted_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= count,
-            timeout_s=180,
-            isolation_level=COMMITTED,
-        )
+        await _await_outputs(settings, enriched=0, persisted=count, timeout_s=180)
 
     try:
         await produce(bootstrap, settings.responses_topic, responses[:half])
@@ -511,33 +508,20 @@ async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
         assert await first.wait(10) == -signal.SIGKILL
         await produce(bootstrap, settings.responses_topic, responses[half:])
         third = _start(settings, tmp_path, service, "third")  # joins: another one
-        await persisted_at_least(len(responses))
-        await read_topic(
-            bootstrap,
-            settings.enriched_topic,
-            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(requests),
-            timeout_s=180,
-            isolation_level=COMMITTED,
-        )
+        await _await_outputs(settings, enriched=len(requests), persisted=len(responses), timeout_s=180)
         for proc in (second, third):
             proc.signal(signal.SIGTERM)
         for proc in (second, third):
             assert await proc.wait(settings.shutdown_grace_s + 5) == 0, proc.log()[-3000:]
-        enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
-        persisted = await read_all(
-            bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED
-        )
-        rows = await stored_messages(settings)
+        out = await _drain_outputs(settings)
     finally:
         await drop_database(settings)
 
-    assert len({v["requestId"] for v in values(enriched)}) == len(requests)
-    assert len({v["requestId"] for v in values(persisted)}) == len(responses)
-    assert _duplicates(enriched) == 0
-    assert _duplicates(persisted) == 0
-    counts = Counter(r["id"] for r in rows)
-    assert len(counts) == 2 * len(responses)
-    assert set(counts.values()) == {1}
+    assert len(_request_ids(out.enriched)) == len(requests)
+    assert len(_request_ids(out.persisted)) == len(responses)
+    assert _duplicates(out.enriched) == 0
+    assert _duplicates(out.persisted) == 0
+    _assert_stored_once(out.rows, 2 * len(responses))
 
 
 async def test_a_kafka_outage_mid_stream_aborts_and_retries_without_duplicates(
@@ -584,23 +568,11 @@ async def test_a_kafka_outage_mid_stream_aborts_and_retries_without_duplicates(
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
         want = len(threads) * total_turns
-        for topic in (settings.persisted_topic, settings.enriched_topic):
-            await read_topic(
-                bootstrap,
-                topic,
-                until=lambda rs: len({v["requestId"] for v in values(rs)}) >= want,
-                timeout_s=180,
-                isolation_level=COMMITTED,
-            )
-    enriched = await read_all(bootstrap, settings.enriched_topic, settle_s=0.5, isolation_level=COMMITTED)
-    persisted = await read_all(bootstrap, settings.persisted_topic, settle_s=0.5, isolation_level=COMMITTED)
-    rows = await stored_messages(settings)
-    letters = await dead_letters(settings)
+        await _await_outputs(settings, enriched=want, persisted=want, timeout_s=180)
+    out = await _drain_outputs(settings, letters=True)
     await drop_database(settings)
 
-    assert letters == []
-    counts = Counter(r["id"] for r in rows)
-    assert len(counts) == 2 * want
-    assert set(counts.values()) == {1}
-    assert len(values(persisted)) == len({v["requestId"] for v in values(persisted)}) == want
-    assert len(values(enriched)) == len({v["requestId"] for v in values(enriched)}) == want
+    assert out.letters == []
+    _assert_stored_once(out.rows, 2 * want)
+    assert len(out.persisted) == len(_request_ids(out.persisted)) == want
+    assert len(out.enriched) == len(_request_ids(out.enriched)) == want
