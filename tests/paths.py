@@ -36,6 +36,7 @@ from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, OutputProducer
 from producers.persisted import PersistedPublisher
+from schemas.codec import decode_enriched, decode_persisted
 from storage.memory import InMemoryHistoryStorage
 from storage.protocol import Tombstones
 from storage.sequential import SequentialBatches
@@ -297,6 +298,12 @@ class Paths:
             if not isinstance(result, InvalidInputError):
                 await result
         sent = self.producer.sent[first:]
+        for output in sent:  # every output must be what a worker (or a persisted-event reader) can decode
+            assert output.value is not None
+            if output.topic == self.settings.enriched_topic:
+                decode_enriched(output.value)
+            else:
+                decode_persisted(output.value)
         by_request = {s.event()["requestId"]: s.event() for s in sent}
         outcomes: list[dict[str, Any] | InvalidInputError] = []
         for record, result in zip(records, results, strict=True):
