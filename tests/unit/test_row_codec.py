@@ -14,7 +14,9 @@ from typing import Any
 import bson
 import pytest
 
+from message_history.app.service import open_storage
 from message_history.errors import StartupError
+from message_history.settings import Settings
 from storage import row_codec
 from storage.client import CODEC
 from storage.documents import message_from_doc
@@ -133,3 +135,26 @@ def test_the_fingerprint_follows_the_models(monkeypatch: pytest.MonkeyPatch) -> 
     before = codec_fingerprint()
     monkeypatch.setattr(row_codec, "_KNOWN_PARTS", frozenset({"text", "new-part"}))
     assert codec_fingerprint() != before
+
+
+async def test_the_service_chooses_the_codec_at_start_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`open_storage` (service start-up) selects the codec before connecting: `native` without it stops."""
+    monkeypatch.setattr(row_codec, "_native", lambda: None)
+    with pytest.raises(StartupError, match="not installed"):
+        async with open_storage(Settings(row_codec="native")):
+            pass  # pragma: no cover -- never reached
+    monkeypatch.setattr(row_codec, "_native", lambda: _fake_native("0" * 64))
+    monkeypatch.setattr(row_codec, "_selected", None)
+    with pytest.raises(StartupError, match="built from other models"):
+        async with open_storage(Settings(row_codec="native")):
+            pass  # pragma: no cover -- never reached
+
+
+def test_rows_from_raw_takes_the_reference_when_the_native_module_is_stale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("MESSAGE_HISTORY_ROW_CODEC", "auto")
+    monkeypatch.setattr(row_codec, "_native", lambda: _fake_native("0" * 64))
+    monkeypatch.setattr(row_codec, "_selected", None)  # chosen at first use
+    raws = [bson.encode(doc) for doc in stored_docs(2, 3, THREAD, OWNER)]
+    assert row_codec.rows_from_raw(raws) == rows_from_raw_py(raws)  # not the fake's "native" row
