@@ -375,7 +375,7 @@ def install_native() -> None:
         ).stdout
         sources = sorted(p for p in NATIVE.rglob("*") if p.is_file() and "target" not in p.parts)
         want = digest(ROOT / "deploy" / "build-requirements.txt", *sources, version)
-        stamp = STAMPS / "native-row-codec"
+        stamp = VENV / ".message-history-native-stamp"  # in the venv: a new .venv builds it again
         if stamp_matches(stamp, want):
             skip("built and installed")
             return
