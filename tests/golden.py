@@ -4,8 +4,9 @@ generated threads").
 
 A case (built by tests/golden_cases.py) is plain JSON: settings overrides, stored threads, tombstones, and
 batches of input records (their exact value bytes). `run_case` plays it through tests/paths.py (the real
-handlers, the in-memory storage, recording publishers) and returns what came out: per batch the records sent
-(topic, key, value bytes, headers) and the dead letters (error type, message, retriable), then the busy
+handlers, the in-memory storage unless given another, recording publishers) and returns what came out: per
+batch the records sent (topic, key, value bytes, headers; grouped by key, each key's in send order: across
+threads the order is no promise) and the dead letters (error type, message, retriable), then the busy
 markers answered and every touched thread as stored (the thread and its rows as `mastra_messages` documents,
 `storage.save_plan.message_write`).
 
@@ -39,6 +40,7 @@ import schemas.messages
 from message_history.errors import InvalidInputError, MessageHistoryError
 from message_history.settings import Settings
 from schemas.messages import Message, format_timestamp
+from storage.protocol import BatchHistoryStorage
 from storage.save_plan import message_write
 from tests.paths import FakeRecord, Paths
 
@@ -109,8 +111,8 @@ def _document(row: Message, thread_id: str) -> dict[str, Any]:
     return doc
 
 
-async def _play(case: dict[str, Any]) -> dict[str, Any]:
-    paths = Paths(settings_of(case.get("settings", {})))
+async def _play(case: dict[str, Any], storage: BatchHistoryStorage | None = None) -> dict[str, Any]:
+    paths = Paths(settings_of(case.get("settings", {})), storage)
     threads: dict[str, None] = {}
     for stored in case.get("stored", []):
         thread_id = stored["thread"]
@@ -163,7 +165,8 @@ async def _play(case: dict[str, Any]) -> dict[str, Any]:
                 "value": pack(s.value),
                 "headers": [[k, pack(v)] for k, v in s.headers],
             }
-            for s in paths.producer.sent[first:]
+            # per thread in send order; across threads the order is no promise (threads run concurrently)
+            for s in sorted(paths.producer.sent[first:], key=lambda s: s.key or b"")
         ]
         batches.append(out)
 
@@ -197,9 +200,12 @@ def run_case(case: dict[str, Any], *, now: datetime = FROZEN_NOW) -> dict[str, A
         return asyncio.run(_play(case))
 
 
-async def run_case_async(case: dict[str, Any], *, now: datetime = FROZEN_NOW) -> dict[str, Any]:
+async def run_case_async(
+    case: dict[str, Any], storage: BatchHistoryStorage | None = None, *, now: datetime = FROZEN_NOW
+) -> dict[str, Any]:
+    """`run_case` inside a running loop, over `storage` (an empty one) when given."""
     with frozen_clock(now):
-        return await _play(case)
+        return await _play(case, storage)
 
 
 # --- the file ----------------------------------------------------------------------------------------
@@ -261,6 +267,14 @@ def first_difference(expected: Any, got: Any, where: str = "") -> str | None:
     if expected != got or type(expected) is not type(got):
         return f"{where}: {expected!r} -> {got!r}"
     return None
+
+
+def summary(differing: Sequence[tuple[str, str]], total: int) -> str:
+    """A failed replay, readably: how many cases differ, the first one and where, and the next few ids."""
+    case_id, where = differing[0]
+    others = ", ".join(c for c, _ in differing[1:11]) + (" ..." if len(differing) > 11 else "")
+    text = f"{len(differing)} of {total} golden cases differ; first: {case_id}\n  at {where}"
+    return text + (f"\nalso: {others}" if others else "")
 
 
 def record() -> int:
