@@ -38,7 +38,7 @@ from producers.output import Headers, OutputProducer
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_enriched, decode_persisted
 from storage.memory import InMemoryHistoryStorage
-from storage.protocol import Tombstones
+from storage.protocol import BatchHistoryStorage, HistoryStorage, Tombstones
 from storage.sequential import SequentialBatches
 
 T0 = datetime(2025, 1, 1, 11, 0, tzinfo=UTC)
@@ -243,13 +243,14 @@ class Batch:
 class Paths:
     """The two paths over one in-memory storage, with recording publishers, tombstones and busy markers."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(self, settings: Settings | None = None, storage: BatchHistoryStorage | None = None) -> None:
+        """`storage`: the in-memory one unless given (the MongoDB storage, for a test against the server)."""
         self.settings = settings or Settings()
-        self.storage = InMemoryHistoryStorage()
+        self.storage: HistoryStorage = storage or InMemoryHistoryStorage()
         self.producer = RecordingProducer()
         self.tombstones = RecordedTombstones()
         self.markers = RecordedMarkers()
-        batches = SequentialBatches(self.storage)
+        batches = storage or SequentialBatches(self.storage)
         self.recall_handler = RecallHandler(
             self.settings, batches, EnrichedPublisher(self.producer, self.settings.enriched_topic)
         )
