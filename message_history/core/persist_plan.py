@@ -37,18 +37,31 @@ def plan_persist(response: AgentResponse) -> PersistNeeds:
     continues the thread's latest assistant message (a redelivered turn whose user message is stored already
     may too: a plan miss)."""
     own_input = [m for m in response.input if m.source != "memory"]
-    legacy = legacy_ids(
-        response.resourceId,
-        response.threadId,
-        response.requestId,
-        [("input", response.input), ("response", response.response)],
-    )
+    legacy: dict[str, str] = {}
+    if any(_may_be_derived(m.id) for m in (*response.input, *response.response)):
+        legacy = legacy_ids(
+            response.resourceId,
+            response.threadId,
+            response.requestId,
+            [("input", response.input), ("response", response.response)],
+        )
     ids = [m.id for m in own_input if m.id] + [m.id for m in response.response if m.id]
     return PersistNeeds(
         thread_id=response.threadId,
         lookup_ids=tuple(dict.fromkeys([*ids, *legacy.values()])),
         latest=not any(m.role == "user" for m in own_input),
         legacy=legacy,
+    )
+
+
+def _may_be_derived(message_id: str | None) -> bool:
+    """Whether `message_id` has the shape of a derived id (a UUIDv5's text): only then can it have a legacy
+    id, and deriving the candidates (a UUIDv5 per message) is worth its cost."""
+    return (
+        message_id is not None
+        and len(message_id) == 36
+        and message_id[14] == "5"
+        and message_id[8] == message_id[13] == message_id[18] == message_id[23] == "-"
     )
 
 

@@ -116,6 +116,24 @@ PLAN_CASES = [
 ]
 
 
+def test_only_an_id_shaped_as_a_derived_one_looks_for_a_legacy_id() -> None:
+    """The UUIDv5-shape shortcut never hides a derived id (every position and kind of a long event)."""
+    input_ids = [_derived("input", i) for i in range(5)]
+    reply_ids = [_derived("response", i) for i in range(5)]
+    event = response(
+        "q",
+        [msg(i, t=1) for i in input_ids],
+        [msg(i, "assistant", t=2) for i in reply_ids],
+        thread="t",
+        resource="r",
+    )
+    legacy = plan_persist(event).legacy
+    assert legacy == {
+        **{i: legacy_message_id("q", "input", n) for n, i in enumerate(input_ids)},
+        **{i: legacy_message_id("q", "response", n) for n, i in enumerate(reply_ids)},
+    }
+
+
 @pytest.mark.parametrize(("event", "needs"), PLAN_CASES)
 def test_plan_persist(event: AgentResponse, needs: PersistNeeds) -> None:
     assert plan_persist(event) == needs
