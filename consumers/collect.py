@@ -1,127 +1,181 @@
-"""The persist path's storage stand-in: every turn of a batch recorded, then written with one `save_many`.
+"""The persist path's batch reads and its write-only batch buffer (issue 25).
 
-`CollectingHistory` answers `get_thread` from one `get_threads` prefetch plus what earlier turns of the
-same batch created, records each `save_messages` as a `SaveTurn` instead of writing, and then `flush()`
-writes every turn with one `save_many`. Turns of one thread must be run in batch order (the lanes do), so
-that the second turn of a thread sees the thread the first one creates, and a turn from another resource
-is refused as the storage would refuse it.
+`load_batch` reads what a batch's read plan (`core.persist_plan.BatchNeeds`) says, in one round trip of
+concurrent queries: the threads, the stored copies of the ids the turns may save (in their own threads
+only), the newest row of the threads whose turns may continue it, and, on MongoDB, the homes of those ids
+(where each is stored, for the ownership check of the write), so the write reads nothing again.
+
+`PersistBuffer` takes each turn's write (or its skip) in batch order, answers the rules' reads from what was
+loaded plus what earlier turns of the batch write (read-your-writes: the second turn of a thread sees the
+thread and rows the first one writes), and is flushed once with one `save_many`. Its state is explicit:
+collecting -> flushing -> done | failed. Every turn's result (the thread as written, or the write's
+ownership refusal) is final when `flush` returns. A read the plan did not foresee is made, counted
+(`message_history_plan_misses_total{path="persist"}`) and logged at INFO.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import logging
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol, runtime_checkable
 
+from message_history import metrics
+from message_history.core.persist_plan import BatchNeeds
 from message_history.errors import ThreadOwnershipError
 from schemas.messages import Message
 from storage.protocol import BatchHistoryStorage, MessageLookup, RecallQuery, SaveTurn, Thread
+from storage.save_plan import SaveReads
+
+log = logging.getLogger(__name__)
+
+PATH = "persist"
+
+
+@runtime_checkable
+class ReadsForSaves(Protocol):
+    """A storage whose `save_many` can take its reads from the batch's load (`MongoHistoryStorage`)."""
+
+    async def read_for_saves(
+        self, thread_ids: Collection[str], message_ids: Collection[str]
+    ) -> SaveReads: ...
+
+    async def save_many(
+        self, turns: Sequence[SaveTurn], *, reads: SaveReads | None = None
+    ) -> list[Thread | ThreadOwnershipError]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A batch's reads: `threads` (stored, by id), `copies` by (thread, id), the ids `looked_up`, the
+    `latest` row of the planned threads (None: the thread has none), and `save_reads` for the write."""
+
+    threads: dict[str, Thread]
+    copies: dict[tuple[str, str], Message]
+    looked_up: frozenset[str]
+    latest: dict[str, Message | None]
+    save_reads: SaveReads | None = None
+
+    def copy(self, thread_id: str, message_id: str) -> Message | None:
+        """The stored copy of `message_id` in `thread_id`, if it was loaded and exists."""
+        return self.copies.get((thread_id, message_id))
+
+
+async def load_batch(storage: BatchHistoryStorage, needs: BatchNeeds) -> Loaded:
+    """Read `needs` with concurrent queries (one round trip); the stored copies only on a storage with the
+    lookup by id (without one, a turn meets no stored copies, only the newest row)."""
+    lookup = list(needs.lookup_ids) if isinstance(storage, MessageLookup) else []
+    newest_of = list(needs.latest_of)
+
+    async def threads() -> tuple[dict[str, Thread], SaveReads | None]:
+        if isinstance(storage, ReadsForSaves):
+            reads = await storage.read_for_saves(needs.thread_ids, needs.lookup_ids)
+            return dict(reads.threads), reads
+        return (await storage.get_threads(list(needs.thread_ids)) if needs.thread_ids else {}), None
+
+    async def copies() -> list[Message]:
+        if not lookup or not isinstance(storage, MessageLookup):
+            return []
+        return await storage.get_messages(lookup, thread_ids=needs.thread_ids)
+
+    async def latest() -> dict[str, list[Message]]:
+        if not newest_of:
+            return {}
+        return await storage.list_messages_many([RecallQuery(t, None, 1) for t in newest_of])
+
+    (stored, save_reads), rows, newest = await asyncio.gather(threads(), copies(), latest())
+    latest_rows = {t: next(iter(newest.get(t, [])), None) for t in newest_of}
+    if save_reads is not None:
+        save_reads = save_reads.known_homes([m for m in latest_rows.values() if m is not None])
+    return Loaded(
+        threads=stored,
+        copies={(m.threadId, m.id): m for m in rows if m.id and m.threadId},
+        looked_up=frozenset(lookup),
+        latest=latest_rows,
+        save_reads=save_reads,
+    )
+
+
+class BufferState(enum.Enum):
+    COLLECTING = "collecting"
+    FLUSHING = "flushing"
+    DONE = "done"
+    FAILED = "failed"
 
 
 @dataclass(slots=True)
-class CollectedTurn:
-    """A `save_messages` call recorded for the batch write; `result` is set by `flush()`."""
+class Slot:
+    """One turn's place in the buffer: its write (None for a turn that writes nothing) and, once the buffer
+    is done, its `result`: the thread as written (for a skipped turn: as the batch leaves it, None when it
+    does not exist), or the write's ownership refusal."""
 
-    turn: SaveTurn
+    order: int
+    thread_id: str
+    turn: SaveTurn | None
     result: Thread | ThreadOwnershipError | None = None
-    order: int = 0  # the turn's place in the batch: `flush` writes in batch order, not in completion order
 
 
-class CollectingHistory:
-    """Records a batch's saves and writes them with one `save_many`; reads come from one prefetch."""
+@dataclass(slots=True)
+class PersistBuffer:
+    """A batch's writes, collected in batch order per thread and written with one `save_many`."""
 
-    def __init__(
-        self, storage: BatchHistoryStorage, threads: dict[str, Thread], known: Iterable[str]
-    ) -> None:
-        self._storage = storage
-        self._threads = threads  # stored threads, then overlaid by this batch's saves
-        self._known = set(known)
-        self.turns: list[CollectedTurn] = []
-        self.misses = 0
-        # For the tool-state merge: stored copies by (thread, id) and each thread's newest row, overlaid by
-        # the saves. Keyed by thread: a turn sees only its own thread's copies (never another tenant's).
-        self._by_id: dict[tuple[str, str], Message] = {}
-        self._looked_up: set[str] = set()
-        self._latest: dict[str, Message | None] = {}
+    storage: BatchHistoryStorage
+    loaded: Loaded
+    state: BufferState = BufferState.COLLECTING
+    slots: list[Slot] = field(default_factory=list)
+    # what this batch writes, overlaid on the loaded reads: created threads, rows by (thread, id), newest rows
+    _threads: dict[str, Thread] = field(default_factory=dict)
+    _rows: dict[tuple[str, str], Message] = field(default_factory=dict)
+    _newest: dict[str, Message] = field(default_factory=dict)
 
-    @classmethod
-    async def load(
-        cls,
-        storage: BatchHistoryStorage,
-        thread_ids: Iterable[str],
-        message_ids: Iterable[str] = (),
-        latest_of: Iterable[str] = (),
-    ) -> CollectingHistory:
-        """Prefetch the threads and, for the tool-state merge, the stored copies of `message_ids` in those
-        threads and the newest row of the `latest_of` threads (turns without user input): concurrent
-        queries, one round trip."""
-        ids = list(dict.fromkeys(thread_ids))
-        merges = isinstance(storage, MessageLookup)  # the tool-state merge needs the stored copies by id
-        lookup = list(dict.fromkeys(message_ids)) if merges else []
-        newest_of = list(dict.fromkeys(latest_of)) if merges else []  # even when no id is to be looked up
+    # --- reads, from the load and the batch's own writes ----------------------------------------------
 
-        async def copies() -> list[Message]:
-            if not lookup or not isinstance(storage, MessageLookup):
-                return []
-            return await storage.get_messages(lookup, thread_ids=ids)
+    def thread(self, thread_id: str) -> Thread | None:
+        """The thread as the batch has it: created by an earlier turn, or stored."""
+        return self._threads.get(thread_id) or self.loaded.threads.get(thread_id)
 
-        async def latest() -> dict[str, list[Message]]:
-            if not newest_of:
-                return {}
-            return await storage.list_messages_many([RecallQuery(t, None, 1) for t in newest_of])
+    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> list[Message]:
+        """The copies of `message_ids` in `thread_id`: written by the batch, or stored."""
+        unplanned = [
+            i for i in message_ids if i not in self.loaded.looked_up and (thread_id, i) not in self._rows
+        ]
+        stored: dict[str, Message] = {}
+        if unplanned and isinstance(self.storage, MessageLookup):
+            _miss("stored copies", thread_id)
+            stored = {
+                m.id: m for m in await self.storage.get_messages(unplanned, thread_ids=(thread_id,)) if m.id
+            }
+        out: list[Message] = []
+        for message_id in message_ids:
+            row = self._rows.get((thread_id, message_id)) or self.loaded.copy(thread_id, message_id)
+            row = row or stored.get(message_id)
+            if row is not None:
+                out.append(row)
+        return out
 
-        threads, rows, newest = await asyncio.gather(
-            storage.get_threads(ids) if ids else _no_threads(), copies(), latest()
-        )
-        batch = cls(storage, dict(threads), ids)
-        batch._by_id = {(m.threadId, m.id): m for m in rows if m.id and m.threadId}
-        batch._looked_up = set(lookup)
-        batch._latest = {t: next(iter(newest.get(t, [])), None) for t in newest_of}
-        return batch
+    async def latest(self, thread_id: str) -> Message | None:
+        """The thread's newest row, the batch's writes included."""
+        if thread_id in self.loaded.latest:
+            stored = self.loaded.latest[thread_id]
+        else:
+            _miss("the newest row", thread_id)
+            rows = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
+            stored = rows[0] if rows else None
+        written = self._newest.get(thread_id)
+        if written is None or (stored is not None and not _newer(written, stored)):
+            return stored
+        return written
 
-    def stored(self, thread_id: str, message_id: str) -> Message | None:
-        """The prefetched (or batch-saved) copy of `message_id` in `thread_id`, if any."""
-        return self._by_id.get((thread_id, message_id))
+    # --- writes ---------------------------------------------------------------------------------------
 
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
-        cached = thread_ids is not None and set(thread_ids) <= self._known
-        if cached and thread_ids is not None and set(message_ids) <= self._looked_up:
-            return [m for t in thread_ids for i in message_ids if (m := self._by_id.get((t, i))) is not None]
-        if not isinstance(self._storage, MessageLookup):
-            return []  # a storage without lookup: no stored copies known, turns are saved as they come
-        self.misses += 1
-        return await self._storage.get_messages(message_ids, thread_ids=thread_ids)
-
-    async def latest(self, thread_id: str) -> list[Message]:
-        if thread_id in self._latest:
-            row = self._latest[thread_id]
-            return [row] if row is not None else []
-        self.misses += 1
-        return await self._storage.list_messages(thread_id, resource_id=None, limit=1)
-
-    def for_turn(self, order: int = 0) -> TurnStorage:
-        """A `HistoryStorage` for one turn (the `order`-th of the batch): its save (at most one) is recorded
-        as that turn's."""
-        return TurnStorage(self, order)
-
-    async def get_thread(self, thread_id: str) -> Thread | None:
-        if thread_id in self._known:
-            return self._threads.get(thread_id)
-        self.misses += 1
-        thread = await self._storage.get_thread(thread_id)
-        self._known.add(thread_id)
-        if thread is not None:
-            self._threads[thread_id] = thread
-        return thread
-
-    def record(
-        self, *, thread_id: str, resource_id: str, messages: Sequence[Message], order: int = 0
-    ) -> CollectedTurn:
-        """Record a save; refuses a thread owned by another resource (stored, or created in this batch)."""
-        thread = self._threads.get(thread_id)
+    def write(self, order: int, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Slot:
+        """Take a turn's write; refuses a thread owned by another resource (stored, or created in this
+        batch) with `ThreadOwnershipError`, as the write itself would."""
+        self._collecting()
+        thread = self.thread(thread_id)
         if thread is not None and thread.resourceId and thread.resourceId != resource_id:
             raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
         if thread is None:
@@ -130,80 +184,87 @@ class CollectingHistory:
             self._threads[thread_id] = Thread(
                 id=thread_id, resourceId=resource_id, createdAt=now, updatedAt=now
             )
-        collected = CollectedTurn(
-            SaveTurn(thread_id=thread_id, resource_id=resource_id, messages=messages), order=order
+        slot = Slot(
+            order, thread_id, SaveTurn(thread_id=thread_id, resource_id=resource_id, messages=messages)
         )
-        self.turns.append(collected)
+        self.slots.append(slot)
         self._overlay(thread_id, messages)
-        return collected
+        return slot
+
+    def skip(self, order: int, thread_id: str) -> Slot:
+        """Take a turn that writes nothing: its result is its thread as the batch leaves it."""
+        self._collecting()
+        slot = Slot(order, thread_id, None)
+        self.slots.append(slot)
+        return slot
+
+    def _collecting(self) -> None:
+        if self.state is not BufferState.COLLECTING:
+            raise RuntimeError(f"the persist buffer takes no writes once {self.state.value}")
 
     def _overlay(self, thread_id: str, messages: Sequence[Message]) -> None:
         """Later turns of the batch see this turn's rows as stored (first `createdAt` kept, as upserts do)."""
         for message in messages:
             if message.id is None:
                 continue
-            earlier = self._by_id.get((thread_id, message.id))
+            earlier = self._rows.get((thread_id, message.id)) or self.loaded.copy(thread_id, message.id)
             row = message
             if earlier is not None and earlier.createdAt is not None:
                 row = message.model_copy(update={"createdAt": earlier.createdAt})
-            self._by_id[(thread_id, message.id)] = row
-            self._looked_up.add(message.id)
-            if thread_id in self._latest:
-                current = self._latest[thread_id]
-                if current is None or _newer(row, current):
-                    self._latest[thread_id] = row
+            self._rows[(thread_id, message.id)] = row
+            newest = self._newest.get(thread_id)
+            if newest is None or _newer(row, newest):
+                self._newest[thread_id] = row
+
+    # --- the flush ------------------------------------------------------------------------------------
 
     async def flush(self) -> None:
-        """Write every recorded turn with one `save_many`; each turn gets its result."""
-        if not self.turns:
-            return
-        # Batch order, so that of two threads' turns carrying one message id the later record is the one
-        # refused (threads run concurrently; one thread's turns are recorded in order; the sort is stable).
-        self.turns.sort(key=lambda c: c.order)
-        results = await self._storage.save_many([c.turn for c in self.turns])
-        if len(results) != len(self.turns):
-            raise RuntimeError(f"save_many returned {len(results)} results for {len(self.turns)} turns")
-        for collected, result in zip(self.turns, results, strict=True):
-            collected.result = result
+        """Write every taken turn with one `save_many` (in batch order, so that of two threads' turns
+        carrying one id the later is the one refused); then every slot has its final result."""
+        self._collecting()
+        self.state = BufferState.FLUSHING
+        self.slots.sort(key=lambda s: s.order)  # threads run concurrently; one thread's turns come in order
+        writes = [s for s in self.slots if s.turn is not None]
+        try:
+            results = await self._save([s.turn for s in writes if s.turn is not None])
+        except BaseException:
+            self.state = BufferState.FAILED  # an outage: the batch is retried, with a new buffer
+            raise
+        if len(results) != len(writes):
+            self.state = BufferState.FAILED
+            raise RuntimeError(f"save_many returned {len(results)} results for {len(writes)} turns")
+        for slot, result in zip(writes, results, strict=True):
+            slot.result = result
+        last: dict[str, Thread] = {}
+        for slot in self.slots:
+            if isinstance(slot.result, Thread):
+                last[slot.thread_id] = slot.result
+            elif slot.turn is None:
+                slot.result = last.get(slot.thread_id) or self.loaded.threads.get(slot.thread_id)
+        self.state = BufferState.DONE
+
+    async def _save(self, turns: list[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        if not turns:
+            return []
+        reads = self.loaded.save_reads
+        if reads is not None and isinstance(self.storage, ReadsForSaves):
+            threads, ids = reads.missing(turns)
+            if threads or ids:
+                _miss(
+                    f"{len(threads)} threads and {len(ids)} message homes for the write",
+                    threads[:1] or ids[:1],
+                )
+            return await self.storage.save_many(turns, reads=reads)
+        return await self.storage.save_many(turns)
 
 
-class TurnStorage:
-    """One turn's view of a `CollectingHistory`: reads are shared, the save is remembered as `saved`."""
-
-    def __init__(self, batch: CollectingHistory, order: int = 0) -> None:
-        self._batch = batch
-        self._order = order
-        self.saved: CollectedTurn | None = None
-
-    async def get_thread(self, thread_id: str) -> Thread | None:
-        return await self._batch.get_thread(thread_id)
-
-    async def list_messages(
-        self, thread_id: str, *, resource_id: str | None, limit: int | None
-    ) -> list[Message]:
-        if limit != 1 or resource_id is not None:
-            raise RuntimeError("the persist path reads only a thread's newest row")  # a programming error
-        return await self._batch.latest(thread_id)
-
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
-        return await self._batch.get_messages(message_ids, thread_ids=thread_ids)
-
-    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
-        self.saved = self._batch.record(
-            thread_id=thread_id, resource_id=resource_id, messages=messages, order=self._order
-        )
-        thread = await self._batch.get_thread(thread_id)
-        assert thread is not None  # just recorded
-        return thread
+def _miss(what: str, where: Iterable[str] | str) -> None:
+    """A read the batch's plan did not foresee: counted and logged, then made."""
+    metrics.PLAN_MISSES.labels(path=PATH).inc()
+    log.info("persist plan miss: %s (%s) read after the batch's load", what, where)
 
 
 def _newer(message: Message, than: Message) -> bool:
     if message.createdAt is None or than.createdAt is None:
         return False
     return (message.createdAt, message.id or "") > (than.createdAt, than.id or "")
-
-
-async def _no_threads() -> dict[str, Thread]:
-    return {}

@@ -1,14 +1,15 @@
 """The persist path's batch handler: `agent.responses` in, MongoDB written, `agent.history.persisted` out.
 
-Per batch: decode every record (a bad one, or one not keyed by its `threadId`, is a dead letter), prefetch the
-batch's threads and stored copies (one round trip; the copies of the turns' own threads only, and, for ids the
-service derived, the copy under the pre-0.1.0 id, which the turn then keeps: `_keep_legacy_ids`), run
-`MessageHistory.persist_turn` per response against a collecting storage (responses of one thread in batch
-order), write every collected turn with one `save_many`, and only then send one `HistoryPersisted` per
-response. A turn refused for ownership (its thread's, or a message id stored in another thread), by the
-collector or by `save_many`, is a dead letter. With
-busy markers (`storage/turns.py`), one more bulk write after `save_many` records the batch's turns as
-answered, beside the `HistoryPersisted` sends and part of their acknowledgements.
+Named steps per batch (issue 25): **decode** every record (a bad one, or one not keyed by its `threadId`, is
+a dead letter; forgotten turns set aside), **load** what the batch's read plan says (`core.persist_plan`:
+threads, stored copies, newest rows, and on MongoDB the homes the write's ownership check needs, one round
+trip; the copy under a pre-0.1.0 id is kept by the turn: `_keep_legacy_ids`), decide **per thread** with the
+same decision functions as `MessageHistory.persist_turn` (responses of one thread in batch order), **write**
+the batch buffer (`consumers.collect.PersistBuffer`, one `save_many`; every outcome final when it returns),
+and **emit** one `HistoryPersisted` per response. A turn refused for ownership (its thread's, or a message
+id stored in another thread), by the decision or by the write, is a dead letter. With busy markers
+(`storage/turns.py`), one more bulk write after the flush records the batch's turns as answered, beside the
+`HistoryPersisted` sends and part of their acknowledgements.
 """
 
 from __future__ import annotations
@@ -16,22 +17,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Sequence, Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Protocol
 
-from consumers.collect import CollectedTurn, CollectingHistory
+from consumers.collect import Loaded, PersistBuffer, Slot, load_batch
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
 from consumers.lanes import Failed
 from message_history import metrics, tracing
-from message_history.core.rules import SOURCE_FIELD, select_for_persistence
+from message_history.core.persist_plan import (
+    batch_needs,
+    merged,
+    needs_latest,
+    plan_persist,
+    stored_copies,
+    turn_write,
+)
+from message_history.core.rules import SOURCE_FIELD, SkipReason, select_for_persistence
 from message_history.errors import InvalidInputError
-from message_history.processor import MessageHistory, PersistOutcome
+from message_history.processor.history import check_owner
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response, keyed_by_thread
 from schemas.events import AgentResponse, HistoryPersisted, TurnMessage
-from schemas.ids import legacy_ids
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
@@ -53,9 +61,12 @@ class _Item:
 
 @dataclass(frozen=True, slots=True)
 class _Done:
-    outcome: PersistOutcome
-    saved: CollectedTurn | None  # this turn's write
-    before: CollectedTurn | None  # the latest earlier write to the same thread in this batch
+    """A turn's decision: the ids it saves (in save order) or why it saves nothing, and its buffer slot,
+    whose result (the thread as written, or the write's refusal) is final once the buffer is flushed."""
+
+    saved_ids: list[str]
+    skipped: SkipReason | None
+    slot: Slot
 
 
 def _read_only(response: AgentResponse) -> bool:
@@ -106,43 +117,50 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
-        batch = await self._load(items)
-        last_write: dict[str, CollectedTurn] = {}
+        buffer = PersistBuffer(self.storage, await self._load(items))
 
-        async def persist(entry: tuple[int, _Item]) -> _Done:
-            response = entry[1].response
-            spans.identify(entry[0], response.requestId)
-            turn = batch.for_turn(entry[0])
-            before = last_write.get(response.threadId)
-            outcome = await MessageHistory(storage=turn).persist_turn(
-                thread_id=response.threadId,
-                resource_id=response.resourceId,
-                input=turn_input(response),
-                response=response.response,
-                finish_reason=response.finishReason,
-                read_only=_read_only(response),
-            )
-            if turn.saved is not None:
-                last_write[response.threadId] = turn.saved
-            return _Done(outcome, turn.saved, before)
+        async def decide(entry: tuple[int, _Item]) -> _Done:
+            spans.identify(entry[0], entry[1].response.requestId)
+            return await _decide(buffer, entry[0], entry[1].response)
 
-        outcomes = await self.per_thread(items, lambda item: item.response.threadId, persist)
-        await batch.flush()  # the one bulk write; an outage raises here and the batch is retried
+        outcomes = await self.per_thread(items, lambda item: item.response.threadId, decide)
+        await buffer.flush()  # the one bulk write; an outage raises here and the batch is retried
         marks = self._mark_answered(items, outcomes, forgotten)
-        written = time.perf_counter()
-        metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(written - decoded)
+        metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(time.perf_counter() - decoded)
 
-        for index, item in forgotten:  # after the write, as every outcome: a retried batch sends them once
+        await self._emit(results, items, outcomes, forgotten, marks, spans)
+        done = [r for r in results if r is not None]
+        assert len(done) == len(records)  # every record persisted, skipped or refused
+        return done
+
+    async def _load(self, items: Sequence[tuple[int, _Item]]) -> Loaded:
+        """What the batch's read plan says, in one round trip; each response then keeps the pre-0.1.0 ids
+        its thread already stores."""
+        needs = [plan_persist(item.response) for _, item in items]
+        loaded = await load_batch(self.storage, batch_needs(needs))
+        for (_, item), need in zip(items, needs, strict=True):
+            _keep_legacy_ids(item.response, need.legacy, loaded)
+        return loaded
+
+    async def _emit(
+        self,
+        results: list[Ack | InvalidInputError | None],
+        items: Sequence[tuple[int, _Item]],
+        outcomes: Sequence[_Done | Failed],
+        forgotten: Sequence[tuple[int, _Item]],
+        marks: asyncio.Future[None] | None,
+        spans: tracing.BatchSpans,
+    ) -> None:
+        """One `HistoryPersisted` per response (or its dead letter), into `results`; after the write, as
+        every outcome: a retried batch sends them once."""
+        for index, item in forgotten:
             ack = await self._answer_forgotten(index, item, spans)
             results[index] = ack if marks is None else ack_after(marks, ack)
         labels: list[str] = []
         for (index, item), outcome in zip(items, outcomes, strict=True):
-            if isinstance(outcome, Failed):
-                assert isinstance(outcome.error, InvalidInputError)
-                results[index] = outcome.error
-                spans.fail(index, outcome.error)
-                continue
-            event = self._persisted(item.response, outcome)
+            event = (
+                _failed(outcome) if isinstance(outcome, Failed) else self._persisted(item.response, outcome)
+            )
             if isinstance(event, InvalidInputError):
                 results[index] = event
                 spans.fail(index, event)
@@ -153,30 +171,19 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             results[index] = ack if marks is None else ack_after(marks, ack)
             labels.append("persisted" if event.skipped is None else f"skipped-{event.skipped}")
         _count_outcomes(labels)
-        done = [r for r in results if r is not None]
-        assert len(done) == len(records)  # every record persisted, skipped or refused
-        return done
 
-    async def _load(self, items: Sequence[tuple[int, _Item]]) -> CollectingHistory:
-        """The batch's threads, and the stored copies the tool-state merge needs, in one round trip."""
-        # stored copies: of what may be saved (recalled messages never are, docs/rules.md#r6)
-        message_ids = [
-            m.id for _, item in items for m in item.response.input if m.id and m.source != "memory"
-        ]
-        message_ids += [m.id for _, item in items for m in item.response.response if m.id]
-        no_user_input = [
-            item.response.threadId
-            for _, item in items
-            if not any(m.role == "user" and m.source != "memory" for m in item.response.input)
-        ]
-        legacy = [(item.response, _legacy_ids(item.response)) for _, item in items]
-        message_ids += [old for _, ids in legacy for old in ids.values()]
-        batch = await CollectingHistory.load(
-            self.storage, [item.response.threadId for _, item in items], message_ids, no_user_input
+    @staticmethod
+    def _persisted(response: AgentResponse, done: _Done) -> HistoryPersisted | InvalidInputError:
+        """The outcome event, from the flushed buffer: the thread as written, or the write's refusal."""
+        result = done.slot.result
+        if isinstance(result, InvalidInputError):
+            return result  # ThreadOwnershipError found by the write itself
+        return HistoryPersisted.for_response(
+            response,
+            saved_ids=done.saved_ids,
+            skipped=done.skipped,
+            thread_updated_at=result.updatedAt if isinstance(result, Thread) else None,
         )
-        for response, ids in legacy:
-            _keep_legacy_ids(response, ids, batch)
-        return batch
 
     def _mark_answered(
         self,
@@ -254,46 +261,46 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             (forgotten if gone else kept).append(entry)
         return kept, forgotten
 
-    @staticmethod
-    def _persisted(response: AgentResponse, done: _Done) -> HistoryPersisted | InvalidInputError:
-        """The outcome event, from what `save_many` reported (or, when skipped, the thread as it stands)."""
-        outcome = done.outcome
-        if done.saved is not None:
-            result = done.saved.result
-            if isinstance(result, InvalidInputError):
-                return result  # ThreadOwnershipError found by the write itself
-            assert result is not None  # flushed
-            return HistoryPersisted.for_response(
-                response, saved_ids=outcome.saved_ids, skipped=None, thread_updated_at=result.updatedAt
-            )
-        thread = outcome.thread
-        if done.before is not None and isinstance(done.before.result, Thread):
-            thread = done.before.result  # an earlier turn of this batch wrote the thread: as written
-        return HistoryPersisted.for_response(
-            response,
-            saved_ids=[],
-            skipped=outcome.skipped,
-            thread_updated_at=thread.updatedAt if thread is not None else None,
-        )
 
-
-def _legacy_ids(response: AgentResponse) -> dict[str, str]:
-    """The response's ids derived by the service (messages that came without one) -> their pre-0.1.0 ids."""
-    return legacy_ids(
-        response.resourceId,
-        response.threadId,
-        response.requestId,
-        [("input", response.input), ("response", response.response)],
+async def _decide(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done:
+    """One turn, as `MessageHistory.persist_turn` decides it (the same rules and decision functions), from
+    the batch's reads: the turn's write, or why it writes nothing, taken by the buffer. Refuses a thread
+    owned by another resource (`ThreadOwnershipError`)."""
+    thread_id, resource_id = response.threadId, response.resourceId
+    decision = select_for_persistence(
+        turn_input(response),
+        response.response,
+        finish_reason=response.finishReason,
+        read_only=_read_only(response),
+        has_thread=True,
     )
+    if decision.skipped is not None:
+        check_owner(buffer.thread(thread_id), thread_id, resource_id)
+        return _Done([], decision.skipped, buffer.skip(order, thread_id))
+    write = turn_write(decision, thread_id=thread_id, owner=resource_id, response=response.response)
+    ids = [m.id for m in write.messages if m.id is not None]
+    stored = stored_copies(write, await buffer.copies(thread_id, ids), thread_id)
+    latest = await buffer.latest(thread_id) if needs_latest(write, stored) else None
+    to_save = merged(write, stored, latest)
+    if not to_save:
+        check_owner(buffer.thread(thread_id), thread_id, resource_id)
+        return _Done([], "nothing-to-save", buffer.skip(order, thread_id))
+    slot = buffer.write(order, thread_id=thread_id, resource_id=resource_id, messages=to_save)
+    return _Done([m.id for m in to_save if m.id is not None], None, slot)
 
 
-def _keep_legacy_ids(response: AgentResponse, ids: dict[str, str], batch: CollectingHistory) -> None:
+def _failed(outcome: Failed) -> InvalidInputError:
+    assert isinstance(outcome.error, InvalidInputError)  # per_thread fails a turn only with a refusal
+    return outcome.error
+
+
+def _keep_legacy_ids(response: AgentResponse, ids: Mapping[str, str], loaded: Loaded) -> None:
     """A message whose row is already stored in its thread under its pre-0.1.0 id keeps that id.
 
     So a replay (or a late redelivery) of a response written before ids were scoped to the tenant and thread
     updates the rows it made then instead of adding copies. Only the turn's own thread is looked at.
     """
-    keep = {new: old for new, old in ids.items() if batch.stored(response.threadId, old) is not None}
+    keep = {new: old for new, old in ids.items() if loaded.copy(response.threadId, old) is not None}
     if not keep:
         return
     response.input = [m.model_copy(update={"id": keep[m.id]}) if m.id in keep else m for m in response.input]
@@ -322,7 +329,7 @@ def _answered(items: Sequence[tuple[int, _Item]], outcomes: Sequence[_Done | Fai
     for (_, item), outcome in zip(items, outcomes, strict=True):
         if isinstance(outcome, Failed):
             continue
-        if outcome.saved is not None and isinstance(outcome.saved.result, InvalidInputError):
+        if isinstance(outcome.slot.result, InvalidInputError):
             continue  # refused by the write itself (ownership)
         turns.setdefault(item.response.threadId, []).append(item.response.requestId)
     return turns

@@ -108,6 +108,12 @@ BATCH_SIZE = Histogram(
     buckets=_BATCH_BUCKETS,
     registry=REGISTRY,
 )
+PLAN_MISSES = Counter(
+    "message_history_plan_misses_total",
+    "Reads a batch's plan did not foresee, made when a turn needed them (path).",
+    ["path"],
+    registry=REGISTRY,
+)
 STAGE_SECONDS = Histogram(
     "message_history_stage_seconds",
     "Time spent per batch in each stage (decode, recall, barrier, persist, produce, commit).",

@@ -1,8 +1,9 @@
 """The one way in and out of the four events (`schemas.events`): `decode_*` and `encode`.
 
 Decoding is size check, then pydantic-core's JSON parser straight into the models (no `json.loads` and dict
-walking), then the checks a schema cannot express (limits that are configurable, ids that must agree with the
-event), then normalization: every message leaves `decode_request` / `decode_response` with an `id`, a
+walking; a response is parsed once into a tree that is then validated, see `decode_response`), then the
+checks a schema cannot express (limits that are configurable, ids that must agree with the event), then
+normalization: every message leaves `decode_request` / `decode_response` with an `id`, a
 `createdAt`, a `threadId` and a `resourceId` (`docs/events.md#11-ids-and-timestamps`). Everything wrong
 becomes one `EventValidationError(reason, path)`.
 
@@ -58,11 +59,33 @@ def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:
 
 
 def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008 -- frozen
-    """Decode, check and normalize an `agent.responses` record value.
+    """Decode, check and normalize an `agent.responses` record value, with one JSON parse.
 
-    `input` and `response` are numbered as one turn: input `i` is `+i` ms, response `j` is `+len(input)+j` ms.
+    The persist path's decode (issue 25): the value is parsed once (`from_json`), the parsed tree is walked
+    for numbers a double cannot hold, and the models are validated from the tree. A value this route does
+    not accept outright (not JSON, NaN or Infinity, a huge number, a schema error) goes through
+    `decode_response_reference`, so every refusal keeps today's reason and path word for word (a Python-mode
+    validation words a few errors differently from the JSON mode's); both routes then run the same checks.
+    tests/unit/test_decode_response_differential.py holds the two routes equal.
     """
-    event = _decode(raw, AgentResponse, limits)
+    tree = _parsed_object(raw, limits)
+    if tree is None:
+        return decode_response_reference(raw, limits)
+    try:
+        event = AgentResponse.model_validate(tree)
+    except ValidationError:
+        return decode_response_reference(raw, limits)
+    return _checked_response(_checked_event(event, limits), limits)
+
+
+def decode_response_reference(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008
+    """`decode_response` through the models' JSON parser: the route that words every refusal."""
+    return _checked_response(_decode(raw, AgentResponse, limits), limits)
+
+
+def _checked_response(event: AgentResponse, limits: Limits) -> AgentResponse:
+    """The checks and normalization after the models: `input` and `response` are numbered as one turn:
+    input `i` is `+i` ms, response `j` is `+len(input)+j` ms."""
     _check_messages(event, event.input, "input", limits)
     _check_messages(event, event.response, "response", limits)
     _check_derived_times(event, event.input, "input", 0)
@@ -70,6 +93,45 @@ def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentRespons
     event.input = _normalize(event, event.input, "input", 0)
     event.response = _normalize(event, event.response, "response", len(event.input))
     return event
+
+
+def _parsed_object(raw: bytes | str, limits: Limits) -> dict[str, Any] | None:
+    """The value parsed once, when nothing `check_raw` refuses can be in it; None sends it the long way.
+
+    The cheap tests first (size, encoding, framing); then NaN, Infinity and a number too large for a double,
+    which the parser reads as non-finite floats, are found in the tree instead of by a regex over every byte
+    (that search cost two thirds of a response's decode).
+    """
+    if isinstance(raw, str):
+        return None  # only tests and tools hand in text; the records are bytes
+    if (
+        len(raw) > limits.max_event_bytes
+        or other_encoding(raw) is not None
+        or schema_registry_framing(raw) is not None
+    ):
+        return None
+    try:
+        tree = from_json(raw)
+    except ValueError:
+        return None
+    if type(tree) is not dict or not _all_finite(tree):
+        return None
+    return tree
+
+
+def _all_finite(tree: dict[str, Any]) -> bool:
+    """No infinite (or NaN) float anywhere in a parsed JSON tree: no number too large for a double."""
+    stack: list[Any] = [tree]
+    while stack:
+        node = stack.pop()
+        for value in node.values() if type(node) is dict else node:
+            kind = type(value)
+            if kind is float:
+                if not math.isfinite(value):
+                    return False
+            elif kind is dict or kind is list:
+                stack.append(value)
+    return True
 
 
 def decode_enriched(raw: bytes | str, limits: Limits = Limits()) -> EnrichedRequest:  # noqa: B008 -- frozen
@@ -99,6 +161,11 @@ def _decode(raw: bytes | str, model: type[E], limits: Limits) -> E:
     except ValidationError as exc:
         # `from None`: the pydantic error embeds input excerpts, which must not reach logs or headers.
         raise validation_error(exc) from None
+    return _checked_event(event, limits)
+
+
+def _checked_event(event: E, limits: Limits) -> E:
+    """The checks every event gets after the models: `schemaVersion` present, the three ids usable."""
     if "schemaVersion" not in event.model_fields_set:
         raise EventValidationError("Field required", "schemaVersion")
     for name in ("requestId", "threadId", "resourceId"):

@@ -62,7 +62,7 @@ from storage.documents import (
 from storage.errors import storage_errors, to_storage_error
 from storage.protocol import BatchHistoryStorage, Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
 from storage.recalled_rows import MESSAGE_PROJECTION
-from storage.save_plan import SavePlan, _check_thread_id, _check_turns, plan_saves
+from storage.save_plan import SavePlan, SaveReads, _check_thread_id, _check_turns, plan_saves
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -438,7 +438,17 @@ class MongoHistoryStorage(BatchHistoryStorage):
         """Upsert `messages` by id and touch the thread (see `save_many`); raises `ThreadOwnershipError`."""
         return await save_one(self, thread_id=thread_id, resource_id=resource_id, messages=messages)
 
-    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+    async def read_for_saves(self, thread_ids: Collection[str], message_ids: Collection[str]) -> SaveReads:
+        """What `save_many` reads before planning (the threads with their `_id`s, the homes of the ids),
+        concurrently, for a batch that reads it together with its other needs and hands it to `save_many`."""
+        threads = frozenset(thread_ids)
+        ids = frozenset(message_ids)
+        (state, keys), homes = await asyncio.gather(self._get_threads(threads), self.message_homes(ids))
+        return SaveReads(threads, state, keys, ids, homes)
+
+    async def save_many(
+        self, turns: Sequence[SaveTurn], *, reads: SaveReads | None = None
+    ) -> list[Thread | ThreadOwnershipError]:
         """`save_messages` for each turn, in order: one read, then the batch's new threads, its messages and
         its existing threads, each with one unordered bulk write (no write when there is nothing to write).
 
@@ -460,10 +470,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
         if not turns:
             return []
         _check_turns(turns)  # before reading anything
-        (state, keys), homes = await asyncio.gather(
-            self._get_threads([t.thread_id for t in turns]),
-            self.message_homes([m.id for t in turns for m in t.messages if m.id is not None]),
-        )
+        state, keys, homes = await self._save_reads(turns, reads)
         results, plan = plan_saves(turns, state, keys, homes=homes, check=False)  # checked above
         created = await self._create_threads(plan, [t for t in plan.threads if t not in state])
         if created.lost:
@@ -487,6 +494,29 @@ class MongoHistoryStorage(BatchHistoryStorage):
                 "update threads",
             )
         return results
+
+    async def _save_reads(
+        self, turns: Sequence[SaveTurn], reads: SaveReads | None
+    ) -> tuple[dict[str, Thread], dict[str, Any], dict[str, str | None]]:
+        """The threads, their `_id`s and the ids' homes the plan needs: from `reads` (read earlier by the
+        batch), plus what `reads` does not cover (all of it without `reads`)."""
+        if reads is None:
+            threads = list(dict.fromkeys(t.thread_id for t in turns))
+            ids = [m.id for t in turns for m in t.messages if m.id is not None]
+            state: dict[str, Thread] = {}
+            keys: dict[str, Any] = {}
+            homes: dict[str, str | None] = {}
+        else:
+            threads, ids = reads.missing(turns)
+            state, keys, homes = dict(reads.threads), dict(reads.keys), dict(reads.homes)
+        if threads or ids:
+            (more_state, more_keys), more_homes = await asyncio.gather(
+                self._get_threads(threads), self.message_homes(ids)
+            )
+            state.update(more_state)
+            keys.update(more_keys)
+            homes.update(more_homes)
+        return state, keys, homes
 
     async def _create_threads(self, plan: SavePlan, thread_ids: Sequence[str]) -> _Created:
         """Upsert the plan's new threads (one unordered bulk): which this write inserted, which it found."""

@@ -136,6 +136,35 @@ class SavePlan:
         return current
 
 
+@dataclass(frozen=True, slots=True)
+class SaveReads:
+    """What `save_many` reads before planning, read earlier (with the batch's other reads) and handed in.
+
+    `threads`/`keys`: the stored threads among `thread_ids` and their documents' `_id`s; `homes`: the thread
+    each stored id among `message_ids` is in. An id or thread outside the two sets was not read.
+    """
+
+    thread_ids: frozenset[str]
+    threads: Mapping[str, Thread]
+    keys: Mapping[str, Any]
+    message_ids: frozenset[str]
+    homes: Mapping[str, str | None]
+
+    def missing(self, turns: Sequence[SaveTurn]) -> tuple[list[str], list[str]]:
+        """(threads, message ids) of `turns` these reads do not cover: what a save must still read."""
+        threads = [t for t in dict.fromkeys(turn.thread_id for turn in turns) if t not in self.thread_ids]
+        ids = [m.id for t in turns for m in t.messages if m.id is not None and m.id not in self.message_ids]
+        return threads, list(dict.fromkeys(ids))
+
+    def known_homes(self, rows: Sequence[Message]) -> SaveReads:
+        """These reads, plus the homes of `rows` read from their thread (the newest rows a merge may
+        continue: their ids are saved again, in their own thread)."""
+        homes = {m.id: m.threadId for m in rows if m.id is not None and m.threadId is not None}
+        if not homes.keys() - self.message_ids:
+            return self
+        return replace(self, message_ids=self.message_ids | homes.keys(), homes={**homes, **self.homes})
+
+
 def plan_saves(
     turns: Sequence[SaveTurn],
     threads: Mapping[str, Thread],

@@ -50,18 +50,17 @@ from message_history.core.budget import (
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.echo import filter_echo as drop_client_echo
 from message_history.core.message_list import MessageList
+from message_history.core.persist_plan import TurnWrite, merged, needs_latest, stored_copies, turn_write
 from message_history.core.request_context import RequestContext, parse_memory_context
 from message_history.core.rules import (
     LastMessages,
     SkipReason,
     Source,
-    assign_thread,
     build_context,
     normalize_limit,
     select_for_persistence,
 )
 from message_history.core.tokens import CountCache
-from message_history.core.tool_state import has_new_user_input, merge_turn
 from message_history.errors import AbortError, ThreadOwnershipError
 from schemas.messages import Message
 from storage.protocol import (
@@ -449,9 +448,10 @@ class MessageHistory:
         if decision.skipped is not None:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
         owner = resource_id or (thread.resourceId if thread is not None and thread.resourceId else thread_id)
-        to_save = assign_thread(decision.messages, thread_id=thread_id, resource_id=owner)
+        write = turn_write(decision, thread_id=thread_id, owner=owner, response=response)
+        to_save = write.messages
         if is_message_lookup(self.storage):
-            to_save = await self._merge_with_stored(thread_id, owner, to_save, response)
+            to_save = await self._merge_with_stored(thread_id, write)
             if not to_save:
                 thread = thread or await self.storage.get_thread(thread_id)
                 check_owner(thread, thread_id, resource_id)
@@ -466,27 +466,22 @@ class MessageHistory:
             messages=to_save,
         )
 
-    async def _merge_with_stored(
-        self, thread_id: str, owner: str, to_save: list[Message], response: Sequence[Message]
-    ) -> list[Message]:
-        """Fold the turn into its stored copies (`tool_state.merge_turn`): one lookup by id, one latest row.
+    async def _merge_with_stored(self, thread_id: str, write: TurnWrite) -> list[Message]:
+        """Fold the turn into its stored copies (`tool_state.merge_turn`): one lookup by id, one latest row
+        when the turn may continue it (the plan and decision of `core.persist_plan`, read per turn here).
 
         Only this thread's copies are looked up. A turn carrying an id stored in another thread is refused
         by the save itself (`MessageIdTakenError`): an id never lets one thread, or one resource, overwrite
         another's message (Mastra's processors would).
         """
         assert is_message_lookup(self.storage)
-        ids = [m.id for m in to_save if m.id is not None]
+        ids = [m.id for m in write.messages if m.id is not None]
         rows = await self.storage.get_messages(ids, thread_ids=(thread_id,))
-        stored = {row.id: row for row in rows if row.id is not None and row.threadId == thread_id}
-        response_ids = {m.id for m in response if m.id is not None}
+        stored = stored_copies(write, rows, thread_id)
         latest: list[Message] = []
-        if not has_new_user_input(to_save, response_ids=response_ids, stored=stored):
-            # only a turn without new user input can continue the thread's latest assistant message
+        if needs_latest(write, stored):
             latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
-        return merge_turn(
-            to_save, response_ids=response_ids, stored=stored, latest=latest[0] if latest else None
-        )
+        return merged(write, stored, latest[0] if latest else None)
 
 
 def check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:

@@ -715,3 +715,41 @@ async def test_open_pings_and_creates_indexes(mongo_uri: str) -> None:
         client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri)
         await client.drop_database(name)
         await client.close()
+
+
+async def test_save_many_with_the_batch_reads_reads_nothing_again(
+    monitored: tuple[MongoHistoryStorage, CommandLog], mongo_db: Db
+) -> None:
+    """The persist batch reads the threads and homes once (`read_for_saves`, with its other reads); the
+    write then plans from them: only the writes go out, and the ownership checks hold as without them."""
+    storage, log = monitored
+    await storage.save_messages(thread_id="theirs", resource_id="owner", messages=[msg("o1", t=0)])
+    turns = [
+        SaveTurn("new", "r1", [msg("n1", t=10)]),
+        SaveTurn("theirs", "r1", [msg("x1", t=11)]),  # a foreign thread
+        SaveTurn("mine", "r1", [msg("o1", t=12)]),  # an id stored in another thread
+    ]
+    reads = await storage.read_for_saves(["new", "theirs", "mine"], ["n1", "x1", "o1"])
+    log.names.clear()
+    results = await storage.save_many(turns, reads=reads)
+    assert log.names == ["update", "update"]  # the new threads created, the messages; no find
+    assert isinstance(results[0], Thread)
+    assert isinstance(results[1], ThreadOwnershipError)
+    assert isinstance(results[2], MessageIdTakenError)
+    assert await mongo_db[MESSAGES].count_documents({"id": {"$in": ["x1"]}}) == 0
+    assert await ids(storage, "theirs") == ["o1"]
+
+
+async def test_save_many_reads_what_the_batch_reads_do_not_cover(
+    monitored: tuple[MongoHistoryStorage, CommandLog],
+) -> None:
+    """An id (or thread) outside the batch's reads is read by the write itself: a plan that proves short
+    never weakens the ownership check."""
+    storage, log = monitored
+    await storage.save_messages(thread_id="theirs", resource_id="owner", messages=[msg("o1", t=0)])
+    reads = await storage.read_for_saves(["mine"], [])
+    log.names.clear()
+    [result] = await storage.save_many([SaveTurn("mine", "r1", [msg("o1", t=12)])], reads=reads)
+    assert isinstance(result, MessageIdTakenError)
+    assert log.names == ["find"]  # the home of o1 only: the thread was read
+    assert await ids(storage, "theirs") == ["o1"]

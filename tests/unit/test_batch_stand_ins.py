@@ -1,4 +1,5 @@
-"""Batch storage wrappers: the processor runs per event, storage sees one round trip per batch."""
+"""The recall path's batch stand-in: the processor runs per event, storage sees one round trip per batch
+(the persist path's buffer: tests/unit/test_persist_buffer.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from consumers.collect import CollectingHistory
 from consumers.prefetch import PrefetchedHistory
 from message_history.core.budget import BOUNDARY_KEY, resolve_budget
 from message_history.errors import ThreadOwnershipError
@@ -105,50 +105,6 @@ async def test_recall_batch_is_one_prefetch() -> None:
         assert outcome.recalled == (0 if query.thread_id == "new" else 4)
     assert storage.calls == {"get_threads": 1, "list_messages_many": 1}
     assert view.misses == 0
-
-
-async def test_collecting_two_turns_same_thread_then_one_write() -> None:
-    """The first turn creates the thread; the second sees it; another resource is refused; one save_many."""
-    storage = _Counting()
-    batch = await CollectingHistory.load(storage, ["t", "t", "t"])
-    first, second, intruder = batch.for_turn(), batch.for_turn(), batch.for_turn()
-
-    out1 = await MessageHistory(storage=first).persist_turn(
-        thread_id="t", resource_id="alice", input=[_message("1", "user", "hi", 1)], response=[]
-    )
-    out2 = await MessageHistory(storage=second).persist_turn(
-        thread_id="t", resource_id="alice", input=[_message("2", "user", "again", 2)], response=[]
-    )
-    with pytest.raises(ThreadOwnershipError):
-        await MessageHistory(storage=intruder).persist_turn(
-            thread_id="t", resource_id="mallory", input=[_message("3", "user", "x", 3)], response=[]
-        )
-    assert storage.calls == {"get_threads": 1}  # nothing written yet
-    await batch.flush()
-
-    assert storage.calls == {"get_threads": 1, "save_many": 1}
-    assert out1.saved_ids == ["1"]
-    assert out2.saved_ids == ["2"]
-    assert intruder.saved is None
-    assert first.saved is not None
-    assert second.saved is not None
-    assert isinstance(second.saved.result, Thread)
-    assert second.saved.result.resourceId == "alice"
-    stored = await storage.storage.list_messages("t", resource_id=None, limit=None)
-    assert [m.id for m in stored] == ["2", "1"]
-
-
-async def test_collecting_refuses_stored_owner() -> None:
-    """A turn naming a thread stored under another resource is refused before anything is written."""
-    storage = _Counting()
-    await _seed(storage, "t", "alice", 1)
-    batch = await CollectingHistory.load(storage, ["t"])
-    with pytest.raises(ThreadOwnershipError):
-        await MessageHistory(storage=batch.for_turn()).persist_turn(
-            thread_id="t", resource_id="bob", input=[_message("9", "user", "x", 9)], response=[]
-        )
-    await batch.flush()
-    assert "save_many" not in storage.calls
 
 
 class _CountingPages(_Counting):
@@ -263,7 +219,8 @@ async def test_budgeted_recall_read_only_writes_no_boundary() -> None:
 
 
 async def test_a_thread_without_resource_is_unowned() -> None:
-    """A thread stored with no resourceId is usable by any resource (recall and save), as in Mastra."""
+    """A thread stored with no resourceId is usable by any resource (recall and save), as in Mastra (the
+    persist batch's side: tests/unit/test_persist_buffer.py)."""
     storage = InMemoryHistoryStorage()
     await storage.save_messages(thread_id="t", resource_id="", messages=[_message("1", "user", "hi", 1)])
     history = MessageHistory(storage=storage)
@@ -274,14 +231,6 @@ async def test_a_thread_without_resource_is_unowned() -> None:
         thread_id="t", resource_id="bob", input=[_message("2", "user", "again", 2)], response=[]
     )
     assert saved.saved_ids == ["2"]
-    batch = await CollectingHistory.load(SequentialBatches(storage), ["t"])
-    turn = batch.for_turn()
-    await MessageHistory(storage=turn).persist_turn(
-        thread_id="t", resource_id="carol", input=[_message("3", "user", "x", 3)], response=[]
-    )
-    await batch.flush()
-    assert turn.saved is not None
-    assert isinstance(turn.saved.result, Thread)
     # ...while a thread with an owner still refuses everyone else
     await storage.save_messages(
         thread_id="owned", resource_id="alice", messages=[_message("4", "user", "x", 4)]

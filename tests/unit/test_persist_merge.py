@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from consumers.collect import CollectingHistory
 from message_history.core.rules import with_source
 from message_history.core.tool_state import merge_turn
 from message_history.errors import ThreadOwnershipError
 from message_history.processor import MessageHistory
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
-from storage.sequential import SequentialBatches
 from tests.rule_cases import RESOURCE, THREAD, msg, seed, summarize, tool
 
 
@@ -138,35 +136,6 @@ async def test_memory_sourced_input_is_still_never_saved() -> None:
         response=[msg("a2", "assistant", t=5, text="ok")],
     )
     assert outcome.saved_ids == ["u2", "a2"]
-
-
-async def test_the_batch_path_folds_the_same_way() -> None:
-    """Through `CollectingHistory` (the Kafka persist path) the continuation is folded identically."""
-    storage = InMemoryHistoryStorage()
-    await seed(storage, _pending())
-    batch = await CollectingHistory.load(SequentialBatches(storage), [THREAD], ["a1", "a2"], [THREAD])
-    turn = batch.for_turn()
-    echo = msg("a1", "assistant", t=2, parts=[tool("ask", "result", "c1")])
-    outcome = await MessageHistory(storage=turn).persist_turn(
-        thread_id=THREAD,
-        resource_id=RESOURCE,
-        input=[echo],
-        response=[msg("a2", "assistant", t=5, text="Done.")],
-    )
-    await batch.flush()
-    assert batch.misses == 0
-    assert outcome.saved_ids == ["a1"]
-    assert (await _stored(storage))["a1"] == ["text:Asking.", "tool:result:ask", "step-start", "text:Done."]
-
-
-async def test_the_latest_row_is_prefetched_even_when_no_id_is_looked_up() -> None:
-    """A batch whose turns carry no message ids still gets its latest rows in the one prefetch round trip
-    (they used to be fetched only beside an id look-up, one `list_messages` per turn)."""
-    storage = InMemoryHistoryStorage()
-    await seed(storage, _pending())
-    batch = await CollectingHistory.load(SequentialBatches(storage), [THREAD], [], [THREAD])
-    [latest] = await batch.latest(THREAD)
-    assert (latest.id, batch.misses) == ("a1", 0)
 
 
 def test_merge_turn_table() -> None:

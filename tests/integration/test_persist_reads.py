@@ -1,0 +1,151 @@
+"""The persist path's reads on MongoDB (issue 25): a batch reads its threads once, its write nothing.
+
+`PersistHandler.handle` on a real server, commands counted with PyMongo command monitoring; the publisher
+records the outcomes (no Kafka: the handler's contract is records in, acknowledgements out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import pytest
+import pytest_asyncio
+from pymongo import AsyncMongoClient, monitoring
+from pymongo.asynchronous.database import AsyncDatabase
+
+from consumers.contract import Record
+from consumers.persist import PersistHandler
+from message_history import metrics
+from message_history.settings import Settings
+from producers.persisted import PersistedPublisher
+from schemas.events import HistoryPersisted
+from storage.mongodb import MongoHistoryStorage
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+Db = AsyncDatabase[dict[str, Any]]
+
+
+class _Commands(monitoring.CommandListener):
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []  # (command, collection)
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        if event.command_name in {"find", "update", "insert"}:
+            self.sent.append((event.command_name, str(event.command.get(event.command_name))))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class _Record:
+    key: bytes | None
+    value: bytes | None
+    topic: str = "agent.responses"
+    partition: int = 0
+    offset: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+class _Recording:
+    def __init__(self) -> None:
+        self.events: list[HistoryPersisted] = []
+
+    async def publish(self, event: HistoryPersisted, *, headers: Any) -> asyncio.Future[Any]:
+        self.events.append(event)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+@pytest_asyncio.fixture
+async def monitored(mongo_uri: str, mongo_db: Db) -> AsyncIterator[tuple[MongoHistoryStorage, _Commands]]:
+    commands = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri, event_listeners=[commands])
+    try:
+        store = MongoHistoryStorage(client[mongo_db.name])
+        await store.ensure_indexes()
+        commands.sent.clear()
+        yield store, commands
+    finally:
+        await client.close()
+
+
+def _response(thread: str, turn: int, *, user: bool = True) -> _Record:
+    def message(role: str, n: int) -> dict[str, Any]:
+        return {
+            "id": f"{thread}-{turn}-{role}",
+            "role": role,
+            "createdAt": f"2025-03-01T10:00:{n:02d}.000Z",
+            "content": {"format": 2, "parts": [{"type": "text", "text": f"{role} {turn}"}]},
+        }
+
+    event = {
+        "schemaVersion": 1,
+        "requestId": f"{thread}-{turn}",
+        "threadId": thread,
+        "resourceId": "r1",
+        "createdAt": f"2025-03-01T10:00:{2 * turn:02d}.000Z",
+        "input": [message("user", 2 * turn)] if user else [],
+        "response": [message("assistant", 2 * turn + 1)],
+        "finishReason": "stop",
+    }
+    return _Record(thread.encode(), json.dumps(event).encode())
+
+
+def _misses() -> float:
+    return metrics.REGISTRY.get_sample_value("message_history_plan_misses_total", {"path": "persist"}) or 0.0
+
+
+async def _handle(storage: MongoHistoryStorage, records: Sequence[_Record]) -> list[HistoryPersisted]:
+    publisher = _Recording()
+    handler = PersistHandler(Settings(), storage, cast(PersistedPublisher, publisher))
+    acks = await handler.handle(cast(Sequence[Record], records))
+    assert all(isinstance(a, asyncio.Future) for a in acks), acks
+    return publisher.events
+
+
+async def test_a_batch_reads_its_threads_once_and_the_write_reads_nothing(
+    monitored: tuple[MongoHistoryStorage, _Commands],
+) -> None:
+    storage, commands = monitored
+    await _handle(storage, [_response("a", 0), _response("b", 0)])  # both threads exist now
+    commands.sent.clear()
+    before = _misses()
+    events = await _handle(
+        storage, [_response("a", 1), _response("b", 1), _response("a", 2), _response("c", 0)]
+    )
+    finds = [collection for name, collection in commands.sent if name == "find"]
+    # the load: threads, message homes, stored copies (no newest row: every turn brings its user message)
+    assert sorted(finds) == ["mastra_messages", "mastra_messages", "mastra_threads"]
+    assert [name for name, _ in commands.sent[len(finds) :]] == ["update", "update", "update"]
+    assert _misses() == before
+    assert [e.savedMessageIds for e in events] == [
+        ["a-1-user", "a-1-assistant"],
+        ["b-1-user", "b-1-assistant"],
+        ["a-2-user", "a-2-assistant"],
+        ["c-0-user", "c-0-assistant"],
+    ]
+    assert all(e.skipped is None and e.threadUpdatedAt is not None for e in events)
+
+
+async def test_a_turn_without_user_input_has_its_newest_row_in_the_load(
+    monitored: tuple[MongoHistoryStorage, _Commands],
+) -> None:
+    """The fold into the latest assistant message is planned: one more find in the load, none later."""
+    storage, commands = monitored
+    await _handle(storage, [_response("a", 0)])
+    commands.sent.clear()
+    before = _misses()
+    [event] = await _handle(storage, [_response("a", 1, user=False)])
+    assert [name for name, _ in commands.sent] == ["find"] * 4 + ["update", "update"]
+    assert _misses() == before
+    assert event.savedMessageIds == ["a-0-assistant"]  # folded into the stored assistant message
