@@ -15,9 +15,10 @@ import dataclasses
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from message_history.core.budget import PAGE_SIZE, HistoryLoader, boundary_for, read_boundary
+from message_history.core.recall_plan import PlainRow
 from message_history.core.tokens import CountCache
 from schemas.messages import Message
 from storage.protocol import (
@@ -43,6 +44,17 @@ async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> 
     if not isinstance(storage, BudgetedHistoryStorage):
         raise TypeError(f"{type(storage).__name__} cannot page a thread")
     return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
+
+
+@runtime_checkable
+class RawRecallStorage(Protocol):
+    """A storage that reads recall pages as each row's stored bytes (`MongoHistoryStorage`)."""
+
+    async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]: ...
+
+    def plain_rows(self, docs: Sequence[bytes]) -> list[PlainRow | None]: ...
+
+    def recalled_from_raw(self, docs: Sequence[bytes]) -> list[Message]: ...
 
 
 def _first_page(newest: list[Message], start: datetime | None) -> Page:
@@ -83,6 +95,9 @@ class PrefetchedHistory:
         self._storage = storage
         self._threads = threads  # the existing threads among `known`
         self._pages = pages
+        # pages read as bytes (a `RawRecallStorage`): `plain` rows, `list_messages` models, made on demand
+        self._raw: dict[str, tuple[_Page, list[bytes]]] = {}
+        self._plain: dict[str, list[PlainRow | None]] = {}
         self._known = set(known)  # thread ids whose existence was prefetched
         self.misses = 0  # queries answered by the storage: a sign the prefetch guessed wrong
         self.counter = CountCache()  # token counts of the batch's messages, shared with the processor
@@ -95,8 +110,13 @@ class PrefetchedHistory:
         self.looked_in: set[str] = set()  # the threads those copies were looked up in
 
     @classmethod
-    async def load(cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery]) -> PrefetchedHistory:
-        """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked)."""
+    async def load(
+        cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery], *, raw: bool = True
+    ) -> PrefetchedHistory:
+        """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked).
+
+        `raw`: read unbudgeted pages as bytes when the storage can (`RawRecallStorage`)."""
+        queries = list(queries)
         merged: dict[str, RecallQuery] = {}
         for query in queries:
             seen = merged.get(query.thread_id)
@@ -122,6 +142,8 @@ class PrefetchedHistory:
         async def recent() -> dict[str, list[Message]]:
             # Plain recall only orders, dedupes and sends its rows, so views do (`RowRecallStorage`);
             # budgeted threads count the tokens of their rows' content, so they get models.
+            if raw_pages is not None:
+                return await storage.list_messages_many(first) if first else {}
             if not wanted or not isinstance(storage, RowRecallStorage):
                 return await storage.list_messages_many([*wanted, *first])
             if not first:
@@ -131,11 +153,29 @@ class PrefetchedHistory:
             )
             return {**views, **models}
 
-        threads, pages, rows = await asyncio.gather(storage.get_threads(ids), recent(), copies())
-        loaded = {
-            q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
-        }
+        async def raw_recent() -> dict[str, list[bytes]]:
+            assert isinstance(storage, RawRecallStorage)
+            return await storage.recall_raw_many(wanted) if wanted else {}
+
+        # Unbudgeted pages as bytes when the storage can: a plain request is decided from them without a
+        # model per row (`RecallHandler`), any other request reads them as messages (`list_messages`).
+        raw_pages: dict[str, list[bytes]] | None = None
+        if raw and isinstance(storage, RawRecallStorage):
+            threads, raw_pages, pages, rows = await asyncio.gather(
+                storage.get_threads(ids), raw_recent(), recent(), copies()
+            )
+            loaded: dict[str, _Page] = {}
+        else:
+            threads, pages, rows = await asyncio.gather(storage.get_threads(ids), recent(), copies())
+            loaded = {
+                q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
+            }
         history = cls(storage, dict(threads), loaded, ids)
+        if raw_pages is not None:
+            history._raw = {
+                q.thread_id: (_Page(q.resource_id, q.limit, []), raw_pages.get(q.thread_id, []))
+                for q in wanted
+            }
         if lookup and isinstance(storage, MessageLookup):
             history.by_id = {
                 (m.threadId, m.id): m for m in rows if m.id is not None and m.threadId is not None
@@ -251,11 +291,29 @@ class PrefetchedHistory:
         self.misses += 1
         return await self._storage.get_thread(thread_id)
 
+    def plain(self, thread_id: str, resource_id: str | None, limit: int) -> list[PlainRow | None] | None:
+        """The thread's newest `limit` rows as `PlainRow`s (None per row not in the plain shape), newest
+        first; None when its page was not read as bytes for this resource and at least this limit."""
+        entry = self._raw.get(thread_id)
+        if entry is None or entry[0].resource_id != resource_id or _larger(limit, entry[0].limit):
+            return None
+        rows = self._plain.get(thread_id)
+        if rows is None:
+            assert isinstance(self._storage, RawRecallStorage)  # it read the bytes
+            rows = self._plain[thread_id] = self._storage.plain_rows(entry[1])
+        return rows[:limit]
+
     async def list_messages(
         self, thread_id: str, *, resource_id: str | None, limit: int | None
     ) -> list[Message]:
         if limit == 0:
             return []
+        entry = self._raw.get(thread_id)
+        if entry is not None and thread_id not in self._pages:  # a byte page read as messages: decoded once
+            assert isinstance(self._storage, RawRecallStorage)
+            self._pages[thread_id] = dataclasses.replace(
+                entry[0], messages=self._storage.recalled_from_raw(entry[1])
+            )
         page = self._pages.get(thread_id)
         if page is not None and page.resource_id == resource_id and not _larger(limit, page.limit):
             return list(page.messages if limit is None else page.messages[:limit])
