@@ -44,7 +44,7 @@ from message_history.core.turn_rules import TurnMarker, foreign_pending
 from message_history.errors import InvalidInputError, RetriableError, ThreadOwnershipError
 from message_history.processor import MessageHistory, RecallOutcome
 from message_history.processor.history import check_owner
-from message_history.settings import Settings
+from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
 from schemas.codec import decode_request, keyed_by_thread
@@ -88,7 +88,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         super().__init__(settings, storage, publisher)
         self.fast_recall = fast_recall  # False: every request through the processor (the reference route)
         self._gate = gate
-        self._defaults = MemoryDefaults.from_settings(settings)
+        self._defaults = settings_slice(MemoryDefaults, settings)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
         # requests that must wait, parked in their thread's lane (see `consumers.parking`)
         self.parking: ParkedLanes[TurnMarker | None] = ParkedLanes(

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.core.rules import LastMessages
-from message_history.settings import Settings, settings_slice
 from schemas.events import AgentRequest, MemoryOptions
 
 __all__ = ["MemoryDefaults", "TurnMemory", "turn_last_messages", "turn_memory"]
@@ -17,16 +16,13 @@ __all__ = ["MemoryDefaults", "TurnMemory", "turn_last_messages", "turn_memory"]
 
 @dataclass(frozen=True, slots=True)
 class MemoryDefaults:
-    """The service-wide memory settings a request's own `memory` options override."""
+    """The service-wide memory settings a request's own `memory` options override (the settings of the
+    same names: `settings_slice(MemoryDefaults, settings)`)."""
 
     last_messages: int = 40
     max_tokens: float | None = None
     at_max_remove_tokens: float | None = None
     retain_full_input: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> MemoryDefaults:
-        return settings_slice(cls, settings)
 
 
 @dataclass(frozen=True, slots=True)
