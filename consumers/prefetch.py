@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from message_history import metrics
 from message_history.core.budget import PAGE_SIZE, HistoryLoader, boundary_for, read_boundary
 from message_history.core.recall_plan import PlainRow
 from message_history.core.tokens import CountCache
@@ -44,6 +46,9 @@ async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> 
     if not isinstance(storage, BudgetedHistoryStorage):
         raise TypeError(f"{type(storage).__name__} cannot page a thread")
     return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
+
+
+log = logging.getLogger(__name__)
 
 
 @runtime_checkable
@@ -241,7 +246,7 @@ class PrefetchedHistory:
             and set(thread_ids) <= self.looked_in
         ):
             return [m for t in thread_ids for i in message_ids if (m := self.by_id.get((t, i))) is not None]
-        self.misses += 1
+        self._missed("get_messages", *(thread_ids or ()))
         if not isinstance(self._storage, MessageLookup):
             raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
         return await self._storage.get_messages(message_ids, thread_ids=thread_ids)
@@ -250,7 +255,7 @@ class PrefetchedHistory:
         page = self.budget_pages.get(query)
         if page is not None:
             return page
-        self.misses += 1
+        self._missed("list_page", query.thread_id)
         if not isinstance(self._storage, BudgetedHistoryStorage):
             raise TypeError(f"{type(self._storage).__name__} cannot page a thread")
         page = await self._storage.list_page(query)
@@ -288,7 +293,7 @@ class PrefetchedHistory:
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:
             return self._threads.get(thread_id)
-        self.misses += 1
+        self._missed("get_thread", thread_id)
         return await self._storage.get_thread(thread_id)
 
     def plain(self, thread_id: str, resource_id: str | None, limit: int) -> list[PlainRow | None] | None:
@@ -317,8 +322,16 @@ class PrefetchedHistory:
         page = self._pages.get(thread_id)
         if page is not None and page.resource_id == resource_id and not _larger(limit, page.limit):
             return list(page.messages if limit is None else page.messages[:limit])
-        self.misses += 1
+        self._missed("list_messages", thread_id)
         return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    def _missed(self, read: str, *thread_ids: str) -> None:
+        """A read the batch's plan did not load: counted and logged, then sent to the storage."""
+        self.misses += 1
+        metrics.PLAN_MISSES.labels(path="recall").inc()
+        log.info(
+            "recall plan missed a read", extra={"path": "recall", "read": read, "threads": list(thread_ids)}
+        )
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         raise RuntimeError("the recall path does not write")  # pragma: no cover -- a programming error

@@ -95,6 +95,13 @@ RETRIES = Counter(
     ["path", "dependency"],
     registry=REGISTRY,
 )
+
+PLAN_MISSES = Counter(
+    "message_history_plan_misses",
+    "Reads a batch's plan did not foresee (a page to extend, an unplanned look-up): a round trip each.",
+    ["path"],
+    registry=REGISTRY,
+)
 OUTCOMES = Counter(
     "message_history_outcomes",
     "Processed records by outcome (enriched, persisted, skipped-<reason>, dead-letter).",
