@@ -317,7 +317,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         metrics.RECALLED_MESSAGES.observe(page.recalled)
         return encode_enriched_fragment(
             request,
-            page.fragment,
+            page.runs,
             incoming,
             recalled=page.recalled,
             limit=needs.limit,

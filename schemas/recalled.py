@@ -132,19 +132,25 @@ def encode_enriched(
 
 
 def encode_enriched_fragment(
-    request: AgentRequest, memory: bytes, incoming: Sequence[Message], **summary: Any
+    request: AgentRequest, runs: Sequence[bytes], incoming: Sequence[Message], **summary: Any
 ) -> bytes:
-    """`encode_enriched` of a context that is recalled rows, then `incoming` (all `input`), where the rows
-    are given as `memory`: their `EnrichedMessage` JSON, comma-joined, in context order (empty: none)."""
-    if not memory:
+    """`encode_enriched` of a context of recalled rows and `incoming` (all `input`), where the rows are
+    given as bytes: `runs[i]`, their `EnrichedMessage` JSON comma-joined (maybe empty), comes before
+    `incoming[i]`, and `runs[-1]` after the last (`len(runs) == len(incoming) + 1`)."""
+    if not any(runs):
         return encode(EnrichedRequest.from_request(request, [(m, "input") for m in incoming], **summary))
     thread_id, resource_id = request.threadId, request.resourceId
     serializer = EnrichedMessage.__pydantic_serializer__
-    pieces = [b"[", memory]
-    for message in incoming:
-        tagged = EnrichedMessage.from_message(message, "input", thread_id=thread_id, resource_id=resource_id)
-        pieces.append(b",")
-        pieces.append(serializer.to_json(tagged, exclude_unset=True))
+    pieces: list[bytes] = []
+    for run, message in zip(runs, (*incoming, None), strict=True):
+        if run:
+            pieces += (b",", run)
+        if message is not None:
+            tagged = EnrichedMessage.from_message(
+                message, "input", thread_id=thread_id, resource_id=resource_id
+            )
+            pieces += (b",", serializer.to_json(tagged, exclude_unset=True))
+    pieces[0] = b"["  # not empty: a run holds a row
     pieces.append(b"]")
     return _splice(EnrichedRequest.from_request(request, (), **summary), pieces)
 

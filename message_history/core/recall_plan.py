@@ -4,15 +4,17 @@
 or not, and the stored copies the client-echo filter looks up. A request whose page is `plain` (a count cap,
 no budget, an input the echo filter keeps whole) is decided by `plain_page` from its page's rows as bytes,
 without building a model per row, when the page meets the preconditions under which `rules.build_context`
-is "the page reversed, then the input" (see `plain_page`); otherwise the processor decides (the same rules
-on models), from the same loaded rows.
+is "the page reversed, the input merged in by time" (see `plain_page`); otherwise the processor decides
+(the same rules on models), from the same loaded rows.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import pairwise
 from typing import Final
 
 from message_history.core.budget import TokenBudget
@@ -62,32 +64,44 @@ def plan_recall(
 
 @dataclass(frozen=True, slots=True)
 class PlainPage:
-    """A decided plain page: the `messages` array body of its recalled rows (chronological, comma-joined)
-    and how many rows it holds."""
+    """A decided plain page: the recalled rows' `EnrichedMessage` JSON in context order, as `runs` (each a
+    comma-joined run of rows, maybe empty) to interleave with the input: the context is `runs[0]`, input 0,
+    `runs[1]`, input 1, ..., `runs[-1]` (`len(runs)` = inputs + 1); `recalled` is how many rows it holds."""
 
-    fragment: bytes
+    runs: tuple[bytes, ...]
     recalled: int
 
 
 def plain_page(rows: Sequence[PlainRow | None], limit: int, incoming: Sequence[Message]) -> PlainPage | None:
-    """`build_context(page, incoming)`'s memory part as bytes, or None when the page does not qualify.
+    """`build_context(page, incoming)` with the page's rows as bytes, or None when the page does not qualify.
 
     `rows`: the thread's newest rows, newest first (the first `limit` are the page); `incoming`: the
-    context's input part (`build_context((), input)`, in order). The page qualifies when, for every row:
-    it is in the plain shape (not None), its role is not `system` (dropped by docs/rules.md#r4), its id is
-    neither among the input's ids (the input's copy wins, #r5) nor another row's (the newest copy wins);
-    along the page the `(createdAt, id)` keys strictly decrease (the reversed page is in context order,
-    #r3); and every input message sorts after the page's newest row (the context is the page, then the
-    input).
-    Under these, `build_context` keeps every row, in reverse page order, before the input.
+    context's input part (`build_context((), input)`, in order). The page qualifies when every row is in
+    the plain shape (not None), no row is a `system` one (dropped by docs/rules.md#r4), no id is twice in
+    the page (the newest copy wins) nor among the input's (the input's copy wins, #r5), the `(createdAt, id)`
+    keys strictly decrease along the page (the reversed page is in context order, #r3), and every input
+    message's time is comparable with a stored (UTC) one. Under these, `build_context` keeps every row, in
+    reverse page order, and places each input message after the rows whose key is not greater than its own
+    (the sort is stable and rows come before the input in it).
     """
     page = rows[:limit]
-    if not page:
-        return PlainPage(b"", 0)
     plain = [row for row in page if row is not None]
-    if len(plain) < len(page) or not _ordered(plain, incoming) or not _input_after(plain[0], incoming):
+    if len(plain) < len(page) or not _ordered(plain, incoming):
         return None
-    return PlainPage(b",".join(row[4] for row in reversed(plain)), len(plain))
+    chronological = plain[::-1]
+    cuts: list[int] = []
+    for message in incoming:
+        created = message.createdAt
+        if created is not None and created.tzinfo is None:
+            return None  # not comparable with a stored (UTC) time: let the rules decide
+        cuts.append(bisect_right(chronological, sort_key(message), lo=cuts[-1] if cuts else 0, key=_row_key))
+    bounds = [0, *cuts, len(chronological)]
+    runs = tuple(b",".join(row[4] for row in chronological[start:end]) for start, end in pairwise(bounds))
+    return PlainPage(runs, len(chronological))
+
+
+def _row_key(row: PlainRow) -> tuple[datetime, str]:
+    return _EPOCH + timedelta(milliseconds=row[1]), row[0]
 
 
 def _ordered(page: Sequence[PlainRow], incoming: Sequence[Message]) -> bool:
@@ -103,13 +117,3 @@ def _ordered(page: Sequence[PlainRow], incoming: Sequence[Message]) -> bool:
             return False
         previous = key
     return True
-
-
-def _input_after(newest: PlainRow, incoming: Sequence[Message]) -> bool:
-    """Every input message sorts after the page's newest row (`incoming` is in context order)."""
-    if not incoming:
-        return True
-    first = incoming[0].createdAt
-    if first is not None and first.tzinfo is None:
-        return False  # not comparable with a stored (UTC) time: let the rules decide
-    return sort_key(incoming[0]) > (_EPOCH + timedelta(milliseconds=newest[1]), newest[0])

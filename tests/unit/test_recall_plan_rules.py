@@ -53,49 +53,59 @@ def _input(ident: str | None, ms: int | None) -> Message:
     return Message.model_validate(data)
 
 
+A, B = b'{"id":"a"}', b'{"id":"b"}'
+NEW = [_input("n", 9)]
+
+
 @pytest.mark.parametrize(
     ("rows", "limit", "incoming", "expected"),
     [
-        pytest.param([], 5, [_input("n", 9)], PlainPage(b"", 0), id="empty-page"),
-        pytest.param(
-            [_row("b", 2), _row("a", 1)],
-            5,
-            [_input("n", 9)],
-            PlainPage(b'{"id":"a"},{"id":"b"}', 2),
-            id="plain",
-        ),
-        pytest.param(
-            [_row("b", 2), _row("a", 1)], 1, [_input("n", 9)], PlainPage(b'{"id":"b"}', 1), id="cut"
-        ),
-        pytest.param(
-            [_row("b", 1), _row("a", 1)],
-            5,
-            [_input("n", 9)],
-            PlainPage(b'{"id":"a"},{"id":"b"}', 2),
-            id="tie-by-id",
-        ),
-        pytest.param([_row("b", 2), None], 5, [_input("n", 9)], None, id="odd-row"),
-        pytest.param(
-            [_row("b", 2), None], 1, [_input("n", 9)], PlainPage(b'{"id":"b"}', 1), id="odd-row-cut-off"
-        ),
-        pytest.param([_row("b", 2), _row("a", 1, "system")], 5, [_input("n", 9)], None, id="system-row"),
+        pytest.param([], 5, NEW, PlainPage((b"", b""), 0), id="empty-page"),
+        pytest.param([_row("b", 2), _row("a", 1)], 5, NEW, PlainPage((A + b"," + B, b""), 2), id="plain"),
+        pytest.param([_row("b", 2), _row("a", 1)], 1, NEW, PlainPage((B, b""), 1), id="cut"),
+        pytest.param([_row("b", 1), _row("a", 1)], 5, NEW, PlainPage((A + b"," + B, b""), 2), id="tie-by-id"),
+        pytest.param([_row("b", 2), None], 5, NEW, None, id="odd-row"),
+        pytest.param([_row("b", 2), None], 1, NEW, PlainPage((B, b""), 1), id="odd-row-cut-off"),
+        pytest.param([_row("b", 2), _row("a", 1, "system")], 5, NEW, None, id="system-row"),
         pytest.param([_row("b", 2), _row("a", 1)], 5, [_input("a", 9)], None, id="input-repeats-an-id"),
-        pytest.param([_row("a", 2), _row("a", 1)], 5, [_input("n", 9)], None, id="id-twice"),
-        pytest.param([_row("a", 1), _row("b", 2)], 5, [_input("n", 9)], None, id="out-of-order"),
-        pytest.param([_row("a", 1), _row("b", 1)], 5, [_input("n", 9)], None, id="tie-out-of-order"),
+        pytest.param([_row("a", 2), _row("a", 1)], 5, NEW, None, id="id-twice"),
+        pytest.param([_row("a", 1), _row("b", 2)], 5, NEW, None, id="out-of-order"),
+        pytest.param([_row("a", 1), _row("b", 1)], 5, NEW, None, id="tie-out-of-order"),
         pytest.param(
             [_row("b", 2), _row("a", 1)],
             5,
             [_input("n", 2)],
-            PlainPage(b'{"id":"a"},{"id":"b"}', 2),
-            id="input-tie-sorts-by-id",
+            PlainPage((A + b"," + B, b""), 2),
+            id="input-tie-after-by-id",
         ),
-        pytest.param([_row("b", 2), _row("a", 1)], 5, [_input("0", 2)], None, id="input-tie-before"),
-        pytest.param([_row("b", 2), _row("a", 1)], 5, [_input("n", 1)], None, id="input-older"),
         pytest.param(
-            [_row("b", 2)], 5, [_input(None, None)], PlainPage(b'{"id":"b"}', 1), id="input-undated-last"
+            [_row("b", 2), _row("a", 1)],
+            5,
+            [_input("0", 2)],
+            PlainPage((A, B), 2),
+            id="input-tie-before-by-id",
         ),
-        pytest.param([_row("b", 2)], 5, [], PlainPage(b'{"id":"b"}', 1), id="no-input"),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)], 5, [_input("n", 1)], PlainPage((A, B), 2), id="input-between"
+        ),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)],
+            5,
+            [_input("n", 0)],
+            PlainPage((b"", A + b"," + B), 2),
+            id="input-oldest",
+        ),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)],
+            5,
+            [_input("m", 0), _input("n", 1), _input("o", 5)],
+            PlainPage((b"", A, B, b""), 2),
+            id="inputs-spread",
+        ),
+        pytest.param(
+            [_row("b", 2)], 5, [_input(None, None)], PlainPage((B, b""), 1), id="input-undated-last"
+        ),
+        pytest.param([_row("b", 2)], 5, [], PlainPage((B,), 1), id="no-input"),
     ],
 )
 def test_plain_page(
