@@ -138,6 +138,8 @@ class PrefetchedHistory:
         lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
         lookup_threads = list(dict.fromkeys(q.thread_id for q in queries if q.lookup))
 
+        read_raw = raw and isinstance(storage, RawRecallStorage)
+
         async def copies() -> list[Message]:
             if lookup and isinstance(storage, MessageLookup):
                 # copies in the asking threads only: another thread's row must not change a request
@@ -147,7 +149,7 @@ class PrefetchedHistory:
         async def recent() -> dict[str, list[Message]]:
             # Plain recall only orders, dedupes and sends its rows, so views do (`RowRecallStorage`);
             # budgeted threads count the tokens of their rows' content, so they get models.
-            if raw_pages is not None:
+            if read_raw:
                 return await storage.list_messages_many(first) if first else {}
             if not wanted or not isinstance(storage, RowRecallStorage):
                 return await storage.list_messages_many([*wanted, *first])
@@ -165,7 +167,7 @@ class PrefetchedHistory:
         # Unbudgeted pages as bytes when the storage can: a plain request is decided from them without a
         # model per row (`RecallHandler`), any other request reads them as messages (`list_messages`).
         raw_pages: dict[str, list[bytes]] | None = None
-        if raw and isinstance(storage, RawRecallStorage):
+        if read_raw:
             threads, raw_pages, pages, rows = await asyncio.gather(
                 storage.get_threads(ids), raw_recent(), recent(), copies()
             )

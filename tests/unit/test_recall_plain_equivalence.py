@@ -60,10 +60,17 @@ class RawMemory(SequentialBatches):
 
     def __init__(self, storage: InMemoryHistoryStorage) -> None:
         super().__init__(storage)
+        self.raw_reads = 0
+        self.model_reads = 0  # pages read as models (a plain page read so is read twice)
 
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]:
-        pages = await self.list_messages_many(queries)
+        self.raw_reads += 1
+        pages = await super().list_messages_many(queries)
         return {thread: [_document(m, thread) for m in page] for thread, page in pages.items()}
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        self.model_reads += len(queries)
+        return await super().list_messages_many(queries)
 
     def plain_rows(self, docs: Sequence[bytes]) -> list[PlainRow | None]:
         return MongoHistoryStorage.plain_rows(docs)
@@ -193,3 +200,15 @@ def test_the_property_took_the_plain_route() -> None:
     """Run after the property: a good share of its batches were decided on bytes, not all by fallback."""
     test_plain_recall_gives_the_processors_bytes()
     assert sum(1 for n in DECIDED if n) > len(DECIDED) // 5, DECIDED
+
+
+async def test_a_plain_page_is_read_once_as_bytes() -> None:
+    memory = InMemoryHistoryStorage()
+    rows = [Message.model_validate(_message(f"m{i}", "user", "x", i)) for i in range(5)]
+    await memory.save_messages(thread_id=THREAD, resource_id=OWNER, messages=rows)
+    storage = RawMemory(memory)
+    records = [_record(0, [_message("new", "user", "hi", 99)], {"lastMessages": 3})]
+    [event] = await _published(storage, records, fast=True)
+    assert isinstance(event, bytes)
+    assert json.loads(event)["history"]["recalled"] == 3
+    assert (storage.raw_reads, storage.model_reads) == (1, 0)
