@@ -31,6 +31,7 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
         "MongoHistoryStorage alone: recall latency, $in vs concurrent",
     ),
     "codec": ("bench.extra.codec", "the event codec alone: decode + encode of a 40-message EnrichedRequest"),
+    "rows": ("bench.extra.rows", "the recall row codec alone: raw replies to rows' bytes, native vs Python"),
     "budget": ("bench.extra.budget", "recall with a token budget vs without, in process (no Kafka)"),
     "replay": ("bench.extra.replay", "message-history replay vs the live persist path on one topic"),
     "retention": ("bench.extra.retention", "forget and prune throughput on a seeded database"),

@@ -19,6 +19,8 @@ PY="${PYTHON:-$REPO/.venv/bin/python}"
 PIP_TOOLS="pip-tools==7.4.1"
 # The build backend: the version deploy/build-requirements.txt pins, unless SETUPTOOLS=setuptools==X says.
 SETUPTOOLS="${SETUPTOOLS:-$(grep -o '^setuptools==[^ ]*' "$REPO/deploy/build-requirements.txt" 2>/dev/null || echo setuptools==84.2.1)}"
+# The native row codec's build backend (native/pyproject.toml), the same way: MATURIN=maturin==X to bump.
+MATURIN="${MATURIN:-$(grep -o '^maturin==[^ ]*' "$REPO/deploy/build-requirements.txt" 2>/dev/null || echo maturin==1.16.0)}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 keep=()
@@ -40,7 +42,7 @@ pins = sorted(
 with open(out, "w") as f:
     f.writelines(f"{name}=={version}\n" for name, version in pins)
 PYEOF
-echo "$SETUPTOOLS" >"$work/build.in"
+printf '%s\n' "$SETUPTOOLS" "$MATURIN" >"$work/build.in"
 "$PY" -m venv "$work/tools"
 "$work/tools/bin/python" -m pip install --quiet --disable-pip-version-check "$PIP_TOOLS" >"$work/log" 2>&1 \
   || { cat "$work/log" >&2; exit 1; }
@@ -62,8 +64,8 @@ header() {
   grep -v -e '^\s*$' -e '^#' "$work/requirements.txt"
 } >"$REPO/deploy/requirements.txt"
 {
-  header "The image's build backend, pinned with the hashes of its published files." \
-    "The Dockerfile installs it with --require-hashes; to bump: SETUPTOOLS=setuptools==X lock-requirements.sh."
+  header "The image's build backends (setuptools: the project; maturin: native/), pinned with the hashes of their files." \
+    "The Dockerfile installs them with --require-hashes; to bump: SETUPTOOLS=setuptools==X MATURIN=maturin==Y lock-requirements.sh."
   grep -v -e '^\s*$' -e '^#' "$work/build-requirements.txt"
 } >"$REPO/deploy/build-requirements.txt"
 {

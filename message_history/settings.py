@@ -92,6 +92,14 @@ class Settings(BaseSettings):
         False,
         description="Take every request's input as sent (no client-echo filter) unless the request says.",
     )
+    row_codec: Literal["auto", "native", "python"] = Field(
+        "auto",
+        description=(
+            "How recalled rows are read from the raw replies: `native` (the Rust codec built by "
+            "`stack install --all` and into the image; start-up fails without it), `python` (the reference), "
+            "`auto` (native when installed and built from these models, else python)."
+        ),
+    )
 
     # --- turn ordering (docs/events.md#16-turn-ordering-the-barrier-and-busy-threads) ---
     barrier: Literal["on", "off"] = Field(

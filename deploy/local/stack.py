@@ -362,6 +362,48 @@ def install_venv(extras: str) -> None:
         write_stamp(VENV_STAMP, f"{want} {extras}".rstrip())
 
 
+NATIVE = ROOT / "native"
+
+
+def install_native() -> None:
+    """The recall path's native row codec (native/, Rust via PyO3), built with the machine's cargo, installed
+    into .venv; `MESSAGE_HISTORY_ROW_CODEC=auto` then uses it. Not needed by the demo (the Python reference
+    serves the same bytes); without cargo it is skipped, and under CI=true its differential test fails."""
+    with step("the native row codec (native/, maturin + cargo) into .venv") as skip:
+        version = subprocess.run(
+            [VENV_PYTHON, "-c", "import sys; print(sys.version)"], capture_output=True, text=True, check=False
+        ).stdout
+        sources = sorted(p for p in NATIVE.rglob("*") if p.is_file() and "target" not in p.parts)
+        want = digest(ROOT / "deploy" / "build-requirements.txt", *sources, version)
+        stamp = STAMPS / "native-row-codec"
+        if stamp_matches(stamp, want):
+            skip("built and installed")
+            return
+        cargo = shutil.which("cargo")
+        if cargo is None:
+            skip("skipped: cargo is not on PATH (recall uses the Python reference)")
+            return
+        # maturin from the image's hashed build lock, so both build the extension the same way
+        run(
+            [VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--require-hashes",
+             "-r", ROOT / "deploy" / "build-requirements.txt"],
+            what="install the build backends (deploy/build-requirements.txt) into .venv",
+        )  # fmt: skip
+        env = dict(
+            os.environ,
+            CARGO_TARGET_DIR=str(CACHE / "native-target"),  # kept: warm rebuilds
+            PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",  # the backend runs `maturin`
+        )
+        run(
+            [VENV_PYTHON, "-m", "pip", "install", "--disable-pip-version-check", "-q", "--no-deps",
+             "--no-build-isolation", "--force-reinstall", NATIVE],
+            env=env,
+            what="build and install native/ (message_history_native)",
+            heartbeat_s=30.0,
+        )  # fmt: skip
+        write_stamp(stamp, want)
+
+
 def install_kafka_libs() -> None:
     with step("Kafka's jars from Maven Central") as skip:
         stamp = STAMPS / "kafka-libs"
@@ -627,6 +669,7 @@ def install(full: bool) -> str:
     install_kafka_libs()
     kind = install_mongo_server(full)
     if full:
+        install_native()
         install_npm()
         install_hooks()
     what = "everything" if full else "what the demo needs"

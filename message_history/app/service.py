@@ -179,7 +179,10 @@ class LoopGroup:
 async def open_storage(settings: Settings) -> AsyncIterator[BatchHistoryStorage]:
     """The MongoDB storage, connected (fails fast when MongoDB does not answer), closed on exit."""
     from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415 -- keeps `--help` free of pymongo
+    from storage.row_codec import use_codec  # noqa: PLC0415
 
+    # the recalled rows' codec now: a native one built from other models is logged (or refused) at start-up
+    use_codec(settings.row_codec)
     async with MongoHistoryStorage.open(settings) as storage:
         yield as_batch_storage(storage)
 

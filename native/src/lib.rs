@@ -1,0 +1,60 @@
+//! `message_history_native.rows_from_raw`: raw `mastra_messages` BSON documents to recalled rows' bytes.
+//!
+//! The native twin of `storage/row_codec.py`'s `rows_from_raw_py` (the reference, which asks
+//! `storage/recalled_rows.py`'s `row_from_doc`). Per document it answers the same
+//! `(id, createdAt ms, role, type, enriched JSON)` or None. None means "not sure": the Python side then lets the
+//! reference decide that row, so this code may refuse more than the reference, never answer differently.
+//! It answers only for the plain shape: exactly the projected fields with the expected BSON types, and a
+//! `content` string that `schemas/canonical.py` would call canonical, checked here on a conservative subset
+//! (integers of at most 18 digits, no floats, only the escapes pydantic-core writes).
+//!
+//! `FINGERPRINT` is `storage.row_codec.codec_fingerprint()` of the models this mirrors
+//! (src/fingerprint.rs, generated): the service refuses this module when its models have changed since.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList, PyTuple};
+
+mod canonical;
+mod fingerprint;
+mod row;
+
+/// Per raw document, `(id, ms, role, type or None, enriched JSON)` or None (not sure: the reference decides).
+#[pyfunction]
+fn rows_from_raw<'py>(py: Python<'py>, docs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    let mut buf: Vec<u8> = Vec::with_capacity(2048);
+    for item in docs.try_iter()? {
+        let item = item?;
+        let parsed = match item.cast::<PyBytes>() {
+            Ok(bytes) => row::parse(bytes.as_bytes()),
+            Err(_) => None, // a bytes-like the reference reads: its decision
+        };
+        match parsed {
+            Some(r) if row::write_enriched(&r, &mut buf) => {
+                let tuple = PyTuple::new(
+                    py,
+                    [
+                        r.id.into_pyobject(py)?.into_any(),
+                        r.ms.into_pyobject(py)?.into_any(),
+                        r.role.into_pyobject(py)?.into_any(),
+                        match r.kind {
+                            Some(kind) => kind.into_pyobject(py)?.into_any(),
+                            None => py.None().into_bound(py),
+                        },
+                        PyBytes::new(py, &buf).into_any(),
+                    ],
+                )?;
+                out.append(tuple)?;
+            }
+            _ => out.append(py.None())?,
+        }
+    }
+    Ok(out)
+}
+
+#[pymodule]
+fn message_history_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(rows_from_raw, m)?)?;
+    m.add("FINGERPRINT", fingerprint::FINGERPRINT)?;
+    Ok(())
+}

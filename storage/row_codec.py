@@ -1,0 +1,190 @@
+"""Raw `mastra_messages` documents straight to recalled rows' bytes: `rows_from_raw`.
+
+The recall path reads replies as raw BSON and wants, per plain row, the enriched message's JSON (the bytes
+`RecalledRow.enriched_json("memory")` gives) plus the few header fields the rules order and dedupe by. Two
+implementations give the same answer:
+
+- `rows_from_raw_py`, the reference: decodes each document as the service's collections do (`bson`, aware
+  UTC dates) and asks `storage.recalled_rows.row_from_doc` (so it is today's rule by construction);
+- the native one (`message_history_native`, a Rust extension in `native/`, built by `stack install --all`
+  and in the image), used when it is installed, allowed by `MESSAGE_HISTORY_ROW_CODEC`, and built from the
+  models of this checkout (its compiled `FINGERPRINT` equals `codec_fingerprint()`). Where it is not sure it
+  answers None, and the reference decides that row; so it can only ever be narrower, never different.
+
+`tests/unit/test_row_codec_native.py` compares both byte for byte on generated and Mastra-written rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import json
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal, get_args
+
+import bson
+from bson.codec_options import CodecOptions
+
+import schemas.canonical
+from message_history.errors import StartupError
+from message_history.settings import Settings
+from schemas.events import EnrichedMessage
+from schemas.messages import _KNOWN_PARTS, Message, MessageContent, Role, ToolState, format_timestamp
+from storage.recalled_rows import row_from_doc
+
+__all__ = [
+    "NATIVE_MODULE",
+    "RowBytes",
+    "RowCodec",
+    "codec_fingerprint",
+    "rows_from_raw",
+    "rows_from_raw_py",
+    "select_codec",
+    "use_codec",
+]
+
+log = logging.getLogger(__name__)
+
+RowBytes = tuple[str, int, str, str | None, bytes]
+"""(id, createdAt as BSON milliseconds since the epoch, role, type or None, the `EnrichedMessage` JSON
+tagged `"source":"memory"`: exactly `RecalledRow.enriched_json("memory")`)."""
+
+RowCodec = Literal["auto", "native", "python"]
+NATIVE_MODULE: Final = "message_history_native"
+
+# As storage/client.py's CODEC: the reference reads a document exactly as the service's collections do.
+_DECODE: Final[CodecOptions[dict[str, Any]]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MS: Final = timedelta(milliseconds=1)
+
+
+def _no_model(doc: Any) -> Message:
+    raise AssertionError("rows_from_raw never materializes a row")  # pragma: no cover -- never called
+
+
+def rows_from_raw_py(docs: Sequence[bytes]) -> list[RowBytes | None]:
+    """Per raw document, its `RowBytes` when `row_from_doc` builds a `RecalledRow` for it, else None."""
+    out: list[RowBytes | None] = []
+    for raw in docs:
+        try:
+            doc = bson.decode(raw, codec_options=_DECODE)
+        except Exception:  # noqa: BLE001 -- any malformed document is the model path's to refuse
+            out.append(None)
+            continue
+        row = row_from_doc(doc, _no_model)
+        if row is None:
+            out.append(None)
+            continue
+        created = doc["createdAt"]
+        ms = (created - _EPOCH) // _MS
+        out.append((row.id, ms, row.role, row.type, row.enriched_json("memory")))  # type: ignore[arg-type]
+    return out
+
+
+def codec_fingerprint() -> str:
+    """What the native codec mirrors, hashed: a change here means the crate must be reviewed and rebuilt.
+
+    The JSON schemas of the models whose output it writes, the literal tables it checks against, and the
+    source of the rules it reimplements (the canonical check, the per-row decision, the timestamp format).
+    """
+    mirrored = {
+        "schemas": {
+            model.__name__: model.model_json_schema(mode="serialization")
+            for model in (Message, MessageContent, EnrichedMessage)
+        },
+        "roles": list(get_args(Role)),
+        "tool_states": list(get_args(ToolState)),
+        "parts": sorted(_KNOWN_PARTS),
+        "sources": [
+            inspect.getsource(schemas.canonical),
+            inspect.getsource(row_from_doc),
+            inspect.getsource(format_timestamp),
+        ],
+    }
+    text = json.dumps(mirrored, sort_keys=True, ensure_ascii=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _native() -> Any | None:
+    try:
+        return importlib.import_module(NATIVE_MODULE)
+    except ImportError:
+        return None
+
+
+def select_codec(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[RowBytes | None]]:
+    """The `rows_from_raw` implementation `mode` allows, checked against this checkout's models.
+
+    `python`: the reference. `auto`: the native codec when installed and built from these models, else the
+    reference (a WARNING when installed but stale). `native`: the native codec, or StartupError.
+    """
+    if mode == "python":
+        return rows_from_raw_py
+    module = _native()
+    if module is None:
+        if mode == "native":
+            raise StartupError(
+                f"MESSAGE_HISTORY_ROW_CODEC=native but {NATIVE_MODULE} is not installed (stack install --all)"
+            )
+        return rows_from_raw_py
+    expected = codec_fingerprint()
+    if expected != module.FINGERPRINT:
+        message = (
+            f"{NATIVE_MODULE} was built from other models (fingerprint {module.FINGERPRINT[:12]}, "
+            f"these models {expected[:12]}): recalled rows take the Python reference"
+        )
+        if mode == "native":
+            raise StartupError(message)
+        log.warning(message)
+        return rows_from_raw_py
+    return _with_reference(module.rows_from_raw)
+
+
+def _with_reference(
+    native: Callable[[Sequence[bytes]], list[RowBytes | None]],
+) -> Callable[[Sequence[bytes]], list[RowBytes | None]]:
+    """`native`, with the reference deciding every row it is not sure about (its None)."""
+
+    def rows(docs: Sequence[bytes]) -> list[RowBytes | None]:
+        out = native(docs)
+        for i, row in enumerate(out):
+            if row is None:
+                out[i] = rows_from_raw_py((docs[i],))[0]
+        return out
+
+    return rows
+
+
+_selected: Callable[[Sequence[bytes]], list[RowBytes | None]] | None = None
+
+
+def rows_from_raw(docs: Sequence[bytes]) -> list[RowBytes | None]:
+    """Per raw BSON document of the messages collection (fields of MESSAGE_PROJECTION), its RowBytes when
+    storage/recalled_rows.py would build a RecalledRow for it (the plain shape, canonical content), else None
+    (the caller takes the model path for that row). Never raises for a malformed row: None.
+
+    The implementation is chosen once, at first use, with `MESSAGE_HISTORY_ROW_CODEC` (`select_codec`);
+    the service chooses it at start-up with `use_codec`.
+    """
+    global _selected  # noqa: PLW0603 -- chosen once per process
+    if _selected is None:
+        _selected = select_codec(_mode_from_env())
+    return _selected(docs)
+
+
+def use_codec(mode: RowCodec) -> None:
+    """Choose `rows_from_raw`'s implementation now (start-up), so a stale native module is logged early."""
+    global _selected  # noqa: PLW0603 -- chosen once per process
+    _selected = select_codec(mode)
+
+
+def _mode_from_env() -> RowCodec:
+    return Settings().row_codec
+
+
+if __name__ == "__main__":  # `python -m storage.row_codec`: the fingerprint native/src/fingerprint.rs holds
+    sys.stdout.write(codec_fingerprint() + "\n")
