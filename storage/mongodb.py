@@ -42,7 +42,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
 import bson
@@ -55,6 +55,7 @@ from pymongo.results import BulkWriteResult
 from message_history.core.recall_plan import PlainRow
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
+from storage import row_codec
 from storage.client import CODEC, mongo_client
 from storage.documents import (
     MESSAGES,
@@ -65,7 +66,7 @@ from storage.documents import (
 )
 from storage.errors import storage_errors, to_storage_error
 from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
-from storage.recalled_rows import MESSAGE_PROJECTION, row_from_doc
+from storage.recalled_rows import MESSAGE_PROJECTION
 from storage.save_plan import SavePlan, _check_thread_id, _check_turns, plan_saves
 
 if TYPE_CHECKING:
@@ -112,24 +113,8 @@ _Build = Callable[[Mapping[str, Any]], _Row]
 
 # Rows the recall passes through are read as the reply's bytes; a date decoded from them (only a row the
 # model path must read) is naive, the cheaper decoding (`storage.row_codec` reads the milliseconds).
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_MILLISECOND: Final = timedelta(milliseconds=1)
 _DICTS: Final = cast("CodecOptions[Mapping[str, Any]]", CODEC)  # bson.decode's annotation wants Mapping
 RAW_CODEC: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument, tz_aware=False)
-
-
-def rows_from_raw(docs: Sequence[bytes]) -> list[PlainRow | None]:
-    """Interim Python reference of `storage.row_codec.rows_from_raw` (the codec branch replaces it): each
-    document as (id, createdAt ms, role, type, enriched JSON) when `row_from_doc` reads it as a view."""
-    out: list[PlainRow | None] = []
-    for raw in docs:
-        row = row_from_doc(bson.decode(raw, _DICTS), message_from_doc)
-        if row is None or row.id is None or row.createdAt is None:
-            out.append(None)
-            continue
-        millis = (row.createdAt - _EPOCH) // _MILLISECOND
-        out.append((row.id, millis, row.role, row.type, row.enriched_json("memory")))
-    return out
 
 
 def _raw_bytes(doc: Mapping[str, Any]) -> bytes:
@@ -325,7 +310,7 @@ class MongoHistoryStorage:
     @staticmethod
     def plain_rows(docs: Sequence[bytes]) -> list[PlainRow | None]:
         """The rows of `recall_raw_many` in the plain shape (None: the model path must read that row)."""
-        return rows_from_raw(docs)
+        return row_codec.rows_from_raw(docs)
 
     @staticmethod
     def recalled_from_raw(docs: Sequence[bytes]) -> list[Message]:
