@@ -294,8 +294,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             last_messages=item.memory.last_messages,
             budget=item.memory.budget,
             read_only=item.memory.read_only or not self._write_boundaries,
-            filter_echo=item.echo is not None,
-            echo_plan=item.echo,
+            echo=item.echo or False,
             counter=counter,
         )
 
