@@ -132,10 +132,15 @@ impl<'a> Parser<'a> {
                             // only \u00xx (lowercase) of a control character without a short escape
                             let hex = self.text.get(self.pos + 2..self.pos + 6)?;
                             let low = |c: u8| matches!(c, b'0'..=b'9' | b'a'..=b'f');
-                            if hex[0] != b'0' || hex[1] != b'0' || !matches!(hex[2], b'0' | b'1') || !low(hex[3]) {
+                            if hex[0] != b'0'
+                                || hex[1] != b'0'
+                                || !matches!(hex[2], b'0' | b'1')
+                                || !low(hex[3])
+                            {
                                 return None;
                             }
-                            if hex[2] == b'0' && matches!(hex[3], b'8' | b'9' | b'a' | b'c' | b'd') {
+                            if hex[2] == b'0' && matches!(hex[3], b'8' | b'9' | b'a' | b'c' | b'd')
+                            {
                                 return None; // \b \t \n \f \r have short forms
                             }
                             self.pos += 6;
@@ -184,20 +189,55 @@ const TOOL_INVOCATION: &[Field] = &[
     ("args", Check::Any, false),
     ("result", Check::Any, false),
 ];
-const SOURCE_INFO: &[Field] = &[("sourceType", Check::Str, true), ("id", Check::Str, true), ("url", Check::OptStr, false)];
-const ERROR_INFO: &[Field] = &[("name", Check::OptStr, false), ("message", Check::Str, true)];
+const SOURCE_INFO: &[Field] = &[
+    ("sourceType", Check::Str, true),
+    ("id", Check::Str, true),
+    ("url", Check::OptStr, false),
+];
+const ERROR_INFO: &[Field] = &[
+    ("name", Check::OptStr, false),
+    ("message", Check::Str, true),
+];
 
 const TYPE: Field = ("type", Check::Str, true);
 const PARTS: [(&str, &[Field]); 8] = [
     ("text", &[TYPE, ("text", Check::Str, true)]),
-    ("reasoning", &[TYPE, ("reasoning", Check::Str, false), ("details", Check::ListOfDicts, false)]),
-    ("tool-invocation", &[TYPE, ("toolInvocation", Check::Model(TOOL_INVOCATION), true)]),
-    ("source", &[TYPE, ("source", Check::Model(SOURCE_INFO), true)]),
+    (
+        "reasoning",
+        &[
+            TYPE,
+            ("reasoning", Check::Str, false),
+            ("details", Check::ListOfDicts, false),
+        ],
+    ),
+    (
+        "tool-invocation",
+        &[
+            TYPE,
+            ("toolInvocation", Check::Model(TOOL_INVOCATION), true),
+        ],
+    ),
+    (
+        "source",
+        &[TYPE, ("source", Check::Model(SOURCE_INFO), true)],
+    ),
     (
         "source-document",
-        &[TYPE, ("sourceId", Check::Str, true), ("mediaType", Check::Str, true), ("title", Check::Str, true)],
+        &[
+            TYPE,
+            ("sourceId", Check::Str, true),
+            ("mediaType", Check::Str, true),
+            ("title", Check::Str, true),
+        ],
     ),
-    ("file", &[TYPE, ("mimeType", Check::Str, true), ("data", Check::Str, true)]),
+    (
+        "file",
+        &[
+            TYPE,
+            ("mimeType", Check::Str, true),
+            ("data", Check::Str, true),
+        ],
+    ),
     ("step-start", &[TYPE]),
     ("error", &[TYPE, ("error", Check::Model(ERROR_INFO), true)]),
 ];
@@ -231,7 +271,9 @@ fn check(c: Check, v: &Json<'_>) -> bool {
         Check::OptDict => matches!(v, Json::Null | Json::Object(_)),
         Check::Format2 => matches!(v, Json::Int(b"2")),
         // strings compare escaped: a known name has no escape, so equal bodies are equal strings
-        Check::ToolState => matches!(v, Json::Str(s) if TOOL_STATES.iter().any(|t| t.as_bytes() == *s)),
+        Check::ToolState => {
+            matches!(v, Json::Str(s) if TOOL_STATES.iter().any(|t| t.as_bytes() == *s))
+        }
         Check::Model(fields) => model(fields, v),
     }
 }
@@ -243,7 +285,10 @@ fn model(fields: &[Field], v: &Json<'_>) -> bool {
     let mut in_extras = false;
     let mut seen = 0usize; // required fields present
     for (key, value) in items {
-        let Some(position) = fields.iter().position(|(name, _, _)| name.as_bytes() == *key) else {
+        let Some(position) = fields
+            .iter()
+            .position(|(name, _, _)| name.as_bytes() == *key)
+        else {
             in_extras = true;
             continue;
         };
@@ -263,7 +308,9 @@ fn model(fields: &[Field], v: &Json<'_>) -> bool {
 /// `_part`: a known part by its model, a `data-…` part (the `^data-.+` pattern), or an unknown part.
 fn part(v: &Json<'_>) -> bool {
     let Json::Object(items) = v else { return false };
-    let Some((_, Json::Str(kind))) = items.iter().find(|(k, _)| *k == b"type") else { return false };
+    let Some((_, Json::Str(kind))) = items.iter().find(|(k, _)| *k == b"type") else {
+        return false;
+    };
     if let Some((_, fields)) = PARTS.iter().find(|(name, _)| name.as_bytes() == *kind) {
         return model(fields, v);
     }

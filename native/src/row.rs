@@ -34,7 +34,8 @@ pub fn parse(doc: &[u8]) -> Option<Row<'_>> {
         return None;
     }
     let end = len - 1; // the document's terminator
-    let (mut id, mut thread_id, mut resource_id, mut role, mut content) = (None, None, None, None, None);
+    let (mut id, mut thread_id, mut resource_id, mut role, mut content) =
+        (None, None, None, None, None);
     let mut ms: Option<i64> = None;
     let mut kind: Option<Option<&str>> = None;
     let mut extra = false;
@@ -80,7 +81,9 @@ pub fn parse(doc: &[u8]) -> Option<Row<'_>> {
             (b"content", Value::Str(s)) => content.replace(s).is_none(),
             (b"createdAt", Value::Date(v)) => ms.replace(v).is_none(),
             // as `message_from_doc`: an empty type or Mastra's own 'v2' is not part of the message
-            (b"type", Value::Str(s)) => kind.replace((!s.is_empty() && s != "v2").then_some(s)).is_none(),
+            (b"type", Value::Str(s)) => kind
+                .replace((!s.is_empty() && s != "v2").then_some(s))
+                .is_none(),
             (b"type", Value::Null) => kind.replace(None).is_none(),
             (b"_mh_extra", Value::Null) => !std::mem::replace(&mut extra, true),
             _ => return None, // another field, or a wrong type: not the plain shape
@@ -157,7 +160,14 @@ pub fn write_str(out: &mut Vec<u8>, s: &str) {
         };
         out.extend_from_slice(&bytes[start..i]);
         if escape.is_empty() {
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 0xF) as usize]]);
+            out.extend_from_slice(&[
+                b'\\',
+                b'u',
+                b'0',
+                b'0',
+                HEX[(b >> 4) as usize],
+                HEX[(b & 0xF) as usize],
+            ]);
         } else {
             out.extend_from_slice(escape);
         }
