@@ -117,6 +117,44 @@ _DICTS: Final = cast("CodecOptions[Mapping[str, Any]]", CODEC)  # bson.decode's 
 RAW_CODEC: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument, tz_aware=False)
 
 
+class _RawOwner:
+    """`thread_id` and the `resourceId` check of a raw reply's documents, read from the bytes where the
+    document's layout makes it certain (else from the decoded document, ~5 us: most of a raw row's cost).
+
+    Certain: `id` then `thread_id` as the first two elements, both strings, and no other key named
+    `thread_id` anywhere in the document; a string `resourceId` element equal to the asked resource and no
+    other key so named."""
+
+    __slots__ = ("_elements",)
+
+    def __init__(self) -> None:
+        self._elements: dict[str, bytes] = {}
+
+    def thread(self, doc: Mapping[str, Any]) -> Any:
+        raw = bytes(cast(RawBSONDocument, doc).raw)
+        if raw[4:8] == b"\x02id\x00" and raw.count(b"thread_id\x00") == 1:
+            start = 12 + int.from_bytes(raw[8:12], "little")
+            if raw[start : start + 11] == b"\x02thread_id\x00":
+                size = int.from_bytes(raw[start + 11 : start + 15], "little")
+                try:
+                    return raw[start + 15 : start + 14 + size].decode()
+                except UnicodeDecodeError:
+                    pass
+        return doc.get("thread_id", "")
+
+    def owned(self, doc: Mapping[str, Any], resource: str) -> bool:
+        """`doc.get("resourceId") == resource`."""
+        element = self._elements.get(resource)
+        if element is None:
+            value = resource.encode()
+            element = b"\x02resourceId\x00" + (len(value) + 1).to_bytes(4, "little") + value + b"\x00"
+            self._elements[resource] = element
+        raw = bytes(cast(RawBSONDocument, doc).raw)
+        if raw.count(b"resourceId\x00") == 1 and element in raw:
+            return True
+        return doc.get("resourceId") == resource
+
+
 def _raw_bytes(doc: Mapping[str, Any]) -> bytes:
     assert isinstance(doc, RawBSONDocument)  # read from `raw_messages`
     return bytes(doc.raw)
@@ -374,11 +412,14 @@ class MongoHistoryStorage:
         with storage_errors("list_messages_many"):
             docs = await cursor.to_list()
         pages: dict[str, list[_Row]] = {tid: [] for tid in ids}
+        owner = _RawOwner() if build is _raw_bytes else None
         for doc in docs:
-            wanted = by_thread.get(doc.get("thread_id", ""))
+            wanted = by_thread.get(owner.thread(doc) if owner else doc.get("thread_id", ""))
             if wanted is None:
                 continue
-            if wanted.resource_id is not None and doc.get("resourceId") != wanted.resource_id:
+            if wanted.resource_id is not None and not (
+                owner.owned(doc, wanted.resource_id) if owner else doc.get("resourceId") == wanted.resource_id
+            ):
                 continue
             page = pages[wanted.thread_id]
             if wanted.limit is None or len(page) < wanted.limit:

@@ -60,8 +60,8 @@ def _thread_docs(seed: int, thread: str) -> list[dict[str, Any]]:
     return docs
 
 
-def _record(offset: int, thread: str, seed: int, stored_ids: Sequence[str]) -> Any:
-    request = request_for(seed, thread, RESOURCE, stored_ids)
+def _record(offset: int, thread: str, seed: int, stored_ids: Sequence[str], resource: str = RESOURCE) -> Any:
+    request = request_for(seed, thread, resource, stored_ids)
     value = json.loads(request.model_dump_json(exclude_unset=True))
     value["memory"] = dict(MEMORIES[seed % len(MEMORIES)])
     if seed % 2:
@@ -91,18 +91,25 @@ async def _or_error(storage: MongoHistoryStorage, records: Sequence[Any], *, fas
         return type(exc)
 
 
-async def test_plain_recall_gives_todays_bytes(
-    mongo_db: AsyncDatabase[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def _seed(mongo_db: AsyncDatabase[dict[str, Any]]) -> list[list[Any]]:
+    """Per thread, its requests (1 to 3; a few from another resource, which recall nothing)."""
     await mongo_db[MESSAGES].create_index([("thread_id", 1), ("createdAt", 1), ("id", 1)])
-    batches: list[list[Any]] = []
+    per_thread: list[list[Any]] = []
     for seed in range(THREADS):
         thread = f"p{seed}"
         docs = _thread_docs(seed, thread)
         if docs:
             await mongo_db[MESSAGES].insert_many(docs, ordered=False)
         ids = [str(d.get("id")) for d in docs]
-        batches.append([_record(n, thread, seed * 3 + n, ids) for n in range(1 + seed % 3)])
+        resource = "someone-else" if seed % 7 == 3 else RESOURCE
+        per_thread.append([_record(n, thread, seed * 3 + n, ids, resource) for n in range(1 + seed % 3)])
+    return per_thread
+
+
+async def test_plain_recall_gives_todays_bytes(
+    mongo_db: AsyncDatabase[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    batches = await _seed(mongo_db)
     decided = 0
     plain_page = recall_plan.plain_page
 
@@ -126,3 +133,27 @@ async def test_plain_recall_gives_todays_bytes(
     assert compared > THREADS  # most threads hold no broken row
     assert failed > 0  # broken rows were met and failed both routes alike
     assert decided > THREADS // 8  # the plain route was taken, not only its fallback
+
+
+@pytest.mark.parametrize("resources", ["one", "mixed"])
+async def test_batches_of_threads_give_todays_bytes(
+    mongo_db: AsyncDatabase[dict[str, Any]], resources: str
+) -> None:
+    """Batches of many threads: one `$in` read, the reply cut per thread (and per resource) from its bytes."""
+    per_thread = await _seed(mongo_db)
+    if resources == "one":
+        per_thread = [records for records in per_thread if b'"someone-else"' not in records[0].value]
+    storage = MongoHistoryStorage(mongo_db)
+    compared = 0
+    for start in range(0, len(per_thread), 12):
+        records = [r for thread in per_thread[start : start + 12] for r in thread]
+        records = [_renumbered(r, n) for n, r in enumerate(records)]
+        today = await _or_error(storage, records, fast=False)
+        assert await _or_error(storage, records, fast=True) == today
+        compared += len(today) if isinstance(today, list) else 0
+    assert compared > THREADS // 8  # a batch holding a broken row fails whole, on both routes
+
+
+def _renumbered(record: Any, offset: int) -> Any:
+    record.offset = offset
+    return record
