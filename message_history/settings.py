@@ -225,7 +225,7 @@ class Settings(BaseSettings):
 
 def settings_slice(cls: type[D], settings: Settings) -> D:
     """The dataclass `cls` filled from the settings of the same names: one spelling of each shared option
-    (`schemas.limits.Limits`, `consumers.recall.MemoryDefaults`); a field the settings lack is an
+    (`schemas.limits.Limits`, `core.memory_options.MemoryDefaults`); a field the settings lack is an
     AttributeError."""
     values: dict[str, Any] = {f.name: getattr(settings, f.name) for f in dataclasses.fields(cls)}
     return cls(**values)
