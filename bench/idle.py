@@ -24,6 +24,7 @@ import contextlib
 import json
 import socket
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -35,6 +36,7 @@ from bench.kafka_io import SEQ_HEADER, Record, create_topics, seq_of
 from bench.procstat import cpu_seconds, peak_rss_bytes
 from bench.progress import Progress, log
 from bench.stats import LineResult
+from bench.stream_line import scrape_stages
 from bench.workload import encode_json, enriched_event, request_event, response_event
 from producers.connection import kafka_options
 from storage.turns import TURNS
@@ -137,13 +139,27 @@ async def _clear_busy_markers(ctx: RunContext) -> int:
         await client.close()
 
 
-def _service_env(ctx: RunContext, topics: dict[str, str]) -> dict[str, str]:
+def _service_env(ctx: RunContext, topics: dict[str, str], port: int) -> dict[str, str]:
     return ctx.child_env(
         MESSAGE_HISTORY_GROUP_ID=f"bench-{ctx.workload.run_id}-idle-service",
         MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
-        MESSAGE_HISTORY_HTTP_PORT=str(_free_port()),
+        MESSAGE_HISTORY_HTTP_PORT=str(port),
         **{f"MESSAGE_HISTORY_{k}_TOPIC": v for k, v in topics.items()},
     )
+
+
+def stage_ms_per_turn(
+    before: Mapping[str, float], after: Mapping[str, float], turns: int
+) -> dict[str, float]:
+    """Milliseconds per timed turn in each `path/stage` of the service (its stage histograms' sums, the
+    warm-up's subtracted): where a quiet turn's time goes inside the service. Pure."""
+    if turns <= 0:
+        return {}
+    return {
+        name: round((after[name] - before.get(name, 0.0)) * 1000 / turns, 2)
+        for name in sorted(after)
+        if "/" in name and not name.endswith(("/batches", "/mean_batch"))
+    }
 
 
 async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
@@ -168,9 +184,11 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         if cleared:
             log(f"idle latency: removed {cleared:,} busy-thread markers left by the earlier lines")
         await create_topics(ctx.settings, [*topics.values(), fwd_in, fwd_out], w.partitions)
+        port = _free_port()
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
         service = await processes.spawn(
             [ctx.python(), "-m", "message_history", "run"],
-            env=_service_env(ctx, topics),
+            env=_service_env(ctx, topics, port),
             log=ctx.log_dir / "idle_service.log",
         )
         config = {"in_topic": fwd_in, "out_topic": fwd_out, "group_id": f"bench-{w.run_id}-idle-forwarder"}
@@ -181,7 +199,21 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         )
         await outputs.start()
         await producer.start()
-        await _alternate(ctx, _Step(producer, outputs), (service, forwarder), topics, fwd_in, results, turns)
+        warm: dict[str, Mapping[str, float]] = {}
+
+        async def warmed() -> None:  # the stage sums once the warm-up turns are done
+            warm["stages"] = await asyncio.to_thread(scrape_stages, metrics_url)
+
+        await _alternate(
+            ctx, _Step(producer, outputs), (service, forwarder), topics, fwd_in, results, turns, warmed
+        )
+        stages = stage_ms_per_turn(
+            warm.get("stages", {}), await asyncio.to_thread(scrape_stages, metrics_url), turns
+        )
+        for path in ("recall", "persist"):
+            own = {k: v for k, v in stages.items() if k.startswith(f"{path}/")}
+            results[f"idle_service_{path}"].details["stage_ms_per_turn"] = own
+        log(f"idle latency: the service's stages, ms per timed turn: {stages}")
         for name, pid in (("service", service.pid), ("forwarder", forwarder.pid)):
             rss = peak_rss_bytes(pid)
             for path in ("recall", "persist"):
@@ -210,8 +242,10 @@ async def _alternate(
     fwd_in: str,
     results: dict[str, LineResult],
     turns: int,
+    warmed: Callable[[], Awaitable[None]],
 ) -> None:
-    """The warm-up turns, then `turns` timed ones: request, forwarder, response, forwarder, one at a time."""
+    """The warm-up turns, then `turns` timed ones: request, forwarder, response, forwarder, one at a time;
+    `warmed` is awaited between the two."""
     w, (service, forwarder) = ctx.workload, procs
     turn, progress = ctx.turns.fresh(), Progress("idle latency")
     enriched_cache: dict[int, bytes] = {}
@@ -221,6 +255,8 @@ async def _alternate(
             turn = ctx.turns.fresh()  # wrapping around the threads moves on to a fresh turn: ids stay new
         i = n % w.threads
         timed = n >= _WARMUP_TURNS
+        if n == _WARMUP_TURNS:
+            await warmed()
         key = w.thread_id(i).encode()
         if i not in enriched_cache:
             enriched_cache[i] = encode_json(enriched_event(w, i, ctx.turns.recall, w.history))

@@ -10,6 +10,7 @@ from bench import targets
 from bench.cli import SIDE
 from bench.cli import main as bench_main
 from bench.extra import failover
+from bench.idle import stage_ms_per_turn
 from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
 from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
@@ -346,3 +347,12 @@ def test_failover_summary_splits_threads_by_the_dead_instance_and_the_kill() -> 
         "none_incomplete": False,
     }
     assert "dead/after" in failover.render(summary)
+
+
+def test_idle_stage_ms_per_turn_subtracts_the_warm_up() -> None:
+    """The idle line's per-stage figures are the timed turns' own: the warm-up's sums are subtracted, batch
+    counts are not stages, and a stage first seen after the warm-up counts from zero."""
+    before = {"recall/recall": 0.010, "recall/batches": 3.0, "recall/mean_batch": 1.0}
+    after = {"recall/recall": 0.41, "persist/persist": 0.2, "recall/batches": 103.0}
+    assert stage_ms_per_turn(before, after, 100) == {"persist/persist": 2.0, "recall/recall": 4.0}
+    assert stage_ms_per_turn(before, after, 0) == {}
