@@ -2,8 +2,9 @@
 
 A user's view of the service when nothing else is going on: `message-history run` (both paths, one process,
 the defaults: barrier on, busy-thread `enqueue`) on fresh topics, and B1's consume -> produce forwarder
-(`bench/passthrough.py`) on topics of its own, both warm. The harness then alternates, one event in flight
-at a time: a request -> its `EnrichedRequest` read; an enriched-size record through the forwarder; the
+(`bench/passthrough.py`, without linger: the floor; a linger is the service's choice, and a floor that
+lingered as long would hide it) on topics of its own, both warm. The harness then alternates, one event in
+flight at a time: a request -> its `EnrichedRequest` read; an enriched-size record through the forwarder; the
 turn's response -> its `HistoryPersisted` read; a response-size record through the forwarder. Interleaving
 them puts the same broker, machine load and moment behind both figures, so their ratio is measured side by
 side. Each step's latency is from the send to the output being read by the harness (as the other lines'
@@ -13,8 +14,8 @@ Four results: `idle_service_recall`, `idle_forwarder_recall`, `idle_service_pers
 `idle_forwarder_persist`.
 
 The line starts from no turn in flight: earlier lines (the recall lines with the default `enqueue` policy)
-leave every thread marked busy, which would make each request here wait `MESSAGE_HISTORY_TURN_TIMEOUT_MS`,
-so the benchmark database's busy-thread markers are removed first.
+leave every thread marked busy, which would make each request here wait `MESSAGE_HISTORY_TURN_TIMEOUT_MS`, so
+the benchmark database's busy-thread markers are removed first.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ async def _clear_busy_markers(ctx: RunContext) -> int:
 
 
 def _service_env(ctx: RunContext, topics: dict[str, str], port: int) -> dict[str, str]:
-    return ctx.child_env(
+    return ctx.service_child_env(
         MESSAGE_HISTORY_GROUP_ID=f"bench-{ctx.workload.run_id}-idle-service",
         MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
         MESSAGE_HISTORY_HTTP_PORT=str(port),
@@ -191,7 +192,12 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
             env=_service_env(ctx, topics, port),
             log=ctx.log_dir / "idle_service.log",
         )
-        config = {"in_topic": fwd_in, "out_topic": fwd_out, "group_id": f"bench-{w.run_id}-idle-forwarder"}
+        config = {
+            "in_topic": fwd_in,
+            "out_topic": fwd_out,
+            "group_id": f"bench-{w.run_id}-idle-forwarder",
+            "linger_ms": 0,  # the floor of one record's consume -> produce: a linger would be the service's
+        }
         forwarder = await processes.spawn(
             [ctx.python(), "-m", "bench.worker", "passthrough", json.dumps(config | {"batch": w.batch})],
             env=ctx.child_env(),

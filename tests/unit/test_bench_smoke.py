@@ -9,6 +9,7 @@ import pytest
 from bench import targets
 from bench.cli import SIDE
 from bench.cli import main as bench_main
+from bench.context import SERVICE_RUNTIME_ENV, parse_env
 from bench.extra import failover
 from bench.idle import stage_ms_per_turn
 from bench.profile import summarize as summarize_profile
@@ -356,3 +357,23 @@ def test_idle_stage_ms_per_turn_subtracts_the_warm_up() -> None:
     after = {"recall/recall": 0.41, "persist/persist": 0.2, "recall/batches": 103.0}
     assert stage_ms_per_turn(before, after, 100) == {"persist/persist": 2.0, "recall/recall": 4.0}
     assert stage_ms_per_turn(before, after, 0) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("none", {}),
+        ("", {}),
+        ("MALLOC_ARENA_MAX=2", {"MALLOC_ARENA_MAX": "2"}),
+        ("A=1, B=x=y", {"A": "1", "B": "x=y"}),
+        ("image", dict(SERVICE_RUNTIME_ENV)),
+    ],
+)
+def test_service_env_option(text: str, expected: dict[str, str]) -> None:
+    """`--service-env`: the image's runtime environment by default, none, or K=V pairs for an A/B."""
+    assert parse_env(text) == expected
+
+
+def test_service_env_option_refuses_a_bare_name() -> None:
+    with pytest.raises(ValueError, match="not K=V"):
+        parse_env("MALLOC_ARENA_MAX")
