@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -12,6 +13,7 @@ from bench.cli import main as bench_main
 from bench.context import SERVICE_RUNTIME_ENV, parse_env
 from bench.extra import failover
 from bench.idle import stage_ms_per_turn
+from bench.procstat import minor_faults
 from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
 from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
@@ -377,3 +379,16 @@ def test_service_env_option(text: str, expected: dict[str, str]) -> None:
 def test_service_env_option_refuses_a_bare_name() -> None:
     with pytest.raises(ValueError, match="not K=V"):
         parse_env("MALLOC_ARENA_MAX")
+
+
+def test_minor_faults_count_fresh_pages() -> None:
+    """The page-fault figure of the lines moves when a process touches fresh memory (64 MiB: mmapped, zero
+    pages until written), and is None for a process that is gone."""
+    before = minor_faults(os.getpid())
+    assert before is not None
+    buffer = bytearray(64 << 20)
+    buffer[::4096] = b"\x01" * len(range(0, len(buffer), 4096))
+    after = minor_faults(os.getpid())
+    assert after is not None
+    assert after - before >= (64 << 20) // 4096 // 2  # at least half the pages (some may be huge pages)
+    assert minor_faults(2**22 + 12345) is None
