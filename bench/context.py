@@ -17,9 +17,11 @@ REPO = Path(__file__).resolve().parent.parent
 MONGODB_TIMEOUT_MS = 600_000
 
 SERVICE_RUNTIME_ENV: Mapping[str, str] = {}
-"""The runtime environment the image gives the service (deploy/Dockerfile's ENV, the chart's env, the local
-stack's launch: `tests/unit/test_runtime_env.py` keeps them equal): every service process of the bench gets
-it, so the bench measures what production runs (`--service-env` replaces it for an A/B)."""
+"""The runtime environment the image gives the service beyond its settings (deploy/Dockerfile's ENV, the
+chart's env, the local stack's launch): every service process of the bench gets it, so the bench measures
+what production runs (`--service-env` replaces it for an A/B). Empty: the glibc malloc tunables measured for
+issue 25 did not pay (docs/operations.md#11-runtime-and-allocator-settings); the GC settings are the
+service's own defaults."""
 
 
 def parse_env(text: str) -> dict[str, str]:

@@ -188,7 +188,7 @@ class Settings(BaseSettings):
 
     # --- runtime (docs/operations.md#11-runtime-and-allocator-settings) ---
     gc_freeze: bool = Field(
-        False,
+        True,
         description=(
             "Move every object alive after start-up (modules, models, settings) out of the garbage "
             "collector's reach (`gc.freeze()`), so that its full collections walk only what the stream "
@@ -196,10 +196,10 @@ class Settings(BaseSettings):
         ),
     )
     gc_threshold: int = Field(
-        700,
+        10_000,
         ge=0,
         description=(
-            "The young generation's collection threshold (`gc.set_threshold`, Python's default 700): "
+            "The young generation's collection threshold (`gc.set_threshold`; Python's default is 700): "
             "allocations net of frees between two young collections; 0 turns automatic collection off."
         ),
     )

@@ -19,10 +19,18 @@ def _restore_gc() -> Iterator[None]:
     gc.set_threshold(*threshold)
 
 
-def test_defaults_leave_pythons_collector_as_it_is() -> None:
+def test_defaults_freeze_and_raise_the_young_threshold() -> None:
+    """The defaults the benchmark chose (docs/operations.md#11-runtime-and-allocator-settings)."""
     before = gc.get_threshold()
     tune_gc(Settings())
-    assert gc.get_threshold() == (Settings().gc_threshold, before[1], before[2])
+    assert gc.get_threshold() == (10_000, before[1], before[2])
+    assert gc.get_freeze_count() > 0
+
+
+def test_pythons_own_collector_when_asked() -> None:
+    before = gc.get_threshold()
+    tune_gc(Settings(gc_freeze=False, gc_threshold=700))
+    assert gc.get_threshold() == (700, before[1], before[2])
     assert gc.get_freeze_count() == 0
 
 
