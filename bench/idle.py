@@ -34,7 +34,7 @@ from pymongo import AsyncMongoClient
 from bench import processes
 from bench.context import RunContext
 from bench.kafka_io import SEQ_HEADER, Record, create_topics, seq_of
-from bench.procstat import cpu_seconds, peak_rss_bytes
+from bench.procstat import cpu_seconds_fine, peak_rss_bytes
 from bench.progress import Progress, log
 from bench.stats import LineResult
 from bench.stream_line import scrape_stages
@@ -116,11 +116,11 @@ class _Step:
         seq = self._seq
         done = self._outputs.expect(seq)
         key, value = record
-        cpu_before = cpu_seconds(pid)
+        cpu_before = cpu_seconds_fine(pid)
         sent = time.perf_counter()
         await self._producer.send(topic, value=value, key=key, headers=[(SEQ_HEADER, str(seq).encode())])
         read = await asyncio.wait_for(done, timeout_s)
-        cpu_after = cpu_seconds(pid)
+        cpu_after = cpu_seconds_fine(pid)
         if result is None:
             return
         result.events += 1

@@ -13,7 +13,7 @@ from bench.cli import main as bench_main
 from bench.context import SERVICE_RUNTIME_ENV, parse_env
 from bench.extra import failover
 from bench.idle import stage_ms_per_turn
-from bench.procstat import minor_faults
+from bench.procstat import cpu_seconds, cpu_seconds_fine, minor_faults
 from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
 from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
@@ -392,3 +392,20 @@ def test_minor_faults_count_fresh_pages() -> None:
     assert after is not None
     assert after - before >= (64 << 20) // 4096 // 2  # at least half the pages (some may be huge pages)
     assert minor_faults(2**22 + 12345) is None
+
+
+def test_fine_cpu_seconds_see_a_few_milliseconds() -> None:
+    """The lines' CPU figure resolves less than a clock tick (10 ms), so a short window (the quick run's B1:
+    ~10 ms for 120 records) is not read as 0; and it agrees with the tick count to within a tick or two."""
+    before = cpu_seconds_fine(os.getpid())
+    assert before is not None
+    total = 0
+    for i in range(20_000):  # a couple of milliseconds of work, well under a tick
+        total += i * i
+    after = cpu_seconds_fine(os.getpid())
+    assert after is not None
+    assert after > before
+    ticks = cpu_seconds(os.getpid())
+    assert ticks is not None
+    assert abs(after - ticks) < 0.05
+    assert cpu_seconds_fine(2**22 + 12345) is None
