@@ -46,6 +46,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner
 from pymongo import AsyncMongoClient
 
 from bench.stats import percentile
@@ -324,7 +325,7 @@ async def _drive(
         await consumer.seek_to_end()
         worker = asyncio.create_task(_worker(consumer, waiting, run))
         end = time.monotonic() + args.before_s + args.after_s
-        threads = [f"{topics['requests']}-t{i:03d}" for i in range(args.threads)]
+        threads = _spread_threads(topics["requests"], args.threads, args.partitions)
         users = [
             asyncio.create_task(_converse(t, producer, topics, waiting, run, end, args.think_ms / 1000))
             for t in threads
@@ -416,7 +417,27 @@ def _default_session_ms(root: Path) -> int:
     return DEFAULT_SESSION_MS
 
 
-QUICK = {"threads": 4, "partitions": 3, "before_s": 6.0, "after_s": 14.0, "session_timeout_ms": 6000}
+def _spread_threads(prefix: str, count: int, partitions: int) -> list[str]:
+    """`count` thread ids spread evenly over the partitions by the producer's own partitioner (murmur2 of the
+    key): ids made from the run's random topic name could all land on the dead instance's partitions, leaving
+    no "others" to compare with (seen in a quick run: 4 threads, all on 2 of 3 partitions)."""
+    partitioner = DefaultPartitioner()
+    every = list(range(partitions))
+    per = -(-count // partitions)  # ceil
+    taken: dict[int, int] = dict.fromkeys(every, 0)
+    threads: list[str] = []
+    i = 0
+    while len(threads) < count:
+        thread = f"{prefix}-t{i:03d}"
+        i += 1
+        partition = partitioner(thread.encode(), every, every)
+        if taken[partition] < per:
+            taken[partition] += 1
+            threads.append(thread)
+    return threads
+
+
+QUICK = {"threads": 6, "partitions": 3, "before_s": 6.0, "after_s": 14.0, "session_timeout_ms": 6000}
 
 
 def parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ import json
 import os
 
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from bench import targets
 from bench.cli import SIDE
@@ -409,3 +410,16 @@ def test_fine_cpu_seconds_see_a_few_milliseconds() -> None:
     assert ticks is not None
     assert abs(after - ticks) < 0.05
     assert cpu_seconds_fine(2**22 + 12345) is None
+
+
+@pytest.mark.parametrize(("count", "partitions"), [(6, 3), (4, 3), (24, 6), (1, 3)])
+def test_failover_threads_cover_every_partition(count: int, partitions: int) -> None:
+    """Ids from a random topic name alone once put a quick run's 4 threads on 2 of 3 partitions, both the
+    dead instance's, so the run had no "others" to compare with; the ids are chosen by the partitioner."""
+    every = list(range(partitions))
+    threads = failover._spread_threads("mh-requests-0123abcd", count, partitions)
+    homes = [DefaultPartitioner()(t.encode(), every, every) for t in threads]
+    assert len(set(threads)) == count
+    per = -(-count // partitions)
+    assert all(homes.count(p) <= per for p in every)
+    assert len(set(homes)) == min(count, partitions)
