@@ -19,6 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Protocol
 
 from consumers.collect import Loaded, PersistBuffer, Slot, load_batch
@@ -38,8 +39,8 @@ from message_history.errors import InvalidInputError
 from message_history.processor.history import check_owner
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
-from schemas.codec import decode_response, keyed_by_thread
-from schemas.events import AgentResponse, HistoryPersisted, TurnMessage
+from schemas.codec import decode_response, keyed_by_thread, persisted_value
+from schemas.events import AgentResponse, Skipped, TurnMessage
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
@@ -158,32 +159,22 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             results[index] = ack if marks is None else ack_after(marks, ack)
         labels: list[str] = []
         for (index, item), outcome in zip(items, outcomes, strict=True):
-            event = (
-                _failed(outcome) if isinstance(outcome, Failed) else self._persisted(item.response, outcome)
-            )
-            if isinstance(event, InvalidInputError):
-                results[index] = event
-                spans.fail(index, event)
+            result = _failed(outcome) if isinstance(outcome, Failed) else _outcome(outcome)
+            if isinstance(result, InvalidInputError):
+                results[index] = result
+                spans.fail(index, result)
                 continue
-            _describe(spans, index, event)
-            ack = await self.publisher.publish(event, headers=spans.headers(index, item.record))
+            response, (saved_ids, skipped, updated_at) = item.response, result
+            _describe(spans, index, saved_ids, skipped)
+            value = persisted_value(
+                response, saved_ids=saved_ids, skipped=skipped, thread_updated_at=updated_at
+            )
+            headers = spans.headers(index, item.record)
+            ack = await self.publisher.publish_value(response.threadId, value, headers=headers)
             spans.end_when_done(index, ack)
             results[index] = ack if marks is None else ack_after(marks, ack)
-            labels.append("persisted" if event.skipped is None else f"skipped-{event.skipped}")
+            labels.append("persisted" if skipped is None else f"skipped-{skipped}")
         _count_outcomes(labels)
-
-    @staticmethod
-    def _persisted(response: AgentResponse, done: _Done) -> HistoryPersisted | InvalidInputError:
-        """The outcome event, from the flushed buffer: the thread as written, or the write's refusal."""
-        result = done.slot.result
-        if isinstance(result, InvalidInputError):
-            return result  # ThreadOwnershipError found by the write itself
-        return HistoryPersisted.for_response(
-            response,
-            saved_ids=done.saved_ids,
-            skipped=done.skipped,
-            thread_updated_at=result.updatedAt if isinstance(result, Thread) else None,
-        )
 
     def _mark_answered(
         self,
@@ -231,10 +222,10 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         return _Item(record, response)
 
     async def _answer_forgotten(self, index: int, item: _Item, spans: tracing.BatchSpans) -> Ack:
-        skipped = HistoryPersisted.for_response(
-            item.response, saved_ids=[], skipped="forgotten", thread_updated_at=None
-        )
-        ack = await self.publisher.publish(skipped, headers=spans.headers(index, item.record))
+        response = item.response
+        skipped = persisted_value(response, saved_ids=[], skipped="forgotten", thread_updated_at=None)
+        headers = spans.headers(index, item.record)
+        ack = await self.publisher.publish_value(response.threadId, skipped, headers=headers)
         spans.end_when_done(index, ack)
         metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
         return ack
@@ -309,11 +300,20 @@ def _keep_legacy_ids(response: AgentResponse, ids: Mapping[str, str], loaded: Lo
     ]
 
 
-def _describe(spans: tracing.BatchSpans, index: int, event: HistoryPersisted) -> None:
+def _outcome(done: _Done) -> tuple[list[str], Skipped | None, datetime | None] | InvalidInputError:
+    """The outcome event's fields (saved ids, skipped, the thread's updatedAt), from the flushed buffer:
+    the thread as written, or the write's refusal."""
+    result = done.slot.result
+    if isinstance(result, InvalidInputError):
+        return result  # ThreadOwnershipError found by the write itself
+    return done.saved_ids, done.skipped, result.updatedAt if isinstance(result, Thread) else None
+
+
+def _describe(spans: tracing.BatchSpans, index: int, saved_ids: list[str], skipped: Skipped | None) -> None:
     span = spans.span(index)
     if span is not None:
-        span.set_attribute("message_history.skipped", event.skipped or "")
-        span.set_attribute("message_history.saved", len(event.savedMessageIds))
+        span.set_attribute("message_history.skipped", skipped or "")
+        span.set_attribute("message_history.saved", len(saved_ids))
 
 
 def _count_outcomes(labels: Sequence[str]) -> None:
