@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from bench import targets
-from bench.context import REPO, Budget
+from bench.context import REPO, Budget, parse_env
 from bench.run import ALL_LINES, Options, run
 from bench.scale import render_scale, run_scale
 from bench.stats import ratios, render_table
@@ -87,6 +87,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", action="store_true", help="py-spy the service's lines (needs py-spy)")
     p.add_argument("--repeat", type=int, default=1, help="rounds of every line; each keeps its median")
     p.add_argument(
+        "--service-env",
+        default="image",
+        help="the service processes' runtime environment: `image` (what deploy/Dockerfile sets), `none`, "
+        "or K=V,K=V (an A/B of allocator settings) (%(default)s)",
+    )
+    p.add_argument(
         "--scale",
         metavar="SIZES",
         help="recall latency as history grows: comma-separated stored-message counts, a run each "
@@ -127,6 +133,7 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         keep=args.keep,
         profile=args.profile,
         repeat=max(1, args.repeat),
+        service_env=parse_env(args.service_env),
     )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +15,24 @@ from message_history.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 MONGODB_TIMEOUT_MS = 600_000
+
+SERVICE_RUNTIME_ENV: Mapping[str, str] = {}
+"""The runtime environment the image gives the service beyond its settings (deploy/Dockerfile's ENV, the
+chart's env, the local stack's launch): every service process of the bench gets it, so the bench measures
+what production runs (`--service-env` replaces it for an A/B). Empty: the glibc malloc tunables measured for
+issue 25 did not pay (docs/operations.md#11-runtime-and-allocator-settings); the GC settings are the
+service's own defaults."""
+
+
+def parse_env(text: str) -> dict[str, str]:
+    """`--service-env`: `K=V,K=V`; `image` is `SERVICE_RUNTIME_ENV`, `none` (or nothing) is empty. Pure."""
+    if text.strip() == "image":
+        return dict(SERVICE_RUNTIME_ENV)
+    pairs = [item.strip() for item in text.split(",") if item.strip() and item.strip() != "none"]
+    bad = [item for item in pairs if "=" not in item]
+    if bad:
+        raise ValueError(f"not K=V: {', '.join(bad)}")
+    return dict(item.split("=", 1) for item in pairs)
 
 
 @dataclass
@@ -43,6 +61,7 @@ class RunContext:
     profile: bool = False  # py-spy the service during its throughput windows
     settle: Callable[[], Awaitable[float]] | None = None  # waits until the servers are quiet again
     restore: Callable[[], Awaitable[int]] | None = None  # removes every message written after seeding
+    service_env: Mapping[str, str] = field(default_factory=lambda: dict(SERVICE_RUNTIME_ENV))
 
     async def quiet(self, *, wrote: bool = False) -> None:
         """Between lines: wait until the servers have finished what the last line left in flight; after a
@@ -75,6 +94,10 @@ class RunContext:
         env["MESSAGE_HISTORY_MONGODB_TIMEOUT_MS"] = str(MONGODB_TIMEOUT_MS)
         env.update(extra)
         return env
+
+    def service_child_env(self, **extra: str) -> dict[str, str]:
+        """`child_env` for a `message-history run` process: the service's runtime environment too."""
+        return self.child_env(**self.service_env, **extra)
 
     @staticmethod
     def python() -> str:

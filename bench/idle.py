@@ -2,8 +2,9 @@
 
 A user's view of the service when nothing else is going on: `message-history run` (both paths, one process,
 the defaults: barrier on, busy-thread `enqueue`) on fresh topics, and B1's consume -> produce forwarder
-(`bench/passthrough.py`) on topics of its own, both warm. The harness then alternates, one event in flight
-at a time: a request -> its `EnrichedRequest` read; an enriched-size record through the forwarder; the
+(`bench/passthrough.py`, without linger: the floor; a linger is the service's choice, and a floor that
+lingered as long would hide it) on topics of its own, both warm. The harness then alternates, one event in
+flight at a time: a request -> its `EnrichedRequest` read; an enriched-size record through the forwarder; the
 turn's response -> its `HistoryPersisted` read; a response-size record through the forwarder. Interleaving
 them puts the same broker, machine load and moment behind both figures, so their ratio is measured side by
 side. Each step's latency is from the send to the output being read by the harness (as the other lines'
@@ -13,8 +14,8 @@ Four results: `idle_service_recall`, `idle_forwarder_recall`, `idle_service_pers
 `idle_forwarder_persist`.
 
 The line starts from no turn in flight: earlier lines (the recall lines with the default `enqueue` policy)
-leave every thread marked busy, which would make each request here wait `MESSAGE_HISTORY_TURN_TIMEOUT_MS`,
-so the benchmark database's busy-thread markers are removed first.
+leave every thread marked busy, which would make each request here wait `MESSAGE_HISTORY_TURN_TIMEOUT_MS`, so
+the benchmark database's busy-thread markers are removed first.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import json
 import socket
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -32,9 +34,10 @@ from pymongo import AsyncMongoClient
 from bench import processes
 from bench.context import RunContext
 from bench.kafka_io import SEQ_HEADER, Record, create_topics, seq_of
-from bench.procstat import cpu_seconds, peak_rss_bytes
+from bench.procstat import cpu_seconds_fine, peak_rss_bytes
 from bench.progress import Progress, log
 from bench.stats import LineResult
+from bench.stream_line import scrape_stages
 from bench.workload import encode_json, enriched_event, request_event, response_event
 from producers.connection import kafka_options
 from storage.turns import TURNS
@@ -113,11 +116,11 @@ class _Step:
         seq = self._seq
         done = self._outputs.expect(seq)
         key, value = record
-        cpu_before = cpu_seconds(pid)
+        cpu_before = cpu_seconds_fine(pid)
         sent = time.perf_counter()
         await self._producer.send(topic, value=value, key=key, headers=[(SEQ_HEADER, str(seq).encode())])
         read = await asyncio.wait_for(done, timeout_s)
-        cpu_after = cpu_seconds(pid)
+        cpu_after = cpu_seconds_fine(pid)
         if result is None:
             return
         result.events += 1
@@ -137,13 +140,27 @@ async def _clear_busy_markers(ctx: RunContext) -> int:
         await client.close()
 
 
-def _service_env(ctx: RunContext, topics: dict[str, str]) -> dict[str, str]:
-    return ctx.child_env(
+def _service_env(ctx: RunContext, topics: dict[str, str], port: int) -> dict[str, str]:
+    return ctx.service_child_env(
         MESSAGE_HISTORY_GROUP_ID=f"bench-{ctx.workload.run_id}-idle-service",
         MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
-        MESSAGE_HISTORY_HTTP_PORT=str(_free_port()),
+        MESSAGE_HISTORY_HTTP_PORT=str(port),
         **{f"MESSAGE_HISTORY_{k}_TOPIC": v for k, v in topics.items()},
     )
+
+
+def stage_ms_per_turn(
+    before: Mapping[str, float], after: Mapping[str, float], turns: int
+) -> dict[str, float]:
+    """Milliseconds per timed turn in each `path/stage` of the service (its stage histograms' sums, the
+    warm-up's subtracted): where a quiet turn's time goes inside the service. Pure."""
+    if turns <= 0:
+        return {}
+    return {
+        name: round((after[name] - before.get(name, 0.0)) * 1000 / turns, 2)
+        for name in sorted(after)
+        if "/" in name and not name.endswith(("/batches", "/mean_batch"))
+    }
 
 
 async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
@@ -168,12 +185,19 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         if cleared:
             log(f"idle latency: removed {cleared:,} busy-thread markers left by the earlier lines")
         await create_topics(ctx.settings, [*topics.values(), fwd_in, fwd_out], w.partitions)
+        port = _free_port()
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
         service = await processes.spawn(
             [ctx.python(), "-m", "message_history", "run"],
-            env=_service_env(ctx, topics),
+            env=_service_env(ctx, topics, port),
             log=ctx.log_dir / "idle_service.log",
         )
-        config = {"in_topic": fwd_in, "out_topic": fwd_out, "group_id": f"bench-{w.run_id}-idle-forwarder"}
+        config = {
+            "in_topic": fwd_in,
+            "out_topic": fwd_out,
+            "group_id": f"bench-{w.run_id}-idle-forwarder",
+            "linger_ms": 0,  # the floor of one record's consume -> produce: a linger would be the service's
+        }
         forwarder = await processes.spawn(
             [ctx.python(), "-m", "bench.worker", "passthrough", json.dumps(config | {"batch": w.batch})],
             env=ctx.child_env(),
@@ -181,7 +205,21 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         )
         await outputs.start()
         await producer.start()
-        await _alternate(ctx, _Step(producer, outputs), (service, forwarder), topics, fwd_in, results, turns)
+        warm: dict[str, Mapping[str, float]] = {}
+
+        async def warmed() -> None:  # the stage sums once the warm-up turns are done
+            warm["stages"] = await asyncio.to_thread(scrape_stages, metrics_url)
+
+        await _alternate(
+            ctx, _Step(producer, outputs), (service, forwarder), topics, fwd_in, results, turns, warmed
+        )
+        stages = stage_ms_per_turn(
+            warm.get("stages", {}), await asyncio.to_thread(scrape_stages, metrics_url), turns
+        )
+        for path in ("recall", "persist"):
+            own = {k: v for k, v in stages.items() if k.startswith(f"{path}/")}
+            results[f"idle_service_{path}"].details["stage_ms_per_turn"] = own
+        log(f"idle latency: the service's stages, ms per timed turn: {stages}")
         for name, pid in (("service", service.pid), ("forwarder", forwarder.pid)):
             rss = peak_rss_bytes(pid)
             for path in ("recall", "persist"):
@@ -210,8 +248,10 @@ async def _alternate(
     fwd_in: str,
     results: dict[str, LineResult],
     turns: int,
+    warmed: Callable[[], Awaitable[None]],
 ) -> None:
-    """The warm-up turns, then `turns` timed ones: request, forwarder, response, forwarder, one at a time."""
+    """The warm-up turns, then `turns` timed ones: request, forwarder, response, forwarder, one at a time;
+    `warmed` is awaited between the two."""
     w, (service, forwarder) = ctx.workload, procs
     turn, progress = ctx.turns.fresh(), Progress("idle latency")
     enriched_cache: dict[int, bytes] = {}
@@ -221,6 +261,8 @@ async def _alternate(
             turn = ctx.turns.fresh()  # wrapping around the threads moves on to a fresh turn: ids stay new
         i = n % w.threads
         timed = n >= _WARMUP_TURNS
+        if n == _WARMUP_TURNS:
+            await warmed()
         key = w.thread_id(i).encode()
         if i not in enriched_cache:
             enriched_cache[i] = encode_json(enriched_event(w, i, ctx.turns.recall, w.history))

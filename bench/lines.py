@@ -95,7 +95,7 @@ def service_launch(
                 "PERSISTED": out_topic,
             }
         )
-        env = ctx.child_env(
+        env = ctx.service_child_env(
             MESSAGE_HISTORY_GROUP_ID=f"bench-{ctx.workload.run_id}-{name}-{tag}",
             MESSAGE_HISTORY_HTTP_HOST="127.0.0.1",
             MESSAGE_HISTORY_HTTP_PORT=str(port),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Sequence
@@ -71,6 +72,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
     done = 0
     rows = 0
     wall = cpu = 0.0
+    faults = 0
     progress = Progress(KINDS[kind])
     print(START, file=sys.stderr, flush=True)
     try:
@@ -80,7 +82,11 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
             queries = [RecallQuery(w.thread_id(i), w.resource_id(i), w.history) for i in indexes]
             turns = [_turn(w, i, config["turn"]) for i in indexes] if kind == "b3_models" else []
             ops = _raw_writes(w, indexes, config["turn"]) if kind == "b3" else ([], [])
-            t0, c0 = time.perf_counter(), time.process_time()
+            t0, c0, f0 = (
+                time.perf_counter(),
+                time.process_time(),
+                resource.getrusage(resource.RUSAGE_SELF).ru_minflt,
+            )
             if kind == "b2":
                 rows += await _raw_recall(raw_db, queries)
             elif kind == "b2_models":
@@ -91,6 +97,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
                 await storage.save_many(turns)
             elapsed = time.perf_counter() - t0
             wall, cpu = wall + elapsed, cpu + time.process_time() - c0
+            faults += resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
             latencies.append(elapsed * 1000)
             done += len(indexes)
             progress.update(done, events)
@@ -104,6 +111,8 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
         print(END, file=sys.stderr, flush=True)
         await client.close()
     details: dict[str, Any] = {"batches": len(latencies), "batch": w.batch}
+    if done:
+        details["minor_faults_per_event"] = round(faults / done, 1)
     if kind.startswith("b2"):
         details["recalled_messages"] = rows
     return {

@@ -1,9 +1,10 @@
 """B1: the ceiling for moving the events: consume and produce the same bytes, with nothing in between.
 
 Shaped like the service's loop at its best: `getmany` batches of up to `batch` records, every record sent
-without awaiting it (the producer lingers and batches as the service's does: `acks=all`, idempotent,
-same linger and batch size), the batch's acknowledgements gathered, then the batch's offsets committed in the
-background. Headers are passed through, so the harness can match outputs to inputs.
+without awaiting it (the producer lingers and batches as the service's does: `acks=all`, idempotent, same
+linger and batch size; `config["linger_ms"]` overrides the linger), the batch's acknowledgements gathered,
+then the batch's offsets committed in the background. Headers are passed through, so the harness can match
+outputs to inputs.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ async def run(config: dict[str, Any], stop: asyncio.Event) -> None:
         **kafka_options(settings, client_id="bench-b1"),
         acks="all",
         enable_idempotence=True,
-        linger_ms=settings.linger_ms,
+        # the service's linger unless told (the idle line's forwarder is the floor: no linger at all)
+        linger_ms=int(config.get("linger_ms", settings.linger_ms)),
         max_batch_size=MAX_BATCH_BYTES,
         max_request_size=16 * 1024 * 1024,
     )

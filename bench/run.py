@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,6 +50,7 @@ class Options:
     keep: bool = False
     profile: bool = False
     repeat: int = 1
+    service_env: Mapping[str, str] | None = None  # None: the image's (`bench.context.SERVICE_RUNTIME_ENV`)
 
 
 def _mongo_port(uri: str) -> int | None:
@@ -78,12 +79,14 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         turns=Turns(w),
         profile=options.profile,
     )
+    if options.service_env is not None:
+        ctx.service_env = dict(options.service_env)
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, tz_aware=True)
     ctx.settle = _settler(client[ctx.db], ctx)
     ctx.restore = _restorer(client[ctx.db], w)
     lines: dict[str, LineResult] = {}
     soak: dict[str, Any] | None = None
-    environment: dict[str, Any] = {"database": ctx.db}
+    environment: dict[str, Any] = {"database": ctx.db, "service_env": dict(ctx.service_env)}
     try:
         environment.update(await _servers_info(client, ctx))
         environment["seeded"] = await seed(client[ctx.db], w)

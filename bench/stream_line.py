@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from bench import processes
 from bench.context import RunContext
 from bench.kafka_io import LatencyProbe, OutputCounter, Record, create_topics, preload
-from bench.procstat import cpu_seconds, peak_rss_bytes
+from bench.procstat import cpu_seconds_fine, minor_faults, peak_rss_bytes
 from bench.profile import Sampler
 from bench.progress import Progress, log
 from bench.stats import LineResult
@@ -156,8 +156,10 @@ async def _throughput(
         written, released = await preload(
             ctx.settings, running.in_topic, line.events, line.record, Progress(f"{line.name} preload")
         )
-        first = _Sample(released, base, cpu_seconds(process.pid) or 0.0, ctx.servers.cpu())
+        first = _Sample(released, base, cpu_seconds_fine(process.pid) or 0.0, ctx.servers.cpu())
+        faults = minor_faults(process.pid)
         last = await _watch(ctx, line, process, counter, first)
+        faults_after = minor_faults(process.pid)
     if sampler is not None:
         result.details["profile"] = await sampler.stop()
     result.events = last.outputs - first.outputs
@@ -168,6 +170,8 @@ async def _throughput(
     result.details.update(
         input_bytes_per_event=round(written / line.events), completed=result.events >= line.events
     )
+    if faults is not None and faults_after is not None and result.events:
+        result.details["minor_faults_per_event"] = round((faults_after - faults) / result.events, 1)
     if running.launch.metrics_url:
         result.details["stage_seconds"] = scrape_stages(running.launch.metrics_url)
 
@@ -184,7 +188,9 @@ async def _watch(
         if process.returncode is not None:
             raise RuntimeError(f"{line.name} exited with {process.returncode} (see its log)")
         outputs = await counter.count()
-        sample = _Sample(time.perf_counter(), outputs, cpu_seconds(process.pid) or 0.0, ctx.servers.cpu())
+        sample = _Sample(
+            time.perf_counter(), outputs, cpu_seconds_fine(process.pid) or 0.0, ctx.servers.cpu()
+        )
         done = outputs - first.outputs
         if done >= line.events or sample.at - first.at >= ctx.budget.line_seconds:
             progress.update(done, line.events, force=True)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from message_history import metrics
 from message_history.core.budget import PAGE_SIZE, HistoryLoader, boundary_for, read_boundary
+from message_history.core.recall_plan import PlainRow
 from message_history.core.tokens import CountCache
 from schemas.messages import Message
 from storage.protocol import (
@@ -43,6 +46,20 @@ async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> 
     if not isinstance(storage, BudgetedHistoryStorage):
         raise TypeError(f"{type(storage).__name__} cannot page a thread")
     return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
+
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class RawRecallStorage(Protocol):
+    """A storage that reads recall pages as each row's stored bytes (`MongoHistoryStorage`)."""
+
+    async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]: ...
+
+    def plain_rows(self, docs: Sequence[bytes]) -> list[PlainRow | None]: ...
+
+    def recalled_from_raw(self, docs: Sequence[bytes]) -> list[Message]: ...
 
 
 def _first_page(newest: list[Message], start: datetime | None) -> Page:
@@ -83,6 +100,9 @@ class PrefetchedHistory:
         self._storage = storage
         self._threads = threads  # the existing threads among `known`
         self._pages = pages
+        # pages read as bytes (a `RawRecallStorage`): `plain` rows, `list_messages` models, made on demand
+        self._raw: dict[str, tuple[_Page, list[bytes]]] = {}
+        self._plain: dict[str, list[PlainRow | None]] = {}
         self._known = set(known)  # thread ids whose existence was prefetched
         self.misses = 0  # queries answered by the storage: a sign the prefetch guessed wrong
         self.counter = CountCache()  # token counts of the batch's messages, shared with the processor
@@ -95,8 +115,13 @@ class PrefetchedHistory:
         self.looked_in: set[str] = set()  # the threads those copies were looked up in
 
     @classmethod
-    async def load(cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery]) -> PrefetchedHistory:
-        """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked)."""
+    async def load(
+        cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery], *, raw: bool = True
+    ) -> PrefetchedHistory:
+        """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked).
+
+        `raw`: read unbudgeted pages as bytes when the storage can (`RawRecallStorage`)."""
+        queries = list(queries)
         merged: dict[str, RecallQuery] = {}
         for query in queries:
             seen = merged.get(query.thread_id)
@@ -113,6 +138,8 @@ class PrefetchedHistory:
         lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
         lookup_threads = list(dict.fromkeys(q.thread_id for q in queries if q.lookup))
 
+        read_raw = raw and isinstance(storage, RawRecallStorage)
+
         async def copies() -> list[Message]:
             if lookup and isinstance(storage, MessageLookup):
                 # copies in the asking threads only: another thread's row must not change a request
@@ -122,6 +149,8 @@ class PrefetchedHistory:
         async def recent() -> dict[str, list[Message]]:
             # Plain recall only orders, dedupes and sends its rows, so views do (`RowRecallStorage`);
             # budgeted threads count the tokens of their rows' content, so they get models.
+            if read_raw:
+                return await storage.list_messages_many(first) if first else {}
             if not wanted or not isinstance(storage, RowRecallStorage):
                 return await storage.list_messages_many([*wanted, *first])
             if not first:
@@ -131,11 +160,29 @@ class PrefetchedHistory:
             )
             return {**views, **models}
 
-        threads, pages, rows = await asyncio.gather(storage.get_threads(ids), recent(), copies())
-        loaded = {
-            q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
-        }
+        async def raw_recent() -> dict[str, list[bytes]]:
+            assert isinstance(storage, RawRecallStorage)
+            return await storage.recall_raw_many(wanted) if wanted else {}
+
+        # Unbudgeted pages as bytes when the storage can: a plain request is decided from them without a
+        # model per row (`RecallHandler`), any other request reads them as messages (`list_messages`).
+        raw_pages: dict[str, list[bytes]] | None = None
+        if read_raw:
+            threads, raw_pages, pages, rows = await asyncio.gather(
+                storage.get_threads(ids), raw_recent(), recent(), copies()
+            )
+            loaded: dict[str, _Page] = {}
+        else:
+            threads, pages, rows = await asyncio.gather(storage.get_threads(ids), recent(), copies())
+            loaded = {
+                q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
+            }
         history = cls(storage, dict(threads), loaded, ids)
+        if raw_pages is not None:
+            history._raw = {
+                q.thread_id: (_Page(q.resource_id, q.limit, []), raw_pages.get(q.thread_id, []))
+                for q in wanted
+            }
         if lookup and isinstance(storage, MessageLookup):
             history.by_id = {
                 (m.threadId, m.id): m for m in rows if m.id is not None and m.threadId is not None
@@ -201,7 +248,7 @@ class PrefetchedHistory:
             and set(thread_ids) <= self.looked_in
         ):
             return [m for t in thread_ids for i in message_ids if (m := self.by_id.get((t, i))) is not None]
-        self.misses += 1
+        self._missed("get_messages", *(thread_ids or ()))
         if not isinstance(self._storage, MessageLookup):
             raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
         return await self._storage.get_messages(message_ids, thread_ids=thread_ids)
@@ -210,7 +257,7 @@ class PrefetchedHistory:
         page = self.budget_pages.get(query)
         if page is not None:
             return page
-        self.misses += 1
+        self._missed("list_page", query.thread_id)
         if not isinstance(self._storage, BudgetedHistoryStorage):
             raise TypeError(f"{type(self._storage).__name__} cannot page a thread")
         page = await self._storage.list_page(query)
@@ -248,19 +295,45 @@ class PrefetchedHistory:
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:
             return self._threads.get(thread_id)
-        self.misses += 1
+        self._missed("get_thread", thread_id)
         return await self._storage.get_thread(thread_id)
+
+    def plain(self, thread_id: str, resource_id: str | None, limit: int) -> list[PlainRow | None] | None:
+        """The thread's newest `limit` rows as `PlainRow`s (None per row not in the plain shape), newest
+        first; None when its page was not read as bytes for this resource and at least this limit."""
+        entry = self._raw.get(thread_id)
+        if entry is None or entry[0].resource_id != resource_id or _larger(limit, entry[0].limit):
+            return None
+        rows = self._plain.get(thread_id)
+        if rows is None:
+            assert isinstance(self._storage, RawRecallStorage)  # it read the bytes
+            rows = self._plain[thread_id] = self._storage.plain_rows(entry[1])
+        return rows[:limit]
 
     async def list_messages(
         self, thread_id: str, *, resource_id: str | None, limit: int | None
     ) -> list[Message]:
         if limit == 0:
             return []
+        entry = self._raw.get(thread_id)
+        if entry is not None and thread_id not in self._pages:  # a byte page read as messages: decoded once
+            assert isinstance(self._storage, RawRecallStorage)
+            self._pages[thread_id] = dataclasses.replace(
+                entry[0], messages=self._storage.recalled_from_raw(entry[1])
+            )
         page = self._pages.get(thread_id)
         if page is not None and page.resource_id == resource_id and not _larger(limit, page.limit):
             return list(page.messages if limit is None else page.messages[:limit])
-        self.misses += 1
+        self._missed("list_messages", thread_id)
         return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    def _missed(self, read: str, *thread_ids: str) -> None:
+        """A read the batch's plan did not load: counted and logged, then sent to the storage."""
+        self.misses += 1
+        metrics.PLAN_MISSES.labels(path="recall").inc()
+        log.info(
+            "recall plan missed a read", extra={"path": "recall", "read": read, "threads": list(thread_ids)}
+        )
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         raise RuntimeError("the recall path does not write")  # pragma: no cover -- a programming error

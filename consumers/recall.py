@@ -36,9 +36,10 @@ from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
 from consumers.prefetch import PrefetchedHistory
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
-from message_history.core.budget import TokenBudget, resolve_budget
 from message_history.core.echo import EchoPlan, plan_echo
-from message_history.core.rules import LastMessages, normalize_limit
+from message_history.core.memory_options import MemoryDefaults, TurnMemory, turn_memory
+from message_history.core.recall_plan import RecallNeeds, plain_page, plan_recall
+from message_history.core.rules import build_context
 from message_history.core.turn_rules import TurnMarker, foreign_pending
 from message_history.errors import InvalidInputError, RetriableError, ThreadOwnershipError
 from message_history.processor import MessageHistory, RecallOutcome
@@ -47,72 +48,17 @@ from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
 from schemas.codec import decode_request, keyed_by_thread
-from schemas.events import AgentRequest, EnrichedRequest, MemoryOptions
+from schemas.events import AgentRequest, EnrichedRequest
 from schemas.messages import Message
-from schemas.recalled import encode_enriched, materialized
+from schemas.recalled import encode_enriched, encode_enriched_fragment, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery
+
+# `turn_memory` is looked up here per record (tests patch it)
+__all__ = ["PATH", "RecallHandler", "turn_memory"]
 
 log = logging.getLogger(__name__)
 
 PATH = "recall"
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryDefaults:
-    """The service-wide memory settings a request's own `memory` options override."""
-
-    last_messages: int = 40
-    max_tokens: float | None = None
-    at_max_remove_tokens: float | None = None
-    retain_full_input: bool = False
-
-    @classmethod
-    def from_settings(cls, settings: Settings) -> MemoryDefaults:
-        return settings_slice(cls, settings)
-
-
-@dataclass(frozen=True, slots=True)
-class TurnMemory:
-    """What one request's recall does: the count cap (`False` = none), the token budget, read-only."""
-
-    last_messages: LastMessages
-    budget: TokenBudget | None
-    read_only: bool
-    retain_full_input: bool
-
-
-def turn_memory(request: AgentRequest, defaults: MemoryDefaults) -> TurnMemory:
-    """The request's memory options over the service defaults, as Mastra 1.71's Memory reads them.
-
-    * `lastMessages`: a count caps the recall; `false` (or `0`) turns history off; absent/null means the
-      service default, except under a token budget, where it means no count cap (tokens only).
-    * `maxTokens` / `atMaxRemoveTokens`: the request's pair, else the service's; `0` turns history off.
-    Raises `InvalidInputError` with Mastra's message when the pair is inconsistent.
-    """
-    memory = request.memory or MemoryOptions()
-    if memory.maxTokens is not None:
-        budget = resolve_budget(memory.maxTokens, memory.atMaxRemoveTokens)
-    else:
-        remove = memory.atMaxRemoveTokens
-        if remove is None and defaults.max_tokens is not None:
-            remove = defaults.at_max_remove_tokens
-        budget = resolve_budget(defaults.max_tokens, remove)
-    limit: LastMessages
-    if memory.lastMessages is False:
-        limit = 0
-    elif memory.lastMessages is not None:
-        limit = memory.lastMessages
-    else:
-        limit = False if budget is not None else defaults.last_messages
-    if budget is not None and budget.max_tokens == 0:
-        limit = 0
-    retain = memory.retainFullInput if memory.retainFullInput is not None else defaults.retain_full_input
-    return TurnMemory(limit, budget, bool(memory.readOnly), retain)
-
-
-def turn_last_messages(request: AgentRequest, default: int) -> LastMessages:
-    """The request's recall count: its own `lastMessages` (`false` = none), else the service's `default`."""
-    return turn_memory(request, MemoryDefaults(last_messages=default)).last_messages
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +67,7 @@ class _Item:
     request: AgentRequest
     memory: TurnMemory
     echo: EchoPlan | None  # the client-echo filter's plan (None: the input is kept whole), made once
+    needs: RecallNeeds
 
 
 class RecallHandler(PathHandler[EnrichedPublisher]):
@@ -136,10 +83,12 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         *,
         gate: TurnGate | None = None,
         write_boundaries: bool = True,
+        fast_recall: bool = True,
     ) -> None:
         super().__init__(settings, storage, publisher)
+        self.fast_recall = fast_recall  # False: every request through the processor (the reference route)
         self._gate = gate
-        self._defaults = MemoryDefaults.from_settings(settings)
+        self._defaults = settings_slice(MemoryDefaults, settings)
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
         # requests that must wait, parked in their thread's lane (see `consumers.parking`)
         self.parking: ParkedLanes[TurnMarker | None] = ParkedLanes(
@@ -153,62 +102,45 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         request = keyed_by_thread(record.key, decode_request(value, self.limits))
         memory = turn_memory(request, self._defaults)
         echo = None if memory.retain_full_input else plan_echo(request.messages)
-        return _Item(record, request, memory, echo)
+        needs = plan_recall(request.threadId, request.resourceId, memory, echo)
+        return _Item(record, request, memory, echo, needs)
 
     async def _handle(
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
+        """decode -> load -> per thread (decide, send) -> write (the boundaries) -> the results."""
         started = time.perf_counter()
         self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
+        batch = await self._load(items, spans)
+        metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
+        sent_from = time.perf_counter()
+        outcomes = await self._enrich_all(items, batch.enrich, batch.history, batch.flushed)
+        metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
+        return self._results(records, results, items, outcomes, spans, batch.history)
 
+    async def _load(self, items: Sequence[tuple[int, _Item]], spans: tracing.BatchSpans) -> _Batch:
+        """The batch's reads, once: threads, pages and echo look-ups, beside the turn gate's look-ups."""
         history, batch_gate = await asyncio.gather(
-            PrefetchedHistory.load(self.storage, [self._query(item) for _, item in items]),
+            PrefetchedHistory.load(
+                self.storage, [self._query(item) for _, item in items], raw=self.fast_recall
+            ),
             self._open_gate(items),
         )
-        metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
-        processor = MessageHistory(storage=history, last_messages=self._defaults.last_messages)
-        fresh = MessageHistory(storage=self.storage, last_messages=self._defaults.last_messages)
-        flushed = asyncio.Event()  # the batch's boundary writes are done: a parked recall reads after them
+        return _Batch(self, spans, history, batch_gate)
 
-        async def enrich(entry: tuple[int, _Item]) -> Ack:
-            index, item = entry
-            request = item.request
-            spans.identify(index, request.requestId)
-            # ownership first: a foreign request never waits in the owner's lane nor learns its pending turn
-            await self._refuse_foreign(item, history, batch_gate)
-            admission = GO
-            if batch_gate is not None:
-                key = (item.record.partition, request.threadId)
-                if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
-                    headers = spans.headers(index, item.record)
-                    deferred = self._park(key, item, batch_gate, fresh, headers, flushed)
-                    spans.end_when_done(index, deferred)
-                    return deferred
-                admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
-                if admission.refused is not None:
-                    raise admission.refused
-                if admission.retry is not None:
-                    return _failed(admission.retry)
-            if admission.fresh:
-                await history.flush(request.threadId)  # the boundaries this batch moved, before reading them
-            outcome = await self._recall(fresh if admission.fresh else processor, item, history.counter)
-            enriched = self._enriched(request, outcome, admission)
-            metrics.RECALLED_MESSAGES.observe(outcome.recalled)
-            mark = (
-                batch_gate.enriched(request.threadId, request.requestId, request.resourceId)
-                if batch_gate
-                else None
-            )
-            ack = await self._publish(request, enriched, spans.headers(index, item.record))
-            spans.end_when_done(index, ack)
-            return ack if mark is None else ack_after(mark, ack)
-
-        sent_from = time.perf_counter()
-        outcomes = await self._enrich_all(items, enrich, history, flushed)
-        metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
+    def _results(
+        self,
+        records: Sequence[Record],
+        results: list[Ack | InvalidInputError | None],
+        items: Sequence[tuple[int, _Item]],
+        outcomes: Sequence[Ack | Failed],
+        spans: tracing.BatchSpans,
+        history: PrefetchedHistory,
+    ) -> list[Ack | InvalidInputError]:
+        """Each record's acknowledgement or its dead-letter error, in record order."""
         for (index, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
@@ -222,6 +154,52 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
+
+    async def _enrich(self, batch: _Batch, entry: tuple[int, _Item]) -> Ack:
+        """One request, in its thread's order: ownership, the gate (park, refuse, retry or go), the
+        decision (a plain page from its bytes, else the processor), the busy mark, the send."""
+        index, item = entry
+        request = item.request
+        spans, history, batch_gate = batch.spans, batch.history, batch.gate
+        spans.identify(index, request.requestId)
+        # ownership first: a foreign request never waits in the owner's lane nor learns its pending turn
+        await self._refuse_foreign(item, history, batch_gate)
+        admission = GO
+        if batch_gate is not None:
+            key = (item.record.partition, request.threadId)
+            if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
+                headers = spans.headers(index, item.record)
+                deferred = self._park(key, item, batch_gate, batch.fresh, headers, batch.flushed)
+                spans.end_when_done(index, deferred)
+                return deferred
+            admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
+            if admission.refused is not None:
+                raise admission.refused
+            if admission.retry is not None:
+                return _failed(admission.retry)
+        enriched = await self._decide(batch, item, admission)
+        mark = (
+            batch_gate.enriched(request.threadId, request.requestId, request.resourceId)
+            if batch_gate
+            else None
+        )
+        ack = await self._publish(request, enriched, spans.headers(index, item.record))
+        spans.end_when_done(index, ack)
+        return ack if mark is None else ack_after(mark, ack)
+
+    async def _decide(self, batch: _Batch, item: _Item, admission: Admission) -> EnrichedRequest | bytes:
+        """The request's enriched event, from what the batch loaded (or, after a wait, from MongoDB)."""
+        history = batch.history
+        if admission.fresh:
+            await history.flush(item.request.threadId)  # the boundaries this batch moved, before reading
+        else:
+            plain = self._plain(item, history, admission)
+            if plain is not None:
+                return plain
+        processor = batch.fresh if admission.fresh else batch.processor
+        outcome = await self._recall(processor, item, history.counter)
+        metrics.RECALLED_MESSAGES.observe(outcome.recalled)
+        return self._enriched(item.request, outcome, admission)
 
     async def _enrich_all(
         self,
@@ -316,9 +294,37 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             last_messages=item.memory.last_messages,
             budget=item.memory.budget,
             read_only=item.memory.read_only or not self._write_boundaries,
-            filter_echo=item.echo is not None,
-            echo_plan=item.echo,
+            echo=item.echo or False,
             counter=counter,
+        )
+
+    def _plain(self, item: _Item, history: PrefetchedHistory, admission: Admission) -> bytes | None:
+        """The enriched event of a plain request decided on its page's bytes (`plain_page`), or None when
+        the processor must decide it (a page that does not qualify, or one not read as bytes)."""
+        needs = item.needs
+        if not needs.plain or not self.fast_recall or not self.publisher.sends_encoded:
+            return None
+        assert needs.limit is not None  # a plain request has a count cap
+        rows = history.plain(needs.thread_id, needs.resource_id, needs.limit)
+        if rows is None:
+            return None
+        request = item.request
+        incoming = [message for message, _ in build_context((), request.messages)]
+        page = plain_page(rows, needs.limit, incoming)
+        if page is None:
+            return None
+        metrics.RECALLED_MESSAGES.observe(page.recalled)
+        return encode_enriched_fragment(
+            request,
+            page.runs,
+            incoming,
+            recalled=page.recalled,
+            limit=needs.limit,
+            complete=admission.complete,
+            waited_ms=admission.waited_ms,
+            tokens=None,
+            trimmed=[],
+            boundary=None,
         )
 
     def _enriched(
@@ -354,10 +360,31 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         return gate
 
     def _query(self, item: _Item) -> RecallQuery:
-        limit = normalize_limit(item.memory.last_messages)
-        request = item.request
-        lookup = () if item.echo is None else item.echo.needs
-        return RecallQuery(request.threadId, request.resourceId, limit, item.memory.budget, lookup)
+        needs = item.needs
+        return RecallQuery(needs.thread_id, needs.resource_id, needs.limit, needs.budget, needs.lookup)
+
+
+class _Batch:
+    """One batch's loaded inputs and its two processors (over the loaded inputs, over MongoDB)."""
+
+    def __init__(
+        self,
+        handler: RecallHandler,
+        spans: tracing.BatchSpans,
+        history: PrefetchedHistory,
+        gate: BatchGate | None,
+    ) -> None:
+        last = handler._defaults.last_messages
+        self.spans = spans
+        self.history = history
+        self.gate = gate
+        self.processor = MessageHistory(storage=history, last_messages=last)
+        self.fresh = MessageHistory(storage=handler.storage, last_messages=last)
+        self.flushed = asyncio.Event()  # the boundary writes are done: a parked recall reads after them
+        self._handler = handler
+
+    async def enrich(self, entry: tuple[int, _Item]) -> Ack:
+        return await self._handler._enrich(self, entry)
 
 
 def _count_enriched(outcomes: Sequence[object]) -> None:

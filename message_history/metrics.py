@@ -95,6 +95,13 @@ RETRIES = Counter(
     ["path", "dependency"],
     registry=REGISTRY,
 )
+
+PLAN_MISSES = Counter(
+    "message_history_plan_misses",
+    "Reads a batch's plan did not foresee (a page to extend, an unplanned look-up): a round trip each.",
+    ["path"],
+    registry=REGISTRY,
+)
 OUTCOMES = Counter(
     "message_history_outcomes",
     "Processed records by outcome (enriched, persisted, skipped-<reason>, dead-letter).",
@@ -106,12 +113,6 @@ BATCH_SIZE = Histogram(
     "Records per processed batch.",
     ["path"],
     buckets=_BATCH_BUCKETS,
-    registry=REGISTRY,
-)
-PLAN_MISSES = Counter(
-    "message_history_plan_misses_total",
-    "Reads a batch's plan did not foresee, made when a turn needed them (path).",
-    ["path"],
     registry=REGISTRY,
 )
 STAGE_SECONDS = Histogram(

@@ -27,7 +27,7 @@ from schemas.codec import encode
 from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest, Source
 from schemas.messages import Message
 
-__all__ = ["RecalledRow", "encode_enriched", "materialized", "recalled_row"]
+__all__ = ["RecalledRow", "encode_enriched", "encode_enriched_fragment", "materialized", "recalled_row"]
 
 _SOURCE_BYTES: Final = {"memory": b',"source":"memory"}', "input": b',"source":"input"}'}
 _HEAD_FIELDS: Final = frozenset({"id", "role", "createdAt", "threadId", "resourceId"})
@@ -114,7 +114,6 @@ def encode_enriched(
     """
     if not any(type(m) is RecalledRow for m, _ in context):
         return encode(EnrichedRequest.from_request(request, context, **summary))
-    event = EnrichedRequest.from_request(request, (), **summary)
     thread_id, resource_id = request.threadId, request.resourceId
     serializer = EnrichedMessage.__pydantic_serializer__
     pieces: list[bytes] = []  # the messages array, joined once
@@ -129,6 +128,35 @@ def encode_enriched(
             pieces.append(serializer.to_json(tagged, exclude_unset=True))
     pieces[0] = b"["  # context is not empty: it holds a row
     pieces.append(b"]")
+    return _splice(EnrichedRequest.from_request(request, (), **summary), pieces)
+
+
+def encode_enriched_fragment(
+    request: AgentRequest, runs: Sequence[bytes], incoming: Sequence[Message], **summary: Any
+) -> bytes:
+    """`encode_enriched` of a context of recalled rows and `incoming` (all `input`), where the rows are
+    given as bytes: `runs[i]`, their `EnrichedMessage` JSON comma-joined (maybe empty), comes before
+    `incoming[i]`, and `runs[-1]` after the last (`len(runs) == len(incoming) + 1`)."""
+    if not any(runs):
+        return encode(EnrichedRequest.from_request(request, [(m, "input") for m in incoming], **summary))
+    thread_id, resource_id = request.threadId, request.resourceId
+    serializer = EnrichedMessage.__pydantic_serializer__
+    pieces: list[bytes] = []
+    for run, message in zip(runs, (*incoming, None), strict=True):
+        if run:
+            pieces += (b",", run)
+        if message is not None:
+            tagged = EnrichedMessage.from_message(
+                message, "input", thread_id=thread_id, resource_id=resource_id
+            )
+            pieces += (b",", serializer.to_json(tagged, exclude_unset=True))
+    pieces[0] = b"["  # not empty: a run holds a row
+    pieces.append(b"]")
+    return _splice(EnrichedRequest.from_request(request, (), **summary), pieces)
+
+
+def _splice(event: EnrichedRequest, pieces: Sequence[bytes]) -> bytes:
+    """`event` encoded with `pieces` (a JSON array, in pieces) written as its `messages`."""
     marker = _MARKER
     while True:
         # The marker stands where `messages` is written; the event's own strings could hold the same text,

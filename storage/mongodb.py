@@ -43,14 +43,19 @@ from collections.abc import AsyncIterator, Callable, Collection, Mapping, Sequen
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
+import bson
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
 from pymongo import IndexModel, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from pymongo.results import BulkWriteResult
 
+from message_history.core.recall_plan import PlainRow
 from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
+from storage import row_codec
 from storage.client import CODEC, mongo_client
 from storage.documents import (
     MESSAGES,
@@ -102,7 +107,57 @@ _UPSERT_RACE_CODES = frozenset({11000, 11001})
 _MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch at 16 MiB anyway
 
 RecallStrategy = Literal["in", "concurrent"]
-_Build = Callable[[Mapping[str, Any]], Message]
+_Row = TypeVar("_Row")
+_Build = Callable[[Mapping[str, Any]], _Row]
+
+
+# Rows the recall passes through are read as the reply's bytes; a date decoded from them (only a row the
+# model path must read) is naive, the cheaper decoding (`storage.row_codec` reads the milliseconds).
+_DICTS: Final = cast("CodecOptions[Mapping[str, Any]]", CODEC)  # bson.decode's annotation wants Mapping
+RAW_CODEC: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument, tz_aware=False)
+
+
+class _RawOwner:
+    """`thread_id` and the `resourceId` check of a raw reply's documents, read from the bytes where the
+    document's layout makes it certain (else from the decoded document, ~5 us: most of a raw row's cost).
+
+    Certain: `id` then `thread_id` as the first two elements, both strings, and no other key named
+    `thread_id` anywhere in the document; a string `resourceId` element equal to the asked resource and no
+    other key so named."""
+
+    __slots__ = ("_elements",)
+
+    def __init__(self) -> None:
+        self._elements: dict[str, bytes] = {}
+
+    def thread(self, doc: Mapping[str, Any]) -> Any:
+        raw = bytes(cast(RawBSONDocument, doc).raw)
+        if raw[4:8] == b"\x02id\x00" and raw.count(b"thread_id\x00") == 1:
+            start = 12 + int.from_bytes(raw[8:12], "little")
+            if raw[start : start + 11] == b"\x02thread_id\x00":
+                size = int.from_bytes(raw[start + 11 : start + 15], "little")
+                try:
+                    return raw[start + 15 : start + 14 + size].decode()
+                except UnicodeDecodeError:
+                    pass
+        return doc.get("thread_id", "")
+
+    def owned(self, doc: Mapping[str, Any], resource: str) -> bool:
+        """`doc.get("resourceId") == resource`."""
+        element = self._elements.get(resource)
+        if element is None:
+            value = resource.encode()
+            element = b"\x02resourceId\x00" + (len(value) + 1).to_bytes(4, "little") + value + b"\x00"
+            self._elements[resource] = element
+        raw = bytes(cast(RawBSONDocument, doc).raw)
+        if raw.count(b"resourceId\x00") == 1 and element in raw:
+            return True
+        return doc.get("resourceId") == resource
+
+
+def _raw_bytes(doc: Mapping[str, Any]) -> bytes:
+    assert isinstance(doc, RawBSONDocument)  # read from `raw_messages`
+    return bytes(doc.raw)
 
 
 def _index_present(collection: str, model: IndexModel, existing: Sequence[Mapping[str, Any]]) -> bool:
@@ -151,6 +206,10 @@ class MongoHistoryStorage(BatchHistoryStorage):
         self.recall_concurrency = recall_concurrency
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=CODEC)
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=CODEC)
+        # the same collection read as reply bytes (naive dates): rows the recall only passes through
+        self.raw_messages: AsyncCollection[RawBSONDocument] = db.get_collection(
+            MESSAGES, codec_options=RAW_CODEC
+        )
 
     def __repr__(self) -> str:
         return f"MongoHistoryStorage(db={self.db.name!r}, recall_strategy={self.recall_strategy!r})"
@@ -253,15 +312,15 @@ class MongoHistoryStorage(BatchHistoryStorage):
         _check_limit(limit)
         if limit == 0:
             return []
-        return await self._find_page(thread_id, resource_id, limit)
+        return await self._find_page(thread_id, resource_id, limit, message_from_doc)
 
     async def _find_page(
-        self, thread_id: str, resource_id: str | None, limit: int | None, build: _Build = message_from_doc
-    ) -> list[Message]:
+        self, thread_id: str, resource_id: str | None, limit: int | None, build: _Build[_Row]
+    ) -> list[_Row]:
         query: dict[str, Any] = {"thread_id": thread_id}
         if resource_id is not None:
             query["resourceId"] = resource_id
-        cursor = self.messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self._collection(build).find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if limit is not None:
             # batch size = limit, so the page comes back in the first reply (the default first batch is 101)
             cursor = cursor.limit(limit).batch_size(min(limit, _MONGO_MAX_BATCH))
@@ -281,7 +340,25 @@ class MongoHistoryStorage(BatchHistoryStorage):
         """
         return await self._list_many(queries, _recalled_or_model)
 
-    async def _list_many(self, queries: Sequence[RecallQuery], build: _Build) -> dict[str, list[Message]]:
+    async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]:
+        """`list_messages_many` as each row's BSON bytes (the reply's own, read with naive dates): for the
+        recall path's plain last-N recall, which decodes them with `storage.row_codec` (no model per row)."""
+        return await self._list_many(queries, _raw_bytes)
+
+    @staticmethod
+    def plain_rows(docs: Sequence[bytes]) -> list[PlainRow | None]:
+        """The rows of `recall_raw_many` in the plain shape (None: the model path must read that row)."""
+        return row_codec.rows_from_raw(docs)
+
+    @staticmethod
+    def recalled_from_raw(docs: Sequence[bytes]) -> list[Message]:
+        """The rows of `recall_raw_many` as `recall_rows_many` reads them (views where sure, else models)."""
+        return [_recalled_or_model(bson.decode(doc, _DICTS)) for doc in docs]
+
+    def _collection(self, build: _Build[Any]) -> AsyncCollection[Any]:
+        return self.raw_messages if build is _raw_bytes else self.messages
+
+    async def _list_many(self, queries: Sequence[RecallQuery], build: _Build[_Row]) -> dict[str, list[_Row]]:
         wanted: dict[str, RecallQuery] = {}
         for query in queries:
             _check_thread_id(query.thread_id)
@@ -289,7 +366,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
             seen = wanted.setdefault(query.thread_id, query)
             if seen != query:
                 raise InvalidInputError(f"thread {query.thread_id!r} is queried twice with different pages")
-        result: dict[str, list[Message]] = {q.thread_id: [] for q in wanted.values() if q.limit == 0}
+        result: dict[str, list[_Row]] = {q.thread_id: [] for q in wanted.values() if q.limit == 0}
         live = [q for q in wanted.values() if q.limit != 0]
         if not live:
             return result
@@ -300,18 +377,18 @@ class MongoHistoryStorage(BatchHistoryStorage):
         return result
 
     async def _recall_concurrent(
-        self, queries: Sequence[RecallQuery], build: _Build
-    ) -> dict[str, list[Message]]:
+        self, queries: Sequence[RecallQuery], build: _Build[_Row]
+    ) -> dict[str, list[_Row]]:
         gate = asyncio.Semaphore(self.recall_concurrency)
 
-        async def one(query: RecallQuery) -> list[Message]:
+        async def one(query: RecallQuery) -> list[_Row]:
             async with gate:
                 return await self._find_page(query.thread_id, query.resource_id, query.limit, build)
 
         pages = await asyncio.gather(*(one(q) for q in queries))
         return {q.thread_id: page for q, page in zip(queries, pages, strict=True)}
 
-    async def _recall_in(self, queries: Sequence[RecallQuery], build: _Build) -> dict[str, list[Message]]:
+    async def _recall_in(self, queries: Sequence[RecallQuery], build: _Build[_Row]) -> dict[str, list[_Row]]:
         """One `$in` query, newest first across the batch, cut client-side per thread.
 
         MongoDB has no per-group limit in `find` (an aggregation loses the index order), so the query asks
@@ -329,17 +406,20 @@ class MongoHistoryStorage(BatchHistoryStorage):
         cap: int | None = None
         if all(q.limit is not None for q in queries):
             cap = sum(q.limit for q in queries if q.limit is not None) + 1
-        cursor = self.messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self._collection(build).find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if cap is not None:
             cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
         with storage_errors("list_messages_many"):
             docs = await cursor.to_list()
-        pages: dict[str, list[Message]] = {tid: [] for tid in ids}
+        pages: dict[str, list[_Row]] = {tid: [] for tid in ids}
+        owner = _RawOwner() if build is _raw_bytes else None
         for doc in docs:
-            wanted = by_thread.get(doc.get("thread_id", ""))
+            wanted = by_thread.get(owner.thread(doc) if owner else doc.get("thread_id", ""))
             if wanted is None:
                 continue
-            if wanted.resource_id is not None and doc.get("resourceId") != wanted.resource_id:
+            if wanted.resource_id is not None and not (
+                owner.owned(doc, wanted.resource_id) if owner else doc.get("resourceId") == wanted.resource_id
+            ):
                 continue
             page = pages[wanted.thread_id]
             if wanted.limit is None or len(page) < wanted.limit:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -489,6 +490,7 @@ def main(only: str | None = None) -> int:
     """Entry point of `message-history run [--only recall|persist]`; returns the process exit code."""
     settings = Settings()
     start_command(settings)
+    tune_gc(settings)
     selected: Path | None = None
     if only is not None:
         if only not in PATHS:
@@ -517,6 +519,15 @@ async def _main(settings: Settings, only: Path | None) -> int:
         watchdog.cancel()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def tune_gc(settings: Settings) -> None:
+    """The collector's settings, once start-up's imports are done (see `Settings.gc_freeze`)."""
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(settings.gc_threshold, older, oldest)
+    if settings.gc_freeze:
+        gc.collect()  # start-up's garbage goes now rather than being frozen with the rest
+        gc.freeze()
 
 
 def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:

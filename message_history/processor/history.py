@@ -284,8 +284,7 @@ class MessageHistory:
         budget: TokenBudget | None = None,
         system: Sequence[str] = (),
         read_only: bool = False,
-        filter_echo: bool = False,
-        echo_plan: EchoPlan | None = None,
+        echo: EchoPlan | bool = False,
         counter: Callable[[Message], float] | None = None,
     ) -> RecallOutcome:
         """Build the context for a turn: recalled history plus `incoming`, ordered, deduplicated by id.
@@ -294,9 +293,9 @@ class MessageHistory:
         boundary under the count cap and `maxTokens − atMaxRemoveTokens` (tool-linked groups whole), then the
         memory-only limiter (the `system` texts and the input count towards the budget), and the advanced
         boundary stored in the thread's metadata unless `read_only` (see `message_history.core.budget`).
-        `filter_echo` runs Mastra 1.71's `MemoryInputFilter` on `incoming` first
-        (`message_history.core.echo`): a client's resent history is dropped from the input; the outcome's
-        context holds what is left; `echo_plan` is `plan_echo(incoming)` when the caller has it already.
+        `echo` runs Mastra 1.71's `MemoryInputFilter` on `incoming` first (`message_history.core.echo`): a
+        client's resent history is dropped from the input; the outcome's context holds what is left. Pass
+        True to plan it here, or `plan_echo(incoming)` when the caller has it already (False: no filter).
 
         `last_messages`: the per-turn value (`None` = 40, `0` = nothing, `False` = all), or `USE_DEFAULT` for
         the processor's own. Without a thread id: no storage call, the context is `incoming` alone
@@ -311,8 +310,10 @@ class MessageHistory:
             return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
         thread = await self.storage.get_thread(thread_id)
         check_owner(thread, thread_id, resource_id)
-        if filter_echo and limit != 0 and (budget is None or budget.max_tokens != 0):
-            incoming = await self._filter_echo(thread_id, resource_id, incoming, echo_plan)
+        if echo is not False and limit != 0 and (budget is None or budget.max_tokens != 0):
+            incoming = await self._filter_echo(
+                thread_id, resource_id, incoming, None if echo is True else echo
+            )
         if budget is not None and limit != 0 and budget.max_tokens != 0:
             return await self._recall_budgeted(
                 thread_id,

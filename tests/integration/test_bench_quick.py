@@ -82,3 +82,41 @@ def test_failover_quick_run_answers_every_turn(kafka_bootstrap: str, mongo_uri: 
     assert summary["stops"]["instance-1"]["exit"] == -9  # the SIGKILLed one
     # the others stop by SIGTERM within their grace (1 only if a final commit met the group mid-rebalance)
     assert all(s["exit"] in (0, 1) for name, s in summary["stops"].items() if name != "instance-1")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("path", ["recall", "persist"])
+def test_short_soak_measures_rss_flatness(
+    path: str, kafka_bootstrap: str, mongo_uri: str, tmp_path: Path
+) -> None:
+    """`python -m bench --quick --soak 20000`: the CI-sized soak of a path runs to its end and reports the
+    RSS figures the soak target reads (their size is the bench's report, not a test's)."""
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, MONGODB_URI=mongo_uri)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--soak",
+            "20000",
+            "--soak-path",
+            path,
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [record_path] = tmp_path.glob("*.json")
+    soak = json.loads(record_path.read_text())["soak"]
+    assert soak["path"] == path
+    assert soak["events"] >= 20000
+    assert soak["rss_mb_after_10pct"] > 0
+    assert soak["rss_end_over_10pct"] > 0

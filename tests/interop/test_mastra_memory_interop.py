@@ -201,7 +201,7 @@ async def _our_filter(case: dict[str, Any]) -> list[dict[str, Any]]:
         await storage.save_messages(thread_id="t", resource_id="r", messages=stored)
     incoming = [Message.model_validate_json(json.dumps(m)) for m in case["input"]]
     outcome = await MessageHistory(storage=storage).recall(
-        thread_id="t", resource_id="r", incoming=incoming, last_messages=False, filter_echo=True
+        thread_id="t", resource_id="r", incoming=incoming, last_messages=False, echo=True
     )
     return [m.wire() for m, source in outcome.context if source == "input"]
 
@@ -288,7 +288,7 @@ async def _our_persist(case: dict[str, Any]) -> list[dict[str, Any]]:
     history = MessageHistory(storage=storage)
     incoming = [Message.model_validate_json(json.dumps(m)) for m in case["input"]]
     recalled = await history.recall(
-        thread_id="t", resource_id="r", incoming=incoming, last_messages=40, filter_echo=True
+        thread_id="t", resource_id="r", incoming=incoming, last_messages=40, echo=True
     )
     echoed = [with_source(m, source) for m, source in recalled.context]
     response = [Message.model_validate_json(json.dumps(m)) for m in case["response"]]

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from bench import targets
 from bench.cli import SIDE
 from bench.cli import main as bench_main
+from bench.context import SERVICE_RUNTIME_ENV, parse_env
 from bench.extra import failover
+from bench.idle import stage_ms_per_turn
+from bench.procstat import cpu_seconds, cpu_seconds_fine, minor_faults
 from bench.profile import summarize as summarize_profile
 from bench.soak import summarize
 from bench.stats import LINES, RATIOS, LineResult, median_round, percentile, ratios, render_table
@@ -346,3 +350,62 @@ def test_failover_summary_splits_threads_by_the_dead_instance_and_the_kill() -> 
         "none_incomplete": False,
     }
     assert "dead/after" in failover.render(summary)
+
+
+def test_idle_stage_ms_per_turn_subtracts_the_warm_up() -> None:
+    """The idle line's per-stage figures are the timed turns' own: the warm-up's sums are subtracted, batch
+    counts are not stages, and a stage first seen after the warm-up counts from zero."""
+    before = {"recall/recall": 0.010, "recall/batches": 3.0, "recall/mean_batch": 1.0}
+    after = {"recall/recall": 0.41, "persist/persist": 0.2, "recall/batches": 103.0}
+    assert stage_ms_per_turn(before, after, 100) == {"persist/persist": 2.0, "recall/recall": 4.0}
+    assert stage_ms_per_turn(before, after, 0) == {}
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("none", {}),
+        ("", {}),
+        ("MALLOC_ARENA_MAX=2", {"MALLOC_ARENA_MAX": "2"}),
+        ("A=1, B=x=y", {"A": "1", "B": "x=y"}),
+        ("image", dict(SERVICE_RUNTIME_ENV)),
+    ],
+)
+def test_service_env_option(text: str, expected: dict[str, str]) -> None:
+    """`--service-env`: the image's runtime environment by default, none, or K=V pairs for an A/B."""
+    assert parse_env(text) == expected
+
+
+def test_service_env_option_refuses_a_bare_name() -> None:
+    with pytest.raises(ValueError, match="not K=V"):
+        parse_env("MALLOC_ARENA_MAX")
+
+
+def test_minor_faults_count_fresh_pages() -> None:
+    """The page-fault figure of the lines moves when a process touches fresh memory (64 MiB: mmapped, zero
+    pages until written), and is None for a process that is gone."""
+    before = minor_faults(os.getpid())
+    assert before is not None
+    buffer = bytearray(64 << 20)
+    buffer[::4096] = b"\x01" * len(range(0, len(buffer), 4096))
+    after = minor_faults(os.getpid())
+    assert after is not None
+    assert after - before >= (64 << 20) // 4096 // 2  # at least half the pages (some may be huge pages)
+    assert minor_faults(2**22 + 12345) is None
+
+
+def test_fine_cpu_seconds_see_a_few_milliseconds() -> None:
+    """The lines' CPU figure resolves less than a clock tick (10 ms), so a short window (the quick run's B1:
+    ~10 ms for 120 records) is not read as 0; and it agrees with the tick count to within a tick or two."""
+    before = cpu_seconds_fine(os.getpid())
+    assert before is not None
+    total = 0
+    for i in range(20_000):  # a couple of milliseconds of work, well under a tick
+        total += i * i
+    after = cpu_seconds_fine(os.getpid())
+    assert after is not None
+    assert after > before
+    ticks = cpu_seconds(os.getpid())
+    assert ticks is not None
+    assert abs(after - ticks) < 0.05
+    assert cpu_seconds_fine(2**22 + 12345) is None

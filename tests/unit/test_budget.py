@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from consumers.recall import MemoryDefaults, turn_memory
 from message_history.core.budget import (
     BOUNDARY_KEY,
     Boundary,
@@ -25,6 +24,7 @@ from message_history.core.budget import (
     resolve_budget,
     trim_memory,
 )
+from message_history.core.memory_options import MemoryDefaults, turn_memory
 from message_history.errors import EventValidationError, InvalidInputError
 from message_history.processor import MessageHistory
 from schemas.codec import decode_request

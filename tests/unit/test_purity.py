@@ -32,6 +32,7 @@ def loaded_top_level_modules(module: str) -> set[str]:
         "message_history.app.dlq_plan",
         "worker.turn",
         "message_history.core.turn_rules",
+        "message_history.core.recall_plan",
     ],
 )
 def test_pure_rules_import_no_io(module: str) -> None:

@@ -1,0 +1,119 @@
+"""What a request's recall needs from storage, and the plain last-N recall decided on a whole page (pure).
+
+`plan_recall` says what one request reads: its thread's newest `limit` rows (0: none), under a token budget
+or not, and the stored copies the client-echo filter looks up. A request whose page is `plain` (a count cap,
+no budget, an input the echo filter keeps whole) is decided by `plain_page` from its page's rows as bytes,
+without building a model per row, when the page meets the preconditions under which `rules.build_context`
+is "the page reversed, the input merged in by time" (see `plain_page`); otherwise the processor decides
+(the same rules on models), from the same loaded rows.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from itertools import pairwise
+from typing import Final
+
+from message_history.core.budget import TokenBudget
+from message_history.core.echo import EchoPlan
+from message_history.core.memory_options import TurnMemory
+from message_history.core.rules import normalize_limit, sort_key
+from schemas.messages import Message
+
+__all__ = ["PlainPage", "PlainRow", "RecallNeeds", "plain_page", "plan_recall"]
+
+PlainRow = tuple[str, int, str, str | None, bytes]
+"""A stored row in the plain shape: (id, createdAt in BSON milliseconds, role, type or None, its
+`EnrichedMessage` JSON tagged `"source":"memory"`), as `storage.row_codec.rows_from_raw` gives it."""
+
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class RecallNeeds:
+    """What one request reads: `limit` newest rows of its thread (None = all, 0 = none), `budget` (pages
+    under a token budget instead), `lookup` (the ids the echo filter needs), `plain` (see the module)."""
+
+    thread_id: str
+    resource_id: str | None
+    limit: int | None
+    budget: TokenBudget | None
+    lookup: tuple[str, ...]
+    plain: bool
+
+
+def plan_recall(
+    thread_id: str, resource_id: str | None, memory: TurnMemory, echo: EchoPlan | None
+) -> RecallNeeds:
+    """The request's needs. `echo`: `plan_echo` of its input, None when the input is kept whole.
+
+    As `MessageHistory.recall`: a limit of 0 (or a budget of 0 tokens) reads no page and runs no echo
+    filter; a filter whose plan keeps the input unchanged reads nothing.
+    """
+    limit = normalize_limit(memory.last_messages)
+    budget = memory.budget
+    off = limit == 0 or (budget is not None and budget.max_tokens == 0)
+    filtering = echo is not None and not echo.unchanged and not off
+    lookup = echo.needs if echo is not None and filtering else ()
+    plain = not off and budget is None and not filtering and limit is not None
+    return RecallNeeds(thread_id, resource_id, limit, budget, lookup, plain)
+
+
+@dataclass(frozen=True, slots=True)
+class PlainPage:
+    """A decided plain page: the recalled rows' `EnrichedMessage` JSON in context order, as `runs` (each a
+    comma-joined run of rows, maybe empty) to interleave with the input: the context is `runs[0]`, input 0,
+    `runs[1]`, input 1, ..., `runs[-1]` (`len(runs)` = inputs + 1); `recalled` is how many rows it holds."""
+
+    runs: tuple[bytes, ...]
+    recalled: int
+
+
+def plain_page(rows: Sequence[PlainRow | None], limit: int, incoming: Sequence[Message]) -> PlainPage | None:
+    """`build_context(page, incoming)` with the page's rows as bytes, or None when the page does not qualify.
+
+    `rows`: the thread's newest rows, newest first (the first `limit` are the page); `incoming`: the
+    context's input part (`build_context((), input)`, in order). The page qualifies when every row is in
+    the plain shape (not None), no row is a `system` one (dropped by docs/rules.md#r4), no id is twice in
+    the page (the newest copy wins) nor among the input's (the input's copy wins, #r5), the `(createdAt, id)`
+    keys strictly decrease along the page (the reversed page is in context order, #r3), and every input
+    message's time is comparable with a stored (UTC) one. Under these, `build_context` keeps every row, in
+    reverse page order, and places each input message after the rows whose key is not greater than its own
+    (the sort is stable and rows come before the input in it).
+    """
+    page = rows[:limit]
+    plain = [row for row in page if row is not None]
+    if len(plain) < len(page) or not _ordered(plain, incoming):
+        return None
+    chronological = plain[::-1]
+    cuts: list[int] = []
+    for message in incoming:
+        created = message.createdAt
+        if created is not None and created.tzinfo is None:
+            return None  # not comparable with a stored (UTC) time: let the rules decide
+        cuts.append(bisect_right(chronological, sort_key(message), lo=cuts[-1] if cuts else 0, key=_row_key))
+    bounds = [0, *cuts, len(chronological)]
+    runs = tuple(b",".join(row[4] for row in chronological[start:end]) for start, end in pairwise(bounds))
+    return PlainPage(runs, len(chronological))
+
+
+def _row_key(row: PlainRow) -> tuple[datetime, str]:
+    return _EPOCH + timedelta(milliseconds=row[1]), row[0]
+
+
+def _ordered(page: Sequence[PlainRow], incoming: Sequence[Message]) -> bool:
+    """No system row, no id twice nor among the input's, `(createdAt, id)` strictly decreasing."""
+    seen = {m.id for m in incoming if m.id is not None}
+    previous: tuple[int, str] | None = None
+    for ident, created, role, _, _ in page:
+        if role == "system" or ident in seen:
+            return False
+        seen.add(ident)
+        key = (created, ident)
+        if previous is not None and not key < previous:
+            return False
+        previous = key
+    return True

@@ -1,0 +1,214 @@
+"""The plain recall decided on a page's bytes gives the processor's bytes: a differential property test.
+
+The same stored thread and the same batch of requests go through `RecallHandler` twice: with
+`fast_recall=False` (every request through `MessageHistory.recall`, today's route) and with the pages read as
+BSON bytes and plain requests decided by `plain_page`. The published `EnrichedRequest` bytes must be equal,
+whatever the thread holds (equal `createdAt`s, system rows, ids the input repeats) and whatever the requests
+ask (`lastMessages` absent/null/false/0/1/n, read-only, echoed assistant input, `retainFullInput`).
+The storage is the in-memory one; its rows reach the fast route as the BSON documents a save writes
+(`storage.save_plan.message_write`). The real server's form: tests/integration/test_recall_plain_mongodb.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
+from typing import Any, cast
+
+import bson
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from consumers import recall
+from consumers.recall import RecallHandler
+from message_history.core import recall_plan
+from message_history.core.recall_plan import PlainRow
+from message_history.settings import Settings
+from producers.enriched import EnrichedPublisher
+from producers.output import Headers, OutputProducer
+from schemas.messages import Message
+from storage.memory import InMemoryHistoryStorage
+from storage.mongodb import MongoHistoryStorage
+from storage.protocol import RecallQuery
+from storage.save_plan import message_write
+from storage.sequential import SequentialBatches
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+THREAD = "t"
+OWNER = "u"
+
+
+class _Sent(EnrichedPublisher):
+    """Keeps what the handler sends; every send is acknowledged at once."""
+
+    def __init__(self) -> None:
+        super().__init__(cast(OutputProducer, None), "enriched")
+        self.values: list[bytes] = []
+
+    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+        self.values.append(value)
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+
+class RawMemory(SequentialBatches):
+    """The in-memory storage with `recall_raw_many`: each row as the BSON document a save writes."""
+
+    def __init__(self, storage: InMemoryHistoryStorage) -> None:
+        super().__init__(storage)
+        self.raw_reads = 0
+        self.model_reads = 0  # pages read as models (a plain page read so is read twice)
+
+    async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]:
+        self.raw_reads += 1
+        pages = await super().list_messages_many(queries)
+        return {thread: [_document(m, thread) for m in page] for thread, page in pages.items()}
+
+    async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
+        self.model_reads += len(queries)
+        return await super().list_messages_many(queries)
+
+    def plain_rows(self, docs: Sequence[bytes]) -> list[PlainRow | None]:
+        return MongoHistoryStorage.plain_rows(docs)
+
+    def recalled_from_raw(self, docs: Sequence[bytes]) -> list[Message]:
+        return MongoHistoryStorage.recalled_from_raw(docs)
+
+
+def _document(message: Message, thread: str) -> bytes:
+    assert message.resourceId is not None
+    assert message.createdAt is not None
+    write = message_write(message, thread, message.resourceId, message.createdAt)
+    doc = {**write.fields, "createdAt": write.created}
+    if write.extra is not None:
+        doc["_mh_extra"] = write.extra
+    return bson.encode(doc)
+
+
+def _message(ident: str | None, role: str, text: str, at: int | None) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": role,
+        "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
+    }
+    if ident is not None:
+        message["id"] = ident
+    if at is not None:
+        message["createdAt"] = (T0 + timedelta(milliseconds=at)).isoformat()
+    return message
+
+
+def _record(offset: int, messages: Sequence[dict[str, Any]], memory: dict[str, Any]) -> Any:
+    event = {
+        "schemaVersion": 1,
+        "requestId": f"r{offset}",
+        "threadId": THREAD,
+        "resourceId": OWNER,
+        "createdAt": (T0 + timedelta(days=1)).isoformat(),
+        "messages": list(messages),
+        "memory": memory,
+    }
+    return SimpleNamespace(
+        topic="requests",
+        partition=0,
+        offset=offset,
+        key=THREAD.encode(),
+        value=json.dumps(event).encode(),
+        headers=[],
+    )
+
+
+async def _published(storage: Any, records: Sequence[Any], *, fast: bool) -> list[bytes | str]:
+    """What the handler sends, with each refused record's dead-letter error in its place."""
+    publisher = _Sent()
+    handler = RecallHandler(Settings(), storage, publisher, write_boundaries=False, fast_recall=fast)
+    refused: list[str] = []
+    for ack in await handler.handle(records):
+        if isinstance(ack, Exception):
+            refused.append(f"{type(ack).__name__}: {ack}")
+        else:
+            await ack
+    return [*publisher.values, *refused]
+
+
+IDS = st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "h"])
+TEXT = st.text(alphabet='ab é"\\\n\u2028😀', max_size=6)
+stored_rows = st.lists(
+    st.tuples(IDS, st.sampled_from(["user", "assistant", "system"]), TEXT, st.integers(0, 6)),
+    max_size=10,
+)
+incoming_messages = st.lists(
+    st.tuples(
+        st.one_of(st.none(), IDS, st.just("new")),
+        st.sampled_from(["user", "user", "assistant", "system"]),
+        TEXT,
+        st.one_of(st.none(), st.integers(0, 12)),
+    ),
+    min_size=1,
+    max_size=3,
+)
+memories = st.fixed_dictionaries(
+    {},
+    optional={
+        "lastMessages": st.one_of(st.none(), st.just(False), st.integers(0, 12)),
+        "readOnly": st.booleans(),
+        "retainFullInput": st.booleans(),
+    },
+)
+
+DECIDED: list[int] = []  # pages `plain_page` decided, over all examples (the route must be exercised)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(stored=stored_rows, requests=st.lists(st.tuples(incoming_messages, memories), min_size=1, max_size=3))
+def test_plain_recall_gives_the_processors_bytes(
+    stored: list[tuple[str, str, str, int]],
+    requests: list[tuple[list[tuple[str | None, str, str, int | None]], dict[str, Any]]],
+) -> None:
+    memory = InMemoryHistoryStorage()
+    rows = [Message.model_validate(_message(i, role, text, at)) for i, role, text, at in stored]
+    if rows:
+        asyncio.run(memory.save_messages(thread_id=THREAD, resource_id=OWNER, messages=rows))
+    records = [
+        _record(n, [_message(i, role, text, at) for i, role, text, at in incoming], options)
+        for n, (incoming, options) in enumerate(requests)
+    ]
+    decided = 0
+    plain_page = recall_plan.plain_page
+
+    def counting(*args: Any) -> Any:
+        nonlocal decided
+        page = plain_page(*args)
+        decided += page is not None
+        return page
+
+    today = asyncio.run(_published(SequentialBatches(memory), records, fast=False))
+    setattr(recall, "plain_page", counting)  # noqa: B010 -- restored below (a fixture does not mix with @given)
+    try:
+        fast = asyncio.run(_published(RawMemory(memory), records, fast=True))
+    finally:
+        setattr(recall, "plain_page", plain_page)  # noqa: B010
+    assert fast == today
+    assert all(isinstance(value, bytes) for value in today)  # the generated requests are all valid
+    DECIDED.append(decided)
+
+
+def test_the_property_took_the_plain_route() -> None:
+    """Run after the property: a good share of its batches were decided on bytes, not all by fallback."""
+    test_plain_recall_gives_the_processors_bytes()
+    assert sum(1 for n in DECIDED if n) > len(DECIDED) // 5, DECIDED
+
+
+async def test_a_plain_page_is_read_once_as_bytes() -> None:
+    memory = InMemoryHistoryStorage()
+    rows = [Message.model_validate(_message(f"m{i}", "user", "x", i)) for i in range(5)]
+    await memory.save_messages(thread_id=THREAD, resource_id=OWNER, messages=rows)
+    storage = RawMemory(memory)
+    records = [_record(0, [_message("new", "user", "hi", 99)], {"lastMessages": 3})]
+    [event] = await _published(storage, records, fast=True)
+    assert isinstance(event, bytes)
+    assert json.loads(event)["history"]["recalled"] == 3
+    assert (storage.raw_reads, storage.model_reads) == (1, 0)

@@ -1,0 +1,114 @@
+"""`plan_recall` and `plain_page` as tables: what a request reads, and when a page is decided on bytes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from message_history.core.budget import resolve_budget
+from message_history.core.echo import EchoPlan
+from message_history.core.memory_options import TurnMemory
+from message_history.core.recall_plan import PlainPage, PlainRow, plain_page, plan_recall
+from schemas.messages import Message
+
+T0 = datetime(2025, 1, 1, tzinfo=UTC)
+MS0 = int((T0 - datetime(1970, 1, 1, tzinfo=UTC)).total_seconds() * 1000)
+BUDGET = resolve_budget(1000, 100)
+ZERO_BUDGET = resolve_budget(0, None)
+KEPT = EchoPlan([], None, unchanged=True)
+FILTERED = EchoPlan([], None, unchanged=False, needs=("a1",))
+
+
+@pytest.mark.parametrize(
+    ("last", "budget", "echo", "limit", "lookup", "plain"),
+    [
+        pytest.param(None, None, None, 40, (), True, id="default-40"),
+        pytest.param(5, None, KEPT, 5, (), True, id="count-input-kept"),
+        pytest.param(False, None, None, None, (), False, id="all-rows-not-plain"),
+        pytest.param(0, None, FILTERED, 0, (), False, id="off-no-echo-lookup"),
+        pytest.param(5, None, FILTERED, 5, ("a1",), False, id="echo-filter-looks-up"),
+        pytest.param(False, BUDGET, None, None, (), False, id="budget"),
+        pytest.param(5, ZERO_BUDGET, FILTERED, 5, (), False, id="zero-budget-is-off"),
+    ],
+)
+def test_plan_recall(
+    last: Any, budget: Any, echo: EchoPlan | None, limit: int | None, lookup: tuple[str, ...], plain: bool
+) -> None:
+    needs = plan_recall("t", "u", TurnMemory(last, budget, read_only=False, retain_full_input=False), echo)
+    assert (needs.limit, needs.lookup, needs.plain) == (limit, lookup, plain)
+
+
+def _row(ident: str, ms: int, role: str = "user") -> PlainRow:
+    return (ident, MS0 + ms, role, None, f'{{"id":"{ident}"}}'.encode())
+
+
+def _input(ident: str | None, ms: int | None) -> Message:
+    data: dict[str, Any] = {"role": "user", "content": {"format": 2, "parts": []}}
+    if ident is not None:
+        data["id"] = ident
+    if ms is not None:
+        data["createdAt"] = T0 + timedelta(milliseconds=ms)
+    return Message.model_validate(data)
+
+
+A, B = b'{"id":"a"}', b'{"id":"b"}'
+NEW = [_input("n", 9)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "limit", "incoming", "expected"),
+    [
+        pytest.param([], 5, NEW, PlainPage((b"", b""), 0), id="empty-page"),
+        pytest.param([_row("b", 2), _row("a", 1)], 5, NEW, PlainPage((A + b"," + B, b""), 2), id="plain"),
+        pytest.param([_row("b", 2), _row("a", 1)], 1, NEW, PlainPage((B, b""), 1), id="cut"),
+        pytest.param([_row("b", 1), _row("a", 1)], 5, NEW, PlainPage((A + b"," + B, b""), 2), id="tie-by-id"),
+        pytest.param([_row("b", 2), None], 5, NEW, None, id="odd-row"),
+        pytest.param([_row("b", 2), None], 1, NEW, PlainPage((B, b""), 1), id="odd-row-cut-off"),
+        pytest.param([_row("b", 2), _row("a", 1, "system")], 5, NEW, None, id="system-row"),
+        pytest.param([_row("b", 2), _row("a", 1)], 5, [_input("a", 9)], None, id="input-repeats-an-id"),
+        pytest.param([_row("a", 2), _row("a", 1)], 5, NEW, None, id="id-twice"),
+        pytest.param([_row("a", 1), _row("b", 2)], 5, NEW, None, id="out-of-order"),
+        pytest.param([_row("a", 1), _row("b", 1)], 5, NEW, None, id="tie-out-of-order"),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)],
+            5,
+            [_input("n", 2)],
+            PlainPage((A + b"," + B, b""), 2),
+            id="input-tie-after-by-id",
+        ),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)],
+            5,
+            [_input("0", 2)],
+            PlainPage((A, B), 2),
+            id="input-tie-before-by-id",
+        ),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)], 5, [_input("n", 1)], PlainPage((A, B), 2), id="input-between"
+        ),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)],
+            5,
+            [_input("n", 0)],
+            PlainPage((b"", A + b"," + B), 2),
+            id="input-oldest",
+        ),
+        pytest.param(
+            [_row("b", 2), _row("a", 1)],
+            5,
+            [_input("m", 0), _input("n", 1), _input("o", 5)],
+            PlainPage((b"", A, B, b""), 2),
+            id="inputs-spread",
+        ),
+        pytest.param(
+            [_row("b", 2)], 5, [_input(None, None)], PlainPage((B, b""), 1), id="input-undated-last"
+        ),
+        pytest.param([_row("b", 2)], 5, [], PlainPage((B,), 1), id="no-input"),
+    ],
+)
+def test_plain_page(
+    rows: list[PlainRow | None], limit: int, incoming: list[Message], expected: PlainPage | None
+) -> None:
+    assert plain_page(rows, limit, incoming) == expected
