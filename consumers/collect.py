@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
@@ -139,15 +139,27 @@ class PersistBuffer:
 
     async def copies(self, thread_id: str, message_ids: Sequence[str]) -> list[Message]:
         """The copies of `message_ids` in `thread_id`: written by the batch, or stored."""
-        unplanned = [
-            i for i in message_ids if i not in self.loaded.looked_up and (thread_id, i) not in self._rows
-        ]
+        unplanned = self._unplanned(thread_id, message_ids)
         stored: dict[str, Message] = {}
         if unplanned and isinstance(self.storage, MessageLookup):
             _miss("stored copies", thread_id)
             stored = {
                 m.id: m for m in await self.storage.get_messages(unplanned, thread_ids=(thread_id,)) if m.id
             }
+        return self._copies(thread_id, message_ids, stored)
+
+    def copies_now(self, thread_id: str, message_ids: Sequence[str]) -> list[Message] | None:
+        """`copies` when the batch's reads hold them all; None when they need a read (a plan miss)."""
+        if self._unplanned(thread_id, message_ids) and isinstance(self.storage, MessageLookup):
+            return None
+        return self._copies(thread_id, message_ids, {})
+
+    def _unplanned(self, thread_id: str, message_ids: Sequence[str]) -> list[str]:
+        return [i for i in message_ids if i not in self.loaded.looked_up and (thread_id, i) not in self._rows]
+
+    def _copies(
+        self, thread_id: str, message_ids: Sequence[str], stored: Mapping[str, Message]
+    ) -> list[Message]:
         out: list[Message] = []
         for message_id in message_ids:
             row = self._rows.get((thread_id, message_id)) or self.loaded.copy(thread_id, message_id)
@@ -164,6 +176,17 @@ class PersistBuffer:
             _miss("the newest row", thread_id)
             rows = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
             stored = rows[0] if rows else None
+        return self._latest(thread_id, stored)
+
+    def has_latest(self, thread_id: str) -> bool:
+        """Whether `latest` answers from the batch's reads (False: it needs a read, a plan miss)."""
+        return thread_id in self.loaded.latest
+
+    def latest_now(self, thread_id: str) -> Message | None:
+        """`latest` from the batch's reads; only when `has_latest`."""
+        return self._latest(thread_id, self.loaded.latest[thread_id])
+
+    def _latest(self, thread_id: str, stored: Message | None) -> Message | None:
         written = self._newest.get(thread_id)
         if written is None or (stored is not None and not _newer(written, stored)):
             return stored

@@ -16,3 +16,7 @@ class PersistedPublisher(TopicPublisher):
     async def publish(self, event: HistoryPersisted, *, headers: Headers) -> asyncio.Future[Any]:
         """Buffer the event; the future resolves when Kafka acknowledged it."""
         return await self._send(event.threadId.encode(), encode(event), headers)
+
+    async def publish_value(self, thread_id: str, value: bytes, *, headers: Headers) -> asyncio.Future[Any]:
+        """Buffer an outcome already encoded (`schemas.codec.persisted_value`) for a turn of `thread_id`."""
+        return await self._send(thread_id.encode(), value, headers)

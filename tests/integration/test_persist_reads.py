@@ -22,6 +22,7 @@ from consumers.persist import PersistHandler
 from message_history import metrics
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
+from schemas.codec import decode_persisted
 from schemas.events import HistoryPersisted
 from storage.mongodb import MongoHistoryStorage
 
@@ -59,8 +60,8 @@ class _Recording:
     def __init__(self) -> None:
         self.events: list[HistoryPersisted] = []
 
-    async def publish(self, event: HistoryPersisted, *, headers: Any) -> asyncio.Future[Any]:
-        self.events.append(event)
+    async def publish_value(self, thread_id: str, value: bytes, *, headers: Any) -> asyncio.Future[Any]:
+        self.events.append(decode_persisted(value))
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done

@@ -143,7 +143,7 @@ def _commands() -> tuple[list[Item], dict[int, str], list[str]]:
 def _inject_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
     """One bug per place a path meets a record: raised only for the records named p-bug / p-batch-bug."""
     turn_memory, turn_input = recall.turn_memory, persist.turn_input
-    persisted, decode_command = persist.PersistHandler._persisted, commands.decode_command  # type: ignore[attr-defined]
+    persisted, decode_command = persist.persisted_value, commands.decode_command  # type: ignore[attr-defined]
 
     def buggy_turn_memory(request: Any, defaults: Any) -> Any:
         if request.threadId == "p-bug":
@@ -155,10 +155,10 @@ def _inject_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
             raise RuntimeError("injected bug in one record's work")
         return turn_input(response)
 
-    def buggy_persisted(response: Any, done: Any) -> Any:
+    def buggy_persisted(response: Any, **outcome: Any) -> Any:
         if response.threadId == "p-batch-bug":
             raise ArithmeticError("injected bug after the batch's work")
-        return persisted(response, done)
+        return persisted(response, **outcome)
 
     def buggy_decode_command(raw: bytes, limits: Any) -> Any:
         if b'"p-bug"' in raw:
@@ -167,7 +167,7 @@ def _inject_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(recall, "turn_memory", buggy_turn_memory)
     monkeypatch.setattr(persist, "turn_input", buggy_turn_input)
-    monkeypatch.setattr(persist.PersistHandler, "_persisted", staticmethod(buggy_persisted))
+    monkeypatch.setattr(persist, "persisted_value", buggy_persisted)
     monkeypatch.setattr(commands, "decode_command", buggy_decode_command)
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from consumers import persist
+from message_history import metrics
 from message_history.errors import MessageIdTakenError, ThreadOwnershipError
 from schemas.ids import derived_message_id, legacy_message_id
 from tests.paths import RESOURCE, Paths, assistant, at, response, user
@@ -189,3 +191,34 @@ async def test_an_unreadable_response_is_a_dead_letter_and_the_batch_goes_on() -
     batch = await paths.persist(b"{not json", response("t1", input=[user("m1", "hi", 1)], request_id="r1"))
     assert list(batch.dead) == [0]
     assert batch.event(1)["savedMessageIds"] == ["m1"]
+
+
+async def _redelivery_batch(paths: Paths) -> tuple[list[tuple[bytes | None, bytes | None]], dict[str, Any]]:
+    """A thread's stored turn, then a batch whose first turn is that turn redelivered with a new answer (its
+    user message is stored, so it continues the latest assistant message, which its plan did not load: a
+    plan miss), a later turn of the same thread, and another thread's turn. (sent records, stored rows)"""
+    await paths.persist(response("t1", input=[user("u1", "hi", 1)], output=[assistant("a1", "hello", 2)]))
+    batch = await paths.persist(
+        response("t1", input=[user("u1", "hi", 1)], output=[assistant("a2", "again", 3)], request_id="r1"),
+        response("t1", input=[user("u3", "next", 4)], output=[assistant("a4", "ok", 5)], request_id="r2"),
+        response("t2", input=[user("v1", "yo", 1)], output=[assistant("v2", "hey", 2)], request_id="r3"),
+    )
+    rows: dict[str, Any] = {}
+    for thread in ("t1", "t2"):
+        stored = await paths.storage.list_messages(thread, resource_id=None, limit=None)
+        rows[thread] = [m.model_dump(mode="json") for m in stored]
+    return [(s.key, s.value) for s in batch.sent], rows
+
+
+async def test_a_plan_miss_waits_in_its_threads_lane_and_decides_as_the_lanes_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The turns are decided from the batch's reads in one pass, without a task per thread; a turn that
+    needs a read (a plan miss) and its thread's later turns go to the lanes. Same events and rows as when
+    every turn goes through the lanes, the reference route: the later turn must not run before the miss."""
+    misses = metrics.REGISTRY.get_sample_value("message_history_plan_misses_total", {"path": "persist"})
+    one_pass = await _redelivery_batch(Paths())
+    after = metrics.REGISTRY.get_sample_value("message_history_plan_misses_total", {"path": "persist"})
+    assert (after or 0.0) == (misses or 0.0) + 1  # the batch does meet a miss
+    monkeypatch.setattr(persist, "_decide_now", lambda buffer, order, response: None)
+    assert await _redelivery_batch(Paths()) == one_pass

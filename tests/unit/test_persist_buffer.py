@@ -13,7 +13,7 @@ import pytest
 
 from consumers.collect import BufferState, PersistBuffer, load_batch
 from consumers.lanes import Failed
-from consumers.persist import PersistHandler, _decide, _Done, _keep_legacy_ids, turn_input
+from consumers.persist import _decide, _Done, _keep_legacy_ids, _outcome, turn_input
 from message_history import metrics
 from message_history.core.persist_plan import PersistNeeds, batch_needs, plan_persist
 from message_history.errors import ThreadOwnershipError
@@ -272,9 +272,9 @@ async def test_a_skipped_turn_after_a_write_reports_the_thread_as_written() -> N
     assert isinstance(skipped, _Done)
     assert skipped.skipped == "read-only"
     assert skipped.slot.result == saved.slot.result == await storage.get_thread(THREAD)
-    event = PersistHandler._persisted(response("q2"), skipped)
-    assert not isinstance(event, Exception)
-    assert event.threadUpdatedAt == saved.slot.result.updatedAt  # type: ignore[union-attr]
+    outcome = _outcome(skipped)
+    assert not isinstance(outcome, Exception)
+    assert outcome[2] == saved.slot.result.updatedAt  # type: ignore[union-attr]
 
 
 async def test_a_skipped_turn_of_a_missing_thread_reports_none() -> None:

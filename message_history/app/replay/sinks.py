@@ -102,6 +102,11 @@ class PersistedOutcomes(_Recording, PersistedPublisher):
     async def publish(self, event: HistoryPersisted, *, headers: Headers) -> asyncio.Future[Any]:
         return await self._recorded(event, partial(super().publish, event, headers=headers))
 
+    async def publish_value(self, thread_id: str, value: bytes, *, headers: Headers) -> asyncio.Future[Any]:
+        # the handler sends its outcomes encoded; a replay tallies them as events
+        event = HistoryPersisted.model_validate_json(value)
+        return await self._recorded(event, partial(super().publish_value, thread_id, value, headers=headers))
+
 
 class EnrichedOutcomes(_Recording, EnrichedPublisher):
     """The recall handler's publisher: the acknowledgement resolves with the `EnrichedRequest`."""
