@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from consumers.collect import BufferState
 from message_history import metrics
 from message_history.core.budget import PAGE_SIZE, HistoryLoader, boundary_for, read_boundary
 from message_history.core.recall_plan import PlainRow
@@ -80,6 +81,63 @@ def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
     )
 
 
+class BoundaryBuffer:
+    """The token boundaries a recall batch moves: write-only, flushed before the batch's acknowledgement.
+
+    Like the persist path's `PersistBuffer`, with an explicit state: `COLLECTING` (takes writes; a thread's
+    own may be written early, `flush(thread_id)`, before a parked request of it reads MongoDB) -> `FLUSHING`
+    (the batch's one round trip) -> `DONE`, or `FAILED` when that write fails (the loop retries the batch
+    with a new buffer). Nothing reads a boundary back from here: the batch's later requests of a thread see
+    the moved boundary in the loaded thread row, which the decision updates itself.
+    """
+
+    def __init__(self, storage: HistoryStorage) -> None:
+        self._storage = storage
+        self.state = BufferState.COLLECTING
+        self._updates: dict[str, dict[str, Any]] = {}
+
+    @property
+    def pending(self) -> dict[str, dict[str, Any]]:
+        """The updates not written yet, by thread (a copy, for tests and logs)."""
+        return {thread: dict(update) for thread, update in self._updates.items()}
+
+    def write(self, thread_id: str, update: dict[str, Any]) -> None:
+        if self.state is not BufferState.COLLECTING:
+            raise RuntimeError(f"the boundary buffer takes no writes once {self.state.value}")
+        self._updates.setdefault(thread_id, {}).update(update)
+
+    async def flush(self, thread_id: str | None = None) -> None:
+        """Write the buffered updates: one round trip (nothing when there are none). With `thread_id`, only
+        that thread's, now, and the buffer keeps collecting: before a request of it is recalled from
+        MongoDB, which must see them (and whose own boundary the batch's flush must not write back over)."""
+        if thread_id is not None:
+            if self.state is not BufferState.COLLECTING:
+                raise RuntimeError(f"the boundary buffer flushes no thread once {self.state.value}")
+            update = self._updates.pop(thread_id, None)
+            if update is not None:
+                await self._save([(thread_id, update)])
+            return
+        if self.state is not BufferState.COLLECTING:
+            raise RuntimeError(f"the boundary buffer is flushed once, not when {self.state.value}")
+        self.state = BufferState.FLUSHING
+        try:
+            await self._save(list(self._updates.items()))
+        except BaseException:
+            self.state = BufferState.FAILED
+            raise
+        self._updates.clear()
+        self.state = BufferState.DONE
+
+    async def _save(self, updates: list[tuple[str, dict[str, Any]]]) -> None:
+        if not updates:
+            return
+        if isinstance(self._storage, BatchPagedStorage):
+            await self._storage.save_thread_metadata_many(updates)
+        else:
+            for thread, changes in updates:
+                await self._storage.save_thread_metadata(thread, changes)
+
+
 @dataclass(frozen=True, slots=True)
 class _Page:
     resource_id: str | None
@@ -109,7 +167,7 @@ class PrefetchedHistory:
         self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
         self.page_rounds = 0  # round trips spent on those pages
         self._loaded: dict[HistoryLoad, list[Message]] = {}  # those loaders' results, for the processor
-        self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
+        self.boundaries = BoundaryBuffer(storage)  # boundary writes, flushed once per batch
         self.by_id: dict[tuple[str, str], Message] = {}  # (thread, id): stored copies the echo filter needs
         self.looked_up: set[str] = set()
         self.looked_in: set[str] = set()  # the threads those copies were looked up in
@@ -265,32 +323,15 @@ class PrefetchedHistory:
         return page
 
     async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
-        """Recorded for `flush()`; later requests of the batch see the thread as updated."""
-        self.metadata_updates.setdefault(thread_id, {}).update(update)
+        """Buffered for `flush()`; the batch's later requests see the thread as updated (its loaded row)."""
+        self.boundaries.write(thread_id, update)
         thread = self._threads.get(thread_id)
         if thread is not None:
             self._threads[thread_id] = dataclasses.replace(thread, metadata={**thread.metadata, **update})
 
     async def flush(self, thread_id: str | None = None) -> None:
-        """Write the batch's boundary updates: one round trip (nothing when there are none). With `thread_id`,
-        only that thread's, now: before a request of it is recalled from MongoDB, which must see them (and
-        whose own boundary the batch's later flush must not overwrite)."""
-        if thread_id is not None:
-            update = self.metadata_updates.pop(thread_id, None)
-            updates = [(thread_id, update)] if update is not None else []
-        else:
-            updates = list(self.metadata_updates.items())
-        if not updates:
-            return
-        if isinstance(self._storage, BatchPagedStorage):
-            await self._storage.save_thread_metadata_many(updates)
-        elif isinstance(self._storage, BudgetedHistoryStorage):
-            for thread, changes in updates:
-                await self._storage.save_thread_metadata(thread, changes)
-        else:
-            raise TypeError(f"{type(self._storage).__name__} cannot store a token boundary")
-        if thread_id is None:
-            self.metadata_updates.clear()
+        """The boundary buffer's flush (see `BoundaryBuffer.flush`)."""
+        await self.boundaries.flush(thread_id)
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:

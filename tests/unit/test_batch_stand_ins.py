@@ -176,7 +176,7 @@ async def test_a_fresh_recall_sees_the_boundary_the_batch_moved_and_keeps_its_ow
         await MessageHistory(storage=view).recall(
             thread_id=thread, resource_id="u", incoming=[], last_messages=False, budget=budget
         )
-    first = view.metadata_updates["a"][BOUNDARY_KEY]
+    first = view.boundaries.pending["a"][BOUNDARY_KEY]
     await view.flush("a")  # what the recall path does before a fresh recall of thread a
     stored = await storage.storage.get_thread("a")
     assert stored is not None
@@ -196,7 +196,7 @@ async def test_a_fresh_recall_sees_the_boundary_the_batch_moved_and_keeps_its_ow
     stored = await storage.storage.get_thread("a")
     assert stored is not None
     assert stored.metadata[BOUNDARY_KEY] == own
-    assert set(view.metadata_updates) == set()
+    assert set(view.boundaries.pending) == set()
     assert storage.calls["save_thread_metadata"] == 3  # a (before the fresh recall), a (its own), b
 
 
