@@ -44,6 +44,11 @@ class RecallNeeds:
     lookup: tuple[str, ...]
     plain: bool
 
+    @property
+    def off(self) -> bool:
+        """History is off for the request (a limit of 0, a budget of 0 tokens): no page, no echo filter."""
+        return self.limit == 0 or (self.budget is not None and self.budget.max_tokens == 0)
+
 
 def plan_recall(
     thread_id: str, resource_id: str | None, memory: TurnMemory, echo: EchoPlan | None
