@@ -31,28 +31,12 @@ from message_history.processor.history import RecallOutcome, recall_from
 from schemas.messages import Message
 from storage.protocol import (
     BatchHistoryStorage,
-    BatchPagedStorage,
-    BudgetedHistoryStorage,
     HistoryLoad,
-    HistoryStorage,
-    MessageLookup,
     Page,
     PageQuery,
     RecallQuery,
-    RowRecallStorage,
     Thread,
 )
-
-
-async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> list[Page]:
-    if not queries:
-        return []
-    if isinstance(storage, BatchPagedStorage):
-        return await storage.list_pages_many(queries)
-    if not isinstance(storage, BudgetedHistoryStorage):
-        raise TypeError(f"{type(storage).__name__} cannot page a thread")
-    return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
-
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +80,7 @@ class BoundaryBuffer:
     the moved boundary in the loaded thread row, which the decision updates itself.
     """
 
-    def __init__(self, storage: HistoryStorage) -> None:
+    def __init__(self, storage: BatchHistoryStorage) -> None:
         self._storage = storage
         self.state = BufferState.COLLECTING
         self._updates: dict[str, dict[str, Any]] = {}
@@ -134,13 +118,8 @@ class BoundaryBuffer:
         self.state = BufferState.DONE
 
     async def _save(self, updates: list[tuple[str, dict[str, Any]]]) -> None:
-        if not updates:
-            return
-        if isinstance(self._storage, BatchPagedStorage):
+        if updates:
             await self._storage.save_thread_metadata_many(updates)
-        else:
-            for thread, changes in updates:
-                await self._storage.save_thread_metadata(thread, changes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +134,7 @@ class PrefetchedHistory:
 
     def __init__(
         self,
-        storage: HistoryStorage,
+        storage: BatchHistoryStorage,
         threads: dict[str, Thread],
         pages: dict[str, _Page],
         known: Iterable[str],
@@ -204,24 +183,17 @@ class PrefetchedHistory:
         read_raw = raw and isinstance(storage, RawRecallStorage)
 
         async def copies() -> list[Message]:
-            if lookup and isinstance(storage, MessageLookup):
+            if lookup:
                 # copies in the asking threads only: another thread's row must not change a request
                 return await storage.get_messages(lookup, thread_ids=lookup_threads)
             return []
 
         async def recent() -> dict[str, list[Message]]:
-            # Plain recall only orders, dedupes and sends its rows, so views do (`RowRecallStorage`);
-            # budgeted threads count the tokens of their rows' content, so they get models.
+            # budgeted threads count the tokens of their rows' content, so they get models (as do the
+            # plain pages of a storage that cannot read bytes, or with the fast route off)
             if read_raw:
                 return await storage.list_messages_many(first) if first else {}
-            if not wanted or not isinstance(storage, RowRecallStorage):
-                return await storage.list_messages_many([*wanted, *first])
-            if not first:
-                return await storage.recall_rows_many(wanted)
-            views, models = await asyncio.gather(
-                storage.recall_rows_many(wanted), storage.list_messages_many(first)
-            )
-            return {**views, **models}
+            return await storage.list_messages_many([*wanted, *first])
 
         async def raw_recent() -> dict[str, list[bytes]]:
             assert isinstance(storage, RawRecallStorage)
@@ -246,7 +218,7 @@ class PrefetchedHistory:
                 q.thread_id: (_Page(q.resource_id, q.limit, []), raw_pages.get(q.thread_id, []))
                 for q in wanted
             }
-        if lookup and isinstance(storage, MessageLookup):
+        if lookup:
             history.by_id = {
                 (m.threadId, m.id): m for m in rows if m.id is not None and m.threadId is not None
             }
@@ -289,7 +261,9 @@ class PrefetchedHistory:
             asked = [_page_query(q, loader) for q, loader in active]
             missing = [p for p in dict.fromkeys(asked) if p not in self.budget_pages]
             if missing:
-                self.budget_pages.update(zip(missing, await _pages_many(self._storage, missing), strict=True))
+                self.budget_pages.update(
+                    zip(missing, await self._storage.list_pages_many(missing), strict=True)
+                )
                 self.page_rounds += 1
             for (_, loader), page_query in zip(active, asked, strict=True):
                 page = self.budget_pages[page_query]
@@ -301,8 +275,6 @@ class PrefetchedHistory:
         if set(message_ids) <= self.looked_up and thread_id in self.looked_in:
             return [m for i in message_ids if (m := self.by_id.get((thread_id, i))) is not None]
         self._missed("get_messages", thread_id)
-        if not isinstance(self._storage, MessageLookup):
-            raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
         return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
 
     async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
@@ -324,7 +296,7 @@ class PrefetchedHistory:
             page = self.budget_pages.get(query)
             if page is None:  # a page the plan did not foresee
                 self._missed("list_page", load.thread_id)
-                [page] = await _pages_many(self._storage, [query])
+                [page] = await self._storage.list_pages_many([query])
                 self.budget_pages[query] = page
             loader.feed(page.messages, has_more=page.has_more)
         return loader.result()
