@@ -23,9 +23,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from consumers.collect import BufferState
 from message_history import metrics
-from message_history.core.budget import PAGE_SIZE, HistoryLoader, boundary_for, read_boundary
+from message_history.core.budget import PAGE_SIZE, HistoryLoader
 from message_history.core.echo import EchoPlan
-from message_history.core.recall_plan import PlainRow, RecallNeeds
+from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundary
 from message_history.core.tokens import CountCache
 from message_history.processor.history import RecallOutcome, recall_from
 from schemas.messages import Message
@@ -241,14 +241,8 @@ class PrefetchedHistory:
         for query in queries:  # `load` passes only budgeted queries (a budget, max_tokens > 0)
             assert query.budget is not None
             thread = self._threads.get(query.thread_id)
-            stored = read_boundary(thread.metadata) if thread is not None else None
-            load = HistoryLoad(
-                query.thread_id,
-                query.resource_id,
-                boundary_for(query.budget, stored),
-                query.limit,
-                query.budget,
-            )
+            boundary = load_boundary(query.budget, thread.metadata if thread is not None else None)
+            load = HistoryLoad(query.thread_id, query.resource_id, boundary, query.limit, query.budget)
             loader = HistoryLoader(
                 boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=self.counter
             )

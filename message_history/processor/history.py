@@ -43,9 +43,7 @@ from message_history.core.budget import (
     PageRequest,
     TokenBudget,
     advance_boundary,
-    boundary_for,
     page_of,
-    read_boundary,
     trim_memory,
 )
 from message_history.core.echo import EchoPlan, plan_echo
@@ -53,7 +51,7 @@ from message_history.core.echo import filter_echo as drop_client_echo
 from message_history.core.memory_options import TurnMemory
 from message_history.core.message_list import MessageList
 from message_history.core.persist_plan import TurnWrite, merged, needs_latest, stored_copies, turn_write
-from message_history.core.recall_plan import RecallNeeds, plan_recall
+from message_history.core.recall_plan import RecallNeeds, load_boundary, plan_recall
 from message_history.core.request_context import RequestContext, parse_memory_context
 from message_history.core.rules import (
     LastMessages,
@@ -461,8 +459,7 @@ async def recall_from(
     if echo is not None and not echo.unchanged and not needs.off:
         incoming = await _filter_echo(reads, needs, incoming, echo)
     if needs.budget is not None and not needs.off:
-        stored = read_boundary(thread.metadata) if thread is not None else None
-        boundary = boundary_for(needs.budget, stored)
+        boundary = load_boundary(needs.budget, thread.metadata if thread is not None else None)
         load = HistoryLoad(thread_id, needs.resource_id, boundary, needs.limit, needs.budget)
         loaded = await reads.history(load, count)
         return decide_budgeted(
