@@ -103,9 +103,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
             progress.update(done, events)
             if kind == "b2_models":
                 for query in queries:  # answered from the prefetch: no query, a check that it recalled
-                    page = await history.list_messages(
-                        query.thread_id, resource_id=query.resource_id, limit=query.limit
-                    )
+                    page = await history.newest(query.thread_id, query.resource_id, query.limit)
                     rows += len(page)
     finally:
         print(END, file=sys.stderr, flush=True)

@@ -1,11 +1,14 @@
-"""The recall path's storage stand-in: a batch's threads and recent messages, loaded in one round trip.
+"""The recall path's batch load: a batch's threads, pages and look-ups, read once, and its boundary writes.
 
-The processor is the one implementation of the rules, and it talks to a `HistoryStorage` one event at a time.
-`PrefetchedHistory` is loaded with one `get_threads` and one `list_messages_many` for the whole batch
-(issued concurrently) and answers `get_thread` / `list_messages` from memory. Under a token budget it also
-runs every thread's `HistoryLoader` (the pages in rounds) and hands the processor their results (`loaded`), so
-a request's history is loaded once. It is a cache, not a copy of the rules: a query it was not loaded for
-(another resource, a larger page, a boundary moved since) goes to the storage.
+`PrefetchedHistory.load` reads what the batch's requests plan (`core.recall_plan.plan_recall`, passed as
+`RecallQuery`s): one `get_threads`, the plain threads' newest rows (as bytes when the storage can), the
+budgeted threads' pages and the client-echo filter's stored copies, issued concurrently; the budgeted
+threads' `HistoryLoader`s then run together, one round trip per paging round for the whole batch. It is not a
+storage: it answers the decision's reads (`RecallReads`: `newest`, `copies`, `history`) and `recall` hands
+them to `processor.history.recall_from`, the same decision the library makes per turn. A read the plan did
+not foresee (a boundary an earlier request moved, a larger page) is a plan miss: counted
+(`message_history_plan_misses_total{path="recall"}`), logged at INFO, then read from the storage. Boundary
+writes go to a write-only `BoundaryBuffer`, flushed before the batch is acknowledged.
 """
 
 from __future__ import annotations
@@ -13,40 +16,27 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
+from consumers.collect import BufferState
 from message_history import metrics
-from message_history.core.budget import PAGE_SIZE, HistoryLoader, boundary_for, read_boundary
-from message_history.core.recall_plan import PlainRow
+from message_history.core.budget import PAGE_SIZE, HistoryLoader
+from message_history.core.echo import EchoPlan
+from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundary
 from message_history.core.tokens import CountCache
+from message_history.processor.history import RecallOutcome, recall_from
 from schemas.messages import Message
 from storage.protocol import (
     BatchHistoryStorage,
-    BatchPagedStorage,
-    BudgetedHistoryStorage,
     HistoryLoad,
-    HistoryStorage,
-    MessageLookup,
     Page,
     PageQuery,
     RecallQuery,
-    RowRecallStorage,
     Thread,
 )
-
-
-async def _pages_many(storage: HistoryStorage, queries: Sequence[PageQuery]) -> list[Page]:
-    if not queries:
-        return []
-    if isinstance(storage, BatchPagedStorage):
-        return await storage.list_pages_many(queries)
-    if not isinstance(storage, BudgetedHistoryStorage):
-        raise TypeError(f"{type(storage).__name__} cannot page a thread")
-    return list(await asyncio.gather(*(storage.list_page(q) for q in queries)))
-
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +70,58 @@ def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
     )
 
 
+class BoundaryBuffer:
+    """The token boundaries a recall batch moves: write-only, flushed before the batch's acknowledgement.
+
+    Like the persist path's `PersistBuffer`, with an explicit state: `COLLECTING` (takes writes; a thread's
+    own may be written early, `flush(thread_id)`, before a parked request of it reads MongoDB) -> `FLUSHING`
+    (the batch's one round trip) -> `DONE`, or `FAILED` when that write fails (the loop retries the batch
+    with a new buffer). Nothing reads a boundary back from here: the batch's later requests of a thread see
+    the moved boundary in the loaded thread row, which the decision updates itself.
+    """
+
+    def __init__(self, storage: BatchHistoryStorage) -> None:
+        self._storage = storage
+        self.state = BufferState.COLLECTING
+        self._updates: dict[str, dict[str, Any]] = {}
+
+    @property
+    def pending(self) -> dict[str, dict[str, Any]]:
+        """The updates not written yet, by thread (a copy, for tests and logs)."""
+        return {thread: dict(update) for thread, update in self._updates.items()}
+
+    def write(self, thread_id: str, update: dict[str, Any]) -> None:
+        if self.state is not BufferState.COLLECTING:
+            raise RuntimeError(f"the boundary buffer takes no writes once {self.state.value}")
+        self._updates.setdefault(thread_id, {}).update(update)
+
+    async def flush(self, thread_id: str | None = None) -> None:
+        """Write the buffered updates: one round trip (nothing when there are none). With `thread_id`, only
+        that thread's, now, and the buffer keeps collecting: before a request of it is recalled from
+        MongoDB, which must see them (and whose own boundary the batch's flush must not write back over)."""
+        if thread_id is not None:
+            if self.state is not BufferState.COLLECTING:
+                raise RuntimeError(f"the boundary buffer flushes no thread once {self.state.value}")
+            update = self._updates.pop(thread_id, None)
+            if update is not None:
+                await self._save([(thread_id, update)])
+            return
+        if self.state is not BufferState.COLLECTING:
+            raise RuntimeError(f"the boundary buffer is flushed once, not when {self.state.value}")
+        self.state = BufferState.FLUSHING
+        try:
+            await self._save(list(self._updates.items()))
+        except BaseException:
+            self.state = BufferState.FAILED
+            raise
+        self._updates.clear()
+        self.state = BufferState.DONE
+
+    async def _save(self, updates: list[tuple[str, dict[str, Any]]]) -> None:
+        if updates:
+            await self._storage.save_thread_metadata_many(updates)
+
+
 @dataclass(frozen=True, slots=True)
 class _Page:
     resource_id: str | None
@@ -92,7 +134,7 @@ class PrefetchedHistory:
 
     def __init__(
         self,
-        storage: HistoryStorage,
+        storage: BatchHistoryStorage,
         threads: dict[str, Thread],
         pages: dict[str, _Page],
         known: Iterable[str],
@@ -108,8 +150,8 @@ class PrefetchedHistory:
         self.counter = CountCache()  # token counts of the batch's messages, shared with the processor
         self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
         self.page_rounds = 0  # round trips spent on those pages
-        self._loaded: dict[HistoryLoad, list[Message]] = {}  # those loaders' results, for the processor
-        self.metadata_updates: dict[str, dict[str, Any]] = {}  # boundary writes, flushed once per batch
+        self._loaded: dict[HistoryLoad, Sequence[Message]] = {}  # those loaders' results, for the decision
+        self.boundaries = BoundaryBuffer(storage)  # boundary writes, flushed once per batch
         self.by_id: dict[tuple[str, str], Message] = {}  # (thread, id): stored copies the echo filter needs
         self.looked_up: set[str] = set()
         self.looked_in: set[str] = set()  # the threads those copies were looked up in
@@ -141,24 +183,17 @@ class PrefetchedHistory:
         read_raw = raw and isinstance(storage, RawRecallStorage)
 
         async def copies() -> list[Message]:
-            if lookup and isinstance(storage, MessageLookup):
+            if lookup:
                 # copies in the asking threads only: another thread's row must not change a request
                 return await storage.get_messages(lookup, thread_ids=lookup_threads)
             return []
 
         async def recent() -> dict[str, list[Message]]:
-            # Plain recall only orders, dedupes and sends its rows, so views do (`RowRecallStorage`);
-            # budgeted threads count the tokens of their rows' content, so they get models.
+            # budgeted threads count the tokens of their rows' content, so they get models (as do the
+            # plain pages of a storage that cannot read bytes, or with the fast route off)
             if read_raw:
                 return await storage.list_messages_many(first) if first else {}
-            if not wanted or not isinstance(storage, RowRecallStorage):
-                return await storage.list_messages_many([*wanted, *first])
-            if not first:
-                return await storage.recall_rows_many(wanted)
-            views, models = await asyncio.gather(
-                storage.recall_rows_many(wanted), storage.list_messages_many(first)
-            )
-            return {**views, **models}
+            return await storage.list_messages_many([*wanted, *first])
 
         async def raw_recent() -> dict[str, list[bytes]]:
             assert isinstance(storage, RawRecallStorage)
@@ -183,7 +218,7 @@ class PrefetchedHistory:
                 q.thread_id: (_Page(q.resource_id, q.limit, []), raw_pages.get(q.thread_id, []))
                 for q in wanted
             }
-        if lookup and isinstance(storage, MessageLookup):
+        if lookup:
             history.by_id = {
                 (m.threadId, m.id): m for m in rows if m.id is not None and m.threadId is not None
             }
@@ -192,29 +227,22 @@ class PrefetchedHistory:
         newest = {q.thread_id: list(pages.get(q.thread_id, [])) for q in first}
         # ...and answer the client-echo filter's probe (`list_messages`, limit 1) of a budgeted thread.
         history._pages.update(
-            {q.thread_id: _Page(q.resource_id, q.limit, newest[q.thread_id]) for q in first}
+            {q.thread_id: _Page(q.resource_id, PAGE_SIZE + 1, newest[q.thread_id]) for q in first}
         )
-        await history._prefetch_budgeted(budgeted, newest)
+        await history._load_budgeted(budgeted, newest)
         return history
 
-    async def _prefetch_budgeted(
-        self, queries: Sequence[RecallQuery], newest: dict[str, list[Message]]
-    ) -> None:
-        """Run every budgeted thread's `HistoryLoader` together: one round trip per paging round after the
-        first (whose pages are cut from each thread's `newest` rows)."""
+    async def _load_budgeted(self, queries: Sequence[RecallQuery], newest: dict[str, list[Message]]) -> None:
+        """Run every budgeted thread's `HistoryLoader` (its pages follow from the thread's stored boundary)
+        together: one round trip per paging round after the first, whose pages are cut from each thread's
+        `newest` rows."""
         loaders: list[tuple[RecallQuery, HistoryLoader]] = []
         loads: list[HistoryLoad] = []
         for query in queries:  # `load` passes only budgeted queries (a budget, max_tokens > 0)
             assert query.budget is not None
             thread = self._threads.get(query.thread_id)
-            stored = read_boundary(thread.metadata) if thread is not None else None
-            load = HistoryLoad(
-                query.thread_id,
-                query.resource_id,
-                boundary_for(query.budget, stored),
-                query.limit,
-                query.budget,
-            )
+            boundary = load_boundary(query.budget, thread.metadata if thread is not None else None)
+            load = HistoryLoad(query.thread_id, query.resource_id, boundary, query.limit, query.budget)
             loader = HistoryLoader(
                 boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=self.counter
             )
@@ -227,70 +255,72 @@ class PrefetchedHistory:
             asked = [_page_query(q, loader) for q, loader in active]
             missing = [p for p in dict.fromkeys(asked) if p not in self.budget_pages]
             if missing:
-                self.budget_pages.update(zip(missing, await _pages_many(self._storage, missing), strict=True))
+                self.budget_pages.update(
+                    zip(missing, await self._storage.list_pages_many(missing), strict=True)
+                )
                 self.page_rounds += 1
             for (_, loader), page_query in zip(active, asked, strict=True):
                 page = self.budget_pages[page_query]
                 loader.feed(page.messages, has_more=page.has_more)
         self._loaded.update((load, loader.result()) for load, (_, loader) in zip(loads, loaders, strict=True))
 
-    def loaded(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message] | None:
-        """A prefetched loader's result: same thread, resource, boundary, count cap, budget and counter
-        (the boundary an earlier request of the batch advanced is another load)."""
-        return self._loaded.get(load) if count is self.counter else None
+    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
+        """The stored copies of `message_ids` in `thread_id` (the client-echo filter's look-up)."""
+        if set(message_ids) <= self.looked_up and thread_id in self.looked_in:
+            return [m for i in message_ids if (m := self.by_id.get((thread_id, i))) is not None]
+        self._missed("get_messages", thread_id)
+        return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
 
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
-        if (
-            thread_ids is not None
-            and set(message_ids) <= self.looked_up
-            and set(thread_ids) <= self.looked_in
-        ):
-            return [m for t in thread_ids for i in message_ids if (m := self.by_id.get((t, i))) is not None]
-        self._missed("get_messages", *(thread_ids or ()))
-        if not isinstance(self._storage, MessageLookup):
-            raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
-        return await self._storage.get_messages(message_ids, thread_ids=thread_ids)
+    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
+        """The budgeted thread's loaded rows when the batch ran this very load (same boundary, counter);
+        otherwise (a boundary an earlier request of the batch moved) its loader runs now, over the batch's
+        pages where it has them; each page it must read from the storage is a plan miss."""
+        if count is self.counter:
+            loaded = self._loaded.get(load)
+            if loaded is not None:
+                return loaded
+        loader = HistoryLoader(
+            boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=count
+        )
+        while loader.next_page is not None:
+            request = loader.next_page
+            query = PageQuery(
+                load.thread_id, load.resource_id, request.start, request.end, request.page, request.per_page
+            )
+            page = self.budget_pages.get(query)
+            if page is None:  # a page the plan did not foresee
+                self._missed("list_page", load.thread_id)
+                [page] = await self._storage.list_pages_many([query])
+                self.budget_pages[query] = page
+            loader.feed(page.messages, has_more=page.has_more)
+        return loader.result()
 
-    async def list_page(self, query: PageQuery) -> Page:
-        page = self.budget_pages.get(query)
-        if page is not None:
-            return page
-        self._missed("list_page", query.thread_id)
-        if not isinstance(self._storage, BudgetedHistoryStorage):
-            raise TypeError(f"{type(self._storage).__name__} cannot page a thread")
-        page = await self._storage.list_page(query)
-        self.budget_pages[query] = page
-        return page
-
-    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
-        """Recorded for `flush()`; later requests of the batch see the thread as updated."""
-        self.metadata_updates.setdefault(thread_id, {}).update(update)
-        thread = self._threads.get(thread_id)
-        if thread is not None:
-            self._threads[thread_id] = dataclasses.replace(thread, metadata={**thread.metadata, **update})
+    async def recall(
+        self,
+        needs: RecallNeeds,
+        incoming: Sequence[Message],
+        echo: EchoPlan | None,
+        *,
+        read_only: bool,
+        system: Sequence[str] = (),
+    ) -> RecallOutcome:
+        """One request's recall from the batch's loaded reads (`recall_from`, the library's decision); a
+        boundary it moves is buffered for the batch's flush, and the batch's later requests of the thread
+        see it in the thread's loaded row. The thread's ownership is the caller's check."""
+        thread = await self.get_thread(needs.thread_id)
+        recalled = await recall_from(
+            self, needs, thread, incoming, echo, system=system, read_only=read_only, count=self.counter
+        )
+        if recalled.update is not None:
+            self.boundaries.write(needs.thread_id, recalled.update)
+            if thread is not None:
+                metadata = {**thread.metadata, **recalled.update}
+                self._threads[needs.thread_id] = dataclasses.replace(thread, metadata=metadata)
+        return recalled.outcome
 
     async def flush(self, thread_id: str | None = None) -> None:
-        """Write the batch's boundary updates: one round trip (nothing when there are none). With `thread_id`,
-        only that thread's, now: before a request of it is recalled from MongoDB, which must see them (and
-        whose own boundary the batch's later flush must not overwrite)."""
-        if thread_id is not None:
-            update = self.metadata_updates.pop(thread_id, None)
-            updates = [(thread_id, update)] if update is not None else []
-        else:
-            updates = list(self.metadata_updates.items())
-        if not updates:
-            return
-        if isinstance(self._storage, BatchPagedStorage):
-            await self._storage.save_thread_metadata_many(updates)
-        elif isinstance(self._storage, BudgetedHistoryStorage):
-            for thread, changes in updates:
-                await self._storage.save_thread_metadata(thread, changes)
-        else:
-            raise TypeError(f"{type(self._storage).__name__} cannot store a token boundary")
-        if thread_id is None:
-            self.metadata_updates.clear()
+        """The boundary buffer's flush (see `BoundaryBuffer.flush`)."""
+        await self.boundaries.flush(thread_id)
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:
@@ -310,9 +340,8 @@ class PrefetchedHistory:
             rows = self._plain[thread_id] = self._storage.plain_rows(entry[1])
         return rows[:limit]
 
-    async def list_messages(
-        self, thread_id: str, *, resource_id: str | None, limit: int | None
-    ) -> list[Message]:
+    async def newest(self, thread_id: str, resource_id: str | None, limit: int | None) -> Sequence[Message]:
+        """`list_messages` from the batch's pages (a page read as bytes is decoded once, on demand)."""
         if limit == 0:
             return []
         entry = self._raw.get(thread_id)
@@ -334,9 +363,6 @@ class PrefetchedHistory:
         log.info(
             "recall plan missed a read", extra={"path": "recall", "read": read, "threads": list(thread_ids)}
         )
-
-    async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
-        raise RuntimeError("the recall path does not write")  # pragma: no cover -- a programming error
 
 
 def _larger(limit: int | None, than: int | None) -> bool:

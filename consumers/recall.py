@@ -1,11 +1,12 @@
 """The recall path's batch handler: `agent.requests` in, `agent.requests.enriched` out.
 
-Per batch: decode every record (a bad one is a dead letter), prefetch the batch's threads and recent
-messages in one concurrent round trip (under a token budget, then the pages every budgeted thread needs:
-one round trip per paging round for the whole batch), then per request `MessageHistory.recall` (answered
-from the prefetch) and one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements.
-Requests of one thread run in batch order, so their enriched events leave in the order the requests came.
-Token boundaries the memory-only limiter advanced are written with one round trip at the end of the batch.
+Per batch: decode every record (a bad one is a dead letter) and plan its reads (`plan_recall`), load the
+batch's threads, pages and look-ups in one concurrent round trip (under a token budget, then the pages every
+budgeted thread needs: one round trip per paging round for the whole batch; `consumers.prefetch`), then per
+request the decision (a plain page on its bytes, else the library's `recall_from` on the loaded reads) and
+one `EnrichedRequest` sent without waiting; the loop gathers the acknowledgements. Requests of one thread
+run in batch order, so their enriched events leave in the order the requests came. Token boundaries the
+memory-only limiter advanced go to a write-only buffer, written with one round trip at the end of the batch.
 
 Each request's thread row (prefetched) is checked first: a request of another resource is a dead letter
 (`ThreadOwnershipError`) before any gate, wait or look-up of the owner's turns. With a `TurnGate` (the turn
@@ -49,7 +50,6 @@ from producers.enriched import EnrichedPublisher
 from producers.output import Headers
 from schemas.codec import decode_request, keyed_by_thread
 from schemas.events import AgentRequest, EnrichedRequest
-from schemas.messages import Message
 from schemas.recalled import encode_enriched, encode_enriched_fragment, materialized
 from storage.protocol import BatchHistoryStorage, RecallQuery
 
@@ -196,8 +196,12 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             plain = self._plain(item, history, admission)
             if plain is not None:
                 return plain
-        processor = batch.fresh if admission.fresh else batch.processor
-        outcome = await self._recall(processor, item, history.counter)
+        if admission.fresh:
+            outcome = await self._recall(batch.fresh, item)
+        else:
+            outcome = await history.recall(
+                item.needs, item.request.messages, item.echo, read_only=self._read_only(item)
+            )
         metrics.RECALLED_MESSAGES.observe(outcome.recalled)
         return self._enriched(item.request, outcome, admission)
 
@@ -282,10 +286,12 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
 
         return self.parking.park(key, work, batch_gate.markers.get(thread_id))
 
-    async def _recall(
-        self, processor: MessageHistory, item: _Item, counter: Callable[[Message], float] | None = None
-    ) -> RecallOutcome:
-        """The processor's recall for one request, with its memory options and echo plan."""
+    def _read_only(self, item: _Item) -> bool:
+        return item.memory.read_only or not self._write_boundaries
+
+    async def _recall(self, processor: MessageHistory, item: _Item) -> RecallOutcome:
+        """The library's recall of one request from MongoDB (after a wait), with its memory options and
+        echo plan."""
         request = item.request
         return await processor.recall(
             thread_id=request.threadId,
@@ -293,9 +299,8 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             incoming=request.messages,
             last_messages=item.memory.last_messages,
             budget=item.memory.budget,
-            read_only=item.memory.read_only or not self._write_boundaries,
+            read_only=self._read_only(item),
             echo=item.echo or False,
-            counter=counter,
         )
 
     def _plain(self, item: _Item, history: PrefetchedHistory, admission: Admission) -> bytes | None:
@@ -365,7 +370,8 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
 
 
 class _Batch:
-    """One batch's loaded inputs and its two processors (over the loaded inputs, over MongoDB)."""
+    """One batch's loaded inputs, its turn gate, and the library's processor over MongoDB (for a request
+    that waited: its batch's load predates the turn it waited for)."""
 
     def __init__(
         self,
@@ -378,7 +384,6 @@ class _Batch:
         self.spans = spans
         self.history = history
         self.gate = gate
-        self.processor = MessageHistory(storage=history, last_messages=last)
         self.fresh = MessageHistory(storage=handler.storage, last_messages=last)
         self.flushed = asyncio.Event()  # the boundary writes are done: a parked recall reads after them
         self._handler = handler

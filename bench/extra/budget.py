@@ -6,8 +6,8 @@
 Seeds `--threads` threads of `--history` messages (alternating user / assistant, text of
 `--message-bytes`, a tool call with its result on every other assistant message) on the server in
 `MONGODB_URI`, then times what `consumers.recall.RecallHandler` does for one batch of one request per
-thread: `PrefetchedHistory.load`, `MessageHistory.recall` per request (answered from the prefetch, the batch's
-`CountCache` shared), `flush()`.
+thread: `PrefetchedHistory.load`, `PrefetchedHistory.recall` per request (decided from the batch's load,
+its `CountCache` shared), `flush()`.
 Lines: no budget (`lastMessages` 40), then each `maxTokens` (tokens only, no count cap), interleaved round
 by round so that load on a shared machine falls on every line alike; recall is read-only, so every round
 sees the same history. Prints the median per batch, per request, the ratio to the unbudgeted line, the
@@ -29,7 +29,8 @@ from pymongo import AsyncMongoClient
 
 from consumers.prefetch import PrefetchedHistory
 from message_history.core.budget import TokenBudget, resolve_budget
-from message_history.processor import MessageHistory
+from message_history.core.memory_options import TurnMemory
+from message_history.core.recall_plan import plan_recall
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery, SaveTurn
@@ -85,18 +86,10 @@ async def _batch(
     view = await PrefetchedHistory.load(
         storage, [RecallQuery(f"t{i}", "u", limit, budget) for i in range(threads)]
     )
-    processor = MessageHistory(storage=view, last_messages=40)
+    memory = TurnMemory(False if budget is not None else 40, budget, read_only=True, retain_full_input=True)
     recalled = 0
     for i in range(threads):
-        outcome = await processor.recall(
-            thread_id=f"t{i}",
-            resource_id="u",
-            incoming=incoming,
-            last_messages=False if budget is not None else 40,
-            budget=budget,
-            read_only=True,
-            counter=view.counter,
-        )
+        outcome = await view.recall(plan_recall(f"t{i}", "u", memory, None), incoming, None, read_only=True)
         recalled += outcome.recalled
     await view.flush()
     return time.perf_counter() - started, recalled, view.page_rounds

@@ -11,19 +11,19 @@ is "the page reversed, the input merged in by time" (see `plain_page`); otherwis
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from typing import Final
+from typing import Any, Final
 
-from message_history.core.budget import TokenBudget
+from message_history.core.budget import Boundary, TokenBudget, boundary_for, read_boundary
 from message_history.core.echo import EchoPlan
 from message_history.core.memory_options import TurnMemory
 from message_history.core.rules import normalize_limit, sort_key
 from schemas.messages import Message
 
-__all__ = ["PlainPage", "PlainRow", "RecallNeeds", "plain_page", "plan_recall"]
+__all__ = ["PlainPage", "PlainRow", "RecallNeeds", "load_boundary", "plain_page", "plan_recall"]
 
 PlainRow = tuple[str, int, str, str | None, bytes]
 """A stored row in the plain shape: (id, createdAt in BSON milliseconds, role, type or None, its
@@ -44,6 +44,11 @@ class RecallNeeds:
     lookup: tuple[str, ...]
     plain: bool
 
+    @property
+    def off(self) -> bool:
+        """History is off for the request (a limit of 0, a budget of 0 tokens): no page, no echo filter."""
+        return self.limit == 0 or (self.budget is not None and self.budget.max_tokens == 0)
+
 
 def plan_recall(
     thread_id: str, resource_id: str | None, memory: TurnMemory, echo: EchoPlan | None
@@ -60,6 +65,13 @@ def plan_recall(
     lookup = echo.needs if echo is not None and filtering else ()
     plain = not off and budget is None and not filtering and limit is not None
     return RecallNeeds(thread_id, resource_id, limit, budget, lookup, plain)
+
+
+def load_boundary(budget: TokenBudget, metadata: Mapping[str, Any] | None) -> Boundary | None:
+    """Where a budgeted request's pages start: its thread's stored boundary (`metadata`, None for a thread
+    not stored) when drawn under this very budget. The batch load plans the pages from it, and the
+    decision asks for the load it names: one rule, so that a batch's load is the one the decision wants."""
+    return boundary_for(budget, read_boundary(metadata))
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,13 +6,14 @@ only wires them to a storage. Two public coroutines carry the work and are what 
 
 * `recall(...)`: one `get_thread` (ownership) and at most one `list_messages`, then `rules.build_context`;
   under a token budget, pages and the memory-only limiter (`budget`) instead, and the boundary written to
-  the thread; with `filter_echo`, Mastra's `MemoryInputFilter` first (`echo`: a `list_messages(limit=1)`
+  the thread; with `echo`, Mastra's `MemoryInputFilter` first (`core.echo`: a `list_messages(limit=1)`
   probe and a `get_messages` of the resent ids);
 * `persist_turn(...)`: `rules.select_for_persistence`, the tool-state merge against the stored copies
   (`tool_state.merge_turn`, on storages with `get_messages`), then one `save_messages` (or, when nothing is
   saved, one `get_thread` to enforce ownership and report the thread).
 
-They touch storage only through the `HistoryStorage` protocol, so a batching wrapper can stand in for it.
+`recall` plans (`core.recall_plan.plan_recall`), reads per turn and decides with `recall_from`, which the
+recall path calls on a whole batch's loaded reads (`RecallReads`): one decision, two ways to load.
 Storage errors propagate (docs/rules.md#r12): a failed read is never an empty history, and a failed step
 writes nothing.
 
@@ -42,15 +43,15 @@ from message_history.core.budget import (
     PageRequest,
     TokenBudget,
     advance_boundary,
-    boundary_for,
     page_of,
-    read_boundary,
     trim_memory,
 )
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.echo import filter_echo as drop_client_echo
+from message_history.core.memory_options import TurnMemory
 from message_history.core.message_list import MessageList
 from message_history.core.persist_plan import TurnWrite, merged, needs_latest, stored_copies, turn_write
+from message_history.core.recall_plan import RecallNeeds, load_boundary, plan_recall
 from message_history.core.request_context import RequestContext, parse_memory_context
 from message_history.core.rules import (
     LastMessages,
@@ -70,7 +71,6 @@ from storage.protocol import (
     PageQuery,
     PlainHistoryStorage,
     Thread,
-    has_loaded,
     is_budgeted,
     is_message_lookup,
 )
@@ -301,122 +301,36 @@ class MessageHistory:
         the processor's own. Without a thread id: no storage call, the context is `incoming` alone
         (docs/rules.md#r1). Otherwise one `get_thread` (a thread of another resource raises
         `ThreadOwnershipError`, nothing is recalled) and, unless the limit is 0, one `list_messages` filtered
-        by thread and resource.
+        by thread and resource. The plan (`plan_recall`) and the decision (`recall_from`) are the recall
+        path's, which loads a whole batch's reads at once; here they are read from the storage per turn.
         """
-        limit = normalize_limit(
-            self.last_messages if isinstance(last_messages, _UseDefault) else last_messages
-        )
+        last = self.last_messages if isinstance(last_messages, _UseDefault) else last_messages
+        limit = normalize_limit(last)
         if not thread_id:
             return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
         thread = await self.storage.get_thread(thread_id)
         check_owner(thread, thread_id, resource_id)
-        if echo is not False and limit != 0 and (budget is None or budget.max_tokens != 0):
-            incoming = await self._filter_echo(
-                thread_id, resource_id, incoming, None if echo is True else echo
-            )
-        if budget is not None and limit != 0 and budget.max_tokens != 0:
-            return await self._recall_budgeted(
-                thread_id,
-                resource_id,
-                thread,
-                incoming,
-                limit,
-                budget,
-                system=system,
-                read_only=read_only,
-                count=counter or CountCache(),
-            )
-        recalled: list[Message] = []
-        if limit != 0:
-            recalled = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
-        context = build_context(recalled, incoming)
-        count = sum(1 for _, source in context if source == "memory")
-        return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread)
-
-    async def _recall_budgeted(
-        self,
-        thread_id: str,
-        resource_id: str | None,
-        thread: Thread | None,
-        incoming: Sequence[Message],
-        limit: int | None,
-        budget: TokenBudget,
-        *,
-        system: Sequence[str],
-        read_only: bool,
-        count: Callable[[Message], float],
-    ) -> RecallOutcome:
-        stored = read_boundary(thread.metadata) if thread is not None else None
-        boundary = boundary_for(budget, stored)
-        loaded = await self._load(HistoryLoad(thread_id, resource_id, boundary, limit, budget), count)
-        context = build_context(loaded[::-1], incoming)
-        removed, _ = trim_memory(context, budget, system=system, count=count)
-        removed_ids = {m.id for m in removed}
-        context = [(m, s) for m, s in context if s != "memory" or m.id not in removed_ids]
-        advanced = advance_boundary(boundary, [m for m in removed if m.threadId == thread_id], budget)
-        if advanced is not None and advanced is not boundary and thread is not None and not read_only:
-            await self._budget_storage().save_thread_metadata(
-                thread_id, {BOUNDARY_KEY: advanced.to_metadata()}
-            )
-            boundary = advanced
-        memory = [m for m, s in context if s == "memory"]
-        tokens: float = 0
-        for message in memory:
-            tokens += count(message)
-        return RecallOutcome(
-            context=context,
-            recalled=len(memory),
-            limit=limit,
-            thread=thread,
-            tokens=tokens,
-            trimmed=[m.id for m in removed if m.id is not None],
-            boundary=boundary,
+        plan = plan_echo(incoming) if echo is True else (echo or None)
+        memory = TurnMemory(last, budget, read_only=read_only, retain_full_input=plan is None)
+        needs = plan_recall(thread_id, resource_id, memory, plan)
+        recalled = await recall_from(
+            _StorageReads(self.storage),
+            needs,
+            thread,
+            incoming,
+            plan,
+            system=system,
+            read_only=read_only,
+            count=counter or CountCache(),
         )
-
-    async def _load(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
-        """`HistoryLoader.result()` for `load`: the storage's, when it ran this very load already."""
-        if has_loaded(self.storage):
-            loaded = self.storage.loaded(load, count)
-            if loaded is not None:
-                return loaded
-        loader = HistoryLoader(
-            boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=count
-        )
-        while loader.next_page is not None:
-            page = await self._page(load.thread_id, load.resource_id, loader.next_page)
-            loader.feed(page.messages, has_more=page.has_more)
-        return loader.result()
-
-    async def _filter_echo(
-        self, thread_id: str, resource_id: str | None, incoming: Sequence[Message], plan: EchoPlan | None
-    ) -> Sequence[Message]:
-        if plan is None:
-            plan = plan_echo(incoming)
-        if plan.unchanged:
-            return incoming  # the common case (no assistant message in the input): no storage read
-        probe = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=1)
-        stored: dict[str, Message] = {}
-        if plan.needs:
-            if not is_message_lookup(self.storage):
-                raise TypeError(f"{type(self.storage).__name__} cannot look messages up by id")
-            # this thread's copies only: a copy elsewhere must not change the turn (nor reveal it exists)
-            rows = await self.storage.get_messages(plan.needs, thread_ids=(thread_id,))
-            stored = {m.id: m for m in rows if m.id is not None and m.threadId == thread_id}
-        return drop_client_echo(incoming, plan, thread_empty=not probe, stored=stored, thread_id=thread_id)
+        if recalled.update is not None:
+            await self._budget_storage().save_thread_metadata(thread_id, recalled.update)
+        return recalled.outcome
 
     def _budget_storage(self) -> BudgetedHistoryStorage:
         if not is_budgeted(self.storage):
             raise TypeError(f"{type(self.storage).__name__} cannot store a token boundary")
         return self.storage
-
-    async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
-        query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
-        if is_budgeted(self.storage):
-            return await self.storage.list_page(query)
-        # A plain storage: the whole thread, paged here (correct, but reads everything).
-        rows = await self.storage.list_messages(thread_id, resource_id=resource_id, limit=None)
-        selected, more = page_of(rows, request)
-        return Page(selected, more)
 
     async def persist_turn(
         self,
@@ -497,3 +411,156 @@ def check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) 
         and thread.resourceId != resource_id
     ):
         raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
+
+
+class RecallReads(Protocol):
+    """What a recall reads once its thread row is known: per turn from a storage (`MessageHistory`), or
+    from what the recall path loaded for its whole batch (`consumers.prefetch.PrefetchedHistory`)."""
+
+    async def newest(self, thread_id: str, resource_id: str | None, limit: int | None) -> Sequence[Message]:
+        """`list_messages`: the thread's newest `limit` rows of `resource_id`, newest first."""
+        ...
+
+    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
+        """The stored copies of `message_ids` in `thread_id` (the client-echo filter's look-up)."""
+        ...
+
+    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
+        """`HistoryLoader.result()` of `load`: the token-limited recall's pages, loaded and fed."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Recalled:
+    """A decided recall: its outcome, and the metadata update to store on its thread (a moved token
+    boundary), None when there is nothing to write."""
+
+    outcome: RecallOutcome
+    update: dict[str, Any] | None = None
+
+
+async def recall_from(
+    reads: RecallReads,
+    needs: RecallNeeds,
+    thread: Thread | None,
+    incoming: Sequence[Message],
+    echo: EchoPlan | None,
+    *,
+    system: Sequence[str] = (),
+    read_only: bool,
+    count: Callable[[Message], float],
+) -> Recalled:
+    """One request's recall, its thread row checked already: the reads `needs` plans, then the decision.
+
+    `echo`: the input's `plan_echo` (None: kept whole). The library and the recall path both decide here;
+    they differ only in where `reads` comes from.
+    """
+    thread_id = needs.thread_id
+    if echo is not None and not echo.unchanged and not needs.off:
+        incoming = await _filter_echo(reads, needs, incoming, echo)
+    if needs.budget is not None and not needs.off:
+        boundary = load_boundary(needs.budget, thread.metadata if thread is not None else None)
+        load = HistoryLoad(thread_id, needs.resource_id, boundary, needs.limit, needs.budget)
+        loaded = await reads.history(load, count)
+        return decide_budgeted(
+            load, thread, loaded, incoming, system=system, read_only=read_only, count=count
+        )
+    recalled: Sequence[Message] = []
+    if needs.limit != 0:
+        recalled = await reads.newest(thread_id, needs.resource_id, needs.limit)
+    return Recalled(decide_plain(thread, recalled, incoming, needs.limit))
+
+
+async def _filter_echo(
+    reads: RecallReads, needs: RecallNeeds, incoming: Sequence[Message], plan: EchoPlan
+) -> Sequence[Message]:
+    """Mastra's `MemoryInputFilter`: a probe of the thread's newest row, the resent ids' stored copies."""
+    thread_id = needs.thread_id
+    probe = await reads.newest(thread_id, needs.resource_id, 1)
+    stored: dict[str, Message] = {}
+    if needs.lookup:
+        # this thread's copies only: a copy elsewhere must not change the turn (nor reveal it exists)
+        rows = await reads.copies(thread_id, needs.lookup)
+        stored = {m.id: m for m in rows if m.id is not None and m.threadId == thread_id}
+    return drop_client_echo(incoming, plan, thread_empty=not probe, stored=stored, thread_id=thread_id)
+
+
+def decide_plain(
+    thread: Thread | None, recalled: Sequence[Message], incoming: Sequence[Message], limit: int | None
+) -> RecallOutcome:
+    """The count-capped recall of a loaded page (newest first): `build_context`."""
+    context = build_context(recalled, incoming)
+    count = sum(1 for _, source in context if source == "memory")
+    return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread)
+
+
+def decide_budgeted(
+    load: HistoryLoad,
+    thread: Thread | None,
+    loaded: Sequence[Message],
+    incoming: Sequence[Message],
+    *,
+    system: Sequence[str],
+    read_only: bool,
+    count: Callable[[Message], float],
+) -> Recalled:
+    """The token-limited recall of `load`'s loaded rows: the context, the memory-only limiter, and the
+    boundary it moves (to store unless `read_only` or the thread does not exist)."""
+    budget = load.budget
+    boundary = load.boundary
+    context = build_context(loaded[::-1], incoming)
+    removed, _ = trim_memory(context, budget, system=system, count=count)
+    removed_ids = {m.id for m in removed}
+    context = [(m, s) for m, s in context if s != "memory" or m.id not in removed_ids]
+    advanced = advance_boundary(boundary, [m for m in removed if m.threadId == load.thread_id], budget)
+    update: dict[str, Any] | None = None
+    if advanced is not None and advanced is not boundary and thread is not None and not read_only:
+        update = {BOUNDARY_KEY: advanced.to_metadata()}
+        boundary = advanced
+    memory = [m for m, s in context if s == "memory"]
+    tokens: float = 0
+    for message in memory:
+        tokens += count(message)
+    outcome = RecallOutcome(
+        context=context,
+        recalled=len(memory),
+        limit=load.max_messages,
+        thread=thread,
+        tokens=tokens,
+        trimmed=[m.id for m in removed if m.id is not None],
+        boundary=boundary,
+    )
+    return Recalled(outcome, update)
+
+
+class _StorageReads:
+    """`RecallReads` over a storage, one turn at a time (the library)."""
+
+    def __init__(self, storage: PlainHistoryStorage) -> None:
+        self._storage = storage
+
+    async def newest(self, thread_id: str, resource_id: str | None, limit: int | None) -> Sequence[Message]:
+        return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
+
+    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
+        if not is_message_lookup(self._storage):
+            raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
+        return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
+
+    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
+        loader = HistoryLoader(
+            boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=count
+        )
+        while loader.next_page is not None:
+            page = await self._page(load.thread_id, load.resource_id, loader.next_page)
+            loader.feed(page.messages, has_more=page.has_more)
+        return loader.result()
+
+    async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
+        query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
+        if is_budgeted(self._storage):
+            return await self._storage.list_page(query)
+        # A plain storage: the whole thread, paged here (correct, but reads everything).
+        rows = await self._storage.list_messages(thread_id, resource_id=resource_id, limit=None)
+        selected, more = page_of(rows, request)
+        return Page(selected, more)

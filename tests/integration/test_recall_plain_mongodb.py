@@ -2,8 +2,9 @@
 
 Threads of every stored shape (tests/recall_docs.py: this service's writes, Mastra's `JSON.stringify`, older
 and broken rows), plus duplicated ids and equal `createdAt`s, are recalled by `RecallHandler` twice over one
-`MongoHistoryStorage`: `fast_recall=False` (today's route: `recall_rows_many`, every request through
-`MessageHistory.recall`) and the default (pages read as BSON bytes, plain requests decided by `plain_page`).
+`MongoHistoryStorage`: `fast_recall=False` (the reference route: `list_messages_many`, every row a model,
+every request through the library's decision `recall_from`) and the default (pages read as BSON bytes,
+plain requests decided by `plain_page`).
 The published events must be byte-identical; a thread with a row the model path cannot read fails both
 routes alike (`FatalStorageError`). The property form over the in-memory storage:
 tests/unit/test_recall_plain_equivalence.py.

@@ -1,5 +1,5 @@
-"""The recall path's batch stand-in: the processor runs per event, storage sees one round trip per batch
-(the persist path's buffer: tests/unit/test_persist_buffer.py)."""
+"""The recall path's batch load: the library's decision (`recall_from`) per request over what the batch
+loaded; storage sees one round trip per batch (the persist side: tests/unit/test_persist_buffer.py)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,12 @@ from typing import Any
 import pytest
 
 from consumers.prefetch import PrefetchedHistory
-from message_history.core.budget import BOUNDARY_KEY, resolve_budget
+from message_history.core.budget import BOUNDARY_KEY, TokenBudget, resolve_budget
+from message_history.core.memory_options import TurnMemory
+from message_history.core.recall_plan import plan_recall
+from message_history.core.rules import LastMessages
 from message_history.errors import ThreadOwnershipError
-from message_history.processor import MessageHistory
+from message_history.processor import MessageHistory, RecallOutcome
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
 from storage.protocol import Page, PageQuery, RecallQuery, SaveTurn, Thread
@@ -65,6 +68,21 @@ class _Counting(SequentialBatches):
         return await super().save_many(turns)
 
 
+async def _recall(
+    view: PrefetchedHistory,
+    thread: str,
+    incoming: Sequence[Message] = (),
+    *,
+    last_messages: LastMessages = 40,
+    budget: TokenBudget | None = None,
+    read_only: bool = False,
+) -> RecallOutcome:
+    """One request's recall from the batch's load, as the recall path decides it (no echo filter)."""
+    memory = TurnMemory(last_messages, budget, read_only=read_only, retain_full_input=True)
+    needs = plan_recall(thread, "u", memory, None)
+    return await view.recall(needs, incoming, None, read_only=read_only)
+
+
 async def _seed(storage: _Counting, thread: str, owner: str, count: int) -> None:
     messages = [_message(f"{thread}-{i}", "user", f"m{i}", i) for i in range(count)]
     await storage.storage.save_messages(thread_id=thread, resource_id=owner, messages=messages)
@@ -84,7 +102,7 @@ async def test_prefetch_answers_from_memory(asked: int | None, expected_ids: lis
     storage = _Counting()
     await _seed(storage, "t", "u", 6)
     view = await PrefetchedHistory.load(storage, [RecallQuery("t", "u", 3)])
-    got = await view.list_messages("t", resource_id="u", limit=asked)
+    got = await view.newest("t", "u", asked)
     assert [m.id for m in got] == expected_ids
     assert view.misses == misses
     assert storage.calls.get("list_messages", 0) == misses
@@ -97,11 +115,8 @@ async def test_recall_batch_is_one_prefetch() -> None:
         await _seed(storage, thread, "u", 4)
     queries = [RecallQuery(t, "u", 40) for t in ("a", "b", "a", "c", "new")]
     view = await PrefetchedHistory.load(storage, queries)
-    processor = MessageHistory(storage=view, last_messages=40)
     for query in queries:
-        outcome = await processor.recall(
-            thread_id=query.thread_id, resource_id="u", incoming=[_message("in", "user", "x", 100)]
-        )
+        outcome = await _recall(view, query.thread_id, [_message("in", "user", "x", 100)])
         assert outcome.recalled == (0 if query.thread_id == "new" else 4)
     assert storage.calls == {"get_threads": 1, "list_messages_many": 1}
     assert view.misses == 0
@@ -137,19 +152,14 @@ async def test_budgeted_recall_batch_prefetches_pages_and_writes_boundaries_once
     assert storage.calls == {"get_threads": 1, "list_messages_many": 1}
     assert view.page_rounds == 0
     pages_before = storage.calls.get("list_page", 0)
-    processor = MessageHistory(storage=view)
     outcomes = []
     for query in queries:
         outcomes.append(
-            await processor.recall(
-                thread_id=query.thread_id,
-                resource_id="u",
-                incoming=[_message("in", "user", "x", 1000)],
-                last_messages=False,
-                budget=budget,
+            await _recall(
+                view, query.thread_id, [_message("in", "user", "x", 1000)], last_messages=False, budget=budget
             )
         )
-    assert view.misses == 0  # every page the processor asked for was prefetched
+    assert view.misses == 0  # every page the decision needed was loaded
     assert storage.calls.get("list_page", 0) == pages_before
     assert all(o.trimmed and o.boundary is not None for o in outcomes)
     assert "save_thread_metadata" not in storage.calls  # recorded, not written
@@ -173,10 +183,8 @@ async def test_a_fresh_recall_sees_the_boundary_the_batch_moved_and_keeps_its_ow
     budget = resolve_budget(60, 30)
     view = await PrefetchedHistory.load(storage, [RecallQuery(t, "u", None, budget) for t in ("a", "b")])
     for thread in ("a", "b"):  # the batch's first requests: boundaries recorded, not written
-        await MessageHistory(storage=view).recall(
-            thread_id=thread, resource_id="u", incoming=[], last_messages=False, budget=budget
-        )
-    first = view.metadata_updates["a"][BOUNDARY_KEY]
+        await _recall(view, thread, last_messages=False, budget=budget)
+    first = view.boundaries.pending["a"][BOUNDARY_KEY]
     await view.flush("a")  # what the recall path does before a fresh recall of thread a
     stored = await storage.storage.get_thread("a")
     assert stored is not None
@@ -196,7 +204,7 @@ async def test_a_fresh_recall_sees_the_boundary_the_batch_moved_and_keeps_its_ow
     stored = await storage.storage.get_thread("a")
     assert stored is not None
     assert stored.metadata[BOUNDARY_KEY] == own
-    assert set(view.metadata_updates) == set()
+    assert set(view.boundaries.pending) == set()
     assert storage.calls["save_thread_metadata"] == 3  # a (before the fresh recall), a (its own), b
 
 
@@ -206,9 +214,7 @@ async def test_budgeted_recall_read_only_writes_no_boundary() -> None:
     await _seed(storage, "a", "u", 50)
     budget = resolve_budget(60, 30)
     view = await PrefetchedHistory.load(storage, [RecallQuery("a", "u", None, budget)])
-    outcome = await MessageHistory(storage=view).recall(
-        thread_id="a", resource_id="u", incoming=[], last_messages=False, budget=budget, read_only=True
-    )
+    outcome = await _recall(view, "a", last_messages=False, budget=budget, read_only=True)
     await view.flush()
     assert outcome.trimmed
     assert outcome.boundary is None
@@ -249,10 +255,7 @@ async def test_budgeted_prefetch_pages_on_in_rounds_when_the_history_is_long() -
     view = await PrefetchedHistory.load(storage, queries)
     assert view.page_rounds >= 2  # the pages after the first, all threads together in each round
     assert storage.calls["list_page"] == 3 * view.page_rounds
-    processor = MessageHistory(storage=view)
     for query in queries:
-        outcome = await processor.recall(
-            thread_id=query.thread_id, resource_id="u", incoming=[], last_messages=False, budget=budget
-        )
+        outcome = await _recall(view, query.thread_id, last_messages=False, budget=budget)
         assert outcome.recalled == 130
     assert view.misses == 0

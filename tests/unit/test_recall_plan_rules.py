@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from message_history.core.budget import resolve_budget
+from message_history.core.budget import BOUNDARY_KEY, resolve_budget
 from message_history.core.echo import EchoPlan
 from message_history.core.memory_options import TurnMemory
-from message_history.core.recall_plan import PlainPage, PlainRow, plain_page, plan_recall
+from message_history.core.recall_plan import PlainPage, PlainRow, load_boundary, plain_page, plan_recall
 from schemas.messages import Message
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -112,3 +112,25 @@ def test_plain_page(
     rows: list[PlainRow | None], limit: int, incoming: list[Message], expected: PlainPage | None
 ) -> None:
     assert plain_page(rows, limit, incoming) == expected
+
+
+def _stored(max_tokens: float, remove: float, created: Any = "2025-01-01T00:00:00.000Z") -> dict[str, Any]:
+    value = {"createdAt": created, "messageIds": ["m1"], "maxTokens": max_tokens, "atMaxRemoveTokens": remove}
+    return {BOUNDARY_KEY: value, "other": 1}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        pytest.param(None, None, id="no-thread"),
+        pytest.param({}, None, id="no-boundary"),
+        pytest.param(_stored(1000, 100), ("2025-01-01T00:00:00.000Z", ("m1",)), id="this-budgets"),
+        pytest.param(_stored(2000, 100), None, id="another-budgets-ignored"),
+        pytest.param(_stored(1000, 100, created=5), None, id="malformed-ignored"),
+    ],
+)
+def test_load_boundary(metadata: dict[str, Any] | None, expected: tuple[str, tuple[str, ...]] | None) -> None:
+    """Where a budgeted request's pages start (the batch load and the decision both ask here)."""
+    assert BUDGET is not None
+    boundary = load_boundary(BUDGET, metadata)
+    assert (None if boundary is None else (boundary.created_at, boundary.message_ids)) == expected
