@@ -45,7 +45,6 @@ from schemas.messages import Message
 from storage.documents import EXTRA_FIELD, MESSAGES, THREADS
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery, SaveTurn
-from storage.sequential import as_batch_storage
 
 KINDS = {
     "b2": "b2_recall_queries",
@@ -65,7 +64,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
         settings.mongodb_uri.get_secret_value(), tz_aware=True
     )
     db = client[config["db"]]
-    storage = as_batch_storage(MongoHistoryStorage(db))
+    storage = MongoHistoryStorage(db)
     raw_db = db.with_options(codec_options=_RAW)
     events, seconds, kind = config["events"], config["seconds"], config["kind"]
     latencies: list[float] = []

@@ -27,7 +27,7 @@ from message_history import metrics
 from message_history.core.persist_plan import BatchNeeds
 from message_history.errors import ThreadOwnershipError
 from schemas.messages import Message
-from storage.protocol import BatchHistoryStorage, MessageLookup, RecallQuery, SaveTurn, Thread
+from storage.protocol import BatchHistoryStorage, RecallQuery, SaveTurn, Thread
 from storage.save_plan import SaveReads
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,11 @@ PATH = "persist"
 
 @runtime_checkable
 class ReadsForSaves(Protocol):
-    """A storage whose `save_many` can take its reads from the batch's load (`MongoHistoryStorage`)."""
+    """A storage whose `save_many` can take its reads from the batch's load (`MongoHistoryStorage`).
+
+    A probe, not part of `BatchHistoryStorage`: `SaveReads` is the document-level plan of the Mongo write
+    (`storage.save_plan`); `SequentialBatches` saves through single `save_messages` and has no use for it.
+    Without it the batch's writes read for themselves (same result, more round trips)."""
 
     async def read_for_saves(
         self, thread_ids: Collection[str], message_ids: Collection[str]
@@ -65,9 +69,8 @@ class Loaded:
 
 
 async def load_batch(storage: BatchHistoryStorage, needs: BatchNeeds) -> Loaded:
-    """Read `needs` with concurrent queries (one round trip); the stored copies only on a storage with the
-    lookup by id (without one, a turn meets no stored copies, only the newest row)."""
-    lookup = list(needs.lookup_ids) if isinstance(storage, MessageLookup) else []
+    """Read `needs` with concurrent queries (one round trip): threads, stored copies, newest rows."""
+    lookup = list(needs.lookup_ids)
     newest_of = list(needs.latest_of)
 
     async def threads() -> tuple[dict[str, Thread], SaveReads | None]:
@@ -77,7 +80,7 @@ async def load_batch(storage: BatchHistoryStorage, needs: BatchNeeds) -> Loaded:
         return (await storage.get_threads(list(needs.thread_ids)) if needs.thread_ids else {}), None
 
     async def copies() -> list[Message]:
-        if not lookup or not isinstance(storage, MessageLookup):
+        if not lookup:
             return []
         return await storage.get_messages(lookup, thread_ids=needs.thread_ids)
 
@@ -141,7 +144,7 @@ class PersistBuffer:
         """The copies of `message_ids` in `thread_id`: written by the batch, or stored."""
         unplanned = self._unplanned(thread_id, message_ids)
         stored: dict[str, Message] = {}
-        if unplanned and isinstance(self.storage, MessageLookup):
+        if unplanned:
             _miss("stored copies", thread_id)
             stored = {
                 m.id: m for m in await self.storage.get_messages(unplanned, thread_ids=(thread_id,)) if m.id
@@ -150,7 +153,7 @@ class PersistBuffer:
 
     def copies_now(self, thread_id: str, message_ids: Sequence[str]) -> list[Message] | None:
         """`copies` when the batch's reads hold them all; None when they need a read (a plan miss)."""
-        if self._unplanned(thread_id, message_ids) and isinstance(self.storage, MessageLookup):
+        if self._unplanned(thread_id, message_ids):
             return None
         return self._copies(thread_id, message_ids, {})
 

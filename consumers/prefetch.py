@@ -43,7 +43,11 @@ log = logging.getLogger(__name__)
 
 @runtime_checkable
 class RawRecallStorage(Protocol):
-    """A storage that reads recall pages as each row's stored bytes (`MongoHistoryStorage`)."""
+    """A storage that reads recall pages as each row's stored bytes (`MongoHistoryStorage`).
+
+    A probe, not part of `BatchHistoryStorage`: only a document store has stored bytes to hand over
+    (`SequentialBatches` over the in-memory storage holds models). Without it recall reads models
+    (`list_messages_many`): same rows, more CPU."""
 
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]: ...
 

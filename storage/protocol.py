@@ -5,17 +5,14 @@ in Python form). `BatchHistoryStorage`: those and their batch forms (one round t
 Kafka paths use; `storage.sequential.SequentialBatches` gives the batch forms over any `HistoryStorage`.
 `storage.mongodb.MongoHistoryStorage` declares `BatchHistoryStorage`, `storage.memory.InMemoryHistoryStorage`
 declares `HistoryStorage`, so mypy checks them; nothing is probed at run time. No driver import here.
-
-The finer protocols at the end of this module (`BudgetedHistoryStorage`, `MessageLookup`, ...) and their
-probes are kept only until their last users move to the two above: marked for removal.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol
 
 from message_history.core.budget import Boundary, TokenBudget
 from message_history.errors import ThreadOwnershipError
@@ -204,126 +201,3 @@ async def save_one(
     if isinstance(result, ThreadOwnershipError):
         raise result
     return result
-
-
-# --- marked for removal: the finer protocols and their run-time probes ---------------------------------
-# Every storage declares `HistoryStorage` (all six operations) or `BatchHistoryStorage`, so these say nothing
-# mypy does not already know. Kept importable, probes included, only until the recall and persist paths stop
-# using them (issue 25 item 6); remove them then.
-
-
-class PlainHistoryStorage(Protocol):
-    """Marked for removal: what `MessageHistory` accepts while it still probes for the other three operations
-    (`is_budgeted`, `is_message_lookup`): the batch stand-ins of the recall and persist paths have only these.
-    """
-
-    async def get_thread(self, thread_id: str) -> Thread | None: ...
-
-    async def list_messages(
-        self, thread_id: str, *, resource_id: str | None, limit: int | None
-    ) -> list[Message]: ...
-
-    async def save_messages(
-        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
-    ) -> Thread: ...
-
-
-@runtime_checkable
-class MessageLookup(Protocol):
-    """Marked for removal: `HistoryStorage.get_messages`."""
-
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]: ...
-
-
-@runtime_checkable
-class BudgetedHistoryStorage(Protocol):
-    """Marked for removal: `HistoryStorage`. The single operations token-limited recall uses."""
-
-    async def get_thread(self, thread_id: str) -> Thread | None: ...
-
-    async def list_messages(
-        self, thread_id: str, *, resource_id: str | None, limit: int | None
-    ) -> list[Message]: ...
-
-    async def save_messages(
-        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
-    ) -> Thread: ...
-
-    async def list_page(self, query: PageQuery) -> Page: ...
-
-    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None: ...
-
-
-class LookupHistoryStorage(MessageLookup, Protocol):
-    """Marked for removal: every `HistoryStorage` looks messages up by id."""
-
-    async def get_thread(self, thread_id: str) -> Thread | None: ...
-
-    async def list_messages(
-        self, thread_id: str, *, resource_id: str | None, limit: int | None
-    ) -> list[Message]: ...
-
-    async def save_messages(
-        self, *, thread_id: str, resource_id: str, messages: Sequence[Message]
-    ) -> Thread: ...
-
-
-@runtime_checkable
-class BatchPagedStorage(Protocol):
-    """Marked for removal: `BatchHistoryStorage.list_pages_many` / `save_thread_metadata_many`."""
-
-    async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]: ...
-
-    async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None: ...
-
-
-@runtime_checkable
-class LoadedHistory(Protocol):
-    """Marked for removal (the rewrite loads once per batch): a storage that has already run some threads'
-    `HistoryLoader`s over its own pages (the recall prefetch), so that the processor need not run them
-    again."""
-
-    def loaded(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message] | None:
-        """`HistoryLoader.result()` of `load` when it ran here with the counter `count`, else None."""
-        ...
-
-
-@runtime_checkable
-class RowRecallStorage(Protocol):
-    """Marked for removal: a storage whose plain recall can answer with `RecalledRow`s (`schemas.recalled`),
-    not models."""
-
-    async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
-        """`list_messages_many`, where rows may be `RecalledRow`s: for ordering, deduping and sending only."""
-        ...
-
-
-# `isinstance` against a runtime protocol walks the protocol's members on every call (Python 3.11), and the
-# processor asks per turn about a storage object made per turn: the answer is remembered per class.
-_LOOKUP_CLASSES: dict[type, bool] = {}
-_BUDGETED_CLASSES: dict[type, bool] = {}
-_LOADED_CLASSES: dict[type, bool] = {}
-
-
-def _remembered(classes: dict[type, bool], storage: object, protocol: type) -> bool:
-    known = classes.get(type(storage))
-    if known is None:
-        known = classes[type(storage)] = isinstance(storage, protocol)
-    return known
-
-
-def is_message_lookup(storage: object) -> TypeGuard[LookupHistoryStorage]:
-    """Marked for removal. `isinstance(storage, MessageLookup)`, remembered per class."""
-    return _remembered(_LOOKUP_CLASSES, storage, MessageLookup)
-
-
-def is_budgeted(storage: object) -> TypeGuard[BudgetedHistoryStorage]:
-    """Marked for removal. `isinstance(storage, BudgetedHistoryStorage)`, remembered per class."""
-    return _remembered(_BUDGETED_CLASSES, storage, BudgetedHistoryStorage)
-
-
-def has_loaded(storage: object) -> TypeGuard[LoadedHistory]:
-    """Marked for removal. `isinstance(storage, LoadedHistory)`, remembered per class."""
-    return _remembered(_LOADED_CLASSES, storage, LoadedHistory)

@@ -81,9 +81,3 @@ class SequentialBatches(BatchHistoryStorage):
     async def save_thread_metadata_many(self, updates: Sequence[tuple[str, dict[str, Any]]]) -> None:
         for thread_id, update in updates:
             await self.save_thread_metadata(thread_id, update)
-
-
-def as_batch_storage(storage: BatchHistoryStorage) -> BatchHistoryStorage:
-    """Marked for removal: the identity. A storage with the batch forms declares `BatchHistoryStorage`; wrap
-    any other in `SequentialBatches` where it is made (mypy says which is which)."""
-    return storage

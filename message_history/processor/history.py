@@ -43,7 +43,6 @@ from message_history.core.budget import (
     PageRequest,
     TokenBudget,
     advance_boundary,
-    page_of,
     trim_memory,
 )
 from message_history.core.echo import EchoPlan, plan_echo
@@ -65,14 +64,11 @@ from message_history.core.tokens import CountCache
 from message_history.errors import AbortError, ThreadOwnershipError
 from schemas.messages import Message
 from storage.protocol import (
-    BudgetedHistoryStorage,
     HistoryLoad,
+    HistoryStorage,
     Page,
     PageQuery,
-    PlainHistoryStorage,
     Thread,
-    is_budgeted,
-    is_message_lookup,
 )
 
 _PAUSE_AFTER_SAVE_S: Final = 0.010
@@ -194,7 +190,7 @@ class MessageHistory:
     id: Final = "message-history"
     name: Final = "MessageHistory"
 
-    def __init__(self, *, storage: PlainHistoryStorage, last_messages: LastMessages = None) -> None:
+    def __init__(self, *, storage: HistoryStorage, last_messages: LastMessages = None) -> None:
         normalize_limit(last_messages)  # fail at construction, not at the first turn
         self.storage = storage
         self.last_messages: LastMessages = last_messages
@@ -324,13 +320,8 @@ class MessageHistory:
             count=counter or CountCache(),
         )
         if recalled.update is not None:
-            await self._budget_storage().save_thread_metadata(thread_id, recalled.update)
+            await self.storage.save_thread_metadata(thread_id, recalled.update)
         return recalled.outcome
-
-    def _budget_storage(self) -> BudgetedHistoryStorage:
-        if not is_budgeted(self.storage):
-            raise TypeError(f"{type(self.storage).__name__} cannot store a token boundary")
-        return self.storage
 
     async def persist_turn(
         self,
@@ -364,13 +355,11 @@ class MessageHistory:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=thread)
         owner = resource_id or (thread.resourceId if thread is not None and thread.resourceId else thread_id)
         write = turn_write(decision, thread_id=thread_id, owner=owner, response=response)
-        to_save = write.messages
-        if is_message_lookup(self.storage):
-            to_save = await self._merge_with_stored(thread_id, write)
-            if not to_save:
-                thread = thread or await self.storage.get_thread(thread_id)
-                check_owner(thread, thread_id, resource_id)
-                return PersistOutcome(saved_ids=[], skipped="nothing-to-save", thread=thread)
+        to_save = await self._merge_with_stored(thread_id, write)
+        if not to_save:
+            thread = thread or await self.storage.get_thread(thread_id)
+            check_owner(thread, thread_id, resource_id)
+            return PersistOutcome(saved_ids=[], skipped="nothing-to-save", thread=thread)
         saved_thread = await self.storage.save_messages(
             thread_id=thread_id, resource_id=owner, messages=to_save
         )
@@ -389,7 +378,6 @@ class MessageHistory:
         by the save itself (`MessageIdTakenError`): an id never lets one thread, or one resource, overwrite
         another's message (Mastra's processors would).
         """
-        assert is_message_lookup(self.storage)
         ids = [m.id for m in write.messages if m.id is not None]
         rows = await self.storage.get_messages(ids, thread_ids=(thread_id,))
         stored = stored_copies(write, rows, thread_id)
@@ -536,15 +524,13 @@ def decide_budgeted(
 class _StorageReads:
     """`RecallReads` over a storage, one turn at a time (the library)."""
 
-    def __init__(self, storage: PlainHistoryStorage) -> None:
+    def __init__(self, storage: HistoryStorage) -> None:
         self._storage = storage
 
     async def newest(self, thread_id: str, resource_id: str | None, limit: int | None) -> Sequence[Message]:
         return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
 
     async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
-        if not is_message_lookup(self._storage):
-            raise TypeError(f"{type(self._storage).__name__} cannot look messages up by id")
         return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
 
     async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
@@ -558,9 +544,4 @@ class _StorageReads:
 
     async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
         query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
-        if is_budgeted(self._storage):
-            return await self._storage.list_page(query)
-        # A plain storage: the whole thread, paged here (correct, but reads everything).
-        rows = await self._storage.list_messages(thread_id, resource_id=resource_id, limit=None)
-        selected, more = page_of(rows, request)
-        return Page(selected, more)
+        return await self._storage.list_page(query)

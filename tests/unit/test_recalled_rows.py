@@ -10,7 +10,7 @@ bytes either way. Against the real server: tests/integration/test_recalled_rows_
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +24,7 @@ from schemas.events import EnrichedRequest
 from schemas.messages import Message, MessageContent
 from schemas.recalled import RecalledRow, encode_enriched, materialized, recalled_row
 from storage.documents import _recalled_or_model, message_from_doc
-from storage.protocol import Thread
+from storage.protocol import HistoryStorage, Page, PageQuery, Thread
 from storage.recalled_rows import row_from_doc
 from storage.save_plan import message_write
 from tests.memory_cases import random_messages
@@ -179,7 +179,7 @@ def test_a_row_has_no_content_to_misuse() -> None:
 # --- the rule tables, recalled through MessageHistory over documents ---------------------------------------
 
 
-class DocStorage:
+class DocStorage(HistoryStorage):
     """A `HistoryStorage` over `mastra_messages` documents, rows built by `build` (model or fast path)."""
 
     def __init__(
@@ -205,6 +205,18 @@ class DocStorage:
         return [self.build(d) for d in (docs if limit is None else docs[:limit])]
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
+        raise NotImplementedError
+
+    # The rule tables' recall cases are count-limited and plan no stored-copy lookup: never reached.
+    async def list_page(self, query: PageQuery) -> Page:
+        raise NotImplementedError
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
         raise NotImplementedError
 
 
