@@ -93,8 +93,9 @@ def _outcome(read: Callable[[], RecallQuery | None]) -> RecallQuery | None | typ
 
 
 def assert_same(doc: RawBSONDocument) -> None:
-    assert _outcome(lambda: _RawOwner().read(doc, WANTED)) == _outcome(lambda: _expected(doc)), bson.decode(
-        doc.raw, RAW_CODEC
+    raw = bytes(doc.raw)
+    assert _outcome(lambda: _RawOwner().read(raw, WANTED)) == _outcome(lambda: _expected(doc)), bson.decode(
+        raw, RAW_CODEC
     )
 
 
