@@ -1,0 +1,127 @@
+"""Differential property (issue 25, recall's decode): the one-parse `decode_request` and the models' JSON
+route it replaced (`decode_request_reference`) agree on every value: both refuse with the same error (type,
+reason, path), or both accept with the same event (equal models, byte-identical encodings).
+
+The values are tests/fuzzing.py's (hostile edges, garbage, random bytes), plus events built to reach each
+check the fast route makes itself (a huge number, NaN, a wrong encoding, a frame, a size), the memory
+options (strict booleans, numbers a Python-mode validation may read differently) and ones a Python-mode
+validation words differently from the JSON mode. Pure, no stack; `FUZZ_EXAMPLES` raises the count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from message_history.errors import InvalidInputError
+from schemas.codec import decode_request, decode_request_reference, encode
+from schemas.events import AgentRequest
+from schemas.limits import Limits
+from tests.fuzzing import Fuzzed, any_value, request, text_message
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "400"))
+LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=40)
+
+
+def _valid(**changes: object) -> dict[str, object]:
+    event = request("t", "r", "q")
+    event.update(changes)
+    return event
+
+
+def _dumps(event: object) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode()
+
+
+def _with_literal(literal: str) -> bytes:
+    """A valid event whose message's metadata holds `literal` as written (NaN, a number too large for a
+    double: not expressible in Python)."""
+    marker = "__LITERAL__"
+    content = {"format": 2, "parts": [{"type": "text", "text": "hi"}], "metadata": {"n": marker}}
+    event = _valid(messages=[{**text_message("user", "hi"), "content": content}])
+    return _dumps(event).replace(f'"{marker}"'.encode(), literal.encode())
+
+
+EDGE_VALUES: list[bytes] = [
+    _dumps(_valid()),
+    _with_literal("1e309"),
+    _with_literal("-1e400"),
+    _with_literal("1" * 400 + ".5"),
+    _with_literal("1" * 400),
+    _with_literal("1e-400"),
+    _with_literal("NaN"),
+    _with_literal("-Infinity"),
+    _with_literal('"1e400 in a string"'),
+    _dumps(_valid(messages="not a list")),
+    _dumps(_valid(messages=[])),
+    _dumps(_valid(messages=[{"role": "user", "content": {"parts": "x"}}])),
+    _dumps(_valid(messages=[{"role": "user", "content": 5}])),
+    _dumps(_valid(messages=[{"role": "user", "content": ["x"]}])),
+    _dumps(_valid(messages=[{"role": "user", "content": "plain text"}])),
+    _dumps(_valid(messages=[text_message("assistant", "a"), text_message("system", "s")])),
+    _dumps(_valid(threadId={"an": "object"})),
+    _dumps(_valid(createdAt=1735725600)),
+    _dumps(_valid(createdAt="2025-01-01")),
+    _dumps(_valid(schemaVersion=1.0)),
+    _dumps(_valid(schemaVersion="1")),
+    _dumps(_valid(memory=None)),
+    _dumps(_valid(memory={})),
+    _dumps(_valid(memory="x")),
+    _dumps(_valid(memory={"lastMessages": 5, "readOnly": True, "retainFullInput": False})),
+    _dumps(_valid(memory={"lastMessages": False})),
+    _dumps(_valid(memory={"lastMessages": 5.0})),
+    _dumps(_valid(memory={"lastMessages": "5"})),
+    _dumps(_valid(memory={"lastMessages": -1})),
+    _dumps(_valid(memory={"readOnly": 1})),
+    _dumps(_valid(memory={"readOnly": "true"})),
+    _dumps(_valid(memory={"maxTokens": 1.5, "atMaxRemoveTokens": 2})),
+    _dumps(_valid(memory={"maxTokens": "10"})),
+    _dumps(["a list"]),
+    b"\xef\xbb\xbf" + _dumps(_valid()),
+    "é".join(["{", "}"]).encode("utf-16-le"),
+    b"\x00\x00\x00\x01\x02" + _dumps(_valid()),
+    _dumps(_valid(metadata={"pad": "x" * LIMITS.max_event_bytes})),
+    b'{"schemaVersion":1,"schemaVersion":2}',
+    b'{"a":"\\ud800"}',
+    b"[" * 300 + b"]" * 300,
+]
+
+
+def _outcome(decode: Callable[[bytes, Limits], AgentRequest], value: bytes) -> AgentRequest | tuple[str, str]:
+    """The event, or the refusal as (error type, message)."""
+    try:
+        return decode(value, LIMITS)
+    except InvalidInputError as exc:
+        return type(exc).__name__, str(exc)
+
+
+def assert_same(value: bytes) -> None:
+    """Both routes refuse alike, or both accept the same event."""
+    expected = _outcome(decode_request_reference, value)
+    got = _outcome(decode_request, value)
+    assert got == expected, value[:200]
+    if isinstance(got, AgentRequest) and isinstance(expected, AgentRequest):
+        assert got.model_fields_set == expected.model_fields_set
+        assert encode(got) == encode(expected), value[:200]
+
+
+@pytest.mark.parametrize("value", EDGE_VALUES, ids=range(len(EDGE_VALUES)))
+def test_routes_agree_on_edges(value: bytes) -> None:
+    assert_same(value)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(any_value("requests", LIMITS))
+def test_routes_agree_on_fuzzed_values(record: Fuzzed) -> None:
+    if record.value is not None:
+        assert_same(record.value)
+
+
+def test_the_huge_number_check_is_the_fast_routes_own() -> None:
+    """The fast route itself refuses a huge number: the reference is not what catches it here."""
+    with pytest.raises(InvalidInputError, match="does not fit a double"):
+        decode_request(_with_literal("1e309"), LIMITS)
