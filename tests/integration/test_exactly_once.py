@@ -310,7 +310,13 @@ async def test_a_mongodb_outage_mid_transaction_is_retried_without_loss(
         await produce(bootstrap, settings.requests_topic, requests)
         mongo_server.stop()  # while those are in flight
         reasons = await _wait_not_ready(health, 10)
-        await asyncio.sleep(3)
+        # every reason shown while MongoDB is down: under load the outputs' failed acknowledgements can be
+        # reported a moment before MongoDB itself (seen once in a full run), so the first one alone is a race
+        seen = list(reasons.values())
+        seen_until = time.monotonic() + 3
+        while time.monotonic() < seen_until:
+            seen.extend(health.readiness()[1].values())
+            await asyncio.sleep(0.1)
         mongo_server.start()
         requests, responses = wave(threads, range(7, total_turns + 1))
         await produce(bootstrap, settings.responses_topic, responses)
@@ -320,7 +326,7 @@ async def test_a_mongodb_outage_mid_transaction_is_retried_without_loss(
     out = await _drain_outputs(settings, letters=True)
     await drop_database(settings)
 
-    assert any("mongodb" in reason for reason in reasons.values())
+    assert any("mongodb" in reason for reason in seen), seen
     assert out.letters == []
     _assert_stored_once(out.rows, 2 * want)
     assert len(out.persisted) == len(_request_ids(out.persisted)) == want
