@@ -136,10 +136,10 @@ class _RawOwner:
     def __init__(self) -> None:
         self._elements: dict[str, bytes] = {}
 
-    def read(self, raw: bytes, wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
-        """The query the row `raw` answers: its `thread_id`'s, when owned by the query's resource (or the
-        query names none); else None: as `wanted.get(doc.get("thread_id", ""))`, `doc.get("resourceId") ==
-        resource`."""
+    def read(self, doc: Mapping[str, Any], wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
+        """The query `doc` answers: its `thread_id`'s, when owned by the query's resource (or the query names
+        none); else None: as `wanted.get(doc.get("thread_id", ""))`, `doc.get("resourceId") == resource`."""
+        raw = bytes(cast(RawBSONDocument, doc).raw)
         if raw[4:8] == b"\x02id\x00":
             start = 12 + int.from_bytes(raw[8:12], "little")
             if raw[start : start + 11] == b"\x02thread_id\x00" and raw.find(b"thread_id\x00", start + 11) < 0:
@@ -147,18 +147,17 @@ class _RawOwner:
                 try:
                     query = wanted.get(raw[start + 15 : end].decode())
                 except UnicodeDecodeError:
-                    return self._decoded(raw, wanted)
+                    return self._decoded(doc, wanted)
                 if query is None or query.resource_id is None:
                     return query
                 owned = self._owned(raw, end + 1, query.resource_id)
                 if owned is None:
-                    owned = RawBSONDocument(raw, RAW_CODEC).get("resourceId") == query.resource_id
+                    owned = doc.get("resourceId") == query.resource_id
                 return query if owned else None
-        return self._decoded(raw, wanted)
+        return self._decoded(doc, wanted)
 
     @staticmethod
-    def _decoded(raw: bytes, wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
-        doc = RawBSONDocument(raw, RAW_CODEC)
+    def _decoded(doc: Mapping[str, Any], wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
         query = wanted.get(doc.get("thread_id", ""))
         if query is None or query.resource_id is None or doc.get("resourceId") == query.resource_id:
             return query
@@ -189,62 +188,6 @@ class _RawOwner:
             else:
                 return None
         return False if at == last else None  # no top-level `resourceId`: `doc.get` gives None
-
-
-def _cursor_batch(reply: bytes) -> tuple[int, list[bytes]]:
-    """A `find`/`getMore` reply's cursor id and its batch's documents, sliced from the reply's bytes (each
-    array element a document, read by its int32 size: no decoded or `RawBSONDocument` object per row)."""
-    cursor = _element(reply, b"cursor", 0x03)
-    cursor_id, rows = 0, []
-    at, last = cursor + 4, cursor + int.from_bytes(reply[cursor : cursor + 4], "little") - 1
-    while at < last:
-        kind, key_end = reply[at], reply.index(b"\x00", at + 1)
-        key, value = reply[at + 1 : key_end], key_end + 1
-        if kind == 0x12 and key == b"id":
-            cursor_id = int.from_bytes(reply[value : value + 8], "little", signed=True)
-        elif kind == 0x04 and key in (b"firstBatch", b"nextBatch"):
-            rows = _array_documents(reply, value)
-        at = _after(reply, kind, value)
-    return cursor_id, rows
-
-
-def _element(raw: bytes, name: bytes, kind: int) -> int:
-    """Offset of the value of the top-level element `name` (of BSON type `kind`) in the document `raw`."""
-    at, last = 4, len(raw) - 1
-    while at < last:
-        found, key_end = raw[at], raw.index(b"\x00", at + 1)
-        if found == kind and raw[at + 1 : key_end] == name:
-            return key_end + 1
-        at = _after(raw, found, key_end + 1)
-    raise bson.errors.InvalidBSON(f"no {name.decode()!r} in the reply")
-
-
-def _array_documents(raw: bytes, at: int) -> list[bytes]:
-    rows = []
-    at += 4
-    while raw[at] == 0x03:
-        start = raw.index(b"\x00", at + 1) + 1  # past the index key ("0", "1", ...)
-        at = start + int.from_bytes(raw[start : start + 4], "little")
-        rows.append(raw[start:at])
-    if raw[at] != 0:
-        raise bson.errors.InvalidBSON("a batch element is not a document")
-    return rows
-
-
-def _after(raw: bytes, kind: int, value: int) -> int:
-    """Offset past the value at `value` of BSON type `kind`."""
-    if kind in _FIXED_SIZES:
-        return value + _FIXED_SIZES[kind]
-    size = int.from_bytes(raw[value : value + 4], "little")
-    if kind in (0x02, 0x0D, 0x0E):  # string, code, symbol: int32 length + bytes
-        return value + 4 + size
-    if kind in (0x03, 0x04, 0x0F):  # document, array, code with scope: the int32 counts itself
-        return value + size
-    if kind == 0x05:  # binary: int32 length, subtype, bytes
-        return value + 5 + size
-    if kind in (0x06, 0x7F, 0xFF):  # undefined, max key, min key
-        return value
-    raise bson.errors.InvalidBSON(f"unexpected BSON type {kind:#x} in a cursor reply")
 
 
 def _raw_bytes(doc: Mapping[str, Any]) -> bytes:
@@ -498,8 +441,11 @@ class MongoHistoryStorage(BatchHistoryStorage):
         cap: int | None = None
         if all(q.limit is not None for q in queries):
             cap = sum(q.limit for q in queries if q.limit is not None) + 1
-        read = self._raw_rows if build is _raw_bytes else self._dict_rows
-        docs: Sequence[Any] = await read(query, cap)
+        cursor = self._collection(build).find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        if cap is not None:
+            cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
+        with storage_errors("list_messages_many"):
+            docs = await cursor.to_list()
         pages: dict[str, list[_Row]] = {tid: [] for tid in ids}
         owner = _RawOwner() if build is _raw_bytes else None
         for doc in docs:
@@ -515,50 +461,12 @@ class MongoHistoryStorage(BatchHistoryStorage):
                     continue
             page = pages[wanted.thread_id]
             if wanted.limit is None or len(page) < wanted.limit:
-                # a raw row is already its bytes (what `_raw_bytes` gives for the re-read's documents)
-                page.append(doc if owner is not None else build(doc))
+                page.append(build(doc))
         if cap is not None and len(docs) >= cap:
             short = [q for q in queries if q.limit is not None and len(pages[q.thread_id]) < q.limit]
             if short:
                 pages.update(await self._recall_concurrent(short, build))
         return pages
-
-    async def _dict_rows(self, query: Mapping[str, Any], cap: int | None) -> list[dict[str, Any]]:
-        cursor = self.messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
-        if cap is not None:
-            cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
-        with storage_errors("list_messages_many"):
-            return await cursor.to_list()
-
-    async def _raw_rows(self, query: Mapping[str, Any], cap: int | None) -> list[bytes]:
-        """`_recall_in`'s `find` as each row's bytes, run as raw `find`/`getMore` commands: a cursor's
-        `RawBSONDocument` per row (with PyMongo's reply decoding) was ~1/3 of the read's CPU in the profile.
-
-        One explicit session, as a cursor's `getMore` must run in the session that opened it."""
-        find: dict[str, Any] = {"find": MESSAGES, "filter": query, "sort": dict(_NEWEST_FIRST)}
-        find["projection"] = MESSAGE_PROJECTION
-        if cap is not None:
-            find["limit"] = cap
-            find["batchSize"] = min(cap, _MONGO_MAX_BATCH)
-        rows: list[bytes] = []
-        with storage_errors("list_messages_many"):
-            async with self.db.client.start_session() as session:
-                reply = await self.db.command(find, codec_options=RAW_CODEC, session=session)
-                cursor_id, batch = _cursor_batch(bytes(reply.raw))
-                rows += batch
-                try:
-                    while cursor_id:
-                        more: dict[str, Any] = {"getMore": bson.Int64(cursor_id), "collection": MESSAGES}
-                        if cap is not None:
-                            more["batchSize"] = max(1, min(cap - len(rows), _MONGO_MAX_BATCH))
-                        reply = await self.db.command(more, codec_options=RAW_CODEC, session=session)
-                        cursor_id, batch = _cursor_batch(bytes(reply.raw))
-                        rows += batch
-                finally:
-                    if cursor_id:  # stopped early (an error, a cancel): free the server's cursor
-                        kill = {"killCursors": MESSAGES, "cursors": [bson.Int64(cursor_id)]}
-                        await self.db.command(kill, session=session)
-        return rows
 
     async def list_page(self, query: PageQuery) -> Page:
         """One page of a token-budgeted recall: one `find` with a date range, a skip and `per_page + 1` rows.

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import bson
 import pytest
 import pytest_asyncio
 from pymongo import AsyncMongoClient, IndexModel, monitoring
@@ -754,29 +753,3 @@ async def test_save_many_reads_what_the_batch_reads_do_not_cover(
     assert isinstance(result, MessageIdTakenError)
     assert log.names == ["find"]  # the home of o1 only: the thread was read
     assert await ids(storage, "theirs") == ["o1"]
-
-
-@pytest.mark.parametrize("batch", [1, 2, 100_000])
-async def test_raw_recall_across_get_more_batches_gives_the_same_rows(
-    monitored: tuple[MongoHistoryStorage, CommandLog], monkeypatch: pytest.MonkeyPatch, batch: int
-) -> None:
-    """The plain recall's raw read (`find` + `getMore` commands, batches sliced from the reply bytes) gives
-    the rows `list_messages_many` gives, whether the reply comes in one batch or in many (tiny batch size)."""
-    storage, log = monitored
-    monkeypatch.setattr("storage.mongodb._MONGO_MAX_BATCH", batch)
-    for n, thread in enumerate(["a", "b", "c"]):
-        turn = [msg(f"{thread}{i}", t=10 * i + n) for i in range(5 + n)]
-        await storage.save_messages(thread_id=thread, resource_id="r1", messages=turn)
-    await storage.save_messages(thread_id="x", resource_id="other", messages=[msg("x1", t=3)])
-    for limits in ([3, 5, 20], [2, None, 1]):
-        queries = [RecallQuery(t, "r1", limit) for t, limit in zip(["a", "b", "c"], limits, strict=True)]
-        log.names.clear()
-        raw = await storage.recall_raw_many(queries)
-        read = log.names[:]
-        models = await storage.list_messages_many(queries)
-        got = {t: [bson.decode(row)["id"] for row in rows] for t, rows in raw.items()}
-        assert got == {t: [m.id for m in page] for t, page in models.items()}
-        assert sum(map(len, got.values())) > 3
-        if batch < 3 and None not in limits:  # one row a reply (the uncapped read's batch is the server's)
-            assert read.count("getMore") >= 3, read
-        assert "killCursors" not in read  # a read to the end leaves no cursor open

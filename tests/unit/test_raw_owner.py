@@ -93,9 +93,8 @@ def _outcome(read: Callable[[], RecallQuery | None]) -> RecallQuery | None | typ
 
 
 def assert_same(doc: RawBSONDocument) -> None:
-    raw = bytes(doc.raw)
-    assert _outcome(lambda: _RawOwner().read(raw, WANTED)) == _outcome(lambda: _expected(doc)), bson.decode(
-        raw, RAW_CODEC
+    assert _outcome(lambda: _RawOwner().read(doc, WANTED)) == _outcome(lambda: _expected(doc)), bson.decode(
+        doc.raw, RAW_CODEC
     )
 
 
