@@ -131,11 +131,13 @@ class PersistHandler(PathHandler[PersistedPublisher]):
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
         results, items = decode_each(records, spans, self._decode)
-        items, forgotten = await self._split_forgotten(items)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
 
-        buffer = PersistBuffer(self.storage, await self._load(items))
+        # the tombstone read beside the batch's reads, not before them: one round trip less per batch (a
+        # forgotten turn's reads are loaded and unused; reads only, nothing of it is written or sent)
+        (items, forgotten), loaded = await asyncio.gather(self._split_forgotten(items), self._load(items))
+        buffer = PersistBuffer(self.storage, loaded)
 
         outcomes = await self._decide_all(buffer, items, spans)
         await buffer.flush()  # the one bulk write; an outage raises here and the batch is retried
