@@ -85,14 +85,10 @@ def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:
     `decode_request_reference`, which words every refusal. tests/unit/test_decode_request_differential.py
     holds the two routes equal.
     """
-    tree = _parsed_object(raw, limits)
-    if tree is None:
+    event = _one_parse(raw, AgentRequest, limits)
+    if event is None:
         return decode_request_reference(raw, limits)
-    try:
-        event = AgentRequest.model_validate(tree)
-    except ValidationError:
-        return decode_request_reference(raw, limits)
-    return _checked_request(_checked_event(event, limits), limits)
+    return _checked_request(event, limits)
 
 
 def decode_request_reference(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:  # noqa: B008
@@ -119,14 +115,10 @@ def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentRespons
     validation words a few errors differently from the JSON mode's); both routes then run the same checks.
     tests/unit/test_decode_response_differential.py holds the two routes equal.
     """
-    tree = _parsed_object(raw, limits)
-    if tree is None:
+    event = _one_parse(raw, AgentResponse, limits)
+    if event is None:
         return decode_response_reference(raw, limits)
-    try:
-        event = AgentResponse.model_validate(tree)
-    except ValidationError:
-        return decode_response_reference(raw, limits)
-    return _checked_response(_checked_event(event, limits), limits)
+    return _checked_response(event, limits)
 
 
 def decode_response_reference(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008
@@ -144,6 +136,19 @@ def _checked_response(event: AgentResponse, limits: Limits) -> AgentResponse:
     event.input = _normalize(event, event.input, "input", 0)
     event.response = _normalize(event, event.response, "response", len(event.input))
     return event
+
+
+def _one_parse(raw: bytes | str, model: type[E], limits: Limits) -> E | None:
+    """The event through one JSON parse and the event checks, or None when this route does not accept it
+    outright (the caller's reference route then decides, and words the refusal)."""
+    tree = _parsed_object(raw, limits)
+    if tree is None:
+        return None
+    try:
+        event = model.model_validate(tree)
+    except ValidationError:
+        return None
+    return _checked_event(event, limits)
 
 
 def _parsed_object(raw: bytes | str, limits: Limits) -> dict[str, Any] | None:
