@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import bson
 import pytest
 import pytest_asyncio
 from pymongo import AsyncMongoClient, IndexModel, monitoring
@@ -753,3 +754,25 @@ async def test_save_many_reads_what_the_batch_reads_do_not_cover(
     assert isinstance(result, MessageIdTakenError)
     assert log.names == ["find"]  # the home of o1 only: the thread was read
     assert await ids(storage, "theirs") == ["o1"]
+
+
+async def test_a_recall_reply_over_16_mib_under_the_services_timeout(mongo_uri: str, mongo_db: Db) -> None:
+    """A batch's recall whose reply passes MongoDB's 16 MiB batch limit, on a client opened as the service
+    opens it (client-side timeout, `timeoutMS`): the rows of the second and later batches come back too, and
+    the same as `list_messages_many`'s. A raw `getMore` sent through `db.command` failed exactly here
+    (PyMongo adds `maxTimeMS` under the timeout; the server refuses it on a getMore), which only the bench's
+    500-request batches reached."""
+    settings = Settings(MONGODB_URI=mongo_uri, MONGODB_DATABASE=mongo_db.name, mongodb_timeout_ms=60_000)
+    threads, per_thread, text = 24, 400, "x" * 1800  # ~19 MB of rows, > 16 MiB in one reply
+    async with MongoHistoryStorage.open(settings) as storage:
+        for t in range(threads):
+            rows = [msg(f"t{t}-m{i:03d}", t=i, text=f"{t}-{i} {text}") for i in range(per_thread)]
+            await storage.save_messages(thread_id=f"t{t}", resource_id="r", messages=rows)
+        queries = [RecallQuery(f"t{t}", "r", per_thread) for t in range(threads)]
+        raw_pages = await storage.recall_raw_many(queries)
+        pages = await storage.list_messages_many(queries)
+    assert sum(len(b) for page in raw_pages.values() for b in page) > 16 * 1024 * 1024
+    for t in range(threads):
+        raw_ids = [bson.decode(b)["id"] for b in raw_pages[f"t{t}"]]
+        assert raw_ids == [m.id for m in pages[f"t{t}"]]
+        assert len(raw_ids) == per_thread
