@@ -22,7 +22,7 @@ import sys
 import traceback
 from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Final, TextIO
 from urllib.parse import unquote, urlsplit
 
 from opentelemetry import trace
@@ -42,14 +42,30 @@ _MIN_SECRET_LEN = 4  # shorter values would mask ordinary text everywhere and ar
 _secrets: set[str] = set()
 _secrets_sorted: list[str] = []
 
-_URI_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][\w+.\-]*://)(?P<user>[^:/@\s]*):(?P<password>[^\s/?#]*)@")
-_SENSITIVE_KEY = r"[\w.\-]*(?:password|passwd|secret|api[_\-]?key)[\w.\-]*"
+# Every pattern here runs in time linear in the text, whatever the text (a log line can quote a client's id):
+# each can start only where a scan cannot already be under way, and no two quantifiers can take the same
+# character (tests/unit/test_regex_bounds.py feeds them adversarial input; the audit is in docs/security.md).
+# - URI userinfo starts only right after `://` (a fixed-width lookbehind); the user part (possessive) stops
+#   at `:` `/` `@`, the password part at `/`, so the scans of two URIs never overlap.
+_URI_USERINFO = re.compile(r"(?<=[\w+.\-]://)(?P<user>[^:/@\s]*+):(?P<password>[^\s/?#]*)@")
+# - A key starts only at the start of a run of name characters (the lookbehind), and is atomic: the run is
+#   scanned once and never re-split between prefix, keyword and suffix.
+_SENSITIVE_KEY = r"(?>[\w.\-]*(?:password|passwd|secret|api[_\-]?key)[\w.\-]*+)"
+# - A quoted value is unambiguous: a backslash is only ever an escape, never an ordinary character (the
+#   old `(?:\\.|(?!quote).)*` let each backslash be either, which backtracked exponentially on
+#   `password="\\\\...`). A value whose quote does not close is masked to the end of its line.
 _PAIR = re.compile(
-    rf"""(?P<key>["']?{_SENSITIVE_KEY}["']?)(?P<sep>\s*[:=]\s*)"""
-    r"""(?:(?P<quote>["'])(?:\\.|(?!(?P=quote)).)*(?P=quote)|[^\s"',;&)}\]]+)""",
+    rf"""(?<![\w.\-])(?P<key>["']?{_SENSITIVE_KEY}["']?)(?P<sep>\s*+[:=]\s*+)"""
+    r"""(?:(?P<quote>["'])(?:(?<=")(?:[^"\\\n]|\\.)*+|(?<=')(?:[^'\\\n]|\\.)*+)(?P<close>(?P=quote))?"""
+    r"""|[^\s"',;&)}\]]++)""",
     re.IGNORECASE,
 )
 _SENSITIVE_NAME = re.compile(rf"^{_SENSITIVE_KEY}$", re.IGNORECASE)
+
+MAX_SCRUB_CHARS: Final = 65_536
+"""Longer text is cut (at the last whitespace before the cap, never inside a registered secret) before it is
+scrubbed: a log line or dead-letter reason never needs more, and the work stays bounded."""
+_CUT_SLACK: Final = 4096  # how far back a cut looks for whitespace, so it does not split a URI or a pair
 
 # LogRecord attributes that are not `extra` fields.
 _RESERVED = frozenset(logging.LogRecord("", logging.INFO, "", 0, "", None, None).__dict__) | {
@@ -99,15 +115,34 @@ def clear_secrets() -> None:
 
 def _mask_pair(match: re.Match[str]) -> str:
     quote = match.group("quote") or ""
-    return f"{match.group('key')}{match.group('sep')}{quote}{MASK}{quote}"
+    return f"{match.group('key')}{match.group('sep')}{quote}{MASK}{match.group('close') or ''}"
+
+
+def _cut(text: str) -> str:
+    """`text` within MAX_SCRUB_CHARS, with a note of what was cut; the cut splits no registered secret and,
+    when it can, no word (half a URI or a `password=...` pair would not be recognised and masked)."""
+    end = MAX_SCRUB_CHARS
+    space = max(text.rfind(c, end - _CUT_SLACK, end) for c in " \t\n\r")
+    end = space if space > 0 else end
+    moved = True
+    while moved:  # a secret that straddles the cut is cut before it (each pass moves the cut left)
+        moved = False
+        for secret in _secrets_sorted:
+            at = text.find(secret, max(0, end - len(secret) + 1), end + len(secret) - 1)
+            if at != -1:
+                end, moved = at, True
+    return f"{text[:end]} …[{len(text) - end} characters cut]"
 
 
 def scrub(text: str) -> str:
-    """`text` with registered secrets, URI passwords and `password=...`-style values masked."""
+    """`text` with registered secrets, URI passwords and `password=...`-style values masked (and cut to
+    MAX_SCRUB_CHARS first). Linear in the text."""
+    if len(text) > MAX_SCRUB_CHARS:
+        text = _cut(text)
     for secret in _secrets_sorted:
         if secret in text:
             text = text.replace(secret, MASK)
-    text = _URI_USERINFO.sub(lambda m: f"{m.group('scheme')}{m.group('user')}:{MASK}@", text)
+    text = _URI_USERINFO.sub(lambda m: f"{m.group('user')}:{MASK}@", text)
     return _PAIR.sub(_mask_pair, text)
 
 

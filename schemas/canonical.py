@@ -150,6 +150,7 @@ _PARTS: Final[Mapping[str, Check]] = {
 assert set(_PARTS) == _KNOWN_PARTS
 _DATA_PART = _model((_TYPE, ("data", _any, False)))
 _UNKNOWN_PART = _model((_TYPE,))
+# DataPart's `type` pattern; linear: anchored (`match`), one literal then one run of `.`
 _DATA_TYPE = re.compile(r"^data-.+")  # DataPart's `type` pattern
 
 

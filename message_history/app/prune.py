@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# Linear: anchored (`match`), and each run (spaces, digits, the fraction after its `.`) is bounded by a
+# character the next run cannot take.
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 
 

@@ -54,6 +54,9 @@ _DEFAULT_CHARS_PER_TOKEN: Final = 6
 # misses U+FEFF.
 _JS_SPACE: Final = "\\t\\n\\v\\f\\r \\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000\\ufeff"
 _PUNCTUATION: Final = r".,!?;(){}\[\]<>:/\\|@#$%^&*+=`~_\-"
+# Every pattern below is linear in the text (tests/unit/test_regex_bounds.py): each is one character class
+# repeated, alternatives of disjoint classes, or (`_NUMERIC`) runs separated by a character the run before
+# cannot take; `_ASCII_LONG_WORD`'s `{7,}` retries at most 6 characters from each start.
 _SPLIT: Final = re.compile(f"([{_JS_SPACE}]+|[{_PUNCTUATION}]+)")
 _WHITESPACE: Final = re.compile(f"[{_JS_SPACE}]+")
 _CJK: Final = re.compile(
@@ -62,7 +65,9 @@ _CJK: Final = re.compile(
 )
 _NUMERIC: Final = re.compile(r"[0-9]+(?:[.,][0-9]+)*")
 _HAS_PUNCTUATION: Final = re.compile(f"[{_PUNCTUATION}]")
-_URL_SCHEME: Final = re.compile(r"[a-z][a-z0-9+.\-]*:", re.IGNORECASE)
+# Used with `match`; the lookbehind keeps it linear when scanning too (a run of scheme characters without a
+# `:` would otherwise be rescanned from each of its letters).
+_URL_SCHEME: Final = re.compile(r"(?<![a-z0-9+.\-])[a-z][a-z0-9+.\-]*+:", re.IGNORECASE)
 
 
 def _canonicalize(char: str) -> str:
