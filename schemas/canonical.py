@@ -71,12 +71,23 @@ Fields = tuple[tuple[str, Check, bool], ...]
 
 
 _PLAN_CACHE_MAX: Final = 4096  # distinct key sequences remembered per model (rows repeat a few shapes)
+# The cache holds its keys: bounded by their size too, and a wide dict's shape is never kept (issue 31: 60
+# rows of 60,000-key metadata held 177 MB). Planning a shape is linear in its keys, so not caching one only
+# costs what parsing it did.
+_PLAN_CACHE_BYTES: Final = 1 << 20  # per model: the keys' characters plus a pointer each
+_PLAN_CACHE_WIDTH: Final = 64  # keys; wider dicts are planned every time
+
+
+def _shape_bytes(keys: tuple[str, ...]) -> int:
+    """What caching `keys` costs, roughly: each key's characters and its slot in the tuple."""
+    return sum(len(key) + 8 for key in keys)
 
 
 def _model(fields: Fields) -> Check:
     names = {name: (i, check) for i, (name, check, _) in enumerate(fields)}
     required = [name for name, _, req in fields if req]
     plans: dict[tuple[str, ...], tuple[tuple[str, Check], ...] | None] = {}
+    cached_bytes = 0
 
     def plan(keys: tuple[str, ...]) -> tuple[tuple[str, Check], ...] | None:
         """The checks for a dict with these keys in this order, or None when the order is not the models'."""
@@ -99,6 +110,7 @@ def _model(fields: Fields) -> Check:
         return tuple(checks)
 
     def check(value: Any) -> bool:
+        nonlocal cached_bytes
         if type(value) is not dict:
             return False
         keys = tuple(value)
@@ -106,8 +118,11 @@ def _model(fields: Fields) -> Check:
             checks = plans[keys]
         except KeyError:
             checks = plan(keys)
-            if len(plans) < _PLAN_CACHE_MAX:
-                plans[keys] = checks
+            if len(plans) < _PLAN_CACHE_MAX and len(keys) <= _PLAN_CACHE_WIDTH:
+                cost = _shape_bytes(keys)
+                if cached_bytes + cost <= _PLAN_CACHE_BYTES:
+                    plans[keys] = checks
+                    cached_bytes += cost
         if checks is None:
             return False
         for key, field_check in checks:  # noqa: SIM110 -- a loop, no generator per dict (hot path)

@@ -16,6 +16,7 @@ implementations give the same answer:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import inspect
@@ -144,13 +145,38 @@ def select_codec(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[Ro
     return _with_reference(module.rows_from_raw)
 
 
+_PASS_THROUGH: Final = (KeyboardInterrupt, SystemExit, asyncio.CancelledError, GeneratorExit)
+"""What the native codec's failures never swallow: the process' and the task's own stop signals."""
+
+native_failures = 0
+"""How many batches the native codec failed (raised or panicked) and the reference decided instead."""
+
+
+def _native_failed(error: BaseException) -> None:
+    global native_failures  # noqa: PLW0603 -- a process-wide count
+    native_failures += 1
+    if native_failures == 1:  # once: a bug that fails every batch must not flood the log
+        log.error(
+            "the native row codec failed; the Python reference decides this batch (and any other it fails)",
+            exc_info=error,
+        )
+
+
 def _with_reference(
     native: Callable[[Sequence[bytes]], list[RowBytes | None]],
 ) -> Callable[[Sequence[bytes]], list[RowBytes | None]]:
-    """`native`, with the reference deciding every row it is not sure about (its None)."""
+    """`native`, with the reference deciding every row it is not sure about (its None), and the whole batch
+    when it fails: any exception, and a Rust panic too (PyO3 raises `PanicException`, a `BaseException`
+    that would pass every `except Exception` and end the process)."""
 
     def rows(docs: Sequence[bytes]) -> list[RowBytes | None]:
-        out = native(docs)
+        try:
+            out = native(docs)
+        except _PASS_THROUGH:
+            raise
+        except BaseException as error:  # noqa: BLE001 -- see the docstring: the reference decides
+            _native_failed(error)
+            return rows_from_raw_py(docs)
         for i, row in enumerate(out):
             if row is None:
                 out[i] = rows_from_raw_py((docs[i],))[0]

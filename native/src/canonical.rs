@@ -5,7 +5,7 @@
 //! compact form (no whitespace, no duplicate keys, only the escapes it writes, integers as written) and the
 //! structure passes the same model tables as the Python module (declared fields first, in declaration
 //! order, then unknown keys; required fields present; field types). Not sure (a float, an integer of more
-//! than 18 digits, deeper than MAX_DEPTH) answers false: the reference decides.
+//! than 18 digits, deeper than MAX_DEPTH, more than MAX_VALUES values) answers false: the reference decides.
 
 /// A JSON value, strings kept in their (canonical, so one-to-one) escaped form.
 enum Json<'a> {
@@ -19,16 +19,40 @@ enum Json<'a> {
 
 const MAX_DEPTH: usize = 64;
 
+/// The most values (keys' values and array items, at every depth) one content may hold before this check
+/// declines (not sure: the reference decides). Every step here is linear or n·log n in the content, so
+/// this bounds the work per row whatever its shape (issue 31: a 60,000-key object cost 3-5 s when the
+/// duplicate check was quadratic).
+pub const MAX_VALUES: usize = 1 << 18;
+
+/// Objects up to this many keys are checked for duplicates pairwise; larger ones by sorting their keys.
+const PAIRWISE_KEYS: usize = 16;
+
 struct Parser<'a> {
     text: &'a [u8],
     pos: usize,
+    budget: usize, // values still allowed (MAX_VALUES)
+}
+
+/// Two equal keys in one object (strings compare escaped: canonical escaping is one-to-one).
+fn has_duplicate(items: &[(&[u8], Json<'_>)]) -> bool {
+    if items.len() <= PAIRWISE_KEYS {
+        return items
+            .iter()
+            .enumerate()
+            .any(|(i, (key, _))| items[..i].iter().any(|(other, _)| other == key));
+    }
+    let mut keys: Vec<&[u8]> = items.iter().map(|(key, _)| *key).collect();
+    keys.sort_unstable();
+    keys.windows(2).any(|pair| pair[0] == pair[1])
 }
 
 impl<'a> Parser<'a> {
     fn value(&mut self, depth: usize) -> Option<Json<'a>> {
-        if depth > MAX_DEPTH {
+        if depth > MAX_DEPTH || self.budget == 0 {
             return None;
         }
+        self.budget -= 1;
         match *self.text.get(self.pos)? {
             b'{' => {
                 self.pos += 1;
@@ -42,11 +66,11 @@ impl<'a> Parser<'a> {
                         return None;
                     }
                     let value = self.value(depth + 1)?;
-                    if items.iter().any(|(k, _)| *k == key) {
-                        return None; // a duplicate: the models keep one
-                    }
                     items.push((key, value));
                     if self.eat(b'}') {
+                        if has_duplicate(&items) {
+                            return None; // a duplicate: the models keep one
+                        }
                         return Some(Json::Object(items));
                     }
                     if !self.eat(b',') {
@@ -334,7 +358,11 @@ fn content_ok(v: &Json<'_>) -> bool {
 
 /// True when `text` is surely `MessageContent`'s own compact dump (`canonical_content` answers it).
 pub fn canonical(text: &[u8]) -> bool {
-    let mut parser = Parser { text, pos: 0 };
+    let mut parser = Parser {
+        text,
+        pos: 0,
+        budget: MAX_VALUES,
+    };
     match parser.value(0) {
         Some(value) => parser.pos == text.len() && content_ok(&value),
         None => false,

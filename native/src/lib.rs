@@ -11,6 +11,8 @@
 //! `FINGERPRINT` is `storage.row_codec.codec_fingerprint()` of the models this mirrors
 //! (src/fingerprint.rs, generated): the service refuses this module when its models have changed since.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
@@ -18,9 +20,23 @@ mod canonical;
 mod fingerprint;
 mod row;
 
+/// Set by `_panic_next_call_for_tests`; the next `rows_from_raw` call panics.
+static PANIC_NEXT: AtomicBool = AtomicBool::new(false);
+
+/// Test only: make the next `rows_from_raw` call panic (PyO3 raises `PanicException`, a `BaseException`),
+/// so tests/unit/test_row_codec_native.py can show the service's wrapper lets the reference decide instead.
+/// No stored row or setting reaches it: only a direct call from Python.
+#[pyfunction]
+fn _panic_next_call_for_tests() {
+    PANIC_NEXT.store(true, Ordering::SeqCst);
+}
+
 /// Per raw document, `(id, ms, role, type or None, enriched JSON)` or None (not sure: the reference decides).
 #[pyfunction]
 fn rows_from_raw<'py>(py: Python<'py>, docs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    if PANIC_NEXT.swap(false, Ordering::SeqCst) {
+        panic!("rows_from_raw: the test-only panic (_panic_next_call_for_tests)");
+    }
     let out = PyList::empty(py);
     let mut buf: Vec<u8> = Vec::with_capacity(2048);
     for item in docs.try_iter()? {
@@ -55,6 +71,8 @@ fn rows_from_raw<'py>(py: Python<'py>, docs: &Bound<'py, PyAny>) -> PyResult<Bou
 #[pymodule]
 fn message_history_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_from_raw, m)?)?;
+    m.add_function(wrap_pyfunction!(_panic_next_call_for_tests, m)?)?;
     m.add("FINGERPRINT", fingerprint::FINGERPRINT)?;
+    m.add("MAX_VALUES", canonical::MAX_VALUES)?;
     Ok(())
 }

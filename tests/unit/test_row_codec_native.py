@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import importlib
 import json
+import logging
 import os
 import re
 from datetime import UTC, datetime, timedelta
@@ -29,9 +30,10 @@ from hypothesis import strategies as st
 from pydantic_core import to_json
 
 from bench.workload import Workload, seed_documents
+from storage import row_codec
 from storage.recalled_rows import MESSAGE_PROJECTION
-from storage.row_codec import NATIVE_MODULE, codec_fingerprint, rows_from_raw_py
-from tests.recall_docs import stored_docs
+from storage.row_codec import NATIVE_MODULE, codec_fingerprint, rows_from_raw_py, select_codec
+from tests.recall_docs import T0, stored_docs
 
 ROOT = Path(__file__).resolve().parents[2]
 FINGERPRINT_RS = ROOT / "native" / "src" / "fingerprint.rs"
@@ -354,3 +356,75 @@ def test_malformed_bytes_are_none(native: Any) -> None:
     for raw in [b"", b"\x05\x00\x00\x00", good[:-1], good + b"\x00", good[:10], b"\xff" * 40]:
         assert native.rows_from_raw([raw]) == [None]
     assert native.rows_from_raw([bytearray(good)]) == [None]  # not bytes: left to the reference
+
+
+# --- bounded work (issue 31) -------------------------------------------------------------------------------
+
+
+def _row_with(content: str) -> bytes:
+    return bson.encode(
+        {
+            "id": "m",
+            "thread_id": "t",
+            "resourceId": "r",
+            "role": "assistant",
+            "content": content,
+            "createdAt": T0,
+        }
+    )
+
+
+def _wide(keys: int, *, top_level: bool = False, duplicate: bool = False) -> str:
+    wide = ",".join(f'"key-{i:06d}":{i}' for i in range(keys))
+    if duplicate:
+        wide += ',"key-000000":0'
+    if top_level:
+        return '{"format":2,"parts":[],' + wide + "}"
+    return '{"format":2,"parts":[],"metadata":{' + wide + "}}"
+
+
+@pytest.mark.timeout(30)  # a hang guard: the quadratic key check needed minutes for 250,000 keys
+def test_wide_rows_are_answered_in_linear_work(native: Any) -> None:
+    """250,000 keys in `content.metadata` or at the top of content: answered, as the reference answers."""
+    raws = [_row_with(_wide(250_000)), _row_with(_wide(250_000, top_level=True))]
+    answered, taken = _differ(native, raws)
+    assert answered == taken == 2
+
+
+@pytest.mark.timeout(60)
+def test_a_duplicate_key_in_a_wide_object_is_not_canonical(native: Any) -> None:
+    """The sorted duplicate check finds a repeated key at any distance (the models keep one: not canonical)"""
+    raws = [_row_with(_wide(100_000, duplicate=True)), _row_with(_wide(10, duplicate=True))]
+    assert native.rows_from_raw(raws) == [None, None]
+    assert rows_from_raw_py(raws) == [None, None]
+
+
+@pytest.mark.timeout(60)
+def test_past_the_work_budget_or_the_depth_the_reference_decides(native: Any) -> None:
+    """More values than MAX_VALUES, or nesting 10,000 deep: native declines (None), the reference decides."""
+    over_budget = '{"format":2,"parts":[],"metadata":{"a":[' + ",".join(["0"] * native.MAX_VALUES) + "]}}"
+    deep = '{"format":2,"parts":[],"metadata":{"a":' + "[" * 10_000 + "]" * 10_000 + "}}"
+    raws = [_row_with(over_budget), _row_with(deep)]
+    assert native.rows_from_raw(raws) == [None, None]
+    want = rows_from_raw_py(raws)
+    assert want[0] is not None  # the reference answers the wide row itself
+    assert select_codec("native")(raws) == want
+
+
+def test_a_panic_in_the_native_codec_is_the_references_batch(
+    native: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A Rust panic raises PyO3's PanicException, a BaseException past every `except Exception`: the service's
+    wrapper lets the reference decide that batch, counts it, and logs the first one."""
+    raws = [bson.encode(doc) for doc in stored_docs(3, 10, "t-panic", "r-panic")]
+    native._panic_next_call_for_tests()
+    with pytest.raises(BaseException, match="test-only panic") as raised:
+        native.rows_from_raw(raws)
+    assert not isinstance(raised.value, Exception)  # what made it dangerous
+    codec = select_codec("native")
+    before = row_codec.native_failures
+    native._panic_next_call_for_tests()
+    with caplog.at_level(logging.ERROR, logger="storage.row_codec"):
+        assert codec(raws) == rows_from_raw_py(raws)
+    assert row_codec.native_failures == before + 1
+    assert codec(raws) == rows_from_raw_py(raws)  # the next batch: native again
