@@ -235,13 +235,19 @@ class Tally:
             self.by_error_type[letter.info.error_type] = self.by_error_type.get(letter.info.error_type, 0) + 1
 
 
+def printable(text: str) -> str:
+    """`text` with every character a terminal would act on escaped as Python writes it (`\\x1b`, `\\r`,
+    `\\x00`, `\\u202e`): control characters, format characters (bidi overrides), line and paragraph
+    separators. Whoever can write to a dead-letter topic writes its headers, and `dlq inspect` prints them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def preview(value: bytes | None, limit: int = PREVIEW_BYTES) -> str:
     """A printable start of a value: text as text, anything else escaped; `…` when cut."""
     if value is None:
         return "(null)"
     head = value[:limit]
-    text = head.decode("utf-8", errors="backslashreplace")
-    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    text = printable(head.decode("utf-8", errors="backslashreplace"))
     return text + ("…" if len(value) > limit else "")
 
 
@@ -275,17 +281,17 @@ def describe(letter: DeadLetter) -> dict[str, object]:
 
 def line(letter: DeadLetter, *, show_value: bool = False) -> str:
     """One dead letter as a line of `dlq inspect`."""
-    head = f"{letter.ref}"
+    head = printable(letter.ref)
     info = letter.info
     if info is None:
-        return f"{head}  not a dead letter: {letter.problem}"
+        return f"{head}  not a dead letter: {printable(letter.problem)}"
     text = (
-        f"{head}  {info.failed_at}  {info.error_type}"
-        f"  from {info.source_topic}:{info.source_partition}:{info.source_offset}"
-        f"  key={preview(letter.key, 64)}  {info.error_message}"
+        f"{head}  {printable(info.failed_at)}  {printable(info.error_type)}"
+        f"  from {printable(info.source_topic)}:{info.source_partition}:{info.source_offset}"
+        f"  key={preview(letter.key, 64)}  {printable(info.error_message)}"
     )
     if info.error_path:
-        text += f" (at {info.error_path})"
+        text += f" (at {printable(info.error_path)})"
     if show_value:
         text += f"\n    value: {preview(letter.value)}"
     return text
@@ -298,7 +304,7 @@ def summary(tally: Tally, *, command: str, dry_run: bool = False) -> list[str]:
         + (f", {tally.not_dead_letters:,} without dead-letter headers" if tally.not_dead_letters else "")
     ]
     for error_type, count in sorted(tally.by_error_type.items(), key=lambda kv: (-kv[1], kv[0])):
-        lines.append(f"  {error_type}: {count:,}")
+        lines.append(f"  {printable(error_type)}: {count:,}")
     if command == "redrive":
         verb = "would redrive" if dry_run else "redriven"
         lines.append(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -277,3 +278,45 @@ def test_input_pairs_come_from_the_settings() -> None:
         settings.responses_dlq: settings.responses_topic,
         "cmds.dlq": "cmds",
     }
+
+
+_FORGED = {
+    "esc": "\x1b[2J\x1b[31mred\x1b]0;title\x07",
+    "cr": "ok\rEVIL",
+    "nul": "a\x00b",
+    "bidi": "abc\u202edcba\u2066x\u2069",
+    "newline": "one\ntwo\u2028three",
+}
+_HEADERS = ("error.type", "error.message", "error.path", "source.topic", "failed.at", "service.version")
+
+
+@pytest.mark.parametrize("header", _HEADERS)
+@pytest.mark.parametrize("forged", sorted(_FORGED))
+def test_inspect_escapes_every_header_field(header: str, forged: str) -> None:
+    """A forged dead letter's header cannot drive the terminal: every character a terminal acts on is printed
+    escaped (`\\x1b`, `\\r`, `\\x00`, `\\u202e`), in the line, the summary and the JSON form."""
+    base = dict(letter().headers)
+    base["error.path"] = b"content.parts.0"
+    base[header] = f"{header}-{_FORGED[forged]}".encode()
+    headers = tuple(base.items())
+    forged_letter = DeadLetter(
+        "agent.requests.dlq", 0, 5, b"k\x1b", b"v", headers, parse_dead_letter_headers(headers)
+    )
+    tally = Tally()
+    tally.count(forged_letter, is_selected=True)
+    outputs = [
+        line(forged_letter, show_value=True),
+        *summary(tally, command="inspect"),
+        json.dumps(describe(forged_letter), sort_keys=True),
+    ]
+    for text in outputs:
+        assert all(c.isprintable() or c == "\n" for c in text), repr(text)
+    assert "\n" not in line(forged_letter)  # one dead letter, one line
+    shown = line(forged_letter)
+    assert f"{header}-" in shown or header in ("service.version",)  # the field is shown, escaped
+
+
+def test_a_problem_line_is_escaped() -> None:
+    """What is said about a record that is not a dead letter is escaped too."""
+    letter_ = DeadLetter("agent.requests.dlq", 0, 9, b"k", b"v", (), None, "bad header \x1b[31m")
+    assert line(letter_) == "agent.requests.dlq:0:9  not a dead letter: bad header \\x1b[31m"
