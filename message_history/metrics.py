@@ -167,9 +167,10 @@ READY = Gauge(
 HTTP_CONNECTIONS_SHED = Counter(
     "message_history_http_connections_shed_total",
     "Connections the /livez /readyz /metrics server cut short: `evicted` (the oldest one still waiting for"
-    " its request, closed to make room under the cap), `refused` (at the cap with none to evict), `timeout`"
-    " (request not received in time: answered 408; or answer not taken in time: dropped), `accept_failed`"
-    " (the OS refused the accept, e.g. out of file descriptors).",
+    " its request, closed to make room under the cap), `slow_reader` (the oldest one still being answered"
+    " after 1 s, closed to make room), `refused` (at the cap and the probes' reserve with none to evict),"
+    " `timeout` (request not received in time: answered 408; or answer not taken in time: dropped),"
+    " `accept_failed` (the OS refused the accept, e.g. out of file descriptors).",
     ["reason"],
     registry=REGISTRY,
 )

@@ -14,9 +14,12 @@ The HTTP server is stdlib asyncio, GET only, one request per connection, with ca
 misbehaving client can neither block nor crash it. `/metrics` serves the service's Prometheus registry.
 
 Slow or idle clients cannot starve the probes or the process's file descriptors: at most `MAX_CONNECTIONS`
-are open at once; a new connection beyond that closes the oldest one still waiting for its request (a probe
-sends its request at once, so a slowloris flood evicts itself, not the kubelet), and a request must arrive
-within `_READ_TIMEOUT_S`, its answer be taken within `_WRITE_TIMEOUT_S`. Shed connections are counted
+are open at once, plus `PROBE_RESERVE` kept for `/livez` and `/readyz`. A new connection beyond the cap
+closes the oldest one still waiting for its request (a probe sends its request at once, so a slowloris flood
+evicts itself, not the kubelet), else the oldest one still being answered after `_ANSWER_DEADLINE_S` (a slow
+reader of a large `/metrics`), else it takes a reserved slot, where only the probes are answered (anything
+else gets a short 503); a request must arrive within `_READ_TIMEOUT_S`, its answer be taken within
+`_WRITE_TIMEOUT_S`. Shed connections are counted
 (`message_history_http_connections_shed_total{reason}`), never logged one by one: at most one warning per
 `_SHED_WARNING_INTERVAL_S` sums them up. The server accepts one connection at a time itself (not
 `asyncio.start_server`, whose accept loop takes up to a backlog's worth before any handler can refuse one, and
@@ -50,6 +53,11 @@ _LAG_SAMPLE_INTERVAL_S = 0.5
 MAX_CONNECTIONS = 16
 """Most connections open at once: probes and scrapes each hold one for milliseconds, so 16 is ample, and few
 enough that a flood of them cannot use up the descriptors Kafka and MongoDB need."""
+PROBE_RESERVE = 4
+"""Connections beyond `MAX_CONNECTIONS` that only `/livez` and `/readyz` are answered on: when every other
+slot is busy answering (16 slow readers of `/metrics`, say), a probe still gets one."""
+PROBE_PATHS = ("/livez", "/readyz")
+_ANSWER_DEADLINE_S = 1.0  # an answer still being taken after this may be evicted for a newcomer
 _READ_TIMEOUT_S = 2.0  # kubelet and Prometheus send their request as soon as they connect
 _WRITE_TIMEOUT_S = 5.0  # /metrics is tens of kB: a reader slower than this is not a scraper
 _SHED_WARNING_INTERVAL_S = 60.0
@@ -167,7 +175,7 @@ class HealthServer:
 
     @property
     def open_connections(self) -> int:
-        """Connections open now (never more than `MAX_CONNECTIONS`)."""
+        """Connections open now (never more than `MAX_CONNECTIONS` + `PROBE_RESERVE`)."""
         return len(self._connections)
 
     @property
@@ -271,11 +279,13 @@ async def _discard_unread(reader: asyncio.StreamReader) -> None:
 class _Connection:
     """One open connection: its transport, and whether its request has arrived (only then it is answered)."""
 
-    __slots__ = ("shed", "transport", "waiting")
+    __slots__ = ("answering_since", "probe_only", "shed", "transport", "waiting")
 
     def __init__(self, transport: asyncio.WriteTransport) -> None:
         self.transport = transport
         self.waiting = True  # no complete request yet: the one to evict first
+        self.answering_since: float | None = None  # then: past the deadline, the next to evict
+        self.probe_only = False  # in a reserved slot: only /livez and /readyz are answered
         self.shed = False
 
 
@@ -305,29 +315,62 @@ class _Shedding:
 
 
 class _Connections:
-    """The open connections, oldest first, and the cap on them."""
+    """The open connections, oldest first, and the cap on them (with the probes' reserve beyond it)."""
 
-    def __init__(self, shedding: _Shedding, limit: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        shedding: _Shedding,
+        limit: int = MAX_CONNECTIONS,
+        reserve: int = PROBE_RESERVE,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._open: dict[int, _Connection] = {}  # insertion order = age
+        self._reserved = 0  # how many of them are probe-only
         self._shedding = shedding
         self._limit = limit
+        self._reserve = reserve
+        self._clock = clock
 
     def __len__(self) -> int:
         return len(self._open)
 
     def admit(self, connection: _Connection) -> bool:
-        """Make room for `connection` (evicting the oldest still waiting for its request) or refuse it."""
-        if len(self._open) >= self._limit:
-            oldest = next((c for c in self._open.values() if c.waiting), None)
-            if oldest is None:  # every slot is busy answering: the newcomer waits for nothing
+        """Make room for `connection` (evicting the oldest still waiting for its request, else the oldest
+        answered past the deadline), give it a probe-only reserved slot, or refuse it."""
+        if len(self._open) - self._reserved >= self._limit:
+            late = self._clock() - _ANSWER_DEADLINE_S
+            waiting = next((c for c in self._open.values() if c.waiting), None)
+            slow = next(
+                (
+                    c
+                    for c in self._open.values()
+                    if c.answering_since is not None and c.answering_since <= late
+                ),
+                None,
+            )
+            victim, reason = (waiting, "evicted") if waiting is not None else (slow, "slow_reader")
+            if victim is not None:
+                self._shed(victim, reason)
+                if victim.probe_only:  # the newcomer takes its slot as it was: reserved
+                    connection.probe_only = True
+                    self._reserved += 1
+            elif self._reserved < self._reserve:
+                connection.probe_only = True
+                self._reserved += 1
+            else:  # every slot is busy answering: the newcomer waits for nothing
                 self._shed(connection, "refused")
                 return False
-            self._shed(oldest, "evicted")
         self._open[id(connection)] = connection
         return True
 
+    def answering(self, connection: _Connection) -> None:
+        """Its request has arrived: from now on it is being answered (evictable past the deadline)."""
+        connection.waiting = False
+        connection.answering_since = self._clock()
+
     def close(self, connection: _Connection) -> None:
-        self._open.pop(id(connection), None)
+        if self._open.pop(id(connection), None) is not None and connection.probe_only:
+            self._reserved -= 1
 
     def timed_out(self, connection: _Connection) -> None:
         self._shed(connection, "timeout")
@@ -338,7 +381,7 @@ class _Connections:
     def _shed(self, connection: _Connection, reason: str) -> None:
         connection.shed = True
         connection.transport.abort()  # no answer, no lingering close: the descriptor is free at once
-        self._open.pop(id(connection), None)
+        self.close(connection)
         self._shedding.count(reason)
 
 
@@ -384,19 +427,22 @@ async def _serve(
             return  # evicted while waiting: the transport is gone
         status, ctype, body = _json(exc.status, {"error": exc.reason})
     else:
-        connection.waiting = False
-        try:
-            status, ctype, body = _route(health, method, target)
-        except Exception:  # a probe must answer even if a collector breaks
-            log.exception("health endpoint failed", extra={"target": target[:200]})
-            status, ctype, body = _json(500, {"error": "internal error"})
+        connections.answering(connection)
+        if connection.probe_only and target.split("?", 1)[0] not in PROBE_PATHS:
+            status, ctype, body = _json(503, {"error": "busy: this slot is kept for /livez and /readyz"})
+        else:
+            try:
+                status, ctype, body = _route(health, method, target)
+            except Exception:  # a probe must answer even if a collector breaks
+                log.exception("health endpoint failed", extra={"target": target[:200]})
+                status, ctype, body = _json(500, {"error": "internal error"})
     try:
         async with asyncio.timeout(_WRITE_TIMEOUT_S):
             await _write(writer, status, ctype, body)
     except TimeoutError:
         connections.timed_out(connection)  # a reader too slow to take the answer
         return
-    if status >= 400:
+    if status >= 400 and not connection.probe_only:  # a reserved slot is freed at once, not after a linger
         await _discard_unread(reader)
 
 

@@ -447,7 +447,7 @@ def test_the_cap_evicts_the_oldest_waiting_connection_or_refuses() -> None:
     """At the cap, a newcomer closes the oldest connection still waiting for its request; when every slot is
     answering, the newcomer itself is refused. Either way the count stays at the cap."""
     shedding = health_module._Shedding(clock=lambda: 0.0)
-    connections = health_module._Connections(shedding, limit=3)
+    connections = health_module._Connections(shedding, limit=3, reserve=0, clock=lambda: 0.0)
     made = [health_module._Connection(_FakeTransport()) for _ in range(6)]  # type: ignore[arg-type]
     for c in made[:3]:
         assert connections.admit(c)
@@ -477,3 +477,78 @@ def test_shedding_warns_at_most_once_per_interval(caplog: pytest.LogCaptureFixtu
     assert messages[1].startswith("health server shed 1000 connection(s)")
     assert "evicted: 999" in messages[1]
     assert "timeout: 1" in messages[1]
+
+
+def test_the_probes_reserve_and_the_answer_deadline() -> None:
+    """With every slot answering, a newcomer takes a probe-only reserved slot; once an answer has been taking
+    longer than the deadline, its connection is evicted for the newcomer instead; past both, it is refused."""
+    clock = FakeClock()
+    connections = health_module._Connections(
+        health_module._Shedding(clock=clock), limit=2, reserve=1, clock=clock
+    )
+    made = [health_module._Connection(_FakeTransport()) for _ in range(6)]  # type: ignore[arg-type]
+    for c in made[:2]:
+        assert connections.admit(c)
+        connections.answering(c)
+    assert connections.admit(made[2])
+    assert made[2].probe_only  # the reserve: only /livez and /readyz are answered on it
+    connections.answering(made[2])
+    assert not connections.admit(made[3])  # normal slots and reserve busy, nobody late yet
+    clock.now += health_module._ANSWER_DEADLINE_S
+    assert connections.admit(made[4])
+    assert made[0].shed
+    assert not made[4].probe_only  # it took the slow reader's normal slot
+    assert len(connections) == 3
+    connections.close(made[2])  # the reserved slot is free again
+    connections.answering(made[4])
+    assert connections.admit(made[5])
+
+
+BIG_METRICS = 4 * 1024 * 1024
+SLOW_READERS = health_module.MAX_CONNECTIONS + 4
+
+
+async def _probe(port: int, path: str) -> bytes:
+    loop = asyncio.get_running_loop()
+    probe = socket.socket()
+    probe.setblocking(False)
+    try:
+        await loop.sock_connect(probe, ("127.0.0.1", port))
+        await loop.sock_sendall(probe, f"GET {path} HTTP/1.1\r\nHost: k\r\n\r\n".encode())
+        return await loop.sock_recv(probe, 64)
+    finally:
+        probe.close()
+
+
+@pytest.mark.timeout(60)
+async def test_probes_answer_while_slow_readers_hold_a_large_metrics(
+    server: HealthServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 clients ask for a 4 MiB /metrics and never read it. /livez and /readyz still answer at once (the
+    reserved slots), and once the deadline has passed a scraper that reads is served, a slow reader evicted
+    for it. (Before: every slot was busy answering, each for up to the 5 s write timeout, and every newcomer,
+    the kubelet's probe too, was refused.)"""
+    monkeypatch.setattr(health_module, "generate_latest", lambda registry: b"#" * BIG_METRICS)
+    slow_before = _shed("slow_reader")
+    slow: list[socket.socket] = []
+    try:
+        for _ in range(SLOW_READERS):
+            reader = socket.socket()
+            reader.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that takes nothing
+            reader.connect(("127.0.0.1", server.port))
+            reader.sendall(b"GET /metrics HTTP/1.1\r\nHost: k\r\n\r\n")
+            slow.append(reader)
+        await asyncio.sleep(0.3)  # let the server start answering them (pacing, not an assertion)
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            assert (await _probe(server.port, "/livez")).startswith(b"HTTP/1.1 200 ")
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            assert (await _probe(server.port, "/readyz")).startswith(b"HTTP/1.1 503 ")  # nothing reported
+        assert server.open_connections <= health_module.MAX_CONNECTIONS + health_module.PROBE_RESERVE
+        await asyncio.sleep(health_module._ANSWER_DEADLINE_S)
+        async with asyncio.timeout(30):
+            status, _, body = await get(server.port, "/metrics")
+        assert (status, len(body)) == (200, BIG_METRICS)
+        assert _shed("slow_reader") > slow_before
+    finally:
+        for reader in slow:
+            reader.close()
