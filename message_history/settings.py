@@ -93,12 +93,13 @@ class Settings(BaseSettings):
         description="Take every request's input as sent (no client-echo filter) unless the request says.",
     )
     max_rows_per_request: int = Field(
-        20_000,
+        10_000,
         ge=100,
         description=(
             "Most stored rows one request's recall reads (a count recall's page, a token budget's pages), "
             "whatever its `lastMessages` says: past it the newest rows are recalled and the event says "
-            "`history.truncated: true`. Keeps one recall inside `MONGODB_TIMEOUT_MS`."
+            "`history.truncated: true`. The default keeps one recall of 1 KB rows well inside "
+            "`MONGODB_TIMEOUT_MS`."
         ),
     )
     row_codec: Literal["auto", "native", "python"] = Field(

@@ -1,0 +1,107 @@
+"""A MongoDB operation that times out again and again for the same record is that record's fault.
+
+An operation that does not finish within the MongoDB timeout is an outage for the batch (`consumers.outage`):
+the loop pauses, backs off and retries, and after each failure it halves the chunk it tries
+(`ChunkLimit`), so a batch that cannot be read or written in time is narrowed down until one record is
+tried alone. If that lone record's own operation still times out (`OperationTimedOutError`: the server was
+reached, as opposed to a refused connection or a server selection timeout) while a cheap `ping` of the
+server answers right after, the server is up and only this record's work does not fit: a strike against the
+record. After `tries` strikes the record is dead-lettered with `error.type` `StorageTimeout` and the stream
+goes on, instead of its path pausing forever.
+
+A real outage never strikes: a server that is down refuses connections (not a timeout), and a frozen or
+overloaded one does not answer the ping either. A timeout met by a chunk of several records never strikes
+(it may be any of them, or their sum): halving goes on first.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final
+
+from consumers.contract import Ack, BatchHandler, Record
+from message_history.errors import InvalidInputError, OperationTimedOutError, StorageTimeoutError
+
+log = logging.getLogger(__name__)
+
+_KEPT: Final = 10_000  # records with strikes remembered at most (the oldest forgotten first)
+
+Ping = Callable[[], Awaitable[None]]
+RecordKey = tuple[str, int, int]  # topic, partition, offset
+
+
+def counts_against_record(error: BaseException, *, alone: bool, server_answers: bool) -> bool:
+    """The attribution rule: a failure is a strike against a record only when it is an operation timeout
+    (the server was reached), met with the record alone in its attempt, while the server answers a ping."""
+    return isinstance(error, OperationTimedOutError) and alone and server_answers
+
+
+class TimeoutStrikes:
+    """A batch handler that dead-letters a record once its own operation timed out `tries` times (see the
+    module). `ping` must raise when the server does not answer (promptly); `tries` is at least 1."""
+
+    def __init__(self, inner: BatchHandler, *, ping: Ping, tries: int, path: str) -> None:
+        if tries < 1:
+            raise ValueError("tries must be at least 1")
+        self.inner = inner
+        self._ping = ping
+        self.tries = tries
+        self.path = path
+        self._strikes: OrderedDict[RecordKey, int] = OrderedDict()
+
+    def strikes(self, record: Record) -> int:
+        """The strikes `record` has now (0 once it is handled or dead-lettered)."""
+        return self._strikes.get(_key(record), 0)
+
+    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+        try:
+            results = await self.inner.handle(records)
+        except OperationTimedOutError as exc:
+            if len(records) != 1:
+                raise
+            verdict = await self._strike(records[0], exc)
+            if verdict is None:
+                raise
+            return [verdict]
+        for record in records:
+            self._strikes.pop(_key(record), None)
+        return results
+
+    async def _strike(self, record: Record, error: OperationTimedOutError) -> StorageTimeoutError | None:
+        """Count `error` against `record` when the server answers; its dead letter's error once it has
+        `tries` strikes, else None (the loop retries it as an outage)."""
+        if not counts_against_record(error, alone=True, server_answers=await self._server_answers()):
+            return None
+        key = _key(record)
+        strikes = self._strikes.pop(key, 0) + 1
+        log.warning(
+            "a record's own MongoDB operation timed out while the server answers",
+            extra={
+                "path": self.path,
+                "topic": record.topic,
+                "partition": record.partition,
+                "offset": record.offset,
+                "strikes": strikes,
+                "tries": self.tries,
+                "error": str(error)[:200],
+            },
+        )
+        if strikes >= self.tries:
+            return StorageTimeoutError(strikes, str(error))
+        self._strikes[key] = strikes
+        while len(self._strikes) > _KEPT:
+            self._strikes.popitem(last=False)
+        return None
+
+    async def _server_answers(self) -> bool:
+        try:
+            await self._ping()
+        except Exception:  # noqa: BLE001 -- any failure of the ping means "not shown to answer"
+            return False
+        return True
+
+
+def _key(record: Record) -> RecordKey:
+    return record.topic, record.partition, record.offset
