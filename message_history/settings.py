@@ -93,7 +93,7 @@ class Settings(BaseSettings):
         description="Take every request's input as sent (no client-echo filter) unless the request says.",
     )
     max_rows_per_request: int = Field(
-        10_000,
+        5_000,
         ge=100,
         description=(
             "Most stored rows one request's recall reads (a count recall's page, a token budget's pages), "
