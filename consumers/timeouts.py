@@ -9,6 +9,9 @@ server answers right after, the server is up and only this record's work does no
 record. After `tries` strikes the record is dead-lettered with `error.type` `StorageTimeout` and the stream
 goes on, instead of its path pausing forever.
 
+A parked request (`consumers.parking`) is retried alone in its thread's lane: its lane asks the same
+`judge` after each outage of its work (keyed by the parked entry).
+
 A real outage never strikes: a server that is down refuses connections (not a timeout), and a frozen or
 overloaded one does not answer the ping either. A timeout met by a chunk of several records never strikes
 (it may be any of them, or their sum): halving goes on first.
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Final
 
 from consumers.contract import Ack, BatchHandler, Record
@@ -29,7 +32,6 @@ log = logging.getLogger(__name__)
 _KEPT: Final = 10_000  # records with strikes remembered at most (the oldest forgotten first)
 
 Ping = Callable[[], Awaitable[None]]
-RecordKey = tuple[str, int, int]  # topic, partition, offset
 
 
 def counts_against_record(error: BaseException, *, alone: bool, server_answers: bool) -> bool:
@@ -49,40 +51,27 @@ class TimeoutStrikes:
         self._ping = ping
         self.tries = tries
         self.path = path
-        self._strikes: OrderedDict[RecordKey, int] = OrderedDict()
+        self._strikes: OrderedDict[Hashable, int] = OrderedDict()
 
     def strikes(self, record: Record) -> int:
         """The strikes `record` has now (0 once it is handled or dead-lettered)."""
         return self._strikes.get(_key(record), 0)
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
-        try:
-            results = await self.inner.handle(records)
-        except OperationTimedOutError as exc:
-            if len(records) != 1:
-                raise
-            verdict = await self._strike(records[0], exc)
-            if verdict is None:
-                raise
-            return [verdict]
-        for record in records:
-            self._strikes.pop(_key(record), None)
-        return results
-
-    async def _strike(self, record: Record, error: OperationTimedOutError) -> StorageTimeoutError | None:
-        """Count `error` against `record` when the server answers; its dead letter's error once it has
-        `tries` strikes, else None (the loop retries it as an outage)."""
+    async def judge(
+        self, key: Hashable, error: BaseException, name: str | None = None
+    ) -> StorageTimeoutError | None:
+        """After the work of `key` (one record's, tried alone; `name` says which in the log) failed with
+        `error`: its dead letter's error once it has `tries` strikes, else None (retry it as an outage)."""
+        if not isinstance(error, OperationTimedOutError):
+            return None
         if not counts_against_record(error, alone=True, server_answers=await self._server_answers()):
             return None
-        key = _key(record)
         strikes = self._strikes.pop(key, 0) + 1
         log.warning(
             "a record's own MongoDB operation timed out while the server answers",
             extra={
                 "path": self.path,
-                "topic": record.topic,
-                "partition": record.partition,
-                "offset": record.offset,
+                "record": name or str(key),
                 "strikes": strikes,
                 "tries": self.tries,
                 "error": str(error)[:200],
@@ -95,6 +84,24 @@ class TimeoutStrikes:
             self._strikes.popitem(last=False)
         return None
 
+    def forget(self, key: Hashable) -> None:
+        """`key`'s work is done (or dropped): its strikes go."""
+        self._strikes.pop(key, None)
+
+    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+        try:
+            results = await self.inner.handle(records)
+        except OperationTimedOutError as exc:
+            if len(records) != 1:
+                raise
+            verdict = await self.judge(_key(records[0]), exc)
+            if verdict is None:
+                raise
+            return [verdict]
+        for record in records:
+            self.forget(_key(record))
+        return results
+
     async def _server_answers(self) -> bool:
         try:
             await self._ping()
@@ -103,5 +110,6 @@ class TimeoutStrikes:
         return True
 
 
-def _key(record: Record) -> RecordKey:
-    return record.topic, record.partition, record.offset
+def _key(record: Record) -> Hashable:
+    """A record's key in the strikes: `topic[partition]@offset` (also what the log line names)."""
+    return f"{record.topic}[{record.partition}]@{record.offset}"

@@ -275,12 +275,15 @@ def _timeout_strikes(
         return handler
     # half the operation timeout: a server too slow to answer a ping in that is in an outage, not a record
     bound = settings.mongodb_timeout_ms / 2000
-    return TimeoutStrikes(
+    strikes = TimeoutStrikes(
         handler,
         ping=lambda: storage.ping(bound),
         tries=settings.storage_timeout_tries,
         path=path,
     )
+    if isinstance(handler, RecallHandler):
+        handler.parking.timeouts = strikes  # a parked request is retried alone in its lane: the same rule
+    return strikes
 
 
 def _forgetting(storage: BatchHistoryStorage) -> MongoForgetting | None:

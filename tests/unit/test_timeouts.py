@@ -11,6 +11,7 @@ import pytest
 
 from consumers.contract import Ack, Record
 from consumers.outage import Backoff, ChunkLimit, Failure, retry_batch
+from consumers.parking import Lane, ParkedLanes
 from consumers.timeouts import TimeoutStrikes, counts_against_record
 from message_history.errors import (
     InvalidInputError,
@@ -184,3 +185,39 @@ async def test_an_outage_is_waited_out_with_nothing_dead_lettered() -> None:
         await _run_like_the_loop(store, answers=False, tries=1, give_up_after=50)
     store.slow.clear()  # the outage ends: everything goes through, nothing was dead-lettered
     assert await _run_like_the_loop(store, answers=False, tries=1, give_up_after=50) == []
+
+
+@pytest.mark.parametrize(
+    ("answers", "dead"),
+    [
+        pytest.param(True, True, id="server-answers-dead-letter"),
+        pytest.param(False, False, id="server-silent-retried-in-its-lane"),
+    ],
+)
+async def test_a_parked_request_whose_read_keeps_timing_out(answers: bool, dead: bool) -> None:
+    """A parked request is retried alone in its lane: the same rule makes it a dead letter after N tries
+    when the server answers, and retries it in place (behind it, its thread waits) when it does not."""
+    lanes: ParkedLanes[None] = ParkedLanes(
+        path="recall", capacity=4, backoff=Backoff(0.001, 0.002, lambda: 0.5)
+    )
+    ping = Ping(answers)
+    lanes.timeouts = TimeoutStrikes(SlowStore(set()), ping=ping, tries=3, path="recall")
+    tries = 0
+
+    async def slow(lane: Lane[None]) -> Ack:
+        nonlocal tries
+        tries += 1
+        raise TIMED_OUT
+
+    parked = lanes.park((0, "big"), slow, None)
+    if dead:
+        outcome = await asyncio.wait_for(parked.outcome(), 5)
+        assert isinstance(outcome, StorageTimeoutError)
+        assert tries == 3
+        assert len(lanes) == 0
+    else:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(parked.outcome(), 0.5)  # a bounded wait: still retried, nothing decided
+        assert tries > 3
+        assert len(lanes) == 1
+        await lanes.cancel()
