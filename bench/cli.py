@@ -33,6 +33,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
     "codec": ("bench.extra.codec", "the event codec alone: decode + encode of a 40-message EnrichedRequest"),
     "rows": ("bench.extra.rows", "the recall row codec alone: raw replies to rows' bytes, native vs Python"),
     "budget": ("bench.extra.budget", "recall with a token budget vs without, in process (no Kafka)"),
+    "recall-cap": (
+        "bench.extra.recall_cap",
+        "one request's recall of n stored 1 KB rows (the row cap)",
+    ),
     "replay": ("bench.extra.replay", "message-history replay vs the live persist path on one topic"),
     "retention": ("bench.extra.retention", "forget and prune throughput on a seeded database"),
     "failover": (

@@ -31,6 +31,7 @@ from aiokafka.errors import KafkaError
 
 from consumers.contract import Ack
 from consumers.outage import Backoff, Failure, is_outage, retry_batch
+from consumers.timeouts import TimeoutStrikes
 from message_history import metrics
 from message_history.errors import InvalidInputError
 
@@ -104,6 +105,8 @@ class ParkedLanes(Generic[S]):
         self._ended: dict[LaneKey, S] = {}  # lanes ended since the current batch began: their last state
         self._batch: list[tuple[LaneKey, _Entry[S]]] = []  # what the current batch parked
         self._parked = 0
+        # set by the service: an entry whose own MongoDB operation keeps timing out is its dead letter
+        self.timeouts: TimeoutStrikes | None = None
 
     def __len__(self) -> int:
         """Records parked and not settled yet."""
@@ -205,7 +208,7 @@ class ParkedLanes(Generic[S]):
     async def _run(self, key: LaneKey, lane: Lane[S]) -> None:
         while lane.entries:
             entry = lane.entries[0]
-            settled = await self._settle(entry, lane)
+            settled = await self._settle(entry, lane, key)
             if not settled:
                 return  # stopping during an outage: the record is left for the next owner
             if not lane.entries or lane.entries[0] is not entry:
@@ -217,7 +220,7 @@ class ParkedLanes(Generic[S]):
             del self._lanes[key]
             self._ended[key] = lane.state
 
-    async def _settle(self, entry: _Entry[S], lane: Lane[S]) -> bool:
+    async def _settle(self, entry: _Entry[S], lane: Lane[S], key: LaneKey) -> bool:
         """Run `entry` to its outcome, trying again after an outage; False when stopped before it ended."""
 
         async def once(_: list[None]) -> list[None]:
@@ -228,14 +231,23 @@ class ParkedLanes(Generic[S]):
             except InvalidInputError as exc:
                 outcome = exc
             except Exception as exc:
-                if is_outage(exc):
-                    raise  # tried again, in this lane, before anything behind it
-                outcome = _raising(exc)  # too large for Kafka, or a bug: the loop's settlement decides
+                if not is_outage(exc):
+                    outcome = _raising(exc)  # too large for Kafka, or a bug: the loop's settlement decides
+                else:
+                    name = f"parked in partition {key[0]}, thread {key[1]!r}"
+                    verdict = None if self.timeouts is None else await self.timeouts.judge(entry, exc, name)
+                    if verdict is None:
+                        raise  # tried again, in this lane, before anything behind it
+                    outcome = verdict  # its own operation keeps timing out: a dead letter
             if not entry.outcome.done():
                 entry.outcome.set_result(outcome)
             return []
 
-        left = await retry_batch([None], once, backoff=self._backoff, wait=self._wait)
+        try:
+            left = await retry_batch([None], once, backoff=self._backoff, wait=self._wait)
+        finally:
+            if self.timeouts is not None:
+                self.timeouts.forget(entry)
         return not left
 
     async def _wait(self, failure: Failure[None]) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from consumers.collect import BufferState
 from message_history import metrics
-from message_history.core.budget import PAGE_SIZE, HistoryLoader
+from message_history.core.budget import PAGE_SIZE, HistoryLoader, LoadedHistory
 from message_history.core.echo import EchoPlan
 from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundary
 from message_history.core.tokens import CountCache
@@ -154,7 +154,7 @@ class PrefetchedHistory:
         self.counter = CountCache()  # token counts of the batch's messages, shared with the processor
         self.budget_pages: dict[PageQuery, Page] = {}  # token-limited recall's pages, prefetched in rounds
         self.page_rounds = 0  # round trips spent on those pages
-        self._loaded: dict[HistoryLoad, Sequence[Message]] = {}  # those loaders' results, for the decision
+        self._loaded: dict[HistoryLoad, LoadedHistory] = {}  # those loaders' results, for the decision
         self.boundaries = BoundaryBuffer(storage)  # boundary writes, flushed once per batch
         self.by_id: dict[tuple[str, str], Message] = {}  # (thread, id): stored copies the echo filter needs
         self.looked_up: set[str] = set()
@@ -246,9 +246,15 @@ class PrefetchedHistory:
             assert query.budget is not None
             thread = self._threads.get(query.thread_id)
             boundary = load_boundary(query.budget, thread.metadata if thread is not None else None)
-            load = HistoryLoad(query.thread_id, query.resource_id, boundary, query.limit, query.budget)
+            load = HistoryLoad(
+                query.thread_id, query.resource_id, boundary, query.limit, query.budget, query.max_rows
+            )
             loader = HistoryLoader(
-                boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=self.counter
+                boundary=load.boundary,
+                max_messages=load.max_messages,
+                budget=load.budget,
+                count=self.counter,
+                max_rows=load.max_rows,
             )
             loaders.append((query, loader))
             loads.append(load)
@@ -266,7 +272,7 @@ class PrefetchedHistory:
             for (_, loader), page_query in zip(active, asked, strict=True):
                 page = self.budget_pages[page_query]
                 loader.feed(page.messages, has_more=page.has_more)
-        self._loaded.update((load, loader.result()) for load, (_, loader) in zip(loads, loaders, strict=True))
+        self._loaded.update((load, loader.loaded()) for load, (_, loader) in zip(loads, loaders, strict=True))
 
     async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
         """The stored copies of `message_ids` in `thread_id` (the client-echo filter's look-up)."""
@@ -275,7 +281,7 @@ class PrefetchedHistory:
         self._missed("get_messages", thread_id)
         return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
 
-    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
+    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> LoadedHistory:
         """The budgeted thread's loaded rows when the batch ran this very load (same boundary, counter);
         otherwise (a boundary an earlier request of the batch moved) its loader runs now, over the batch's
         pages where it has them; each page it must read from the storage is a plan miss."""
@@ -284,7 +290,11 @@ class PrefetchedHistory:
             if loaded is not None:
                 return loaded
         loader = HistoryLoader(
-            boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=count
+            boundary=load.boundary,
+            max_messages=load.max_messages,
+            budget=load.budget,
+            count=count,
+            max_rows=load.max_rows,
         )
         while loader.next_page is not None:
             request = loader.next_page
@@ -297,7 +307,7 @@ class PrefetchedHistory:
                 [page] = await self._storage.list_pages_many([query])
                 self.budget_pages[query] = page
             loader.feed(page.messages, has_more=page.has_more)
-        return loader.result()
+        return loader.loaded()
 
     async def recall(
         self,

@@ -89,6 +89,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         self.fast_recall = fast_recall  # False: every request through the processor (the reference route)
         self._gate = gate
         self._defaults = settings_slice(MemoryDefaults, settings)
+        self.max_rows = settings.max_rows_per_request  # the most rows one request's recall reads
         self._write_boundaries = write_boundaries  # False for a dry-run replay: recall, but change nothing
         # requests that must wait, parked in their thread's lane (see `consumers.parking`)
         self.parking: ParkedLanes[TurnMarker | None] = ParkedLanes(
@@ -102,7 +103,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         request = keyed_by_thread(record.key, decode_request(value, self.limits))
         memory = turn_memory(request, self._defaults)
         echo = None if memory.retain_full_input else plan_echo(request.messages)
-        needs = plan_recall(request.threadId, request.resourceId, memory, echo)
+        needs = plan_recall(request.threadId, request.resourceId, memory, echo, max_rows=self.max_rows)
         return _Item(record, request, memory, echo, needs)
 
     async def _handle(
@@ -310,12 +311,14 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         if not needs.plain or not self.fast_recall or not self.publisher.sends_encoded:
             return None
         assert needs.limit is not None  # a plain request has a count cap
-        rows = history.plain(needs.thread_id, needs.resource_id, needs.limit)
+        read = needs.read_limit
+        assert read is not None
+        rows = history.plain(needs.thread_id, needs.resource_id, read)
         if rows is None:
             return None
         request = item.request
         incoming = [message for message, _ in build_context((), request.messages)]
-        page = plain_page(rows, needs.limit, incoming)
+        page = plain_page(rows, needs.limit, incoming)  # the page is the first `limit` rows
         if page is None:
             return None
         metrics.RECALLED_MESSAGES.observe(page.recalled)
@@ -330,6 +333,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             tokens=None,
             trimmed=[],
             boundary=None,
+            truncated=needs.cut(len(rows)),
         )
 
     def _enriched(
@@ -344,6 +348,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             "tokens": outcome.tokens,
             "trimmed": outcome.trimmed,
             "boundary": outcome.boundary.to_metadata() if outcome.boundary is not None else None,
+            "truncated": outcome.truncated,
         }
         if self.publisher.sends_encoded:
             return encode_enriched(request, outcome.context, **summary)
@@ -366,7 +371,10 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
 
     def _query(self, item: _Item) -> RecallQuery:
         needs = item.needs
-        return RecallQuery(needs.thread_id, needs.resource_id, needs.limit, needs.budget, needs.lookup)
+        limit = needs.limit if needs.budget is not None else needs.read_limit
+        return RecallQuery(
+            needs.thread_id, needs.resource_id, limit, needs.budget, needs.lookup, needs.max_rows
+        )
 
 
 class _Batch:
@@ -384,7 +392,7 @@ class _Batch:
         self.spans = spans
         self.history = history
         self.gate = gate
-        self.fresh = MessageHistory(storage=handler.storage, last_messages=last)
+        self.fresh = MessageHistory(storage=handler.storage, last_messages=last, max_rows=handler.max_rows)
         self.flushed = asyncio.Event()  # the boundary writes are done: a parked recall reads after them
         self._handler = handler
 

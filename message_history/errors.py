@@ -8,10 +8,13 @@
     │   ├── DocumentTooLargeError       a message would be a MongoDB document over its 16 MiB limit
     │   ├── OutputTooLargeError         the output of a record is over Kafka's record size limit
     │   ├── ThreadBusyError             busy-thread policy `reject`: an earlier turn is not answered yet
+    │   ├── StorageTimeoutError         the record's own MongoDB operation timed out again and again while
+    │   │                               the server answered (`error.type` `StorageTimeout`)
     │   └── UnexpectedRecordError       a bug met on one record (any other exception): dead-lettered too
     ├── AbortError                      a processor step called abort(reason): the turn stops, nothing written
     ├── RetriableError                  retriable = True: an outage; back off, pause intake, never dead-letter
     │   ├── StorageUnavailableError     MongoDB unreachable, timed out, not primary
+    │   │   └── OperationTimedOutError  the server was reached but the operation did not finish in time
     │   ├── BarrierUnavailableError     the turn barrier's offset look-up failed (Kafka)
     │   └── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
     ├── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
@@ -113,6 +116,23 @@ class ThreadBusyError(InvalidInputError):
         )
 
 
+class StorageTimeoutError(InvalidInputError):
+    """The record's own MongoDB read or write timed out `tries` times, each time alone in its attempt and with
+    the server answering a ping meanwhile (`consumers.timeouts`): the work it asks for does not fit in the
+    MongoDB timeout, so it is dead-lettered instead of pausing its path forever. Not retriable for the
+    record; an outage (the server down or not answering) never becomes one."""
+
+    def __init__(self, tries: int, operation: str) -> None:
+        self.tries = tries
+        super().__init__(
+            f"the record's MongoDB operation timed out {tries} times while the server answered: {operation}"
+        )
+
+    @property
+    def error_type(self) -> str:
+        return "StorageTimeout"
+
+
 class UnexpectedRecordError(InvalidInputError):
     """Any exception met on one record that is neither bad input we name nor an outage: a bug, contained.
 
@@ -147,6 +167,12 @@ class RetriableError(MessageHistoryError):
 
 class StorageUnavailableError(RetriableError):
     """MongoDB could not be reached or did not answer in time."""
+
+
+class OperationTimedOutError(StorageUnavailableError):
+    """MongoDB was reached but the operation did not finish within the timeout (as opposed to a server that
+    cannot be reached). Retried like any outage; one record's operation that keeps timing out while the
+    server answers becomes that record's `StorageTimeoutError` (`consumers.timeouts`)."""
 
 
 class BarrierUnavailableError(RetriableError):

@@ -92,6 +92,16 @@ class Settings(BaseSettings):
         False,
         description="Take every request's input as sent (no client-echo filter) unless the request says.",
     )
+    max_rows_per_request: int = Field(
+        5_000,
+        ge=100,
+        description=(
+            "Most stored rows one request's recall reads (a count recall's page, a token budget's pages), "
+            "whatever its `lastMessages` says: past it the newest rows are recalled and the event says "
+            "`history.truncated: true`. The default keeps one recall of 1 KB rows well inside "
+            "`MONGODB_TIMEOUT_MS`."
+        ),
+    )
     row_codec: Literal["auto", "native", "python"] = Field(
         "auto",
         description=(
@@ -174,6 +184,15 @@ class Settings(BaseSettings):
     retry_initial_backoff_s: float = Field(0.2, gt=0)
     retry_max_backoff_s: float = Field(10.0, gt=0)
     mongodb_timeout_ms: int = Field(5_000, ge=100)
+    storage_timeout_tries: int = Field(
+        3,
+        ge=1,
+        description=(
+            "A record whose own MongoDB read or write times out this many times, alone in its attempt and "
+            "while the server answers a ping, is dead-lettered with `error.type` `StorageTimeout` (an outage "
+            "is still waited out)."
+        ),
+    )
 
     # --- retention ---
     prune_older_than: str | None = Field(

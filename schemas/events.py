@@ -258,6 +258,15 @@ class HistoryInfo(Open):
         MemoryBoundary | None,
         Field(description="the thread's token boundary after this recall (memoryTokenLimiter); null = none"),
     ] = None
+    truncated: Annotated[
+        bool,
+        Field(
+            description=(
+                "true when the service's cap on rows read for one request (MAX_ROWS_PER_REQUEST) left out "
+                "older stored rows the request asked for: the newest were recalled; absent = false"
+            )
+        ),
+    ] = False
 
 
 class EnrichedRequest(EventBase):
@@ -284,6 +293,7 @@ class EnrichedRequest(EventBase):
         tokens: float | None = None,
         trimmed: Sequence[str] = (),
         boundary: dict[str, Any] | None = None,
+        truncated: bool = False,
     ) -> EnrichedRequest:
         """The same event (fields, extras, metadata), with the context as `messages`, `history` and `eventId`.
 
@@ -302,7 +312,7 @@ class EnrichedRequest(EventBase):
         values.update(
             schemaVersion=SCHEMA_VERSION,
             messages=messages,
-            history=_history_info(recalled, limit, tokens, trimmed, boundary, complete, waited_ms),
+            history=_history_info(recalled, limit, tokens, trimmed, boundary, complete, waited_ms, truncated),
             eventId=request.requestId,
         )
         fields_set = set(request.model_fields_set) | {"schemaVersion", "messages", "history", "eventId"}
@@ -317,9 +327,12 @@ def _history_info(
     boundary: dict[str, Any] | None,
     complete: bool,
     waited_ms: int,
+    truncated: bool = False,
 ) -> HistoryInfo:
+    # `truncated` is written only when true, so an event the cap did not cut looks as it always did
+    cut: dict[str, Any] = {"truncated": True} if truncated else {}
     if tokens is None:
-        return HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms)
+        return HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms, **cut)
     return HistoryInfo(
         recalled=recalled,
         limit=limit,
@@ -328,6 +341,7 @@ def _history_info(
         tokens=tokens,
         trimmed=list(trimmed),
         boundary=MemoryBoundary.model_validate(boundary) if boundary is not None else None,
+        **cut,
     )
 
 

@@ -6,6 +6,11 @@
   `NotPrimaryError`, `WaitQueueTimeoutError`), `ExecutionTimeout`, `WTimeoutError`, any error PyMongo flags as
   a timeout (client-side operation timeouts), any error carrying the `RetryableWriteError` label, and server
   errors whose code is one of the not-primary / shutdown / network / time-limit codes below.
+  Of those, an operation that reached the server and did not finish in time (`ExecutionTimeout`,
+  `NetworkTimeout`, `WTimeoutError`, server time-limit codes 50 and 262) is an `OperationTimedOutError`: the
+  same outage to the batch, but evidence against one record once containment has isolated it
+  (`consumers.timeouts`); a server that cannot be reached (refused connection, server selection timeout)
+  is not.
 * Fatal (`FatalStorageError`): everything else PyMongo (or BSON) raises: authentication, bad configuration,
   a document the server refuses, an unknown command. Retrying does not help.
 
@@ -24,15 +29,22 @@ from pymongo.errors import (
     BulkWriteError,
     ConnectionFailure,
     ExecutionTimeout,
+    NetworkTimeout,
     OperationFailure,
     PyMongoError,
     WTimeoutError,
 )
 
-from message_history.errors import FatalStorageError, MessageHistoryError, StorageUnavailableError
+from message_history.errors import (
+    FatalStorageError,
+    MessageHistoryError,
+    OperationTimedOutError,
+    StorageUnavailableError,
+)
 
 __all__ = [
     "RETRIABLE_CODES",
+    "is_operation_timeout",
     "is_retriable",
     "storage_errors",
     "to_storage_error",
@@ -71,6 +83,22 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, OperationFailure) and exc.code in RETRIABLE_CODES
 
 
+# MaxTimeMSExpired, ExceededTimeLimit: the server ran the operation and stopped it at its time limit
+_TIME_LIMIT_CODES: frozenset[int] = frozenset({50, 262})
+
+
+def is_operation_timeout(exc: BaseException) -> bool:
+    """True when `exc` (from PyMongo) is an operation that reached the server and did not finish in time;
+    False for a server that cannot be reached at all (a refused connection, a server selection timeout) and
+    for everything else."""
+    if isinstance(exc, ExecutionTimeout | NetworkTimeout | WTimeoutError):
+        return True
+    if isinstance(exc, BulkWriteError):
+        write, _ = _bulk_codes(exc.details)
+        return bool(write) and all(code in _TIME_LIMIT_CODES for code in write)
+    return isinstance(exc, OperationFailure) and exc.code in _TIME_LIMIT_CODES
+
+
 def _describe(exc: BaseException) -> str:
     name = type(exc).__name__
     if isinstance(exc, BulkWriteError):
@@ -85,6 +113,8 @@ def _describe(exc: BaseException) -> str:
 def to_storage_error(exc: BaseException, operation: str) -> MessageHistoryError:
     """The service error for a driver error raised by `operation` (a short verb phrase)."""
     if is_retriable(exc):
+        if is_operation_timeout(exc):
+            return OperationTimedOutError(f"MongoDB timed out during {operation}: {_describe(exc)}")
         return StorageUnavailableError(f"MongoDB unavailable during {operation}: {_describe(exc)}")
     return FatalStorageError(f"MongoDB refused {operation}: {_describe(exc)}")
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
-from pymongo import IndexModel, UpdateOne
+from pymongo import IndexModel, UpdateOne, timeout
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from pymongo.results import BulkWriteResult
 
@@ -271,10 +271,15 @@ class MongoHistoryStorage(BatchHistoryStorage):
         finally:
             await client.close()
 
-    async def ping(self) -> None:
-        """One `ping`; raises `StorageUnavailableError` when the server cannot be reached."""
+    async def ping(self, timeout_s: float | None = None) -> None:
+        """One `ping` (within `timeout_s` when given, else the client's timeout); raises
+        `StorageUnavailableError` when the server cannot be reached or does not answer in time."""
         with storage_errors("ping"):
-            await self.db.command("ping")
+            if timeout_s is None:
+                await self.db.command("ping")
+                return
+            with timeout(timeout_s):
+                await self.db.command("ping")
 
     # --- indexes ---
 

@@ -140,6 +140,7 @@ class HistoryLoad:
     boundary: Boundary | None
     max_messages: int | None
     budget: TokenBudget
+    max_rows: int | None = None  # the most rows its pages may read (`HistoryLoader.max_rows`)
 
 
 # --- the batch forms -------------------------------------------------------------------------------------
@@ -158,6 +159,7 @@ class RecallQuery:
     limit: int | None
     budget: TokenBudget | None = None
     lookup: tuple[str, ...] = ()  # message ids whose stored copies the client-echo filter needs
+    max_rows: int | None = None  # with a budget: the most rows its pages may read
 
 
 @dataclass(frozen=True, slots=True)

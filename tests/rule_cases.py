@@ -21,6 +21,7 @@ from message_history.core.budget import Boundary, HistoryLoader, TokenBudget, pa
 from message_history.core.message_list import MessageList
 from message_history.core.request_context import MASTRA_MEMORY, RequestContext
 from message_history.core.rules import LastMessages, SkipReason, Source
+from message_history.core.tokens import count_message
 from message_history.errors import MessageHistoryError, ThreadOwnershipError
 from message_history.processor import USE_DEFAULT, MessageHistory
 from schemas.messages import Message, TextPart, ToolInvocationPart
@@ -854,11 +855,17 @@ def load_all(
     max_messages: int | None,
     budget: TokenBudget | None,
     count: Callable[[Message], float] | None = None,
+    max_rows: int | None = None,
 ) -> tuple[list[Message], int]:
     """Run a `HistoryLoader` over rows held in memory, page by page as a storage would answer it:
     (its result, pages fetched). `count` defaults to the loader's own (Mastra's counter)."""
-    extra = {} if count is None else {"count": count}
-    loader = HistoryLoader(boundary=boundary, max_messages=max_messages, budget=budget, **extra)
+    loader = HistoryLoader(
+        boundary=boundary,
+        max_messages=max_messages,
+        budget=budget,
+        count=count or count_message,
+        max_rows=max_rows,
+    )
     ordered = sorted(rows_newest_first, key=lambda m: (m.createdAt, m.id or ""), reverse=True)
     request = loader.next_page
     while request is not None:

@@ -32,9 +32,11 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 from consumers.barrier import TurnBarrier, open_barrier
 from consumers.commands import CommandsHandler
 from consumers.consumer import LoopOptions, build_consumer
+from consumers.contract import BatchHandler
 from consumers.loop import StreamLoop
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
+from consumers.timeouts import TimeoutStrikes
 from consumers.turn_gate import TurnGate
 from message_history import __version__, tracing
 from message_history.app.health import Health, serve_http
@@ -250,7 +252,7 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         path=path,
         topic=topic,
         consumer=build_consumer(settings, path=path),
-        handler=handler,
+        handler=handler if path == "commands" else _timeout_strikes(handler, opened.storage, settings, path),
         dead_letters=DeadLetterPublisher(producer, dlq),
         health=loop_health,
         options=LoopOptions.from_settings(settings),
@@ -260,6 +262,28 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             else None
         ),
     )
+
+
+def _timeout_strikes(
+    handler: BatchHandler, storage: BatchHistoryStorage, settings: Settings, path: Path
+) -> BatchHandler:
+    """`handler`, whose records are dead-lettered once their own operation keeps timing out while MongoDB
+    answers a ping (`consumers.timeouts`); as it is on a storage that is not MongoDB (nothing to ping)."""
+    from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415 -- keeps `--help` free of pymongo
+
+    if not isinstance(storage, MongoHistoryStorage):
+        return handler
+    # half the operation timeout: a server too slow to answer a ping in that is in an outage, not a record
+    bound = settings.mongodb_timeout_ms / 2000
+    strikes = TimeoutStrikes(
+        handler,
+        ping=lambda: storage.ping(bound),
+        tries=settings.storage_timeout_tries,
+        path=path,
+    )
+    if isinstance(handler, RecallHandler):
+        handler.parking.timeouts = strikes  # a parked request is retried alone in its lane: the same rule
+    return strikes
 
 
 def _forgetting(storage: BatchHistoryStorage) -> MongoForgetting | None:

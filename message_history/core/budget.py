@@ -37,6 +37,7 @@ __all__ = [
     "PAGE_SIZE",
     "Boundary",
     "HistoryLoader",
+    "LoadedHistory",
     "PageRequest",
     "Partition",
     "TokenBudget",
@@ -299,6 +300,10 @@ class HistoryLoader:
     Usage: `request = loader.next_page; while request: request = loader.feed(rows, has_more)`; then
     `loader.result()` (oldest first) is what Mastra's `MessageHistory` adds to the context: the kept
     messages, preceded by the overflow when the first miss was on tokens.
+
+    `max_rows` (None: no cap, as Mastra) bounds the rows it reads: it asks no page that could take it past
+    the cap, and `truncated` then says that it stopped with pages left (a thread of rows it skips, system
+    rows say, would otherwise be paged to its end).
     """
 
     def __init__(
@@ -308,11 +313,15 @@ class HistoryLoader:
         max_messages: int | None,
         budget: TokenBudget | None,
         count: Counter = count_message,
+        max_rows: int | None = None,
     ) -> None:
         self._boundary = boundary
         self._max_messages = max_messages
         self._budget = budget
         self._count = count
+        self._max_rows = max_rows
+        self.rows_read = 0
+        self.truncated = False
         self._loaded: dict[str, Message] = {}
         self._end: datetime | None = None
         self._cutoff: datetime | None = None
@@ -328,6 +337,7 @@ class HistoryLoader:
         """Take the page asked for (`rows` newest first, `has_more` = rows exist past it); the next ask."""
         assert self.next_page is not None, "the loader is done"
         self.pages += 1
+        self.rows_read += len(rows)
         added = 0
         for message in rows:
             if (
@@ -356,6 +366,10 @@ class HistoryLoader:
         else:
             self._end = oldest
             self.next_page = self._request(0)
+        cap = self._max_rows
+        if self.next_page is not None and cap is not None and self.rows_read + self.next_page.per_page > cap:
+            self.next_page = None
+            self.truncated = True
         return self.next_page
 
     def result(self) -> list[Message]:
@@ -363,6 +377,18 @@ class HistoryLoader:
         if self._partition.reason == "tokens":
             return [*self._partition.overflow, *self._partition.kept]
         return list(self._partition.kept)
+
+    def loaded(self) -> LoadedHistory:
+        """`result()`, and whether the row cap stopped the paging."""
+        return LoadedHistory(self.result(), self.truncated)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedHistory:
+    """A finished `HistoryLoader`: its `result()` (oldest first) and its `truncated`."""
+
+    messages: list[Message]
+    truncated: bool = False
 
 
 def page_of(rows_newest_first: Sequence[Message], request: PageRequest) -> tuple[list[Message], bool]:

@@ -35,7 +35,12 @@ _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 @dataclass(frozen=True, slots=True)
 class RecallNeeds:
     """What one request reads: `limit` newest rows of its thread (None = all, 0 = none), `budget` (pages
-    under a token budget instead), `lookup` (the ids the echo filter needs), `plain` (see the module)."""
+    under a token budget instead), `lookup` (the ids the echo filter needs), `plain` (see the module).
+
+    `max_rows`: the most rows its history may read (None = no cap). Without a budget the cap is already in
+    `limit`, and `capped` says it cut the asked count: one row more is read (`read_limit`) to tell whether the
+    thread has more (`cut`). Under a budget it bounds the loader's pages (`HistoryLoad.max_rows`).
+    """
 
     thread_id: str
     resource_id: str | None
@@ -43,28 +48,50 @@ class RecallNeeds:
     budget: TokenBudget | None
     lookup: tuple[str, ...]
     plain: bool
+    max_rows: int | None = None
+    capped: bool = False
 
     @property
     def off(self) -> bool:
         """History is off for the request (a limit of 0, a budget of 0 tokens): no page, no echo filter."""
         return self.limit == 0 or (self.budget is not None and self.budget.max_tokens == 0)
 
+    @property
+    def read_limit(self) -> int | None:
+        """The rows a count recall reads: `limit`, and one more when the cap cut the asked count."""
+        return self.limit + 1 if self.capped and self.limit is not None else self.limit
+
+    def cut(self, rows_read: int) -> bool:
+        """True when the cap left rows out: it cut the asked count and the thread had more than it."""
+        return self.capped and self.limit is not None and rows_read > self.limit
+
 
 def plan_recall(
-    thread_id: str, resource_id: str | None, memory: TurnMemory, echo: EchoPlan | None
+    thread_id: str,
+    resource_id: str | None,
+    memory: TurnMemory,
+    echo: EchoPlan | None,
+    *,
+    max_rows: int | None = None,
 ) -> RecallNeeds:
-    """The request's needs. `echo`: `plan_echo` of its input, None when the input is kept whole.
+    """The request's needs. `echo`: `plan_echo` of its input, None when the input is kept whole;
+    `max_rows`: the most rows its history may read (None: no cap, as Mastra).
 
     As `MessageHistory.recall`: a limit of 0 (or a budget of 0 tokens) reads no page and runs no echo
-    filter; a filter whose plan keeps the input unchanged reads nothing.
+    filter; a filter whose plan keeps the input unchanged reads nothing. A count recall asking more than
+    `max_rows` (or all) reads the newest `max_rows`; a budgeted one keeps its count cap and pages at most
+    `max_rows` rows.
     """
     limit = normalize_limit(memory.last_messages)
     budget = memory.budget
     off = limit == 0 or (budget is not None and budget.max_tokens == 0)
+    capped = False
+    if budget is None and max_rows is not None and (limit is None or limit > max_rows):
+        limit, capped = max_rows, True
     filtering = echo is not None and not echo.unchanged and not off
     lookup = echo.needs if echo is not None and filtering else ()
     plain = not off and budget is None and not filtering and limit is not None
-    return RecallNeeds(thread_id, resource_id, limit, budget, lookup, plain)
+    return RecallNeeds(thread_id, resource_id, limit, budget, lookup, plain, max_rows, capped)
 
 
 def load_boundary(budget: TokenBudget, metadata: Mapping[str, Any] | None) -> Boundary | None:

@@ -40,6 +40,7 @@ from message_history.core.budget import (
     BOUNDARY_KEY,
     Boundary,
     HistoryLoader,
+    LoadedHistory,
     PageRequest,
     TokenBudget,
     advance_boundary,
@@ -116,7 +117,8 @@ class RecallOutcome:
     of them come from storage; `limit`: the page size used (`None` = no limit); `thread`: the stored thread,
     None when it does not exist yet (or there is no thread id). With a token budget: `tokens`, the recalled
     messages' count; `trimmed`, the ids the memory-only limiter removed; `boundary`, the thread's boundary
-    for this budget after the recall (None when there is none).
+    for this budget after the recall (None when there is none). `truncated`: the row cap (`max_rows`) left
+    stored rows out that the request asked for.
     """
 
     context: list[tuple[Message, Source]]
@@ -126,6 +128,7 @@ class RecallOutcome:
     tokens: float | None = None
     trimmed: list[str] = field(default_factory=list)
     boundary: Boundary | None = None
+    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,16 +187,20 @@ class MessageHistory:
 
     `storage`: any `HistoryStorage`. `last_messages`: how many stored messages to recall: `None` = the
     storage default of 40 (not "all", whatever Mastra's reference page says), `0` = none (the turn is still
-    saved), `False` = all of them.
+    saved), `False` = all of them. `max_rows`: the most stored rows one recall reads (None: no cap, as
+    Mastra; the service passes `MAX_ROWS_PER_REQUEST`).
     """
 
     id: Final = "message-history"
     name: Final = "MessageHistory"
 
-    def __init__(self, *, storage: HistoryStorage, last_messages: LastMessages = None) -> None:
+    def __init__(
+        self, *, storage: HistoryStorage, last_messages: LastMessages = None, max_rows: int | None = None
+    ) -> None:
         normalize_limit(last_messages)  # fail at construction, not at the first turn
         self.storage = storage
         self.last_messages: LastMessages = last_messages
+        self.max_rows = max_rows
 
     def __repr__(self) -> str:
         return f"MessageHistory(storage={self.storage!r}, last_messages={self.last_messages!r})"
@@ -308,7 +315,7 @@ class MessageHistory:
         check_owner(thread, thread_id, resource_id)
         plan = plan_echo(incoming) if echo is True else (echo or None)
         memory = TurnMemory(last, budget, read_only=read_only, retain_full_input=plan is None)
-        needs = plan_recall(thread_id, resource_id, memory, plan)
+        needs = plan_recall(thread_id, resource_id, memory, plan, max_rows=self.max_rows)
         recalled = await recall_from(
             _StorageReads(self.storage),
             needs,
@@ -413,8 +420,8 @@ class RecallReads(Protocol):
         """The stored copies of `message_ids` in `thread_id` (the client-echo filter's look-up)."""
         ...
 
-    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
-        """`HistoryLoader.result()` of `load`: the token-limited recall's pages, loaded and fed."""
+    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> LoadedHistory:
+        """`HistoryLoader.loaded()` of `load`: the token-limited recall's pages, loaded and fed."""
         ...
 
 
@@ -448,15 +455,26 @@ async def recall_from(
         incoming = await _filter_echo(reads, needs, incoming, echo)
     if needs.budget is not None and not needs.off:
         boundary = load_boundary(needs.budget, thread.metadata if thread is not None else None)
-        load = HistoryLoad(thread_id, needs.resource_id, boundary, needs.limit, needs.budget)
+        load = HistoryLoad(thread_id, needs.resource_id, boundary, needs.limit, needs.budget, needs.max_rows)
         loaded = await reads.history(load, count)
         return decide_budgeted(
-            load, thread, loaded, incoming, system=system, read_only=read_only, count=count
+            load,
+            thread,
+            loaded.messages,
+            incoming,
+            system=system,
+            read_only=read_only,
+            count=count,
+            truncated=loaded.truncated,
         )
     recalled: Sequence[Message] = []
     if needs.limit != 0:
-        recalled = await reads.newest(thread_id, needs.resource_id, needs.limit)
-    return Recalled(decide_plain(thread, recalled, incoming, needs.limit))
+        # one row past a cap that cut the asked count tells whether the cap left rows out
+        recalled = await reads.newest(thread_id, needs.resource_id, needs.read_limit)
+    truncated = needs.cut(len(recalled))
+    if needs.capped:
+        recalled = recalled[: needs.limit]
+    return Recalled(decide_plain(thread, recalled, incoming, needs.limit, truncated=truncated))
 
 
 async def _filter_echo(
@@ -474,12 +492,17 @@ async def _filter_echo(
 
 
 def decide_plain(
-    thread: Thread | None, recalled: Sequence[Message], incoming: Sequence[Message], limit: int | None
+    thread: Thread | None,
+    recalled: Sequence[Message],
+    incoming: Sequence[Message],
+    limit: int | None,
+    *,
+    truncated: bool = False,
 ) -> RecallOutcome:
     """The count-capped recall of a loaded page (newest first): `build_context`."""
     context = build_context(recalled, incoming)
     count = sum(1 for _, source in context if source == "memory")
-    return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread)
+    return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread, truncated=truncated)
 
 
 def decide_budgeted(
@@ -491,9 +514,11 @@ def decide_budgeted(
     system: Sequence[str],
     read_only: bool,
     count: Callable[[Message], float],
+    truncated: bool = False,
 ) -> Recalled:
     """The token-limited recall of `load`'s loaded rows: the context, the memory-only limiter, and the
-    boundary it moves (to store unless `read_only` or the thread does not exist)."""
+    boundary it moves (to store unless `read_only` or the thread does not exist). `truncated`: the row
+    cap stopped the paging."""
     budget = load.budget
     boundary = load.boundary
     context = build_context(loaded[::-1], incoming)
@@ -517,6 +542,7 @@ def decide_budgeted(
         tokens=tokens,
         trimmed=[m.id for m in removed if m.id is not None],
         boundary=boundary,
+        truncated=truncated,
     )
     return Recalled(outcome, update)
 
@@ -533,14 +559,18 @@ class _StorageReads:
     async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
         return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
 
-    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> Sequence[Message]:
+    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> LoadedHistory:
         loader = HistoryLoader(
-            boundary=load.boundary, max_messages=load.max_messages, budget=load.budget, count=count
+            boundary=load.boundary,
+            max_messages=load.max_messages,
+            budget=load.budget,
+            count=count,
+            max_rows=load.max_rows,
         )
         while loader.next_page is not None:
             page = await self._page(load.thread_id, load.resource_id, loader.next_page)
             loader.feed(page.messages, has_more=page.has_more)
-        return loader.result()
+        return loader.loaded()
 
     async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
         query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import subprocess
 import time
@@ -84,8 +85,18 @@ class _PrivateServer:
                 )
             time.sleep(0.1)
 
+    def freeze(self) -> None:
+        """SIGSTOP: the server keeps its connections open and answers nothing (operations time out)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)  # a frozen server cannot stop
             self.process.terminate()
             try:
                 self.process.wait(15)
@@ -171,3 +182,51 @@ async def test_mongodb_outage_is_waited_out_without_loss_or_dead_letters(
     }
     assert all(v["skipped"] is None for v in values(persisted))
     assert len({v["requestId"] for v in values(enriched)}) == len(THREADS) * 6
+
+
+async def test_a_frozen_mongodb_is_an_outage_not_any_records_timeout(
+    kafka_bootstrap: str, make_topic: MakeTopic, mongo_server: _PrivateServer
+) -> None:
+    """MongoDB frozen ~10 s mid-stream (operations time out, as a record's too-heavy one does), with a record
+    dead-lettered at its first lone timeout (`STORAGE_TIMEOUT_TRIES=1`): the ping does not answer either, so
+    nothing is struck; afterwards every turn is stored once and nothing is dead-lettered."""
+    settings = fresh_settings(
+        kafka_bootstrap,
+        mongo_server.uri,
+        mongodb_timeout_ms=1500,
+        retry_max_backoff_s=1.0,
+        storage_timeout_tries=1,
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(partitions=2, name=settings.requests_topic)
+    await make_topic(partitions=2, name=settings.responses_topic)
+    health = Health()
+    async with running_service(settings, health=health):
+        requests, responses = wave(THREADS, range(1, 3))
+        await produce(bootstrap, settings.responses_topic, responses)
+        await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= len(responses))
+
+        mongo_server.freeze()
+        try:
+            frozen_at = time.monotonic()
+            requests, responses = wave(THREADS, range(3, 5))
+            await produce(bootstrap, settings.responses_topic, responses)
+            await produce(bootstrap, settings.requests_topic, requests)
+            reasons = await _wait_not_ready(health, OUTAGE_S)
+            await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - frozen_at)))
+        finally:
+            mongo_server.thaw()
+        want = len(THREADS) * 4
+        persisted = await read_request_ids(bootstrap, settings.persisted_topic, want, timeout_s=120)
+        enriched = await read_request_ids(bootstrap, settings.enriched_topic, len(THREADS) * 2, timeout_s=120)
+    rows = await stored_messages(settings)
+    letters = await dead_letters(settings)
+    await drop_database(settings)
+
+    assert any("mongodb" in reason for reason in reasons.values())
+    assert letters == []
+    counts = Counter(r["id"] for r in rows)
+    assert len(counts) == 2 * want
+    assert set(counts.values()) == {1}
+    assert len({v["requestId"] for v in values(persisted)}) == want
+    assert len({v["requestId"] for v in values(enriched)}) == len(THREADS) * 2

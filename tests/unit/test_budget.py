@@ -14,11 +14,13 @@ import pytest
 from message_history.core.budget import (
     BOUNDARY_KEY,
     Boundary,
+    HistoryLoader,
     TokenBudget,
     advance_boundary,
     boundary_for,
     group_linked,
     is_after,
+    page_of,
     partition,
     read_boundary,
     resolve_budget,
@@ -250,6 +252,35 @@ def test_loader_hands_on_overflow_only_when_tokens_bind() -> None:
     assert _ids(by_count) == ["m7", "m8", "m9"]
     by_tokens, _ = load_all(rows, boundary=None, max_messages=None, budget=TokenBudget(30, 0), count=flat)
     assert _ids(by_tokens) == [f"m{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("rows", "system", "max_rows", "pages", "truncated"),
+    [
+        pytest.param(200, 0, None, 2, False, id="no-cap"),
+        pytest.param(200, 0, 40, 1, True, id="cap-of-one-page"),
+        pytest.param(200, 0, 100, 2, False, id="cap-above-what-the-budget-needs"),
+        pytest.param(30, 0, 40, 1, False, id="short-thread-never-truncated"),
+        pytest.param(2000, 2000, None, 52, False, id="system-rows-paged-to-the-end"),
+        pytest.param(2000, 2000, 200, 5, True, id="system-rows-stop-at-the-cap"),
+    ],
+)
+def test_loader_stops_paging_at_the_row_cap(
+    rows: int, system: int, max_rows: int | None, pages: int, truncated: bool
+) -> None:
+    """With `max_rows`, the loader asks no page that could take it past the cap, and says it stopped with
+    pages left; a thread of rows it skips (system rows, read and dropped) is paged at most to the cap."""
+    stored = [msg(f"m{i:04d}", t=i, role="system" if i < system else "user") for i in range(rows)][::-1]
+    loader = HistoryLoader(
+        boundary=None, max_messages=None, budget=TokenBudget(500, 100), count=flat, max_rows=max_rows
+    )
+    request = loader.next_page
+    while request is not None:
+        page, has_more = page_of(stored, request)
+        request = loader.feed(page, has_more=has_more)
+    assert (loader.pages, loader.truncated) == (pages, truncated)
+    assert max_rows is None or loader.rows_read <= max_rows
+    assert loader.loaded().truncated is truncated
 
 
 # --- options ------

@@ -40,6 +40,53 @@ def test_plan_recall(
     assert (needs.limit, needs.lookup, needs.plain) == (limit, lookup, plain)
 
 
+@pytest.mark.parametrize(
+    ("last", "budget", "cap", "limit", "read", "capped", "plain"),
+    [
+        pytest.param(None, None, None, 40, 40, False, True, id="no-cap"),
+        pytest.param(40, None, 100, 40, 40, False, True, id="under-the-cap"),
+        pytest.param(100, None, 100, 100, 100, False, True, id="at-the-cap"),
+        pytest.param(101, None, 100, 100, 101, True, True, id="over-the-cap-reads-one-more"),
+        pytest.param(2**53 - 1, None, 100, 100, 101, True, True, id="max-safe-integer"),
+        pytest.param(False, None, 100, 100, 101, True, True, id="all-rows-capped-and-plain"),
+        pytest.param(False, None, None, None, None, False, False, id="all-rows-uncapped"),
+        pytest.param(0, None, 100, 0, 0, False, False, id="off-stays-off"),
+        pytest.param(2**53 - 1, BUDGET, 100, 2**53 - 1, 2**53 - 1, False, False, id="budget-keeps-its-count"),
+        pytest.param(False, BUDGET, 100, None, None, False, False, id="budget-all-rows"),
+    ],
+)
+def test_plan_caps_the_rows_read(
+    last: Any,
+    budget: Any,
+    cap: int | None,
+    limit: int | None,
+    read: int | None,
+    capped: bool,
+    plain: bool,
+) -> None:
+    """A count recall asking more than the cap reads the cap's newest rows and one more (to tell whether the
+    cap cut); a budgeted one keeps its count and carries the cap to its loader (`max_rows`)."""
+    memory = TurnMemory(last, budget, read_only=False, retain_full_input=False)
+    needs = plan_recall("t", "u", memory, None, max_rows=cap)
+    assert (needs.limit, needs.read_limit, needs.capped, needs.plain) == (limit, read, capped, plain)
+    assert needs.max_rows == cap
+
+
+@pytest.mark.parametrize(
+    ("last", "rows_read", "cut"),
+    [
+        pytest.param(False, 101, True, id="thread-longer-than-the-cap"),
+        pytest.param(False, 100, False, id="thread-exactly-the-cap"),
+        pytest.param(False, 3, False, id="short-thread"),
+        pytest.param(100, 100, False, id="asked-the-cap-itself"),
+        pytest.param(40, 40, False, id="not-capped"),
+    ],
+)
+def test_cut_says_whether_the_cap_left_rows_out(last: Any, rows_read: int, cut: bool) -> None:
+    memory = TurnMemory(last, None, read_only=False, retain_full_input=False)
+    assert plan_recall("t", "u", memory, None, max_rows=100).cut(rows_read) is cut
+
+
 def _row(ident: str, ms: int, role: str = "user") -> PlainRow:
     return (ident, MS0 + ms, role, None, f'{{"id":"{ident}"}}'.encode())
 

@@ -18,8 +18,8 @@ from pymongo.errors import (
     WTimeoutError,
 )
 
-from message_history.errors import FatalStorageError, StorageUnavailableError
-from storage.errors import is_retriable, storage_errors, to_storage_error
+from message_history.errors import FatalStorageError, OperationTimedOutError, StorageUnavailableError
+from storage.errors import is_operation_timeout, is_retriable, storage_errors, to_storage_error
 
 
 def _labelled(label: str) -> PyMongoError:
@@ -84,3 +84,36 @@ def test_context_manager_chains_the_driver_error() -> None:
     assert isinstance(caught.value.__cause__, AutoReconnect)
     with pytest.raises(KeyError), storage_errors("ping"):
         raise KeyError("not a driver error")
+
+
+TIMEOUTS: list[tuple[str, BaseException, bool]] = [
+    ("network-timeout-server-reached", NetworkTimeout("timed out"), True),
+    ("execution-timeout", ExecutionTimeout("operation exceeded time limit", code=50), True),
+    ("w-timeout", WTimeoutError("waiting for replication timed out", code=64), True),
+    ("max-time-ms-code", OperationFailure("time limit", code=50), True),
+    ("exceeded-time-limit-code", OperationFailure("time limit", code=262), True),
+    (
+        "bulk-time-limit",
+        BulkWriteError({"writeErrors": [{"code": 50, "errmsg": "time limit"}], "writeConcernErrors": []}),
+        True,
+    ),
+    ("server-selection-is-unreachable", ServerSelectionTimeoutError("No servers found"), False),
+    ("refused-is-unreachable", AutoReconnect("connection refused"), False),
+    ("connection-failure", ConnectionFailure("refused"), False),
+    ("not-primary", NotPrimaryError("not primary", {"code": 10107}), False),
+    ("auth-failed", OperationFailure("Authentication failed.", code=18), False),
+]
+
+
+@pytest.mark.parametrize(
+    ("exc", "timeout"), [(e, t) for _, e, t in TIMEOUTS], ids=[i for i, _, _ in TIMEOUTS]
+)
+def test_an_operation_timeout_is_told_from_an_unreachable_server(exc: BaseException, timeout: bool) -> None:
+    """An operation that reached the server and ran out of time is `OperationTimedOutError` (still an outage
+    to the batch); a server that cannot be reached is a plain `StorageUnavailableError`."""
+    assert is_operation_timeout(exc) is timeout
+    mapped = to_storage_error(exc, "list_messages")
+    assert isinstance(mapped, OperationTimedOutError) is timeout
+    if timeout:
+        assert isinstance(mapped, StorageUnavailableError)
+        assert mapped.retriable
