@@ -236,7 +236,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             return
         key = (item.record.partition, request.threadId)
         marker = self.parking.last_state(key, batch_gate.markers.get(request.threadId))
-        owner = foreign_pending(marker, request.resourceId)
+        owner = foreign_pending(marker, request.resourceId, abandoned_before=batch_gate.abandoned_before)
         if owner is not None:
             raise ThreadOwnershipError(request.threadId, request.resourceId, owner)
 
