@@ -16,6 +16,7 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from message_history.settings import Settings
+from schemas.dead_letters import parse_dead_letter_headers
 from storage.turns import TURNS
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
@@ -24,7 +25,9 @@ from tests.integration.service_harness import (
     fresh_settings,
     request_event,
     request_id,
+    response_event,
     running_service,
+    text_message,
     values,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic
@@ -82,3 +85,39 @@ async def test_a_foreign_marker_past_the_abandonment_horizon_reserves_nothing(
             assert letters == []
     finally:
         await drop_database(settings)
+
+
+async def test_a_dead_letter_at_send_time_leaves_its_thread_not_busy(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """t holds 600 kB of history; its turn 2 (600 kB of input) is enriched over Kafka's 1 MiB record limit
+    and dead-lettered when sent. Turn 3 on t, small, is then enriched complete and without a wait (before, the
+    busy mark of turn 2 stayed: turn 3 waited the whole turn timeout and went out `complete: false`)."""
+    settings = fresh_settings(
+        kafka_bootstrap,
+        mongo_uri,
+        busy_thread="enqueue",
+        turn_timeout_ms=LONG_TURN_TIMEOUT_MS,
+        max_poll_interval_ms=4 * LONG_TURN_TIMEOUT_MS,
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(name=settings.requests_topic)
+    await make_topic(name=settings.responses_topic)
+    history = [text_message("user", "h" * 200_000, id=f"h{i}") for i in range(3)]
+    try:
+        async with running_service(settings):
+            await produce(
+                bootstrap, settings.responses_topic, [encoded(response_event("t", "u", 1, history, "ok"))]
+            )
+            await read_topic(bootstrap, settings.persisted_topic, until=bool)
+            await produce(
+                bootstrap, settings.requests_topic, [encoded(request_event("t", "u", 2, "y" * 600_000))]
+            )
+            [letter] = await read_topic(bootstrap, settings.requests_dlq, until=lambda rs: len(rs) >= 1)
+            await produce(bootstrap, settings.requests_topic, [encoded(request_event("t", "u", 3, "small"))])
+            # far below the turn timeout: a request held by the stale mark would not be out by then
+            third = await _enriched(settings, request_id("t", 3), timeout_s=LONG_TURN_TIMEOUT_MS / 4000)
+    finally:
+        await drop_database(settings)
+    assert parse_dead_letter_headers(letter.headers).error_type == "MessageSizeTooLargeError"
+    assert third["history"]["complete"] is True

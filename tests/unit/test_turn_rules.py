@@ -123,7 +123,9 @@ def test_foreign_pending(marker: TurnMarker | None, resource: str | None, expect
         pytest.param(None, "a", id="no-time-holds"),  # never abandoned: an old marker written before times
     ],
 )
-def test_a_foreign_marker_lapses_at_the_abandonment_horizon(since: datetime | None, expected: str | None) -> None:
+def test_a_foreign_marker_lapses_at_the_abandonment_horizon(
+    since: datetime | None, expected: str | None
+) -> None:
     """A turn pending for another resource past the horizon no longer reserves the thread id."""
     marker = TurnMarker(pending="k", resource_id="a", pending_since=since)
     assert foreign_pending(marker, "b", abandoned_before=_HORIZON) == expected
