@@ -220,6 +220,7 @@ class Opened:
     forgetting: MongoForgetting | None  # forget and tombstones; None on a storage that is not MongoDB
     gate: TurnGate | None = None  # the recall path's turn guards (None: both off)
     markers: MongoTurnMarkers | None = None  # the busy-thread markers persist records answers in
+    id_keys: tuple[bytes, ...] = ()  # the message-id keys, current first (`storage.message_id_keys`)
 
 
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
@@ -244,7 +245,12 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         topic, dlq = settings.responses_topic, settings.responses_dlq
         persisted = PersistedPublisher(producer, settings.persisted_topic)
         handler = PersistHandler(
-            settings, opened.storage, persisted, tombstones=forgetting, markers=opened.markers
+            settings,
+            opened.storage,
+            persisted,
+            tombstones=forgetting,
+            markers=opened.markers,
+            id_keys=opened.id_keys,
         )
     return StreamLoop(
         path=path,
@@ -268,6 +274,14 @@ def _forgetting(storage: BatchHistoryStorage) -> MongoForgetting | None:
     from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415
 
     return MongoForgetting(storage.db) if isinstance(storage, MongoHistoryStorage) else None
+
+
+async def _message_id_keys(settings: Settings, forgetting: MongoForgetting | None) -> tuple[bytes, ...]:
+    """The persist path's message-id keys: configured, else the deployment's own in MongoDB (a key of this
+    process on a storage that is not MongoDB, which lives no longer)."""
+    from storage.message_id_keys import message_id_keys  # noqa: PLC0415 -- keeps `--help` free of pymongo
+
+    return await message_id_keys(forgetting.db if forgetting is not None else None, settings)
 
 
 def selected_paths(settings: Settings, only: Path | None) -> tuple[Path, ...]:
@@ -363,6 +377,7 @@ async def run_service(
             forgetting,
             gate=gate if gate.barrier or gate.markers else None,
             markers=markers,
+            id_keys=await _message_id_keys(settings, forgetting) if "persist" in paths else (),
         )
         loops = [build_loop(path, opened) for path in paths]
         for path, loop in zip(paths, loops, strict=True):

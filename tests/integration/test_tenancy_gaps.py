@@ -9,14 +9,17 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 
 from message_history.settings import Settings
 from schemas.dead_letters import parse_dead_letter_headers
+from storage.message_id_keys import message_id_keys
 from storage.turns import TURNS
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
@@ -121,3 +124,24 @@ async def test_a_dead_letter_at_send_time_leaves_its_thread_not_busy(
         await drop_database(settings)
     assert parse_dead_letter_headers(letter.headers).error_type == "MessageSizeTooLargeError"
     assert third["history"]["complete"] is True
+
+
+async def test_the_deployment_key_is_made_once_and_shared(kafka_bootstrap: str, mongo_uri: str) -> None:
+    """Without a configured key, instances starting at once agree on one key, kept in MongoDB (so a restart
+    finds it); a configured key wins, the previous ones follow it."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    db = client[settings.mongodb_database]
+    try:
+        racing = await asyncio.gather(*(message_id_keys(db, settings) for _ in range(4)))
+        assert len({keys for keys in racing}) == 1
+        [(key,)] = {keys for keys in racing}
+        assert len(key) == 32
+        assert await message_id_keys(db, settings) == (key,)  # a restart
+        configured = settings.model_copy(
+            update={"message_id_key": SecretStr("mine"), "message_id_previous_keys": SecretStr("a, b")}
+        )
+        assert await message_id_keys(db, configured) == (b"mine", b"a", b"b")
+    finally:
+        await client.drop_database(settings.mongodb_database)
+        await client.close()
