@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pymongo import IndexModel
 
-from message_history.errors import ThreadOwnershipError
+from message_history.errors import ForgetRefusedError, ThreadOwnershipError
 from schemas.commands import ForgetOutcome
 from schemas.messages import utc_now_ms
 from storage.client import CODEC
@@ -92,31 +92,61 @@ class MongoForgetting:
     async def forget_thread(
         self, thread_id: str, *, resource_id: str | None = None, dry_run: bool = False
     ) -> ForgetOutcome:
-        """Delete the thread and its messages; with `resource_id`, only if that resource owns the thread.
+        """Delete the thread and its messages; with `resource_id`, only that resource's history.
 
-        Raises `ThreadOwnershipError` (nothing deleted) when `resource_id` is given and another owns it.
+        With `resource_id` (owner-scoped), nothing is deleted and `ThreadOwnershipError` raised when another
+        resource owns the thread. A thread with no owner recorded (no `mastra_threads` row, or one without
+        `resourceId`) is forgotten only when everything in it is that resource's: its messages (the delete
+        is scoped to them too, so a message of another written meanwhile stays) and its busy marker; else
+        `ForgetRefusedError`, nothing deleted.
         """
         with storage_errors("find the thread to forget"):
             thread = await self.threads.find_one({"id": thread_id}, {"_id": 0, "resourceId": 1})
-        owner = thread.get("resourceId") if thread else None
+        owner = (thread.get("resourceId") or None) if thread else None
+        query: dict[str, Any] = {"thread_id": thread_id}
+        marker: dict[str, Any] = {"_id": thread_id}
         if resource_id is not None and owner is not None and owner != resource_id:
             raise ThreadOwnershipError(thread_id, resource_id, str(owner))
+        if resource_id is not None and owner is None:
+            await self._check_unowned(thread_id, resource_id)
+            query["resourceId"] = resource_id
+            marker["resourceId"] = {"$in": [resource_id, None]}
         outcome = ForgetOutcome(
             "thread", thread_id, utc_now_ms(), dry_run, thread_ids=[thread_id] if thread else []
         )
-        keys = await self._message_keys({"thread_id": thread_id}, outcome)
+        keys = await self._message_keys(query, outcome)
         if dry_run:
             outcome.deleted_messages, outcome.deleted_threads = len(keys), len(outcome.thread_ids)
             return outcome
         await self._tombstone(
-            f"thread:{thread_id}", outcome.forgotten_at, kind="thread", threadId=thread_id, resourceId=owner
+            f"thread:{thread_id}",
+            outcome.forgotten_at,
+            kind="thread",
+            threadId=thread_id,
+            resourceId=owner or resource_id,
         )
         outcome.deleted_messages = await delete_by_keys(self.messages, keys, "forget messages")
-        await delete_by_keys(self.turns, [thread_id], "forget the thread's markers")
+        with storage_errors("forget the thread's markers"):
+            await self.turns.delete_many(marker)
         with storage_errors("forget the thread"):
             result = await self.threads.delete_many({"id": thread_id})
         outcome.deleted_threads = result.deleted_count
         return outcome
+
+    async def _check_unowned(self, thread_id: str, resource_id: str) -> None:
+        """Refuse (`ForgetRefusedError`) an owner-scoped forget of a thread with no owner recorded when it
+        holds a message that is not `resource_id`'s (another's, or one without a resource), or another
+        resource's turn is pending on it (the recall path counts it that resource's: `foreign_pending`)."""
+        with storage_errors("find other resources' messages in the thread to forget"):
+            other = await self.messages.find_one(
+                {"thread_id": thread_id, "resourceId": {"$ne": resource_id}}, {"_id": 1}
+            )
+            pending = await self.turns.find_one(
+                {"_id": thread_id, "resourceId": {"$nin": [resource_id, None]}, "pending": {"$ne": None}},
+                {"_id": 1},
+            )
+        if other is not None or pending is not None:
+            raise ForgetRefusedError(thread_id, resource_id)
 
     async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> ForgetOutcome:
         """Delete every thread of `resource_id`, their messages, and any other message of it."""

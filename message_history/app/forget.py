@@ -26,7 +26,12 @@ def add_forget_arguments(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--thread", metavar="ID", help="forget this thread: its messages and the thread")
     what.add_argument("--resource", metavar="ID", help="forget every thread and message of this resource")
     parser.add_argument(
-        "--owner", metavar="RESOURCE_ID", help="with --thread: refuse unless this resource owns the thread"
+        "--owner",
+        metavar="RESOURCE_ID",
+        help=(
+            "with --thread: forget only this resource's history; refused when another resource owns the "
+            "thread, or when it has no owner recorded and holds history that is not this resource's"
+        ),
     )
     parser.add_argument("--dry-run", action="store_true", help="count and list only; delete nothing")
     parser.add_argument("--request-id", default=None, help="id for the audit line (default: a new UUID)")

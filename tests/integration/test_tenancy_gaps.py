@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -17,8 +18,10 @@ import pytest
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 
+from message_history.errors import ForgetRefusedError
 from message_history.settings import Settings
 from schemas.dead_letters import parse_dead_letter_headers
+from storage.forgetting import TOMBSTONES, MongoForgetting
 from storage.message_id_keys import message_id_keys
 from storage.turns import TURNS
 from tests.conftest import MakeTopic
@@ -145,3 +148,122 @@ async def test_the_deployment_key_is_made_once_and_shared(kafka_bootstrap: str, 
     finally:
         await client.drop_database(settings.mongodb_database)
         await client.close()
+
+
+# --- owner-scoped forget of a thread with no owner recorded ------------------------------------------------
+
+
+def _row(mid: str, thread: str, resource: str | None) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "_id": mid,
+        "id": mid,
+        "thread_id": thread,
+        "role": "user",
+        "type": "v2",
+        "content": '{"format":2,"parts":[{"type":"text","text":"x"}]}',
+        "createdAt": datetime(2025, 1, 1, tzinfo=UTC),
+    }
+    if resource is not None:
+        doc["resourceId"] = resource
+    return doc
+
+
+async def _ids(settings: Settings, collection: str) -> set[str]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        return {str(d["_id"]) for d in await client[settings.mongodb_database][collection].find().to_list()}
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("thread_row", "others"),
+    [
+        pytest.param({"id": "t", "title": "", "metadata": {}}, "a", id="row-without-owner-others-messages"),
+        pytest.param({"id": "t", "resourceId": "", "title": ""}, "a", id="row-with-empty-owner"),
+        pytest.param(None, "a", id="no-row-others-messages"),
+        pytest.param(None, None, id="no-row-a-message-without-resource"),
+        pytest.param(None, "pending", id="no-row-another-resources-pending-turn"),
+    ],
+)
+async def test_an_owner_scoped_forget_refuses_a_thread_holding_others_history(
+    kafka_bootstrap: str, mongo_uri: str, thread_row: dict[str, Any] | None, others: str | None
+) -> None:
+    """ForgetThread(t, resourceId=b) where t has no owner recorded and holds history that is not b's: refused
+    with a reason saying why and what to do, nothing deleted (before: every message of t was deleted, a's
+    included)."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    rows = [_row("b-1", "t", "b")]
+    if others != "pending":
+        rows.append(_row("a-1", "t", others))
+    await _db_insert(settings, "mastra_messages", rows)
+    if thread_row is not None:
+        await _db_insert(settings, "mastra_threads", [thread_row])
+    if others == "pending":
+        marker = {"_id": "t", "pending": "a-req", "enrichedAt": datetime.now(UTC), "resourceId": "a"}
+        await _db_insert(settings, TURNS, [marker])
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        forgetting = MongoForgetting(client[settings.mongodb_database])
+        for dry_run in (True, False):
+            with pytest.raises(ForgetRefusedError) as refused:
+                await forgetting.forget_thread("t", resource_id="b", dry_run=dry_run)
+            assert "ForgetResource" in str(refused.value)
+            assert "'a'" not in str(refused.value)
+        assert await _ids(settings, "mastra_messages") == {r["_id"] for r in rows}
+        assert await _ids(settings, TOMBSTONES) == set()
+    finally:
+        await client.drop_database(settings.mongodb_database)
+        await client.close()
+
+
+@pytest.mark.parametrize("thread_row", [True, False], ids=["row-without-owner", "no-row"])
+async def test_an_owner_scoped_forget_of_an_unowned_thread_holding_only_its_history_forgets_it(
+    kafka_bootstrap: str, mongo_uri: str, thread_row: bool
+) -> None:
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    await _db_insert(settings, "mastra_messages", [_row("b-1", "t", "b"), _row("b-2", "t", "b")])
+    if thread_row:
+        await _db_insert(settings, "mastra_threads", [{"_id": "t", "id": "t", "title": ""}])
+    await _db_insert(settings, TURNS, [{"_id": "t", "pending": None, "resourceId": "b"}])
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        forgetting = MongoForgetting(client[settings.mongodb_database])
+        outcome = await forgetting.forget_thread("t", resource_id="b")
+        assert (outcome.deleted_messages, outcome.deleted_threads) == (2, int(thread_row))
+        assert await _ids(settings, "mastra_messages") == set()
+        assert await _ids(settings, TURNS) == set()
+        assert await _ids(settings, TOMBSTONES) == {"thread:t"}
+        again = await forgetting.forget_thread("t", resource_id="b")  # idempotent: counts zero
+        assert (again.deleted_messages, again.deleted_threads) == (0, 0)
+    finally:
+        await client.drop_database(settings.mongodb_database)
+        await client.close()
+
+
+async def test_an_owner_scoped_forget_command_on_an_unowned_thread_is_a_dead_letter_saying_why(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """On the commands path: the refusal is the command's dead letter (`ForgetRefusedError`); a's message
+    stays."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(name=settings.commands_topic)
+    await _db_insert(settings, "mastra_messages", [_row("b-1", "t", "b"), _row("a-1", "t", "a")])
+    await _db_insert(settings, "mastra_threads", [{"_id": "t", "id": "t", "title": ""}])
+    forget = {
+        "schemaVersion": 1,
+        "command": "ForgetThread",
+        "requestId": "c-1",
+        "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "threadId": "t",
+        "resourceId": "b",
+    }
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.commands_topic, [(b"t", json.dumps(forget).encode())])
+            [letter] = await read_topic(bootstrap, settings.commands_dlq, until=lambda rs: len(rs) >= 1)
+        assert parse_dead_letter_headers(letter.headers).error_type == "ForgetRefusedError"
+        assert await _ids(settings, "mastra_messages") == {"a-1", "b-1"}
+    finally:
+        await drop_database(settings)
