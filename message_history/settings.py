@@ -40,6 +40,17 @@ class Settings(BaseSettings):
     kafka_sasl_password: SecretStr | None = None
     kafka_ssl_cafile: str | None = None
 
+    # --- forget (docs/operations.md#9-forget-erasure-requests) ---
+    forget_chunk_size: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        description=(
+            "Rows a forget finds and deletes per step (threads, messages, markers): each step is a few "
+            "bounded operations, so a resource of any size is forgotten in steps that finish, with progress."
+        ),
+    )
+
     # --- derived message ids (docs/security.md#derived-ids-and-the-deployment-key) ---
     message_id_key: SecretStr | None = Field(
         None,

@@ -268,12 +268,22 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
     )
 
 
-def _forgetting(storage: BatchHistoryStorage) -> MongoForgetting | None:
-    """Forget and tombstones on the storage's database; None for a storage that is not MongoDB."""
-    from storage.forgetting import MongoForgetting  # noqa: PLC0415 -- keeps `--help` free of pymongo
+def _forgetting(settings: Settings, storage: BatchHistoryStorage) -> MongoForgetting | None:
+    """Forget and tombstones on the storage's database; None for a storage that is not MongoDB. A forget runs
+    in chunks, each operation under the CLI's longer timeout (the tombstone reads keep the service's)."""
+    from storage.forgetting import (  # noqa: PLC0415 -- keeps `--help` free of pymongo
+        FORGET_OPERATION_TIMEOUT_MS,
+        MongoForgetting,
+    )
     from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415
 
-    return MongoForgetting(storage.db) if isinstance(storage, MongoHistoryStorage) else None
+    if not isinstance(storage, MongoHistoryStorage):
+        return None
+    return MongoForgetting(
+        storage.db,
+        chunk_size=settings.forget_chunk_size,
+        operation_timeout_s=max(settings.mongodb_timeout_ms, FORGET_OPERATION_TIMEOUT_MS) / 1000,
+    )
 
 
 async def _message_id_keys(settings: Settings, forgetting: MongoForgetting | None) -> tuple[bytes, ...]:
@@ -349,7 +359,7 @@ async def run_service(
         await stack.enter_async_context(
             step("probes", serve_http(health, settings.http_host, settings.http_port), RESERVE_SERVICES)
         )
-        forgetting = _forgetting(batch_storage)
+        forgetting = _forgetting(settings, batch_storage)
         if forgetting is None:
             paths = [p for p in paths if p != "commands"]  # forgetting needs MongoDB (embedded use, tests)
         else:

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from pydantic import SecretStr
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, monitoring
 
-from message_history.errors import ForgetRefusedError
+from message_history import metrics
+from message_history.errors import ForgetRefusedError, StorageUnavailableError
 from message_history.settings import Settings
+from schemas.commands import ForgetOutcome
 from schemas.dead_letters import parse_dead_letter_headers
 from storage.forgetting import TOMBSTONES, MongoForgetting
 from storage.message_id_keys import message_id_keys
@@ -267,3 +270,127 @@ async def test_an_owner_scoped_forget_command_on_an_unowned_thread_is_a_dead_let
         assert await _ids(settings, "mastra_messages") == {"a-1", "b-1"}
     finally:
         await drop_database(settings)
+
+
+# --- forget in bounded chunks, with progress ---------------------------------------------------------------
+
+CHUNK = 7
+THREADS, PER_THREAD = 40, 5
+
+
+async def _seed_resource(settings: Settings) -> None:
+    """alice: 40 threads of 5 messages, 3 messages in bob's thread, 2 markers of threads never saved; bob: 1
+    thread of 2 messages of his own."""
+    threads = [{"_id": f"a{i}", "id": f"a{i}", "resourceId": "alice", "title": ""} for i in range(THREADS)]
+    threads.append({"_id": "b0", "id": "b0", "resourceId": "bob", "title": ""})
+    rows = [_row(f"a{i}-{j}", f"a{i}", "alice") for i in range(THREADS) for j in range(PER_THREAD)]
+    rows += [_row(f"ab-{j}", "b0", "alice") for j in range(3)] + [
+        _row(f"b-{j}", "b0", "bob") for j in range(2)
+    ]
+    await _db_insert(settings, "mastra_threads", threads)
+    await _db_insert(settings, "mastra_messages", rows)
+    await _db_insert(
+        settings, TURNS, [{"_id": f"new{i}", "pending": "r", "resourceId": "alice"} for i in range(2)]
+    )
+
+
+class _Commands(monitoring.CommandListener):
+    def __init__(self) -> None:
+        self.commands: list[dict[str, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.commands.append({"name": event.command_name, **event.command})
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+
+async def test_a_large_forget_runs_in_bounded_chunks_and_an_interrupted_one_completes_when_run_again(
+    kafka_bootstrap: str, mongo_uri: str
+) -> None:
+    """ForgetResource of 40 threads and 203 messages with chunks of 7: every find reads at most 7 rows and
+    every delete names at most 7 (each step bounded, whatever the resource's size), progress is told after
+    each chunk; stopped by an outage part-way, running it again deletes the rest, and together the two runs
+    deleted everything of alice and nothing of bob."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    await _seed_resource(settings)
+    listener = _Commands()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        settings.mongodb_uri.get_secret_value(), event_listeners=[listener]
+    )
+    try:
+        forgetting = MongoForgetting(
+            client[settings.mongodb_database], chunk_size=CHUNK, operation_timeout_s=60
+        )
+        told: list[tuple[int, int]] = []
+
+        def outage_after_five(outcome: ForgetOutcome) -> None:
+            told.append((outcome.deleted_messages, outcome.deleted_threads))
+            if len(told) == 5:
+                raise StorageUnavailableError("MongoDB went away")
+
+        with pytest.raises(StorageUnavailableError):
+            await forgetting.forget_resource("alice", progress=outage_after_five)
+        first = told[-1]
+        assert 0 < first[0] < THREADS * PER_THREAD
+        rest: list[tuple[int, int]] = []
+        outcome = await forgetting.forget_resource(
+            "alice", progress=lambda o: rest.append((o.deleted_messages, o.deleted_threads))
+        )
+        assert len(rest) > THREADS // CHUNK  # told after every chunk
+        assert rest == sorted(rest)  # the counts only grow
+        assert outcome.deleted_messages + first[0] == THREADS * PER_THREAD + 3
+        assert outcome.deleted_threads + first[1] == THREADS
+        assert await _ids(settings, "mastra_messages") == {"b-0", "b-1"}
+        assert await _ids(settings, "mastra_threads") == {"b0"}
+        assert await _ids(settings, TURNS) == set()
+        again = await forgetting.forget_resource("alice")
+        assert (again.deleted_messages, again.deleted_threads) == (0, 0)
+    finally:
+        await client.drop_database(settings.mongodb_database)
+        await client.close()
+    finds = [
+        c
+        for c in listener.commands
+        if c["name"] == "find" and c["find"] in ("mastra_messages", "mastra_threads")
+    ]
+    deletes = [d for c in listener.commands if c["name"] == "delete" for d in c["deletes"]]
+    assert finds
+    assert all(0 < c.get("limit", 0) <= CHUNK for c in finds if "filter" in c and "_id" not in c["filter"])
+    assert all(len(d["q"]["_id"]["$in"]) <= CHUNK for d in deletes if "_id" in d["q"])
+
+
+async def test_a_large_forget_resource_command_answers_with_every_count_and_shows_progress(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same resource forgotten through the commands path of the running service, chunks of 7: one answer
+    with every count, the deleted rows counted by the metric as they go, a progress line logged."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, forget_chunk_size=CHUNK)
+    bootstrap = settings.kafka_bootstrap_servers
+    await make_topic(name=settings.commands_topic)
+    await _seed_resource(settings)
+    forget = {
+        "schemaVersion": 1,
+        "command": "ForgetResource",
+        "requestId": "c-1",
+        "createdAt": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "resourceId": "alice",
+    }
+    deleted = metrics.FORGET_DELETED.labels(what="messages")
+    before = deleted._value.get()
+    caplog.set_level(logging.INFO, logger="consumers.commands")
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.commands_topic, [(b"alice", json.dumps(forget).encode())])
+            [answer] = await read_topic(bootstrap, settings.forgotten_topic, until=lambda rs: len(rs) >= 1)
+        assert await _ids(settings, "mastra_messages") == {"b-0", "b-1"}
+    finally:
+        await drop_database(settings)
+    event = json.loads(answer.value or b"{}")
+    assert (event["deletedMessages"], event["deletedThreads"]) == (THREADS * PER_THREAD + 3, THREADS)
+    assert len(event["threadIds"]) == THREADS
+    assert deleted._value.get() - before == THREADS * PER_THREAD + 3
+    assert any(r.getMessage() == "forget in progress" for r in caplog.records)
