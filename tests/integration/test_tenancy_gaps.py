@@ -9,7 +9,9 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import io
 import json
 import logging
 from datetime import UTC, datetime, timedelta
@@ -20,6 +22,7 @@ from pydantic import SecretStr
 from pymongo import AsyncMongoClient, monitoring
 
 from message_history import metrics
+from message_history.app.forget import add_forget_arguments, run_forget
 from message_history.errors import ForgetRefusedError, StorageUnavailableError
 from message_history.settings import Settings
 from schemas.commands import ForgetOutcome
@@ -394,3 +397,22 @@ async def test_a_large_forget_resource_command_answers_with_every_count_and_show
     assert len(event["threadIds"]) == THREADS
     assert deleted._value.get() - before == THREADS * PER_THREAD + 3
     assert any(r.getMessage() == "forget in progress" for r in caplog.records)
+
+
+async def test_the_forget_command_line_shows_its_progress_on_stderr(
+    kafka_bootstrap: str, mongo_uri: str
+) -> None:
+    """`message-history forget --resource` in chunks of 7: progress on stderr, the JSON answer on stdout."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, forget_chunk_size=CHUNK)
+    await _seed_resource(settings)
+    parser = argparse.ArgumentParser()
+    add_forget_arguments(parser)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        code = await run_forget(settings, parser.parse_args(["--resource", "alice"]), out=out, err=err)
+    finally:
+        await drop_database(settings)
+    assert code == 0, err.getvalue()
+    assert json.loads(out.getvalue())["deletedMessages"] == THREADS * PER_THREAD + 3
+    assert "forget resource 'alice':" in err.getvalue()
+    assert "deleted so far" in err.getvalue()
