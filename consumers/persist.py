@@ -18,10 +18,10 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from consumers.collect import Loaded, PersistBuffer, Slot, load_batch
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
@@ -61,6 +61,13 @@ class AnsweredTurns(Protocol):
     """What the persist path needs of `storage.turns.MongoTurnMarkers`: record that turns were answered."""
 
     async def answered(self, turns: dict[str, list[str]], *, existing_only: Set[str] = ...) -> None: ...
+
+
+@runtime_checkable
+class MessageHomes(Protocol):
+    """A storage that tells the thread each stored id is in, reading ids and threads only (a probe)."""
+
+    async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +266,8 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         ids = list(dict.fromkeys(i for _, item in items for i in saved_ids(item.response)))
         if not ids:
             return {}
+        if isinstance(self.storage, MessageHomes):  # replay's storage: ids and threads only
+            return await self.storage.message_homes(ids)
         return {m.id: m.threadId for m in await self.storage.get_messages(ids) if m.id is not None}
 
     async def _keep_previous_alternates(

@@ -36,6 +36,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import Record, produce, read_all, wait_committed
+from tests.integration.test_replay import replay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -253,6 +254,12 @@ async def test_derived_ids_another_tenant_stores_first_do_not_fail_the_turn(
             memory = [m["id"] for m in later["messages"] if m["source"] == "memory"]
             assert set(saved) <= set(memory)
             assert not set(predicted) & set(memory)
+        for dry_run in (["--dry-run"], []):  # a replay of the responses topic lands on the same rows
+            result, printed = await replay(settings, "--from-beginning", *dry_run)
+            assert result.exit_code == 0, printed
+            assert result.counts.invalid == 0, printed
+            assert result.counts.messages_inserted == 0, printed
+            assert await _rows(settings, A_THREAD) == rows
     finally:
         await drop_database(settings)
 
