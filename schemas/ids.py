@@ -75,22 +75,28 @@ def derived_for_turn(
         if parsed.version == 5 and str(parsed) == candidate:
             wanted[_unversioned(parsed.bytes)] = candidate
     found: set[str] = set()
-    for kind, count in (("input", inputs), ("response", responses)):
-        if not wanted:
-            break
-        # what `derived_message_id` hashes: the JSON array's text, its common prefix hashed once
+    # what `derived_message_id` hashes: the JSON array's text, each kind's common prefix hashed once; the
+    # positions of both kinds side by side, so that ids at the first positions (the usual) are found at once
+    bases = {}
+    for kind in ("input", "response"):
         prefix = json.dumps(
             [resource_id, thread_id, request_id, kind], ensure_ascii=False, separators=(",", ":")
         )
-        base = hashlib.sha1(MESSAGE_ID_NAMESPACE.bytes + prefix[:-1].encode() + b",", usedforsecurity=False)
-        for position in range(count):
+        bases[kind] = hashlib.sha1(
+            MESSAGE_ID_NAMESPACE.bytes + prefix[:-1].encode() + b",", usedforsecurity=False
+        )
+    counts = {"input": inputs, "response": responses}
+    for position in range(max(inputs, responses)):
+        if not wanted:
+            break
+        for kind, base in bases.items():
+            if position >= counts[kind]:
+                continue
             digest = base.copy()
             digest.update(f"{position}]".encode())
             hit = wanted.pop(_unversioned(digest.digest()[:16]), None)
             if hit is not None:
                 found.add(hit)
-                if not wanted:
-                    break
     return frozenset(found)
 
 
