@@ -205,10 +205,12 @@ class MongoForgetting:
                 self.messages, {"thread_id": {"$in": ids}}, "forget messages", outcome, progress
             )
             # the markers before the threads: a forget interrupted after the threads finds no thread ids again
-            await delete_by_keys(self.turns, ids, "forget the threads' markers")
-            outcome.deleted_threads += await delete_by_keys(
-                self.threads, [doc["_id"] for doc in threads], "forget threads"
-            )
+            with self._bounded("forget the threads' markers"):
+                await delete_by_keys(self.turns, ids, "forget the threads' markers")
+            with self._bounded("forget threads"):
+                outcome.deleted_threads += await delete_by_keys(
+                    self.threads, [doc["_id"] for doc in threads], "forget threads"
+                )
             if progress is not None:
                 progress(outcome)
             if len(threads) < self.chunk_size:
@@ -301,7 +303,7 @@ class MongoForgetting:
 
     async def _tombstone(self, key: str, at: datetime, **fields: Any) -> None:
         values = {k: v for k, v in fields.items() if v is not None}
-        with storage_errors("write the tombstone"):
+        with self._bounded("write the tombstone"):
             await self.tombstones_collection.update_one(
                 {"_id": key}, {"$set": values, "$max": {"forgottenAt": at}}, upsert=True
             )
