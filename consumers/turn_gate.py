@@ -288,6 +288,9 @@ class BatchGate:
             result = await ack
         except Exception as exc:
             if not containable(exc) or self.gate.markers is None:
+                await asyncio.gather(
+                    mark, return_exceptions=True
+                )  # settled: the send's failure is what counts
                 raise
             await mark  # the clear must land after the mark it clears
             await self.gate.markers.release(thread_id, request_id)
