@@ -15,12 +15,13 @@ id stored in another thread), by the decision or by the write, is a dead letter.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from consumers.collect import Loaded, PersistBuffer, Slot, load_batch
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
@@ -33,7 +34,10 @@ from message_history.core.persist_plan import (
     merged,
     needs_latest,
     plan_persist,
+    replace_ids,
+    saved_ids,
     stored_copies,
+    taken_derived_ids,
     turn_write,
 )
 from message_history.core.rules import SOURCE_FIELD, SkipReason, select_for_persistence
@@ -43,17 +47,27 @@ from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response, keyed_by_thread, persisted_value
 from schemas.events import AgentResponse, Skipped, TurnMessage
+from schemas.ids import alternate_message_id
 from schemas.messages import Message
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
 
 PATH = "persist"
 
+log = logging.getLogger(__name__)
+
 
 class AnsweredTurns(Protocol):
     """What the persist path needs of `storage.turns.MongoTurnMarkers`: record that turns were answered."""
 
     async def answered(self, turns: dict[str, list[str]], *, existing_only: Set[str] = ...) -> None: ...
+
+
+@runtime_checkable
+class MessageHomes(Protocol):
+    """A storage that tells the thread each stored id is in, reading ids and threads only (a probe)."""
+
+    async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +135,14 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         *,
         tombstones: TombstoneReader | None = None,
         markers: AnsweredTurns | None = None,
+        id_keys: Sequence[bytes] = (),
     ) -> None:
         super().__init__(settings, storage, publisher)
         self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
         self._markers = markers
+        # the deployment's message-id keys, current first (`storage.message_id_keys`); none: a derived id
+        # another thread holds refuses its turn, as an id a client chose does
+        self._id_keys = tuple(id_keys)
 
     async def _handle(
         self, records: Sequence[Record], spans: tracing.BatchSpans
@@ -203,7 +221,78 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         loaded = await load_batch(self.storage, batch_needs(needs))
         for (_, item), need in zip(items, needs, strict=True):
             _keep_legacy_ids(item.response, need.legacy, loaded)
+        if self._id_keys:
+            await self._yield_taken_ids(items, loaded)
         return loaded
+
+    async def _yield_taken_ids(self, items: Sequence[tuple[int, _Item]], loaded: Loaded) -> None:
+        """A message whose id the service derived for its turn, and which another thread already holds (a
+        tenant who predicted it stored a message under it first), is saved under its alternate instead
+        (`schemas.ids.alternate_message_id`: keyed with the deployment's secret, the same on every replay),
+        so that no one can make another's turn fail through ids it can compute. Holders: the stored rows
+        (the homes the batch read for the write's ownership check) and the batch's earlier turns. The
+        alternate's own reads are the buffer's plan misses (rare: only turns that met a taken id)."""
+        homes = await self._homes(items, loaded)
+        claimed: dict[str, str] = {}  # ids saved by the batch's earlier turns -> their thread
+        swapped: list[tuple[AgentResponse, dict[str, str]]] = []
+        for _, item in items:
+            response = item.response
+            thread = response.threadId
+
+            def elsewhere(message_id: str, thread: str = thread) -> bool:
+                if message_id in homes and homes[message_id] != thread:
+                    return True
+                return claimed.get(message_id, thread) != thread
+
+            taken = taken_derived_ids(response, elsewhere, max_inputs=self.limits.max_messages_per_event)
+            if taken:
+                swap = {i: alternate_message_id(self._id_keys[0], i) for i in sorted(taken)}
+                replace_ids(response, swap)
+                swapped.append((response, swap))
+                log.warning(
+                    "derived message ids held by another thread: saved under their alternates",
+                    extra={"thread_id": thread, "request_id": response.requestId, "count": len(swap)},
+                )
+            for message_id in saved_ids(response):
+                claimed.setdefault(message_id, thread)
+        if swapped and len(self._id_keys) > 1:
+            await self._keep_previous_alternates(swapped)
+
+    async def _homes(self, items: Sequence[tuple[int, _Item]], loaded: Loaded) -> Mapping[str, str | None]:
+        """The thread each stored id of the batch's turns is in: read with the batch on MongoDB (the write's
+        ownership check), else one look-up across threads."""
+        if loaded.save_reads is not None:
+            return loaded.save_reads.homes
+        ids = list(dict.fromkeys(i for _, item in items for i in saved_ids(item.response)))
+        if not ids:
+            return {}
+        if isinstance(self.storage, MessageHomes):  # replay's storage: ids and threads only
+            return await self.storage.message_homes(ids)
+        return {m.id: m.threadId for m in await self.storage.get_messages(ids) if m.id is not None}
+
+    async def _keep_previous_alternates(
+        self, swapped: Sequence[tuple[AgentResponse, dict[str, str]]]
+    ) -> None:
+        """After a key rotation: an alternate made under a previous key and stored in the turn's own thread is
+        kept (a replay updates that row instead of adding a copy under the current key's alternate)."""
+        candidates = {
+            (response.threadId, derived): [alternate_message_id(key, derived) for key in self._id_keys[1:]]
+            for response, swap in swapped
+            for derived in swap
+        }
+        threads = list(dict.fromkeys(thread for thread, _ in candidates))
+        ids = list(dict.fromkeys(i for olds in candidates.values() for i in olds))
+        stored = {(m.threadId, m.id) for m in await self.storage.get_messages(ids, thread_ids=threads)}
+        for response, swap in swapped:
+            kept = {}
+            for derived, current in swap.items():
+                old = next(
+                    (i for i in candidates[response.threadId, derived] if (response.threadId, i) in stored),
+                    None,
+                )
+                if old is not None:
+                    kept[current] = old
+            replace_ids(response, kept)
 
     async def _emit(
         self,

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
+from consumers.contract import Ack, PathHandler, Record, decode_each
 from consumers.lanes import Failed
 from consumers.outage import Backoff
 from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
@@ -186,7 +186,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         )
         ack = await self._publish(request, enriched, spans.headers(index, item.record))
         spans.end_when_done(index, ack)
-        return ack if mark is None else ack_after(mark, ack)
+        return ack if batch_gate is None else batch_gate.sent(request.threadId, request.requestId, mark, ack)
 
     async def _decide(self, batch: _Batch, item: _Item, admission: Admission) -> EnrichedRequest | bytes:
         """The request's enriched event, from what the batch loaded (or, after a wait, from MongoDB)."""
@@ -237,7 +237,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             return
         key = (item.record.partition, request.threadId)
         marker = self.parking.last_state(key, batch_gate.markers.get(request.threadId))
-        owner = foreign_pending(marker, request.resourceId)
+        owner = foreign_pending(marker, request.resourceId, abandoned_before=batch_gate.abandoned_before)
         if owner is not None:
             raise ThreadOwnershipError(request.threadId, request.resourceId, owner)
 
@@ -283,7 +283,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             lane.state = own.markers.get(thread_id, lane.state)
             ack = await self._publish(request, enriched, headers)
             metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
-            return ack if mark is None else ack_after(mark, ack)
+            return own.sent(thread_id, request.requestId, mark, ack)
 
         return self.parking.park(key, work, batch_gate.markers.get(thread_id))
 

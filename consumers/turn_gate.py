@@ -10,7 +10,8 @@ request whose wait ran out goes out with `history.complete: false`. A request th
 MongoDB (`fresh`): the prefetch predates what was persisted meanwhile. A thread whose pending turn is
 abandoned (`abandon_after_s`) is not busy, and its request says `complete: false` (that answer is missing).
 After recall, `enriched` marks the thread busy (policies enqueue and reject) while the enriched request is
-sent; the record is acknowledged once both are durable.
+sent; the record is acknowledged once both are durable (`sent`). A send that fails for the record's sake (a
+dead letter at send time) clears the mark again: that turn will never be answered.
 
 A wait interrupted by the stop signal, or a marker read that fails, is not the request's fault: `admit`
 returns it as `retry`; a parked request's lane tries it again (or, when stopping, leaves it to the
@@ -22,6 +23,7 @@ that did not finish), and the loop retries them.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
+from consumers.contract import Ack
+from consumers.outage import containable
 from message_history import metrics
 from message_history.core.turn_rules import (
     BusyPolicy,
@@ -66,6 +70,8 @@ class TurnMarkers(Protocol):
     async def wait_answered(
         self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
     ) -> TurnMarker | None: ...
+
+    async def release(self, thread_id: str, request_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,3 +268,39 @@ class BatchGate:
             request_id, datetime.now(UTC), resource_id
         )
         return asyncio.ensure_future(gate.markers.mark(thread_id, request_id, resource_id=resource_id))
+
+    def sent(self, thread_id: str, request_id: str, mark: asyncio.Future[None] | None, ack: Ack) -> Ack:
+        """The record's acknowledgement: `ack` (the enriched request's send) once `mark` is durable too.
+
+        When the send fails for the record's sake (Kafka refused the enriched event for its size, say: the
+        record becomes a dead letter at send time), no worker will ever answer the turn, so the thread's busy
+        mark is cleared before the failure is passed on: its next request must not wait the whole turn
+        timeout and go out incomplete. A failed clear fails the record as an outage (retried: the send fails
+        again, the clear is written again)."""
+        if mark is None:
+            return ack
+        return asyncio.ensure_future(self._sent_or_released(thread_id, request_id, mark, ack))
+
+    async def _sent_or_released(
+        self, thread_id: str, request_id: str, mark: asyncio.Future[None], ack: Ack
+    ) -> object:
+        try:
+            result = await ack
+        except Exception as exc:
+            if not containable(exc) or self.gate.markers is None:
+                await asyncio.gather(
+                    mark, return_exceptions=True
+                )  # settled: the send's failure is what counts
+                raise
+            await mark  # the clear must land after the mark it clears
+            await self.gate.markers.release(thread_id, request_id)
+            marker = self.markers.get(thread_id)
+            if marker is not None and marker.pending == request_id:
+                self.markers[thread_id] = dataclasses.replace(marker, pending=None, pending_since=None)
+            log.info(
+                "the enriched request was not sent: its thread is not busy",
+                extra={"thread_id": thread_id, "request_id": request_id, "error_type": type(exc).__name__},
+            )
+            raise
+        await mark
+        return result

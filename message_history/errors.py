@@ -4,7 +4,8 @@
     ├── InvalidInputError (ValueError)  bad input: a dead letter, never retried
     │   ├── EventValidationError        not JSON, not the schema, over a limit; carries the field path
     │   ├── ThreadOwnershipError        the event's resourceId is not the stored thread's owner
-    │   │   └── MessageIdTakenError     a message id of the turn is already another thread's
+    │   │   ├── MessageIdTakenError     a message id of the turn is already another thread's
+    │   │   └── ForgetRefusedError      an owner-scoped forget of a thread with no owner and others' messages
     │   ├── DocumentTooLargeError       a message would be a MongoDB document over its 16 MiB limit
     │   ├── OutputTooLargeError         the output of a record is over Kafka's record size limit
     │   ├── ThreadBusyError             busy-thread policy `reject`: an earlier turn is not answered yet
@@ -82,6 +83,25 @@ class MessageIdTakenError(ThreadOwnershipError):
             f"message id {message_id!r} is already used in another thread; a message id must be unique "
             f"across all threads (give messages UUIDs, or leave `id` out); turn for thread {thread_id!r} "
             "refused",
+        )
+
+
+class ForgetRefusedError(ThreadOwnershipError):
+    """An owner-scoped forget (`ForgetThread` with `resourceId`, `forget --thread --owner`) of a thread with
+    no owner recorded that holds messages not that resource's (or another resource's pending turn): nothing
+    is deleted. The reason names only the thread and the caller's resource, and what to do instead."""
+
+    def __init__(self, thread_id: str, resource_id: str) -> None:
+        self.thread_id = thread_id
+        self.resource_id = resource_id
+        self.owner = ""  # none recorded
+        self.message_id = None
+        InvalidInputError.__init__(
+            self,
+            f"thread {thread_id!r} has no owner recorded and holds history that is not resource "
+            f"{resource_id!r}'s: a forget scoped to a resource deletes only its owner's history, so nothing "
+            f"was deleted; to erase {resource_id!r}'s messages in it, forget the resource (ForgetResource), "
+            "or have an operator forget the whole thread (no resourceId)",
         )
 
 

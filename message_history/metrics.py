@@ -89,6 +89,12 @@ UNEXPECTED_ERRORS = Counter(
     ["path", "error_type"],
     registry=REGISTRY,
 )
+FORGET_DELETED = Counter(
+    "message_history_forget_deleted",
+    "Rows deleted by forget (commands path and CLI), by what (messages, threads), as each chunk is deleted.",
+    ["what"],
+    registry=REGISTRY,
+)
 RETRIES = Counter(
     "message_history_retries",
     "Retries after a dependency failed (an outage, not bad input).",

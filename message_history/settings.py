@@ -40,6 +40,34 @@ class Settings(BaseSettings):
     kafka_sasl_password: SecretStr | None = None
     kafka_ssl_cafile: str | None = None
 
+    # --- forget (docs/operations.md#9-forget-erasure-requests) ---
+    forget_chunk_size: int = Field(
+        1000,
+        ge=1,
+        le=100_000,
+        description=(
+            "Rows a forget finds and deletes per step (threads, messages, markers): each step is a few "
+            "bounded operations, so a resource of any size is forgotten in steps that finish, with progress."
+        ),
+    )
+
+    # --- derived message ids (docs/security.md#derived-ids-and-the-deployment-key) ---
+    message_id_key: SecretStr | None = Field(
+        None,
+        description=(
+            "Secret keying the alternate of a derived message id that another thread holds (so no tenant can "
+            "predict it). Unset: the deployment's own random key, made once and kept in MongoDB "
+            "(`message_history_keys`). Must be the same on every instance; never logged."
+        ),
+    )
+    message_id_previous_keys: SecretStr | None = Field(
+        None,
+        description=(
+            "Comma-separated keys used before `MESSAGE_ID_KEY` (after a rotation): a turn saved under an "
+            "alternate made with one of them keeps that id on replay."
+        ),
+    )
+
     # --- topics ---
     requests_topic: str = "agent.requests"
     enriched_topic: str = "agent.requests.enriched"

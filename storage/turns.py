@@ -142,6 +142,14 @@ class MongoTurnMarkers:
         op = UpdateOne({"_id": thread_id}, {"$set": changes}, upsert=True)
         await self._marks.submit(op)
 
+    async def release(self, thread_id: str, request_id: str) -> None:
+        """Clear the thread's pending turn when it is still `request_id`: its enriched request was never sent
+        (a dead letter at send time), so no answer will come. A newer pending turn is left as it is."""
+        with storage_errors(f"update_one on {TURNS}"):
+            await self.collection.update_one(
+                {"_id": thread_id, "pending": request_id}, {"$set": {"pending": None, "enrichedAt": None}}
+            )
+
     async def wait_answered(
         self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
     ) -> TurnMarker | None:

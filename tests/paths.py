@@ -243,8 +243,15 @@ class Batch:
 class Paths:
     """The two paths over one in-memory storage, with recording publishers, tombstones and busy markers."""
 
-    def __init__(self, settings: Settings | None = None, storage: BatchHistoryStorage | None = None) -> None:
-        """`storage`: the in-memory one unless given (the MongoDB storage, for a test against the server)."""
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        storage: BatchHistoryStorage | None = None,
+        *,
+        id_keys: Sequence[bytes] = (),
+    ) -> None:
+        """`storage`: the in-memory one unless given (the MongoDB storage, for a test against the server);
+        `id_keys`: the persist path's message-id keys (none: a taken derived id refuses its turn)."""
         self.settings = settings or Settings()
         self.storage: HistoryStorage = storage or InMemoryHistoryStorage()
         self.producer = RecordingProducer()
@@ -260,6 +267,7 @@ class Paths:
             PersistedPublisher(self.producer, self.settings.persisted_topic),
             tombstones=self.tombstones,
             markers=self.markers,
+            id_keys=id_keys,
         )
         self._offsets: dict[str, int] = {}
 

@@ -222,6 +222,7 @@ class Opened:
     forgetting: MongoForgetting | None  # forget and tombstones; None on a storage that is not MongoDB
     gate: TurnGate | None = None  # the recall path's turn guards (None: both off)
     markers: MongoTurnMarkers | None = None  # the busy-thread markers persist records answers in
+    id_keys: tuple[bytes, ...] = ()  # the message-id keys, current first (`storage.message_id_keys`)
 
 
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
@@ -246,7 +247,12 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         topic, dlq = settings.responses_topic, settings.responses_dlq
         persisted = PersistedPublisher(producer, settings.persisted_topic)
         handler = PersistHandler(
-            settings, opened.storage, persisted, tombstones=forgetting, markers=opened.markers
+            settings,
+            opened.storage,
+            persisted,
+            tombstones=forgetting,
+            markers=opened.markers,
+            id_keys=opened.id_keys,
         )
     return StreamLoop(
         path=path,
@@ -286,12 +292,30 @@ def _timeout_strikes(
     return strikes
 
 
-def _forgetting(storage: BatchHistoryStorage) -> MongoForgetting | None:
-    """Forget and tombstones on the storage's database; None for a storage that is not MongoDB."""
-    from storage.forgetting import MongoForgetting  # noqa: PLC0415 -- keeps `--help` free of pymongo
+def _forgetting(settings: Settings, storage: BatchHistoryStorage) -> MongoForgetting | None:
+    """Forget and tombstones on the storage's database; None for a storage that is not MongoDB. A forget runs
+    in chunks, each operation under the CLI's longer timeout (the tombstone reads keep the service's)."""
+    from storage.forgetting import (  # noqa: PLC0415 -- keeps `--help` free of pymongo
+        FORGET_OPERATION_TIMEOUT_MS,
+        MongoForgetting,
+    )
     from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415
 
-    return MongoForgetting(storage.db) if isinstance(storage, MongoHistoryStorage) else None
+    if not isinstance(storage, MongoHistoryStorage):
+        return None
+    return MongoForgetting(
+        storage.db,
+        chunk_size=settings.forget_chunk_size,
+        operation_timeout_s=max(settings.mongodb_timeout_ms, FORGET_OPERATION_TIMEOUT_MS) / 1000,
+    )
+
+
+async def _message_id_keys(settings: Settings, forgetting: MongoForgetting | None) -> tuple[bytes, ...]:
+    """The persist path's message-id keys: configured, else the deployment's own in MongoDB (a key of this
+    process on a storage that is not MongoDB, which lives no longer)."""
+    from storage.message_id_keys import message_id_keys  # noqa: PLC0415 -- keeps `--help` free of pymongo
+
+    return await message_id_keys(forgetting.db if forgetting is not None else None, settings)
 
 
 def selected_paths(settings: Settings, only: Path | None) -> tuple[Path, ...]:
@@ -359,7 +383,7 @@ async def run_service(
         await stack.enter_async_context(
             step("probes", serve_http(health, settings.http_host, settings.http_port), RESERVE_SERVICES)
         )
-        forgetting = _forgetting(batch_storage)
+        forgetting = _forgetting(settings, batch_storage)
         if forgetting is None:
             paths = [p for p in paths if p != "commands"]  # forgetting needs MongoDB (embedded use, tests)
         else:
@@ -387,6 +411,7 @@ async def run_service(
             forgetting,
             gate=gate if gate.barrier or gate.markers else None,
             markers=markers,
+            id_keys=await _message_id_keys(settings, forgetting) if "persist" in paths else (),
         )
         loops = [build_loop(path, opened) for path in paths]
         for path, loop in zip(paths, loops, strict=True):

@@ -10,13 +10,13 @@ message) is a counted plan miss, not a silent extra read. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from message_history.core.rules import PersistDecision, assign_thread
 from message_history.core.tool_state import has_new_user_input, merge_turn
 from schemas.events import AgentResponse
-from schemas.ids import legacy_ids
+from schemas.ids import derived_for_turn, legacy_ids
 from schemas.messages import Message
 
 
@@ -52,6 +52,46 @@ def plan_persist(response: AgentResponse) -> PersistNeeds:
         latest=not any(m.role == "user" for m in own_input),
         legacy=legacy,
     )
+
+
+def saved_ids(response: AgentResponse) -> list[str]:
+    """The ids a turn may save: its own input's (recalled messages are never saved) and its response's."""
+    own = [m.id for m in response.input if m.source != "memory" and m.id]
+    return own + [m.id for m in response.response if m.id]
+
+
+def taken_derived_ids(
+    response: AgentResponse, held_elsewhere: Callable[[str], bool], *, max_inputs: int
+) -> frozenset[str]:
+    """The ids of `response` that another thread holds and that the service itself derived for this turn
+    (`schemas.ids.derived_for_turn`; its input's from the request's positions, below `max_inputs`): the
+    ones that yield to their alternate. An id the client chose is never among them: its turn is refused
+    (`MessageIdTakenError`) as before."""
+    taken = [i for i in saved_ids(response) if _may_be_derived(i) and held_elsewhere(i)]
+    if not taken:
+        return frozenset()
+    return derived_for_turn(
+        taken,
+        response.resourceId,
+        response.threadId,
+        response.requestId,
+        inputs=max_inputs,
+        responses=len(response.response),
+    )
+
+
+def replace_ids(response: AgentResponse, ids: Mapping[str, str]) -> None:
+    """Give the messages of `response` whose id is a key of `ids` its value instead (in place)."""
+    if not ids:
+        return
+    response.input = [
+        m.model_copy(update={"id": ids[m.id]}) if m.id is not None and m.id in ids else m
+        for m in response.input
+    ]
+    response.response = [
+        m.model_copy(update={"id": ids[m.id]}) if m.id is not None and m.id in ids else m
+        for m in response.response
+    ]
 
 
 def _may_be_derived(message_id: str | None) -> bool:

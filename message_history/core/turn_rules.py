@@ -81,11 +81,21 @@ def is_busy(
     return marker.pending not in marker.answered
 
 
-def foreign_pending(marker: TurnMarker | None, resource_id: str | None) -> str | None:
+def foreign_pending(
+    marker: TurnMarker | None, resource_id: str | None, *, abandoned_before: datetime | None
+) -> str | None:
     """The resource with an unanswered turn pending on a thread that has no stored row yet, when it is not
     `resource_id`; else None. Such a thread is that resource's as soon as its turn is saved: a request of
-    another resource is refused for ownership before it could wait for, or be refused naming, that turn."""
-    if resource_id is None or marker is None or marker.resource_id is None or not is_busy(marker):
+    another resource is refused for ownership before it could wait for, or be refused naming, that turn.
+
+    A pending turn enriched before `abandoned_before` (`is_abandoned`) reserves nothing: it will likely never
+    be saved, and a marker must not hold a thread id for another tenant for good."""
+    if (
+        resource_id is None
+        or marker is None
+        or marker.resource_id is None
+        or not is_busy(marker, abandoned_before=abandoned_before)
+    ):
         return None
     return marker.resource_id if marker.resource_id != resource_id else None
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import Record, produce, read_all, wait_committed
+from tests.integration.test_replay import replay
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -203,6 +205,63 @@ async def test_ids_pre_saved_under_the_old_scheme_do_not_stop_anothers_history(s
     assert persisted["skipped"] is None
     assert len(await _rows(stack.settings, A_THREAD)) == 4
     assert await stack.letters() == []
+
+
+async def test_derived_ids_another_tenant_stores_first_do_not_fail_the_turn(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """B computes the ids the service will derive for A's turn "a-2" (public: resource, thread and a numbered
+    request id) and stores messages under them first, in B's own thread. A's turn is still saved, under the
+    ids' alternates (keyed with the deployment's key, unpredictable to B); B's rows are untouched. A
+    redelivery of A's response, by a restarted service, finds the same alternates: nothing is stored twice."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    await make_topic(partitions=1, name=settings.requests_topic)
+    await make_topic(partitions=1, name=settings.responses_topic)
+    predicted = [derived_message_id(A, A_THREAD, "a-2", kind, 0) for kind in ("input", "response")]
+    squat = _response(
+        B_THREAD,
+        B,
+        "b-1",
+        [text_message("user", "squat", id=predicted[0])],
+        [text_message("assistant", "squat", id=predicted[1])],
+    )
+    stack = Stack(settings)
+    try:
+        async with running_service(settings):
+            assert await stack.turn(A_THREAD, A, "a-1", "first")
+            assert await stack.answer(squat)
+            enriched = await stack.ask(_request(A_THREAD, A, "a-2", [text_message("user", "second")]))
+            assert enriched is not None
+            answer = _response(A_THREAD, A, "a-2", enriched["messages"], [text_message("assistant", "re")])
+            persisted = await stack.answer(answer)
+            assert await stack.letters() == []
+            assert persisted is not None
+            assert persisted["skipped"] is None
+            saved = persisted["savedMessageIds"]
+            assert len(saved) == 2
+            assert not set(saved) & set(predicted)
+            assert {uuid.UUID(i).version for i in saved} == {8}
+            rows = await _rows(settings, A_THREAD)
+        async with running_service(settings):  # a restart, then a redelivery of A's answer
+            again = await stack.answer(answer)
+            assert again is not None
+            assert again["savedMessageIds"] == saved
+            assert await _rows(settings, A_THREAD) == rows
+            assert len(rows) == 4
+            assert {r["id"] for r in await _rows(settings, B_THREAD)} == set(predicted)
+            later = await stack.ask(_request(A_THREAD, A, "a-3", [text_message("user", "third")]))
+            assert later is not None
+            memory = [m["id"] for m in later["messages"] if m["source"] == "memory"]
+            assert set(saved) <= set(memory)
+            assert not set(predicted) & set(memory)
+        for dry_run in (["--dry-run"], []):  # a replay of the responses topic lands on the same rows
+            result, printed = await replay(settings, "--from-beginning", *dry_run)
+            assert result.exit_code == 0, printed
+            assert result.counts.invalid == 0, printed
+            assert result.counts.messages_inserted == 0, printed
+            assert await _rows(settings, A_THREAD) == rows
+    finally:
+        await drop_database(settings)
 
 
 async def test_an_explicit_id_equal_to_another_tenants_refuses_only_that_turn(stack: Stack) -> None:

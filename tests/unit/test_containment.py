@@ -251,11 +251,11 @@ class FakeForgetting:
         self.error = error
 
     async def forget_thread(
-        self, thread_id: str, *, resource_id: str | None = None, dry_run: bool = False
+        self, thread_id: str, *, resource_id: str | None = None, dry_run: bool = False, progress: Any = None
     ) -> Any:
         raise self.error
 
-    async def forget_resource(self, resource_id: str, *, dry_run: bool = False) -> Any:
+    async def forget_resource(self, resource_id: str, *, dry_run: bool = False, progress: Any = None) -> Any:
         raise self.error
 
 

@@ -180,6 +180,10 @@ class _AnsweringMarkers:
     async def mark(self, thread_id: str, request_id: str, *, resource_id: str | None = None) -> None:
         self.pending[thread_id] = request_id
 
+    async def release(self, thread_id: str, request_id: str) -> None:
+        if self.pending.get(thread_id) == request_id:
+            del self.pending[thread_id]
+
     async def wait_answered(
         self, thread_id: str, awaited: str, timeout_s: float, stop: asyncio.Event | None = None
     ) -> TurnMarker | None:

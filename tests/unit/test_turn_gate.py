@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 
 from consumers.lanes import run_lanes
 from consumers.turn_gate import GO, Admission, TurnGate
@@ -43,6 +44,7 @@ class FakeMarkers:
     def __init__(self, markers: dict[str, TurnMarker] | None = None, *, fail: bool = False) -> None:
         self.markers = dict(markers or {})
         self.marked: list[tuple[str, str]] = []
+        self.released: list[tuple[str, str]] = []
         self.changed = asyncio.Event()
         self.fail = fail
 
@@ -52,6 +54,13 @@ class FakeMarkers:
     async def mark(self, thread_id: str, request_id: str, *, resource_id: str | None = None) -> None:
         self.marked.append((thread_id, request_id))
         self.markers[thread_id] = TurnMarker(pending=request_id)
+
+    async def release(self, thread_id: str, request_id: str) -> None:
+        self.released.append((thread_id, request_id))
+        marker = self.markers.get(thread_id)
+        if marker is not None and marker.pending == request_id:
+            self.markers[thread_id] = TurnMarker(pending=None, answered=marker.answered)
+            self.changed.set()
 
     def answer(self, thread_id: str) -> None:
         marker = self.markers[thread_id]
@@ -239,3 +248,36 @@ async def test_every_request_of_a_partition_the_barrier_waited_for_is_recalled_f
     assert (later.fresh, later.complete, later.waited_ms) == (True, True, 0)
     assert other is GO
     assert barrier.reached == [0]
+
+
+async def _acked(result: object) -> object:
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+@pytest.mark.parametrize(
+    ("outcome", "released"),
+    [
+        pytest.param("ok", False, id="sent"),
+        pytest.param(MessageSizeTooLargeError("over 1 MiB"), True, id="too-large-dead-letter"),
+        pytest.param(ValueError("a bug met on the record"), True, id="contained-dead-letter"),
+        pytest.param(KafkaTimeoutError(), False, id="outage-retried"),
+        pytest.param(StorageUnavailableError("down"), False, id="mongodb-outage-retried"),
+    ],
+)
+async def test_a_send_that_fails_for_the_record_clears_its_busy_mark(outcome: object, released: bool) -> None:
+    """The record is a dead letter at send time: no answer will come, so its mark is cleared and the next
+    request of the thread does not wait for it. An outage keeps the mark (the record is sent again)."""
+    markers = FakeMarkers()
+    batch = await _gate(markers=markers).open_batch([(0, "a")])
+    mark = batch.enriched("a", "a1")
+    ack = batch.sent("a", "a1", mark, _acked(outcome))
+    if isinstance(outcome, BaseException):
+        with pytest.raises(type(outcome)):
+            await ack
+    else:
+        assert await ack == "ok"
+    assert markers.released == ([("a", "a1")] if released else [])
+    assert (markers.markers["a"].pending is None) is released
+    assert batch.must_wait(0, "a", "a2") is not released

@@ -111,7 +111,24 @@ def test_is_abandoned_at_the_horizon(since: datetime | None, expected: bool) -> 
     ],
 )
 def test_foreign_pending(marker: TurnMarker | None, resource: str | None, expected: str | None) -> None:
-    assert foreign_pending(marker, resource) == expected
+    assert foreign_pending(marker, resource, abandoned_before=None) == expected
+
+
+@pytest.mark.parametrize(
+    ("since", "expected"),
+    [
+        pytest.param(_HORIZON - timedelta(milliseconds=1), None, id="past-the-horizon-lapses"),
+        pytest.param(_HORIZON, "a", id="at-the-horizon-holds"),
+        pytest.param(_HORIZON + timedelta(seconds=1), "a", id="recent-holds"),
+        pytest.param(None, "a", id="no-time-holds"),  # never abandoned: an old marker written before times
+    ],
+)
+def test_a_foreign_marker_lapses_at_the_abandonment_horizon(
+    since: datetime | None, expected: str | None
+) -> None:
+    """A turn pending for another resource past the horizon no longer reserves the thread id."""
+    marker = TurnMarker(pending="k", resource_id="a", pending_since=since)
+    assert foreign_pending(marker, "b", abandoned_before=_HORIZON) == expected
 
 
 def test_enriched_keeps_the_resource_of_the_pending_turn() -> None:

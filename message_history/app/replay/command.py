@@ -41,6 +41,7 @@ from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
 from producers.transactions import HoldingProducer
+from storage.message_id_keys import message_id_keys
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,11 @@ class ReplayResult:
 
 
 def _handler(
-    options: ReplayOptions, settings: Settings, storage: ReplayStorage, producer: OutputProducer
+    options: ReplayOptions,
+    settings: Settings,
+    storage: ReplayStorage,
+    producer: OutputProducer,
+    id_keys: tuple[bytes, ...] = (),
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
     path: BatchHandler
@@ -89,6 +94,7 @@ def _handler(
             storage,
             PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
             tombstones=storage.tombstones,
+            id_keys=id_keys,  # the service's: a turn that yielded to alternates replays onto them
         )
     # as the live loop: an unreadable record is refused first; a batch the path raises for is split
     return Contained(SkippingUnreadable(path), options.path)
@@ -163,8 +169,16 @@ async def run_replay(
                     "connect the Kafka producer", lambda: stack.enter_async_context(producer)
                 )
             storage = ReplayStorage(mongo, replay.counts, dry_run=options.dry_run)
+            id_keys = (
+                await replay.retrying(
+                    "read the message-id key",
+                    lambda: message_id_keys(mongo.db, settings, create=not options.dry_run),
+                )
+                if options.path == "persist"
+                else ()
+            )
             runner = BatchRunner(
-                handler=_handler(options, settings, storage, producer),
+                handler=_handler(options, settings, storage, producer, id_keys),
                 counts=replay.counts,
                 report=report,
                 dead_letters=DeadLetterPublisher(producer, options.dead_letter_topic)

@@ -199,6 +199,16 @@ class ReplayStorage:
     ) -> list[Message]:
         return await self._mongo.get_messages(message_ids, thread_ids=thread_ids)
 
+    async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]:
+        """The thread each stored id is in (a dry run: and the ids it would have saved), for the persist
+        path's derived ids held by another thread (`PersistHandler._yield_taken_ids`)."""
+        homes = await self._mongo.message_homes(message_ids)
+        if self.dry_run:
+            for message_id in message_ids:
+                if message_id not in homes and message_id in self._planned_homes:
+                    homes[message_id] = self._planned_homes[message_id]
+        return homes
+
     async def list_page(self, query: PageQuery) -> Page:
         return await self._mongo.list_page(query)
 
