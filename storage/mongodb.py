@@ -681,7 +681,13 @@ class MongoHistoryStorage(BatchHistoryStorage):
             keys.update(found_keys)
             state.update(created.ours)
             results, plan = plan_saves(turns, state, keys, homes=homes, check=False)
-        refused: dict[str, str] = {}  # message id or thread id -> why MongoDB refused its document
+        # message id or thread id -> why MongoDB refused its document; nothing is written into a thread
+        # whose creation was refused
+        refused: dict[str, str] = dict(created.refused)
+        if refused:
+            plan.messages = {
+                i: w for i, w in plan.messages.items() if w.fields["thread_id"] not in created.refused
+            }
         if plan.messages:
             ids = list(plan.messages)
             refused.update(
@@ -694,7 +700,9 @@ class MongoHistoryStorage(BatchHistoryStorage):
                     )
                 ).items()
             )
-        touched = {t: w for t, w in plan.threads.items() if t not in created.ours}
+        touched = {
+            t: w for t, w in plan.threads.items() if t not in created.ours and t not in created.refused
+        }
         if touched:
             threads = list(touched)
             refused.update(
@@ -750,15 +758,20 @@ class MongoHistoryStorage(BatchHistoryStorage):
     async def _create_threads(self, plan: SavePlan, thread_ids: Sequence[str]) -> _Created:
         """Upsert the plan's new threads (one unordered bulk): which this write inserted, which it found."""
         if not thread_ids:
-            return _Created({}, [])
-        result = await self._keyed_bulk_write(
-            self.threads,
-            lambda by_id_field: [plan.threads[t].op(t, by_id_field=by_id_field) for t in thread_ids],
-            "create threads",
-        )
-        inserted = set(result.upserted_ids or {}) if result is not None else set()
+            return _Created({}, [], {})
+        refused: dict[str, str] = {}
+        try:
+            result = await self._keyed_bulk_write(
+                self.threads,
+                lambda by_id_field: [plan.threads[t].op(t, by_id_field=by_id_field) for t in thread_ids],
+                "create threads",
+            )
+            inserted = set(result.upserted_ids or {}) if result is not None else set()
+        except _RefusedDocumentsError as exc:  # the others are created (an unordered bulk)
+            inserted = exc.upserted
+            refused = {thread_ids[i]: why for i, why in exc.refused.items() if 0 <= i < len(thread_ids)}
         ours = {t: plan.state[t] for i, t in enumerate(thread_ids) if i in inserted}
-        return _Created(ours, [t for t in thread_ids if t not in ours])
+        return _Created(ours, [t for t in thread_ids if t not in ours and t not in refused], refused)
 
     async def _keyed_bulk_write(
         self,
@@ -802,7 +815,8 @@ class MongoHistoryStorage(BatchHistoryStorage):
             except BulkWriteError as exc:
                 refused = record_errors(exc)
                 if refused is not None:
-                    raise _RefusedDocumentsError(refused) from exc
+                    upserted = {int(u.get("index", -1)) for u in exc.details.get("upserted", ())}
+                    raise _RefusedDocumentsError(refused, upserted) from exc
                 codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
                 if not (codes and codes <= _UPSERT_RACE_CODES):
                     raise to_storage_error(exc, operation) from exc
@@ -842,6 +856,7 @@ class _Created:
 
     ours: dict[str, Thread]
     lost: list[str]
+    refused: dict[str, str]  # thread id -> why MongoDB refused to create it
 
 
 def _refused(
@@ -868,8 +883,9 @@ def _refused(
 class _RefusedDocumentsError(Exception):
     """A bulk write MongoDB refused some documents of, each for itself (internal signal: by op index)."""
 
-    def __init__(self, refused: dict[int, str]) -> None:
+    def __init__(self, refused: dict[int, str], upserted: set[int]) -> None:
         self.refused = refused
+        self.upserted = upserted  # the indices of the operations that inserted
         super().__init__(f"{len(refused)} documents refused")
 
 
