@@ -70,9 +70,10 @@ from storage.documents import (
 )
 from storage.errors import record_errors, storage_errors, to_storage_error
 from storage.protocol import BatchHistoryStorage, Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
+from storage.raw_rows import decode_row, lenient_row
 from storage.recalled_rows import MESSAGE_PROJECTION
 from storage.save_plan import SavePlan, SaveReads, _check_thread_id, _check_turns, plan_saves
-from storage.unreadable import decode_row, lenient_row, skip
+from storage.unreadable import skip
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection

@@ -100,7 +100,10 @@ async def _seed(paths: Paths, *threads: str) -> None:
 
 
 def _skipped(reason: str) -> float:
-    return metrics.UNREADABLE_ROWS.labels(path="recall", collection=MESSAGES, reason=reason)._value.get()
+    value: float = metrics.UNREADABLE_ROWS.labels(
+        path="recall", collection=MESSAGES, reason=reason
+    )._value.get()
+    return value
 
 
 @pytest.mark.parametrize(("changes", "reason"), [(c, r) for _, c, r in SHAPES], ids=[n for n, _, _ in SHAPES])

@@ -22,14 +22,15 @@ from message_history.errors import FatalStorageError, UnreadableRowError
 from storage import unreadable
 from storage.errors import to_storage_error
 from storage.mongodb import MongoHistoryStorage
-from storage.unreadable import SkipLedger, collecting, decode_row, skip
+from storage.raw_rows import decode_row
+from storage.unreadable import SkipLedger, collecting, skip
 
 T = datetime(2025, 1, 1, 11, 0, tzinfo=UTC)
 TEXT = '{"format":2,"parts":[{"type":"text","text":"PLACEHOLDER"}]}'
 
 
 def raw_row(thread: str = "t1", ident: str = "m1", **fields: Any) -> bytes:
-    doc = {
+    doc: dict[str, Any] = {
         "id": ident,
         "thread_id": thread,
         "resourceId": "r1",
