@@ -23,17 +23,31 @@ import pytest
 import pytest_asyncio
 from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidBSON
+from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history import metrics
+from message_history.app.health import Health
 from message_history.errors import DocumentRefusedError, FatalStorageError, UnreadableRowError
+from schemas.dead_letters import parse_dead_letter_headers
 from storage.documents import MESSAGES, THREADS
 from storage.errors import to_storage_error
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery
+from tests.conftest import MakeTopic
+from tests.integration.service_harness import (
+    encoded,
+    fresh_settings,
+    read_request_ids,
+    request_event,
+    response_event,
+    running_service,
+    values,
+)
+from tests.integration.stream_helpers import produce, read_topic, wait_committed
 from tests.paths import RESOURCE, Paths, assistant, request, response, user
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 Db = AsyncDatabase[dict[str, Any]]
 T0 = datetime(2025, 1, 1, 11, 0, tzinfo=UTC)
@@ -283,3 +297,57 @@ async def test_without_row_by_row_decoding_one_row_fails_the_reply(mongo_db: Db)
     read = await storage.list_messages_many([RecallQuery("a", None, 10), RecallQuery("b", None, 10)])
     assert [m.id for m in read["a"]] == ["a-odd"]
     assert read["b"] == []
+
+
+# --- the running service -------------------------------------------------------------------------------
+
+
+async def test_the_service_stays_up_and_ready_on_unreadable_rows(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """Every shape of SHAPES stored beside the history of one thread each, requests for all of them and for
+    clean threads in one wave: every request is enriched (the odd rows skipped and said), the turn whose own
+    copy is unreadable is the only dead letter, offsets are committed, and the service stays up and ready
+    (before, the first of these rows stopped it with exit 1, and every restart again)."""
+    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    bootstrap = settings.kafka_bootstrap_servers
+    for topic in (settings.requests_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=topic)
+    odd_threads = [f"odd-{n}" for n in range(len(SHAPES))]
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri)
+    db = client[settings.mongodb_database]
+    try:
+        await db[MESSAGES].insert_many(
+            [odd(thread, **changes) for thread, (_, changes, _) in zip(odd_threads, SHAPES, strict=True)]
+        )
+        await db[MESSAGES].insert_one(odd("own", id="own-x", createdAt="yesterday"))
+        threads = [*odd_threads, "clean-1", "clean-2"]
+        requests = [encoded(request_event(t, RESOURCE, 1, "q")) for t in threads]
+        own = response_event("own", RESOURCE, 1, [], "a")
+        own["response"][0]["id"] = "own-x"
+        responses = [encoded(own), encoded(response_event("clean-1", RESOURCE, 1, [], "a"))]
+        health = Health()
+        async with running_service(settings, health=health) as service:
+            await produce(bootstrap, settings.requests_topic, requests)
+            await produce(bootstrap, settings.responses_topic, responses)
+            enriched = await read_request_ids(bootstrap, settings.enriched_topic, len(threads))
+            persisted = await read_request_ids(bootstrap, settings.persisted_topic, 1)
+            letters = await read_topic(bootstrap, settings.responses_dlq, until=lambda rs: len(rs) >= 1)
+            await wait_committed(bootstrap, settings.group_id, settings.requests_topic, {0: len(requests)})
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: len(responses)})
+            assert not service.done(), "the service stopped on a stored row"
+            ready, reasons = health.readiness()
+            assert ready, reasons
+    finally:
+        await client.drop_database(settings.mongodb_database)
+        await client.close()
+
+    history = {v["threadId"]: v["history"] for v in values(enriched)}
+    assert {t: history[t].get("skipped", 0) for t in odd_threads} == dict.fromkeys(odd_threads, 1)
+    assert "skipped" not in history["clean-1"]
+    assert [v["threadId"] for v in values(persisted)] == ["clean-1"]
+    [letter] = letters
+    headers = parse_dead_letter_headers(letter.headers)
+    assert headers.error_type == "UnreadableRowError"
+    assert "'own-x'" in headers.error_message
+    assert "createdAt" in headers.error_message
