@@ -1,4 +1,4 @@
-"""A stored `mastra_messages` row read as Mastra 1.71 reads it, or refused with why (docs/rules.md#stored-rows).
+"""A stored `mastra_messages` row read as Mastra 1.71 reads it, or refused with why (rules.md#stored-rows).
 
 Mastra reads a row with `@mastra/mongodb`'s `parseRow` (1.19: `content` through `JSON.parse`, the raw string
 kept when that fails; `type` kept unless `'v2'`), then `new MessageList().add(rows, "memory")`
@@ -26,8 +26,9 @@ not a string, strings with lone surrogates (`"\\ud800"`: no UTF-8 can carry them
 recursion limits. Where Mastra 1.71 throws on such a row, it reads no row of the page; where it reads one
 anyway (a v2 row with an unknown or no `role`, `parts` not a list as no parts, a missing `id` as a fresh
 one, an unreadable `createdAt` as now or an invalid date), the service skips it instead, and says so
-(`history.skipped`): docs/rules.md#stored-rows lists them. Like Mastra, it keeps only the parts of a format-2 row
-that are objects, and ignores an `_mh_extra` (the service's own column) that is not a JSON object.
+(`history.skipped`): docs/rules.md#stored-rows lists them. Like Mastra, it keeps only the parts of a
+format-2 row that are objects, and ignores an `_mh_extra` (the service's own column) that is not a JSON
+object.
 
 Pure: a decoded document in, a `Message` out.
 """

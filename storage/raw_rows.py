@@ -1,4 +1,4 @@
-"""Raw reply documents decoded one by one (docs/rules.md#r15): a document the codec refuses is its row's.
+"""Raw reply documents decoded one by one (docs/rules.md#stored-rows): a refusal is its row's, alone.
 
 The driver decodes a reply whole, so one document it cannot decode (invalid UTF-8, a date out of
 `datetime`'s range, nesting past the decoder's depth) fails every row of the reply, every thread of a

@@ -1,4 +1,4 @@
-"""Stored rows no Mastra would read: skipped, counted, logged once, noted per batch (docs/rules.md#r15).
+"""Stored rows no Mastra would read: skipped, counted, logged once, noted per batch (rules.md#stored-rows).
 
 The database is an input: a row the service did not write (a Mastra app, an operator, a bug elsewhere) must
 neither stop the loop nor fail every request of its batch. So:

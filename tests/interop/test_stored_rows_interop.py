@@ -3,9 +3,9 @@ through @mastra/mongodb's `parseRow` and `MessageList.add(rows, "memory")` under
 (tests/interop/mastra-core/stored_rows.mjs, on the pinned 1.71.0 of tests/interop/mastra-core/v1).
 
 Every row the service reads gives the message Mastra gives (its `createdAt` compared as an instant), except
-a memory `system` row, which Mastra's `add` drops and the service drops by R4 (docs/rules.md#r4), and the
+a memory `system` row, which Mastra's `add` drops and the service drops (docs/rules.md#r4), and the
 service's own `_mh_extra` keys, which Mastra never reads. Every row the service refuses is one Mastra throws
-on or one docs/rules.md#r15 lists as skipped where Mastra reads it.
+on or one docs/rules.md#stored-rows lists as skipped where Mastra reads it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.interop
 
 V1 = HERE / "v1"  # @mastra/core 1.71.0
 
-# Refused here, read by Mastra (docs/rules.md#r15 says why each is skipped instead)
+# Refused here, read by Mastra (docs/rules.md#stored-rows says why each is skipped instead)
 READ_BY_MASTRA_ONLY = {
     "role missing",
     "role unknown",
@@ -65,7 +65,7 @@ def test_rows_the_service_reads_are_what_mastra_recalls() -> None:
         mine = read_message(doc).wire()
         assert "ok" in theirs, (name, theirs)
         if doc["role"] == "system":
-            assert theirs["ok"] == [], name  # dropped by Mastra's add, by R4 here
+            assert theirs["ok"] == [], name  # dropped by Mastra's add, here by docs/rules.md#r4
             continue
         [message] = theirs["ok"]
         assert datetime.fromisoformat(message.pop("createdAt")) == datetime.fromisoformat(

@@ -222,7 +222,8 @@ READ: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"content": {"format": 2, "parts": [{"type": "text", "text": ""}]}},
     ),
     ("v1 empty array: no parts", row(content="[]"), {"content": {"format": 2, "parts": []}}),
-    # Mastra's MessageList drops a memory system row on `add`; the service reads it and drops it by R4
+    # Mastra's MessageList drops a memory system row on `add`; the service reads it, then drops it
+    # (docs/rules.md#r4)
     ("v1 system row", row(role="system", content="be brief"), {"role": "system"}),
     (
         "legacy ISO string createdAt",
