@@ -267,6 +267,16 @@ class HistoryInfo(Open):
             )
         ),
     ] = False
+    skipped: Annotated[
+        int,
+        Field(
+            ge=0,
+            description=(
+                "stored rows of the thread that no Mastra would read, left out of this recall (counted in "
+                "message_history_unreadable_rows_total); absent = 0"
+            ),
+        ),
+    ] = 0
 
 
 class EnrichedRequest(EventBase):
@@ -294,12 +304,13 @@ class EnrichedRequest(EventBase):
         trimmed: Sequence[str] = (),
         boundary: dict[str, Any] | None = None,
         truncated: bool = False,
+        skipped: int = 0,
     ) -> EnrichedRequest:
         """The same event (fields, extras, metadata), with the context as `messages`, `history` and `eventId`.
 
         Messages are tagged, not re-validated: they were validated when decoded or loaded. `tokens`,
         `trimmed` and `boundary` describe a token-budgeted recall; without a budget (`tokens` None) they are
-        left out of the event, so an unbudgeted event looks as it always did.
+        left out of the event, so an unbudgeted event looks as it always did; so is `skipped` when 0.
         """
         messages = [
             EnrichedMessage.from_message(
@@ -312,7 +323,9 @@ class EnrichedRequest(EventBase):
         values.update(
             schemaVersion=SCHEMA_VERSION,
             messages=messages,
-            history=_history_info(recalled, limit, tokens, trimmed, boundary, complete, waited_ms, truncated),
+            history=_history_info(
+                recalled, limit, tokens, trimmed, boundary, complete, waited_ms, truncated, skipped
+            ),
             eventId=request.requestId,
         )
         fields_set = set(request.model_fields_set) | {"schemaVersion", "messages", "history", "eventId"}
@@ -328,11 +341,14 @@ def _history_info(
     complete: bool,
     waited_ms: int,
     truncated: bool = False,
+    skipped: int = 0,
 ) -> HistoryInfo:
-    # `truncated` is written only when true, so an event the cap did not cut looks as it always did
-    cut: dict[str, Any] = {"truncated": True} if truncated else {}
+    # `truncated` and `skipped` are written only when set, so an event without them looks as it always did
+    extra: dict[str, Any] = {"truncated": True} if truncated else {}
+    if skipped:
+        extra["skipped"] = skipped
     if tokens is None:
-        return HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms, **cut)
+        return HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms, **extra)
     return HistoryInfo(
         recalled=recalled,
         limit=limit,
@@ -341,7 +357,7 @@ def _history_info(
         tokens=tokens,
         trimmed=list(trimmed),
         boundary=MemoryBoundary.model_validate(boundary) if boundary is not None else None,
-        **cut,
+        **extra,
     )
 
 

@@ -30,6 +30,12 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
 The documents' mapping is `storage.documents`, the save planner `storage.save_plan`; this module is the one
 storage class and its round trips (one job, hence its length).
 
+Every read takes its reply as raw documents and decodes them one by one (`storage.raw_rows`): a row the
+codec or `schemas.stored_rows` refuses is skipped and counted (`storage.unreadable.skip`), never the reply's
+failure, so one row no Mastra would read neither fails its batch's other threads nor stops the service
+(docs/rules.md#stored-rows). A write MongoDB refuses for one document refuses the turns writing it
+(`DocumentRefusedError`); the rest of the unordered bulk is written.
+
 A save uses no transaction (it must work on a standalone server, which has none), so it is not atomic across
 the two collections: a new thread is created (owner and all) first, then the messages are written, then the
 existing threads touched; every write is an idempotent upsert, so a retried save converges.
@@ -45,7 +51,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
-import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import IndexModel, UpdateOne, timeout
@@ -53,7 +58,12 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from pymongo.results import BulkWriteResult
 
 from message_history.core.recall_plan import PlainRow
-from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
+from message_history.errors import (
+    DocumentRefusedError,
+    FatalStorageError,
+    InvalidInputError,
+    UnreadableRowError,
+)
 from schemas.messages import Message, utc_now_ms
 from storage import row_codec
 from storage.client import CODEC, mongo_client
@@ -64,10 +74,12 @@ from storage.documents import (
     message_from_doc,
     thread_from_doc,
 )
-from storage.errors import storage_errors, to_storage_error
+from storage.errors import record_errors, storage_errors, to_storage_error
 from storage.protocol import BatchHistoryStorage, Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
+from storage.raw_rows import decode_row, lenient_row
 from storage.recalled_rows import MESSAGE_PROJECTION
 from storage.save_plan import SavePlan, SaveReads, _check_thread_id, _check_turns, plan_saves
+from storage.unreadable import skip
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -111,9 +123,8 @@ _Row = TypeVar("_Row")
 _Build = Callable[[Mapping[str, Any]], _Row]
 
 
-# Rows the recall passes through are read as the reply's bytes; a date decoded from them (only a row the
-# model path must read) is naive, the cheaper decoding (`storage.row_codec` reads the milliseconds).
-_DICTS: Final = cast("CodecOptions[Mapping[str, Any]]", CODEC)  # bson.decode's annotation wants Mapping
+# Every read takes the reply as raw documents: the rows the recall passes through are read as bytes
+# (`storage.row_codec`), every other row is decoded alone, as our collections read (`storage.unreadable`).
 RAW_CODEC: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument, tz_aware=False)
 
 
@@ -195,6 +206,44 @@ def _raw_bytes(doc: Mapping[str, Any]) -> bytes:
     return bytes(doc.raw)
 
 
+def _decoded(build: Callable[[Mapping[str, Any]], _Row]) -> Callable[[Mapping[str, Any]], _Row]:
+    """`build` of a raw reply's document, decoded here, alone (`storage.unreadable.decode_row`)."""
+
+    def decoded(doc: Mapping[str, Any]) -> _Row:
+        assert isinstance(doc, RawBSONDocument)  # every message read is a raw reply
+        return build(decode_row(doc.raw, MESSAGES))
+
+    return decoded
+
+
+_message: Final = _decoded(message_from_doc)
+_recalled: Final = _decoded(_recalled_or_model)
+
+
+def _readable(
+    docs: Sequence[Mapping[str, Any]], build: Callable[[Mapping[str, Any]], _Row], *, first: int | None = 0
+) -> list[_Row]:
+    """`build` of each raw document; a row no Mastra would read is skipped (`storage.unreadable.skip`).
+    `first`: the rank of the first document in its thread's newest-first history (None: not a history)."""
+    rows: list[_Row] = []
+    for n, doc in enumerate(docs):
+        try:
+            rows.append(build(doc))
+        except UnreadableRowError as exc:
+            skip(exc, None if first is None else first + n)
+    return rows
+
+
+def _named(doc: Mapping[str, Any], collection: str) -> UnreadableRowError:
+    """The refusal of a raw document whose fields cannot even be looked at (for its thread and id)."""
+    assert isinstance(doc, RawBSONDocument)
+    try:
+        decode_row(doc.raw, collection)
+    except UnreadableRowError as exc:
+        return exc
+    return UnreadableRowError(collection, None, None, "bson", "the stored document cannot be read")
+
+
 def _index_present(collection: str, model: IndexModel, existing: Sequence[Mapping[str, Any]]) -> bool:
     """True when an index with `model`'s keys exists; raises when it exists in a form we cannot use."""
     spec = model.document
@@ -240,6 +289,11 @@ class MongoHistoryStorage(BatchHistoryStorage):
         self.recall_strategy: RecallStrategy = recall_strategy
         self.recall_concurrency = recall_concurrency
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=CODEC)
+        # reads take replies as raw BSON and decode row by row (`storage.unreadable`): one row the codec
+        # refuses is that row's fault, never the whole reply's
+        self.raw_threads: AsyncCollection[RawBSONDocument] = db.get_collection(
+            THREADS, codec_options=RAW_CODEC
+        )
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=CODEC)
         # the same collection read as reply bytes (naive dates): rows the recall only passes through
         self.raw_messages: AsyncCollection[RawBSONDocument] = db.get_collection(
@@ -317,8 +371,11 @@ class MongoHistoryStorage(BatchHistoryStorage):
         """The thread, or None when it does not exist."""
         _check_thread_id(thread_id)
         with storage_errors("get_thread"):
-            doc = await self.threads.find_one({"id": thread_id}, {"_id": 0})
-        return thread_from_doc(doc) if doc is not None else None
+            doc = await self.raw_threads.find_one({"id": thread_id}, {"_id": 0})
+        if doc is None:
+            return None
+        found = _thread_doc(doc)
+        return thread_from_doc(found) if found is not None else None
 
     async def get_threads(self, thread_ids: Collection[str]) -> dict[str, Thread]:
         """The existing threads among `thread_ids`, by id, with one `find` (none for an empty list)."""
@@ -334,10 +391,13 @@ class MongoHistoryStorage(BatchHistoryStorage):
             _check_thread_id(thread_id)
         query: dict[str, Any] = {"id": ids[0]} if len(ids) == 1 else {"id": {"$in": ids}}
         with storage_errors("get_threads"):
-            docs = await self.threads.find(query, batch_size=len(ids) + 1).to_list()
+            raws = await self.raw_threads.find(query, batch_size=len(ids) + 1).to_list()
         found: dict[str, Thread] = {}
         keys: dict[str, Any] = {}
-        for doc in docs:
+        for raw in raws:
+            doc = _thread_doc(raw)
+            if doc is None:
+                continue
             thread = thread_from_doc(doc)
             if thread.id not in found:
                 found[thread.id] = thread
@@ -352,7 +412,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
         _check_limit(limit)
         if limit == 0:
             return []
-        return await self._find_page(thread_id, resource_id, limit, message_from_doc)
+        return await self._find_page(thread_id, resource_id, limit, _message)
 
     async def _find_page(
         self, thread_id: str, resource_id: str | None, limit: int | None, build: _Build[_Row]
@@ -360,17 +420,17 @@ class MongoHistoryStorage(BatchHistoryStorage):
         query: dict[str, Any] = {"thread_id": thread_id}
         if resource_id is not None:
             query["resourceId"] = resource_id
-        cursor = self._collection(build).find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self.raw_messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if limit is not None:
             # batch size = limit, so the page comes back in the first reply (the default first batch is 101)
             cursor = cursor.limit(limit).batch_size(min(limit, _MONGO_MAX_BATCH))
         with storage_errors("list_messages"):
             docs = await cursor.to_list()
-        return [build(doc) for doc in docs]
+        return _readable(docs, build)
 
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         """Per query's thread id, what `list_messages` returns for it; thread ids must be distinct."""
-        return await self._list_many(queries, message_from_doc)
+        return await self._list_many(queries, _message)
 
     async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         """`list_messages_many`, where a row in the plain shape is a `RecalledRow` (no content model).
@@ -378,7 +438,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
         For the recall path's plain last-N recall, which only orders, dedupes and sends the rows: each
         `RecalledRow` encodes as its model would, and `materialize()` gives the model when needed.
         """
-        return await self._list_many(queries, _recalled_or_model)
+        return await self._list_many(queries, _recalled)
 
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]:
         """`list_messages_many` as each row's BSON bytes (the reply's own, read with naive dates): for the
@@ -393,10 +453,13 @@ class MongoHistoryStorage(BatchHistoryStorage):
     @staticmethod
     def recalled_from_raw(docs: Sequence[bytes]) -> list[Message]:
         """The rows of `recall_raw_many` as `recall_rows_many` reads them (views where sure, else models)."""
-        return [_recalled_or_model(bson.decode(doc, _DICTS)) for doc in docs]
-
-    def _collection(self, build: _Build[Any]) -> AsyncCollection[Any]:
-        return self.raw_messages if build is _raw_bytes else self.messages
+        rows: list[Message] = []
+        for rank, doc in enumerate(docs):
+            try:
+                rows.append(_recalled_or_model(decode_row(doc, MESSAGES)))
+            except UnreadableRowError as exc:
+                skip(exc, rank)
+        return rows
 
     async def _list_many(self, queries: Sequence[RecallQuery], build: _Build[_Row]) -> dict[str, list[_Row]]:
         wanted: dict[str, RecallQuery] = {}
@@ -446,29 +509,33 @@ class MongoHistoryStorage(BatchHistoryStorage):
         cap: int | None = None
         if all(q.limit is not None for q in queries):
             cap = sum(q.limit for q in queries if q.limit is not None) + 1
-        cursor = self._collection(build).find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self.raw_messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if cap is not None:
             cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
         with storage_errors("list_messages_many"):
             docs = await cursor.to_list()
         pages: dict[str, list[_Row]] = {tid: [] for tid in ids}
-        owner = _RawOwner() if build is _raw_bytes else None
+        # rows of each thread taken, skipped ones included: a skipped row fills its place in the limit, as
+        # it does in one thread's query (`_find_page`), so both strategies recall the same rows
+        taken: dict[str, int] = dict.fromkeys(ids, 0)
+        owner = _RawOwner()
         for doc in docs:
-            if owner is not None:
+            try:
                 wanted = owner.read(doc, by_thread)
-                if wanted is None:
-                    continue
-            else:
-                wanted = by_thread.get(doc.get("thread_id", ""))
-                if wanted is None:
-                    continue
-                if wanted.resource_id is not None and doc.get("resourceId") != wanted.resource_id:
-                    continue
-            page = pages[wanted.thread_id]
-            if wanted.limit is None or len(page) < wanted.limit:
-                page.append(build(doc))
+            except Exception:  # noqa: BLE001 -- a document the codec refuses: that row's fault, its thread's
+                error = _named(doc, MESSAGES)  # as far as a lenient decoding names it
+                wanted = by_thread.get(error.thread_id) if isinstance(error.thread_id, str) else None
+            if wanted is None:
+                continue
+            rank = taken[wanted.thread_id]
+            if wanted.limit is None or rank < wanted.limit:
+                taken[wanted.thread_id] += 1
+                try:
+                    pages[wanted.thread_id].append(build(doc))
+                except UnreadableRowError as exc:
+                    skip(exc, rank)
         if cap is not None and len(docs) >= cap:
-            short = [q for q in queries if q.limit is not None and len(pages[q.thread_id]) < q.limit]
+            short = [q for q in queries if q.limit is not None and taken[q.thread_id] < q.limit]
             if short:
                 pages.update(await self._recall_concurrent(short, build))
         return pages
@@ -490,12 +557,12 @@ class MongoHistoryStorage(BatchHistoryStorage):
         if created:
             spec["createdAt"] = created
         wanted = query.per_page + 1
-        cursor = self.messages.find(spec, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self.raw_messages.find(spec, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         cursor = cursor.skip(query.page * query.per_page)
         cursor = cursor.limit(wanted).batch_size(wanted)
         with storage_errors("list_page"):
             docs = await cursor.to_list()
-        rows = [message_from_doc(doc) for doc in docs[: query.per_page]]
+        rows = _readable(docs[: query.per_page], _message, first=query.page * query.per_page)
         return Page(rows, len(docs) > query.per_page)
 
     async def get_messages(
@@ -512,8 +579,8 @@ class MongoHistoryStorage(BatchHistoryStorage):
             threads = list(dict.fromkeys(thread_ids))
             query["thread_id"] = threads[0] if len(threads) == 1 else {"$in": threads}
         with storage_errors("get_messages"):
-            docs = await self.messages.find(query, MESSAGE_PROJECTION, batch_size=len(ids) + 1).to_list()
-        return [message_from_doc(doc) for doc in docs]
+            docs = await self.raw_messages.find(query, MESSAGE_PROJECTION, batch_size=len(ids) + 1).to_list()
+        return _readable(docs, _message, first=None)
 
     async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]:
         """The thread each stored message among `message_ids` is in, by id: one `find` on the unique `id`
@@ -523,10 +590,22 @@ class MongoHistoryStorage(BatchHistoryStorage):
             return {}
         query: dict[str, Any] = {"id": ids[0]} if len(ids) == 1 else {"id": {"$in": ids}}
         with storage_errors("save messages"):
-            docs = await self.messages.find(
+            raws = await self.raw_messages.find(
                 query, {"_id": 0, "id": 1, "thread_id": 1}, batch_size=len(ids) + 1
             ).to_list()
-        return {doc["id"]: doc.get("thread_id") for doc in docs if "id" in doc}
+        homes: dict[str, str | None] = {}
+        for raw in raws:
+            try:
+                doc = decode_row(raw.raw, MESSAGES)
+            except UnreadableRowError as exc:
+                # its id and thread as far as they can be read: an id that is not one of the turn's is
+                # no home of it, a thread that is not the turn's refuses the turn (never another's row)
+                doc = {"id": exc.row_id, "thread_id": exc.thread_id}
+            ident = doc.get("id")
+            if isinstance(ident, str):
+                thread = doc.get("thread_id")
+                homes[ident] = thread if isinstance(thread, str) or thread is None else repr(thread)
+        return homes
 
     async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
         """`list_page` for each query, issued concurrently (at most `recall_concurrency` in flight)."""
@@ -555,7 +634,14 @@ class MongoHistoryStorage(BatchHistoryStorage):
             _check_thread_id(thread_id)
             fields = {f"metadata.{key}": value for key, value in update.items()}
             ops.append(UpdateOne({"id": thread_id}, {"$set": fields, "$max": {"updatedAt": now}}))
-        await self._bulk_write(self.threads, ops, "update thread metadata", retry_race=False)
+        try:
+            await self._bulk_write(self.threads, ops, "update thread metadata", retry_race=False)
+        except _RefusedDocumentsError as exc:
+            # a thread row MongoDB will not take the boundary into (its `metadata` not an object, a
+            # validator): the boundary stays unwritten, as if read-only; the recall it came from stands
+            for index, why in exc.refused.items():
+                thread_id = updates[index][0] if 0 <= index < len(updates) else "?"
+                log.warning("token boundary not written: %s", why, extra={"thread_id": thread_id})
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         """Upsert `messages` by id and touch the thread (see `save_many`); raises `ThreadOwnershipError`."""
@@ -571,7 +657,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
 
     async def save_many(
         self, turns: Sequence[SaveTurn], *, reads: SaveReads | None = None
-    ) -> list[Thread | ThreadOwnershipError]:
+    ) -> list[Thread | InvalidInputError]:
         """`save_messages` for each turn, in order: one read, then the batch's new threads, its messages and
         its existing threads, each with one unordered bulk write (no write when there is nothing to write).
 
@@ -589,6 +675,10 @@ class MongoHistoryStorage(BatchHistoryStorage):
         fields, the first save's `createdAt` (what two saves in a row give). A turn with no messages writes
         nothing and reports the thread; if the thread does not exist either, the batch is refused with
         `InvalidInputError` before anything is written.
+
+        A document MongoDB refuses for itself (`storage.errors.RECORD_CODES`: over 16 MiB after the update, a
+        validator) refuses the turns that write it (`DocumentRefusedError`, their dead letters); the rest of
+        the batch is written.
         """
         if not turns:
             return []
@@ -603,20 +693,56 @@ class MongoHistoryStorage(BatchHistoryStorage):
             keys.update(found_keys)
             state.update(created.ours)
             results, plan = plan_saves(turns, state, keys, homes=homes, check=False)
+        # message id or thread id -> why MongoDB refused its document; nothing is written into a thread
+        # whose creation was refused
+        refused: dict[str, str] = dict(created.refused)
+        if refused:
+            plan.messages = {
+                i: w for i, w in plan.messages.items() if w.fields["thread_id"] not in created.refused
+            }
         if plan.messages:
-            await self._keyed_bulk_write(
-                self.messages,
-                lambda by_id_field: [w.op(by_id_field=by_id_field) for w in plan.messages.values()],
-                "save messages",
+            ids = list(plan.messages)
+            refused.update(
+                (ids[i], why)
+                for i, why in (
+                    await self._record_bulk_write(
+                        self.messages,
+                        lambda by_id_field: [w.op(by_id_field=by_id_field) for w in plan.messages.values()],
+                        "save messages",
+                    )
+                ).items()
             )
-        touched = {t: w for t, w in plan.threads.items() if t not in created.ours}
+        touched = {
+            t: w for t, w in plan.threads.items() if t not in created.ours and t not in created.refused
+        }
         if touched:
-            await self._keyed_bulk_write(
-                self.threads,
-                lambda by_id_field: [w.op(t, by_id_field=by_id_field) for t, w in touched.items()],
-                "update threads",
+            threads = list(touched)
+            refused.update(
+                (threads[i], why)
+                for i, why in (
+                    await self._record_bulk_write(
+                        self.threads,
+                        lambda by_id_field: [w.op(t, by_id_field=by_id_field) for t, w in touched.items()],
+                        "update threads",
+                    )
+                ).items()
             )
-        return results
+        written: list[Thread | InvalidInputError] = list(results)
+        return _refused(turns, written, refused) if refused else written
+
+    async def _record_bulk_write(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        ops: Callable[[bool], list[UpdateOne]],
+        operation: str,
+    ) -> dict[int, str]:
+        """`_keyed_bulk_write`; the operations MongoDB refused for their own document, by index (the others
+        are written: the bulk is unordered)."""
+        try:
+            await self._keyed_bulk_write(collection, ops, operation)
+        except _RefusedDocumentsError as exc:
+            return exc.refused
+        return {}
 
     async def _save_reads(
         self, turns: Sequence[SaveTurn], reads: SaveReads | None
@@ -644,15 +770,20 @@ class MongoHistoryStorage(BatchHistoryStorage):
     async def _create_threads(self, plan: SavePlan, thread_ids: Sequence[str]) -> _Created:
         """Upsert the plan's new threads (one unordered bulk): which this write inserted, which it found."""
         if not thread_ids:
-            return _Created({}, [])
-        result = await self._keyed_bulk_write(
-            self.threads,
-            lambda by_id_field: [plan.threads[t].op(t, by_id_field=by_id_field) for t in thread_ids],
-            "create threads",
-        )
-        inserted = set(result.upserted_ids or {}) if result is not None else set()
+            return _Created({}, [], {})
+        refused: dict[str, str] = {}
+        try:
+            result = await self._keyed_bulk_write(
+                self.threads,
+                lambda by_id_field: [plan.threads[t].op(t, by_id_field=by_id_field) for t in thread_ids],
+                "create threads",
+            )
+            inserted = set(result.upserted_ids or {}) if result is not None else set()
+        except _RefusedDocumentsError as exc:  # the others are created (an unordered bulk)
+            inserted = exc.upserted
+            refused = {thread_ids[i]: why for i, why in exc.refused.items() if 0 <= i < len(thread_ids)}
         ours = {t: plan.state[t] for i, t in enumerate(thread_ids) if i in inserted}
-        return _Created(ours, [t for t in thread_ids if t not in ours])
+        return _Created(ours, [t for t in thread_ids if t not in ours and t not in refused], refused)
 
     async def _keyed_bulk_write(
         self,
@@ -694,6 +825,10 @@ class MongoHistoryStorage(BatchHistoryStorage):
             try:
                 result = await collection.bulk_write(ops, ordered=False)
             except BulkWriteError as exc:
+                refused = record_errors(exc)
+                if refused is not None:
+                    upserted = {int(u.get("index", -1)) for u in exc.details.get("upserted", ())}
+                    raise _RefusedDocumentsError(refused, upserted) from exc
                 codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
                 if not (codes and codes <= _UPSERT_RACE_CODES):
                     raise to_storage_error(exc, operation) from exc
@@ -715,12 +850,55 @@ class MongoHistoryStorage(BatchHistoryStorage):
         raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
 
 
+def _thread_doc(raw: RawBSONDocument) -> dict[str, Any] | None:
+    """A `mastra_threads` document, decoded alone. One the codec refuses is counted and logged, then read
+    leniently (invalid UTF-8 replaced, dates clamped): the owner check needs the row, and a `resourceId` so
+    read is no one's, so it refuses rather than admits. None when not even that reads it (the thread is then
+    not found: a save of it meets the unique `id` index, never another owner's row)."""
+    try:
+        return decode_row(raw.raw, THREADS)
+    except UnreadableRowError as exc:
+        skip(exc)
+        return lenient_row(raw.raw)
+
+
 @dataclass(frozen=True, slots=True)
 class _Created:
     """A batch's new threads after their creation: inserted by it (its own), or found created by another."""
 
     ours: dict[str, Thread]
     lost: list[str]
+    refused: dict[str, str]  # thread id -> why MongoDB refused to create it
+
+
+def _refused(
+    turns: Sequence[SaveTurn], results: list[Thread | InvalidInputError], refused: Mapping[str, str]
+) -> list[Thread | InvalidInputError]:
+    """`results` with each turn that writes a refused document (a message of it, or its thread) refused."""
+    out = list(results)
+    for n, turn in enumerate(turns):
+        if not isinstance(out[n], Thread):
+            continue
+        for key in [turn.thread_id, *(m.id for m in turn.messages if m.id is not None)]:
+            why = refused.get(key)
+            if why is not None:
+                kind = "thread" if key == turn.thread_id else "message"
+                log.warning("%s refused by MongoDB: %s", kind, why, extra={"thread_id": turn.thread_id})
+                out[n] = DocumentRefusedError(
+                    f"{why}; writing {kind} {key!r} of thread {turn.thread_id!r} (the turn's other "
+                    "documents may be written: a redrive writes them again, unchanged)"
+                )
+                break
+    return out
+
+
+class _RefusedDocumentsError(Exception):
+    """A bulk write MongoDB refused some documents of, each for itself (internal signal: by op index)."""
+
+    def __init__(self, refused: dict[int, str], upserted: set[int]) -> None:
+        self.refused = refused
+        self.upserted = upserted  # the indices of the operations that inserted
+        super().__init__(f"{len(refused)} documents refused")
 
 
 class _UniqueIndexCollisionError(Exception):
