@@ -173,7 +173,9 @@ async def test_outputs_above_the_watermark_stay_held_and_go_in_input_order(broke
     assert tx.held() == 0
 
 
-async def _guessing_commit(broker: FakeBroker, producer: FakeProducer, held: list[bytes], offset: int) -> bool:
+async def _guessing_commit(
+    broker: FakeBroker, producer: FakeProducer, held: list[bytes], offset: int
+) -> bool:
     """The rule before this fix, as it behaved: a commit that timed out was taken for an abort, the producer
     replaced and every held output sent again in a new transaction."""
     await producer.begin_transaction()
@@ -187,7 +189,9 @@ async def _guessing_commit(broker: FakeBroker, producer: FakeProducer, held: lis
     return True
 
 
-async def test_a_commit_that_timed_out_but_landed_is_sent_once_not_guessed_aborted(broker: FakeBroker) -> None:
+async def test_a_commit_that_timed_out_but_landed_is_sent_once_not_guessed_aborted(
+    broker: FakeBroker,
+) -> None:
     """The broker restarts mid-commit: the commit lands, its answer does not come in time. The old rule
     (guess: aborted, send again) makes a read_committed reader see the output twice; settling the commit on
     the same producer first sends it once."""
@@ -315,13 +319,17 @@ def test_what_a_failed_transaction_means(error: BaseException, meaning: str) -> 
     assert commit_failure(error) == meaning
 
 
-async def test_an_output_the_broker_refuses_is_replaced_by_its_records_dead_letter(broker: FakeBroker) -> None:
+async def test_an_output_the_broker_refuses_is_replaced_by_its_records_dead_letter(
+    broker: FakeBroker,
+) -> None:
     """The output topic's max.message.bytes is below the record: the batch is retried one by one to find the
     record, whose outputs become its dead letter; the others go as usual (not a stalled partition)."""
     tx = await _opened()
     calls: list[tuple[int, object]] = []
 
-    async def dead_letter(tp: TopicPartition, offset: int, source: object, error: BaseException) -> list[HeldOutput]:
+    async def dead_letter(
+        tp: TopicPartition, offset: int, source: object, error: BaseException
+    ) -> list[HeldOutput]:
         calls.append((offset, source))
         return _out(f"dead letter of {offset}")
 
