@@ -37,7 +37,8 @@ async def _committed_offset(bootstrap: str, group: str, tp: TopicPartition) -> i
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
     await consumer.start()
     try:
-        return await consumer.committed(tp)
+        offset: int | None = await consumer.committed(tp)
+        return offset
     finally:
         await consumer.stop()
 
@@ -81,7 +82,7 @@ async def test_a_commit_cut_off_mid_answer_is_settled_not_sent_again(
 
     tx.hold(tp, 1, _out("out", "b"))
     cut, heal = (kafka.freeze, kafka.thaw) if fault == "freeze" else (kafka.stop, kafka.start)
-    _cut_off_commit(tx._producers[tp], cut)  # noqa: SLF001 -- the producer the partition commits with
+    _cut_off_commit(tx._producers[tp], cut)  # the producer the partition commits with
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(tx.commit(tp, 2), 5)
     assert tx.in_doubt() == [tp]  # asked, no answer: not taken for an abort
