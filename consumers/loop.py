@@ -66,7 +66,7 @@ from consumers.outage import (
 from consumers.parking import Deferred, ParkedLanes
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
-from message_history.errors import error_type
+from message_history.errors import RetriableError, error_type
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import explain_too_large
 from producers.transactions import (
@@ -141,6 +141,9 @@ class StreamLoop:
         # exactly-once: outputs held per record, committed with the offsets (`producers.transactions`)
         self._transactions = transactions
         self._unauthorized = False  # exactly-once: a transaction was refused for a missing ACL
+        self._failing: set[TopicPartition] = (
+            set()
+        )  # exactly-once: partitions whose commits fail (logged once)
         if transactions is not None:
             transactions.refused = self._refused_output
 
@@ -653,7 +656,8 @@ class StreamLoop:
         for (tp, offset), result in zip(parts, results, strict=True):
             if result is True:
                 committed[tp] = offset
-            elif isinstance(result, (KafkaError, TimeoutError, ConnectionError)):
+                self._failing.discard(tp)
+            elif isinstance(result, (KafkaError, TimeoutError, ConnectionError, RetriableError)):
                 self._transaction_failed(tp, result, in_doubt=tp in transactions.in_doubt(), reason=reason)
             elif isinstance(result, BaseException) and self._parked_failure is None:
                 self._parked_failure = result  # a bug, maybe in a background commit: `run` raises it
@@ -675,12 +679,19 @@ class StreamLoop:
         failure = commit_failure(error)
         if failure == "outage":
             metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+            # once per partition and failure streak (an outage fails every commit: said, not shouted)
+            level = logging.DEBUG if tp in self._failing else logging.WARNING
+            self._failing.add(tp)
             if in_doubt:  # asked, not answered in time: the same producer waits for the answer, never guessed
-                log.warning(
-                    "commit outcome unknown yet (no answer in time); settled before any resend", extra=where
+                log.log(
+                    level,
+                    "commit outcome unknown yet (no answer in time); settled before any resend",
+                    extra=where,
                 )
             else:
-                log.warning("transaction failed (aborted); the next commit retries its outputs", extra=where)
+                log.log(
+                    level, "transaction failed (aborted); the next commit retries its outputs", extra=where
+                )
         elif failure == "unauthorized":
             self._refused_access(error, where)
         elif self._parked_failure is None:  # neither retriable nor fencing: never retried at every commit

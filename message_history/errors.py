@@ -13,7 +13,8 @@
     ├── RetriableError                  retriable = True: an outage; back off, pause intake, never dead-letter
     │   ├── StorageUnavailableError     MongoDB unreachable, timed out, not primary
     │   ├── BarrierUnavailableError     the turn barrier's offset look-up failed (Kafka)
-    │   └── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
+    │   ├── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
+    │   └── OutputsRefusedAgainError    exactly-once: many outputs of one commit refused; the next goes on
     ├── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
     └── StartupError                    the service cannot start as configured (e.g. HTTP port in use)
 
@@ -155,6 +156,11 @@ class BarrierUnavailableError(RetriableError):
 
 class WaitInterruptedError(RetriableError):
     """Stopping while a request waits for its turn: it is left for the partition's next owner."""
+
+
+class OutputsRefusedAgainError(RetriableError):
+    """Exactly-once: many outputs of one commit refused by the broker for their size, each replaced by its
+    record's dead letter; the replacements so far are kept and the next commit goes on from there."""
 
 
 class FatalStorageError(MessageHistoryError):

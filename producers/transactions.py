@@ -48,6 +48,7 @@ from aiokafka.errors import (
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from message_history import metrics
+from message_history.errors import OutputsRefusedAgainError, RetriableError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import MAX_BATCH_BYTES, OUTPUT_TOO_LARGE, Headers, OutputProducer, compression_type
@@ -133,14 +134,14 @@ def commit_failure(error: BaseException) -> CommitFailure:
         return "fenced"
     if isinstance(error, UNAUTHORIZED):
         return "unauthorized"
-    if isinstance(error, (KafkaError, TimeoutError, ConnectionError)) and is_retriable(error):
+    if is_retriable(error):
         return "outage"
     return "systemic"
 
 
 def is_retriable(error: BaseException) -> bool:
     """Kafka down or slow (connection, timeout, a retriable broker error): the same call may succeed later."""
-    if isinstance(error, (TimeoutError, ConnectionError)):
+    if isinstance(error, (TimeoutError, ConnectionError, RetriableError)):
         return True
     return isinstance(error, KafkaError) and (
         bool(getattr(error, "retriable", False))
@@ -454,7 +455,10 @@ class PartitionTransactions:
                 )
                 await self.close([tp])
                 return False
-        raise KafkaError(f"outputs of {tp.topic}[{tp.partition}] refused {_MAX_REFUSALS} times in a row")
+        # progress is kept (refused outputs replaced): the next commit goes on from here
+        raise OutputsRefusedAgainError(
+            f"outputs of {tp.topic}[{tp.partition}] refused {_MAX_REFUSALS} rounds"
+        )
 
     async def _producer(self, tp: TopicPartition) -> Transactional | None:
         tx = self._producers.get(tp)
@@ -473,7 +477,7 @@ class PartitionTransactions:
             return False
         doubted = self._doubt.get(tp)
         if doubted is not None:
-            log.info(
+            log.debug(
                 "commit in doubt: waiting for the broker's answer before sending anything again",
                 extra={"path": self._path, "partition": tp.partition, "offset": doubted},
             )
