@@ -14,7 +14,8 @@
     │   ├── StorageUnavailableError     MongoDB unreachable, timed out, not primary
     │   ├── BarrierUnavailableError     the turn barrier's offset look-up failed (Kafka)
     │   ├── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
-    │   └── OutputsRefusedAgainError    exactly-once: many outputs of one commit refused; the next goes on
+    │   ├── OutputsRefusedAgainError    exactly-once: many outputs of one commit refused; the next goes on
+    │   └── TransactionNotCommittedError  exactly-once: the broker answered the commit "not committable"
     ├── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
     └── StartupError                    the service cannot start as configured (e.g. HTTP port in use)
 
@@ -161,6 +162,11 @@ class WaitInterruptedError(RetriableError):
 class OutputsRefusedAgainError(RetriableError):
     """Exactly-once: many outputs of one commit refused by the broker for their size, each replaced by its
     record's dead letter; the replacements so far are kept and the next commit goes on from there."""
+
+
+class TransactionNotCommittedError(RetriableError):
+    """Exactly-once: the broker answered a commit with "not committable" (`InvalidTxnState`): known not
+    committed, so its outputs go again in the next transaction, on a fresh producer."""
 
 
 class FatalStorageError(MessageHistoryError):

@@ -48,7 +48,7 @@ from aiokafka.errors import (
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from message_history import metrics
-from message_history.errors import OutputsRefusedAgainError, RetriableError
+from message_history.errors import OutputsRefusedAgainError, RetriableError, TransactionNotCommittedError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import MAX_BATCH_BYTES, OUTPUT_TOO_LARGE, Headers, OutputProducer, compression_type
@@ -267,7 +267,9 @@ class Transactional:
             raise
         self._end(commit=True)
         if not await self.settle():
-            raise InvalidTxnState("the broker refused to commit the transaction")
+            raise TransactionNotCommittedError(
+                "the broker answered the commit: not committable (InvalidTxnState)"
+            )
 
     def _end(self, *, commit: bool) -> None:
         end = self.producer.commit_transaction() if commit else self.producer.abort_transaction()

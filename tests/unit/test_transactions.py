@@ -35,6 +35,7 @@ from aiokafka.errors import (
 from hypothesis import given
 from hypothesis import strategies as st
 
+from message_history.errors import TransactionNotCommittedError
 from message_history.settings import Settings
 from producers import transactions
 from producers.transactions import (
@@ -239,8 +240,9 @@ async def test_a_commit_the_broker_refused_as_not_committable_is_sent_again(brok
     tx = await _opened()
     tx.hold(TP, 0, _out("a"))
     broker.answer = InvalidTxnState()
-    with pytest.raises(InvalidTxnState):
+    with pytest.raises(TransactionNotCommittedError):
         await _commit(tx, 1)
+    assert commit_failure(TransactionNotCommittedError()) == "outage"  # retried, known not committed
     assert tx.held() == 1
     assert await _commit(tx, 1)
     assert _values(broker) == [b"a"]

@@ -1,0 +1,95 @@
+"""What the loop makes of a failed transaction (exactly-once), with the fake broker of `test_transactions`:
+a missing ACL is not fencing (not ready, naming authorization; ready again once granted), a refusal that is
+neither retriable nor fencing stops the loop instead of being retried at every commit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aiokafka import TopicPartition
+from aiokafka.errors import InvalidTxnState, TransactionalIdAuthorizationFailed, UnsupportedVersionError
+
+from consumers.consumer import LoopOptions
+from consumers.loop import StreamLoop
+from message_history import metrics
+from message_history.settings import Settings
+from producers.transactions import HeldOutput, PartitionTransactions
+from tests.unit.test_transactions import FakeBroker, broker  # noqa: F401 -- the fixture
+
+pytestmark = pytest.mark.timeout(30)
+
+TP = TopicPartition("in", 0)
+
+
+class RecordingHealth:
+    def __init__(self) -> None:
+        self.ready: dict[str, tuple[bool, str]] = {}
+
+    def set_ready(self, component: str, ready: bool, reason: str = "") -> None:
+        self.ready[component] = (ready, reason)
+
+    def beat(self, component: str) -> None:
+        return None
+
+
+async def _loop(health: RecordingHealth) -> tuple[StreamLoop, PartitionTransactions]:
+    transactions = PartitionTransactions(Settings(), path="recall")
+    await transactions.open([TP])
+    stub: Any = object()
+    loop = StreamLoop(
+        path="recall",
+        topic="in",
+        consumer=stub,
+        handler=stub,
+        dead_letters=stub,
+        health=health,
+        options=LoopOptions.from_settings(Settings()),
+        transactions=transactions,
+    )
+    return loop, transactions
+
+
+def _failures(error_type: str) -> float:
+    value = metrics.REGISTRY.get_sample_value(
+        "message_history_kafka_authorization_failures_total", {"path": "recall", "error_type": error_type}
+    )
+    return value or 0.0
+
+
+async def test_a_missing_acl_makes_the_path_not_ready_and_keeps_the_partition(
+    broker: FakeBroker,  # noqa: F811 -- the fixture
+) -> None:
+    health = RecordingHealth()
+    loop, transactions = await _loop(health)
+    transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
+    before = _failures("TransactionalIdAuthorizationFailed")
+    broker.answer = TransactionalIdAuthorizationFailed("g:in:0")
+    assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {}
+    ready, reason = health.ready["recall"]
+    assert not ready
+    assert "authorization" in reason
+    assert _failures("TransactionalIdAuthorizationFailed") == before + 1
+    assert transactions.owns(TP)  # not fenced: nobody else holds it
+    assert loop._parked_failure is None  # not a stop: an ACL to grant
+
+    assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {TP: 1}  # granted
+    assert health.ready["recall"] == (True, "")
+    assert [v for sent, _ in broker.committed for v in sent] == [b"a"]
+
+
+@pytest.mark.parametrize("error", [UnsupportedVersionError(), InvalidTxnState()])
+async def test_a_refusal_neither_retriable_nor_fencing_stops_the_loop_one_not_committed_is_retried(
+    broker: FakeBroker,  # noqa: F811 -- the fixture
+    error: Exception,
+) -> None:
+    health = RecordingHealth()
+    loop, transactions = await _loop(health)
+    transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
+    broker.answer = error
+    assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {}
+    if isinstance(error, InvalidTxnState):  # "not committable": known not committed, retried, sent once
+        assert loop._parked_failure is None
+        assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {TP: 1}
+    else:
+        assert loop._parked_failure is error  # `run` raises it: the loop stops with it
