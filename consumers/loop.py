@@ -146,6 +146,7 @@ class StreamLoop:
         )  # exactly-once: partitions whose commits fail (logged once)
         if transactions is not None:
             transactions.refused = self._refused_output
+            transactions.read_committed = consumer.committed
 
     def done_offset(self, partition: int) -> int | None:
         """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.

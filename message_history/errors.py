@@ -15,7 +15,8 @@
     │   ├── BarrierUnavailableError     the turn barrier's offset look-up failed (Kafka)
     │   ├── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
     │   ├── OutputsRefusedAgainError    exactly-once: many outputs of one commit refused; the next goes on
-    │   └── TransactionNotCommittedError  exactly-once: the broker answered the commit "not committable"
+    │   ├── TransactionNotCommittedError  exactly-once: the broker answered the commit "not committable"
+    │   └── TransactionInDoubtError     exactly-once: a commit asked, its producer failed before the answer
     ├── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
     └── StartupError                    the service cannot start as configured (e.g. HTTP port in use)
 
@@ -167,6 +168,11 @@ class OutputsRefusedAgainError(RetriableError):
 class TransactionNotCommittedError(RetriableError):
     """Exactly-once: the broker answered a commit with "not committable" (`InvalidTxnState`): known not
     committed, so its outputs go again in the next transaction, on a fresh producer."""
+
+
+class TransactionInDoubtError(RetriableError):
+    """Exactly-once: a commit was asked and its producer failed before the broker answered; settled before
+    anything is sent again (a new producer completes it, the committed offset says whether it landed)."""
 
 
 class FatalStorageError(MessageHistoryError):

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.errors import (
+    BrokerResponseError,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     InvalidProducerEpoch,
@@ -48,7 +49,12 @@ from aiokafka.errors import (
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from message_history import metrics
-from message_history.errors import OutputsRefusedAgainError, RetriableError, TransactionNotCommittedError
+from message_history.errors import (
+    OutputsRefusedAgainError,
+    RetriableError,
+    TransactionInDoubtError,
+    TransactionNotCommittedError,
+)
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import MAX_BATCH_BYTES, OUTPUT_TOO_LARGE, Headers, OutputProducer, compression_type
@@ -130,6 +136,8 @@ def commit_failure(error: BaseException) -> CommitFailure:
     `systemic`: any other refusal (neither retriable nor fencing): stop with a clear error, never retried at
     every commit.
     """
+    while type(error) is KafkaError and error.__cause__ is not None:
+        error = error.__cause__  # aiokafka wraps some failures in a bare KafkaError: the cause says what
     if isinstance(error, FENCED):
         return "fenced"
     if isinstance(error, UNAUTHORIZED):
@@ -204,6 +212,7 @@ class Transactional:
         self._ending: asyncio.Future[None] | None = None
         self._committing = False
         self.broken = False
+        self.lost = False  # a commit was asked and the producer failed before its answer
 
     @property
     def in_doubt(self) -> bool:
@@ -235,6 +244,14 @@ class Transactional:
             self._ending, self.broken = None, True  # aiokafka's producer is in a fatal state: replace it
             if not committing or isinstance(exc, InvalidTxnState):
                 return False  # no commit was asked, or the broker says the transaction cannot commit
+            if not isinstance(exc, (BrokerResponseError, ProducerFenced)):
+                # the producer died (its sender failed) after the commit was asked, before any answer: it
+                # cannot settle it any more; only a new producer's InitProducerId and a read of what
+                # landed can (`PartitionTransactions`)
+                self.lost = True
+                raise TransactionInDoubtError(
+                    f"the producer failed before the commit's answer: {exc!r}"
+                ) from exc
             raise
         self._ending = None
         return committing
@@ -339,6 +356,8 @@ class PartitionTransactions:
         self.group_id = group_id
         self.max_held = DEFAULT_MAX_HELD_OUTPUTS
         self.refused: Refused | None = None  # None: a refused output is raised (systemic)
+        # the group's committed offset of an input partition: settles a commit whose producer failed
+        self.read_committed: Callable[[TopicPartition], Awaitable[int | None]] | None = None
         self._owned: set[TopicPartition] = set()  # assigned here, and not fenced since
         self._producers: dict[TopicPartition, Transactional] = {}
         self._held: dict[TopicPartition, dict[int, list[HeldOutput]]] = {}  # per input offset, not committed
@@ -443,7 +462,7 @@ class PartitionTransactions:
             if tx is None:
                 return False  # let go of meanwhile
             try:
-                if await self._settle(tp, tx, offset):
+                if await self._settle_lost(tp, tx, offset) or await self._settle(tp, tx, offset):
                     return True
                 if tx.broken:
                     continue  # replaced by `_producer`, next round
@@ -487,6 +506,8 @@ class PartitionTransactions:
             committed = await tx.settle()
         except asyncio.CancelledError:
             raise
+        except TransactionInDoubtError:
+            raise  # still in doubt: `_settle_lost` reads what landed, once a new producer completed it
         except BaseException:
             self._doubt.pop(tp, None)  # the broker answered: refused, so not committed
             raise
@@ -500,14 +521,35 @@ class PartitionTransactions:
             return doubted >= offset
         return False
 
+    async def _settle_lost(self, tp: TopicPartition, tx: Transactional, offset: int) -> bool:
+        """A commit in doubt whose producer failed: `tx` is the new producer, whose InitProducerId completed
+        it (committed if the broker had it, aborted otherwise); the group's committed offset says which.
+        True when that committed `offset` (or past it). The rare path: Kafka before KIP-447 may show the
+        offset a moment late (no `require_stable` fetch in aiokafka), the window documented."""
+        doubted = self._doubt.get(tp)
+        if doubted is None or tx.pending:
+            return False
+        if self.read_committed is None:
+            raise KafkaError("a commit in doubt cannot be settled: no committed offset reader")
+        landed = await self.read_committed(tp)
+        del self._doubt[tp]
+        if landed is not None and landed >= doubted:
+            self._produced(self._drop_below(tp, doubted))
+            log.info(
+                "commit in doubt settled (read back): it committed",
+                extra={"path": self._path, "partition": tp.partition, "offset": doubted},
+            )
+            return doubted >= offset
+        return False
+
     async def _transact(self, tp: TopicPartition, tx: Transactional, offset: int) -> bool:
         held = self._held.get(tp, {})
         outputs = [output for o in self._take_below(tp, offset) for output in held[o]]
         try:
             await tx.run(outputs, offsets=({tp: offset}, self.group_id), one_by_one=tp in self._careful)
         except BaseException:
-            if tx.in_doubt:
-                self._doubt[tp] = offset  # asked, answer not seen: the next call waits for it
+            if tx.in_doubt or tx.lost:
+                self._doubt[tp] = offset  # asked, answer not seen: the next call waits for it (or reads)
             raise
         self._produced(self._drop_below(tp, offset))
         self._careful.discard(tp)
@@ -563,6 +605,7 @@ async def open_transactional(options: Mapping[str, Any], transactional_id: str) 
     producer = AIOKafkaProducer(
         **options, acks="all", enable_idempotence=True, transactional_id=transactional_id
     )
+    _patient_coordinator_lookup(producer)
     try:
         await producer.start()
         # an empty transaction waits for InitProducerId (the fencing) and ends without a broker request
@@ -572,6 +615,26 @@ async def open_transactional(options: Mapping[str, Any], transactional_id: str) 
         await _stop(producer)
         raise
     return producer
+
+
+def _patient_coordinator_lookup(producer: AIOKafkaProducer) -> None:
+    """aiokafka's sender retries a coordinator lookup that failed for a node not ready or a timeout, but a
+    connection closed under it (a broker stopping) is wrapped in a bare `KafkaError` that ends the sender:
+    every later step fails and a commit asked meanwhile can no longer be settled by this producer. Retried
+    here as the other connection failures are (aiokafka is pinned: `deploy/constraints.txt`)."""
+    sender: Any = producer._sender
+    find = sender._find_coordinator
+
+    async def find_coordinator(coordinator_type: Any, coordinator_key: str) -> Any:
+        while True:
+            try:
+                return await find(coordinator_type, coordinator_key)
+            except KafkaError as exc:
+                if type(exc) is not KafkaError or not is_retriable(exc.__cause__ or exc):
+                    raise
+                await asyncio.sleep(sender._retry_backoff)
+
+    sender._find_coordinator = find_coordinator
 
 
 async def fence_legacy(options: Mapping[str, Any], legacy_id: str) -> None:

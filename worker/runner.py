@@ -203,6 +203,8 @@ class AgentWorker:
                 await producer.stop()
             raise
         consumer.subscribe([self._enriched_topic], listener=_Listener(self))
+        if self._transactions is not None:
+            self._transactions.read_committed = consumer.committed
         self._producer, self._consumer = producer, consumer
         if self._handle_signals:
             self._install_signals()

@@ -12,20 +12,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from message_history.settings import Settings
 from producers.transactions import HeldOutput, PartitionTransactions, Transactional, open_transactional
+from schemas.dead_letters import ERROR_TYPE
+from tests.conftest import MakeTopic
 from tests.integration.private_kafka import PrivateKafka, private_kafka  # noqa: F401 -- the fixture
 from tests.integration.service_harness import (
     drop_database,
+    encoded,
     fresh_settings,
     read_request_ids,
+    request_event,
     running_service,
     values,
     wave,
@@ -138,18 +144,26 @@ async def test_a_commit_a_frozen_broker_never_answered_had_landed(
 
 
 async def _feed(bootstrap: str, settings: Settings, threads: list[str], turns: range, every_s: float) -> None:
-    """One turn of every thread each `every_s` (responses first), each wave retried until the broker takes
-    it: the stream goes on through the outage, so commits are due while the broker is away."""
-    for turn in turns:
-        requests, responses = wave(threads, range(turn, turn + 1))
-        for topic, items in ((settings.responses_topic, responses), (settings.requests_topic, requests)):
-            while True:
-                try:
-                    await asyncio.wait_for(produce(bootstrap, topic, items), 60)
-                    break
-                except Exception:  # the broker is away: the same wave again (idempotent ids)
-                    await asyncio.sleep(0.5)
-        await asyncio.sleep(every_s)
+    """One turn of every thread each `every_s` (responses first) from one idempotent producer started while
+    the broker is up: its sends wait through the outage (an idempotent producer never expires a batch), so
+    the stream goes on and commits are due while the broker is away, and no input is sent twice."""
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    await producer.start()
+    try:
+        for turn in turns:
+            requests, responses = wave(threads, range(turn, turn + 1))
+            acks = [
+                await producer.send(topic, key=key, value=value)
+                for topic, items in (
+                    (settings.responses_topic, responses),
+                    (settings.requests_topic, requests),
+                )
+                for key, value in items
+            ]
+            await asyncio.gather(*acks)
+            await asyncio.sleep(every_s)
+    finally:
+        await producer.stop()
 
 
 async def test_the_service_through_a_stopped_and_a_frozen_broker_sends_every_output_once(
@@ -249,3 +263,41 @@ async def test_the_worker_sdk_through_a_frozen_and_a_stopped_broker_answers_ever
     ids = Counter(v["requestId"] for v in values(responses))
     assert len(ids) == len(requests)
     assert set(ids.values()) == {1}
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+async def test_an_output_the_broker_refuses_is_its_records_dead_letter(
+    guarantee: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The enriched topic's max.message.bytes (6 KiB) is below one request's output (its message is 12 KB):
+    that request is dead-lettered (`OutputTooLarge`), the others are enriched, in both modes; no stalled
+    partition. Under exactly-once the small outputs batched together are refused too at first (a batch over
+    the limit): sent one by one, they go through."""
+    settings = fresh_settings(
+        kafka_bootstrap, mongo_uri, processing_guarantee=guarantee, barrier="off", busy_thread="allow"
+    )
+    for name in (settings.requests_topic, settings.requests_dlq):
+        await make_topic(partitions=1, name=name)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap, request_timeout_ms=30_000)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(settings.enriched_topic, 1, 1, topic_configs={"max.message.bytes": "6144"})],
+            timeout_ms=30_000,
+        )
+    finally:
+        await admin.close()
+    small = [encoded(request_event(f"sm{i:02d}", "u", 1, f"hello {i}")) for i in range(20)]
+    big = encoded(request_event("big", "u", 1, "x" * 12_000))
+    requests = [*small[:10], big, *small[10:]]
+    async with running_service(settings, only="recall"):
+        await produce(kafka_bootstrap, settings.requests_topic, requests)
+        enriched = await read_request_ids(kafka_bootstrap, settings.enriched_topic, len(small), timeout_s=60)
+        letters = await read_topic(kafka_bootstrap, settings.requests_dlq, until=lambda rs: len(rs) >= 1)
+    await drop_database(settings)
+
+    assert {v["requestId"] for v in values(enriched)} == {f"sm{i:02d}-turn1" for i in range(20)}
+    assert len(letters) == 1
+    headers = dict(letters[0].headers)
+    assert headers[ERROR_TYPE] == b"OutputTooLarge"
+    assert json.loads(letters[0].value or b"{}")["requestId"] == "big-turn1"

@@ -37,10 +37,11 @@ async def _loop(health: RecordingHealth) -> tuple[StreamLoop, PartitionTransacti
     transactions = PartitionTransactions(Settings(), path="recall")
     await transactions.open([TP])
     stub: Any = object()
+    consumer: Any = type("Consumer", (), {"committed": None})()
     loop = StreamLoop(
         path="recall",
         topic="in",
-        consumer=stub,
+        consumer=consumer,
         handler=stub,
         dead_letters=stub,
         health=health,

@@ -23,6 +23,7 @@ from aiokafka.errors import (
     InvalidProducerEpoch,
     InvalidTxnState,
     KafkaConnectionError,
+    KafkaError,
     KafkaTimeoutError,
     MessageSizeTooLargeError,
     NotCoordinatorError,
@@ -35,7 +36,7 @@ from aiokafka.errors import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from message_history.errors import TransactionNotCommittedError
+from message_history.errors import TransactionInDoubtError, TransactionNotCommittedError
 from message_history.settings import Settings
 from producers import transactions
 from producers.transactions import (
@@ -65,6 +66,8 @@ class FakeBroker:
         self.answer: BaseException | None = None
         self.too_large: set[bytes] = set()
         self.send_error: BaseException | None = None
+        self.lose: str | None = None  # "after" / "before": the producer fails after / before the commit lands
+        self.offsets: dict[TopicPartition, int] = {}
         self._unanswered: list[asyncio.Future[None]] = []
 
     def back(self) -> None:
@@ -80,7 +83,13 @@ class FakeBroker:
             error, self.answer = self.answer, None
             waiter.set_exception(error)
             return waiter
-        self.committed.append((sent, offsets))
+        lose, self.lose = self.lose, None
+        if lose != "before":
+            self.committed.append((sent, offsets))
+            self.offsets.update(offsets)
+        if lose is not None:  # the sender died (aiokafka's bare KafkaError), no answer seen
+            waiter.set_exception(KafkaError("Unexpected error during batch delivery"))
+            return waiter
         if self.down:
             self._unanswered.append(waiter)
         else:
@@ -154,8 +163,15 @@ async def _commit(tx: PartitionTransactions, offset: int) -> bool:
     return await asyncio.wait_for(tx.commit(TP, offset), BOUND_S)
 
 
-async def _opened(path: str = "recall") -> PartitionTransactions:
+async def _opened(path: str = "recall", broker: FakeBroker | None = None) -> PartitionTransactions:
     tx = PartitionTransactions(Settings(), path=path)
+    if broker is not None:
+        known = broker
+
+        async def read_committed(tp: TopicPartition) -> int | None:
+            return known.offsets.get(tp)
+
+        tx.read_committed = read_committed
     await tx.open([TP])
     return tx
 
@@ -406,3 +422,30 @@ def test_the_transactional_id_splits_back_whatever_the_group_id_holds(
 ) -> None:
     value = transactional_id(group, topic, partition, replay=replay)
     assert parse_transactional_id(value) == (group, topic, partition, replay)
+
+
+@pytest.mark.parametrize("landed", [True, False])
+async def test_a_commit_whose_producer_failed_before_the_answer_is_read_back_not_guessed(
+    broker: FakeBroker, landed: bool
+) -> None:
+    """aiokafka's sender can die mid-commit (a bare KafkaError): that producer can no longer settle it. A
+    new producer (its InitProducerId completes the transaction) and the group's committed offset settle it:
+    landed, nothing is sent again; not landed, the outputs go once."""
+    tx = await _opened(broker=broker)
+    tx.hold(TP, 0, _out("a"))
+    broker.lose = "after" if landed else "before"
+    with pytest.raises(TransactionInDoubtError):
+        await _commit(tx, 1)
+    assert tx.in_doubt() == [TP]
+    assert commit_failure(TransactionInDoubtError()) == "outage"
+    tx.hold(TP, 1, _out("b"))
+    assert await _commit(tx, 2)
+    assert _values(broker) == [b"a", b"b"]
+    assert broker.offsets == {TP: 2}
+
+
+def test_a_bare_kafka_error_is_classified_by_its_cause() -> None:
+    wrapped = KafkaError("FindCoordinator failed")
+    wrapped.__cause__ = KafkaConnectionError("Connection closed")
+    assert commit_failure(wrapped) == "outage"
+    assert commit_failure(KafkaError("no cause")) == "systemic"
