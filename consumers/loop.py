@@ -774,7 +774,18 @@ class StreamLoop:
                     self._consumer.seek(tp, offset)
 
         backoff = Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random)
-        await retry_call(open_and_seek, backoff=backoff, wait=wait)
+        try:
+            await retry_call(open_and_seek, backoff=backoff, wait=wait)
+        except Exception as exc:
+            # raised out of the listener, aiokafka would log it and keep the partitions assigned but never
+            # taken (a silent stall): stop the loop with it instead (`run` raises it)
+            if not self._stopping and self._parked_failure is None:
+                log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
+                    "transactional producers could not be opened (not an outage): stopping the loop",
+                    extra={"path": self.path, "error_type": type(exc).__name__, "error": str(exc)[:300]},
+                )
+                self._parked_failure = exc
+            raise
 
     # --- rebalances -----------------------------------------------------------------------------------------
 

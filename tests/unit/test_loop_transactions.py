@@ -14,6 +14,7 @@ from consumers.consumer import LoopOptions
 from consumers.loop import StreamLoop
 from message_history import metrics
 from message_history.settings import Settings
+from producers import transactions as transactions_module
 from producers.transactions import HeldOutput, PartitionTransactions
 from tests.unit.test_transactions import FakeBroker, broker  # noqa: F401 -- the fixture
 
@@ -94,3 +95,35 @@ async def test_a_refusal_neither_retriable_nor_fencing_stops_the_loop_one_not_co
         assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {TP: 1}
     else:
         assert loop._parked_failure is error  # `run` raises it: the loop stops with it
+
+
+async def test_producers_that_cannot_be_opened_stop_the_loop_not_stall_its_partitions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Raised out of the rebalance listener, aiokafka would log it and keep the partitions assigned but
+    never read (a stall): the loop keeps it for `run` to raise."""
+
+    async def refused(options: Any, transactional_id: str) -> Any:
+        raise UnsupportedVersionError()
+
+    async def no_legacy(options: Any, legacy_id: str) -> None:
+        return None
+
+    monkeypatch.setattr(transactions_module, "open_transactional", refused)
+    monkeypatch.setattr(transactions_module, "fence_legacy", no_legacy)
+    health = RecordingHealth()
+    stub: Any = object()
+    consumer: Any = type("Consumer", (), {"committed": None})()
+    loop = StreamLoop(
+        path="recall",
+        topic="in",
+        consumer=consumer,
+        handler=stub,
+        dead_letters=stub,
+        health=health,
+        options=LoopOptions.from_settings(Settings()),
+        transactions=PartitionTransactions(Settings(), path="recall"),
+    )
+    with pytest.raises(UnsupportedVersionError):
+        await loop.open_transactions({TP})
+    assert isinstance(loop._parked_failure, UnsupportedVersionError)
