@@ -57,11 +57,17 @@ from message_history.errors import (
 )
 from message_history.settings import Settings
 from producers.connection import kafka_options
-from producers.output import MAX_BATCH_BYTES, OUTPUT_TOO_LARGE, Headers, OutputProducer, compression_type
+from producers.output import (
+    MAX_BATCH_BYTES,
+    MAX_REQUEST_BYTES,
+    OUTPUT_TOO_LARGE,
+    Headers,
+    OutputProducer,
+    compression_type,
+)
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 1_048_576  # aiokafka's default `max_request_size`, checked by `OutputProducer.send` too
 _CLOSE_S = 5.0
 
 
