@@ -54,7 +54,7 @@ from aiokafka.errors import (
 from consumers.lanes import run_lanes
 from consumers.outage import backoff_delay, is_outage
 from message_history import tracing
-from message_history.errors import InvalidInputError
+from message_history.errors import InvalidInputError, RetriableError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import OUTPUT_TOO_LARGE
@@ -398,7 +398,7 @@ class AgentWorker:
                 try:
                     await asyncio.wait_for(transactions.commit(tp, offset), COMMIT_TIMEOUT_S)
                     break
-                except (KafkaError, TimeoutError) as exc:
+                except (KafkaError, TimeoutError, RetriableError) as exc:
                     failure = commit_failure(exc)
                     if failure == "systemic":
                         raise
