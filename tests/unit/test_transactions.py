@@ -39,6 +39,7 @@ from hypothesis import strategies as st
 from message_history.errors import TransactionInDoubtError, TransactionNotCommittedError
 from message_history.settings import Settings
 from producers import transactions
+from producers.output import MAX_REQUEST_BYTES
 from producers.transactions import (
     HeldOutput,
     HoldingProducer,
@@ -387,7 +388,7 @@ async def test_the_holding_producer_resolves_with_the_output_and_refuses_what_ka
     holding = HoldingProducer()
     ack = await holding.send("out", key=b"k", value=b"v", headers=[("h", b"1")])
     assert held_outputs(await ack) == [HeldOutput("out", b"k", b"v", (("h", b"1"),))]
-    too_large = await holding.send("out", key=b"k", value=b"x" * (transactions.MAX_REQUEST_BYTES + 1))
+    too_large = await holding.send("out", key=b"k", value=b"x" * (MAX_REQUEST_BYTES + 1))
     with pytest.raises(MessageSizeTooLargeError):
         await too_large
 
