@@ -141,9 +141,8 @@ class StreamLoop:
         # exactly-once: outputs held per record, committed with the offsets (`producers.transactions`)
         self._transactions = transactions
         self._unauthorized = False  # exactly-once: a transaction was refused for a missing ACL
-        self._failing: set[TopicPartition] = (
-            set()
-        )  # exactly-once: partitions whose commits fail (logged once)
+        # exactly-once: partitions whose commits fail (a failure streak is logged once)
+        self._failing: set[TopicPartition] = set()
         if transactions is not None:
             transactions.refused = self._refused_output
             transactions.read_committed = consumer.committed
