@@ -4,7 +4,8 @@ neither retriable nor fencing stops the loop instead of being retried at every c
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from typing import Any, cast
 
 import pytest
 from aiokafka import TopicPartition
@@ -127,3 +128,60 @@ async def test_producers_that_cannot_be_opened_stop_the_loop_not_stall_its_parti
     with pytest.raises(UnsupportedVersionError):
         await loop.open_transactions({TP})
     assert isinstance(loop._parked_failure, UnsupportedVersionError)
+
+
+class PausingConsumer:
+    """What `_wait_polling` uses: every assigned partition is paused while the loop waits."""
+
+    def __init__(self) -> None:
+        self.paused_now: set[TopicPartition] = set()
+        self.polls = 0
+        self.committed = None
+
+    def assignment(self) -> set[TopicPartition]:
+        return {TP}
+
+    def pause(self, *partitions: TopicPartition) -> None:
+        self.paused_now.update(partitions)
+
+    def paused(self) -> set[TopicPartition]:
+        return set(self.paused_now)
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self.paused_now.difference_update(partitions)
+
+    async def getmany(self, timeout_ms: int = 0, **_: Any) -> dict[TopicPartition, list[Any]]:
+        self.polls += 1
+        await asyncio.sleep(0.01)
+        return {}
+
+
+async def test_held_outputs_at_their_cap_pause_intake_until_commits_drain_them(
+    broker: FakeBroker,  # noqa: F811 -- the fixture
+) -> None:
+    consumer = PausingConsumer()
+    stub: Any = object()
+    transactions = PartitionTransactions(Settings(), path="recall")
+    transactions.max_held = 2
+    await transactions.open([TP])
+    loop = StreamLoop(
+        path="recall",
+        topic="in",
+        consumer=cast(Any, consumer),
+        handler=stub,
+        dead_letters=stub,
+        health=RecordingHealth(),
+        options=LoopOptions.from_settings(Settings()),
+        transactions=transactions,
+    )
+    transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
+    transactions.hold(TP, 1, [HeldOutput("out", b"k", b"b", ())])
+    stop = asyncio.Event()
+    waiting = asyncio.create_task(loop._wait_for_held_room(stop))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()  # intake paused: only paused polls, to stay in the group
+    assert consumer.paused_now == {TP}
+    assert consumer.polls > 0
+    assert await transactions.commit(TP, 2)  # a commit drains them
+    await asyncio.wait_for(waiting, 5)
+    assert consumer.paused_now == set()  # intake resumed
