@@ -46,7 +46,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectionError, KafkaError
 from opentelemetry.trace import Span
 
 from consumers.consumer import Health, LoopOptions, stop_consumer
@@ -66,10 +66,16 @@ from consumers.outage import (
 from consumers.parking import Deferred, ParkedLanes
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
-from message_history.errors import error_type
+from message_history.errors import RetriableError, error_type
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import explain_too_large
-from producers.transactions import PartitionTransactions, held_outputs
+from producers.transactions import (
+    UNAUTHORIZED,
+    HeldOutput,
+    PartitionTransactions,
+    commit_failure,
+    held_outputs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +140,12 @@ class StreamLoop:
         self._parked_failure: BaseException | None = None  # a bug met while settling one: raised by `run`
         # exactly-once: outputs held per record, committed with the offsets (`producers.transactions`)
         self._transactions = transactions
+        self._unauthorized = False  # exactly-once: a transaction was refused for a missing ACL
+        # exactly-once: partitions whose commits fail (a failure streak is logged once)
+        self._failing: set[TopicPartition] = set()
+        if transactions is not None:
+            transactions.refused = self._refused_output
+            transactions.read_committed = consumer.committed
 
     def done_offset(self, partition: int) -> int | None:
         """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
@@ -199,6 +211,9 @@ class StreamLoop:
                 raise self._parked_failure
             if any(parking.full() for parking in self._parkings):
                 await self._wait_for_parking_room(stop)
+                continue
+            if self._transactions is not None and self._transactions.full():
+                await self._wait_for_held_room(stop)
                 continue
             batch = await self._fetch()
             if batch:
@@ -404,7 +419,7 @@ class StreamLoop:
         """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
         record, part = item
         if self._transactions is not None and self._tracker.owns(_tp(record), part):
-            self._transactions.hold(_tp(record), record.offset, held_outputs(outcome))
+            self._transactions.hold(_tp(record), record.offset, held_outputs(outcome), record)
         part.done(record.offset)
 
     # --- parked records -------------------------------------------------------------------------------------
@@ -626,13 +641,13 @@ class StreamLoop:
         self, transactions: PartitionTransactions, offsets: dict[TopicPartition, int], *, reason: str
     ) -> dict[TopicPartition, int]:
         """Each partition's held outputs below its watermark and the watermark, one transaction per partition,
-        all at once; returns the offsets committed. A failed one is aborted and tried again by the next."""
+        all at once; returns the offsets committed. What a failure means is `commit_failure`'s: an outage
+        (or a commit in doubt, settled by the next one before anything is sent again) is retried, missing
+        ACLs make the path not ready, anything else stops the loop."""
         parts = list(offsets.items())
         results = await asyncio.gather(
             *(
-                asyncio.wait_for(
-                    transactions.commit(tp, offset, self._consumer.committed), self._opts.commit_timeout_s
-                )
+                asyncio.wait_for(transactions.commit(tp, offset), self._opts.commit_timeout_s)
                 for tp, offset in parts
             ),
             return_exceptions=True,
@@ -641,20 +656,86 @@ class StreamLoop:
         for (tp, offset), result in zip(parts, results, strict=True):
             if result is True:
                 committed[tp] = offset
-            elif isinstance(result, (KafkaError, TimeoutError)):
-                metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-                log.warning(
-                    "transaction failed (aborted); the next commit retries its outputs",
-                    extra={
-                        "path": self.path,
-                        "reason": reason,
-                        "partition": tp.partition,
-                        "error": type(result).__name__,
-                    },
-                )
+                self._failing.discard(tp)
+            elif isinstance(result, (KafkaError, TimeoutError, ConnectionError, RetriableError)):
+                self._transaction_failed(tp, result, in_doubt=tp in transactions.in_doubt(), reason=reason)
             elif isinstance(result, BaseException) and self._parked_failure is None:
                 self._parked_failure = result  # a bug, maybe in a background commit: `run` raises it
+        if committed and self._unauthorized:
+            self._unauthorized = False
+            self._health.set_ready(self.path, True)
+            log.info("transactions authorized again", extra={"path": self.path})
         return committed
+
+    def _transaction_failed(
+        self, tp: TopicPartition, error: BaseException, *, in_doubt: bool, reason: str
+    ) -> None:
+        where = {
+            "path": self.path,
+            "reason": reason,
+            "partition": tp.partition,
+            "error": type(error).__name__,
+        }
+        failure = commit_failure(error)
+        if failure == "outage":
+            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
+            # once per partition and failure streak (an outage fails every commit: said, not shouted)
+            level = logging.DEBUG if tp in self._failing else logging.WARNING
+            self._failing.add(tp)
+            if in_doubt:  # asked, not answered in time: the same producer waits for the answer, never guessed
+                log.log(
+                    level,
+                    "commit outcome unknown yet (no answer in time); settled before any resend",
+                    extra=where,
+                )
+            else:
+                log.log(
+                    level, "transaction failed (aborted); the next commit retries its outputs", extra=where
+                )
+        elif failure == "unauthorized":
+            self._refused_access(error, where)
+        elif self._parked_failure is None:  # neither retriable nor fencing: never retried at every commit
+            log.error("a transaction refused for good (not retriable): stopping the loop", extra=where)
+            self._parked_failure = error
+
+    def _refused_access(self, error: BaseException, where: dict[str, object]) -> None:
+        """A missing ACL (not fencing: nobody else holds the partition): not ready, ERROR, counted (the
+        chart alerts on it); retried, and ready again once a transaction goes through."""
+        metrics.KAFKA_AUTHORIZATION_FAILURES.labels(path=self.path, error_type=type(error).__name__).inc()
+        log.error(  # an ACL to grant, not a traceback to read
+            "Kafka authorization failed for a transaction: grant the ACLs (docs/security.md); not ready",
+            extra={**where, "detail": str(error)[:300]},
+        )
+        self._unauthorized = True
+        self._health.set_ready(self.path, False, f"kafka authorization failed: {type(error).__name__}")
+
+    async def _refused_output(
+        self, tp: TopicPartition, offset: int, source: object, error: BaseException
+    ) -> list[HeldOutput]:
+        """Exactly-once: the broker refused an output of the record at `offset` for its size (the topic's
+        `max.message.bytes`): the record's dead letter replaces its outputs, in the same transaction."""
+        if not isinstance(source, ConsumerRecord):
+            return []
+        explained = explain_too_large(error, self.path)
+        return held_outputs(await self._send_dead_letter(source, explained, None))
+
+    async def _wait_for_held_room(self, stop: asyncio.Event) -> None:
+        """Exactly-once: held outputs at their cap (commits failing, or slower than intake): fetch nothing,
+        partitions paused and still polling, until commits drain them."""
+        transactions = self._transactions
+        if transactions is None:
+            return
+        log.warning(
+            "held outputs at their cap (MAX_HELD_OUTPUTS): intake paused until commits drain them",
+            extra={"path": self.path, "held": transactions.held()},
+        )
+        while not stop.is_set() and transactions.full() and self._parked_failure is None:
+            await self._wait_polling(0.1, stop)
+        if not self._outage:
+            paused = self._consumer.paused()
+            if paused:
+                self._consumer.resume(*paused)
+            metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
 
     async def open_transactions(self, assigned: set[TopicPartition]) -> None:
         """Exactly-once: before the new partitions are read, a transactional producer for each (fencing any
@@ -678,14 +759,32 @@ class StreamLoop:
             return False
 
         async def open_and_seek() -> None:
-            await transactions.open(owned)
+            try:
+                await transactions.open(owned)
+            except UNAUTHORIZED as exc:  # InitProducerId refused: an ACL to grant, retried meanwhile
+                self._refused_access(exc, {"path": self.path, "error": type(exc).__name__})
+                raise KafkaConnectionError(f"transactional producers not authorized: {exc}") from exc
+            if self._unauthorized:
+                self._unauthorized = False
+                self._health.set_ready(self.path, True)
             for tp in owned:
                 offset = await self._consumer.committed(tp)
                 if offset is not None:
                     self._consumer.seek(tp, offset)
 
         backoff = Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random)
-        await retry_call(open_and_seek, backoff=backoff, wait=wait)
+        try:
+            await retry_call(open_and_seek, backoff=backoff, wait=wait)
+        except Exception as exc:
+            # raised out of the listener, aiokafka would log it and keep the partitions assigned but never
+            # taken (a silent stall): stop the loop with it instead (`run` raises it)
+            if not self._stopping and self._parked_failure is None:
+                log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
+                    "transactional producers could not be opened (not an outage): stopping the loop",
+                    extra={"path": self.path, "error_type": type(exc).__name__, "error": str(exc)[:300]},
+                )
+                self._parked_failure = exc
+            raise
 
     # --- rebalances -----------------------------------------------------------------------------------------
 

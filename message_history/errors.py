@@ -19,7 +19,10 @@
     │   ├── StorageUnavailableError     MongoDB unreachable, timed out, not primary
     │   │   └── OperationTimedOutError  the server was reached but the operation did not finish in time
     │   ├── BarrierUnavailableError     the turn barrier's offset look-up failed (Kafka)
-    │   └── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
+    │   ├── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
+    │   ├── OutputsRefusedAgainError    exactly-once: many outputs of one commit refused; the next goes on
+    │   ├── TransactionNotCommittedError  exactly-once: the broker answered the commit "not committable"
+    │   └── TransactionInDoubtError     exactly-once: a commit asked, its producer failed before the answer
     ├── FatalStorageError               MongoDB refused the operation for good (auth, authorization, config)
     └── StartupError                    the service cannot start as configured (e.g. HTTP port in use)
 
@@ -228,6 +231,21 @@ class BarrierUnavailableError(RetriableError):
 
 class WaitInterruptedError(RetriableError):
     """Stopping while a request waits for its turn: it is left for the partition's next owner."""
+
+
+class OutputsRefusedAgainError(RetriableError):
+    """Exactly-once: many outputs of one commit refused by the broker for their size, each replaced by its
+    record's dead letter; the replacements so far are kept and the next commit goes on from there."""
+
+
+class TransactionNotCommittedError(RetriableError):
+    """Exactly-once: the broker answered a commit with "not committable" (`InvalidTxnState`): known not
+    committed, so its outputs go again in the next transaction, on a fresh producer."""
+
+
+class TransactionInDoubtError(RetriableError):
+    """Exactly-once: a commit was asked and its producer failed before the broker answered; settled before
+    anything is sent again (a new producer completes it, the committed offset says whether it landed)."""
 
 
 class FatalStorageError(MessageHistoryError):

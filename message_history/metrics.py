@@ -95,6 +95,13 @@ FORGET_DELETED = Counter(
     ["what"],
     registry=REGISTRY,
 )
+KAFKA_AUTHORIZATION_FAILURES = Counter(
+    "message_history_kafka_authorization_failures",
+    "Transactions (exactly-once) the broker refused for a missing ACL, by path and error: not fencing; the "
+    "path is not ready until a commit succeeds again.",
+    ["path", "error_type"],
+    registry=REGISTRY,
+)
 RETRIES = Counter(
     "message_history_retries",
     "Retries after a dependency failed (an outage, not bad input).",

@@ -183,6 +183,14 @@ class Settings(BaseSettings):
             "at each commit (`COMMIT_INTERVAL_MS` later at most)."
         ),
     )
+    max_held_outputs: int = Field(
+        100_000,
+        ge=1,
+        description=(
+            "`exactly-once`: outputs held (produced, not yet committed) per path at most; past it intake "
+            "pauses until commits drain them (a commit failing for a while must not grow memory)."
+        ),
+    )
 
     # --- batching and flow control ---
     max_batch_records: int = Field(500, ge=1)

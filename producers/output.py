@@ -23,7 +23,10 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError, RecordTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from message_history import metrics
 from message_history.errors import OutputTooLargeError
@@ -37,6 +40,8 @@ Headers = Sequence[tuple[str, bytes]]
 MAX_BATCH_BYTES = 512 * 1024
 """Per-partition batch size. aiokafka keeps one open batch per partition and makes `send` wait while it is
 full, so the 16 KiB default would serialize a burst of multi-KiB enriched events into many small requests."""
+
+MAX_REQUEST_BYTES = 1_048_576  # aiokafka's default `max_request_size`
 
 REQUEST_TIMEOUT_MS = 40_000
 """aiokafka's default, set explicitly: it also bounds how long `send` may wait for room in a full batch, and
@@ -64,6 +69,65 @@ def explain_too_large(error: BaseException, path: str) -> OutputTooLargeError:
     )
 
 
+MIN_BATCH_BYTES = 1024  # a floor for the batch size however small a topic's limit is (one record still goes)
+_LIMITS_TIMEOUT_S = 10.0
+
+
+def output_topics(settings: Settings) -> list[str]:
+    """Every topic the service's shared producer writes."""
+    return [
+        settings.enriched_topic,
+        settings.persisted_topic,
+        settings.forgotten_topic,
+        settings.requests_dlq,
+        settings.responses_dlq,
+        settings.commands_dlq,
+    ]
+
+
+def parse_limits(resources: Sequence[Any]) -> dict[str, int]:
+    """`{topic: max.message.bytes}` from DescribeConfigs resources (error_code, message, type, name, entries);
+    a topic the broker answered with an error for (missing, not authorized) is left out."""
+    limits: dict[str, int] = {}
+    for resource in resources:
+        error_code, _, _, name, entries = resource[:5]
+        if error_code != 0:
+            continue
+        for entry in entries:
+            if entry[0] == "max.message.bytes" and entry[1] is not None and str(entry[1]).isdigit():
+                limits[name] = int(entry[1])
+    return limits
+
+
+def batch_bytes(limits: dict[str, int]) -> int:
+    """The producer's batch size: a batch is never larger than the smallest output topic's limit, so the
+    broker never refuses a batch of records that each fit (the idempotent producer's sequence would break:
+    `OutOfOrderSequenceNumber` on every later send to that partition)."""
+    return max(MIN_BATCH_BYTES, min([MAX_BATCH_BYTES, *limits.values()]))
+
+
+async def topic_limits(settings: Settings, topics: Sequence[str]) -> dict[str, int]:
+    """Each existing topic's `max.message.bytes` (DescribeConfigs); {} when they cannot be read (no
+    DescribeConfigs ACL, broker away): then only the producer's own 1 MiB limit is checked before sending."""
+    admin = AIOKafkaAdminClient(
+        **kafka_options(settings, client_id="message-history-limits"), request_timeout_ms=10_000
+    )
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t, {"max.message.bytes": None}) for t in topics]
+    try:
+        async with asyncio.timeout(_LIMITS_TIMEOUT_S):
+            await admin.start()
+            responses = await admin.describe_configs(resources)
+    except Exception as exc:  # noqa: BLE001 -- an optional look-up: the broker still refuses what is too big
+        log.warning(
+            "output topics' max.message.bytes not read: records are checked against 1 MiB only",
+            extra={"error": type(exc).__name__},
+        )
+        return {}
+    finally:
+        await admin.close()
+    return parse_limits([r for response in responses for r in response.resources])
+
+
 def compression_type(settings: Settings) -> str | None:
     """aiokafka's `compression_type` for `output_compression` (`none` is aiokafka's None)."""
     return None if settings.output_compression == "none" else settings.output_compression
@@ -77,15 +141,20 @@ class OutputProducer:
         self._client_id = client_id
         self._producer: AIOKafkaProducer | None = None
         self._gates: dict[str, asyncio.Lock] = {}  # per topic: one send at a time (see the module docstring)
+        self._limits: dict[str, int] = {}  # output topic -> max.message.bytes below the producer's 1 MiB
 
     async def __aenter__(self) -> OutputProducer:
+        # a record over its topic's max.message.bytes is refused here, before the broker would: a refusal
+        # there breaks the idempotent producer's sequence for the partition (every later send fails)
+        limits = await topic_limits(self._settings, output_topics(self._settings))
+        self._limits = {topic: limit for topic, limit in limits.items() if limit < MAX_REQUEST_BYTES}
         producer = AIOKafkaProducer(
             **kafka_options(self._settings, client_id=self._client_id),
             acks="all",
             enable_idempotence=True,
             request_timeout_ms=REQUEST_TIMEOUT_MS,
             linger_ms=self._settings.linger_ms,
-            max_batch_size=MAX_BATCH_BYTES,
+            max_batch_size=batch_bytes(self._limits),
             compression_type=compression_type(self._settings),
         )
         await producer.start()
@@ -109,6 +178,17 @@ class OutputProducer:
         self, topic: str, *, key: bytes | None, value: bytes | None, headers: Headers = ()
     ) -> asyncio.Future[Any]:
         """Buffer one record; the returned future resolves with its metadata once Kafka acknowledged it."""
+        limit = self._limits.get(topic)
+        if limit is not None:
+            size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(headers))
+            if size > limit:
+                refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                refused.set_exception(
+                    MessageSizeTooLargeError(
+                        f"the record is {size} bytes, over {topic}'s max.message.bytes {limit}"
+                    )
+                )
+                return refused
         gate = self._gates.get(topic)
         if gate is None:
             gate = self._gates[topic] = asyncio.Lock()

@@ -18,10 +18,12 @@ not decode is logged and skipped (the service never writes one; the worker has n
 With `processing_guarantee="exactly-once"` (the service's `MESSAGE_HISTORY_PROCESSING_GUARANTEE`, which
 `from_settings` follows) each response is held, and at the end of the batch the answered responses of each
 partition go out with that partition's consumed offset in one Kafka transaction, from a producer per owned
-partition (transactional id `{group}-{enriched topic}-{partition}`, as the service's; a worker that lost its
-partitions while paused is fenced). A crash, a rebalance or a zombie worker then never makes a response
-visible twice to `read_committed` readers (the service's persist path reads so). The worker always reads
-`read_committed`: under exactly-once the service's aborted enriched requests are never answered.
+partition (transactional id `{group}:{enriched topic}:{partition}`, as the service's; a worker that lost
+its partitions while paused is fenced). A commit whose answer does not come in time (a broker restarting)
+is settled on the same producer before anything is sent again, never taken for an abort. A crash, a
+rebalance or a zombie worker then never makes a response visible twice to `read_committed` readers (the
+service's persist path reads so). The worker always reads `read_committed`: under exactly-once the
+service's aborted enriched requests are never answered.
 
 SIGTERM (and SIGINT) stop fetching; the batch in flight gets `shutdown_grace_s` to finish, then what is left
 is cancelled and not committed (the next owner answers it); then the offsets of what was answered are
@@ -52,11 +54,17 @@ from aiokafka.errors import (
 from consumers.lanes import run_lanes
 from consumers.outage import backoff_delay, is_outage
 from message_history import tracing
-from message_history.errors import InvalidInputError
+from message_history.errors import InvalidInputError, RetriableError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import OUTPUT_TOO_LARGE
-from producers.transactions import HoldingProducer, PartitionTransactions, held_outputs
+from producers.transactions import (
+    HeldOutput,
+    HoldingProducer,
+    PartitionTransactions,
+    commit_failure,
+    held_outputs,
+)
 from schemas.codec import decode_enriched, encode
 from schemas.events import AgentResponse
 from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
@@ -68,6 +76,7 @@ Handler = Callable[[Turn], Awaitable[Reply | str]]
 
 RETRY_INITIAL_S: Final = 0.2
 RETRY_MAX_S: Final = 5.0
+COMMIT_TIMEOUT_S: Final = 10.0  # one try at a transaction; past it the commit is in doubt, settled next try
 _JITTER = random.Random()  # noqa: S311 -- retry jitter, not security
 
 
@@ -150,6 +159,8 @@ class AgentWorker:
             else None
         )
         self._ready: set[TopicPartition] = set()  # exactly-once: partitions fenced, at their committed offset
+        if self._transactions is not None:
+            self._transactions.refused = self._refused_response
 
     @classmethod
     def from_settings(
@@ -192,6 +203,8 @@ class AgentWorker:
                 await producer.stop()
             raise
         consumer.subscribe([self._enriched_topic], listener=_Listener(self))
+        if self._transactions is not None:
+            self._transactions.read_committed = consumer.committed
         self._producer, self._consumer = producer, consumer
         if self._handle_signals:
             self._install_signals()
@@ -375,26 +388,52 @@ class AgentWorker:
         self, transactions: PartitionTransactions, offsets: dict[TopicPartition, int]
     ) -> None:
         """Each partition's held responses and its offset in one transaction, retried while Kafka is down
-        (until stopped: then the next owner answers those turns again, none of them visible twice)."""
-        consumer = self._require(self._consumer)
+        (until stopped: then the next owner answers those turns again, none of them visible twice). A commit
+        whose answer did not come in time is in doubt: the next try settles it (same producer) before
+        anything is sent again, so a response is never committed twice. A missing ACL is logged at ERROR
+        and retried; any other refusal (neither retriable nor fencing) is raised: the worker stops."""
         for tp, offset in offsets.items():
             attempt = 0
             while True:
                 try:
-                    await transactions.commit(tp, offset, consumer.committed)
+                    await asyncio.wait_for(transactions.commit(tp, offset), COMMIT_TIMEOUT_S)
                     break
-                except KafkaError as exc:
-                    if not is_outage(exc) or self._stop.is_set():
+                except (KafkaError, TimeoutError, RetriableError) as exc:
+                    failure = commit_failure(exc)
+                    if failure == "systemic":
+                        raise
+                    if self._stop.is_set():
                         log.warning(
-                            "transaction failed: its turns go to the next owner", extra={"error": str(exc)}
+                            "transaction not committed: its turns go to the next owner",
+                            extra={"error": type(exc).__name__, "in_doubt": tp in transactions.in_doubt()},
                         )
                         break
+                    if failure == "unauthorized":
+                        log.error(  # noqa: TRY400 -- an ACL to grant, not a traceback to read
+                            "Kafka authorization failed for a transaction: grant the ACLs; retrying",
+                            extra={"error": type(exc).__name__, "detail": str(exc)[:300]},
+                        )
                     attempt += 1
                     await asyncio.sleep(
                         backoff_delay(
                             attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random
                         )
                     )
+
+    async def _refused_response(
+        self, tp: TopicPartition, offset: int, source: object, error: BaseException
+    ) -> list[HeldOutput]:
+        """Exactly-once: the broker refused a response for its size (the topic's `max.message.bytes`): the
+        turn is answered as failed instead, in the same transaction (as `_send` does at-least-once)."""
+        if not isinstance(source, Turn):
+            return []
+        log.error(
+            "response refused by the broker for its size: answering a failed turn",
+            extra={"request_id": source.request_id, "partition": tp.partition, "offset": offset},
+        )
+        self.stats.failed += 1
+        failed = failed_response(source, now=self._clock())
+        return [HeldOutput(self._responses_topic, source.thread_id.encode(), encode(failed), ())]
 
     # --- one turn -------------------------------------------------------------------------------------------
 
@@ -418,7 +457,7 @@ class AgentWorker:
             sent = await self._send(turn, response, headers)
         if self._transactions is not None:
             self._transactions.hold(
-                TopicPartition(record.topic, record.partition), record.offset, held_outputs(sent)
+                TopicPartition(record.topic, record.partition), record.offset, held_outputs(sent), turn
             )
         self._seen.add(record.partition, event.eventId)
         self.stats.answered += 1

@@ -21,6 +21,7 @@ import pytest
 from message_history.app.health import Health
 from message_history.settings import Settings
 from tests.conftest import MakeTopic
+from tests.integration.private_kafka import PrivateKafka, private_kafka  # noqa: F401 -- the fixture
 from tests.integration.service_harness import (
     ROOT,
     ServiceProcess,
@@ -40,7 +41,6 @@ from tests.integration.service_harness import (
 from tests.integration.stream_helpers import Record, produce, read_all, read_topic
 from tests.integration.test_replay import databases, end_offsets, mixed_events, replay
 from tests.integration.test_replay import setup as replay_setup
-from tests.integration.test_service_kafka_outage import _Kafka, kafka  # noqa: F401 -- the fixture
 from tests.integration.test_service_kafka_outage import _make_topics as _make_kafka_topics
 from tests.integration.test_service_mongo_outage import (  # noqa: F401
     _PrivateServer,
@@ -533,13 +533,14 @@ async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
 
 
 async def test_a_kafka_outage_mid_stream_aborts_and_retries_without_duplicates(
-    kafka: _Kafka,  # noqa: F811 -- the fixture
+    private_kafka: PrivateKafka,  # noqa: F811 -- the fixture
     mongo_uri: str,
     tmp_path: Path,
 ) -> None:
     """A private broker stopped ~10 s while a wave is in flight under exactly-once: the transactions open or
     due meanwhile fail (aborted, their outputs kept) and are retried; a read_committed reader then sees every
     output once, every row is stored once, nothing is dead-lettered, and the service stops cleanly."""
+    kafka = private_kafka
     settings = fresh_settings(
         kafka.bootstrap, mongo_uri, retry_max_backoff_s=1.0, processing_guarantee="exactly-once"
     )
