@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer
@@ -64,8 +64,10 @@ class KafkaWatch:
         *,
         grace_s: float,
         clock: Callable[[], float] = time.monotonic,
+        ask: Callable[[AIOKafkaConsumer, float], Awaitable[str | None]] | None = None,
     ) -> None:
         self._consumer = consumer
+        self._ask = ask or probe
         self._health = health
         self._path = path
         self._grace_s = grace_s
@@ -92,13 +94,18 @@ class KafkaWatch:
         interval = probe_interval_s(self._grace_s)
         while True:
             sent = self._clock()
-            why = await probe(self._consumer, probe_timeout_s(self._grace_s))
-            if why is None:
-                self._reach.answered(sent)
-            else:
-                self._reach.failed(why)
-            self._report()
+            await self.step()
             await asyncio.sleep(max(0.0, interval - (self._clock() - sent)))
+
+    async def step(self) -> None:
+        """One probe and what it changes (the watch's task runs it every interval)."""
+        sent = self._clock()
+        why = await self._ask(self._consumer, probe_timeout_s(self._grace_s))
+        if why is None:
+            self._reach.answered(sent)
+        else:
+            self._reach.failed(why)
+        self._report()
 
     def _report(self) -> None:
         now = self._clock()
