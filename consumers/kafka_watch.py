@@ -139,7 +139,7 @@ async def probe(consumer: AIOKafkaConsumer, timeout_s: float) -> str | None:
             problems.append(f"broker {node}: {type(result).__name__}")
         elif isinstance(result, BaseException):
             raise result
-    return "; ".join(problems) or None
+    return "; ".join(dict.fromkeys(problems)) or None  # a node probed on two connections is named once
 
 
 def _targets(consumer: AIOKafkaConsumer, client: Any) -> tuple[list[tuple[int, ConnectionGroup]], list[str]]:
