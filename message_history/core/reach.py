@@ -6,7 +6,8 @@ end the same way), so a blip shorter than the grace never makes a path unready.
 
 `Narration`: what one path writes about one dependency's outage. One WARNING when it starts (what, since
 when), one summary every `every_s` while it lasts (retries, how long), one INFO when it is back; every
-other failed attempt only counts. An outage of a minute is then a handful of lines, whatever the retry rate.
+other failed attempt only counts, and a dependency that flaps gets no more than one WARNING per `every_s`.
+An outage of a minute is then a handful of lines, whatever the retry rate.
 """
 
 from __future__ import annotations
@@ -52,12 +53,19 @@ class Line:
 
 @dataclass
 class Narration:
-    """Which lines one outage gets; `failed` and `back` return the line to write, or None."""
+    """Which lines one path's outages of one dependency get; `failed` and `back` return the line to write.
+
+    At most one WARNING per `every_s`, across outages too: a dependency that flaps (a chunk goes through, the
+    next fails) opens a new outage each time, and only the first of those within `every_s` is announced; the
+    others are counted, and a summary names them if they last. An outage that was not announced ends without
+    a line as well.
+    """
 
     every_s: float = 30.0
     since: float | None = None  # the outage's start; None: no outage
     retries: int = 0
-    _last_line: float = 0.0
+    announced: bool = False  # this outage's WARNING was written
+    _last_line: float = float("-inf")
 
     def failed(self, now: float, since: float | None = None) -> Line | None:
         """A failed attempt at `now`; `since` dates the outage's start when it is older than `now` (the
@@ -66,20 +74,24 @@ class Narration:
         if self.since is None:
             self.since = now if since is None else min(since, now)
             self.retries = 1
-            self._last_line = now
-            return Line("warning", "unreachable", 1, now - self.since, self.since)
+            self.announced = False
         if now - self._last_line < self.every_s:
             return None
         self._last_line = now
-        return Line("warning", "still unreachable", self.retries, now - self.since, self.since)
+        kind: Literal["unreachable", "still unreachable"] = (
+            "still unreachable" if self.announced else "unreachable"
+        )
+        self.announced = True
+        return Line("warning", kind, self.retries, now - self.since, self.since)
 
     def back(self, now: float) -> Line | None:
-        """The dependency answered: the INFO line once, if an outage was open."""
+        """The dependency answered: the INFO line once, if an announced outage was open."""
         if self.since is None:
             return None
-        line = Line("info", "back", self.retries, now - self.since, self.since)
+        line = Line("info", "back", self.retries, now - self.since, self.since) if self.announced else None
         self.since = None
         self.retries = 0
+        self.announced = False
         return line
 
     @property

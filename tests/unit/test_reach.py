@@ -78,6 +78,20 @@ def test_narration_says_an_outage_in_a_few_lines() -> None:
     assert not narration.open
 
 
+def test_a_flapping_dependency_gets_one_warning_per_interval() -> None:
+    """Outages that open and close every few seconds (a chunk goes through, the next fails): the first is
+    announced and ends with its INFO; the next ones within the interval write nothing, the first one after it
+    is announced again."""
+    narration = Narration(every_s=30.0)
+    written = []
+    for start in range(0, 70, 5):  # an outage of 3 s every 5 s
+        for t in range(start, start + 3):
+            written.append(narration.failed(float(t)))
+        written.append(narration.back(float(start + 3)))
+    lines = [(line.kind, line.since) for line in written if line is not None]
+    assert lines == [(kind, since) for since in (0.0, 30.0, 60.0) for kind in ("unreachable", "back")]
+
+
 def test_narration_dates_the_outage_from_the_last_answer() -> None:
     """`since` (the last answer) dates the outage; a new outage counts its retries afresh."""
     narration = Narration(every_s=30.0)
