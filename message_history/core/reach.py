@@ -6,7 +6,8 @@ end the same way), so a blip shorter than the grace never makes a path unready.
 
 `Narration`: what one path writes about one dependency's outage. One WARNING when it starts (what, since
 when), one summary every `every_s` while it lasts (retries, how long), one INFO when it is back; every
-other failed attempt only counts, and a dependency that flaps gets no more than one WARNING per `every_s`.
+other failed attempt only counts, and a dependency that flaps writes nothing for flaps shorter than a few
+seconds.
 An outage of a minute is then a handful of lines, whatever the retry rate.
 """
 
@@ -55,13 +56,14 @@ class Line:
 class Narration:
     """Which lines one path's outages of one dependency get; `failed` and `back` return the line to write.
 
-    At most one WARNING per `every_s`, across outages too: a dependency that flaps (a chunk goes through, the
-    next fails) opens a new outage each time, and only the first of those within `every_s` is announced; the
-    others are counted, and a summary names them if they last. An outage that was not announced ends without
-    a line as well.
+    A dependency that flaps (a chunk goes through, the next fails) opens a new outage each time: one that
+    opens within `every_s` of the last line is announced only once it has lasted `settle_s`, so flaps
+    shorter than that are counted, not written (and end without a line); a second real outage soon after
+    the first is still said.
     """
 
     every_s: float = 30.0
+    settle_s: float = 5.0
     since: float | None = None  # the outage's start; None: no outage
     retries: int = 0
     announced: bool = False  # this outage's WARNING was written
@@ -75,7 +77,8 @@ class Narration:
             self.since = now if since is None else min(since, now)
             self.retries = 1
             self.announced = False
-        if now - self._last_line < self.every_s:
+        settled = not self.announced and now - self.since >= self.settle_s
+        if now - self._last_line < self.every_s and not settled:
             return None
         self._last_line = now
         kind: Literal["unreachable", "still unreachable"] = (

@@ -2,7 +2,8 @@
 
 `message-history run` as a process (its log is the production log: JSON lines through `configure_logging`,
 the quieting filter included), its `/readyz` and `/metrics` read over HTTP. Kafka: a private broker stopped
-~15 s, then frozen (SIGSTOP) ~10 s. MongoDB: a private server stopped ~15 s. Each time the service must turn
+~15 s, then frozen (SIGSTOP) ~10 s. MongoDB: a private server stopped ~15 s, then frozen ~10 s, under a
+steady stream of turns. Each time the service must turn
 not ready with a reason naming the dependency, be ready again within seconds after, lose nothing, count its
 retries in `message_history_retries_total{dependency}` fast enough for the chart's retry alert, and write
 at most a few dozen WARNING/ERROR lines for the whole outage.
@@ -142,9 +143,9 @@ async def _outage(
     return reasons
 
 
-async def _check_stored(settings: Settings, turns: int) -> None:
+async def _check_stored(settings: Settings, threads: list[str], turns: int) -> None:
     bootstrap = settings.kafka_bootstrap_servers
-    want = len(THREADS) * turns
+    want = len(threads) * turns
     persisted = await read_request_ids(bootstrap, settings.persisted_topic, want, timeout_s=180)
     enriched = await read_request_ids(bootstrap, settings.enriched_topic, want, timeout_s=180)
     rows = await stored_messages(settings)
@@ -153,7 +154,7 @@ async def _check_stored(settings: Settings, turns: int) -> None:
     counts = Counter(r["id"] for r in rows)
     assert len(counts) == 2 * want
     assert set(counts.values()) == {1}
-    expected = {f"{t}-turn{n}" for t in THREADS for n in range(1, turns + 1)}
+    expected = {f"{t}-turn{n}" for t in threads for n in range(1, turns + 1)}
     assert {v["requestId"] for v in values(persisted)} == expected
     assert {v["requestId"] for v in values(enriched)} == expected
 
@@ -205,7 +206,7 @@ async def test_kafka_outage_is_not_ready_and_quiet(
         requests, responses = wave(THREADS, range(5, 7))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
-        await _check_stored(settings, 6)
+        await _check_stored(settings, THREADS, 6)
         loud = loud_lines(service.log()[mark:])
     finally:
         service.signal(signal.SIGTERM)
@@ -219,14 +220,14 @@ async def test_kafka_outage_is_not_ready_and_quiet(
     assert len(loud) <= MAX_LOUD_LINES, _summary(loud)
 
 
-async def test_mongodb_outage_is_quiet(
+async def test_mongodb_outage_is_not_ready_and_quiet(
     kafka_bootstrap: str,
     make_topic: MakeTopic,
     mongo_server: _PrivateServer,  # noqa: F811 -- the fixture
     tmp_path: Path,
 ) -> None:
-    """MongoDB stopped ~15 s under a stream of turns: not ready naming MongoDB, ready again after, nothing
-    lost, retries counted, few loud lines."""
+    """MongoDB stopped ~15 s, then frozen ~10 s, under a steady stream of turns: not ready naming MongoDB
+    each time, ready again after, nothing lost, retries counted above the alert's rate, few loud lines."""
     port = _free_port()
     settings = fresh_settings(
         kafka_bootstrap, mongo_server.uri, mongodb_timeout_ms=1500, retry_max_backoff_s=1.0, http_port=port
@@ -235,40 +236,58 @@ async def test_mongodb_outage_is_quiet(
     await make_topic(partitions=2, name=settings.responses_topic)
     service = ServiceProcess(settings, tmp_path / "service.log")
     probe = Probe(port)
+    threads = [f"m{i}" for i in range(20)]
+    turns = [0]
+    feeding = asyncio.Event()
+
+    async def feed() -> None:  # a turn of every thread every half second, outages or not
+        while feeding.is_set():
+            turns[0] += 1
+            requests, responses = wave(threads, range(turns[0], turns[0] + 1))
+            await produce(kafka_bootstrap, settings.responses_topic, responses)
+            await produce(kafka_bootstrap, settings.requests_topic, requests)
+            await asyncio.sleep(0.5)
+
+    def freeze() -> None:
+        assert mongo_server.process is not None
+        mongo_server.process.send_signal(signal.SIGSTOP)
+
+    def thaw() -> None:
+        assert mongo_server.process is not None
+        mongo_server.process.send_signal(signal.SIGCONT)
+
     service.start()
     try:
         await probe.wait(True, 120)
-        requests, responses = wave(THREADS, range(1, 3))
-        await produce(kafka_bootstrap, settings.responses_topic, responses)
-        await read_request_ids(kafka_bootstrap, settings.persisted_topic, len(responses))
         mark = len(service.log())
         retries = await probe.retries("mongodb")
+        feeding.set()
+        feeder = asyncio.create_task(feed())
+        await asyncio.sleep(2)
 
-        async def feed() -> None:  # turns keep coming during the outage
-            for turn in range(3, 7):
-                requests, responses = wave(THREADS, range(turn, turn + 1))
-                await produce(kafka_bootstrap, settings.responses_topic, responses)
-                await produce(kafka_bootstrap, settings.requests_topic, requests)
-                await asyncio.sleep(2)
-
-        feeding = asyncio.create_task(feed())
         started = time.monotonic()
-        reasons = await _outage(probe, service, "mongodb", 15, mongo_server.stop)
+        stopped = await _outage(probe, service, "mongodb", 15, mongo_server.stop)
         outage_s = time.monotonic() - started
         counted = await probe.retries("mongodb") - retries
         await asyncio.to_thread(mongo_server.start)
-        await feeding
         await probe.wait(True, 60)
-        requests, _ = wave(THREADS, range(1, 3))
-        await produce(kafka_bootstrap, settings.requests_topic, requests)
-        await _check_stored(settings, 6)
+
+        frozen = await _outage(probe, service, "mongodb", 10, freeze)
+        thaw()
+        await probe.wait(True, 60)
+        feeding.clear()
+        await feeder
+        await _check_stored(settings, threads, turns[0])
         loud = loud_lines(service.log()[mark:])
     finally:
+        if mongo_server.process is not None:
+            mongo_server.process.send_signal(signal.SIGCONT)
         service.signal(signal.SIGTERM)
         code = await service.wait(60)
         service.stop_now()
         await drop_database(settings)
     assert code == 0, service.log()[-3000:]
-    assert _names("mongodb")(reasons), reasons
+    assert _names("mongodb")(stopped), stopped
+    assert _names("mongodb")(frozen), frozen
     assert counted >= _alert_rate() * outage_s, (counted, outage_s)
     assert len(loud) <= MAX_LOUD_LINES, _summary(loud)

@@ -79,9 +79,9 @@ def test_narration_says_an_outage_in_a_few_lines() -> None:
 
 
 def test_a_flapping_dependency_gets_one_warning_per_interval() -> None:
-    """Outages that open and close every few seconds (a chunk goes through, the next fails): the first is
-    announced and ends with its INFO; the next ones within the interval write nothing, the first one after it
-    is announced again."""
+    """Outages of 3 s that open every 5 s (a chunk goes through, the next fails): the first is announced and
+    ends with its INFO; the next ones within the interval are shorter than the settle time and write
+    nothing; the first one after the interval is announced again."""
     narration = Narration(every_s=30.0)
     written = []
     for start in range(0, 70, 5):  # an outage of 3 s every 5 s
@@ -90,6 +90,20 @@ def test_a_flapping_dependency_gets_one_warning_per_interval() -> None:
         written.append(narration.back(float(start + 3)))
     lines = [(line.kind, line.since) for line in written if line is not None]
     assert lines == [(kind, since) for since in (0.0, 30.0, 60.0) for kind in ("unreachable", "back")]
+
+
+def test_a_second_outage_soon_after_the_first_is_said_once_it_lasts() -> None:
+    """An outage 2 s after the previous one ended, failing every second for 10 s: announced after the settle
+    time (5 s), and its end said too."""
+    narration = Narration(every_s=30.0, settle_s=5.0)
+    narration.failed(0.0)
+    narration.back(15.0)
+    written = [narration.failed(float(t)) for t in range(17, 27)]
+    lines = [(line.kind, line.since, line.retries) for line in written if line is not None]
+    assert lines == [("unreachable", 17.0, 6)]
+    back = narration.back(27.0)
+    assert back is not None
+    assert back.kind == "back"
 
 
 def test_narration_dates_the_outage_from_the_last_answer() -> None:
