@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass, field
 
@@ -212,3 +213,27 @@ def test_the_probe_fits_in_the_grace() -> None:
     for grace in (0.5, 2.0, 5.0, 30.0):
         assert probe_timeout_s(grace) <= grace / 2 + 0.2
         assert probe_interval_s(grace) <= grace / 4 + 0.1
+
+
+async def test_a_broken_probe_stops_the_watch_without_taking_the_path_out(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A probe that raises (a bug, e.g. aiokafka's internals changed) is logged at ERROR once and leaves the
+    path ready: the watch must not take pods out of rotation for its own failure."""
+
+    async def broken(consumer: object, timeout_s: float) -> str | None:
+        raise AttributeError("_coordinator")
+
+    health = FakeHealth()
+    watch = KafkaWatch(object(), health, "persist", grace_s=0.5, ask=broken)
+    caplog.set_level(logging.ERROR, logger="consumers.kafka_watch")
+    watch.start()
+    for _ in range(100):
+        if caplog.records:
+            break
+        await asyncio.sleep(0.01)
+    await watch.stop()
+    assert [r.getMessage() for r in caplog.records] == [
+        "kafka watch failed: readiness no longer follows Kafka"
+    ]
+    assert health.states["persist.kafka"] == (True, "")
