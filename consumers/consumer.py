@@ -36,6 +36,7 @@ class LoopOptions:
     revoke_drain_s: float
     commit_timeout_s: float
     exit_timeout_s: float  # the loop's own exit (final commit + leaving the group) when no deadline is given
+    kafka_grace_s: float = 5.0  # no broker answer for this long: not ready (`consumers.kafka_watch`)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> LoopOptions:
@@ -50,6 +51,7 @@ class LoopOptions:
             revoke_drain_s=revoke_drain_s(settings),
             commit_timeout_s=commit_timeout_s(settings),
             exit_timeout_s=settings.shutdown_grace_s / 2,
+            kafka_grace_s=settings.kafka_unreachable_grace_ms / 1000,
         )
 
 

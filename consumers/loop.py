@@ -51,6 +51,7 @@ from opentelemetry.trace import Span
 
 from consumers.consumer import Health, LoopOptions, stop_consumer
 from consumers.contract import BatchHandler
+from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage import (
     Backoff,
@@ -58,11 +59,13 @@ from consumers.outage import (
     Contained,
     Failure,
     is_outage,
+    outage_dependency,
     report_unexpected,
     retry_batch,
     retry_call,
     settle_outcomes,
 )
+from consumers.outage_log import OutageLog
 from consumers.parking import Deferred, ParkedLanes
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
@@ -146,6 +149,9 @@ class StreamLoop:
         if transactions is not None:
             transactions.refused = self._refused_output
             transactions.read_committed = consumer.committed
+        # Kafka's reachability, which `getmany` does not tell (hooks: `run`, `__aexit__`)
+        self._kafka_watch = KafkaWatch(consumer, health, path, grace_s=options.kafka_grace_s)
+        self._outage_logs = {dep: OutageLog(path, dep) for dep in ("kafka", "mongodb")}
 
     def done_offset(self, partition: int) -> int | None:
         """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
@@ -174,6 +180,7 @@ class StreamLoop:
         whatever the group is doing (a join held for a dead member, a revoke callback), this returns by the
         deadline.
         """
+        await self._kafka_watch.stop()
         await self._drop_parked(None)  # parked requests are left uncommitted, for the next owner
         self._stopping = True
         self._health.set_ready(self.path, False, "stopping")
@@ -205,6 +212,7 @@ class StreamLoop:
         """Fetch and process batches until `stop` is set; returns once the batch in hand is finished."""
         if not await self._subscribe_once_topic_exists(stop):
             return
+        self._kafka_watch.start()
         while not stop.is_set():
             self._health.beat(self.path)
             if self._parked_failure is not None:
@@ -551,18 +559,16 @@ class StreamLoop:
     # --- outages --------------------------------------------------------------------------------------------
 
     def _enter_outage(self, error: BaseException | None, attempt: int) -> None:
-        dependency = "kafka" if error is None or isinstance(error, KafkaError) else "mongodb"
+        dependency = outage_dependency(error)
         metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
         reason = f"{dependency} unavailable: {type(error).__name__ if error else 'outputs not acknowledged'}"
-        if not self._outage:
-            self._outage = True
-            log.warning(
-                "outage: pausing intake",
-                extra={"path": self.path, "reason": reason, "error": str(error or "")},
-            )
+        self._outage = True
+        # one WARNING when it starts, a summary every so often, one INFO when it is back (`OutageLog`)
+        detail = f" ({str(error)[:200]})" if error else ""
+        self._outage_logs[dependency].failed(f"{reason}: intake paused{detail}")
         self._health.set_ready(self.path, False, reason)
         self._pause_all()
-        log.info("retrying batch", extra={"path": self.path, "attempt": attempt, "reason": reason})
+        log.debug("retrying batch", extra={"path": self.path, "attempt": attempt, "reason": reason})
 
     def _leave_outage(self) -> None:
         self._outage = False
@@ -572,7 +578,8 @@ class StreamLoop:
         metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
         if not self._stopping:
             self._health.set_ready(self.path, True)
-            log.info("dependency back: intake resumed", extra={"path": self.path})
+        for outage_log in self._outage_logs.values():
+            outage_log.back()
 
     def _pause_all(self) -> None:
         assigned = self._consumer.assignment()

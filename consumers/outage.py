@@ -52,6 +52,14 @@ def is_outage(error: BaseException) -> bool:
     return isinstance(error, (ConnectionError, TimeoutError))
 
 
+def outage_dependency(error: BaseException | None) -> str:
+    """The dependency an outage is of, for the metrics, `/readyz` and the log: Kafka for its own errors,
+    outputs not acknowledged (None) and the errors that say so (the turn barrier's); MongoDB otherwise."""
+    if error is None or isinstance(error, KafkaError):
+        return "kafka"
+    return getattr(error, "dependency", "") or "mongodb"
+
+
 def is_systemic(error: BaseException) -> bool:
     """True for a failure that is no record's fault and would fail every record alike: stop, do not
     dead-letter. Call it only for errors that are not outages.

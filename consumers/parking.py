@@ -21,21 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from aiokafka.errors import KafkaError
-
 from consumers.contract import Ack
-from consumers.outage import Backoff, Failure, is_outage, retry_batch
+from consumers.outage import Backoff, Failure, is_outage, outage_dependency, retry_batch
+from consumers.outage_log import OutageLog
 from consumers.timeouts import TimeoutStrikes
 from message_history import metrics
 from message_history.errors import InvalidInputError
-
-log = logging.getLogger(__name__)
 
 S = TypeVar("S")
 
@@ -107,6 +103,8 @@ class ParkedLanes(Generic[S]):
         self._parked = 0
         # set by the service: an entry whose own MongoDB operation keeps timing out is its dead letter
         self.timeouts: TimeoutStrikes | None = None
+        # one WARNING per outage for all the parked requests, not one per request and retry
+        self._outage_logs = {dep: OutageLog(path, dep) for dep in ("kafka", "mongodb")}
 
     def __len__(self) -> int:
         """Records parked and not settled yet."""
@@ -244,20 +242,24 @@ class ParkedLanes(Generic[S]):
             return []
 
         try:
-            left = await retry_batch([None], once, backoff=self._backoff, wait=self._wait)
+            left = await retry_batch(
+                [None], once, backoff=self._backoff, wait=self._wait, recovered=self._recovered
+            )
         finally:
             if self.timeouts is not None:
                 self.timeouts.forget(entry)
         return not left
 
+    def _recovered(self) -> None:
+        for outage_log in self._outage_logs.values():
+            outage_log.back()
+
     async def _wait(self, failure: Failure[None]) -> bool:
         error = failure.error
-        # labelled as the loop labels its outages: Kafka's errors are kafka, the rest mongodb
-        dependency = "kafka" if error is None or isinstance(error, KafkaError) else "mongodb"
+        dependency = outage_dependency(error)  # labelled as the loop labels its outages
         metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
-        log.warning(
-            "parked request not done for an outage; retrying it in its lane",
-            extra={"path": self.path, "attempt": failure.attempt, "error": type(error).__name__},
+        self._outage_logs[dependency].failed(
+            f"{dependency} unavailable: {type(error).__name__}: parked requests retried in their lanes"
         )
         if self._stopping():
             return True

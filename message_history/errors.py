@@ -213,10 +213,13 @@ class RetriableError(MessageHistoryError):
     """A dependency is unavailable; the same operation may succeed later."""
 
     retriable = True
+    dependency: str = ""  # the dependency that is away ("kafka", "mongodb"), when the error knows it
 
 
 class StorageUnavailableError(RetriableError):
     """MongoDB could not be reached or did not answer in time."""
+
+    dependency = "mongodb"
 
 
 class OperationTimedOutError(StorageUnavailableError):
@@ -227,6 +230,8 @@ class OperationTimedOutError(StorageUnavailableError):
 
 class BarrierUnavailableError(RetriableError):
     """The turn barrier could not read the responses topic's end or committed offsets (Kafka down or slow)."""
+
+    dependency = "kafka"
 
 
 class WaitInterruptedError(RetriableError):

@@ -28,6 +28,8 @@ from urllib.parse import unquote, urlsplit
 from opentelemetry import trace
 from pydantic import SecretStr
 
+from message_history.log_quiet import QuietLines
+
 if TYPE_CHECKING:
     from message_history.settings import Settings
 
@@ -223,6 +225,7 @@ def configure_logging(
             handler.close()
     handler = _JsonHandler(stream)
     handler.setFormatter(JsonFormatter())
+    handler.addFilter(QuietLines())  # the drivers' per-attempt lines during an outage, rate-limited
     root.addHandler(handler)
     root.setLevel(numeric)
     for name in quiet:

@@ -229,6 +229,15 @@ class Settings(BaseSettings):
             "is still waited out)."
         ),
     )
+    kafka_unreachable_grace_ms: int = Field(
+        5_000,
+        ge=500,
+        description=(
+            "How long no broker a path needs (its group coordinator, its partitions' leaders) may leave a "
+            "probe unanswered before the path reports not ready (`<path>.kafka` on `/readyz`); probes go "
+            "every second, so a shorter blip never makes the pod unready."
+        ),
+    )
 
     # --- retention ---
     prune_older_than: str | None = Field(

@@ -19,7 +19,9 @@ With a fresh topic, group and databases (all removed afterwards):
 
 Figures: messages/s over each window (two messages per response), the same over the whole process lifetime
 (start-up included), the child process's CPU milliseconds per message, and per consumer the median over the
-rounds with its ratio to the live path. All read a backlog: this measures capacity, not latency.
+rounds of its throughput and of its CPU per message, each with its ratio to the live path (the median of the
+rounds' ratios: on a shared machine the ratio within a round is the steadier figure). All read a backlog: this
+measures capacity, not latency.
 """
 
 from __future__ import annotations
@@ -314,12 +316,22 @@ async def measure(argv: list[str]) -> None:
             print(
                 f"  {rs[0].name:<24} {medians[name]:>7.0f} msg/s  (min {rates[0]:.0f}, max {rates[-1]:.0f})"
                 f"  {statistics.median(ratios):.2f}x the live persist path (median of the rounds' ratios:"
-                f" {', '.join(f'{x:.2f}' for x in ratios)})"
+                f" {', '.join(f'{x:.2f}' for x in ratios)}){_cpu_summary(rs, results['live'])}"
             )
     finally:
         await admin.delete_topics(created, timeout_ms=30_000)
         await admin.close()
         await client.close()
+
+
+def _cpu_summary(rs: list[Result], live: list[Result]) -> str:
+    """`; CPU m ms/msg, r x the live path's` (medians over the rounds, the ratio within each round), or ""."""
+    pairs = [(r, lv) for r, lv in zip(rs, live, strict=True) if r.cpu_s and lv.cpu_s]
+    if not pairs:
+        return ""
+    per_message = statistics.median(r.cpu_s * 1000 / r.messages for r, _ in pairs if r.cpu_s)
+    ratios = [(r.cpu_s / r.messages) / (lv.cpu_s / lv.messages) for r, lv in pairs if r.cpu_s and lv.cpu_s]
+    return f"; CPU {per_message:.2f} ms/msg, {statistics.median(ratios):.2f}x the live path's"
 
 
 def main(argv: list[str]) -> int:
