@@ -365,6 +365,44 @@ def install_venv(extras: str) -> None:
 NATIVE = ROOT / "native"
 
 
+def pinned_rust_toolchain() -> dict[str, str]:
+    """Make native/rust-toolchain.toml's pin buildable offline. rustup installs a pinned toolchain it lacks by
+    downloading it, which fails here (registries only): when the pinned version is the one installed under
+    another name (`stable`), link it under the pinned name; when no installed toolchain is that version, build
+    with the default one and say so (the pin is for reproducible images, not a reason to fail an install)."""
+    rustup = shutil.which("rustup")
+    pin = NATIVE / "rust-toolchain.toml"
+    if rustup is None or not pin.exists():
+        return {}
+    channel = ""
+    for line in pin.read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "channel":
+            channel = value.strip().strip('"')
+    listed = subprocess.run([rustup, "toolchain", "list"], capture_output=True, text=True, check=False).stdout
+    if not channel or any(line.split()[0].startswith(f"{channel}-") for line in listed.splitlines() if line):
+        return {}
+    default = subprocess.run(
+        [rustup, "run", "stable", "rustc", "--version"], capture_output=True, text=True, check=False
+    ).stdout.split()
+    if len(default) > 1 and default[1] == channel:
+        sysroot = subprocess.run(
+            [rustup, "run", "stable", "rustc", "--print", "sysroot"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout.strip()
+        if (
+            sysroot
+            and subprocess.run([rustup, "toolchain", "link", channel, sysroot], check=False).returncode == 0
+        ):
+            say(f"linked the installed Rust {channel} as toolchain {channel} (native/rust-toolchain.toml)")
+            return {}
+    found = " ".join(default[:2]) or "unknown"
+    say(f"Rust {channel} (native/rust-toolchain.toml) is not installed: building with the default ({found})")
+    return {"RUSTUP_TOOLCHAIN": "stable"}
+
+
 def install_native() -> None:
     """The recall path's native row codec (native/, Rust via PyO3), built with the machine's cargo, installed
     into .venv; `MESSAGE_HISTORY_ROW_CODEC=auto` then uses it. Not needed by the demo (the Python reference
@@ -391,6 +429,7 @@ def install_native() -> None:
         )  # fmt: skip
         env = dict(
             os.environ,
+            **pinned_rust_toolchain(),
             CARGO_TARGET_DIR=str(CACHE / "native-target"),  # kept: warm rebuilds
             PATH=f"{VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}",  # the backend runs `maturin`
         )
