@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -41,6 +40,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.interop.node22 import node22
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -51,10 +51,8 @@ WAIT_S = 90.0
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    """node, once the package's npm packages are installed and its tests compiled by its pinned TypeScript."""
-    node = shutil.which("node")
-    if node is None:
-        skip_or_fail("node is not on PATH")
+    """Node 22, once the package's npm packages are installed and its tests compiled by its TypeScript."""
+    node = node22()
     for package in ("kafkajs", "@mastra/core", "typescript"):
         if not (PACKAGE / "node_modules" / package).is_dir():
             skip_or_fail(
