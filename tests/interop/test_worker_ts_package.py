@@ -83,6 +83,7 @@ def _project(root: Path, tarball: Path, *, esm: bool, main: str, extra: tuple[st
 def _check(output: str, module: str) -> None:
     line = json.loads(output.strip().splitlines()[-1])
     assert (line["module"], line["run"], line["mastra"]) == (module, "function", "function")
+    assert line["testing"] == "echo: 1 message(s) on t2"  # the ./testing entry point
     response = line["response"]
     assert (response["requestId"], response["threadId"], response["finishReason"]) == ("r1", "t1", "stop")
     assert response["response"][0]["content"]["parts"][0]["text"] == "echo: 1 message(s) on t1"

@@ -19,4 +19,5 @@ export {
   Turn,
   type Reply,
 } from './turn.js';
+export { respond, TurnGivenUp, TurnTimeout, type Outcome, type RespondOptions } from './respond.js';
 export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerStats } from './worker.js';

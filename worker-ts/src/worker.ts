@@ -15,19 +15,10 @@ import {
 } from 'kafkajs';
 
 import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
-import {
-  DEFAULT_SEEN_PER_PARTITION,
-  FAILED,
-  failedResponse,
-  buildResponse,
-  replyProblem,
-  SeenEvents,
-  Turn,
-  type Reply,
-} from './turn.js';
+import { respond, type Handler } from './respond.js';
+import { DEFAULT_SEEN_PER_PARTITION, FAILED, failedResponse, SeenEvents, Turn } from './turn.js';
 
-/** The user's code: one turn in, its reply out (a string is one assistant text message). */
-export type Handler = (turn: Turn) => Promise<Reply | string>;
+export type { Handler } from './respond.js';
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 export type Logger = (level: LogLevel, message: string, fields?: Record<string, unknown>) => void;
@@ -419,8 +410,9 @@ export class AgentWorker extends EventEmitter {
       await this.commit(partition, offset);
       return;
     }
-    const turn = new Turn(event, partition, offset, this.giveUp.signal);
-    let response = await this.respond(turn, heartbeat);
+    const answered = await this.respond(event, partition, offset, heartbeat);
+    const turn = answered.turn;
+    let response = answered.response;
     if (response === undefined) return; // given up at shutdown: not sent, not committed
     if (this.exactlyOnce) {
       const sent = await this.sendInTransaction(turn, response, headers);
@@ -441,40 +433,32 @@ export class AgentWorker extends EventEmitter {
     }
   }
 
-  /** The handler's answer, or a failed turn; undefined when the worker gave the turn up (shutdown). */
-  private async respond(turn: Turn, heartbeat: () => Promise<void>): Promise<AgentResponse | undefined> {
+  /** The handler's answer, or a failed turn; undefined when the worker gave the turn up (shutdown). The turn's
+   * signal is its own: aborted when the handler outlives handlerTimeoutMs and when the worker gives it up. */
+  private async respond(
+    event: EnrichedRequest,
+    partition: number,
+    offset: string,
+    heartbeat: () => Promise<void>,
+  ): Promise<{ turn: Turn; response: AgentResponse | undefined }> {
     // A long model call must not cost the group membership: KafkaJS heartbeats only between records.
     const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
-    let timer: NodeJS.Timeout | undefined;
     try {
-      const outcomes: Promise<Reply | string | 'gave-up'>[] = [
-        this.handler(turn),
-        new Promise((resolve) => this.giveUp.signal.addEventListener('abort', () => resolve('gave-up'), { once: true })),
-      ];
-      const limit = this.options.handlerTimeoutMs;
-      if (limit !== undefined) {
-        outcomes.push(
-          new Promise((_, reject) => {
-            timer = setTimeout(() => reject(new Error(`handler still running after ${limit} ms`)), limit);
-          }),
-        );
-      }
-      const reply = await Promise.race(outcomes);
-      if (reply === 'gave-up') return undefined;
-      const problem = typeof reply === 'string' ? undefined : replyProblem(reply);
-      if (problem !== undefined) throw new Error(`the reply cannot be sent: ${problem}`);
-      return buildResponse(turn, reply);
-    } catch (error) {
-      if (this.giveUp.signal.aborted) return undefined;
-      this.log('error', 'the handler failed: answering a failed turn', {
-        requestId: turn.requestId,
-        threadId: turn.threadId,
-        error: error instanceof Error ? (error.stack ?? error.message) : String(error),
+      const { turn, outcome } = await respond(this.handler, (signal) => new Turn(event, partition, offset, signal), {
+        timeoutMs: this.options.handlerTimeoutMs,
+        giveUp: this.giveUp.signal,
       });
-      return failedResponse(turn);
+      if (outcome.kind === 'gave-up') return { turn, response: undefined };
+      if (outcome.kind === 'failed') {
+        this.log('error', 'the handler failed: answering a failed turn', {
+          requestId: turn.requestId,
+          threadId: turn.threadId,
+          error: outcome.failure,
+        });
+      }
+      return { turn, response: outcome.response };
     } finally {
       clearInterval(beat);
-      clearTimeout(timer);
     }
   }
 

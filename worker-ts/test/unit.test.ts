@@ -15,7 +15,9 @@ import {
   type EnrichedRequest,
 } from '../src/index.js';
 import { mastraHandler } from '../src/mastra.js';
-import { prompts, stubModel } from './stub-model.js';
+import { respond, TurnGivenUp, TurnTimeout } from '../src/respond.js';
+import { enrichedRequest, TestHarness, text } from '../src/testing.js';
+import { prompts, signals, stubModel } from './stub-model.js';
 
 function message(id: string, role: string, text: string, createdAt: string, source: 'memory' | 'input'): EnrichedMessage {
   return { id, role, createdAt, source, threadId: 't1', resourceId: 'r1', type: 'v2', content: { format: 2, parts: [{ type: 'text', text }] } };
@@ -133,5 +135,80 @@ describe('mastraHandler', () => {
 
   it('refuses an Agent with its own memory', () => {
     assert.throws(() => mastraHandler({ name: 'm', hasOwnMemory: () => true, generate: agent.generate.bind(agent) as never }), /without `memory`/);
+  });
+});
+
+describe('respond: turns that end', () => {
+  const never = (turn: Turn): Promise<string> =>
+    new Promise((_, reject) => turn.signal.addEventListener('abort', () => reject(turn.signal.reason)));
+
+  it('a handler over its time: its signal is aborted (TurnTimeout) and the turn fails with the reason', async () => {
+    const { turn, outcome } = await respond(never, (signal) => new Turn(enriched(), 0, '0', signal), { timeoutMs: 50 });
+    assert.equal(turn.signal.aborted, true);
+    assert.ok(turn.signal.reason instanceof TurnTimeout);
+    assert.equal(outcome.kind, 'failed');
+    assert.match(outcome.kind === 'failed' ? outcome.failure : '', /still running after 50 ms/);
+    assert.equal(outcome.kind === 'failed' ? outcome.response.finishReason : '', 'error');
+  });
+
+  it('a worker giving up (shutdown): the signal is aborted (TurnGivenUp), nothing is answered', async () => {
+    const giveUp = new AbortController();
+    const running = respond(never, (signal) => new Turn(enriched(), 0, '0', signal), { giveUp: giveUp.signal });
+    giveUp.abort();
+    const { turn, outcome } = await running;
+    assert.ok(turn.signal.reason instanceof TurnGivenUp);
+    assert.equal(outcome.kind, 'gave-up');
+  });
+
+  it('a reply that cannot be sent is a failed turn with the reason, the handler called once', async () => {
+    let calls = 0;
+    const bad = async (): Promise<{ messages: never[] }> => {
+      calls += 1;
+      return { messages: [{ content: 'x' } as never] };
+    };
+    const { outcome } = await respond(bad, (signal) => new Turn(enriched(), 0, '0', signal));
+    assert.equal(calls, 1);
+    assert.equal(outcome.kind === 'failed' ? outcome.failure : '', 'the reply cannot be sent: response[0] has no role');
+  });
+
+  it('mastraHandler gives the model the turn signal: a timed-out turn stops the model call', async () => {
+    const agent = new Agent({ id: 'assistant', name: 'assistant', instructions: 'Answer briefly.', model: stubModel });
+    const slow = enriched({ messages: [message('req-2:input:0', 'user', 'SLOW please', '2026-01-01T00:00:02.000Z', 'input')] });
+    const { outcome } = await respond(mastraHandler(agent), (signal) => new Turn(slow, 0, '0', signal), { timeoutMs: 100 });
+    assert.equal(outcome.kind, 'failed');
+    assert.equal(signals.at(-1)?.aborted, true, 'the signal the model was given is aborted');
+  });
+});
+
+describe('@message-history/worker/testing', () => {
+  it('enrichedRequest builds a request the worker accepts: history then input', () => {
+    const event = enrichedRequest({ threadId: 't', text: 'now', history: [{ role: 'user', text: 'before' }, { role: 'assistant', text: 'ok' }] });
+    assert.equal(enrichedProblem(event), undefined);
+    assert.deepEqual(event.messages.map((m) => [m.source, text(m)]), [['memory', 'before'], ['memory', 'ok'], ['input', 'now']]);
+    assert.equal(event.history.recalled, 2);
+  });
+
+  it('TestHarness: one thread in order, threads at the same time, failures with their reason', async () => {
+    const log: string[] = [];
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const harness = new TestHarness(async (turn) => {
+      const said = text(turn.input[0]!);
+      log.push(`start ${said}`);
+      if (said === 'a1') await held; // a's second turn must wait; b must not
+      if (said === 'b1') release();
+      if (said === 'FAIL') throw new Error('the model failed');
+      log.push(`end ${said}`);
+      return `re: ${said}`;
+    });
+    const results = await harness.send({ threadId: 'a', text: 'a1' }, { threadId: 'a', text: 'a2' }, { threadId: 'b', text: 'b1' }, { threadId: 'b', text: 'FAIL' });
+    assert.deepEqual(results.map((r) => text(r.response)), ['re: a1', 're: a2', 're: b1', '']);
+    assert.ok(log.indexOf('end a1') < log.indexOf('start a2'), 'in order within a thread');
+    assert.ok(log.indexOf('start b1') < log.indexOf('end a1'), 'another thread runs meanwhile');
+    assert.equal(results[3]?.failure, 'Error: the model failed');
+    assert.equal(results[3]?.response.finishReason, 'error');
+    assert.equal(harness.responses.length, 4);
   });
 });

@@ -1,4 +1,5 @@
 // The fresh CommonJS project's program (tests/interop/test_worker_ts_package.py).
+import { TestHarness, text } from '@message-history/worker/testing';
 import { AgentWorker, buildResponse, Turn, type EnrichedRequest, type Handler } from '@message-history/worker';
 
 const echo: Handler = async (turn) => `echo: ${turn.input.length} message(s) on ${turn.threadId}`;
@@ -10,7 +11,9 @@ async function main(): Promise<void> {
   const response = buildResponse(turn, await echo(turn));
   // compiled to require(): the package's CommonJS build; the ./mastra entry point must load there too
   const mastra = require('@message-history/worker/mastra') as { mastraHandler?: unknown };
-  console.log(JSON.stringify({ module: 'cjs', run: typeof worker.run, mastra: typeof mastra.mastraHandler, response }));
+  const [tested] = await new TestHarness(echo).send({ threadId: 't2', text: 'hi' });
+  const testing = text(tested!.response);
+  console.log(JSON.stringify({ module: 'cjs', testing, run: typeof worker.run, mastra: typeof mastra.mastraHandler, response }));
 }
 
 void main();
