@@ -348,3 +348,34 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     stopped = worker.lines()[-1]
     assert stopped["event"] == "stopped", worker.tail()
     assert (stopped["answered"], stopped["duplicates"]) == (answers_of_the_first, 2 - answers_of_the_first)
+
+
+OFF_WARNING = "read-back of answered requestIds is OFF"
+
+
+async def test_a_read_back_that_cannot_read_says_loudly_that_it_is_off(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A worker that may not read the responses topic (docs/security.md's worker ACLs do not grant it; here:
+    a responses topic name Kafka refuses) logs a WARNING that the read-back is off, naming the partitions and
+    the rights it needs, and emits 'read-back-off'; it does not turn it off silently."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic="no such topic!"
+    )
+    await make_topic(partitions=1, name=settings.enriched_topic)
+    async with node_worker(node, settings, tmp_path / "worker.log") as worker:
+
+        def warned() -> list[dict[str, Any]]:
+            return [
+                line
+                for line in worker.events("log")
+                if line.get("level") == "warn" and OFF_WARNING in line["message"]
+            ]
+
+        await worker.wait_for("the read-back warning", lambda: bool(warned()))
+        assert warned()[0]["message"].startswith("WARNING"), worker.tail()
+        assert warned()[0]["partitions"] == [0]
+        assert "Read on the responses topic" in warned()[0]["message"]
+        await worker.wait_for("read-back-off", lambda: bool(worker.events("read-back-off")))
+        assert await worker.terminate() == 0, worker.tail()

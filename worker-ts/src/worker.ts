@@ -2,13 +2,13 @@
 // behaviour as the Python SDK's worker.AgentWorker (docs/worker.md, "What a worker must get right"), on KafkaJS.
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
+import { readFileSync } from 'node:fs';
 
 import {
   Kafka,
   logLevel,
   Partitioners,
   type Consumer,
-  type ConsumerConfig,
   type IHeaders,
   type KafkaConfig,
   type Producer,
@@ -16,6 +16,7 @@ import {
 
 import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
 import { respond, type Handler } from './respond.js';
+import { connectionFromEnv, type ConnectionOptions, type Env } from './settings.js';
 import { DEFAULT_SEEN_PER_PARTITION, FAILED, failedResponse, SeenEvents, Turn } from './turn.js';
 
 export type { Handler } from './respond.js';
@@ -23,18 +24,18 @@ export type { Handler } from './respond.js';
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 export type Logger = (level: LogLevel, message: string, fields?: Record<string, unknown>) => void;
 
-export interface WorkerOptions {
-  /** Kafka bootstrap servers, e.g. ['127.0.0.1:9092']. */
-  brokers: string[];
+/** The settings, in the package's own terms (no Kafka client's types): `brokers`, `ssl` and `sasl` come from
+ * ConnectionOptions (`fromEnv` reads them from the service's variables). */
+export interface WorkerOptions extends ConnectionOptions {
   /** The worker's consumer group; a new group starts from the earliest offset. */
   groupId: string;
   enrichedTopic?: string;
   responsesTopic?: string;
   clientId?: string;
-  /** Passed to KafkaJS as they are (TLS, SASL, timeouts), beside `brokers` and `clientId`. */
-  kafka?: Omit<KafkaConfig, 'brokers' | 'clientId'>;
-  /** KafkaJS consumer settings (sessionTimeout, heartbeatInterval, ...), beside `groupId`. */
-  consumer?: Omit<ConsumerConfig, 'groupId'>;
+  /** The group's session timeout: a killed worker's partitions move on after this long (default 30 s). */
+  sessionTimeoutMs?: number;
+  /** How often the worker heartbeats to its group (default 3 s). */
+  heartbeatIntervalMs?: number;
   /** Partitions answered at the same time (turns of one partition, so of one thread, stay in order). */
   partitionsConsumedConcurrently?: number;
   /** A handler still running after this long answers a failed turn (default: no limit). */
@@ -114,6 +115,14 @@ function isFenced(error: unknown): boolean {
   );
 }
 
+/** The package's TLS and SASL settings as KafkaJS takes them. */
+function kafkajsSecurity(options: ConnectionOptions): Pick<KafkaConfig, 'ssl' | 'sasl'> {
+  const out: Pick<KafkaConfig, 'ssl' | 'sasl'> = {};
+  if (options.ssl !== undefined) out.ssl = options.ssl;
+  if (options.sasl !== undefined) out.sasl = { ...options.sasl } as KafkaConfig['sasl'];
+  return out;
+}
+
 /** "Equal jitter": half fixed, half random, so many workers do not retry in step. */
 function backoff(attempt: number): number {
   const ceiling = Math.min(RETRY_MAX_MS, RETRY_INITIAL_MS * 2 ** attempt);
@@ -173,26 +182,33 @@ export class AgentWorker extends EventEmitter {
     this.seen = new SeenEvents(options.seenPerPartition ?? DEFAULT_SEEN_PER_PARTITION);
     this.kafka = new Kafka({
       logLevel: logLevel.WARN,
-      ...options.kafka,
       clientId: options.clientId ?? options.groupId,
       brokers: options.brokers,
+      ...kafkajsSecurity(options),
     });
     // The Java-compatible (murmur2) partitioner, as the service's: a thread's records share a partition.
     this.producer = this.kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });
     // Committed records only: under exactly-once the service's aborted outputs are never answered.
-    this.consumer = this.kafka.consumer({ ...options.consumer, groupId: options.groupId, readUncommitted: false });
+    this.consumer = this.kafka.consumer({
+      groupId: options.groupId,
+      readUncommitted: false,
+      ...(options.sessionTimeoutMs === undefined ? {} : { sessionTimeout: options.sessionTimeoutMs }),
+      ...(options.heartbeatIntervalMs === undefined ? {} : { heartbeatInterval: options.heartbeatIntervalMs }),
+    });
     this.exactlyOnce = options.processingGuarantee === 'exactly-once';
   }
 
-  /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, MESSAGE_HISTORY_ENRICHED_TOPIC,
-   * MESSAGE_HISTORY_RESPONSES_TOPIC (their defaults when unset). */
+  /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, the security ones
+   * (MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL, _SASL_MECHANISM, _SASL_USERNAME, _SASL_PASSWORD, _SSL_CAFILE: see
+   * connectionFromEnv), MESSAGE_HISTORY_ENRICHED_TOPIC, MESSAGE_HISTORY_RESPONSES_TOPIC and
+   * MESSAGE_HISTORY_PROCESSING_GUARANTEE (their defaults when unset); `options` override them. */
   static fromEnv(
     handler: Handler,
     options: Partial<WorkerOptions> & { groupId: string },
-    env: NodeJS.ProcessEnv = process.env,
+    env: Env = process.env,
   ): AgentWorker {
     return new AgentWorker(handler, {
-      brokers: (env.KAFKA_BOOTSTRAP_SERVERS || '127.0.0.1:9092').split(',').map((b) => b.trim()),
+      ...connectionFromEnv(env, (path) => readFileSync(path, 'utf8')),
       enrichedTopic: env.MESSAGE_HISTORY_ENRICHED_TOPIC || undefined,
       responsesTopic: env.MESSAGE_HISTORY_RESPONSES_TOPIC || undefined,
       processingGuarantee: env.MESSAGE_HISTORY_PROCESSING_GUARANTEE === 'exactly-once' ? 'exactly-once' : undefined,
@@ -559,7 +575,14 @@ export class AgentWorker extends EventEmitter {
         await admin.deleteGroups([groupId]).catch(() => undefined);
       }
     } catch (error) {
-      this.log('warn', 'read-back of answered requestIds failed: going on without it', { error: String(error) });
+      // Said loudly: without it a restart answers again what the previous owner answered but did not commit.
+      // It needs more than docs/security.md's worker ACLs: Read and Describe on the responses topic, Read and
+      // Delete on the consumer groups `{groupId}.read-back.` (prefixed).
+      this.log('warn', 'WARNING: the read-back of answered requestIds is OFF for these partitions: a turn answered but not committed before a restart or rebalance will be answered again (a second model call). It needs Read on the responses topic and Read/Delete on the groups prefixed `{groupId}.read-back.`; readBackPerPartition: 0 turns it off quietly', {
+        partitions,
+        error: String(error),
+      });
+      this.emit('read-back-off', { partitions, error: String(error) });
     } finally {
       await admin.disconnect().catch(() => undefined);
       this.log('info', 'read back answered requestIds', { partitions, found, ms: Date.now() - started });

@@ -16,6 +16,7 @@ import {
 } from '../src/index.js';
 import { mastraHandler } from '../src/mastra.js';
 import { respond, TurnGivenUp, TurnTimeout } from '../src/respond.js';
+import { connectionFromEnv, type ConnectionOptions } from '../src/settings.js';
 import { enrichedRequest, TestHarness, text } from '../src/testing.js';
 import { prompts, signals, stubModel } from './stub-model.js';
 
@@ -211,4 +212,34 @@ describe('@message-history/worker/testing', () => {
     assert.equal(results[3]?.response.finishReason, 'error');
     assert.equal(harness.responses.length, 4);
   });
+});
+
+describe('connectionFromEnv: the service\'s variables', () => {
+  const files: Record<string, string> = { '/ca.pem': 'PEM' };
+  const read = (path: string): string => files[path] ?? assert.fail(`read ${path}`);
+  const cases: [string, Record<string, string>, ConnectionOptions | RegExp][] = [
+    ['nothing set: local plaintext', {}, { brokers: ['127.0.0.1:9092'] }],
+    ['brokers listed', { KAFKA_BOOTSTRAP_SERVERS: 'a:1, b:2' }, { brokers: ['a:1', 'b:2'] }],
+    ['SSL with the system CAs', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SSL' }, { brokers: ['127.0.0.1:9092'], ssl: true }],
+    ['SSL with a CA file', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SSL', MESSAGE_HISTORY_KAFKA_SSL_CAFILE: '/ca.pem' }, { brokers: ['127.0.0.1:9092'], ssl: { ca: 'PEM' } }],
+    [
+      'SASL_SSL with SCRAM',
+      { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_SSL', MESSAGE_HISTORY_KAFKA_SASL_MECHANISM: 'SCRAM-SHA-512', MESSAGE_HISTORY_KAFKA_SASL_USERNAME: 'w', MESSAGE_HISTORY_KAFKA_SASL_PASSWORD: 'p' },
+      { brokers: ['127.0.0.1:9092'], ssl: true, sasl: { mechanism: 'scram-sha-512', username: 'w', password: 'p' } },
+    ],
+    [
+      'SASL_PLAINTEXT: PLAIN by default, as aiokafka',
+      { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_PLAINTEXT', MESSAGE_HISTORY_KAFKA_SASL_USERNAME: 'w', MESSAGE_HISTORY_KAFKA_SASL_PASSWORD: 'p' },
+      { brokers: ['127.0.0.1:9092'], sasl: { mechanism: 'plain', username: 'w', password: 'p' } },
+    ],
+    ['SASL without credentials', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_SSL' }, /needs MESSAGE_HISTORY_KAFKA_SASL_USERNAME/],
+    ['an unknown protocol', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'TLS' }, /one of PLAINTEXT, SSL/],
+    ['an unknown mechanism', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_SSL', MESSAGE_HISTORY_KAFKA_SASL_MECHANISM: 'GSSAPI', MESSAGE_HISTORY_KAFKA_SASL_USERNAME: 'w', MESSAGE_HISTORY_KAFKA_SASL_PASSWORD: 'p' }, /one of PLAIN, SCRAM/],
+  ];
+  for (const [name, env, expected] of cases) {
+    it(name, () => {
+      if (expected instanceof RegExp) assert.throws(() => connectionFromEnv(env, read), expected);
+      else assert.deepEqual(connectionFromEnv(env, read), expected);
+    });
+  }
 });
