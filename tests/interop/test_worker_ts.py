@@ -249,6 +249,7 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     failed = next(r for r in responses if r["requestId"] == request_id("bob", 3))
     assert (failed["finishReason"], failed["response"]) == ("error", [])
     assert [line["requestId"] for line in second.events("failed")] == [request_id("bob", 3)]
+    assert "the model failed" in second.events("failed")[0]["failure"]  # the typed event says why
     persisted = {v["requestId"]: v for v in values(await read_all(bootstrap, settings.persisted_topic))}
     assert persisted[request_id("bob", 3)]["skipped"] == "failed-turn"
 

@@ -7,6 +7,7 @@ a Mastra Agent's handler (`skipLibCheck`, for Mastra's own declaration files); t
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -102,3 +103,39 @@ def test_a_fresh_commonjs_project_compiles_strict_and_requires_the_package(
     output = _project(root, tarball, esm=False, main=(HERE / "cjs-main.ts").read_text())
     assert "require(" in (root / "dist" / "main.js").read_text()
     _check(output, "cjs")
+
+
+def _generator(node: str, root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [node, "scripts/generate-events.mjs", "--check"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_generated_event_types_are_current_with_the_schemas() -> None:
+    """worker-ts/src/generated/ is what scripts/generate-events.mjs makes of schemas/generated/ now (after a
+    schema change: `npm run generate` in worker-ts/)."""
+    done = _generator(node22(), PACKAGE)
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_drift_check_fails_on_a_schema_change(tmp_path: Path) -> None:
+    """The same check on a copy whose EnrichedRequest schema gained a field: not current."""
+    node = node22()
+    copy = tmp_path / "worker-ts"
+    shutil.copytree(PACKAGE / "scripts", copy / "scripts")
+    shutil.copytree(PACKAGE / "src" / "generated", copy / "src" / "generated")
+    (copy / "node_modules").symlink_to(PACKAGE / "node_modules")
+    shutil.copytree(PACKAGE.parent / "schemas" / "generated", tmp_path / "schemas" / "generated")
+    assert _generator(node, copy).returncode == 0
+    path = tmp_path / "schemas" / "generated" / "EnrichedRequest.schema.json"
+    schema = json.loads(path.read_text())
+    schema["$defs"]["HistoryInfo"]["properties"]["newField"] = {"type": "integer"}
+    path.write_text(json.dumps(schema))
+    done = _generator(node, copy)
+    assert done.returncode == 1
+    assert "not current with schemas/generated: src/generated/events.ts" in done.stderr

@@ -20,5 +20,5 @@ export {
   type Reply,
 } from './turn.js';
 export { respond, TurnGivenUp, TurnTimeout, type Outcome, type RespondOptions } from './respond.js';
-export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerStats } from './worker.js';
+export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerEvents, type WorkerStats } from './worker.js';
 export { connectionFromEnv, type ConnectionOptions, type Env, type SaslOptions, type TlsOptions } from './settings.js';

@@ -3,6 +3,7 @@
 // turn with its reason. The worker and the testing harness (`@message-history/worker/testing`) both run it.
 import type { AgentResponse } from './events.js';
 import { buildResponse, failedResponse, replyProblem, Turn, type Reply } from './turn.js';
+import { responseProblem } from './validate.js';
 
 /** The user's code: one turn in, its reply out (a string is one assistant text message). */
 export type Handler = (turn: Turn) => Promise<Reply | string>;
@@ -65,7 +66,13 @@ export async function respond(
     if (problem !== undefined) {
       return { turn, outcome: { kind: 'failed', response: failedResponse(turn, now()), failure: `the reply cannot be sent: ${problem}` } };
     }
-    return { turn, outcome: { kind: 'answered', response: buildResponse(turn, reply, now()) } };
+    const response = buildResponse(turn, reply, now());
+    const invalid = responseProblem(response);
+    if (invalid !== undefined) {
+      const failure = `the reply does not fit the AgentResponse schema: ${invalid}`;
+      return { turn, outcome: { kind: 'failed', response: failedResponse(turn, now()), failure } };
+    }
+    return { turn, outcome: { kind: 'answered', response } };
   } catch (error) {
     if (abort.signal.reason instanceof TurnGivenUp) return { turn, outcome: { kind: 'gave-up' } };
     return { turn, outcome: { kind: 'failed', response: failedResponse(turn, now()), failure: describe(error) } };

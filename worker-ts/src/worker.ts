@@ -149,7 +149,20 @@ function requestIdOf(value: Buffer | null): string | undefined {
  * answers a failed turn (`finishReason: "error"`, no message). Events: 'answered', 'failed', 'duplicate',
  * 'invalid' (each with the turn or the record's position), 'assigned', 'stopped'.
  */
-export class AgentWorker extends EventEmitter {
+/** The events an AgentWorker emits, with what each listener gets (typed `on`, `once`, `emit`). */
+export interface WorkerEvents {
+  answered: [{ turn: Turn; response: AgentResponse }];
+  /** A failed turn was answered (finishReason "error"); `failure` says why. */
+  failed: [{ turn: Turn; response: AgentResponse; failure: string }];
+  duplicate: [{ partition: number; offset: string; eventId: string; requestId: string }];
+  invalid: [{ partition: number; offset: string }];
+  assigned: [{ partitions: number[]; readBack: number[] }];
+  /** The read-back could not read the responses topic (rights, outage): duplicates are not dropped there. */
+  'read-back-off': [{ partitions: number[]; error: string }];
+  stopped: [WorkerStats];
+}
+
+export class AgentWorker extends EventEmitter<WorkerEvents> {
   readonly stats: WorkerStats = { answered: 0, failed: 0, duplicates: 0, invalid: 0 };
   readonly enrichedTopic: string;
   readonly responsesTopic: string;
@@ -442,7 +455,10 @@ export class AgentWorker extends EventEmitter {
     this.seen.add(partition, event.eventId);
     if (response.finishReason === FAILED) {
       this.stats.failed += 1;
-      this.emit('failed', { turn, response });
+      const failure =
+        answered.failure ??
+        (response === answered.response ? 'the handler answered finishReason "error"' : 'the response is too large for Kafka');
+      this.emit('failed', { turn, response, failure });
     } else {
       this.stats.answered += 1;
       this.emit('answered', { turn, response });
@@ -456,7 +472,7 @@ export class AgentWorker extends EventEmitter {
     partition: number,
     offset: string,
     heartbeat: () => Promise<void>,
-  ): Promise<{ turn: Turn; response: AgentResponse | undefined }> {
+  ): Promise<{ turn: Turn; response: AgentResponse | undefined; failure?: string }> {
     // A long model call must not cost the group membership: KafkaJS heartbeats only between records.
     const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
     try {
@@ -471,6 +487,7 @@ export class AgentWorker extends EventEmitter {
           threadId: turn.threadId,
           error: outcome.failure,
         });
+        return { turn, response: outcome.response, failure: outcome.failure };
       }
       return { turn, response: outcome.response };
     } finally {

@@ -20,7 +20,7 @@ import { connectionFromEnv, type ConnectionOptions } from '../src/settings.js';
 import { enrichedRequest, TestHarness, text } from '../src/testing.js';
 import { prompts, signals, stubModel } from './stub-model.js';
 
-function message(id: string, role: string, text: string, createdAt: string, source: 'memory' | 'input'): EnrichedMessage {
+function message(id: string, role: EnrichedMessage['role'], text: string, createdAt: string, source: 'memory' | 'input'): EnrichedMessage {
   return { id, role, createdAt, source, threadId: 't1', resourceId: 'r1', type: 'v2', content: { format: 2, parts: [{ type: 'text', text }] } };
 }
 
@@ -94,7 +94,7 @@ describe('checks', () => {
     it(`enrichedProblem: ${name}`, () => assert.equal(enrichedProblem(value), problem));
   }
   it('replyProblem: a message without a role cannot be sent', () => {
-    assert.equal(replyProblem({ messages: [{ role: 'assistant', content: 'x' }] }), undefined);
+    assert.equal(replyProblem({ messages: [{ role: 'assistant', content: { format: 2, parts: [] } }] }), undefined);
     assert.equal(replyProblem({ messages: [{ content: 'x' } as never] }), 'response[0] has no role');
   });
 });
@@ -127,6 +127,11 @@ describe('mastraHandler', () => {
     assert.equal(answer?.id, undefined);
     assert.equal(answer?.createdAt, undefined);
     assert.match(JSON.stringify(answer?.content), /I remember 2 earlier messages\. You said: again/);
+  });
+
+  it("the Agent's answer fits the AgentResponse schema (through the worker's turn code)", async () => {
+    const { outcome } = await respond(mastraHandler(agent), (signal) => new Turn(enriched(), 0, '0', signal));
+    assert.equal(outcome.kind, 'answered', outcome.kind === 'failed' ? outcome.failure : '');
   });
 
   it('lets a model error through (the worker answers a failed turn)', async () => {
@@ -240,6 +245,27 @@ describe('connectionFromEnv: the service\'s variables', () => {
     it(name, () => {
       if (expected instanceof RegExp) assert.throws(() => connectionFromEnv(env, read), expected);
       else assert.deepEqual(connectionFromEnv(env, read), expected);
+    });
+  }
+});
+
+describe('replies checked against the AgentResponse schema (a failed turn with the reason, as in Python)', () => {
+  const cases: [string, unknown, RegExp | undefined][] = [
+    ['a text reply', 'hi', undefined],
+    ['a misspelled role', { messages: [{ role: 'asistant', content: { format: 2, parts: [{ type: 'text', text: 'x' }] } }] }, /\/response\/0\/role must be equal to one of the allowed values/],
+    ['content without parts', { messages: [{ role: 'assistant', content: { format: 2 } }] }, /\/response\/0\/content must have required property 'parts'/],
+    ['a text part without its text', { messages: [{ role: 'assistant', content: { format: 2, parts: [{ type: 'text' }] } }] }, /\/response\/0\/content\/parts\/0/],
+    ['content as a plain string', { messages: [{ role: 'assistant', content: 'x' }] }, /\/response\/0\/content must be object/],
+  ];
+  for (const [name, reply, failure] of cases) {
+    it(name, async () => {
+      const { outcome } = await respond(async () => reply as never, (signal) => new Turn(enriched(), 0, '0', signal));
+      if (failure === undefined) assert.equal(outcome.kind, 'answered');
+      else {
+        assert.equal(outcome.kind, 'failed');
+        assert.match(outcome.kind === 'failed' ? outcome.failure : '', failure);
+        assert.match(outcome.kind === 'failed' ? outcome.failure : '', /^the reply does not fit the AgentResponse schema/);
+      }
     });
   }
 });
