@@ -380,3 +380,53 @@ async def test_a_read_back_that_cannot_read_says_loudly_that_it_is_off(
         assert "Read on the responses topic" in warned()[0]["message"]
         await worker.wait_for("read-back-off", lambda: bool(worker.events("read-back-off")))
         assert await worker.terminate() == 0, worker.tail()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_an_oversized_reply_is_a_failed_turn_once_never_a_loop(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
+) -> None:
+    """The responses topic takes records up to 2,000 bytes. A reply too large for it is answered as a failed
+    turn (its input only, which fits); a turn whose input alone is too large is dropped (committed, not
+    answered). The handler runs once per turn either way, and the turns behind them are answered."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
+
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    await make_topic(partitions=1, name=settings.enriched_topic)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(settings.responses_topic, 1, 1, topic_configs={"max.message.bytes": "2000"})]
+        )
+    finally:
+        await admin.close()
+    turns = [
+        _enriched("t", "t:small", "hello"),
+        _enriched("t", "t:reply-too-large", "x" * 900),  # the stub repeats it: input + reply > 2,000
+        _enriched("t", "t:input-too-large", "y" * 2500),  # even the failed turn (the input) > 2,000
+        _enriched("t", "t:after", "still there?"),
+    ]
+    await produce(kafka_bootstrap, settings.enriched_topic, [encoded(t) for t in turns])
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
+    async with node_worker(node, settings, tmp_path / "worker.log", **mode) as worker:
+        answered = lambda: {line["requestId"] for line in worker.events("answered")}  # noqa: E731
+        await worker.wait_for("the turn after them", lambda: "t:after" in answered())
+        assert await worker.terminate() == 0, worker.tail()
+    assert Counter(line["requestId"] for line in worker.events("turn")) == {t["requestId"]: 1 for t in turns}
+    isolation = "read_committed" if guarantee == "exactly-once" else "read_uncommitted"
+    responses = values(await read_all(kafka_bootstrap, settings.responses_topic, isolation_level=isolation))
+    assert [(r["requestId"], r["finishReason"]) for r in responses] == [
+        ("t:small", "stop"),
+        ("t:reply-too-large", "error"),
+        ("t:after", "stop"),
+    ]
+    [failed] = worker.events("failed")
+    assert failed["requestId"] == "t:reply-too-large"
+    assert failed["failure"] == "the response is too large for Kafka"
+    assert [line["requestId"] for line in worker.events("dropped")] == ["t:input-too-large"]
+    stopped = worker.lines()[-1]
+    assert (stopped["answered"], stopped["failed"]) == (2, 2), worker.tail()

@@ -14,7 +14,35 @@ export type Outcome =
   | { kind: 'failed'; response: AgentResponse; failure: string }
   | { kind: 'gave-up' };
 
+/**
+ * Thrown by a handler (or any error with `retriable: true`): the turn cannot be answered NOW (a provider's
+ * rate limit, an overloaded model), not a failed turn. The worker backs off and calls the handler again for
+ * the same turn (the turns behind it on the partition wait), until it answers or fails, or the worker stops
+ * (the turn is then left uncommitted for the next owner). A failed turn instead is answered at once and
+ * saves nothing of the user's message.
+ */
+export class RetryLater extends Error {
+  override readonly name = 'RetryLater';
+  readonly retriable = true;
+  constructor(
+    message: string,
+    /** Wait at least this long before the next attempt (e.g. the provider's Retry-After). */
+    readonly afterMs?: number,
+  ) {
+    super(message);
+  }
+}
+
+export const isRetryLater = (error: unknown): boolean =>
+  typeof error === 'object' && error !== null && (error as { retriable?: unknown }).retriable === true;
+
 export interface RespondOptions {
+  /** Backoff before a RetryLater turn's next attempt: doubling from `retryInitialMs` (1 s) to `retryMaxMs`
+   * (60 s), equal jitter; a RetryLater's `afterMs` is the floor. */
+  retryInitialMs?: number;
+  retryMaxMs?: number;
+  /** Called before each backoff (the worker logs and counts it). */
+  onRetry?: (info: { attempt: number; delayMs: number; error: string }) => void;
   /** The handler is given up after this long (its signal aborted), the turn answered as failed. */
   timeoutMs?: number;
   /** The worker giving up every turn in flight (shutdown grace over): the turn's signal is aborted too. */
@@ -43,6 +71,40 @@ export async function respond(
   makeTurn: (signal: AbortSignal) => Turn,
   options: RespondOptions = {},
 ): Promise<{ turn: Turn; outcome: Outcome }> {
+  for (let attempt = 0; ; attempt += 1) {
+    const result = await respondOnce(handler, makeTurn, options);
+    if (result.retry === undefined) return result;
+    const error = result.retry;
+    const initial = options.retryInitialMs ?? 1_000;
+    const ceiling = Math.min(options.retryMaxMs ?? 60_000, initial * 2 ** attempt);
+    const floor = error instanceof RetryLater ? (error.afterMs ?? 0) : 0;
+    const delayMs = Math.max(floor, ceiling / 2 + Math.random() * (ceiling / 2));
+    options.onRetry?.({ attempt: attempt + 1, delayMs: Math.round(delayMs), error: describe(error) });
+    if (!(await pause(delayMs, options.giveUp))) return { turn: result.turn, outcome: { kind: 'gave-up' } };
+  }
+}
+
+/** Waits `ms`; false if `giveUp` fired first. */
+function pause(ms: number, giveUp: AbortSignal | undefined): Promise<boolean> {
+  return new Promise((resolve) => {
+    if (giveUp?.aborted) return resolve(false);
+    const onAbort = (): void => {
+      clearTimeout(timer);
+      resolve(false);
+    };
+    const timer = setTimeout(() => {
+      giveUp?.removeEventListener('abort', onAbort);
+      resolve(true);
+    }, ms);
+    giveUp?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+async function respondOnce(
+  handler: Handler,
+  makeTurn: (signal: AbortSignal) => Turn,
+  options: RespondOptions,
+): Promise<{ turn: Turn; outcome: Outcome; retry?: unknown }> {
   const abort = new AbortController();
   const turn = makeTurn(abort.signal);
   const now = options.now ?? (() => new Date());
@@ -75,6 +137,7 @@ export async function respond(
     return { turn, outcome: { kind: 'answered', response } };
   } catch (error) {
     if (abort.signal.reason instanceof TurnGivenUp) return { turn, outcome: { kind: 'gave-up' } };
+    if (isRetryLater(error) && !abort.signal.aborted) return { turn, outcome: { kind: 'gave-up' }, retry: error };
     return { turn, outcome: { kind: 'failed', response: failedResponse(turn, now()), failure: describe(error) } };
   } finally {
     clearTimeout(timer);

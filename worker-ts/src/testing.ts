@@ -78,6 +78,9 @@ export function text(of: ResponseMessage | EnrichedMessage | AgentResponse): str
 export interface HarnessOptions {
   /** As the worker's: the turn's signal is aborted and the turn failed after this long. */
   handlerTimeoutMs?: number;
+  /** The backoff before redoing a RetryLater turn (default 1 ms here, so tests do not wait). */
+  retryInitialMs?: number;
+  retryMaxMs?: number;
 }
 
 /** A turn the harness answered: the response sent, and for a failed turn why (what the worker logs). */
@@ -85,6 +88,8 @@ export interface HarnessResult {
   turn: Turn;
   response: AgentResponse;
   failure?: string;
+  /** How many times the handler asked to retry later before this answer. */
+  retries: number;
 }
 
 /**
@@ -107,11 +112,17 @@ export class TestHarness {
       events.map((event, i) => {
         const previous = this.threads.get(event.threadId) ?? Promise.resolve();
         const next = previous.then(async () => {
+          let retries = 0;
           const { turn, outcome } = await respond(this.handler, (signal) => new Turn(event, 0, String(i), signal), {
             timeoutMs: this.options.handlerTimeoutMs,
+            retryInitialMs: this.options.retryInitialMs ?? 1,
+            retryMaxMs: this.options.retryMaxMs ?? 1,
+            onRetry: () => {
+              retries += 1;
+            },
           });
           if (outcome.kind === 'gave-up') throw new Error('unreachable: the harness never gives a turn up');
-          const result: HarnessResult = { turn, response: outcome.response };
+          const result: HarnessResult = { turn, response: outcome.response, retries };
           if (outcome.kind === 'failed') result.failure = outcome.failure;
           this.results.push(result);
           return result;

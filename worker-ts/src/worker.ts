@@ -73,6 +73,8 @@ export interface WorkerStats {
   duplicates: number;
   /** Skipped: not an EnrichedRequest. */
   invalid: number;
+  /** Attempts the handler asked to redo later (RetryLater, or an error with `retriable: true`). */
+  retried: number;
 }
 
 const RETRY_INITIAL_MS = 200;
@@ -159,11 +161,15 @@ export interface WorkerEvents {
   assigned: [{ partitions: number[]; readBack: number[] }];
   /** The read-back could not read the responses topic (rights, outage): duplicates are not dropped there. */
   'read-back-off': [{ partitions: number[]; error: string }];
+  /** Committed unanswered: even the failed-turn response (the input alone) is too large for Kafka. */
+  dropped: [{ turn: Turn; failure: string }];
+  /** The handler asked to retry the turn later: the worker waits `delayMs`, then calls it again. */
+  retrying: [{ requestId: string; attempt: number; delayMs: number; error: string }];
   stopped: [WorkerStats];
 }
 
 export class AgentWorker extends EventEmitter<WorkerEvents> {
-  readonly stats: WorkerStats = { answered: 0, failed: 0, duplicates: 0, invalid: 0 };
+  readonly stats: WorkerStats = { answered: 0, failed: 0, duplicates: 0, invalid: 0, retried: 0 };
   readonly enrichedTopic: string;
   readonly responsesTopic: string;
   readonly groupId: string;
@@ -362,13 +368,39 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     );
   }
 
+  /** exactly-once: the consumed offset alone in a transaction (a dropped turn); false when fenced. */
+  private async commitInTransaction(turn: Turn): Promise<boolean> {
+    for (let attempt = 0; ; attempt += 1) {
+      const producer = this.txProducers.get(turn.partition);
+      if (producer === undefined) return false;
+      const txn = await producer.transaction();
+      try {
+        const next = (BigInt(turn.offset) + 1n).toString();
+        await txn.sendOffsets({
+          consumerGroupId: this.groupId,
+          topics: [{ topic: this.enrichedTopic, partitions: [{ partition: turn.partition, offset: next }] }],
+        });
+        await txn.commit();
+        return true;
+      } catch (error) {
+        await txn.abort().catch(() => undefined);
+        if (isFenced(error)) {
+          await this.closeTransactions([turn.partition]);
+          return false;
+        }
+        if (!isOutage(error) || this.giveUp.signal.aborted) throw error;
+        await sleep(backoff(attempt));
+      }
+    }
+  }
+
   /** exactly-once: the response and the consumed offset in one transaction; false when fenced (the partition
    * is another worker's: nothing of this turn is visible). Retried while Kafka is unavailable. */
   private async sendInTransaction(
     turn: Turn,
     response: AgentResponse,
     headers: IHeaders | undefined,
-  ): Promise<AgentResponse | undefined | 'fenced'> {
+  ): Promise<AgentResponse | undefined | 'fenced' | 'dropped'> {
     for (let attempt = 0; ; attempt += 1) {
       const producer = this.txProducers.get(turn.partition);
       if (producer === undefined) return 'fenced'; // revoked meanwhile: the next owner answers it
@@ -395,10 +427,14 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
           await this.closeTransactions([turn.partition]);
           return 'fenced';
         }
-        if (isTooLarge(error) && response.finishReason !== FAILED) {
-          this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
-          response = failedResponse(turn);
-          continue;
+        if (isTooLarge(error)) {
+          if (response.finishReason !== FAILED) {
+            this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
+            response = failedResponse(turn);
+            continue;
+          }
+          this.log('error', 'the failed-turn response is too large for Kafka too: the turn is dropped', { requestId: turn.requestId });
+          return (await this.commitInTransaction(turn)) ? 'dropped' : 'fenced';
         }
         if (!isOutage(error)) throw error;
         if (this.giveUp.signal.aborted) return undefined;
@@ -443,15 +479,18 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     const turn = answered.turn;
     let response = answered.response;
     if (response === undefined) return; // given up at shutdown: not sent, not committed
-    if (this.exactlyOnce) {
-      const sent = await this.sendInTransaction(turn, response, headers);
-      if (sent === undefined || sent === 'fenced') return;
-      response = sent;
-    } else {
-      response = await this.send(turn, response, headers);
-      if (response === undefined) return;
-      await this.commit(partition, offset);
+    const sent = this.exactlyOnce
+      ? await this.sendInTransaction(turn, response, headers)
+      : await this.send(turn, response, headers);
+    if (sent === undefined || sent === 'fenced') return;
+    if (!this.exactlyOnce) await this.commit(partition, offset);
+    if (sent === 'dropped') {
+      this.seen.add(partition, event.eventId);
+      this.stats.failed += 1;
+      this.emit('dropped', { turn, failure: 'even the failed-turn response is too large for Kafka' });
+      return;
     }
+    response = sent;
     this.seen.add(partition, event.eventId);
     if (response.finishReason === FAILED) {
       this.stats.failed += 1;
@@ -479,6 +518,16 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       const { turn, outcome } = await respond(this.handler, (signal) => new Turn(event, partition, offset, signal), {
         timeoutMs: this.options.handlerTimeoutMs,
         giveUp: this.giveUp.signal,
+        onRetry: ({ attempt, delayMs, error }) => {
+          this.stats.retried += 1;
+          this.log('warn', 'the handler asked to retry later: backing off, then the same turn again', {
+            requestId: event.requestId,
+            attempt,
+            delayMs,
+            error,
+          });
+          this.emit('retrying', { requestId: event.requestId, attempt, delayMs, error });
+        },
       });
       if (outcome.kind === 'gave-up') return { turn, response: undefined };
       if (outcome.kind === 'failed') {
@@ -497,7 +546,11 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
 
   /** Sends and waits for the acknowledgement, retrying while Kafka is unavailable; a response too large for
    * Kafka is answered as a failed turn instead. Returns what was sent (undefined if given up at shutdown). */
-  private async send(turn: Turn, response: AgentResponse, headers: IHeaders | undefined): Promise<AgentResponse | undefined> {
+  private async send(
+    turn: Turn,
+    response: AgentResponse,
+    headers: IHeaders | undefined,
+  ): Promise<AgentResponse | undefined | 'dropped'> {
     for (let attempt = 0; ; attempt += 1) {
       try {
         await this.producer.send({
@@ -507,10 +560,16 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         });
         return response;
       } catch (error) {
-        if (isTooLarge(error) && response.finishReason !== FAILED) {
-          this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
-          response = failedResponse(turn);
-          continue;
+        if (isTooLarge(error)) {
+          if (response.finishReason !== FAILED) {
+            this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
+            response = failedResponse(turn);
+            continue;
+          }
+          // Never a loop: the failed turn (the input alone) does not fit either; redelivering would call the
+          // handler again and again. The turn is committed unanswered (as the Python SDK drops it).
+          this.log('error', 'the failed-turn response is too large for Kafka too: the turn is dropped', { requestId: turn.requestId });
+          return 'dropped';
         }
         if (!isOutage(error)) throw error;
         if (this.giveUp.signal.aborted) return undefined;

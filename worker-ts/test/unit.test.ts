@@ -15,7 +15,7 @@ import {
   type EnrichedRequest,
 } from '../src/index.js';
 import { mastraHandler } from '../src/mastra.js';
-import { respond, TurnGivenUp, TurnTimeout } from '../src/respond.js';
+import { respond, RetryLater, TurnGivenUp, TurnTimeout } from '../src/respond.js';
 import { connectionFromEnv, type ConnectionOptions } from '../src/settings.js';
 import { enrichedRequest, TestHarness, text } from '../src/testing.js';
 import { prompts, signals, stubModel } from './stub-model.js';
@@ -268,4 +268,56 @@ describe('replies checked against the AgentResponse schema (a failed turn with t
       }
     });
   }
+});
+
+describe('retry later: distinct from a failed turn', () => {
+  it('a RetryLater (a rate limit) backs off and redoes the same turn until it answers', async () => {
+    let calls = 0;
+    const limited = async (): Promise<string> => {
+      calls += 1;
+      if (calls < 3) throw new RetryLater('429 from the provider', 1);
+      return 'answered at last';
+    };
+    const retries: number[] = [];
+    const { outcome } = await respond(limited, (signal) => new Turn(enriched(), 0, '0', signal), {
+      retryInitialMs: 1,
+      retryMaxMs: 2,
+      onRetry: ({ attempt }) => retries.push(attempt),
+    });
+    assert.equal(outcome.kind, 'answered');
+    assert.equal(calls, 3);
+    assert.deepEqual(retries, [1, 2]);
+  });
+
+  it('an error with retriable: true counts too; a plain error is a failed turn at once', async () => {
+    const [retried] = await new TestHarness(
+      (() => {
+        let first = true;
+        return async () => {
+          if (first) {
+            first = false;
+            throw Object.assign(new Error('overloaded'), { retriable: true });
+          }
+          return 'ok';
+        };
+      })(),
+    ).send({ text: 'x' });
+    assert.equal(retried?.retries, 1);
+    assert.equal(text(retried!.response), 'ok');
+    const [failed] = await new TestHarness(async () => {
+      throw new Error('bad request');
+    }).send({ text: 'x' });
+    assert.equal(failed?.retries, 0);
+    assert.equal(failed?.response.finishReason, 'error');
+  });
+
+  it('a worker stopping during the backoff gives the turn up (left for the next owner)', async () => {
+    const giveUp = new AbortController();
+    const running = respond(async () => { throw new RetryLater('later'); }, (signal) => new Turn(enriched(), 0, '0', signal), {
+      retryInitialMs: 60_000,
+      giveUp: giveUp.signal,
+      onRetry: () => giveUp.abort(),
+    });
+    assert.equal((await running).outcome.kind, 'gave-up');
+  });
 });
