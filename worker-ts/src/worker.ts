@@ -17,6 +17,7 @@ import {
 import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
 import { respond, type Handler } from './respond.js';
 import { connectionFromEnv, type ConnectionOptions, type Env } from './settings.js';
+import { loadTracing, tracingOff, type Tracing, type TurnSpan } from './tracing.js';
 import { DEFAULT_SEEN_PER_PARTITION, FAILED, failedResponse, SeenEvents, Turn } from './turn.js';
 
 export type { Handler } from './respond.js';
@@ -61,6 +62,9 @@ export interface WorkerOptions extends ConnectionOptions {
    * Default 'at-least-once'.
    */
   processingGuarantee?: 'at-least-once' | 'exactly-once';
+  /** A span per turn ("agent turn", continuing the request's traceparent) through `@opentelemetry/api` when
+   * it is installed (default true; the application registers the tracer provider); false: none. */
+  tracing?: boolean;
   logger?: Logger;
 }
 
@@ -187,6 +191,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   private readonly txProducers = new Map<number, Producer>();
   private readonly floors = new Map<number, bigint>();
   private stopping: Promise<void> | undefined;
+  private tracing: Tracing = tracingOff;
   private signalsInstalled: (() => void) | undefined;
 
   constructor(
@@ -256,6 +261,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       for (const partition of fresh) this.warmups.set(partition, warmup);
       this.emit('assigned', { partitions: [...assigned].sort((a, b) => a - b), readBack: fresh });
     });
+    this.tracing = this.options.tracing === false ? tracingOff : await loadTracing();
     await this.producer.connect();
     await this.consumer.connect();
     await this.consumer.subscribe({ topics: [this.enrichedTopic], fromBeginning: true });
@@ -475,20 +481,49 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       await this.commit(partition, offset);
       return;
     }
-    const answered = await this.respond(event, partition, offset, heartbeat);
+    // The turn's span (a child of the request's traceparent; a no-op without @opentelemetry/api).
+    const span = this.tracing(headers, {
+      'messaging.destination.name': topic,
+      'messaging.kafka.partition': partition,
+      'messaging.kafka.offset': Number(offset),
+      'messaging.message.id': event.requestId,
+    });
+    let failure: string | undefined;
+    try {
+      failure = await this.answer(event, partition, offset, headers, heartbeat, span);
+    } catch (error) {
+      failure = String(error);
+      throw error;
+    } finally {
+      span.end(failure);
+    }
+  }
+
+  /** Answers one enriched request; returns why the turn failed, if it did. */
+  private async answer(
+    event: EnrichedRequest,
+    partition: number,
+    offset: string,
+    received: IHeaders | undefined,
+    heartbeat: () => Promise<void>,
+    span: TurnSpan,
+  ): Promise<string | undefined> {
+    const answered = await span.run(() => this.respond(event, partition, offset, heartbeat));
     const turn = answered.turn;
     let response = answered.response;
-    if (response === undefined) return; // given up at shutdown: not sent, not committed
+    if (response === undefined) return 'given up at shutdown'; // not sent, not committed
+    const headers = span.headers(received) as IHeaders | undefined; // the turn span's traceparent in place
     const sent = this.exactlyOnce
       ? await this.sendInTransaction(turn, response, headers)
       : await this.send(turn, response, headers);
-    if (sent === undefined || sent === 'fenced') return;
+    if (sent === undefined || sent === 'fenced') return sent === 'fenced' ? 'fenced' : 'given up at shutdown';
     if (!this.exactlyOnce) await this.commit(partition, offset);
     if (sent === 'dropped') {
       this.seen.add(partition, event.eventId);
       this.stats.failed += 1;
-      this.emit('dropped', { turn, failure: 'even the failed-turn response is too large for Kafka' });
-      return;
+      const failure = 'even the failed-turn response is too large for Kafka';
+      this.emit('dropped', { turn, failure });
+      return failure;
     }
     response = sent;
     this.seen.add(partition, event.eventId);
@@ -498,10 +533,11 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         answered.failure ??
         (response === answered.response ? 'the handler answered finishReason "error"' : 'the response is too large for Kafka');
       this.emit('failed', { turn, response, failure });
-    } else {
-      this.stats.answered += 1;
-      this.emit('answered', { turn, response });
+      return failure;
     }
+    this.stats.answered += 1;
+    this.emit('answered', { turn, response });
+    return undefined;
   }
 
   /** The handler's answer, or a failed turn; undefined when the worker gave the turn up (shutdown). The turn's

@@ -2,6 +2,9 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
+import * as otel from '@opentelemetry/api';
+import { W3CTraceContextPropagator } from '@opentelemetry/core';
+import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { Agent } from '@mastra/core/agent';
 
 import {
@@ -17,6 +20,7 @@ import {
 import { mastraHandler } from '../src/mastra.js';
 import { respond, RetryLater, TurnGivenUp, TurnTimeout } from '../src/respond.js';
 import { connectionFromEnv, type ConnectionOptions } from '../src/settings.js';
+import { loadTracing, tracingWith } from '../src/tracing.js';
 import { enrichedRequest, TestHarness, text } from '../src/testing.js';
 import { prompts, signals, stubModel } from './stub-model.js';
 
@@ -319,5 +323,35 @@ describe('retry later: distinct from a failed turn', () => {
       onRetry: () => giveUp.abort(),
     });
     assert.equal((await running).outcome.kind, 'gave-up');
+  });
+});
+
+describe('a span per turn, continuing the request traceparent', () => {
+  const exporter = new InMemorySpanExporter();
+  otel.trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] }));
+  otel.propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  const traceId = '0af7651916cd43dd8448eb211c80319c';
+  const parent = 'b7ad6b7169203331';
+
+  it('is a child of the request span; the response carries the turn span in place of the request one', async () => {
+    exporter.reset();
+    const span = tracingWith(otel)({ traceparent: `00-${traceId}-${parent}-01`, other: Buffer.from('kept') }, { 'messaging.message.id': 'r1' });
+    assert.equal(await span.run(async () => 'inside'), 'inside');
+    const out = span.headers({ traceparent: `00-${traceId}-${parent}-01`, other: 'kept' });
+    span.end('the model failed');
+    const [finished] = exporter.getFinishedSpans();
+    assert.equal(finished?.name, 'agent turn');
+    assert.equal(finished?.spanContext().traceId, traceId);
+    assert.equal(finished?.parentSpanContext?.spanId, parent);
+    assert.equal(finished?.attributes['messaging.message.id'], 'r1');
+    assert.deepEqual(finished?.status, { code: otel.SpanStatusCode.ERROR, message: 'the model failed' });
+    assert.equal(out?.traceparent, `00-${traceId}-${finished?.spanContext().spanId}-01`);
+    assert.equal(out?.other, 'kept');
+  });
+
+  it('loads @opentelemetry/api when it is installed', async () => {
+    exporter.reset();
+    (await loadTracing())(undefined, {}).end();
+    assert.equal(exporter.getFinishedSpans().length, 1);
   });
 });
