@@ -413,7 +413,10 @@ async def test_an_oversized_reply_is_a_failed_turn_once_never_a_loop(
     await produce(kafka_bootstrap, settings.enriched_topic, [encoded(t) for t in turns])
     mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
     async with node_worker(node, settings, tmp_path / "worker.log", **mode) as worker:
-        answered = lambda: {line["requestId"] for line in worker.events("answered")}  # noqa: E731
+
+        def answered() -> set[str]:
+            return {line["requestId"] for line in worker.events("answered")}
+
         await worker.wait_for("the turn after them", lambda: "t:after" in answered())
         assert await worker.terminate() == 0, worker.tail()
     assert Counter(line["requestId"] for line in worker.events("turn")) == {t["requestId"]: 1 for t in turns}
