@@ -433,3 +433,34 @@ async def test_an_oversized_reply_is_a_failed_turn_once_never_a_loop(
     assert [line["requestId"] for line in worker.events("dropped")] == ["t:input-too-large"]
     stopped = worker.lines()[-1]
     assert (stopped["answered"], stopped["failed"]) == (2, 2), worker.tail()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_a_rate_limited_turn_is_retried_not_failed(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
+) -> None:
+    """The handler throws RetryLater (a provider's 429) on a turn's first attempt: the worker backs off and
+    calls it again for the same turn, which is then answered (not a failed turn, which would erase the
+    user's message from the saved turn); the turn behind it on the partition waits and is answered after."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    for name in (settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=name)
+    turns = [_enriched("t", "t:limited", "RATELIMIT me"), _enriched("t", "t:next", "and then")]
+    await produce(kafka_bootstrap, settings.enriched_topic, [encoded(t) for t in turns])
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
+    async with node_worker(node, settings, tmp_path / "worker.log", **mode) as worker:
+        await worker.wait_for("t:next answered", lambda: len(worker.events("answered")) == 2)
+        assert await worker.terminate() == 0, worker.tail()
+    assert [line["requestId"] for line in worker.events("turn")] == ["t:limited", "t:limited", "t:next"]
+    [retrying] = worker.events("retrying")
+    assert (retrying["requestId"], retrying["attempt"]) == ("t:limited", 1)
+    assert retrying["delayMs"] >= 200  # the error's afterMs is the floor
+    isolation = "read_committed" if guarantee == "exactly-once" else "read_uncommitted"
+    responses = values(await read_all(kafka_bootstrap, settings.responses_topic, isolation_level=isolation))
+    answers = [(r["requestId"], r["finishReason"]) for r in responses]
+    assert answers == [("t:limited", "stop"), ("t:next", "stop")]
+    stopped = worker.lines()[-1]
+    assert (stopped["answered"], stopped["failed"], stopped["retried"]) == (2, 0, 1), worker.tail()
