@@ -464,3 +464,39 @@ async def test_a_rate_limited_turn_is_retried_not_failed(
     assert answers == [("t:limited", "stop"), ("t:next", "stop")]
     stopped = worker.lines()[-1]
     assert (stopped["answered"], stopped["failed"], stopped["retried"]) == (2, 0, 1), worker.tail()
+
+
+async def test_a_zombie_worker_cannot_publish_under_exactly_once(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Worker A is frozen (SIGSTOP) in the middle of a turn; its partition moves to worker B, which opens the
+    partition's transactional id (fencing A) and answers the turn. A thawed (SIGCONT) finishes its handler and
+    tries to commit: fenced, nothing of it visible. read_committed readers see the turn answered once."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    for name in (settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=name)
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": "exactly-once", "READ_BACK": "0"}
+    await produce(kafka_bootstrap, settings.enriched_topic, [encoded(_enriched("t", "t:z", "zombie?"))])
+    async with node_worker(node, settings, tmp_path / "a.log", SLOW_ON="t:z", **mode) as zombie:
+        await zombie.wait_for("the turn started", lambda: bool(zombie.events("turn")))
+        zombie.process.send_signal(signal.SIGSTOP)  # frozen mid-turn: no heartbeats, no commit
+        try:
+            async with node_worker(node, settings, tmp_path / "b.log", **mode) as owner:
+                await owner.wait_for("the turn answered by B", lambda: bool(owner.events("answered")))
+                zombie.process.send_signal(signal.SIGCONT)
+
+                def fenced() -> bool:
+                    return any("transaction fenced" in line.get("message", "") for line in zombie.lines())
+
+                await zombie.wait_for("the zombie fenced", fenced)
+                assert await owner.terminate() == 0, owner.tail()
+        finally:
+            zombie.process.send_signal(signal.SIGCONT)
+    assert [line["requestId"] for line in owner.events("answered")] == ["t:z"]
+    assert zombie.events("answered") == []
+    topic = settings.responses_topic
+    committed = values(await read_all(kafka_bootstrap, topic, isolation_level="read_committed", settle_s=0.5))
+    assert [r["requestId"] for r in committed] == ["t:z"]
