@@ -4,7 +4,7 @@
 // thread's turns in order, threads at the same time.
 import type { AgentResponse, EnrichedMessage, EnrichedRequest, ResponseMessage } from './events.js';
 import { respond, type Handler } from './respond.js';
-import { Turn } from './turn.js';
+import { SeenEvents, Turn } from './turn.js';
 
 export interface FixtureMessage {
   role: 'user' | 'assistant' | 'system';
@@ -98,18 +98,30 @@ export interface HarnessResult {
  */
 export class TestHarness {
   readonly results: HarnessResult[] = [];
+  /** eventIds dropped as already answered (the worker's SeenEvents: a copy is answered once). */
+  readonly duplicates: string[] = [];
   private readonly threads = new Map<string, Promise<unknown>>();
+  private readonly seen = new SeenEvents();
 
   constructor(
     private readonly handler: Handler,
     private readonly options: HarnessOptions = {},
   ) {}
 
-  /** Runs the requests (or fixtures) and resolves with their results, in the order given. */
+  /** Runs the requests (or fixtures) and resolves with their results, in the order given; a request whose
+   * eventId was answered already is dropped, as the worker drops it (no result, listed in `duplicates`). */
   async send(...requests: (EnrichedRequest | EnrichedRequestFixture)[]): Promise<HarnessResult[]> {
     const events = requests.map((r) => ('schemaVersion' in r ? r : enrichedRequest(r)));
+    const fresh = events.filter((event) => {
+      if (this.seen.has(0, event.eventId)) {
+        this.duplicates.push(event.eventId);
+        return false;
+      }
+      this.seen.add(0, event.eventId);
+      return true;
+    });
     return Promise.all(
-      events.map((event, i) => {
+      fresh.map((event, i) => {
         const previous = this.threads.get(event.threadId) ?? Promise.resolve();
         const next = previous.then(async () => {
           let retries = 0;

@@ -221,6 +221,14 @@ describe('@message-history/worker/testing', () => {
     assert.equal(results[3]?.response.finishReason, 'error');
     assert.equal(harness.responses.length, 4);
   });
+
+  it('TestHarness: a request answered already is dropped, as the worker drops it', async () => {
+    const harness = new TestHarness(async (turn) => `re: ${text(turn.input[0]!)}`);
+    const event = enrichedRequest({ requestId: 'same', text: 'once' });
+    assert.equal((await harness.send(event)).length, 1);
+    assert.deepEqual(await harness.send(event), []);
+    assert.deepEqual(harness.duplicates, ['same']);
+  });
 });
 
 describe('connectionFromEnv: the service\'s variables', () => {
