@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -663,19 +664,69 @@ def npm_projects() -> list[Path]:
     return [package, *folders] if (package / "package.json").exists() else folders
 
 
+# Node 22 for the projects whose `engines` ask for it (the TypeScript worker package and its example: Mastra
+# needs >= 22.13): the `node` npm package ships the official binary inside registry packages, so it installs
+# from the npm registry alone, into .cache whatever the machine's own Node is. Tests find it at NODE22_BIN.
+NODE22_VERSION = "22.23.3"
+NODE22_PREFIX = CACHE / "node22"
+NODE22_BIN = NODE22_PREFIX / "node_modules" / "node" / "bin"
+NPM_QUIET = ("--no-audit", "--no-fund", "--no-save", "--loglevel=error")
+
+
+def install_node22() -> Path:
+    """Node NODE22_VERSION under .cache/node22 (cached by a stamp); returns the folder holding `node`."""
+    with step(f"Node {NODE22_VERSION} (npm package `node`)") as skip:
+        want = digest(NODE22_VERSION, platform.machine())
+        stamp = STAMPS / "node22"
+        if stamp_matches(stamp, want) and (NODE22_BIN / "node").exists():
+            skip("up to date")
+            return NODE22_BIN
+        npm = require_tool("npm", "install Node 22 from the npm registry")
+        run(
+            [npm, "install", "--prefix", NODE22_PREFIX, f"node@{NODE22_VERSION}", *NPM_QUIET],
+            what=f"npm install node@{NODE22_VERSION}",
+        )
+        write_stamp(stamp, want)
+    return NODE22_BIN
+
+
+def wants_node22(manifest: Path) -> bool:
+    """The project's `engines.node` starts at 22 or later (">=22.13.0")."""
+    engines = json.loads(manifest.read_text()).get("engines", {}).get("node", "")
+    found = re.match(r"\s*>=?\s*(\d+)", engines)
+    return found is not None and int(found.group(1)) >= 22
+
+
 def install_npm() -> None:
     for folder in npm_projects():
         relative = folder.relative_to(ROOT)
         with step(f"npm packages of {relative}") as skip:
             manifest, lock = folder / "package.json", folder / "package-lock.json"
             npm = require_tool("npm", f"install the Node packages of {relative}")
-            node = require_tool("node", f"install the Node packages of {relative}")
+            env = None
+            if wants_node22(manifest):
+                # npm and the `prepare` build run on Node 22 (npm's shebang finds `node` on PATH)
+                env = {**os.environ, "PATH": f"{install_node22()}{os.pathsep}{os.environ.get('PATH', '')}"}
+            node = shutil.which("node", path=(env or os.environ).get("PATH"))
+            if node is None:
+                raise StackError(f"`node` is not on PATH; it is needed for the Node packages of {relative}")
             node_version = subprocess.run(
                 [node, "--version"], capture_output=True, text=True, check=False
             ).stdout
             # The worker package's sources count too: `npm ci` builds it (its `prepare` script), and the
             # example that links it uses the build.
-            sources = sorted((ROOT / "worker-ts" / "src").rglob("*.ts")) if folder.name == "worker-ts" else []
+            package = ROOT / "worker-ts"
+            sources = (
+                sorted(
+                    [
+                        *(package / "src").rglob("*.ts"),
+                        *package.glob("tsconfig*.json"),
+                        *package.glob("scripts/*"),
+                    ]
+                )
+                if folder == package
+                else []
+            )
             want = digest(manifest, lock, node_version, *sources)
             stamp = STAMPS / ("npm-" + str(relative).replace(os.sep, "__"))
             if stamp_matches(stamp, want) and (folder / "node_modules").is_dir():
@@ -685,6 +736,7 @@ def install_npm() -> None:
             run(
                 [npm, *verb, "--no-audit", "--no-fund", "--loglevel=error"],
                 cwd=folder,
+                env=env,
                 what=f"npm {verb[0]} in {relative}",
             )
             write_stamp(stamp, want)

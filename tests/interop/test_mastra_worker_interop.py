@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 from collections.abc import AsyncIterator
@@ -41,6 +40,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.interop.node22 import build_package, node22
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -52,12 +52,10 @@ WAIT_S = 90.0
 
 
 def _node() -> str:
-    """The node binary, once the example's packages are installed; skip (fail under CI) otherwise."""
-    node = shutil.which("node")
+    """Node 22, once the example's packages are installed; skip (fail under CI) otherwise."""
+    node = node22()
     reason = None
-    if node is None:
-        reason = "node is not on PATH"
-    else:
+    if node:
         for package in ("@mastra/core", "@message-history/worker/dist", "typescript"):
             if not (HERE / "node_modules" / package).is_dir():
                 where = f"tests/interop/mastra-worker/node_modules/{package}"
@@ -74,15 +72,7 @@ def built() -> str:
     """The example built by its pinned TypeScript (type-checked against Mastra's and the package's types)."""
     node = _node()
     # The package first (the example links worker-ts/): its dist/ then matches its sources.
-    package = subprocess.run(
-        [node, "node_modules/typescript/bin/tsc", "-p", "tsconfig.build.json"],
-        cwd=HERE.parents[2] / "worker-ts",
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert package.returncode == 0, package.stdout[-4000:] + package.stderr[-4000:]
+    build_package(node)
     result = subprocess.run(
         [node, "node_modules/typescript/bin/tsc", "-p", "."],
         cwd=HERE,

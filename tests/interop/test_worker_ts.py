@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 from collections import Counter
@@ -41,6 +40,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.interop.node22 import node22
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -51,10 +51,8 @@ WAIT_S = 90.0
 
 @pytest.fixture(scope="module")
 def node() -> str:
-    """node, once the package's npm packages are installed and its tests compiled by its pinned TypeScript."""
-    node = shutil.which("node")
-    if node is None:
-        skip_or_fail("node is not on PATH")
+    """Node 22, once the package's npm packages are installed and its tests compiled by its TypeScript."""
+    node = node22()
     for package in ("kafkajs", "@mastra/core", "typescript"):
         if not (PACKAGE / "node_modules" / package).is_dir():
             skip_or_fail(
@@ -251,6 +249,7 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     failed = next(r for r in responses if r["requestId"] == request_id("bob", 3))
     assert (failed["finishReason"], failed["response"]) == ("error", [])
     assert [line["requestId"] for line in second.events("failed")] == [request_id("bob", 3)]
+    assert "the model failed" in second.events("failed")[0]["failure"]  # the typed event says why
     persisted = {v["requestId"]: v for v in values(await read_all(bootstrap, settings.persisted_topic))}
     assert persisted[request_id("bob", 3)]["skipped"] == "failed-turn"
 
@@ -350,3 +349,154 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     stopped = worker.lines()[-1]
     assert stopped["event"] == "stopped", worker.tail()
     assert (stopped["answered"], stopped["duplicates"]) == (answers_of_the_first, 2 - answers_of_the_first)
+
+
+OFF_WARNING = "read-back of answered requestIds is OFF"
+
+
+async def test_a_read_back_that_cannot_read_says_loudly_that_it_is_off(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """A worker that may not read the responses topic (docs/security.md's worker ACLs do not grant it; here:
+    a responses topic name Kafka refuses) logs a WARNING that the read-back is off, naming the partitions and
+    the rights it needs, and emits 'read-back-off'; it does not turn it off silently."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic="no such topic!"
+    )
+    await make_topic(partitions=1, name=settings.enriched_topic)
+    async with node_worker(node, settings, tmp_path / "worker.log") as worker:
+
+        def warned() -> list[dict[str, Any]]:
+            return [
+                line
+                for line in worker.events("log")
+                if line.get("level") == "warn" and OFF_WARNING in line["message"]
+            ]
+
+        await worker.wait_for("the read-back warning", lambda: bool(warned()))
+        assert warned()[0]["message"].startswith("WARNING"), worker.tail()
+        assert warned()[0]["partitions"] == [0]
+        assert "Read on the responses topic" in warned()[0]["message"]
+        await worker.wait_for("read-back-off", lambda: bool(worker.events("read-back-off")))
+        assert await worker.terminate() == 0, worker.tail()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_an_oversized_reply_is_a_failed_turn_once_never_a_loop(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
+) -> None:
+    """The responses topic takes records up to 2,000 bytes. A reply too large for it is answered as a failed
+    turn (its input only, which fits); a turn whose input alone is too large is dropped (committed, not
+    answered). The handler runs once per turn either way, and the turns behind them are answered."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic  # noqa: PLC0415
+
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    await make_topic(partitions=1, name=settings.enriched_topic)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics(
+            [NewTopic(settings.responses_topic, 1, 1, topic_configs={"max.message.bytes": "2000"})]
+        )
+    finally:
+        await admin.close()
+    turns = [
+        _enriched("t", "t:small", "hello"),
+        _enriched("t", "t:reply-too-large", "x" * 900),  # the stub repeats it: input + reply > 2,000
+        _enriched("t", "t:input-too-large", "y" * 2500),  # even the failed turn (the input) > 2,000
+        _enriched("t", "t:after", "still there?"),
+    ]
+    await produce(kafka_bootstrap, settings.enriched_topic, [encoded(t) for t in turns])
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
+    async with node_worker(node, settings, tmp_path / "worker.log", **mode) as worker:
+
+        def answered() -> set[str]:
+            return {line["requestId"] for line in worker.events("answered")}
+
+        await worker.wait_for("the turn after them", lambda: "t:after" in answered())
+        assert await worker.terminate() == 0, worker.tail()
+    assert Counter(line["requestId"] for line in worker.events("turn")) == {t["requestId"]: 1 for t in turns}
+    isolation = "read_committed" if guarantee == "exactly-once" else "read_uncommitted"
+    responses = values(await read_all(kafka_bootstrap, settings.responses_topic, isolation_level=isolation))
+    assert [(r["requestId"], r["finishReason"]) for r in responses] == [
+        ("t:small", "stop"),
+        ("t:reply-too-large", "error"),
+        ("t:after", "stop"),
+    ]
+    [failed] = worker.events("failed")
+    assert failed["requestId"] == "t:reply-too-large"
+    assert failed["failure"] == "the response is too large for Kafka"
+    assert [line["requestId"] for line in worker.events("dropped")] == ["t:input-too-large"]
+    stopped = worker.lines()[-1]
+    assert (stopped["answered"], stopped["failed"]) == (2, 2), worker.tail()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_a_rate_limited_turn_is_retried_not_failed(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
+) -> None:
+    """The handler throws RetryLater (a provider's 429) on a turn's first attempt: the worker backs off and
+    calls it again for the same turn, which is then answered (not a failed turn, which would erase the
+    user's message from the saved turn); the turn behind it on the partition waits and is answered after."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    for name in (settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=name)
+    turns = [_enriched("t", "t:limited", "RATELIMIT me"), _enriched("t", "t:next", "and then")]
+    await produce(kafka_bootstrap, settings.enriched_topic, [encoded(t) for t in turns])
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
+    async with node_worker(node, settings, tmp_path / "worker.log", **mode) as worker:
+        await worker.wait_for("t:next answered", lambda: len(worker.events("answered")) == 2)
+        assert await worker.terminate() == 0, worker.tail()
+    assert [line["requestId"] for line in worker.events("turn")] == ["t:limited", "t:limited", "t:next"]
+    [retrying] = worker.events("retrying")
+    assert (retrying["requestId"], retrying["attempt"]) == ("t:limited", 1)
+    assert retrying["delayMs"] >= 200  # the error's afterMs is the floor
+    isolation = "read_committed" if guarantee == "exactly-once" else "read_uncommitted"
+    responses = values(await read_all(kafka_bootstrap, settings.responses_topic, isolation_level=isolation))
+    answers = [(r["requestId"], r["finishReason"]) for r in responses]
+    assert answers == [("t:limited", "stop"), ("t:next", "stop")]
+    stopped = worker.lines()[-1]
+    assert (stopped["answered"], stopped["failed"], stopped["retried"]) == (2, 0, 1), worker.tail()
+
+
+async def test_a_zombie_worker_cannot_publish_under_exactly_once(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+) -> None:
+    """Worker A is frozen (SIGSTOP) in the middle of a turn; its partition moves to worker B, which opens the
+    partition's transactional id (fencing A) and answers the turn. A thawed (SIGCONT) finishes its handler and
+    tries to commit: fenced, nothing of it visible. read_committed readers see the turn answered once."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    for name in (settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=name)
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": "exactly-once", "READ_BACK": "0"}
+    await produce(kafka_bootstrap, settings.enriched_topic, [encoded(_enriched("t", "t:z", "zombie?"))])
+    async with node_worker(node, settings, tmp_path / "a.log", SLOW_ON="t:z", **mode) as zombie:
+        await zombie.wait_for("the turn started", lambda: bool(zombie.events("turn")))
+        zombie.process.send_signal(signal.SIGSTOP)  # frozen mid-turn: no heartbeats, no commit
+        try:
+            async with node_worker(node, settings, tmp_path / "b.log", **mode) as owner:
+                await owner.wait_for("the turn answered by B", lambda: bool(owner.events("answered")))
+                zombie.process.send_signal(signal.SIGCONT)
+
+                def fenced() -> bool:
+                    return any("transaction fenced" in line.get("message", "") for line in zombie.lines())
+
+                await zombie.wait_for("the zombie fenced", fenced)
+                assert await owner.terminate() == 0, owner.tail()
+        finally:
+            zombie.process.send_signal(signal.SIGCONT)
+    assert [line["requestId"] for line in owner.events("answered")] == ["t:z"]
+    assert zombie.events("answered") == []
+    topic = settings.responses_topic
+    committed = values(await read_all(kafka_bootstrap, topic, isolation_level="read_committed", settle_s=0.5))
+    assert [r["requestId"] for r in committed] == ["t:z"]

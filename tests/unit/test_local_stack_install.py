@@ -4,6 +4,7 @@ Rust build or the test tooling; `test` / `install --all` get the Rust server and
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -82,6 +83,29 @@ def test_the_worker_package_is_installed_before_the_example_that_links_it() -> N
     assert folders[0] == "worker-ts"
     assert "tests/interop/mastra-worker" in folders
     assert all("node_modules" not in folder for folder in folders)
+
+
+@pytest.mark.parametrize(
+    ("engines", "wanted"),
+    [
+        ({"node": ">=22.13.0"}, True),
+        ({"node": ">= 24"}, True),
+        ({"node": ">=20"}, False),
+        ({}, False),
+        (None, False),
+    ],
+)
+def test_node_22_goes_to_the_projects_whose_engines_ask_for_it(
+    tmp_path: Path, engines: dict[str, str] | None, wanted: bool
+) -> None:
+    manifest = tmp_path / "package.json"
+    manifest.write_text(json.dumps({"name": "p"} if engines is None else {"name": "p", "engines": engines}))
+    assert stack.wants_node22(manifest) is wanted
+
+
+def test_the_worker_package_and_its_example_run_on_node_22() -> None:
+    for folder in ("worker-ts", "tests/interop/mastra-worker"):
+        assert stack.wants_node22(ROOT / folder / "package.json"), folder
 
 
 def test_maven_checks_checksums_strictly(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

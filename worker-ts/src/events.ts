@@ -1,67 +1,34 @@
-// The wire events a worker reads and writes (docs/events.md): EnrichedRequest in, AgentResponse out.
-// Only the fields a worker uses are typed closely; the rest pass through as they came.
+// The wire events a worker reads and writes (docs/events.md): EnrichedRequest in, AgentResponse out. The types
+// are generated from the contract's JSON Schemas (src/generated/events.ts, `npm run generate`); a drift test
+// keeps them current.
+import type { EnrichedMessage, Message } from './generated/events.js';
 
-export type Source = 'memory' | 'input';
+export type {
+  AgentResponse,
+  DataPart,
+  EnrichedMessage,
+  EnrichedRequest,
+  ErrorPart,
+  FilePart,
+  HistoryInfo,
+  MemoryBoundary,
+  MemoryOptions,
+  Message,
+  MessageContent,
+  ReasoningPart,
+  SourceDocumentPart,
+  SourcePart,
+  StepStartPart,
+  TextPart,
+  ToolInvocationPart,
+  TurnMessage,
+  UnknownPart,
+} from './generated/events.js';
 
-/** A message of the context, in Mastra's stored shape (MastraDBMessage), tagged with where it came from. */
-export interface EnrichedMessage {
-  id: string;
-  role: string;
-  createdAt: string;
-  content: unknown;
-  source: Source;
-  threadId?: string;
-  resourceId?: string;
-  type?: string;
-  [field: string]: unknown;
-}
-
-export interface HistoryInfo {
-  recalled: number;
-  limit: number | null;
-  complete?: boolean;
-  waitedMs?: number;
-  [field: string]: unknown;
-}
-
-export interface EnrichedRequest {
-  schemaVersion: 1;
-  requestId: string;
-  /** The id to drop duplicates by (equal to `requestId`): the service re-emits after a crash with the same one. */
-  eventId: string;
-  threadId: string;
-  resourceId: string;
-  createdAt: string;
-  metadata?: Record<string, unknown> | null;
-  memory?: { readOnly?: boolean | null; [field: string]: unknown } | null;
-  history: HistoryInfo;
-  messages: EnrichedMessage[];
-  [field: string]: unknown;
-}
-
+export type Source = EnrichedMessage['source'];
 /** A message the handler answers with: a MastraDBMessage; leave `id` and `createdAt` out to let the service
  * derive them from the `requestId` (an answer produced twice is then stored once). */
-export interface ResponseMessage {
-  role: string;
-  content: unknown;
-  id?: string;
-  createdAt?: string;
-  [field: string]: unknown;
-}
-
-export interface AgentResponse {
-  schemaVersion: 1;
-  requestId: string;
-  threadId: string;
-  resourceId: string;
-  createdAt: string;
-  input: EnrichedMessage[];
-  response: ResponseMessage[];
-  finishReason?: string;
-  metadata?: Record<string, unknown>;
-  memory?: { readOnly: boolean };
-}
-
+export type ResponseMessage = Message;
 /** Why a record is not an EnrichedRequest, or undefined when it is one (checked as far as a worker relies on). */
 export function enrichedProblem(value: unknown): string | undefined {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) return 'not a JSON object';

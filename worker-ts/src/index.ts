@@ -19,4 +19,7 @@ export {
   Turn,
   type Reply,
 } from './turn.js';
-export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerStats } from './worker.js';
+export { isRetryLater, respond, RetryLater, TurnGivenUp, TurnTimeout, type Outcome, type RespondOptions } from './respond.js';
+export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerEvents, type WorkerStats } from './worker.js';
+export { connectionFromEnv, type ConnectionOptions, type Env, type SaslOptions, type TlsOptions } from './settings.js';
+export { CAPABILITIES, type Capability } from './capabilities.js';

@@ -14,7 +14,8 @@ export interface MastraAgentLike {
 }
 
 export interface MastraHandlerOptions {
-  /** Passed as `generate`'s second argument (maxSteps, toolChoice, ...); never `memory`. */
+  /** Passed as `generate`'s second argument (maxSteps, toolChoice, ...); never `memory`. Its `abortSignal` is
+   * the turn's (`turn.signal`: aborted on the handler timeout and at shutdown). */
   generateOptions?: Record<string, unknown>;
   /** Keep the ids Mastra gave the new messages (default false: the service derives them from the requestId,
    * so an answer produced twice is stored once). */
@@ -44,7 +45,9 @@ export function mastraHandler(
       ...message,
       createdAt: new Date(message.createdAt),
     }));
-    const result = await agent.generate(context as never, options.generateOptions as never);
+    // The turn's signal: a timed-out or given-up turn stops the model call (and its billing) too.
+    const generateOptions = { ...options.generateOptions, abortSignal: turn.signal };
+    const result = await agent.generate(context as never, generateOptions as never);
     const messages: ResponseMessage[] = result.messages
       .filter((m) => !given.has(m.id))
       .map(({ id, createdAt: _createdAt, ...message }) =>

@@ -77,7 +77,7 @@ export function replyProblem(reply: Reply): string | undefined {
   if (!Array.isArray(reply.messages)) return 'messages is not a list';
   for (const [i, m] of reply.messages.entries()) {
     if (typeof m !== 'object' || m === null) return `response[${i}] is not an object`;
-    if (typeof m.role !== 'string' || m.role === '') return `response[${i}] has no role`;
+    if (typeof m.role !== 'string' || (m.role as string) === '') return `response[${i}] has no role`;
     if (m.content === undefined || m.content === null) return `response[${i}] has no content`;
   }
   return undefined;

@@ -2,48 +2,41 @@
 // behaviour as the Python SDK's worker.AgentWorker (docs/worker.md, "What a worker must get right"), on KafkaJS.
 import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
+import { readFileSync } from 'node:fs';
 
 import {
   Kafka,
   logLevel,
   Partitioners,
   type Consumer,
-  type ConsumerConfig,
   type IHeaders,
   type KafkaConfig,
   type Producer,
 } from 'kafkajs';
 
 import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
-import {
-  DEFAULT_SEEN_PER_PARTITION,
-  FAILED,
-  failedResponse,
-  buildResponse,
-  replyProblem,
-  SeenEvents,
-  Turn,
-  type Reply,
-} from './turn.js';
+import { respond, type Handler } from './respond.js';
+import { connectionFromEnv, type ConnectionOptions, type Env } from './settings.js';
+import { loadTracing, tracingOff, type Tracing, type TurnSpan } from './tracing.js';
+import { DEFAULT_SEEN_PER_PARTITION, FAILED, failedResponse, SeenEvents, Turn } from './turn.js';
 
-/** The user's code: one turn in, its reply out (a string is one assistant text message). */
-export type Handler = (turn: Turn) => Promise<Reply | string>;
+export type { Handler } from './respond.js';
 
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error';
 export type Logger = (level: LogLevel, message: string, fields?: Record<string, unknown>) => void;
 
-export interface WorkerOptions {
-  /** Kafka bootstrap servers, e.g. ['127.0.0.1:9092']. */
-  brokers: string[];
+/** The settings, in the package's own terms (no Kafka client's types): `brokers`, `ssl` and `sasl` come from
+ * ConnectionOptions (`fromEnv` reads them from the service's variables). */
+export interface WorkerOptions extends ConnectionOptions {
   /** The worker's consumer group; a new group starts from the earliest offset. */
   groupId: string;
   enrichedTopic?: string;
   responsesTopic?: string;
   clientId?: string;
-  /** Passed to KafkaJS as they are (TLS, SASL, timeouts), beside `brokers` and `clientId`. */
-  kafka?: Omit<KafkaConfig, 'brokers' | 'clientId'>;
-  /** KafkaJS consumer settings (sessionTimeout, heartbeatInterval, ...), beside `groupId`. */
-  consumer?: Omit<ConsumerConfig, 'groupId'>;
+  /** The group's session timeout: a killed worker's partitions move on after this long (default 30 s). */
+  sessionTimeoutMs?: number;
+  /** How often the worker heartbeats to its group (default 3 s). */
+  heartbeatIntervalMs?: number;
   /** Partitions answered at the same time (turns of one partition, so of one thread, stay in order). */
   partitionsConsumedConcurrently?: number;
   /** A handler still running after this long answers a failed turn (default: no limit). */
@@ -69,6 +62,9 @@ export interface WorkerOptions {
    * Default 'at-least-once'.
    */
   processingGuarantee?: 'at-least-once' | 'exactly-once';
+  /** A span per turn ("agent turn", continuing the request's traceparent) through `@opentelemetry/api` when
+   * it is installed (default true; the application registers the tracer provider); false: none. */
+  tracing?: boolean;
   logger?: Logger;
 }
 
@@ -81,6 +77,8 @@ export interface WorkerStats {
   duplicates: number;
   /** Skipped: not an EnrichedRequest. */
   invalid: number;
+  /** Attempts the handler asked to redo later (RetryLater, or an error with `retriable: true`). */
+  retried: number;
 }
 
 const RETRY_INITIAL_MS = 200;
@@ -123,6 +121,14 @@ function isFenced(error: unknown): boolean {
   );
 }
 
+/** The package's TLS and SASL settings as KafkaJS takes them. */
+function kafkajsSecurity(options: ConnectionOptions): Pick<KafkaConfig, 'ssl' | 'sasl'> {
+  const out: Pick<KafkaConfig, 'ssl' | 'sasl'> = {};
+  if (options.ssl !== undefined) out.ssl = options.ssl;
+  if (options.sasl !== undefined) out.sasl = { ...options.sasl } as KafkaConfig['sasl'];
+  return out;
+}
+
 /** "Equal jitter": half fixed, half random, so many workers do not retry in step. */
 function backoff(attempt: number): number {
   const ceiling = Math.min(RETRY_MAX_MS, RETRY_INITIAL_MS * 2 ** attempt);
@@ -149,8 +155,25 @@ function requestIdOf(value: Buffer | null): string | undefined {
  * answers a failed turn (`finishReason: "error"`, no message). Events: 'answered', 'failed', 'duplicate',
  * 'invalid' (each with the turn or the record's position), 'assigned', 'stopped'.
  */
-export class AgentWorker extends EventEmitter {
-  readonly stats: WorkerStats = { answered: 0, failed: 0, duplicates: 0, invalid: 0 };
+/** The events an AgentWorker emits, with what each listener gets (typed `on`, `once`, `emit`). */
+export interface WorkerEvents {
+  answered: [{ turn: Turn; response: AgentResponse }];
+  /** A failed turn was answered (finishReason "error"); `failure` says why. */
+  failed: [{ turn: Turn; response: AgentResponse; failure: string }];
+  duplicate: [{ partition: number; offset: string; eventId: string; requestId: string }];
+  invalid: [{ partition: number; offset: string }];
+  assigned: [{ partitions: number[]; readBack: number[] }];
+  /** The read-back could not read the responses topic (rights, outage): duplicates are not dropped there. */
+  'read-back-off': [{ partitions: number[]; error: string }];
+  /** Committed unanswered: even the failed-turn response (the input alone) is too large for Kafka. */
+  dropped: [{ turn: Turn; failure: string }];
+  /** The handler asked to retry the turn later: the worker waits `delayMs`, then calls it again. */
+  retrying: [{ requestId: string; attempt: number; delayMs: number; error: string }];
+  stopped: [WorkerStats];
+}
+
+export class AgentWorker extends EventEmitter<WorkerEvents> {
+  readonly stats: WorkerStats = { answered: 0, failed: 0, duplicates: 0, invalid: 0, retried: 0 };
   readonly enrichedTopic: string;
   readonly responsesTopic: string;
   readonly groupId: string;
@@ -168,6 +191,7 @@ export class AgentWorker extends EventEmitter {
   private readonly txProducers = new Map<number, Producer>();
   private readonly floors = new Map<number, bigint>();
   private stopping: Promise<void> | undefined;
+  private tracing: Tracing = tracingOff;
   private signalsInstalled: (() => void) | undefined;
 
   constructor(
@@ -182,26 +206,33 @@ export class AgentWorker extends EventEmitter {
     this.seen = new SeenEvents(options.seenPerPartition ?? DEFAULT_SEEN_PER_PARTITION);
     this.kafka = new Kafka({
       logLevel: logLevel.WARN,
-      ...options.kafka,
       clientId: options.clientId ?? options.groupId,
       brokers: options.brokers,
+      ...kafkajsSecurity(options),
     });
     // The Java-compatible (murmur2) partitioner, as the service's: a thread's records share a partition.
     this.producer = this.kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });
     // Committed records only: under exactly-once the service's aborted outputs are never answered.
-    this.consumer = this.kafka.consumer({ ...options.consumer, groupId: options.groupId, readUncommitted: false });
+    this.consumer = this.kafka.consumer({
+      groupId: options.groupId,
+      readUncommitted: false,
+      ...(options.sessionTimeoutMs === undefined ? {} : { sessionTimeout: options.sessionTimeoutMs }),
+      ...(options.heartbeatIntervalMs === undefined ? {} : { heartbeatInterval: options.heartbeatIntervalMs }),
+    });
     this.exactlyOnce = options.processingGuarantee === 'exactly-once';
   }
 
-  /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, MESSAGE_HISTORY_ENRICHED_TOPIC,
-   * MESSAGE_HISTORY_RESPONSES_TOPIC (their defaults when unset). */
+  /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, the security ones
+   * (MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL, _SASL_MECHANISM, _SASL_USERNAME, _SASL_PASSWORD, _SSL_CAFILE: see
+   * connectionFromEnv), MESSAGE_HISTORY_ENRICHED_TOPIC, MESSAGE_HISTORY_RESPONSES_TOPIC and
+   * MESSAGE_HISTORY_PROCESSING_GUARANTEE (their defaults when unset); `options` override them. */
   static fromEnv(
     handler: Handler,
     options: Partial<WorkerOptions> & { groupId: string },
-    env: NodeJS.ProcessEnv = process.env,
+    env: Env = process.env,
   ): AgentWorker {
     return new AgentWorker(handler, {
-      brokers: (env.KAFKA_BOOTSTRAP_SERVERS || '127.0.0.1:9092').split(',').map((b) => b.trim()),
+      ...connectionFromEnv(env, (path) => readFileSync(path, 'utf8')),
       enrichedTopic: env.MESSAGE_HISTORY_ENRICHED_TOPIC || undefined,
       responsesTopic: env.MESSAGE_HISTORY_RESPONSES_TOPIC || undefined,
       processingGuarantee: env.MESSAGE_HISTORY_PROCESSING_GUARANTEE === 'exactly-once' ? 'exactly-once' : undefined,
@@ -230,6 +261,7 @@ export class AgentWorker extends EventEmitter {
       for (const partition of fresh) this.warmups.set(partition, warmup);
       this.emit('assigned', { partitions: [...assigned].sort((a, b) => a - b), readBack: fresh });
     });
+    this.tracing = this.options.tracing === false ? tracingOff : await loadTracing();
     await this.producer.connect();
     await this.consumer.connect();
     await this.consumer.subscribe({ topics: [this.enrichedTopic], fromBeginning: true });
@@ -342,13 +374,39 @@ export class AgentWorker extends EventEmitter {
     );
   }
 
+  /** exactly-once: the consumed offset alone in a transaction (a dropped turn); false when fenced. */
+  private async commitInTransaction(turn: Turn): Promise<boolean> {
+    for (let attempt = 0; ; attempt += 1) {
+      const producer = this.txProducers.get(turn.partition);
+      if (producer === undefined) return false;
+      const txn = await producer.transaction();
+      try {
+        const next = (BigInt(turn.offset) + 1n).toString();
+        await txn.sendOffsets({
+          consumerGroupId: this.groupId,
+          topics: [{ topic: this.enrichedTopic, partitions: [{ partition: turn.partition, offset: next }] }],
+        });
+        await txn.commit();
+        return true;
+      } catch (error) {
+        await txn.abort().catch(() => undefined);
+        if (isFenced(error)) {
+          await this.closeTransactions([turn.partition]);
+          return false;
+        }
+        if (!isOutage(error) || this.giveUp.signal.aborted) throw error;
+        await sleep(backoff(attempt));
+      }
+    }
+  }
+
   /** exactly-once: the response and the consumed offset in one transaction; false when fenced (the partition
    * is another worker's: nothing of this turn is visible). Retried while Kafka is unavailable. */
   private async sendInTransaction(
     turn: Turn,
     response: AgentResponse,
     headers: IHeaders | undefined,
-  ): Promise<AgentResponse | undefined | 'fenced'> {
+  ): Promise<AgentResponse | undefined | 'fenced' | 'dropped'> {
     for (let attempt = 0; ; attempt += 1) {
       const producer = this.txProducers.get(turn.partition);
       if (producer === undefined) return 'fenced'; // revoked meanwhile: the next owner answers it
@@ -375,10 +433,14 @@ export class AgentWorker extends EventEmitter {
           await this.closeTransactions([turn.partition]);
           return 'fenced';
         }
-        if (isTooLarge(error) && response.finishReason !== FAILED) {
-          this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
-          response = failedResponse(turn);
-          continue;
+        if (isTooLarge(error)) {
+          if (response.finishReason !== FAILED) {
+            this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
+            response = failedResponse(turn);
+            continue;
+          }
+          this.log('error', 'the failed-turn response is too large for Kafka too: the turn is dropped', { requestId: turn.requestId });
+          return (await this.commitInTransaction(turn)) ? 'dropped' : 'fenced';
         }
         if (!isOutage(error)) throw error;
         if (this.giveUp.signal.aborted) return undefined;
@@ -419,68 +481,112 @@ export class AgentWorker extends EventEmitter {
       await this.commit(partition, offset);
       return;
     }
-    const turn = new Turn(event, partition, offset, this.giveUp.signal);
-    let response = await this.respond(turn, heartbeat);
-    if (response === undefined) return; // given up at shutdown: not sent, not committed
-    if (this.exactlyOnce) {
-      const sent = await this.sendInTransaction(turn, response, headers);
-      if (sent === undefined || sent === 'fenced') return;
-      response = sent;
-    } else {
-      response = await this.send(turn, response, headers);
-      if (response === undefined) return;
-      await this.commit(partition, offset);
-    }
-    this.seen.add(partition, event.eventId);
-    if (response.finishReason === FAILED) {
-      this.stats.failed += 1;
-      this.emit('failed', { turn, response });
-    } else {
-      this.stats.answered += 1;
-      this.emit('answered', { turn, response });
+    // The turn's span (a child of the request's traceparent; a no-op without @opentelemetry/api).
+    const span = this.tracing(headers, {
+      'messaging.destination.name': topic,
+      'messaging.kafka.partition': partition,
+      'messaging.kafka.offset': Number(offset),
+      'messaging.message.id': event.requestId,
+    });
+    let failure: string | undefined;
+    try {
+      failure = await this.answer(event, partition, offset, headers, heartbeat, span);
+    } catch (error) {
+      failure = String(error);
+      throw error;
+    } finally {
+      span.end(failure);
     }
   }
 
-  /** The handler's answer, or a failed turn; undefined when the worker gave the turn up (shutdown). */
-  private async respond(turn: Turn, heartbeat: () => Promise<void>): Promise<AgentResponse | undefined> {
+  /** Answers one enriched request; returns why the turn failed, if it did. */
+  private async answer(
+    event: EnrichedRequest,
+    partition: number,
+    offset: string,
+    received: IHeaders | undefined,
+    heartbeat: () => Promise<void>,
+    span: TurnSpan,
+  ): Promise<string | undefined> {
+    const answered = await span.run(() => this.respond(event, partition, offset, heartbeat));
+    const turn = answered.turn;
+    let response = answered.response;
+    if (response === undefined) return 'given up at shutdown'; // not sent, not committed
+    const headers = span.headers(received) as IHeaders | undefined; // the turn span's traceparent in place
+    const sent = this.exactlyOnce
+      ? await this.sendInTransaction(turn, response, headers)
+      : await this.send(turn, response, headers);
+    if (sent === undefined || sent === 'fenced') return sent === 'fenced' ? 'fenced' : 'given up at shutdown';
+    if (!this.exactlyOnce) await this.commit(partition, offset);
+    if (sent === 'dropped') {
+      this.seen.add(partition, event.eventId);
+      this.stats.failed += 1;
+      const failure = 'even the failed-turn response is too large for Kafka';
+      this.emit('dropped', { turn, failure });
+      return failure;
+    }
+    response = sent;
+    this.seen.add(partition, event.eventId);
+    if (response.finishReason === FAILED) {
+      this.stats.failed += 1;
+      const failure =
+        answered.failure ??
+        (response === answered.response ? 'the handler answered finishReason "error"' : 'the response is too large for Kafka');
+      this.emit('failed', { turn, response, failure });
+      return failure;
+    }
+    this.stats.answered += 1;
+    this.emit('answered', { turn, response });
+    return undefined;
+  }
+
+  /** The handler's answer, or a failed turn; undefined when the worker gave the turn up (shutdown). The turn's
+   * signal is its own: aborted when the handler outlives handlerTimeoutMs and when the worker gives it up. */
+  private async respond(
+    event: EnrichedRequest,
+    partition: number,
+    offset: string,
+    heartbeat: () => Promise<void>,
+  ): Promise<{ turn: Turn; response: AgentResponse | undefined; failure?: string }> {
     // A long model call must not cost the group membership: KafkaJS heartbeats only between records.
     const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
-    let timer: NodeJS.Timeout | undefined;
     try {
-      const outcomes: Promise<Reply | string | 'gave-up'>[] = [
-        this.handler(turn),
-        new Promise((resolve) => this.giveUp.signal.addEventListener('abort', () => resolve('gave-up'), { once: true })),
-      ];
-      const limit = this.options.handlerTimeoutMs;
-      if (limit !== undefined) {
-        outcomes.push(
-          new Promise((_, reject) => {
-            timer = setTimeout(() => reject(new Error(`handler still running after ${limit} ms`)), limit);
-          }),
-        );
-      }
-      const reply = await Promise.race(outcomes);
-      if (reply === 'gave-up') return undefined;
-      const problem = typeof reply === 'string' ? undefined : replyProblem(reply);
-      if (problem !== undefined) throw new Error(`the reply cannot be sent: ${problem}`);
-      return buildResponse(turn, reply);
-    } catch (error) {
-      if (this.giveUp.signal.aborted) return undefined;
-      this.log('error', 'the handler failed: answering a failed turn', {
-        requestId: turn.requestId,
-        threadId: turn.threadId,
-        error: error instanceof Error ? (error.stack ?? error.message) : String(error),
+      const { turn, outcome } = await respond(this.handler, (signal) => new Turn(event, partition, offset, signal), {
+        timeoutMs: this.options.handlerTimeoutMs,
+        giveUp: this.giveUp.signal,
+        onRetry: ({ attempt, delayMs, error }) => {
+          this.stats.retried += 1;
+          this.log('warn', 'the handler asked to retry later: backing off, then the same turn again', {
+            requestId: event.requestId,
+            attempt,
+            delayMs,
+            error,
+          });
+          this.emit('retrying', { requestId: event.requestId, attempt, delayMs, error });
+        },
       });
-      return failedResponse(turn);
+      if (outcome.kind === 'gave-up') return { turn, response: undefined };
+      if (outcome.kind === 'failed') {
+        this.log('error', 'the handler failed: answering a failed turn', {
+          requestId: turn.requestId,
+          threadId: turn.threadId,
+          error: outcome.failure,
+        });
+        return { turn, response: outcome.response, failure: outcome.failure };
+      }
+      return { turn, response: outcome.response };
     } finally {
       clearInterval(beat);
-      clearTimeout(timer);
     }
   }
 
   /** Sends and waits for the acknowledgement, retrying while Kafka is unavailable; a response too large for
    * Kafka is answered as a failed turn instead. Returns what was sent (undefined if given up at shutdown). */
-  private async send(turn: Turn, response: AgentResponse, headers: IHeaders | undefined): Promise<AgentResponse | undefined> {
+  private async send(
+    turn: Turn,
+    response: AgentResponse,
+    headers: IHeaders | undefined,
+  ): Promise<AgentResponse | undefined | 'dropped'> {
     for (let attempt = 0; ; attempt += 1) {
       try {
         await this.producer.send({
@@ -490,10 +596,16 @@ export class AgentWorker extends EventEmitter {
         });
         return response;
       } catch (error) {
-        if (isTooLarge(error) && response.finishReason !== FAILED) {
-          this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
-          response = failedResponse(turn);
-          continue;
+        if (isTooLarge(error)) {
+          if (response.finishReason !== FAILED) {
+            this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
+            response = failedResponse(turn);
+            continue;
+          }
+          // Never a loop: the failed turn (the input alone) does not fit either; redelivering would call the
+          // handler again and again. The turn is committed unanswered (as the Python SDK drops it).
+          this.log('error', 'the failed-turn response is too large for Kafka too: the turn is dropped', { requestId: turn.requestId });
+          return 'dropped';
         }
         if (!isOutage(error)) throw error;
         if (this.giveUp.signal.aborted) return undefined;
@@ -575,7 +687,14 @@ export class AgentWorker extends EventEmitter {
         await admin.deleteGroups([groupId]).catch(() => undefined);
       }
     } catch (error) {
-      this.log('warn', 'read-back of answered requestIds failed: going on without it', { error: String(error) });
+      // Said loudly: without it a restart answers again what the previous owner answered but did not commit.
+      // It needs more than docs/security.md's worker ACLs: Read and Describe on the responses topic, Read and
+      // Delete on the consumer groups `{groupId}.read-back.` (prefixed).
+      this.log('warn', 'WARNING: the read-back of answered requestIds is OFF for these partitions: a turn answered but not committed before a restart or rebalance will be answered again (a second model call). It needs Read on the responses topic and Read/Delete on the groups prefixed `{groupId}.read-back.`; readBackPerPartition: 0 turns it off quietly', {
+        partitions,
+        error: String(error),
+      });
+      this.emit('read-back-off', { partitions, error: String(error) });
     } finally {
       await admin.disconnect().catch(() => undefined);
       this.log('info', 'read back answered requestIds', { partitions, found, ms: Date.now() - started });

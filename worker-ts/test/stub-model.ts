@@ -17,12 +17,29 @@ export function stubAnswer(prompt: PromptMessage[]): string {
 }
 
 export const prompts: PromptMessage[][] = [];
+/** The abortSignal each call was given (the AI SDK passes the one given to Mastra's generate). */
+export const signals: (AbortSignal | undefined)[] = [];
 
 function answer(prompt: PromptMessage[]): string {
   prompts.push(prompt);
   const last = prompt.at(-1);
   if (last && text(last).includes('FAIL')) throw new Error('the model failed (asked to by the test)');
   return stubAnswer(prompt);
+}
+
+/** Records the call's abortSignal; a last message saying SLOW makes a long call that stops when the signal is
+ * aborted, as a provider's fetch does. */
+async function slowIfAsked(options: { prompt: PromptMessage[]; abortSignal?: AbortSignal }): Promise<void> {
+  signals.push(options.abortSignal);
+  const last = options.prompt.at(-1);
+  if (!last || !text(last).includes('SLOW')) return;
+  await new Promise<void>((resolve, reject) => {
+    const timer = setTimeout(resolve, 60_000);
+    options.abortSignal?.addEventListener('abort', () => {
+      clearTimeout(timer);
+      reject(options.abortSignal?.reason ?? new Error('aborted'));
+    });
+  });
 }
 
 const usage = { inputTokens: 0, outputTokens: 0, totalTokens: 0 };
@@ -32,7 +49,8 @@ export const stubModel = {
   provider: 'stub',
   modelId: 'stub-from-memory',
   supportedUrls: {},
-  async doGenerate(options: { prompt: PromptMessage[] }) {
+  async doGenerate(options: { prompt: PromptMessage[]; abortSignal?: AbortSignal }) {
+    await slowIfAsked(options);
     return {
       content: [{ type: 'text' as const, text: answer(options.prompt) }],
       finishReason: 'stop' as const,
@@ -40,7 +58,8 @@ export const stubModel = {
       warnings: [],
     };
   },
-  async doStream(options: { prompt: PromptMessage[] }) {
+  async doStream(options: { prompt: PromptMessage[]; abortSignal?: AbortSignal }) {
+    await slowIfAsked(options);
     const said = answer(options.prompt);
     const stream = new ReadableStream({
       start(controller) {

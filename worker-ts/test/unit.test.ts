@@ -2,6 +2,9 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 
+import * as otel from '@opentelemetry/api';
+import { W3CTraceContextPropagator } from '@opentelemetry/core';
+import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
 import { Agent } from '@mastra/core/agent';
 
 import {
@@ -15,9 +18,13 @@ import {
   type EnrichedRequest,
 } from '../src/index.js';
 import { mastraHandler } from '../src/mastra.js';
-import { prompts, stubModel } from './stub-model.js';
+import { respond, RetryLater, TurnGivenUp, TurnTimeout } from '../src/respond.js';
+import { connectionFromEnv, type ConnectionOptions } from '../src/settings.js';
+import { loadTracing, tracingWith } from '../src/tracing.js';
+import { enrichedRequest, TestHarness, text } from '../src/testing.js';
+import { prompts, signals, stubModel } from './stub-model.js';
 
-function message(id: string, role: string, text: string, createdAt: string, source: 'memory' | 'input'): EnrichedMessage {
+function message(id: string, role: EnrichedMessage['role'], text: string, createdAt: string, source: 'memory' | 'input'): EnrichedMessage {
   return { id, role, createdAt, source, threadId: 't1', resourceId: 'r1', type: 'v2', content: { format: 2, parts: [{ type: 'text', text }] } };
 }
 
@@ -91,7 +98,7 @@ describe('checks', () => {
     it(`enrichedProblem: ${name}`, () => assert.equal(enrichedProblem(value), problem));
   }
   it('replyProblem: a message without a role cannot be sent', () => {
-    assert.equal(replyProblem({ messages: [{ role: 'assistant', content: 'x' }] }), undefined);
+    assert.equal(replyProblem({ messages: [{ role: 'assistant', content: { format: 2, parts: [] } }] }), undefined);
     assert.equal(replyProblem({ messages: [{ content: 'x' } as never] }), 'response[0] has no role');
   });
 });
@@ -126,6 +133,11 @@ describe('mastraHandler', () => {
     assert.match(JSON.stringify(answer?.content), /I remember 2 earlier messages\. You said: again/);
   });
 
+  it("the Agent's answer fits the AgentResponse schema (through the worker's turn code)", async () => {
+    const { outcome } = await respond(mastraHandler(agent), (signal) => new Turn(enriched(), 0, '0', signal));
+    assert.equal(outcome.kind, 'answered', outcome.kind === 'failed' ? outcome.failure : '');
+  });
+
   it('lets a model error through (the worker answers a failed turn)', async () => {
     const failing = enriched({ messages: [message('req-2:input:0', 'user', 'FAIL please', '2026-01-01T00:00:02.000Z', 'input')] });
     await assert.rejects(mastraHandler(agent)(new Turn(failing)), /the model failed/);
@@ -133,5 +145,221 @@ describe('mastraHandler', () => {
 
   it('refuses an Agent with its own memory', () => {
     assert.throws(() => mastraHandler({ name: 'm', hasOwnMemory: () => true, generate: agent.generate.bind(agent) as never }), /without `memory`/);
+  });
+});
+
+describe('respond: turns that end', () => {
+  const never = (turn: Turn): Promise<string> =>
+    new Promise((_, reject) => turn.signal.addEventListener('abort', () => reject(turn.signal.reason)));
+
+  it('a handler over its time: its signal is aborted (TurnTimeout) and the turn fails with the reason', async () => {
+    const { turn, outcome } = await respond(never, (signal) => new Turn(enriched(), 0, '0', signal), { timeoutMs: 50 });
+    assert.equal(turn.signal.aborted, true);
+    assert.ok(turn.signal.reason instanceof TurnTimeout);
+    assert.equal(outcome.kind, 'failed');
+    assert.match(outcome.kind === 'failed' ? outcome.failure : '', /still running after 50 ms/);
+    assert.equal(outcome.kind === 'failed' ? outcome.response.finishReason : '', 'error');
+  });
+
+  it('a worker giving up (shutdown): the signal is aborted (TurnGivenUp), nothing is answered', async () => {
+    const giveUp = new AbortController();
+    const running = respond(never, (signal) => new Turn(enriched(), 0, '0', signal), { giveUp: giveUp.signal });
+    giveUp.abort();
+    const { turn, outcome } = await running;
+    assert.ok(turn.signal.reason instanceof TurnGivenUp);
+    assert.equal(outcome.kind, 'gave-up');
+  });
+
+  it('a reply that cannot be sent is a failed turn with the reason, the handler called once', async () => {
+    let calls = 0;
+    const bad = async (): Promise<{ messages: never[] }> => {
+      calls += 1;
+      return { messages: [{ content: 'x' } as never] };
+    };
+    const { outcome } = await respond(bad, (signal) => new Turn(enriched(), 0, '0', signal));
+    assert.equal(calls, 1);
+    assert.equal(outcome.kind === 'failed' ? outcome.failure : '', 'the reply cannot be sent: response[0] has no role');
+  });
+
+  it('mastraHandler gives the model the turn signal: a timed-out turn stops the model call', async () => {
+    const agent = new Agent({ id: 'assistant', name: 'assistant', instructions: 'Answer briefly.', model: stubModel });
+    const slow = enriched({ messages: [message('req-2:input:0', 'user', 'SLOW please', '2026-01-01T00:00:02.000Z', 'input')] });
+    const { outcome } = await respond(mastraHandler(agent), (signal) => new Turn(slow, 0, '0', signal), { timeoutMs: 100 });
+    assert.equal(outcome.kind, 'failed');
+    assert.equal(signals.at(-1)?.aborted, true, 'the signal the model was given is aborted');
+  });
+});
+
+describe('@message-history/worker/testing', () => {
+  it('enrichedRequest builds a request the worker accepts: history then input', () => {
+    const event = enrichedRequest({ threadId: 't', text: 'now', history: [{ role: 'user', text: 'before' }, { role: 'assistant', text: 'ok' }] });
+    assert.equal(enrichedProblem(event), undefined);
+    assert.deepEqual(event.messages.map((m) => [m.source, text(m)]), [['memory', 'before'], ['memory', 'ok'], ['input', 'now']]);
+    assert.equal(event.history.recalled, 2);
+  });
+
+  it('TestHarness: one thread in order, threads at the same time, failures with their reason', async () => {
+    const log: string[] = [];
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => {
+      release = resolve;
+    });
+    const harness = new TestHarness(async (turn) => {
+      const said = text(turn.input[0]!);
+      log.push(`start ${said}`);
+      if (said === 'a1') await held; // a's second turn must wait; b must not
+      if (said === 'b1') release();
+      if (said === 'FAIL') throw new Error('the model failed');
+      log.push(`end ${said}`);
+      return `re: ${said}`;
+    });
+    const results = await harness.send({ threadId: 'a', text: 'a1' }, { threadId: 'a', text: 'a2' }, { threadId: 'b', text: 'b1' }, { threadId: 'b', text: 'FAIL' });
+    assert.deepEqual(results.map((r) => text(r.response)), ['re: a1', 're: a2', 're: b1', '']);
+    assert.ok(log.indexOf('end a1') < log.indexOf('start a2'), 'in order within a thread');
+    assert.ok(log.indexOf('start b1') < log.indexOf('end a1'), 'another thread runs meanwhile');
+    assert.equal(results[3]?.failure, 'Error: the model failed');
+    assert.equal(results[3]?.response.finishReason, 'error');
+    assert.equal(harness.responses.length, 4);
+  });
+
+  it('TestHarness: a request answered already is dropped, as the worker drops it', async () => {
+    const harness = new TestHarness(async (turn) => `re: ${text(turn.input[0]!)}`);
+    const event = enrichedRequest({ requestId: 'same', text: 'once' });
+    assert.equal((await harness.send(event)).length, 1);
+    assert.deepEqual(await harness.send(event), []);
+    assert.deepEqual(harness.duplicates, ['same']);
+  });
+});
+
+describe('connectionFromEnv: the service\'s variables', () => {
+  const files: Record<string, string> = { '/ca.pem': 'PEM' };
+  const read = (path: string): string => files[path] ?? assert.fail(`read ${path}`);
+  const cases: [string, Record<string, string>, ConnectionOptions | RegExp][] = [
+    ['nothing set: local plaintext', {}, { brokers: ['127.0.0.1:9092'] }],
+    ['brokers listed', { KAFKA_BOOTSTRAP_SERVERS: 'a:1, b:2' }, { brokers: ['a:1', 'b:2'] }],
+    ['SSL with the system CAs', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SSL' }, { brokers: ['127.0.0.1:9092'], ssl: true }],
+    ['SSL with a CA file', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SSL', MESSAGE_HISTORY_KAFKA_SSL_CAFILE: '/ca.pem' }, { brokers: ['127.0.0.1:9092'], ssl: { ca: 'PEM' } }],
+    [
+      'SASL_SSL with SCRAM',
+      { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_SSL', MESSAGE_HISTORY_KAFKA_SASL_MECHANISM: 'SCRAM-SHA-512', MESSAGE_HISTORY_KAFKA_SASL_USERNAME: 'w', MESSAGE_HISTORY_KAFKA_SASL_PASSWORD: 'p' },
+      { brokers: ['127.0.0.1:9092'], ssl: true, sasl: { mechanism: 'scram-sha-512', username: 'w', password: 'p' } },
+    ],
+    [
+      'SASL_PLAINTEXT: PLAIN by default, as aiokafka',
+      { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_PLAINTEXT', MESSAGE_HISTORY_KAFKA_SASL_USERNAME: 'w', MESSAGE_HISTORY_KAFKA_SASL_PASSWORD: 'p' },
+      { brokers: ['127.0.0.1:9092'], sasl: { mechanism: 'plain', username: 'w', password: 'p' } },
+    ],
+    ['SASL without credentials', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_SSL' }, /needs MESSAGE_HISTORY_KAFKA_SASL_USERNAME/],
+    ['an unknown protocol', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'TLS' }, /one of PLAINTEXT, SSL/],
+    ['an unknown mechanism', { MESSAGE_HISTORY_KAFKA_SECURITY_PROTOCOL: 'SASL_SSL', MESSAGE_HISTORY_KAFKA_SASL_MECHANISM: 'GSSAPI', MESSAGE_HISTORY_KAFKA_SASL_USERNAME: 'w', MESSAGE_HISTORY_KAFKA_SASL_PASSWORD: 'p' }, /one of PLAIN, SCRAM/],
+  ];
+  for (const [name, env, expected] of cases) {
+    it(name, () => {
+      if (expected instanceof RegExp) assert.throws(() => connectionFromEnv(env, read), expected);
+      else assert.deepEqual(connectionFromEnv(env, read), expected);
+    });
+  }
+});
+
+describe('replies checked against the AgentResponse schema (a failed turn with the reason, as in Python)', () => {
+  const cases: [string, unknown, RegExp | undefined][] = [
+    ['a text reply', 'hi', undefined],
+    ['a misspelled role', { messages: [{ role: 'asistant', content: { format: 2, parts: [{ type: 'text', text: 'x' }] } }] }, /\/response\/0\/role must be equal to one of the allowed values/],
+    ['content without parts', { messages: [{ role: 'assistant', content: { format: 2 } }] }, /\/response\/0\/content must have required property 'parts'/],
+    ['a text part without its text', { messages: [{ role: 'assistant', content: { format: 2, parts: [{ type: 'text' }] } }] }, /\/response\/0\/content\/parts\/0/],
+    ['content as a plain string', { messages: [{ role: 'assistant', content: 'x' }] }, /\/response\/0\/content must be object/],
+  ];
+  for (const [name, reply, failure] of cases) {
+    it(name, async () => {
+      const { outcome } = await respond(async () => reply as never, (signal) => new Turn(enriched(), 0, '0', signal));
+      if (failure === undefined) assert.equal(outcome.kind, 'answered');
+      else {
+        assert.equal(outcome.kind, 'failed');
+        assert.match(outcome.kind === 'failed' ? outcome.failure : '', failure);
+        assert.match(outcome.kind === 'failed' ? outcome.failure : '', /^the reply does not fit the AgentResponse schema/);
+      }
+    });
+  }
+});
+
+describe('retry later: distinct from a failed turn', () => {
+  it('a RetryLater (a rate limit) backs off and redoes the same turn until it answers', async () => {
+    let calls = 0;
+    const limited = async (): Promise<string> => {
+      calls += 1;
+      if (calls < 3) throw new RetryLater('429 from the provider', 1);
+      return 'answered at last';
+    };
+    const retries: number[] = [];
+    const { outcome } = await respond(limited, (signal) => new Turn(enriched(), 0, '0', signal), {
+      retryInitialMs: 1,
+      retryMaxMs: 2,
+      onRetry: ({ attempt }) => retries.push(attempt),
+    });
+    assert.equal(outcome.kind, 'answered');
+    assert.equal(calls, 3);
+    assert.deepEqual(retries, [1, 2]);
+  });
+
+  it('an error with retriable: true counts too; a plain error is a failed turn at once', async () => {
+    const [retried] = await new TestHarness(
+      (() => {
+        let first = true;
+        return async () => {
+          if (first) {
+            first = false;
+            throw Object.assign(new Error('overloaded'), { retriable: true });
+          }
+          return 'ok';
+        };
+      })(),
+    ).send({ text: 'x' });
+    assert.equal(retried?.retries, 1);
+    assert.equal(text(retried!.response), 'ok');
+    const [failed] = await new TestHarness(async () => {
+      throw new Error('bad request');
+    }).send({ text: 'x' });
+    assert.equal(failed?.retries, 0);
+    assert.equal(failed?.response.finishReason, 'error');
+  });
+
+  it('a worker stopping during the backoff gives the turn up (left for the next owner)', async () => {
+    const giveUp = new AbortController();
+    const running = respond(async () => { throw new RetryLater('later'); }, (signal) => new Turn(enriched(), 0, '0', signal), {
+      retryInitialMs: 60_000,
+      giveUp: giveUp.signal,
+      onRetry: () => giveUp.abort(),
+    });
+    assert.equal((await running).outcome.kind, 'gave-up');
+  });
+});
+
+describe('a span per turn, continuing the request traceparent', () => {
+  const exporter = new InMemorySpanExporter();
+  otel.trace.setGlobalTracerProvider(new BasicTracerProvider({ spanProcessors: [new SimpleSpanProcessor(exporter)] }));
+  otel.propagation.setGlobalPropagator(new W3CTraceContextPropagator());
+  const traceId = '0af7651916cd43dd8448eb211c80319c';
+  const parent = 'b7ad6b7169203331';
+
+  it('is a child of the request span; the response carries the turn span in place of the request one', async () => {
+    exporter.reset();
+    const span = tracingWith(otel)({ traceparent: `00-${traceId}-${parent}-01`, other: Buffer.from('kept') }, { 'messaging.message.id': 'r1' });
+    assert.equal(await span.run(async () => 'inside'), 'inside');
+    const out = span.headers({ traceparent: `00-${traceId}-${parent}-01`, other: 'kept' });
+    span.end('the model failed');
+    const [finished] = exporter.getFinishedSpans();
+    assert.equal(finished?.name, 'agent turn');
+    assert.equal(finished?.spanContext().traceId, traceId);
+    assert.equal(finished?.parentSpanContext?.spanId, parent);
+    assert.equal(finished?.attributes['messaging.message.id'], 'r1');
+    assert.deepEqual(finished?.status, { code: otel.SpanStatusCode.ERROR, message: 'the model failed' });
+    assert.equal(out?.traceparent, `00-${traceId}-${finished?.spanContext().spanId}-01`);
+    assert.equal(out?.other, 'kept');
+  });
+
+  it('loads @opentelemetry/api when it is installed', async () => {
+    exporter.reset();
+    (await loadTracing())(undefined, {}).end();
+    assert.equal(exporter.getFinishedSpans().length, 1);
   });
 });
