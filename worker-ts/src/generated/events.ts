@@ -66,6 +66,10 @@ export interface HistoryInfo {
    */
   recalled: number;
   /**
+   * stored rows of the thread that no Mastra would read, left out of this recall (counted in message_history_unreadable_rows_total); absent = 0
+   */
+  skipped?: number;
+  /**
    * the recalled messages' token count (Mastra's default counter); null = no budget
    */
   tokens?: number | null;
@@ -73,6 +77,10 @@ export interface HistoryInfo {
    * ids the memory-only token limiter removed from the context
    */
   trimmed?: string[] | null;
+  /**
+   * true when the service's cap on rows read for one request (MAX_ROWS_PER_REQUEST) left out older stored rows the request asked for: the newest were recalled; absent = false
+   */
+  truncated?: boolean;
   /**
    * milliseconds the request waited for earlier turns before recall
    */
