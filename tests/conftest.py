@@ -4,6 +4,7 @@ Session: `kafka_bootstrap`, `mongo_uri`.
 Per test: `mongo_client` (AsyncMongoClient, closed after), `mongo_db` (fresh database `t_<hex>`, dropped
 after), `topic` (fresh name; auto-created with one partition on first use), `group_id` (fresh consumer group),
 `make_topic` (creates topics with N partitions and deletes them after).
+Hypothesis: the `ci` profile (derandomized) under `CI` truthy, else `dev` (tests/hypothesis_profiles.py).
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from hypothesis import settings
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from tests import infra
+from tests import hypothesis_profiles, infra
 
 MakeTopic = Callable[..., Awaitable[str]]
+
+# Before any test module is imported: a test's `@settings` take their unset values from the loaded profile.
+# `--hypothesis-profile` on the command line, loaded later, still wins.
+hypothesis_profiles.register()
+settings.load_profile(hypothesis_profiles.profile_for(os.environ))
 
 
 @pytest.fixture(scope="session")

@@ -143,11 +143,10 @@ def check(record: Fuzzed) -> None:
 def test_decode_returns_a_valid_event_or_refuses(topic: Topic) -> None:
     """Any bytes on any of the three input topics: a valid event, or `InvalidInputError`, nothing else."""
 
+    # Seeded by the profile (tests/hypothesis_profiles.py): the same draws under CI, new ones elsewhere.
     @settings(
         max_examples=EXAMPLES,
         deadline=None,
-        derandomize=True,
-        database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(any_value(topic, LIMITS))

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import bson
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from consumers import recall
@@ -159,15 +159,14 @@ memories = st.fixed_dictionaries(
     },
 )
 
-DECIDED: list[int] = []  # pages `plain_page` decided, over all examples (the route must be exercised)
+Stored = list[tuple[str, str, str, int]]
+Requests = list[tuple[list[tuple[str | None, str, str, int | None]], dict[str, Any]]]
+BATCHES = st.lists(st.tuples(incoming_messages, memories), min_size=1, max_size=3)
+PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(stored=stored_rows, requests=st.lists(st.tuples(incoming_messages, memories), min_size=1, max_size=3))
-def test_plain_recall_gives_the_processors_bytes(
-    stored: list[tuple[str, str, str, int]],
-    requests: list[tuple[list[tuple[str | None, str, str, int | None]], dict[str, Any]]],
-) -> None:
+def _same_bytes_both_routes(stored: Stored, requests: Requests) -> int:
+    """Asserts the fast route publishes today's bytes; returns how many pages `plain_page` decided."""
     memory = InMemoryHistoryStorage()
     rows = [Message.model_validate(_message(i, role, text, at)) for i, role, text, at in stored]
     if rows:
@@ -193,13 +192,35 @@ def test_plain_recall_gives_the_processors_bytes(
         setattr(recall, "plain_page", plain_page)  # noqa: B010
     assert fast == today
     assert all(isinstance(value, bytes) for value in today)  # the generated requests are all valid
-    DECIDED.append(decided)
+    return decided
+
+
+@PROPERTY
+@given(stored=stored_rows, requests=BATCHES)
+def test_plain_recall_gives_the_processors_bytes(stored: Stored, requests: Requests) -> None:
+    _same_bytes_both_routes(stored, requests)
+
+
+# The share below is a statistic of the generator, not a property of every input: over random seeds it
+# spreads (about 0.19 to 0.42 of batches over 14 seeds), so it is measured on one fixed sample (the seed
+# and no example database); the property above keeps drawing new inputs on every run. A change to the
+# strategies or to what `plain_page` accepts moves this sample's share deterministically.
+COVERAGE_SEED = 20261204
 
 
 def test_the_property_took_the_plain_route() -> None:
-    """Run after the property: a good share of its batches were decided on bytes, not all by fallback."""
-    test_plain_recall_gives_the_processors_bytes()
-    assert sum(1 for n in DECIDED if n) > len(DECIDED) // 5, DECIDED
+    """A good share of the property's batches are decided on bytes, not all by fallback."""
+    decided: list[int] = []
+
+    @seed(COVERAGE_SEED)
+    @settings(PROPERTY, database=None)
+    @given(stored=stored_rows, requests=BATCHES)
+    def sample(stored: Stored, requests: Requests) -> None:
+        decided.append(_same_bytes_both_routes(stored, requests))
+
+    sample()
+    assert len(decided) > PROPERTY.max_examples // 2  # duplicates drawn are not run again
+    assert sum(1 for n in decided if n) > len(decided) // 5, decided
 
 
 async def test_a_plain_page_is_read_once_as_bytes() -> None:

@@ -25,7 +25,7 @@ import bson
 import pytest
 from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidDocument
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 from pydantic_core import to_json
 
@@ -38,6 +38,7 @@ from tests.recall_docs import T0, stored_docs
 ROOT = Path(__file__).resolve().parents[2]
 FINGERPRINT_RS = ROOT / "native" / "src" / "fingerprint.rs"
 MASTRA_ROWS = Path(__file__).parent / "data" / "mastra_rows.jsonl"
+COVERAGE_SEED = 20261204  # the fixed sample the generator's coverage is counted on
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +113,8 @@ def _in_native_subset(raw: bytes) -> bool:
 
 def test_this_services_and_mastras_rows_are_answered(native: Any) -> None:
     taken = 0
-    for seed in range(150):
-        raws = [bson.encode(doc) for doc in stored_docs(seed, 20, "t-native", "r-native")]
+    for docs_seed in range(150):
+        raws = [bson.encode(doc) for doc in stored_docs(docs_seed, 20, "t-native", "r-native")]
         got = native.rows_from_raw(raws)
         for raw, mine, ref in zip(raws, got, rows_from_raw_py(raws), strict=True):
             if ref is not None and _in_native_subset(raw):
@@ -323,9 +324,14 @@ def test_generated_documents_give_the_references_bytes(native: Any, raws: list[b
 
 
 def test_the_generator_reaches_both_answers(native: Any) -> None:
-    """The property above is not vacuous: generated documents the native codec takes and ones it refuses."""
+    """The property above is not vacuous: generated documents the native codec takes and ones it refuses.
+
+    The counts are a statistic of the generator, not a property of each input: over seeds 0-39 the documents
+    answered went as low as 16 of 300, so they are counted on one fixed sample (the seed, no database).
+    """
     answered = refused = 0
 
+    @seed(COVERAGE_SEED)
     @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(documents())
     def count(raw: bytes) -> None:
