@@ -32,8 +32,10 @@ from message_history.errors import DocumentRefusedError, FatalStorageError, Unre
 from schemas.dead_letters import parse_dead_letter_headers
 from storage.documents import MESSAGES, THREADS
 from storage.errors import to_storage_error
+from storage.forgetting import MongoForgetting
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery
+from storage.pruning import MongoPruner
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     encoded,
@@ -297,6 +299,84 @@ async def test_without_row_by_row_decoding_one_row_fails_the_reply(mongo_db: Db)
     read = await storage.list_messages_many([RecallQuery("a", None, 10), RecallQuery("b", None, 10)])
     assert [m.id for m in read["a"]] == ["a-odd"]
     assert read["b"] == []
+
+
+# --- forget and prune ------------------------------------------------------------------------------------
+
+FAR = DatetimeMS(568_971_820_800_000)  # year 20000: stored by the server, refused by Python's `datetime`
+
+
+def _other(collection: str, reason: str = "createdAt") -> float:
+    counter = metrics.UNREADABLE_ROWS.labels(path="other", collection=collection, reason=reason)
+    value: float = counter._value.get()
+    return value
+
+
+async def _seed_refused(storage: MongoHistoryStorage, mongo_db: Db, thread: str) -> None:
+    """`thread`'s readable turn, a row whose `id` cannot be decoded, one whose `_id` cannot, one whose
+    `createdAt` cannot (not projected by the finds: never decoded)."""
+    await _seed(Paths(storage=storage), thread)
+    await mongo_db[MESSAGES].insert_many(
+        [
+            odd(thread, id=FAR),
+            odd(thread, _id=FAR, id=f"{thread}-far-key"),
+            odd(thread, id=f"{thread}-far-date", createdAt=FAR),
+        ]
+    )
+
+
+async def test_forget_deletes_the_rows_the_codec_refuses(storage: MongoHistoryStorage, mongo_db: Db) -> None:
+    """A thread's rows whose `id` or `_id` the codec refuses are counted and forgotten with the rest, by their
+    `_id` (before: the strict read of the find raised, `FatalStorageError`, the forget failed and the
+    commands path stopped)."""
+    await _seed_refused(storage, mongo_db, "fth")
+    with pytest.raises(InvalidBSON):
+        await mongo_db[MESSAGES].find({"thread_id": "fth"}, {"_id": 1, "id": 1}).to_list()
+    before = _other(MESSAGES)
+    forgetting = MongoForgetting(mongo_db, chunk_size=2)
+    dry = await forgetting.forget_thread("fth", dry_run=True)
+    assert dry.deleted_messages == 5
+    outcome = await forgetting.forget_thread("fth")
+    assert outcome.deleted_messages == 5
+    assert await mongo_db[MESSAGES].count_documents({"thread_id": "fth"}) == 0
+    assert await mongo_db[THREADS].count_documents({"id": "fth"}) == 0
+    assert _other(MESSAGES) > before
+
+
+async def test_forget_resource_deletes_the_rows_the_codec_refuses(
+    storage: MongoHistoryStorage, mongo_db: Db
+) -> None:
+    """A resource's thread row and message rows the codec refuses are forgotten with the rest."""
+    await _seed_refused(storage, mongo_db, "frs")
+    await mongo_db[THREADS].insert_one(
+        {"_id": FAR, "id": "frs-far", "resourceId": RESOURCE, "createdAt": FAR, "updatedAt": FAR}
+    )
+    before = _other(THREADS)
+    outcome = await MongoForgetting(mongo_db, chunk_size=2).forget_resource(RESOURCE)
+    assert outcome.deleted_threads == 2
+    assert outcome.deleted_messages == 5
+    assert await mongo_db[MESSAGES].count_documents({"resourceId": RESOURCE}) == 0
+    assert await mongo_db[THREADS].count_documents({"resourceId": RESOURCE}) == 0
+    assert _other(THREADS) == before + 1
+
+
+async def test_prune_deletes_the_rows_the_codec_refuses(storage: MongoHistoryStorage, mongo_db: Db) -> None:
+    """Old rows whose `_id` or `id` the codec refuses are pruned with the rest, by their `_id`; a stale thread
+    row the codec refuses is counted and kept (its emptiness cannot be looked up), and the prune finishes
+    (before: `FatalStorageError`, the periodic prune stopped the service)."""
+    await mongo_db[MESSAGES].insert_many(
+        [odd("pr", id=f"pr-{n}") for n in range(3)] + [odd("pr", _id=FAR, id="pr-far"), odd("pr", id=FAR)]
+    )
+    await mongo_db[THREADS].insert_one({"id": FAR, "resourceId": RESOURCE, "createdAt": T0, "updatedAt": T0})
+    with pytest.raises(InvalidBSON):
+        await mongo_db[MESSAGES].find({"thread_id": "pr"}, {"_id": 1}).to_list()
+    before = _other(THREADS)
+    progress = await MongoPruner(mongo_db, batch_size=2).prune(T0 + timedelta(days=1))
+    assert progress.done
+    assert progress.messages == 5
+    assert await mongo_db[MESSAGES].count_documents({"thread_id": "pr"}) == 0
+    assert await mongo_db[THREADS].count_documents({}) == 1  # the refused thread, kept
+    assert _other(THREADS) == before + 1
 
 
 # --- the running service -------------------------------------------------------------------------------
