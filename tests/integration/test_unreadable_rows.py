@@ -37,6 +37,7 @@ from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery
 from storage.pruning import MongoPruner
 from tests.conftest import MakeTopic
+from tests.integration.livez_prober import assert_all_answered, free_port, probing
 from tests.integration.service_harness import (
     encoded,
     fresh_settings,
@@ -388,8 +389,10 @@ async def test_the_service_stays_up_and_ready_on_unreadable_rows(
     """Every shape of SHAPES stored beside the history of one thread each, requests for all of them and for
     clean threads in one wave: every request is enriched (the odd rows skipped and said), the turn whose own
     copy is unreadable is the only dead letter, offsets are committed, and the service stays up and ready
-    (before, the first of these rows stopped it with exit 1, and every restart again)."""
-    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    (before, the first of these rows stopped it with exit 1, and every restart again); `/livez` answers every
+    probe throughout (tests/integration/livez_prober.py)."""
+    port = free_port()
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, http_port=port)
     bootstrap = settings.kafka_bootstrap_servers
     for topic in (settings.requests_topic, settings.responses_topic):
         await make_topic(partitions=1, name=topic)
@@ -408,16 +411,22 @@ async def test_the_service_stays_up_and_ready_on_unreadable_rows(
         responses = [encoded(own), encoded(response_event("clean-1", RESOURCE, 1, [], "a"))]
         health = Health()
         async with running_service(settings, health=health) as service:
-            await produce(bootstrap, settings.requests_topic, requests)
-            await produce(bootstrap, settings.responses_topic, responses)
-            enriched = await read_request_ids(bootstrap, settings.enriched_topic, len(threads))
-            persisted = await read_request_ids(bootstrap, settings.persisted_topic, 1)
-            letters = await read_topic(bootstrap, settings.responses_dlq, until=lambda rs: len(rs) >= 1)
-            await wait_committed(bootstrap, settings.group_id, settings.requests_topic, {0: len(requests)})
-            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: len(responses)})
-            assert not service.done(), "the service stopped on a stored row"
-            ready, reasons = health.readiness()
-            assert ready, reasons
+            with probing(port, "the unreadable rows test") as probes:
+                await produce(bootstrap, settings.requests_topic, requests)
+                await produce(bootstrap, settings.responses_topic, responses)
+                enriched = await read_request_ids(bootstrap, settings.enriched_topic, len(threads))
+                persisted = await read_request_ids(bootstrap, settings.persisted_topic, 1)
+                letters = await read_topic(bootstrap, settings.responses_dlq, until=lambda rs: len(rs) >= 1)
+                await wait_committed(
+                    bootstrap, settings.group_id, settings.requests_topic, {0: len(requests)}
+                )
+                await wait_committed(
+                    bootstrap, settings.group_id, settings.responses_topic, {0: len(responses)}
+                )
+                assert not service.done(), "the service stopped on a stored row"
+                ready, reasons = health.readiness()
+                assert ready, reasons
+            assert_all_answered(probes)
     finally:
         await client.drop_database(settings.mongodb_database)
         await client.close()
