@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, NoReturn
 
 import pytest
@@ -14,7 +13,6 @@ from message_history.errors import (
     AbortError,
     EventValidationError,
     InvalidInputError,
-    MessageIdTakenError,
     StorageUnavailableError,
     ThreadOwnershipError,
 )
@@ -23,7 +21,6 @@ from message_history.processor import (
     OutputResult,
     abort,
 )
-from schemas.ids import alternate_message_id, derived_message_id
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
 from storage.protocol import HistoryStorage, Thread
@@ -31,16 +28,19 @@ from tests.rule_cases import (
     PERSIST_CASES,
     RECALL_CASES,
     RESOURCE,
+    TAKEN_CASES,
     THREAD,
     CountingStorage,
     PersistCase,
     RecallCase,
+    TakenCase,
     memory_context,
     msg,
     run_persist_case,
     run_process_input_case,
     run_process_output_case,
     run_recall_case,
+    run_taken_case,
     seed,
 )
 
@@ -490,103 +490,13 @@ async def test_two_turns_round_trip() -> None:
 
 # --- derived ids another thread holds (the library, as the persist path) -------------------------------
 
-KEY, OLD_KEY = b"k" * 32, b"o" * 32
-REQUEST = "req-1"
-D_IN = derived_message_id(RESOURCE, THREAD, REQUEST, "input", 0)
-D_OUT = derived_message_id(RESOURCE, THREAD, REQUEST, "response", 0)
-OTHER_REQUEST = derived_message_id(RESOURCE, THREAD, "req-2", "response", 0)  # derived, not for this turn
-
-
-@dataclass(frozen=True)
-class TakenCase:
-    id: str
-    taken: tuple[str, ...]  # ids another thread (another tenant's) holds first
-    keys: tuple[bytes, ...]
-    request_id: str | None
-    saved: tuple[str, ...] | type[MessageIdTakenError]  # the ids the turn is saved under, or its refusal
-    own: tuple[str, ...] = ()  # ids already in the turn's own thread
-    response_id: str = D_OUT  # the id of the turn's response message
-
-
-TAKEN_CASES = [
-    TakenCase("no keys: refused as before", (D_OUT,), (), REQUEST, MessageIdTakenError),
-    TakenCase("no request id: refused as before", (D_OUT,), (KEY,), None, MessageIdTakenError),
-    TakenCase(
-        "a client's own id: refused",
-        ("client-a",),
-        (KEY,),
-        REQUEST,
-        MessageIdTakenError,
-        response_id="client-a",
-    ),
-    TakenCase(
-        "derived for another turn: refused",
-        (OTHER_REQUEST,),
-        (KEY,),
-        REQUEST,
-        MessageIdTakenError,
-        response_id=OTHER_REQUEST,
-    ),
-    TakenCase("nothing taken: ids as given", (), (KEY,), REQUEST, (D_IN, D_OUT)),
-    TakenCase(
-        "response id taken: its alternate",
-        (D_OUT,),
-        (KEY,),
-        REQUEST,
-        (D_IN, alternate_message_id(KEY, D_OUT)),
-    ),
-    TakenCase(
-        "both taken: both alternates",
-        (D_IN, D_OUT),
-        (KEY,),
-        REQUEST,
-        (alternate_message_id(KEY, D_IN), alternate_message_id(KEY, D_OUT)),
-    ),
-    TakenCase(
-        "after a rotation: the previous key's alternate in this thread is kept",
-        (D_OUT,),
-        (KEY, OLD_KEY),
-        REQUEST,
-        (D_IN, alternate_message_id(OLD_KEY, D_OUT)),
-        own=(alternate_message_id(OLD_KEY, D_OUT),),
-    ),
-    TakenCase(
-        "after a rotation, nothing stored under the previous key: the current key's",
-        (D_OUT,),
-        (KEY, OLD_KEY),
-        REQUEST,
-        (D_IN, alternate_message_id(KEY, D_OUT)),
-    ),
-]
-
 
 @pytest.mark.parametrize("case", TAKEN_CASES, ids=[c.id for c in TAKEN_CASES])
-async def test_a_derived_id_another_thread_holds_yields_to_its_alternate(case: TakenCase) -> None:
+async def test_a_derived_id_another_thread_holds_yields_to_its_alternate(
+    history_storage: HistoryStorage, case: TakenCase
+) -> None:
     """Given the deployment's keys and the turn's request id, `persist_turn` saves a derived id of the turn
     that another thread holds under its alternate (as the persist path); a client's own id, an id derived for
     another turn, or a library given no keys (or no request id) is refused as before (`MessageIdTakenError`),
     nothing written. The other thread's row is never touched."""
-    storage = InMemoryHistoryStorage()
-    if case.taken:
-        await seed(storage, [msg(i, t=1, thread="intruder", resource="r2") for i in case.taken], owner="r2")
-    if case.own:
-        await seed(storage, [msg(i, "assistant", t=2) for i in case.own])
-    history = MessageHistory(storage=storage, message_id_keys=case.keys)
-    turn = history.persist_turn(
-        thread_id=THREAD,
-        resource_id=RESOURCE,
-        input=[msg(D_IN, t=3)],
-        response=[msg(case.response_id, "assistant", t=4)],
-        request_id=case.request_id,
-    )
-    if case.saved is MessageIdTakenError:
-        with pytest.raises(MessageIdTakenError):
-            await turn
-        assert await storage.get_messages([D_IN], thread_ids=(THREAD,)) == []
-    else:
-        outcome = await turn
-        assert tuple(outcome.saved_ids) == case.saved
-        stored = await storage.list_messages(THREAD, resource_id=None, limit=None)
-        assert {m.id for m in stored} == set(case.saved) | set(case.own)
-    held = await storage.list_messages("intruder", resource_id=None, limit=None)
-    assert sorted(m.id or "" for m in held) == sorted(case.taken)
+    await run_taken_case(history_storage, case)
