@@ -122,6 +122,12 @@ UNREADABLE_ROWS = Counter(
     ["path", "collection", "reason"],
     registry=REGISTRY,
 )
+NATIVE_CODEC_FAILURES = Counter(
+    "message_history_native_codec_failures",
+    "Batches of recalled rows the native row codec failed (raised or panicked): the Python reference decided "
+    "them, so no output differs; any increase is a bug of the native codec to report.",
+    registry=REGISTRY,
+)
 OUTCOMES = Counter(
     "message_history_outcomes",
     "Processed records by outcome (enriched, persisted, skipped-<reason>, dead-letter).",

@@ -17,6 +17,11 @@ busy-thread markers (`message_history_turns`: no request id of the thread is lef
 on one goes out with `history.complete: false`, as after its timeout), then the threads (last, as their ids
 are what a second run finds again).
 Every step is idempotent, so a forget interrupted part-way is completed by running it again.
+
+Rows are read raw and decoded one by one (`storage.raw_rows.keys_of`): a row the codec refuses (invalid
+UTF-8, a date out of range) is counted as unreadable and, read leniently, still deleted by its `_id`; it never
+fails the forget. A row whose `_id` not even that finds again (invalid UTF-8 in the `_id` itself) is left,
+counted: a chunk of which nothing was deleted ends the step rather than finding it again for ever.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Final
 
 import pymongo
+from bson.raw_bson import RawBSONDocument
 from pymongo import IndexModel
 
 from message_history.errors import ForgetRefusedError, ThreadOwnershipError
@@ -36,6 +42,7 @@ from storage.client import CODEC
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
 from storage.protocol import Tombstones
+from storage.raw_rows import RAW, keys_of
 from storage.turns import TURNS
 
 if TYPE_CHECKING:
@@ -68,9 +75,10 @@ class MongoForgetting:
         self.tombstones_collection: AsyncCollection[dict[str, Any]] = db.get_collection(
             TOMBSTONES, codec_options=CODEC
         )
-        self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES)
-        self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS)
-        self.turns: AsyncCollection[dict[str, Any]] = db.get_collection(TURNS)
+        # raw replies: each row decoded alone (`_keys`), so one undecodable row fails no forget
+        self.messages: AsyncCollection[RawBSONDocument] = db.get_collection(MESSAGES, codec_options=RAW)
+        self.threads: AsyncCollection[RawBSONDocument] = db.get_collection(THREADS, codec_options=RAW)
+        self.turns: AsyncCollection[RawBSONDocument] = db.get_collection(TURNS, codec_options=RAW)
 
     async def ensure_indexes(self) -> None:
         """The tombstones are read by `_id` only; a `resourceId` index lets operators list a user's. The
@@ -123,7 +131,9 @@ class MongoForgetting:
         `ForgetRefusedError`, nothing deleted. Messages go in chunks (`progress` after each).
         """
         with self._bounded("find the thread to forget"):
-            thread = await self.threads.find_one({"id": thread_id}, {"_id": 0, "resourceId": 1})
+            found = await self.threads.find_one({"id": thread_id}, {"_id": 0, "resourceId": 1})
+        # read leniently when refused: a `resourceId` so read is no one's, so the owner check refuses
+        thread = keys_of(found, THREADS) if found is not None else None
         owner = (thread.get("resourceId") or None) if thread else None
         query: dict[str, Any] = {"thread_id": thread_id}
         marker: dict[str, Any] = {"_id": thread_id}
@@ -134,7 +144,7 @@ class MongoForgetting:
             query["resourceId"] = resource_id
             marker["resourceId"] = {"$in": [resource_id, None]}
         outcome = ForgetOutcome(
-            "thread", thread_id, utc_now_ms(), dry_run, thread_ids=[thread_id] if thread else []
+            "thread", thread_id, utc_now_ms(), dry_run, thread_ids=[thread_id] if found is not None else []
         )
         if dry_run:
             outcome.deleted_messages = await self._count(self.messages, query, outcome.message_ids)
@@ -192,11 +202,12 @@ class MongoForgetting:
         )
         while True:
             with self._bounded("find the resource's threads"):
-                threads = (
+                found = (
                     await self.threads.find({"resourceId": resource_id}, {"_id": 1, "id": 1})
                     .limit(self.chunk_size)
                     .to_list()
                 )
+            threads = _keys(found, THREADS)
             if not threads:
                 break
             ids = list(dict.fromkeys(str(doc.get("id")) for doc in threads))
@@ -213,7 +224,7 @@ class MongoForgetting:
                 )
             if progress is not None:
                 progress(outcome)
-            if len(threads) < self.chunk_size:
+            if len(found) < self.chunk_size:
                 break
         await self._delete_chunks(
             self.messages, {"resourceId": resource_id}, "forget messages", outcome, progress
@@ -231,12 +242,13 @@ class MongoForgetting:
             if after is not None:
                 query["_id"] = {"$gt": after}
             with self._bounded("find the resource's threads"):
-                threads = (
+                found = (
                     await self.threads.find(query, {"_id": 1, "id": 1})
                     .sort("_id", 1)
                     .limit(self.chunk_size)
                     .to_list()
                 )
+            threads = _keys(found, THREADS)
             if not threads:
                 break
             after = threads[-1]["_id"]
@@ -254,20 +266,20 @@ class MongoForgetting:
         return outcome
 
     async def _count(
-        self, collection: AsyncCollection[dict[str, Any]], query: dict[str, Any], listed: list[str]
+        self, collection: AsyncCollection[RawBSONDocument], query: dict[str, Any], listed: list[str]
     ) -> int:
         """How many documents match `query`; the first ids go into `listed` (up to `MAX_LISTED_IDS` + 1)."""
         with self._bounded("count what to forget"):
             count = await collection.count_documents(query)
             room = MAX_LISTED_IDS + 1 - len(listed)
             if room > 0 and count:
-                docs = await collection.find(query, {"_id": 0, "id": 1}).limit(room).to_list()
-                _listed(listed, [str(doc.get("id")) for doc in docs])
+                found = await collection.find(query, {"_id": 0, "id": 1}).limit(room).to_list()
+                _listed(listed, [str(doc.get("id")) for doc in _keys(found, collection.name, need_id=False)])
         return count
 
     async def _delete_chunks(
         self,
-        collection: AsyncCollection[dict[str, Any]],
+        collection: AsyncCollection[RawBSONDocument],
         query: dict[str, Any],
         what: str,
         outcome: ForgetOutcome | None = None,
@@ -279,8 +291,9 @@ class MongoForgetting:
         deleted = 0
         while True:
             with self._bounded(what):
-                docs = await collection.find(query, {"_id": 1, "id": 1}).limit(self.chunk_size).to_list()
-                if not docs:
+                found = await collection.find(query, {"_id": 1, "id": 1}).limit(self.chunk_size).to_list()
+                docs = _keys(found, collection.name)
+                if not docs:  # none left, or none whose `_id` reads: found again for ever otherwise
                     return deleted
                 result = await collection.delete_many({"_id": {"$in": [doc["_id"] for doc in docs]}})
             deleted += result.deleted_count
@@ -289,8 +302,8 @@ class MongoForgetting:
                 _listed(outcome.message_ids, [str(doc.get("id")) for doc in docs])
                 if progress is not None:
                     progress(outcome)
-            if len(docs) < self.chunk_size:
-                return deleted
+            if len(found) < self.chunk_size or not result.deleted_count:
+                return deleted  # all found, or only rows whose `_id` (read leniently) finds nothing
 
     @contextlib.contextmanager
     def _bounded(self, what: str) -> Iterator[None]:
@@ -309,6 +322,13 @@ class MongoForgetting:
             )
 
 
+def _keys(found: Sequence[RawBSONDocument], collection: str, *, need_id: bool = True) -> list[dict[str, Any]]:
+    """The found raw rows decoded one by one (`keys_of`: an undecodable one counted, read leniently); with
+    `need_id`, only those whose `_id` was read (what a delete by `_id` needs)."""
+    rows = [row for row in (keys_of(doc, collection) for doc in found) if row is not None]
+    return [row for row in rows if "_id" in row] if need_id else rows
+
+
 def _listed(listed: list[str], ids: Sequence[str]) -> None:
     """`ids` added to `listed` up to `MAX_LISTED_IDS` + 1 (one more says the list was cut): bounded memory."""
     room = MAX_LISTED_IDS + 1 - len(listed)
@@ -316,7 +336,7 @@ def _listed(listed: list[str], ids: Sequence[str]) -> None:
         listed.extend(ids[:room])
 
 
-async def delete_by_keys(collection: AsyncCollection[dict[str, Any]], keys: Sequence[Any], what: str) -> int:
+async def delete_by_keys(collection: AsyncCollection[Any], keys: Sequence[Any], what: str) -> int:
     """Delete the documents with these `_id`s, `DELETE_BATCH` per `deleteMany`; how many there were."""
     deleted = 0
     for start in range(0, len(keys), DELETE_BATCH):

@@ -15,6 +15,12 @@ application sharing the database never sees a thread deleted before its messages
 Mastra's prune also deletes `mastra_resources` rows by their `createdAt` and threads by their *creation* time
 (even with newer messages); this service writes no resources and keeps a thread while it has messages.
 
+Rows are read raw and decoded one by one (`storage.raw_rows.keys_of`): a message the codec refuses
+(invalid UTF-8, a date out of range) is counted as unreadable and, read leniently, still deleted by its `_id`;
+a thread so refused is counted and kept (whether it is empty cannot be looked up by an id read leniently).
+Neither stops the prune. A batch of which nothing was deleted (rows whose `_id` itself is invalid UTF-8)
+ends the step rather than finding it again for ever.
+
 Each step is idempotent: an interrupted prune run again with the same cut-off ends where one uninterrupted
 run ends. Like Mastra's, it deletes documents and does not return disk space to the OS (WiredTiger reuses it).
 """
@@ -27,12 +33,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from bson.raw_bson import RawBSONDocument
 from pymongo import IndexModel
 
 from message_history.core.turn_rules import marker_horizons
+from message_history.errors import UnreadableRowError
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
+from storage.raw_rows import RAW, decode_row, keys_of
 from storage.turn_expiry import expire_markers
+from storage.unreadable import skip
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -66,8 +76,9 @@ class MongoPruner:
         self.db = db
         self.batch_size = batch_size
         self.turn_timeout_s = turn_timeout_s
-        self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES)
-        self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS)
+        # raw replies: each row decoded alone (`keys_of`), so one undecodable row stops no prune
+        self.messages: AsyncCollection[RawBSONDocument] = db.get_collection(MESSAGES, codec_options=RAW)
+        self.threads: AsyncCollection[RawBSONDocument] = db.get_collection(THREADS, codec_options=RAW)
 
     async def count(self, cutoff: datetime, *, now: datetime | None = None) -> tuple[int, int, int]:
         """(messages older than `cutoff`, threads older than it, markers that would go): what a prune would
@@ -102,19 +113,24 @@ class MongoPruner:
 
         while not halted():
             with storage_errors("find old messages"):
-                docs = await (
+                found = await (
                     self.messages.find({"createdAt": {"$lt": cutoff}}, {"_id": 1})
                     .limit(self.batch_size)
                     .to_list()
                 )
+            docs = _with_ids(found, MESSAGES)
+            if found and not docs:
+                break  # only rows whose `_id` cannot be read: found again for ever otherwise
             if docs:
                 with storage_errors("delete old messages"):
                     result = await self.messages.delete_many({"_id": {"$in": [d["_id"] for d in docs]}})
                 progress.messages += result.deleted_count
+                if not result.deleted_count:
+                    break  # only rows whose `_id` (read leniently) finds nothing: found again for ever else
                 progress.batches += 1
                 if on_batch is not None:
                     on_batch(progress)
-            if len(docs) < self.batch_size:
+            if len(found) < self.batch_size:
                 break
         else:
             return progress
@@ -145,8 +161,13 @@ class MongoPruner:
                 _stale_threads(cutoff), {"_id": 1, "id": 1}, batch_size=self.batch_size
             )
             chunk: list[dict[str, Any]] = []
-            async for doc in cursor:
-                chunk.append(doc)
+            async for raw in cursor:
+                try:
+                    chunk.append(decode_row(raw.raw, THREADS))
+                except UnreadableRowError as exc:
+                    # kept: its messages cannot be looked up by an id read leniently, so it is not known empty
+                    skip(exc)
+                    continue
                 if len(chunk) >= self.batch_size:
                     await self._delete_empty(chunk, progress, on_batch)
                     chunk = []
@@ -174,6 +195,13 @@ class MongoPruner:
         progress.batches += 1
         if on_batch is not None:
             on_batch(progress)
+
+
+def _with_ids(found: list[RawBSONDocument], collection: str) -> list[dict[str, Any]]:
+    """The found raw rows decoded one by one (`keys_of`: an undecodable one counted, read leniently), those
+    whose `_id` was read (what a delete by `_id` needs)."""
+    rows = (keys_of(doc, collection) for doc in found)
+    return [row for row in rows if row is not None and "_id" in row]
 
 
 def _stale_threads(cutoff: datetime) -> dict[str, Any]:

@@ -16,11 +16,16 @@ from typing import Any, Final, cast
 
 import bson
 from bson.codec_options import CodecOptions, DatetimeConversion
+from bson.raw_bson import RawBSONDocument
 
 from message_history.errors import UnreadableRowError
 from schemas.stored_rows import THREADS
+from storage.unreadable import skip
 
-__all__ = ["decode_row", "lenient_row"]
+__all__ = ["RAW", "decode_row", "keys_of", "keys_row", "lenient_row"]
+
+RAW: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument, tz_aware=False)
+"""A collection's reply as raw documents: nothing decoded by the driver, each row by `decode_row`."""
 
 _STRICT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 """As storage/client.py's CODEC: how every collection of ours reads."""
@@ -33,6 +38,16 @@ _LENIENT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(
     datetime_conversion=DatetimeConversion.DATETIME_CLAMP,
 )
 """Only to say which row a refused document is, or to read a thread's owner: never a message's content."""
+
+_KEYS: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(
+    document_class=dict,
+    tz_aware=True,
+    tzinfo=UTC,
+    unicode_decode_error_handler="replace",
+    datetime_conversion=DatetimeConversion.DATETIME_MS,
+)
+"""To find a refused row again by its `_id`: a date kept as its exact milliseconds (clamped, a delete by it
+would match nothing)."""
 
 
 def _reason(exc: BaseException) -> str:
@@ -60,6 +75,15 @@ def decode_row(raw: bytes | memoryview, collection: str) -> dict[str, Any]:
         raise UnreadableRowError(collection, ident, thread, _reason(exc), detail) from None
 
 
+def keys_row(raw: bytes | memoryview) -> dict[str, Any] | None:
+    """A document the strict codec refused, read so that its `_id` finds it again (dates as `DatetimeMS`,
+    invalid UTF-8 replaced: such an `_id` finds nothing); None when not even that reads it."""
+    try:
+        return cast("dict[str, Any]", bson.decode(raw, codec_options=_KEYS))
+    except Exception:  # noqa: BLE001 -- the same codec errors, the other options
+        return None
+
+
 def lenient_row(raw: bytes | memoryview) -> dict[str, Any] | None:
     """A document the strict codec refused, read with invalid UTF-8 replaced and dates clamped; None when not
     even that reads it. For a row whose fields must be looked at (a thread's owner), never for content."""
@@ -67,3 +91,14 @@ def lenient_row(raw: bytes | memoryview) -> dict[str, Any] | None:
         return cast("dict[str, Any]", bson.decode(raw, codec_options=_LENIENT))
     except Exception:  # noqa: BLE001 -- the same codec errors, the other options
         return None
+
+
+def keys_of(raw: RawBSONDocument, collection: str) -> dict[str, Any] | None:
+    """A raw row found to be deleted or counted (forget, prune: a projection of its `_id` and `id`), decoded
+    alone. One the codec refuses is skipped as unreadable (`storage.unreadable.skip`: counted, logged once)
+    and read leniently (`keys_row`), so it is still deleted by its `_id`; None when not even that reads it."""
+    try:
+        return decode_row(raw.raw, collection)
+    except UnreadableRowError as exc:
+        skip(exc)
+        return keys_row(raw.raw)

@@ -31,6 +31,7 @@ import bson
 from bson.codec_options import CodecOptions
 
 import schemas.canonical
+from message_history import metrics
 from message_history.errors import StartupError
 from message_history.settings import Settings
 from schemas.events import EnrichedMessage
@@ -155,6 +156,7 @@ native_failures = 0
 def _native_failed(error: BaseException) -> None:
     global native_failures  # noqa: PLW0603 -- a process-wide count
     native_failures += 1
+    metrics.NATIVE_CODEC_FAILURES.inc()
     if native_failures == 1:  # once: a bug that fails every batch must not flood the log
         log.error(
             "the native row codec failed; the Python reference decides this batch (and any other it fails)",

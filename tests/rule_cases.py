@@ -22,8 +22,9 @@ from message_history.core.message_list import MessageList
 from message_history.core.request_context import MASTRA_MEMORY, RequestContext
 from message_history.core.rules import LastMessages, SkipReason, Source
 from message_history.core.tokens import count_message
-from message_history.errors import MessageHistoryError, ThreadOwnershipError
+from message_history.errors import MessageHistoryError, MessageIdTakenError, ThreadOwnershipError
 from message_history.processor import USE_DEFAULT, MessageHistory
+from schemas.ids import alternate_message_id, derived_message_id
 from schemas.messages import Message, TextPart, ToolInvocationPart
 from storage.protocol import HistoryStorage, Page, PageQuery, Thread
 
@@ -872,3 +873,103 @@ def load_all(
         rows, has_more = page_of(ordered, request)
         request = loader.feed(rows, has_more=has_more)
     return loader.result(), loader.pages
+
+
+# --- derived ids another thread holds (the library given the deployment's keys) ---------------------------
+
+KEY, OLD_KEY = b"k" * 32, b"o" * 32
+REQUEST = "req-1"
+D_IN = derived_message_id(RESOURCE, THREAD, REQUEST, "input", 0)
+D_OUT = derived_message_id(RESOURCE, THREAD, REQUEST, "response", 0)
+OTHER_REQUEST = derived_message_id(RESOURCE, THREAD, "req-2", "response", 0)  # derived, not for this turn
+
+
+@dataclass(frozen=True)
+class TakenCase:
+    id: str
+    taken: tuple[str, ...]  # ids another thread (another tenant's) holds first
+    keys: tuple[bytes, ...]
+    request_id: str | None
+    saved: tuple[str, ...] | type[MessageIdTakenError]  # the ids the turn is saved under, or its refusal
+    own: tuple[str, ...] = ()  # ids already in the turn's own thread
+    response_id: str = D_OUT  # the id of the turn's response message
+
+
+TAKEN_CASES = [
+    TakenCase("no keys: refused as before", (D_OUT,), (), REQUEST, MessageIdTakenError),
+    TakenCase("no request id: refused as before", (D_OUT,), (KEY,), None, MessageIdTakenError),
+    TakenCase(
+        "a client's own id: refused",
+        ("client-a",),
+        (KEY,),
+        REQUEST,
+        MessageIdTakenError,
+        response_id="client-a",
+    ),
+    TakenCase(
+        "derived for another turn: refused",
+        (OTHER_REQUEST,),
+        (KEY,),
+        REQUEST,
+        MessageIdTakenError,
+        response_id=OTHER_REQUEST,
+    ),
+    TakenCase("nothing taken: ids as given", (), (KEY,), REQUEST, (D_IN, D_OUT)),
+    TakenCase(
+        "response id taken: its alternate",
+        (D_OUT,),
+        (KEY,),
+        REQUEST,
+        (D_IN, alternate_message_id(KEY, D_OUT)),
+    ),
+    TakenCase(
+        "both taken: both alternates",
+        (D_IN, D_OUT),
+        (KEY,),
+        REQUEST,
+        (alternate_message_id(KEY, D_IN), alternate_message_id(KEY, D_OUT)),
+    ),
+    TakenCase(
+        "after a rotation: the previous key's alternate in this thread is kept",
+        (D_OUT,),
+        (KEY, OLD_KEY),
+        REQUEST,
+        (D_IN, alternate_message_id(OLD_KEY, D_OUT)),
+        own=(alternate_message_id(OLD_KEY, D_OUT),),
+    ),
+    TakenCase(
+        "after a rotation, nothing stored under the previous key: the current key's",
+        (D_OUT,),
+        (KEY, OLD_KEY),
+        REQUEST,
+        (D_IN, alternate_message_id(KEY, D_OUT)),
+    ),
+]
+
+
+async def run_taken_case(storage: HistoryStorage, case: TakenCase) -> None:
+    """One `TAKEN_CASES` row: another thread's rows seeded, the turn persisted by a library given the case's
+    keys and request id, then what it saved (or its refusal) and the other thread's rows untouched."""
+    if case.taken:
+        await seed(storage, [msg(i, t=1, thread="intruder", resource="r2") for i in case.taken], owner="r2")
+    if case.own:
+        await seed(storage, [msg(i, "assistant", t=2) for i in case.own])
+    history = MessageHistory(storage=storage, message_id_keys=case.keys)
+    turn = history.persist_turn(
+        thread_id=THREAD,
+        resource_id=RESOURCE,
+        input=[msg(D_IN, t=3)],
+        response=[msg(case.response_id, "assistant", t=4)],
+        request_id=case.request_id,
+    )
+    if case.saved is MessageIdTakenError:
+        with pytest.raises(MessageIdTakenError):
+            await turn
+        assert await storage.get_messages([D_IN], thread_ids=(THREAD,)) == []
+    else:
+        outcome = await turn
+        assert tuple(outcome.saved_ids) == case.saved
+        stored = await storage.list_messages(THREAD, resource_id=None, limit=None)
+        assert {m.id for m in stored} == set(case.saved) | set(case.own)
+    held = await storage.list_messages("intruder", resource_id=None, limit=None)
+    assert sorted(m.id or "" for m in held) == sorted(case.taken)

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from message_history.core.rules import PersistDecision, assign_thread
 from message_history.core.tool_state import has_new_user_input, merge_turn
 from schemas.events import AgentResponse
 from schemas.ids import derived_for_turn, legacy_ids
 from schemas.messages import Message
+
+_M = TypeVar("_M", bound=Message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,31 +70,55 @@ def taken_derived_ids(
     (`schemas.ids.derived_for_turn`; its input's from the request's positions, below `max_inputs`): the
     ones that yield to their alternate. An id the client chose is never among them: its turn is refused
     (`MessageIdTakenError`) as before."""
-    taken = [i for i in saved_ids(response) if _may_be_derived(i) and held_elsewhere(i)]
-    if not taken:
-        return frozenset()
-    return derived_for_turn(
-        taken,
-        response.resourceId,
-        response.threadId,
-        response.requestId,
-        inputs=max_inputs,
+    return taken_derived(
+        saved_ids(response),
+        held_elsewhere,
+        resource_id=response.resourceId,
+        thread_id=response.threadId,
+        request_id=response.requestId,
+        max_inputs=max_inputs,
         responses=len(response.response),
     )
+
+
+def taken_derived(
+    ids: Iterable[str],
+    held_elsewhere: Callable[[str], bool],
+    *,
+    resource_id: str,
+    thread_id: str,
+    request_id: str,
+    max_inputs: int,
+    responses: int,
+) -> frozenset[str]:
+    """`taken_derived_ids` of a turn given as its saved `ids` (the library's `MessageHistory.persist_turn`):
+    those another thread holds that were derived for one of its first `max_inputs` input or `responses`
+    response positions."""
+    taken = [i for i in ids if _may_be_derived(i) and held_elsewhere(i)]
+    if not taken:
+        return frozenset()
+    return derived_for_turn(taken, resource_id, thread_id, request_id, inputs=max_inputs, responses=responses)
+
+
+def may_be_derived(ids: Iterable[str | None]) -> list[str]:
+    """The ids shaped like a derived id (a UUIDv5's text): the only ones that can yield to an alternate, so
+    the only ones whose homes are worth a read."""
+    return [i for i in ids if i is not None and _may_be_derived(i)]
+
+
+def with_ids(messages: Sequence[_M], ids: Mapping[str, str]) -> list[_M]:
+    """`messages`, each whose id is a key of `ids` given its value instead (copies; the rest as they are)."""
+    return [
+        m.model_copy(update={"id": ids[m.id]}) if m.id is not None and m.id in ids else m for m in messages
+    ]
 
 
 def replace_ids(response: AgentResponse, ids: Mapping[str, str]) -> None:
     """Give the messages of `response` whose id is a key of `ids` its value instead (in place)."""
     if not ids:
         return
-    response.input = [
-        m.model_copy(update={"id": ids[m.id]}) if m.id is not None and m.id in ids else m
-        for m in response.input
-    ]
-    response.response = [
-        m.model_copy(update={"id": ids[m.id]}) if m.id is not None and m.id in ids else m
-        for m in response.response
-    ]
+    response.input = with_ids(response.input, ids)
+    response.response = with_ids(response.response, ids)
 
 
 def _may_be_derived(message_id: str | None) -> bool:

@@ -50,7 +50,16 @@ from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.echo import filter_echo as drop_client_echo
 from message_history.core.memory_options import TurnMemory
 from message_history.core.message_list import MessageList
-from message_history.core.persist_plan import TurnWrite, merged, needs_latest, stored_copies, turn_write
+from message_history.core.persist_plan import (
+    TurnWrite,
+    may_be_derived,
+    merged,
+    needs_latest,
+    stored_copies,
+    taken_derived,
+    turn_write,
+    with_ids,
+)
 from message_history.core.recall_plan import RecallNeeds, load_boundary, plan_recall
 from message_history.core.request_context import RequestContext, parse_memory_context
 from message_history.core.rules import (
@@ -63,6 +72,7 @@ from message_history.core.rules import (
 )
 from message_history.core.tokens import CountCache
 from message_history.errors import AbortError, ThreadOwnershipError
+from schemas.ids import alternate_message_id
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import (
@@ -189,19 +199,28 @@ class MessageHistory:
     `storage`: any `HistoryStorage`. `last_messages`: how many stored messages to recall: `None` = the
     storage default of 40 (not "all", whatever Mastra's reference page says), `0` = none (the turn is still
     saved), `False` = all of them. `max_rows`: the most stored rows one recall reads (None: no cap, as
-    Mastra; the service passes `MAX_ROWS_PER_REQUEST`).
+    Mastra; the service passes `MAX_ROWS_PER_REQUEST`). `message_id_keys`: the deployment's keys of derived
+    ids' alternates, current first (`MESSAGE_ID_KEY`, then `MESSAGE_ID_PREVIOUS_KEYS`): given them, a turn
+    saved with its `request_id` yields a derived id another thread holds to its alternate, as the service
+    does (docs/events.md#11-ids-and-timestamps); without them such a turn is refused (`MessageIdTakenError`).
     """
 
     id: Final = "message-history"
     name: Final = "MessageHistory"
 
     def __init__(
-        self, *, storage: HistoryStorage, last_messages: LastMessages = None, max_rows: int | None = None
+        self,
+        *,
+        storage: HistoryStorage,
+        last_messages: LastMessages = None,
+        max_rows: int | None = None,
+        message_id_keys: Sequence[bytes] = (),
     ) -> None:
         normalize_limit(last_messages)  # fail at construction, not at the first turn
         self.storage = storage
         self.last_messages: LastMessages = last_messages
         self.max_rows = max_rows
+        self.message_id_keys = tuple(message_id_keys)
 
     def __repr__(self) -> str:
         return f"MessageHistory(storage={self.storage!r}, last_messages={self.last_messages!r})"
@@ -340,6 +359,7 @@ class MessageHistory:
         response: Sequence[Message],
         finish_reason: str | None = None,
         read_only: bool = False,
+        request_id: str | None = None,
     ) -> PersistOutcome:
         """Save a turn's `input` (minus memory-sourced) then `response`, filtered (docs/rules.md#r4 to #r9).
 
@@ -348,13 +368,23 @@ class MessageHistory:
         thread's owner, or the thread id (Mastra's fallback). Without a thread id: no storage call. When the
         rules skip the save: one `get_thread` (ownership, and the thread for the outcome). Otherwise one
         `save_messages`, which creates a missing thread and moves `updatedAt` forward
-        (docs/rules.md#r9, #r10).
+        (docs/rules.md#r9, #r10). With `message_id_keys` (the constructor's) and the turn's `request_id` and
+        `resource_id`: an id derived for this turn that another thread holds is saved under its alternate
+        (`_yield_taken_ids`); else such an id refuses the turn (`MessageIdTakenError`).
         """
         decision = select_for_persistence(
             input, response, finish_reason=finish_reason, read_only=read_only, has_thread=bool(thread_id)
         )
         if not thread_id:
             return PersistOutcome(saved_ids=[], skipped=decision.skipped, thread=None)
+        if decision.skipped is None and self.message_id_keys and request_id and resource_id:
+            saved = [m.id for m in decision.messages]
+            swap = await self._yield_taken_ids(thread_id, resource_id, request_id, saved, input, response)
+            if swap:
+                input, response = with_ids(input, swap), with_ids(response, swap)
+                decision = select_for_persistence(
+                    input, response, finish_reason=finish_reason, read_only=read_only, has_thread=True
+                )
         thread: Thread | None = None
         if decision.skipped is not None or resource_id is None:
             thread = await self.storage.get_thread(thread_id)
@@ -377,6 +407,44 @@ class MessageHistory:
             thread=saved_thread,
             messages=to_save,
         )
+
+    async def _yield_taken_ids(
+        self,
+        thread_id: str,
+        resource_id: str,
+        request_id: str,
+        saved: Sequence[str | None],
+        input: Sequence[Message],
+        response: Sequence[Message],
+    ) -> dict[str, str]:
+        """Derived id -> the id it is saved under: its alternate (`schemas.ids.alternate_message_id`, the
+        current key), for each id the turn saves (`saved`) derived for it (`core.persist_plan.taken_derived`:
+        input positions below the input's length) that another thread holds; an alternate made under a
+        previous key and stored in this thread is kept instead (a replay after a rotation updates that row).
+        One look-up of the derived-shaped ids across threads, one more only when one yields."""
+        ids = may_be_derived(saved)
+        if not ids:
+            return {}
+        homes = {m.id: m.threadId for m in await self.storage.get_messages(ids) if m.id is not None}
+        taken = taken_derived(
+            ids,
+            lambda i: i in homes and homes[i] != thread_id,
+            resource_id=resource_id,
+            thread_id=thread_id,
+            request_id=request_id,
+            max_inputs=len(input),
+            responses=len(response),
+        )
+        swap = {i: alternate_message_id(self.message_id_keys[0], i) for i in sorted(taken)}
+        previous = {i: [alternate_message_id(k, i) for k in self.message_id_keys[1:]] for i in swap}
+        olds = [old for alternates in previous.values() for old in alternates]
+        if olds:
+            stored = {m.id for m in await self.storage.get_messages(olds, thread_ids=(thread_id,))}
+            for derived, alternates in previous.items():
+                kept = next((old for old in alternates if old in stored), None)
+                if kept is not None:
+                    swap[derived] = kept
+        return swap
 
     async def _merge_with_stored(self, thread_id: str, write: TurnWrite) -> list[Message]:
         """Fold the turn into its stored copies (`tool_state.merge_turn`): one lookup by id, one latest row

@@ -17,12 +17,15 @@ from storage.protocol import HistoryStorage
 from tests.rule_cases import (
     PERSIST_CASES,
     RECALL_CASES,
+    TAKEN_CASES,
     PersistCase,
     RecallCase,
+    TakenCase,
     run_persist_case,
     run_process_input_case,
     run_process_output_case,
     run_recall_case,
+    run_taken_case,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -58,3 +61,12 @@ async def test_persist_rules(history_storage: HistoryStorage, case: PersistCase)
 async def test_process_output_result_rules(history_storage: HistoryStorage, case: PersistCase) -> None:
     """process_output_result() over MongoDB stores what persist_turn() stores."""
     await run_process_output_case(history_storage, case)
+
+
+@pytest.mark.parametrize("case", TAKEN_CASES, ids=[c.id for c in TAKEN_CASES])
+async def test_a_derived_id_another_thread_holds_yields_to_its_alternate(
+    history_storage: HistoryStorage, case: TakenCase
+) -> None:
+    """persist_turn() over MongoDB, given the keys and the request id, saves a derived id another thread
+    holds under its alternate; otherwise refuses the turn (`MessageIdTakenError`), as in memory."""
+    await run_taken_case(history_storage, case)

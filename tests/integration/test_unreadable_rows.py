@@ -32,9 +32,12 @@ from message_history.errors import DocumentRefusedError, FatalStorageError, Unre
 from schemas.dead_letters import parse_dead_letter_headers
 from storage.documents import MESSAGES, THREADS
 from storage.errors import to_storage_error
+from storage.forgetting import MongoForgetting
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery
+from storage.pruning import MongoPruner
 from tests.conftest import MakeTopic
+from tests.integration.livez_prober import assert_all_answered, free_port, probing
 from tests.integration.service_harness import (
     encoded,
     fresh_settings,
@@ -299,6 +302,84 @@ async def test_without_row_by_row_decoding_one_row_fails_the_reply(mongo_db: Db)
     assert read["b"] == []
 
 
+# --- forget and prune ------------------------------------------------------------------------------------
+
+FAR = DatetimeMS(568_971_820_800_000)  # year 20000: stored by the server, refused by Python's `datetime`
+
+
+def _other(collection: str, reason: str = "createdAt") -> float:
+    counter = metrics.UNREADABLE_ROWS.labels(path="other", collection=collection, reason=reason)
+    value: float = counter._value.get()
+    return value
+
+
+async def _seed_refused(storage: MongoHistoryStorage, mongo_db: Db, thread: str) -> None:
+    """`thread`'s readable turn, a row whose `id` cannot be decoded, one whose `_id` cannot, one whose
+    `createdAt` cannot (not projected by the finds: never decoded)."""
+    await _seed(Paths(storage=storage), thread)
+    await mongo_db[MESSAGES].insert_many(
+        [
+            odd(thread, id=FAR),
+            odd(thread, _id=FAR, id=f"{thread}-far-key"),
+            odd(thread, id=f"{thread}-far-date", createdAt=FAR),
+        ]
+    )
+
+
+async def test_forget_deletes_the_rows_the_codec_refuses(storage: MongoHistoryStorage, mongo_db: Db) -> None:
+    """A thread's rows whose `id` or `_id` the codec refuses are counted and forgotten with the rest, by their
+    `_id` (before: the strict read of the find raised, `FatalStorageError`, the forget failed and the
+    commands path stopped)."""
+    await _seed_refused(storage, mongo_db, "fth")
+    with pytest.raises(InvalidBSON):
+        await mongo_db[MESSAGES].find({"thread_id": "fth"}, {"_id": 1, "id": 1}).to_list()
+    before = _other(MESSAGES)
+    forgetting = MongoForgetting(mongo_db, chunk_size=2)
+    dry = await forgetting.forget_thread("fth", dry_run=True)
+    assert dry.deleted_messages == 5
+    outcome = await forgetting.forget_thread("fth")
+    assert outcome.deleted_messages == 5
+    assert await mongo_db[MESSAGES].count_documents({"thread_id": "fth"}) == 0
+    assert await mongo_db[THREADS].count_documents({"id": "fth"}) == 0
+    assert _other(MESSAGES) > before
+
+
+async def test_forget_resource_deletes_the_rows_the_codec_refuses(
+    storage: MongoHistoryStorage, mongo_db: Db
+) -> None:
+    """A resource's thread row and message rows the codec refuses are forgotten with the rest."""
+    await _seed_refused(storage, mongo_db, "frs")
+    await mongo_db[THREADS].insert_one(
+        {"_id": FAR, "id": "frs-far", "resourceId": RESOURCE, "createdAt": FAR, "updatedAt": FAR}
+    )
+    before = _other(THREADS)
+    outcome = await MongoForgetting(mongo_db, chunk_size=2).forget_resource(RESOURCE)
+    assert outcome.deleted_threads == 2
+    assert outcome.deleted_messages == 5
+    assert await mongo_db[MESSAGES].count_documents({"resourceId": RESOURCE}) == 0
+    assert await mongo_db[THREADS].count_documents({"resourceId": RESOURCE}) == 0
+    assert _other(THREADS) == before + 1
+
+
+async def test_prune_deletes_the_rows_the_codec_refuses(storage: MongoHistoryStorage, mongo_db: Db) -> None:
+    """Old rows whose `_id` or `id` the codec refuses are pruned with the rest, by their `_id`; a stale thread
+    row the codec refuses is counted and kept (its emptiness cannot be looked up), and the prune finishes
+    (before: `FatalStorageError`, the periodic prune stopped the service)."""
+    await mongo_db[MESSAGES].insert_many(
+        [odd("pr", id=f"pr-{n}") for n in range(3)] + [odd("pr", _id=FAR, id="pr-far"), odd("pr", id=FAR)]
+    )
+    await mongo_db[THREADS].insert_one({"id": FAR, "resourceId": RESOURCE, "createdAt": T0, "updatedAt": T0})
+    with pytest.raises(InvalidBSON):
+        await mongo_db[MESSAGES].find({"thread_id": "pr"}, {"_id": 1}).to_list()
+    before = _other(THREADS)
+    progress = await MongoPruner(mongo_db, batch_size=2).prune(T0 + timedelta(days=1))
+    assert progress.done
+    assert progress.messages == 5
+    assert await mongo_db[MESSAGES].count_documents({"thread_id": "pr"}) == 0
+    assert await mongo_db[THREADS].count_documents({}) == 1  # the refused thread, kept
+    assert _other(THREADS) == before + 1
+
+
 # --- the running service -------------------------------------------------------------------------------
 
 
@@ -308,8 +389,10 @@ async def test_the_service_stays_up_and_ready_on_unreadable_rows(
     """Every shape of SHAPES stored beside the history of one thread each, requests for all of them and for
     clean threads in one wave: every request is enriched (the odd rows skipped and said), the turn whose own
     copy is unreadable is the only dead letter, offsets are committed, and the service stays up and ready
-    (before, the first of these rows stopped it with exit 1, and every restart again)."""
-    settings = fresh_settings(kafka_bootstrap, mongo_uri)
+    (before, the first of these rows stopped it with exit 1, and every restart again); `/livez` answers every
+    probe throughout (tests/integration/livez_prober.py)."""
+    port = free_port()
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, http_port=port)
     bootstrap = settings.kafka_bootstrap_servers
     for topic in (settings.requests_topic, settings.responses_topic):
         await make_topic(partitions=1, name=topic)
@@ -328,16 +411,22 @@ async def test_the_service_stays_up_and_ready_on_unreadable_rows(
         responses = [encoded(own), encoded(response_event("clean-1", RESOURCE, 1, [], "a"))]
         health = Health()
         async with running_service(settings, health=health) as service:
-            await produce(bootstrap, settings.requests_topic, requests)
-            await produce(bootstrap, settings.responses_topic, responses)
-            enriched = await read_request_ids(bootstrap, settings.enriched_topic, len(threads))
-            persisted = await read_request_ids(bootstrap, settings.persisted_topic, 1)
-            letters = await read_topic(bootstrap, settings.responses_dlq, until=lambda rs: len(rs) >= 1)
-            await wait_committed(bootstrap, settings.group_id, settings.requests_topic, {0: len(requests)})
-            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: len(responses)})
-            assert not service.done(), "the service stopped on a stored row"
-            ready, reasons = health.readiness()
-            assert ready, reasons
+            with probing(port, "the unreadable rows test") as probes:
+                await produce(bootstrap, settings.requests_topic, requests)
+                await produce(bootstrap, settings.responses_topic, responses)
+                enriched = await read_request_ids(bootstrap, settings.enriched_topic, len(threads))
+                persisted = await read_request_ids(bootstrap, settings.persisted_topic, 1)
+                letters = await read_topic(bootstrap, settings.responses_dlq, until=lambda rs: len(rs) >= 1)
+                await wait_committed(
+                    bootstrap, settings.group_id, settings.requests_topic, {0: len(requests)}
+                )
+                await wait_committed(
+                    bootstrap, settings.group_id, settings.responses_topic, {0: len(responses)}
+                )
+                assert not service.done(), "the service stopped on a stored row"
+                ready, reasons = health.readiness()
+                assert ready, reasons
+            assert_all_answered(probes)
     finally:
         await client.drop_database(settings.mongodb_database)
         await client.close()

@@ -15,6 +15,7 @@ from typing import Any
 import bson
 import pytest
 
+from message_history import metrics
 from schemas import canonical
 from schemas.canonical import canonical_content
 from storage import row_codec
@@ -45,12 +46,14 @@ def test_a_failing_native_codec_leaves_the_batch_to_the_reference(
     only the first is logged (a codec that fails every batch must not flood the log)."""
     monkeypatch.setattr(row_codec, "_native", lambda: _raising_native(error))
     monkeypatch.setattr(row_codec, "native_failures", 0)
+    counted = metrics.NATIVE_CODEC_FAILURES._value.get()
     raws = [bson.encode(doc) for doc in stored_docs(5, 6, "t-fail", "r-fail")]
     codec = select_codec("native")
     with caplog.at_level(logging.ERROR, logger="storage.row_codec"):
         assert codec(raws) == rows_from_raw_py(raws)
         assert codec(raws) == rows_from_raw_py(raws)
     assert row_codec.native_failures == 2
+    assert metrics.NATIVE_CODEC_FAILURES._value.get() == counted + 2  # the metric an alert can read
     assert caplog.text.count("the native row codec failed") == 1
 
 

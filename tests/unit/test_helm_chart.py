@@ -62,6 +62,8 @@ SET_OUTSIDE_CONFIG = {
     "kafka_sasl_username",
     "kafka_sasl_password",
     "kafka_ssl_cafile",
+    "message_id_key",
+    "message_id_previous_keys",
     "group_instance_id",
 }
 
@@ -232,10 +234,15 @@ def test_every_pod_runs_locked_down(helm: str, args: tuple[str, ...]) -> None:
 
 @pytest.mark.parametrize("args", CASE_PARAMS)
 def test_secrets_come_from_secret_references(helm: str, args: tuple[str, ...]) -> None:
-    """MONGODB_URI and the Kafka SASL password reach the pods only through secretKeyRef, never as a value
-    or in the ConfigMap."""
+    """MONGODB_URI, the Kafka SASL password and the message id keys reach the pods only through secretKeyRef,
+    never as a value or in the ConfigMap."""
     docs = render(helm, *args)
-    secret_names = {"MONGODB_URI", "MESSAGE_HISTORY_KAFKA_SASL_PASSWORD"}
+    secret_names = {
+        "MONGODB_URI",
+        "MESSAGE_HISTORY_KAFKA_SASL_PASSWORD",
+        "MESSAGE_HISTORY_MESSAGE_ID_KEY",
+        "MESSAGE_HISTORY_MESSAGE_ID_PREVIOUS_KEYS",
+    }
     assert not secret_names & set(config_map(docs))
     for doc in pod_docs(docs):
         for container in pod_spec(doc)["containers"]:
@@ -244,6 +251,41 @@ def test_secrets_come_from_secret_references(helm: str, args: tuple[str, ...]) -
             for name in secret_names & set(env):
                 assert "value" not in env[name], name
                 assert "secretKeyRef" in env[name]["valueFrom"], name
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        pytest.param((), {}, id="defaults-unset"),
+        pytest.param(
+            ("--set", "messageIdKeys.keySecret.name=mh-ids,messageIdKeys.previousKeysSecret.name=mh-old-ids"),
+            {
+                "MESSAGE_HISTORY_MESSAGE_ID_KEY": {"name": "mh-ids", "key": "key"},
+                "MESSAGE_HISTORY_MESSAGE_ID_PREVIOUS_KEYS": {"name": "mh-old-ids", "key": "previous-keys"},
+            },
+            id="existing-secrets",
+        ),
+        pytest.param(
+            ("--set", "secrets.create=true,secrets.mongodbUri=mongodb://x,secrets.messageIdKey=k"),
+            {"MESSAGE_HISTORY_MESSAGE_ID_KEY": {"name": "mh-message-history", "key": "message-id-key"}},
+            id="created-secret-key-only",
+        ),
+    ],
+)
+def test_message_id_keys_come_from_the_secret_they_name(
+    helm: str, args: tuple[str, ...], expected: dict[str, dict[str, str]]
+) -> None:
+    """The message id keys are set only when a Secret holds them (else the service's own key in MongoDB),
+    from the existing Secret named, or from the chart's Secret when it was given the value."""
+    for doc in pod_docs(render(helm, *args)):
+        for container in pod_spec(doc)["containers"]:
+            env = {entry["name"]: entry for entry in container.get("env", [])}
+            found = {
+                name: env[name]["valueFrom"]["secretKeyRef"]
+                for name in ("MESSAGE_HISTORY_MESSAGE_ID_KEY", "MESSAGE_HISTORY_MESSAGE_ID_PREVIOUS_KEYS")
+                if name in env
+            }
+            assert found == expected
 
 
 def test_no_secret_is_created_by_default(helm: str) -> None:
@@ -257,11 +299,16 @@ def test_created_secret_holds_the_values_and_nothing_else_shows_them(helm: str) 
     docs = render(helm, *ALL_ON)
     (secret,) = of_kind(docs, "Secret")
     decoded = {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
-    expected = {"mongodb-uri": values["mongodbUri"], "kafka-sasl-password": values["kafkaSaslPassword"]}
+    expected = {
+        "mongodb-uri": values["mongodbUri"],
+        "kafka-sasl-password": values["kafkaSaslPassword"],
+        "message-id-key": values["messageIdKey"],
+        "message-id-previous-keys": values["messageIdPreviousKeys"],
+    }
     assert decoded == expected
     clear_text = yaml.safe_dump_all([doc for doc in docs if doc["kind"] != "Secret"])
-    assert values["mongodbUri"] not in clear_text
-    assert values["kafkaSaslPassword"] not in clear_text
+    for value in expected.values():
+        assert value not in clear_text
 
 
 def test_no_hash_of_a_secret_reaches_a_pod_template(helm: str) -> None:

@@ -28,16 +28,19 @@ from tests.rule_cases import (
     PERSIST_CASES,
     RECALL_CASES,
     RESOURCE,
+    TAKEN_CASES,
     THREAD,
     CountingStorage,
     PersistCase,
     RecallCase,
+    TakenCase,
     memory_context,
     msg,
     run_persist_case,
     run_process_input_case,
     run_process_output_case,
     run_recall_case,
+    run_taken_case,
     seed,
 )
 
@@ -483,3 +486,17 @@ async def test_two_turns_round_trip() -> None:
     assert [m.id for m in message_list.get_all()] == ["u1", "a1", "u2", "a2"]
     stored = await storage.list_messages(THREAD, resource_id=None, limit=None)
     assert [m.id for m in stored] == ["a2", "u2", "a1", "u1"]
+
+
+# --- derived ids another thread holds (the library, as the persist path) -------------------------------
+
+
+@pytest.mark.parametrize("case", TAKEN_CASES, ids=[c.id for c in TAKEN_CASES])
+async def test_a_derived_id_another_thread_holds_yields_to_its_alternate(
+    history_storage: HistoryStorage, case: TakenCase
+) -> None:
+    """Given the deployment's keys and the turn's request id, `persist_turn` saves a derived id of the turn
+    that another thread holds under its alternate (as the persist path); a client's own id, an id derived for
+    another turn, or a library given no keys (or no request id) is refused as before (`MessageIdTakenError`),
+    nothing written. The other thread's row is never touched."""
+    await run_taken_case(history_storage, case)

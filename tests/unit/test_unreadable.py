@@ -23,7 +23,7 @@ from message_history.errors import FatalStorageError, UnreadableRowError
 from storage import unreadable
 from storage.errors import to_storage_error
 from storage.mongodb import MongoHistoryStorage, _thread_doc
-from storage.raw_rows import decode_row
+from storage.raw_rows import decode_row, keys_of
 from storage.unreadable import SkipLedger, collecting, skip
 
 T = datetime(2025, 1, 1, 11, 0, tzinfo=UTC)
@@ -178,3 +178,47 @@ def test_a_thread_row_the_codec_refuses_is_read_leniently_for_its_owner() -> Non
     assert (doc["id"], doc["resourceId"], doc["title"]) == ("th", "r1", "\ufffd" * 11)
     assert counter._value.get() == before + 1
     assert _thread_doc(RawBSONDocument(deep_row(2000))) is None  # not even leniently: not found
+
+
+# --- forget and prune: the keys of a row to delete ---------------------------------------------------------
+
+KEYS_REFUSED: list[tuple[str, bytes, str, dict[str, Any]]] = [
+    (
+        "invalid UTF-8 in the id",
+        invalid_utf8(bson.encode({"_id": 7, "id": "PLACEHOLDER"})),
+        "text",
+        {"_id": 7, "id": "\ufffd" * 11},
+    ),
+    (
+        "an _id in year 20000",
+        bson.encode({"_id": DatetimeMS(568_971_820_800_000), "id": "m1"}),
+        "createdAt",
+        {"_id": DatetimeMS(568_971_820_800_000), "id": "m1"},  # its exact milliseconds: a delete finds it
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "reason", "expected"), [c[1:] for c in KEYS_REFUSED], ids=[c[0] for c in KEYS_REFUSED]
+)
+def test_a_row_to_delete_the_codec_refuses_is_counted_and_keeps_its_id(
+    raw: bytes, reason: str, expected: dict[str, Any]
+) -> None:
+    """Forget's and prune's finds: a refused row is counted as unreadable, and its `_id` read so that a
+    delete by it finds the row (the strict decoding raised, and the forget stopped as `FatalStorageError`)."""
+    with pytest.raises(InvalidBSON) as caught:
+        bson.decode(raw)
+    assert isinstance(to_storage_error(caught.value, "forget messages"), FatalStorageError)
+    counter = metrics.UNREADABLE_ROWS.labels(path="other", collection="mastra_messages", reason=reason)
+    before = counter._value.get()
+    assert keys_of(RawBSONDocument(raw), "mastra_messages") == expected
+    assert counter._value.get() == before + 1
+
+
+def test_a_readable_row_to_delete_is_decoded_and_not_counted() -> None:
+    counter = metrics.UNREADABLE_ROWS.labels(path="other", collection="mastra_messages", reason="text")
+    before = counter._value.get()
+    raw = RawBSONDocument(bson.encode({"_id": 7, "id": "m1"}))
+    assert keys_of(raw, "mastra_messages") == {"_id": 7, "id": "m1"}
+    assert keys_of(RawBSONDocument(deep_row(2000)), "mastra_messages") is None
+    assert counter._value.get() == before

@@ -144,6 +144,7 @@ groupId: MESSAGE_HISTORY_GROUP_ID
 sessionTimeoutMs: MESSAGE_HISTORY_SESSION_TIMEOUT_MS
 maxPollIntervalMs: MESSAGE_HISTORY_MAX_POLL_INTERVAL_MS
 lastMessages: MESSAGE_HISTORY_LAST_MESSAGES
+maxRowsPerRequest: MESSAGE_HISTORY_MAX_ROWS_PER_REQUEST
 barrier: MESSAGE_HISTORY_BARRIER
 busyThread: MESSAGE_HISTORY_BUSY_THREAD
 turnTimeoutMs: MESSAGE_HISTORY_TURN_TIMEOUT_MS
@@ -168,12 +169,14 @@ maxIdLength: MESSAGE_HISTORY_MAX_ID_LENGTH
 retryInitialBackoffS: MESSAGE_HISTORY_RETRY_INITIAL_BACKOFF_S
 retryMaxBackoffS: MESSAGE_HISTORY_RETRY_MAX_BACKOFF_S
 mongodbTimeoutMs: MESSAGE_HISTORY_MONGODB_TIMEOUT_MS
+storageTimeoutTries: MESSAGE_HISTORY_STORAGE_TIMEOUT_TRIES
 kafkaUnreachableGraceMs: MESSAGE_HISTORY_KAFKA_UNREACHABLE_GRACE_MS
 shutdownGraceSeconds: MESSAGE_HISTORY_SHUTDOWN_GRACE_S
 httpHost: MESSAGE_HISTORY_HTTP_HOST
 httpPort: MESSAGE_HISTORY_HTTP_PORT
 logLevel: MESSAGE_HISTORY_LOG_LEVEL
 pruneBatchSize: MESSAGE_HISTORY_PRUNE_BATCH_SIZE
+forgetChunkSize: MESSAGE_HISTORY_FORGET_CHUNK_SIZE
 pruneIntervalS: MESSAGE_HISTORY_PRUNE_INTERVAL_S
 pruneOlderThan: MESSAGE_HISTORY_PRUNE_OLDER_THAN
 commandsDlqTopic: MESSAGE_HISTORY_COMMANDS_DLQ_TOPIC
@@ -201,6 +204,21 @@ outputCompression: MESSAGE_HISTORY_OUTPUT_COMPRESSION
     secretKeyRef:
       name: {{ $passwordSecret }}
       key: {{ include "message-history.kafkaPasswordSecretKey" . }}
+{{- end }}
+{{- range $secret := list (dict "env" "MESSAGE_HISTORY_MESSAGE_ID_KEY" "ref" $.Values.messageIdKeys.keySecret "value" $.Values.secrets.messageIdKey "created" "message-id-key") (dict "env" "MESSAGE_HISTORY_MESSAGE_ID_PREVIOUS_KEYS" "ref" $.Values.messageIdKeys.previousKeysSecret "value" $.Values.secrets.messageIdPreviousKeys "created" "message-id-previous-keys") }}
+{{- if $secret.ref.name }}
+- name: {{ $secret.env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret.ref.name }}
+      key: {{ $secret.ref.key }}
+{{- else if and $.Values.secrets.create $secret.value }}
+- name: {{ $secret.env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "message-history.fullname" $ }}
+      key: {{ $secret.created }}
+{{- end }}
 {{- end }}
 {{- end }}
 
