@@ -63,7 +63,8 @@ def install(label: str) -> Path:
         package.write_text(text)
         npm = shutil.which("npm")
         assert npm is not None, "npm is not on PATH"
-        subprocess.run([npm, "install", "--no-audit", "--no-fund", "--loglevel=error"], cwd=folder, check=True)
+        verb = [npm, "install", "--no-audit", "--no-fund", "--loglevel=error"]
+        subprocess.run(verb, cwd=folder, check=True)
     shutil.copyfile(SCRIPT, folder / "record.mjs")
     return folder
 
