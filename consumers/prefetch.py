@@ -342,6 +342,13 @@ class PrefetchedHistory:
         if rows is None:
             assert isinstance(self._storage, RawRecallStorage)  # it read the bytes
             rows = self._plain[thread_id] = self._storage.plain_rows(entry[1])
+            if None in rows and thread_id not in self._pages:
+                # a row not in the plain shape, maybe one no Mastra reads: the page is read as messages
+                # now (as `newest` would), so its unreadable rows are met and counted whatever the limit,
+                # as the model route meets them (`history.skipped` is the same on both routes)
+                self._pages[thread_id] = dataclasses.replace(
+                    entry[0], messages=self._storage.recalled_from_raw(entry[1])
+                )
         return rows[:limit]
 
     async def newest(self, thread_id: str, resource_id: str | None, limit: int | None) -> Sequence[Message]:

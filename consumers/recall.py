@@ -51,6 +51,7 @@ from producers.output import Headers
 from schemas.codec import decode_request, keyed_by_thread
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.recalled import encode_enriched, encode_enriched_fragment, materialized
+from storage import unreadable
 from storage.protocol import BatchHistoryStorage, RecallQuery
 
 # `turn_memory` is looked up here per record (tests patch it)
@@ -108,7 +109,16 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
     async def _handle(
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
-        """decode -> load -> per thread (decide, send) -> write (the boundaries) -> the results."""
+        """decode -> load -> per thread (decide, send) -> write (the boundaries) -> the results.
+
+        The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`; its tasks,
+        parked ones included, share it): each enriched event says how many of its thread's it skipped."""
+        with unreadable.collecting(PATH):
+            return await self._handle_batch(records, spans)
+
+    async def _handle_batch(
+        self, records: Sequence[Record], spans: tracing.BatchSpans
+    ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()
         self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)
@@ -330,6 +340,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             tokens=None,
             trimmed=[],
             boundary=None,
+            skipped=_skipped(request.threadId, needs.limit),
         )
 
     def _enriched(
@@ -344,6 +355,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             "tokens": outcome.tokens,
             "trimmed": outcome.trimmed,
             "boundary": outcome.boundary.to_metadata() if outcome.boundary is not None else None,
+            "skipped": _skipped(request.threadId, None if outcome.tokens is not None else outcome.limit),
         }
         if self.publisher.sends_encoded:
             return encode_enriched(request, outcome.context, **summary)
@@ -390,6 +402,15 @@ class _Batch:
 
     async def enrich(self, entry: tuple[int, _Item]) -> Ack:
         return await self._handler._enrich(self, entry)
+
+
+def _skipped(thread_id: str, limit: int | None) -> int:
+    """The thread's stored rows a recall of its newest `limit` rows (None: a token-budgeted recall, all the
+    batch read of it) left out: noted by the batch's reads (none outside a batch's ledger)."""
+    if limit == 0:
+        return 0
+    ledger = unreadable.current()
+    return ledger.skipped(thread_id, limit) if ledger is not None else 0
 
 
 def _count_enriched(outcomes: Sequence[object]) -> None:

@@ -6,6 +6,8 @@
     │   ├── ThreadOwnershipError        the event's resourceId is not the stored thread's owner
     │   │   └── MessageIdTakenError     a message id of the turn is already another thread's
     │   ├── DocumentTooLargeError       a message would be a MongoDB document over its 16 MiB limit
+    │   ├── DocumentRefusedError        MongoDB refused one record's document (17419, 121, 10334, ...)
+    │   ├── UnreadableRowError          a stored row no Mastra would read, which the record cannot skip
     │   ├── OutputTooLargeError         the output of a record is over Kafka's record size limit
     │   ├── ThreadBusyError             busy-thread policy `reject`: an earlier turn is not answered yet
     │   └── UnexpectedRecordError       a bug met on one record (any other exception): dead-lettered too
@@ -14,7 +16,7 @@
     │   ├── StorageUnavailableError     MongoDB unreachable, timed out, not primary
     │   ├── BarrierUnavailableError     the turn barrier's offset look-up failed (Kafka)
     │   └── WaitInterruptedError        stopping while a turn waited: left for the partition's next owner
-    ├── FatalStorageError               MongoDB refused the operation for good (bad config, auth, schema)
+    ├── FatalStorageError               MongoDB refused the operation for good (auth, authorization, config)
     └── StartupError                    the service cannot start as configured (e.g. HTTP port in use)
 
 `error_type` is what goes into a dead letter's `error.type` header.
@@ -84,6 +86,31 @@ class MessageIdTakenError(ThreadOwnershipError):
 
 class DocumentTooLargeError(InvalidInputError):
     """A message of the event would be a MongoDB document larger than MongoDB accepts; nothing is written."""
+
+
+class DocumentRefusedError(InvalidInputError):
+    """MongoDB refused a write for this record's document alone (over 16 MiB after the update, a collection
+    validator, ...): the record is a dead letter, the rest of its batch is written. Never retried: the same
+    document is refused again."""
+
+
+class UnreadableRowError(InvalidInputError):
+    """A stored row (of `collection`) that no Mastra would read: skipped and counted where recall can leave it
+    out; a dead letter (this error) where the record cannot go on without it (the turn's own stored copy).
+
+    `reason` is a short class (`bson`, `role`, `content`, `id`, `createdAt`, `type`, ...) kept for metrics;
+    `detail` says what is wrong. The message names the collection, the row and the thread.
+    """
+
+    def __init__(self, collection: str, row_id: object, thread_id: object, reason: str, detail: str) -> None:
+        self.collection = collection
+        self.row_id = row_id
+        self.thread_id = thread_id
+        self.reason = reason
+        self.detail = detail
+        super().__init__(
+            f"stored row {row_id!r} of thread {thread_id!r} in {collection} cannot be read: {detail}"
+        )
 
 
 class OutputTooLargeError(InvalidInputError):
@@ -158,7 +185,8 @@ class WaitInterruptedError(RetriableError):
 
 
 class FatalStorageError(MessageHistoryError):
-    """MongoDB refused an operation in a way that retrying will not fix."""
+    """MongoDB refused an operation in a way that retrying will not fix and that is no record's fault:
+    authentication, authorization, configuration (a bad index, an unknown command). Stops the loop."""
 
 
 class StartupError(MessageHistoryError):

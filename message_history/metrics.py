@@ -102,6 +102,13 @@ PLAN_MISSES = Counter(
     ["path"],
     registry=REGISTRY,
 )
+UNREADABLE_ROWS = Counter(
+    "message_history_unreadable_rows",
+    "Stored rows no Mastra would read (or no UTF-8 can carry), skipped by a read (path: recall, persist, "
+    "other; collection: mastra_messages, mastra_threads; reason: the class of what is wrong).",
+    ["path", "collection", "reason"],
+    registry=REGISTRY,
+)
 OUTCOMES = Counter(
     "message_history_outcomes",
     "Processed records by outcome (enriched, persisted, skipped-<reason>, dead-letter).",

@@ -258,6 +258,16 @@ class HistoryInfo(Open):
         MemoryBoundary | None,
         Field(description="the thread's token boundary after this recall (memoryTokenLimiter); null = none"),
     ] = None
+    skipped: Annotated[
+        int,
+        Field(
+            ge=0,
+            description=(
+                "stored rows of the thread that no Mastra would read, left out of this recall (counted in "
+                "message_history_unreadable_rows_total); absent = 0"
+            ),
+        ),
+    ] = 0
 
 
 class EnrichedRequest(EventBase):
@@ -284,12 +294,13 @@ class EnrichedRequest(EventBase):
         tokens: float | None = None,
         trimmed: Sequence[str] = (),
         boundary: dict[str, Any] | None = None,
+        skipped: int = 0,
     ) -> EnrichedRequest:
         """The same event (fields, extras, metadata), with the context as `messages`, `history` and `eventId`.
 
         Messages are tagged, not re-validated: they were validated when decoded or loaded. `tokens`,
         `trimmed` and `boundary` describe a token-budgeted recall; without a budget (`tokens` None) they are
-        left out of the event, so an unbudgeted event looks as it always did.
+        left out of the event, so an unbudgeted event looks as it always did; so is `skipped` when 0.
         """
         messages = [
             EnrichedMessage.from_message(
@@ -302,7 +313,7 @@ class EnrichedRequest(EventBase):
         values.update(
             schemaVersion=SCHEMA_VERSION,
             messages=messages,
-            history=_history_info(recalled, limit, tokens, trimmed, boundary, complete, waited_ms),
+            history=_history_info(recalled, limit, tokens, trimmed, boundary, complete, waited_ms, skipped),
             eventId=request.requestId,
         )
         fields_set = set(request.model_fields_set) | {"schemaVersion", "messages", "history", "eventId"}
@@ -317,9 +328,11 @@ def _history_info(
     boundary: dict[str, Any] | None,
     complete: bool,
     waited_ms: int,
+    skipped: int = 0,
 ) -> HistoryInfo:
+    extra: dict[str, Any] = {"skipped": skipped} if skipped else {}  # absent when 0: as events always were
     if tokens is None:
-        return HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms)
+        return HistoryInfo(recalled=recalled, limit=limit, complete=complete, waitedMs=waited_ms, **extra)
     return HistoryInfo(
         recalled=recalled,
         limit=limit,
@@ -328,6 +341,7 @@ def _history_info(
         tokens=tokens,
         trimmed=list(trimmed),
         boundary=MemoryBoundary.model_validate(boundary) if boundary is not None else None,
+        **extra,
     )
 
 

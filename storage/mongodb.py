@@ -45,7 +45,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
-import bson
 from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from pymongo import IndexModel, UpdateOne
@@ -53,7 +52,12 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from pymongo.results import BulkWriteResult
 
 from message_history.core.recall_plan import PlainRow
-from message_history.errors import FatalStorageError, InvalidInputError, ThreadOwnershipError
+from message_history.errors import (
+    FatalStorageError,
+    InvalidInputError,
+    ThreadOwnershipError,
+    UnreadableRowError,
+)
 from schemas.messages import Message, utc_now_ms
 from storage import row_codec
 from storage.client import CODEC, mongo_client
@@ -68,6 +72,7 @@ from storage.errors import storage_errors, to_storage_error
 from storage.protocol import BatchHistoryStorage, Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
 from storage.recalled_rows import MESSAGE_PROJECTION
 from storage.save_plan import SavePlan, SaveReads, _check_thread_id, _check_turns, plan_saves
+from storage.unreadable import decode_row, lenient_row, skip
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -111,9 +116,8 @@ _Row = TypeVar("_Row")
 _Build = Callable[[Mapping[str, Any]], _Row]
 
 
-# Rows the recall passes through are read as the reply's bytes; a date decoded from them (only a row the
-# model path must read) is naive, the cheaper decoding (`storage.row_codec` reads the milliseconds).
-_DICTS: Final = cast("CodecOptions[Mapping[str, Any]]", CODEC)  # bson.decode's annotation wants Mapping
+# Every read takes the reply as raw documents: the rows the recall passes through are read as bytes
+# (`storage.row_codec`), every other row is decoded alone, as our collections read (`storage.unreadable`).
 RAW_CODEC: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument, tz_aware=False)
 
 
@@ -195,6 +199,44 @@ def _raw_bytes(doc: Mapping[str, Any]) -> bytes:
     return bytes(doc.raw)
 
 
+def _decoded(build: Callable[[Mapping[str, Any]], _Row]) -> Callable[[Mapping[str, Any]], _Row]:
+    """`build` of a raw reply's document, decoded here, alone (`storage.unreadable.decode_row`)."""
+
+    def decoded(doc: Mapping[str, Any]) -> _Row:
+        assert isinstance(doc, RawBSONDocument)  # every message read is a raw reply
+        return build(decode_row(doc.raw, MESSAGES))
+
+    return decoded
+
+
+_message: Final = _decoded(message_from_doc)
+_recalled: Final = _decoded(_recalled_or_model)
+
+
+def _readable(
+    docs: Sequence[Mapping[str, Any]], build: Callable[[Mapping[str, Any]], _Row], *, first: int | None = 0
+) -> list[_Row]:
+    """`build` of each raw document; a row no Mastra would read is skipped (`storage.unreadable.skip`).
+    `first`: the rank of the first document in its thread's newest-first history (None: not a history)."""
+    rows: list[_Row] = []
+    for n, doc in enumerate(docs):
+        try:
+            rows.append(build(doc))
+        except UnreadableRowError as exc:
+            skip(exc, None if first is None else first + n)
+    return rows
+
+
+def _named(doc: Mapping[str, Any], collection: str) -> UnreadableRowError:
+    """The refusal of a raw document whose fields cannot even be looked at (for its thread and id)."""
+    assert isinstance(doc, RawBSONDocument)
+    try:
+        decode_row(doc.raw, collection)
+    except UnreadableRowError as exc:
+        return exc
+    return UnreadableRowError(collection, None, None, "bson", "the stored document cannot be read")
+
+
 def _index_present(collection: str, model: IndexModel, existing: Sequence[Mapping[str, Any]]) -> bool:
     """True when an index with `model`'s keys exists; raises when it exists in a form we cannot use."""
     spec = model.document
@@ -240,6 +282,11 @@ class MongoHistoryStorage(BatchHistoryStorage):
         self.recall_strategy: RecallStrategy = recall_strategy
         self.recall_concurrency = recall_concurrency
         self.threads: AsyncCollection[dict[str, Any]] = db.get_collection(THREADS, codec_options=CODEC)
+        # reads take replies as raw BSON and decode row by row (`storage.unreadable`): one row the codec
+        # refuses is that row's fault, never the whole reply's
+        self.raw_threads: AsyncCollection[RawBSONDocument] = db.get_collection(
+            THREADS, codec_options=RAW_CODEC
+        )
         self.messages: AsyncCollection[dict[str, Any]] = db.get_collection(MESSAGES, codec_options=CODEC)
         # the same collection read as reply bytes (naive dates): rows the recall only passes through
         self.raw_messages: AsyncCollection[RawBSONDocument] = db.get_collection(
@@ -312,8 +359,11 @@ class MongoHistoryStorage(BatchHistoryStorage):
         """The thread, or None when it does not exist."""
         _check_thread_id(thread_id)
         with storage_errors("get_thread"):
-            doc = await self.threads.find_one({"id": thread_id}, {"_id": 0})
-        return thread_from_doc(doc) if doc is not None else None
+            doc = await self.raw_threads.find_one({"id": thread_id}, {"_id": 0})
+        if doc is None:
+            return None
+        found = _thread_doc(doc)
+        return thread_from_doc(found) if found is not None else None
 
     async def get_threads(self, thread_ids: Collection[str]) -> dict[str, Thread]:
         """The existing threads among `thread_ids`, by id, with one `find` (none for an empty list)."""
@@ -329,10 +379,13 @@ class MongoHistoryStorage(BatchHistoryStorage):
             _check_thread_id(thread_id)
         query: dict[str, Any] = {"id": ids[0]} if len(ids) == 1 else {"id": {"$in": ids}}
         with storage_errors("get_threads"):
-            docs = await self.threads.find(query, batch_size=len(ids) + 1).to_list()
+            raws = await self.raw_threads.find(query, batch_size=len(ids) + 1).to_list()
         found: dict[str, Thread] = {}
         keys: dict[str, Any] = {}
-        for doc in docs:
+        for raw in raws:
+            doc = _thread_doc(raw)
+            if doc is None:
+                continue
             thread = thread_from_doc(doc)
             if thread.id not in found:
                 found[thread.id] = thread
@@ -347,7 +400,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
         _check_limit(limit)
         if limit == 0:
             return []
-        return await self._find_page(thread_id, resource_id, limit, message_from_doc)
+        return await self._find_page(thread_id, resource_id, limit, _message)
 
     async def _find_page(
         self, thread_id: str, resource_id: str | None, limit: int | None, build: _Build[_Row]
@@ -355,17 +408,17 @@ class MongoHistoryStorage(BatchHistoryStorage):
         query: dict[str, Any] = {"thread_id": thread_id}
         if resource_id is not None:
             query["resourceId"] = resource_id
-        cursor = self._collection(build).find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self.raw_messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if limit is not None:
             # batch size = limit, so the page comes back in the first reply (the default first batch is 101)
             cursor = cursor.limit(limit).batch_size(min(limit, _MONGO_MAX_BATCH))
         with storage_errors("list_messages"):
             docs = await cursor.to_list()
-        return [build(doc) for doc in docs]
+        return _readable(docs, build)
 
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         """Per query's thread id, what `list_messages` returns for it; thread ids must be distinct."""
-        return await self._list_many(queries, message_from_doc)
+        return await self._list_many(queries, _message)
 
     async def recall_rows_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
         """`list_messages_many`, where a row in the plain shape is a `RecalledRow` (no content model).
@@ -373,7 +426,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
         For the recall path's plain last-N recall, which only orders, dedupes and sends the rows: each
         `RecalledRow` encodes as its model would, and `materialize()` gives the model when needed.
         """
-        return await self._list_many(queries, _recalled_or_model)
+        return await self._list_many(queries, _recalled)
 
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]:
         """`list_messages_many` as each row's BSON bytes (the reply's own, read with naive dates): for the
@@ -388,10 +441,13 @@ class MongoHistoryStorage(BatchHistoryStorage):
     @staticmethod
     def recalled_from_raw(docs: Sequence[bytes]) -> list[Message]:
         """The rows of `recall_raw_many` as `recall_rows_many` reads them (views where sure, else models)."""
-        return [_recalled_or_model(bson.decode(doc, _DICTS)) for doc in docs]
-
-    def _collection(self, build: _Build[Any]) -> AsyncCollection[Any]:
-        return self.raw_messages if build is _raw_bytes else self.messages
+        rows: list[Message] = []
+        for rank, doc in enumerate(docs):
+            try:
+                rows.append(_recalled_or_model(decode_row(doc, MESSAGES)))
+            except UnreadableRowError as exc:
+                skip(exc, rank)
+        return rows
 
     async def _list_many(self, queries: Sequence[RecallQuery], build: _Build[_Row]) -> dict[str, list[_Row]]:
         wanted: dict[str, RecallQuery] = {}
@@ -441,29 +497,33 @@ class MongoHistoryStorage(BatchHistoryStorage):
         cap: int | None = None
         if all(q.limit is not None for q in queries):
             cap = sum(q.limit for q in queries if q.limit is not None) + 1
-        cursor = self._collection(build).find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self.raw_messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if cap is not None:
             cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
         with storage_errors("list_messages_many"):
             docs = await cursor.to_list()
         pages: dict[str, list[_Row]] = {tid: [] for tid in ids}
-        owner = _RawOwner() if build is _raw_bytes else None
+        # rows of each thread taken, skipped ones included: a skipped row fills its place in the limit, as
+        # it does in one thread's query (`_find_page`), so both strategies recall the same rows
+        taken: dict[str, int] = dict.fromkeys(ids, 0)
+        owner = _RawOwner()
         for doc in docs:
-            if owner is not None:
+            try:
                 wanted = owner.read(doc, by_thread)
-                if wanted is None:
-                    continue
-            else:
-                wanted = by_thread.get(doc.get("thread_id", ""))
-                if wanted is None:
-                    continue
-                if wanted.resource_id is not None and doc.get("resourceId") != wanted.resource_id:
-                    continue
-            page = pages[wanted.thread_id]
-            if wanted.limit is None or len(page) < wanted.limit:
-                page.append(build(doc))
+            except Exception:  # noqa: BLE001 -- a document the codec refuses: that row's fault, its thread's
+                error = _named(doc, MESSAGES)  # as far as a lenient decoding names it
+                wanted = by_thread.get(error.thread_id) if isinstance(error.thread_id, str) else None
+            if wanted is None:
+                continue
+            rank = taken[wanted.thread_id]
+            if wanted.limit is None or rank < wanted.limit:
+                taken[wanted.thread_id] += 1
+                try:
+                    pages[wanted.thread_id].append(build(doc))
+                except UnreadableRowError as exc:
+                    skip(exc, rank)
         if cap is not None and len(docs) >= cap:
-            short = [q for q in queries if q.limit is not None and len(pages[q.thread_id]) < q.limit]
+            short = [q for q in queries if q.limit is not None and taken[q.thread_id] < q.limit]
             if short:
                 pages.update(await self._recall_concurrent(short, build))
         return pages
@@ -485,12 +545,12 @@ class MongoHistoryStorage(BatchHistoryStorage):
         if created:
             spec["createdAt"] = created
         wanted = query.per_page + 1
-        cursor = self.messages.find(spec, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = self.raw_messages.find(spec, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         cursor = cursor.skip(query.page * query.per_page)
         cursor = cursor.limit(wanted).batch_size(wanted)
         with storage_errors("list_page"):
             docs = await cursor.to_list()
-        rows = [message_from_doc(doc) for doc in docs[: query.per_page]]
+        rows = _readable(docs[: query.per_page], _message, first=query.page * query.per_page)
         return Page(rows, len(docs) > query.per_page)
 
     async def get_messages(
@@ -507,8 +567,8 @@ class MongoHistoryStorage(BatchHistoryStorage):
             threads = list(dict.fromkeys(thread_ids))
             query["thread_id"] = threads[0] if len(threads) == 1 else {"$in": threads}
         with storage_errors("get_messages"):
-            docs = await self.messages.find(query, MESSAGE_PROJECTION, batch_size=len(ids) + 1).to_list()
-        return [message_from_doc(doc) for doc in docs]
+            docs = await self.raw_messages.find(query, MESSAGE_PROJECTION, batch_size=len(ids) + 1).to_list()
+        return _readable(docs, _message, first=None)
 
     async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]:
         """The thread each stored message among `message_ids` is in, by id: one `find` on the unique `id`
@@ -518,10 +578,22 @@ class MongoHistoryStorage(BatchHistoryStorage):
             return {}
         query: dict[str, Any] = {"id": ids[0]} if len(ids) == 1 else {"id": {"$in": ids}}
         with storage_errors("save messages"):
-            docs = await self.messages.find(
+            raws = await self.raw_messages.find(
                 query, {"_id": 0, "id": 1, "thread_id": 1}, batch_size=len(ids) + 1
             ).to_list()
-        return {doc["id"]: doc.get("thread_id") for doc in docs if "id" in doc}
+        homes: dict[str, str | None] = {}
+        for raw in raws:
+            try:
+                doc = decode_row(raw.raw, MESSAGES)
+            except UnreadableRowError as exc:
+                # its id and thread as far as they can be read: an id that is not one of the turn's is
+                # no home of it, a thread that is not the turn's refuses the turn (never another's row)
+                doc = {"id": exc.row_id, "thread_id": exc.thread_id}
+            ident = doc.get("id")
+            if isinstance(ident, str):
+                thread = doc.get("thread_id")
+                homes[ident] = thread if isinstance(thread, str) or thread is None else repr(thread)
+        return homes
 
     async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
         """`list_page` for each query, issued concurrently (at most `recall_concurrency` in flight)."""
@@ -708,6 +780,18 @@ class MongoHistoryStorage(BatchHistoryStorage):
                 continue
             raise to_storage_error(collision, operation) from collision
         raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
+
+
+def _thread_doc(raw: RawBSONDocument) -> dict[str, Any] | None:
+    """A `mastra_threads` document, decoded alone. One the codec refuses is counted and logged, then read
+    leniently (invalid UTF-8 replaced, dates clamped): the owner check needs the row, and a `resourceId` so
+    read is no one's, so it refuses rather than admits. None when not even that reads it (the thread is then
+    not found: a save of it meets the unique `id` index, never another owner's row)."""
+    try:
+        return decode_row(raw.raw, THREADS)
+    except UnreadableRowError as exc:
+        skip(exc)
+        return lenient_row(raw.raw)
 
 
 @dataclass(frozen=True, slots=True)

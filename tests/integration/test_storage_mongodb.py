@@ -445,26 +445,28 @@ async def test_missing_thread(storage: MongoHistoryStorage) -> None:
 async def test_legacy_string_content_is_read_as_text(
     storage: MongoHistoryStorage, mongo_db: Db, content: str, text: str
 ) -> None:
-    """A row whose content is not format-2 JSON but text reads as one text part, as Mastra reads it."""
+    """A row whose content is not format-2 JSON but text reads as one text part, as Mastra reads it (a v1
+    row: Mastra 1.71's conversion does not carry its `type` over)."""
     await mongo_db[MESSAGES].insert_one(
         {"id": "old", "thread_id": "t1", "resourceId": "r1", "role": "user", "type": "v1",
          "content": content, "createdAt": at(0)}
     )  # fmt: skip
     [message] = await storage.list_messages("t1", resource_id="r1", limit=40)
-    assert message.type == "v1"
+    assert message.type is None
     assert message.content.parts[0].model_dump() == {"type": "text", "text": text}
 
 
-async def test_unreadable_content_is_an_error_not_an_empty_history(
-    storage: MongoHistoryStorage, mongo_db: Db
-) -> None:
-    """A row whose content is JSON but not format 2 makes the read fail with FatalStorageError."""
-    await mongo_db[MESSAGES].insert_one(
-        {"id": "bad", "thread_id": "t1", "resourceId": "r1", "role": "user", "type": "v2",
-         "content": "[1, 2]", "createdAt": at(0)}
+async def test_unreadable_row_is_skipped_not_an_error(storage: MongoHistoryStorage, mongo_db: Db) -> None:
+    """A row no Mastra would read (content a JSON number) is left out of the read, the rest is read; it
+    used to fail the read with FatalStorageError, which stopped the service (issue 31)."""
+    await mongo_db[MESSAGES].insert_many(
+        [{"id": "bad", "thread_id": "t1", "resourceId": "r1", "role": "user", "type": "v2",
+          "content": "5", "createdAt": at(0)},
+         {"id": "good", "thread_id": "t1", "resourceId": "r1", "role": "user", "type": "v2",
+          "content": '{"format":2,"parts":[{"type":"text","text":"hi"}]}', "createdAt": at(1)}]
     )  # fmt: skip
-    with pytest.raises(FatalStorageError, match="bad"):
-        await storage.list_messages("t1", resource_id=None, limit=40)
+    [message] = await storage.list_messages("t1", resource_id=None, limit=40)
+    assert message.id == "good"
 
 
 async def test_threads_written_with_json_string_metadata_are_parsed(
