@@ -9,7 +9,8 @@ date past year 9999, nesting past the decoders' limits), the raw BSON bytes (`ra
 tests/unit/test_fuzz_stored_rows.py (both paths on tests/paths.py over tests/raw_storage.py) and
 tests/integration/test_fuzz_stored_rows.py (the service on the real server).
 
-Sizes are bounded by `Sizes`: `QUICK` for CI, `LONG` for the documented long run (docs/testing.md).
+Sizes are bounded by `Sizes`: `QUICK` for CI, `LONG` for the documented long run
+(docs/fuzzing.md#stored-rows-the-store-side-fuzzer).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ a reason naming the row (or an ownership refusal a generated thread document dec
 (every record has its outcome within the timeout).
 
 `STORE_FUZZ_THREADS` (default 8) odd threads per run and `STORE_FUZZ_RUNS` (default 1) runs size it; the
-long run is documented in docs/testing.md#store-side-fuzzer.
+long run is documented in docs/fuzzing.md#stored-rows-the-store-side-fuzzer.
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ messages (`source: "memory"`) must be Mastra's, whole: ids, order, roles, `creat
 `type`, and content (parts and every other content field). The one difference by design: the event tags
 each message with `source` (docs/events.md), which Mastra's list does not have.
 
-The corpus is re-recorded with tests/interop/record_mastra_rows.py (docs/testing.md#mastra-version-corpus).
+The corpus is re-recorded with tests/interop/record_mastra_rows.py
+(docs/fuzzing.md#the-mastra-version-corpus).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ tests/raw_storage.py (the stored documents, read by the MongoDB storage's own re
   thread ..."), or refused for ownership, which a generated thread document or a colliding id may decide.
 
 `STORE_FUZZ_EXAMPLES` (default 40) sizes a run, `STORE_FUZZ_SIZES=long` uses the long run's huge and deep
-values; `STORE_FUZZ_REPORT=<file>` writes the run's figures as JSON (docs/testing.md#store-side-fuzzer).
+values; `STORE_FUZZ_REPORT=<file>` writes the run's figures as JSON
+(docs/fuzzing.md#stored-rows-the-store-side-fuzzer).
 """
 
 from __future__ import annotations
