@@ -23,9 +23,11 @@ from typing import Any
 
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.asynchronous.mongo_client import AsyncMongoClient
 
 from storage.documents import MESSAGES, THREADS
 from storage.mongodb import MongoHistoryStorage
+from tests.infra import unique_name
 from tests.interop.test_mastra_mongodb_interop import HERE, NODE_TIMEOUT_S, _node
 from tests.mastra_versions import Corpus, labels, load
 from tests.paths import Paths, request, user
@@ -35,6 +37,7 @@ pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(
 Db = AsyncDatabase[dict[str, Any]]
 LIMITS = (1, 2, 3, None)  # lastMessages; None: every message (Mastra's `false`, ours a limit above the count)
 ALL = 1000
+BUDGETS = ((40, 10), (120, 40), (100_000, 0))  # (maxTokens, atMaxRemoveTokens)
 
 
 def _mastra_recall(uri: str, db_name: str, queries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -90,3 +93,53 @@ async def test_the_service_recalls_what_mastra_1_71_recalls(label: str, mongo_ur
         expected = [_seen(m) for m in theirs[i]["messages"]]
         assert [_seen(m) for m in ours] == expected, f"{label} {query}"
         assert event["history"]["recalled"] == len(expected)
+
+
+STRING_METADATA_GAP = pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known gap, reported: @mastra/mongodb 0.10 stores thread metadata as a JSON string; the boundary "
+        "write ($set metadata.memoryTokenLimiter) fails with code 28 and stops the path (FatalStorageError)"
+    ),
+)
+
+
+@pytest.mark.parametrize(
+    "label", [pytest.param(v, marks=STRING_METADATA_GAP) if v == "0.10" else v for v in labels()]
+)
+async def test_with_a_token_budget_the_service_recalls_what_mastra_1_71_recalls(
+    label: str, mongo_uri: str, mongo_db: Db, mongo_client: AsyncMongoClient[dict[str, Any]]
+) -> None:
+    """The same with Memory's token-limited recall (MessageHistory's token limit, then the memory-only
+    limiter that trims and advances `thread.metadata.memoryTokenLimiter`): each side on its own copy of the
+    rows, the same queries in the same order, so each side's stored boundaries evolve on their own. The
+    recalled messages and the trimmed ids must be Mastra's."""
+    _node()
+    corpus = load(label)
+    theirs_db = mongo_client[unique_name("t_")]
+    try:
+        await _insert(mongo_db, corpus)
+        await _insert(theirs_db, load(label))
+        queries: list[dict[str, Any]] = []
+        for t in corpus.threads:
+            for budget, remove in BUDGETS:
+                i = len(queries)
+                incoming = user(f"incoming-{i}", "next question", 10**8)
+                query = {"threadId": t["id"], "resourceId": t["resourceId"], "lastMessages": None}
+                queries.append({**query, "maxTokens": budget, "atMaxRemoveTokens": remove, "input": incoming})
+        theirs = _mastra_recall(mongo_uri, theirs_db.name, queries)
+        paths = Paths(storage=MongoHistoryStorage(mongo_db))
+        for i, query in enumerate(queries):
+            memory = {
+                "lastMessages": ALL,
+                "maxTokens": query["maxTokens"],
+                "atMaxRemoveTokens": query["atMaxRemoveTokens"],
+            }
+            thread, resource = query["threadId"], query["resourceId"]
+            batch = await paths.recall(request(thread, [query["input"]], resource=resource, memory=memory))
+            event = batch.event(0)
+            ours = [m for m in event["messages"] if m["source"] == "memory"]
+            assert [_seen(m) for m in ours] == [_seen(m) for m in theirs[i]["messages"]], f"{label} {query}"
+            assert sorted(event["history"].get("trimmed") or []) == sorted(theirs[i]["trimmed"]), query
+    finally:
+        await mongo_client.drop_database(theirs_db.name)
