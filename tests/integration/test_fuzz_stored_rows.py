@@ -59,6 +59,25 @@ class OddThread:
     owner: str
     rows: list[StoredRow]
     doc: StoredRow | None
+    memory: dict[str, Any]
+
+
+def metadata_gap(doc: StoredRow | None) -> bool:
+    """A thread document whose `metadata` is present and not an object (as @mastra/mongodb 0.10 writes it:
+    a JSON string): a budgeted recall's boundary write fails on it and stops the path. Reported, reproduced
+    by `test_a_thread_whose_metadata_is_not_an_object_takes_a_boundary` (xfail); kept out until fixed."""
+    return (
+        doc is not None
+        and doc.doc is not None
+        and "metadata" in doc.doc
+        and not isinstance(doc.doc["metadata"], dict)
+    )
+
+
+def _without_metadata_gap(doc: StoredRow | None) -> StoredRow | None:
+    if doc is None or doc.doc is None or not metadata_gap(doc):
+        return doc
+    return StoredRow(doc.label, doc={k: v for k, v in doc.doc.items() if k != "metadata"})
 
 
 @dataclass
@@ -81,7 +100,8 @@ def odd_threads(run: int) -> st.SearchStrategy[list[OddThread]]:
             st.just(thread),
             st.just(owner),
             st.lists(message_rows(thread, owner), min_size=1, max_size=4).map(_without_known_gaps),
-            st.one_of(st.none(), st.none(), thread_rows(thread, owner)),
+            st.one_of(st.none(), st.none(), thread_rows(thread, owner)).map(_without_metadata_gap),
+            st.sampled_from([{}, {"lastMessages": 2}, {"maxTokens": 20, "atMaxRemoveTokens": 5}]),
         )
 
     return st.tuples(*(one(i) for i in range(THREADS_PER_RUN))).map(list)
@@ -123,8 +143,10 @@ async def _one_run(kafka_bootstrap: str, mongo_uri: str, run: Run) -> None:
             await _store(db, run)
             threads = [(f"t-calm-{i}", f"u-calm-{i}") for i in range(CALM_THREADS)]
             threads += [(o.thread, o.owner) for o in run.odd]
+            options = {o.thread: o.memory for o in run.odd}
             for thread, owner in threads:
-                event = request(thread, [user(f"{thread}-in", "next", 10**6)], resource=owner)
+                asked = [user(f"{thread}-in", "next", 10**6)]
+                event = request(thread, asked, resource=owner, memory=options.get(thread) or None)
                 await producer.send_and_wait(
                     s.requests_topic, json.dumps(event).encode(), key=thread.encode()
                 )
@@ -132,8 +154,8 @@ async def _one_run(kafka_bootstrap: str, mongo_uri: str, run: Run) -> None:
             await _until(lambda: want <= _done(outputs, s.enriched_topic, s.requests_dlq), service,
                          OUTCOME_TIMEOUT_S, run, "every request's outcome", health)  # fmt: skip
             for thread, owner in threads:
-                asked, answered = user(f"{thread}-u", "q", 10**6), assistant(f"{thread}-a", "a", 10**6 + 1)
-                turn = response(thread, input=[asked], output=[answered], resource=owner)
+                said, answer = user(f"{thread}-u", "q", 10**6), assistant(f"{thread}-a", "a", 10**6 + 1)
+                turn = response(thread, input=[said], output=[answer], resource=owner)
                 await producer.send_and_wait(
                     s.responses_topic, json.dumps(turn).encode(), key=thread.encode()
                 )
@@ -216,6 +238,22 @@ def _check(run: Run, outputs: Outputs, enriched: str, persisted: str, dlqs: list
                 run.violations.append(
                     f"{thread}: dead letter does not name the row: {info.error_message[:300]}"
                 )
+
+
+@pytest.mark.xfail(strict=True, reason="known gap, reported: the boundary write fails on non-object metadata")
+async def test_a_thread_whose_metadata_is_not_an_object_takes_a_boundary(mongo_db: Any) -> None:
+    """The smallest rows: a thread stored as @mastra/mongodb 0.10 stores it (`metadata` a JSON string) and
+    four messages; a budgeted recall that trims must still enrich the request (the boundary write may not
+    stop the path)."""
+    from storage.mongodb import MongoHistoryStorage  # noqa: PLC0415 -- this test only
+    from tests.paths import Paths  # noqa: PLC0415 -- this test only
+
+    await mongo_db[THREADS].insert_one({"id": "t", "resourceId": "u", "title": "", "metadata": "{}"})
+    await mongo_db[MESSAGES].insert_many(good_rows("t", "u"))
+    paths = Paths(storage=MongoHistoryStorage(mongo_db))
+    memory = {"maxTokens": 20, "atMaxRemoveTokens": 5}
+    batch = await paths.recall(request("t", [user("in", "next", 10**6)], resource="u", memory=memory))
+    assert batch.event(0)["history"]["trimmed"]
 
 
 FIGURES: dict[str, Any] = {"runs": 0, "rows_generated": 0, "rows_inserted": 0, "refused_by_server": 0}
