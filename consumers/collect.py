@@ -25,8 +25,9 @@ from typing import Protocol, runtime_checkable
 
 from message_history import metrics
 from message_history.core.persist_plan import BatchNeeds
-from message_history.errors import ThreadOwnershipError
+from message_history.errors import InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message
+from storage import unreadable
 from storage.protocol import BatchHistoryStorage, RecallQuery, SaveTurn, Thread
 from storage.save_plan import SaveReads
 
@@ -49,7 +50,7 @@ class ReadsForSaves(Protocol):
 
     async def save_many(
         self, turns: Sequence[SaveTurn], *, reads: SaveReads | None = None
-    ) -> list[Thread | ThreadOwnershipError]: ...
+    ) -> list[Thread | InvalidInputError]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +119,7 @@ class Slot:
     order: int
     thread_id: str
     turn: SaveTurn | None
-    result: Thread | ThreadOwnershipError | None = None
+    result: Thread | InvalidInputError | None = None
 
 
 @dataclass(slots=True)
@@ -163,6 +164,15 @@ class PersistBuffer:
     def _copies(
         self, thread_id: str, message_ids: Sequence[str], stored: Mapping[str, Message]
     ) -> list[Message]:
+        """The copies; `UnreadableRowError` when the stored copy of one the batch has not written is a row
+        no Mastra would read: the turn would write over a row it cannot merge with (and keep its unreadable
+        `createdAt`), so it is refused, its dead letter naming the row."""
+        ledger = unreadable.current()
+        if ledger is not None:
+            unwritten = [i for i in message_ids if (thread_id, i) not in self._rows]
+            error = ledger.unreadable(thread_id, unwritten)
+            if error is not None:
+                raise error
         out: list[Message] = []
         for message_id in message_ids:
             row = self._rows.get((thread_id, message_id)) or self.loaded.copy(thread_id, message_id)
@@ -269,7 +279,7 @@ class PersistBuffer:
                 slot.result = last.get(slot.thread_id) or self.loaded.threads.get(slot.thread_id)
         self.state = BufferState.DONE
 
-    async def _save(self, turns: list[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+    async def _save(self, turns: list[SaveTurn]) -> list[Thread | InvalidInputError]:
         if not turns:
             return []
         reads = self.loaded.save_reads

@@ -44,6 +44,7 @@ from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response, keyed_by_thread, persisted_value
 from schemas.events import AgentResponse, Skipped, TurnMessage
 from schemas.messages import Message
+from storage import unreadable
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
 
@@ -127,6 +128,14 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         self._markers = markers
 
     async def _handle(
+        self, records: Sequence[Record], spans: tracing.BatchSpans
+    ) -> list[Ack | InvalidInputError]:
+        """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
+        whose own stored copy is one of them is refused (`PersistBuffer.copies`), naming the row."""
+        with unreadable.collecting(PATH):
+            return await self._handle_batch(records, spans)
+
+    async def _handle_batch(
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         started = time.perf_counter()

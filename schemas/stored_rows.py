@@ -1,4 +1,4 @@
-"""A stored `mastra_messages` row read as Mastra 1.71 reads it, or refused with why (docs/rules.md#r15).
+"""A stored `mastra_messages` row read as Mastra 1.71 reads it, or refused with why (rules.md#stored-rows).
 
 Mastra reads a row with `@mastra/mongodb`'s `parseRow` (1.19: `content` through `JSON.parse`, the raw string
 kept when that fails; `type` kept unless `'v2'`), then `new MessageList().add(rows, "memory")`
@@ -23,9 +23,12 @@ service cannot send on: `id` missing or not a string, `role` missing or unknown,
 number, a boolean, an object without `format: 2`, `parts` not a list or a part that is not valid, an array
 part that is null, `createdAt` missing, `null`, not a date (`"yesterday"`) or out of range, `type`
 not a string, strings with lone surrogates (`"\\ud800"`: no UTF-8 can carry them), nesting past the parsers'
-recursion limits, `_mh_extra` that is not a JSON object. Mastra itself turns some of these into an empty or
-a fresh message (`parts` not a list: no parts; a missing `createdAt`: now); the service skips them instead,
-and says so (`history.skipped`).
+recursion limits. Where Mastra 1.71 throws on such a row, it reads no row of the page; where it reads one
+anyway (a v2 row with an unknown or no `role`, `parts` not a list as no parts, a missing `id` as a fresh
+one, an unreadable `createdAt` as now or an invalid date), the service skips it instead, and says so
+(`history.skipped`): docs/rules.md#stored-rows lists them. Like Mastra, it keeps only the parts of a
+format-2 row that are objects, and ignores an `_mh_extra` (the service's own column) that is not a JSON
+object.
 
 Pure: a decoded document in, a `Message` out.
 """
@@ -58,7 +61,7 @@ MESSAGES: Final = "mastra_messages"
 EXTRA_FIELD: Final = "_mh_extra"
 
 REASONS: Final = frozenset(
-    {"bson", "id", "role", "content", "createdAt", "type", "text", "nesting", "extra", "schema"}
+    {"bson", "id", "role", "content", "createdAt", "type", "text", "nesting", "schema"}
 )
 """The reason classes of an unreadable row (the metric's `reason` label): a closed set."""
 
@@ -276,8 +279,12 @@ def _read(doc: Mapping[str, Any]) -> Message:
     if isinstance(content, Mapping) and content.get("format") == 2:
         if not isinstance(role, str) or role not in _ROLES:
             raise _refuse(doc, "role", f"role {role!r} is not one Mastra reads")
-        if not isinstance(content.get("parts"), list):
+        parts = content.get("parts")
+        if not isinstance(parts, list):
             raise _refuse(doc, "content", "content.parts is not a list")
+        if not all(isinstance(part, dict) for part in parts):
+            # `hydrateMastraDBMessageFields` keeps the parts that are objects
+            content = {**content, "parts": [part for part in parts if isinstance(part, dict)]}
     else:
         role, content = v1_message(role, content, doc)
         kind = None  # a v1 row's `type` is not carried over by the conversion
@@ -319,10 +326,10 @@ def _extras(doc: Mapping[str, Any]) -> dict[str, Any]:
         return {}
     try:
         kept = json.loads(extra)
-    except ValueError:
-        raise _refuse(doc, "extra", f"{EXTRA_FIELD} is not JSON") from None
+    except (ValueError, RecursionError):
+        kept = None
     if not isinstance(kept, dict):
-        raise _refuse(doc, "extra", f"{EXTRA_FIELD} is not a JSON object")
+        return {}  # Mastra never reads this column: a broken one is no reason to leave the row out
     return {key: value for key, value in kept.items() if key not in _MESSAGE_FIELDS}
 
 

@@ -6,8 +6,11 @@
   `NotPrimaryError`, `WaitQueueTimeoutError`), `ExecutionTimeout`, `WTimeoutError`, any error PyMongo flags as
   a timeout (client-side operation timeouts), any error carrying the `RetryableWriteError` label, and server
   errors whose code is one of the not-primary / shutdown / network / time-limit codes below.
-* Fatal (`FatalStorageError`): everything else PyMongo (or BSON) raises: authentication, bad configuration,
-  a document the server refuses, an unknown command. Retrying does not help.
+* One record's (`DocumentRefusedError`, a dead letter): a write the server refuses for the document alone
+  (`RECORD_CODES`: over 16 MiB after the update, a collection validator, a field of the stored row in the
+  way): the bulk's other documents are written, the record whose document it is becomes a dead letter.
+* Fatal (`FatalStorageError`): everything else PyMongo (or BSON) raises: authentication, authorization, bad
+  configuration, an unknown command. Retrying does not help, and it is no record's fault: the loop stops.
 
 The new error's message is short and names the operation, the driver's exception class and the server code;
 it never contains the URI or credentials (the driver's own message, which lists hosts, stays on `__cause__`).
@@ -32,8 +35,10 @@ from pymongo.errors import (
 from message_history.errors import FatalStorageError, MessageHistoryError, StorageUnavailableError
 
 __all__ = [
+    "RECORD_CODES",
     "RETRIABLE_CODES",
     "is_retriable",
+    "record_errors",
     "storage_errors",
     "to_storage_error",
 ]
@@ -47,6 +52,29 @@ __all__ = [
 RETRIABLE_CODES: frozenset[int] = frozenset(
     {6, 7, 89, 91, 189, 262, 9001, 10107, 11600, 11602, 13435, 13436, 50, 64, 133, 134, 10058}
 )
+
+
+# Write errors that are one document's, not the deployment's: BadValue, TypeMismatch, PathNotViable (a `$set`
+# of `metadata.x` into a row whose `metadata` is not an object), DocumentValidationFailure (a collection
+# validator), BSONObjectTooLarge, KeyTooLong, a document over 16 MiB after the update, an update path whose
+# parent is not a document. Another document of the same bulk is written; this one never will be.
+RECORD_CODES: frozenset[int] = frozenset({2, 14, 28, 121, 10334, 16837, 17280, 17419})
+
+
+def record_errors(exc: BaseException) -> dict[int, str] | None:
+    """The bulk's refused operations, by index, with why, when every write error of `exc` is one document's
+    (`RECORD_CODES`) and nothing else failed (no write concern error); else None."""
+    if not isinstance(exc, BulkWriteError):
+        return None
+    write, concern = _bulk_codes(exc.details)
+    if concern or not write or not all(code in RECORD_CODES for code in write):
+        return None
+    refused: dict[int, str] = {}
+    for error in exc.details.get("writeErrors", ()):
+        code = int(error.get("code", 0))
+        name = error.get("codeName") or ""
+        refused[int(error.get("index", -1))] = f"MongoDB refused the document: code {code} {name}".rstrip()
+    return refused
 
 
 def _bulk_codes(details: Mapping[str, Any]) -> tuple[list[int], list[int]]:

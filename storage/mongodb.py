@@ -53,9 +53,9 @@ from pymongo.results import BulkWriteResult
 
 from message_history.core.recall_plan import PlainRow
 from message_history.errors import (
+    DocumentRefusedError,
     FatalStorageError,
     InvalidInputError,
-    ThreadOwnershipError,
     UnreadableRowError,
 )
 from schemas.messages import Message, utc_now_ms
@@ -68,11 +68,12 @@ from storage.documents import (
     message_from_doc,
     thread_from_doc,
 )
-from storage.errors import storage_errors, to_storage_error
+from storage.errors import record_errors, storage_errors, to_storage_error
 from storage.protocol import BatchHistoryStorage, Page, PageQuery, RecallQuery, SaveTurn, Thread, save_one
+from storage.raw_rows import decode_row, lenient_row
 from storage.recalled_rows import MESSAGE_PROJECTION
 from storage.save_plan import SavePlan, SaveReads, _check_thread_id, _check_turns, plan_saves
-from storage.unreadable import decode_row, lenient_row, skip
+from storage.unreadable import skip
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -622,7 +623,14 @@ class MongoHistoryStorage(BatchHistoryStorage):
             _check_thread_id(thread_id)
             fields = {f"metadata.{key}": value for key, value in update.items()}
             ops.append(UpdateOne({"id": thread_id}, {"$set": fields, "$max": {"updatedAt": now}}))
-        await self._bulk_write(self.threads, ops, "update thread metadata", retry_race=False)
+        try:
+            await self._bulk_write(self.threads, ops, "update thread metadata", retry_race=False)
+        except _RefusedDocumentsError as exc:
+            # a thread row MongoDB will not take the boundary into (its `metadata` not an object, a
+            # validator): the boundary stays unwritten, as if read-only; the recall it came from stands
+            for index, why in exc.refused.items():
+                thread_id = updates[index][0] if 0 <= index < len(updates) else "?"
+                log.warning("token boundary not written: %s", why, extra={"thread_id": thread_id})
 
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         """Upsert `messages` by id and touch the thread (see `save_many`); raises `ThreadOwnershipError`."""
@@ -638,7 +646,7 @@ class MongoHistoryStorage(BatchHistoryStorage):
 
     async def save_many(
         self, turns: Sequence[SaveTurn], *, reads: SaveReads | None = None
-    ) -> list[Thread | ThreadOwnershipError]:
+    ) -> list[Thread | InvalidInputError]:
         """`save_messages` for each turn, in order: one read, then the batch's new threads, its messages and
         its existing threads, each with one unordered bulk write (no write when there is nothing to write).
 
@@ -656,6 +664,10 @@ class MongoHistoryStorage(BatchHistoryStorage):
         fields, the first save's `createdAt` (what two saves in a row give). A turn with no messages writes
         nothing and reports the thread; if the thread does not exist either, the batch is refused with
         `InvalidInputError` before anything is written.
+
+        A document MongoDB refuses for itself (`storage.errors.RECORD_CODES`: over 16 MiB after the update, a
+        validator) refuses the turns that write it (`DocumentRefusedError`, their dead letters); the rest of
+        the batch is written.
         """
         if not turns:
             return []
@@ -670,20 +682,56 @@ class MongoHistoryStorage(BatchHistoryStorage):
             keys.update(found_keys)
             state.update(created.ours)
             results, plan = plan_saves(turns, state, keys, homes=homes, check=False)
+        # message id or thread id -> why MongoDB refused its document; nothing is written into a thread
+        # whose creation was refused
+        refused: dict[str, str] = dict(created.refused)
+        if refused:
+            plan.messages = {
+                i: w for i, w in plan.messages.items() if w.fields["thread_id"] not in created.refused
+            }
         if plan.messages:
-            await self._keyed_bulk_write(
-                self.messages,
-                lambda by_id_field: [w.op(by_id_field=by_id_field) for w in plan.messages.values()],
-                "save messages",
+            ids = list(plan.messages)
+            refused.update(
+                (ids[i], why)
+                for i, why in (
+                    await self._record_bulk_write(
+                        self.messages,
+                        lambda by_id_field: [w.op(by_id_field=by_id_field) for w in plan.messages.values()],
+                        "save messages",
+                    )
+                ).items()
             )
-        touched = {t: w for t, w in plan.threads.items() if t not in created.ours}
+        touched = {
+            t: w for t, w in plan.threads.items() if t not in created.ours and t not in created.refused
+        }
         if touched:
-            await self._keyed_bulk_write(
-                self.threads,
-                lambda by_id_field: [w.op(t, by_id_field=by_id_field) for t, w in touched.items()],
-                "update threads",
+            threads = list(touched)
+            refused.update(
+                (threads[i], why)
+                for i, why in (
+                    await self._record_bulk_write(
+                        self.threads,
+                        lambda by_id_field: [w.op(t, by_id_field=by_id_field) for t, w in touched.items()],
+                        "update threads",
+                    )
+                ).items()
             )
-        return results
+        written: list[Thread | InvalidInputError] = list(results)
+        return _refused(turns, written, refused) if refused else written
+
+    async def _record_bulk_write(
+        self,
+        collection: AsyncCollection[dict[str, Any]],
+        ops: Callable[[bool], list[UpdateOne]],
+        operation: str,
+    ) -> dict[int, str]:
+        """`_keyed_bulk_write`; the operations MongoDB refused for their own document, by index (the others
+        are written: the bulk is unordered)."""
+        try:
+            await self._keyed_bulk_write(collection, ops, operation)
+        except _RefusedDocumentsError as exc:
+            return exc.refused
+        return {}
 
     async def _save_reads(
         self, turns: Sequence[SaveTurn], reads: SaveReads | None
@@ -711,15 +759,20 @@ class MongoHistoryStorage(BatchHistoryStorage):
     async def _create_threads(self, plan: SavePlan, thread_ids: Sequence[str]) -> _Created:
         """Upsert the plan's new threads (one unordered bulk): which this write inserted, which it found."""
         if not thread_ids:
-            return _Created({}, [])
-        result = await self._keyed_bulk_write(
-            self.threads,
-            lambda by_id_field: [plan.threads[t].op(t, by_id_field=by_id_field) for t in thread_ids],
-            "create threads",
-        )
-        inserted = set(result.upserted_ids or {}) if result is not None else set()
+            return _Created({}, [], {})
+        refused: dict[str, str] = {}
+        try:
+            result = await self._keyed_bulk_write(
+                self.threads,
+                lambda by_id_field: [plan.threads[t].op(t, by_id_field=by_id_field) for t in thread_ids],
+                "create threads",
+            )
+            inserted = set(result.upserted_ids or {}) if result is not None else set()
+        except _RefusedDocumentsError as exc:  # the others are created (an unordered bulk)
+            inserted = exc.upserted
+            refused = {thread_ids[i]: why for i, why in exc.refused.items() if 0 <= i < len(thread_ids)}
         ours = {t: plan.state[t] for i, t in enumerate(thread_ids) if i in inserted}
-        return _Created(ours, [t for t in thread_ids if t not in ours])
+        return _Created(ours, [t for t in thread_ids if t not in ours and t not in refused], refused)
 
     async def _keyed_bulk_write(
         self,
@@ -761,6 +814,10 @@ class MongoHistoryStorage(BatchHistoryStorage):
             try:
                 result = await collection.bulk_write(ops, ordered=False)
             except BulkWriteError as exc:
+                refused = record_errors(exc)
+                if refused is not None:
+                    upserted = {int(u.get("index", -1)) for u in exc.details.get("upserted", ())}
+                    raise _RefusedDocumentsError(refused, upserted) from exc
                 codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
                 if not (codes and codes <= _UPSERT_RACE_CODES):
                     raise to_storage_error(exc, operation) from exc
@@ -800,6 +857,37 @@ class _Created:
 
     ours: dict[str, Thread]
     lost: list[str]
+    refused: dict[str, str]  # thread id -> why MongoDB refused to create it
+
+
+def _refused(
+    turns: Sequence[SaveTurn], results: list[Thread | InvalidInputError], refused: Mapping[str, str]
+) -> list[Thread | InvalidInputError]:
+    """`results` with each turn that writes a refused document (a message of it, or its thread) refused."""
+    out = list(results)
+    for n, turn in enumerate(turns):
+        if not isinstance(out[n], Thread):
+            continue
+        for key in [turn.thread_id, *(m.id for m in turn.messages if m.id is not None)]:
+            why = refused.get(key)
+            if why is not None:
+                kind = "thread" if key == turn.thread_id else "message"
+                log.warning("%s refused by MongoDB: %s", kind, why, extra={"thread_id": turn.thread_id})
+                out[n] = DocumentRefusedError(
+                    f"{why}; writing {kind} {key!r} of thread {turn.thread_id!r} (the turn's other "
+                    "documents may be written: a redrive writes them again, unchanged)"
+                )
+                break
+    return out
+
+
+class _RefusedDocumentsError(Exception):
+    """A bulk write MongoDB refused some documents of, each for itself (internal signal: by op index)."""
+
+    def __init__(self, refused: dict[int, str], upserted: set[int]) -> None:
+        self.refused = refused
+        self.upserted = upserted  # the indices of the operations that inserted
+        super().__init__(f"{len(refused)} documents refused")
 
 
 class _UniqueIndexCollisionError(Exception):

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from message_history.core.budget import Boundary, TokenBudget
-from message_history.errors import ThreadOwnershipError
+from message_history.errors import InvalidInputError
 from schemas.messages import Message
 
 
@@ -180,8 +180,9 @@ class BatchHistoryStorage(HistoryStorage, Protocol):
         """Per query's thread id, what `list_messages` would return for it (newest first)."""
         ...
 
-    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
-        """`save_messages` for each turn, in order; a refused turn's entry is its `ThreadOwnershipError`."""
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | InvalidInputError]:
+        """`save_messages` for each turn, in order; a refused turn's entry is its error:
+        `ThreadOwnershipError`, or `DocumentRefusedError` (MongoDB refused a document of it for itself)."""
         ...
 
     async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:
@@ -196,8 +197,8 @@ class BatchHistoryStorage(HistoryStorage, Protocol):
 async def save_one(
     storage: BatchHistoryStorage, *, thread_id: str, resource_id: str, messages: Sequence[Message]
 ) -> Thread:
-    """`save_messages` as a batch of one `save_many`; a refused turn raises its `ThreadOwnershipError`."""
+    """`save_messages` as a batch of one `save_many`; a refused turn raises its error."""
     [result] = await storage.save_many([SaveTurn(thread_id, resource_id, messages)])
-    if isinstance(result, ThreadOwnershipError):
+    if isinstance(result, InvalidInputError):
         raise result
     return result

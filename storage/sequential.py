@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from message_history.errors import ThreadOwnershipError
+from message_history.errors import DocumentRefusedError, InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message
 from storage.protocol import (
     BatchHistoryStorage,
@@ -60,8 +60,8 @@ class SequentialBatches(BatchHistoryStorage):
             for q in queries
         }
 
-    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
-        out: list[Thread | ThreadOwnershipError] = []
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | InvalidInputError]:
+        out: list[Thread | InvalidInputError] = []
         for turn in turns:
             try:
                 out.append(
@@ -69,7 +69,7 @@ class SequentialBatches(BatchHistoryStorage):
                         thread_id=turn.thread_id, resource_id=turn.resource_id, messages=turn.messages
                     )
                 )
-            except ThreadOwnershipError as exc:
+            except (ThreadOwnershipError, DocumentRefusedError) as exc:
                 out.append(exc)
         return out
 

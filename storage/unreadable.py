@@ -1,12 +1,11 @@
-"""Stored rows no Mastra would read: decoded row by row, skipped, counted, logged once (docs/rules.md#r15).
+"""Stored rows no Mastra would read: skipped, counted, logged once, noted per batch (rules.md#stored-rows).
 
 The database is an input: a row the service did not write (a Mastra app, an operator, a bug elsewhere) must
 neither stop the loop nor fail every request of its batch. So:
 
 * replies are read as raw BSON (`RawBSONDocument`: nothing decoded by the driver) and each document is
-  decoded here, alone (`decode_row`): a document the codec refuses (invalid UTF-8, a date out of range,
-  nesting past the decoder's depth) is that row's fault, attributed to its thread and id as far as a lenient
-  decoding (invalid UTF-8 replaced, dates clamped) can read them, never the batch's;
+  decoded alone (`storage.raw_rows.decode_row`): a document the codec refuses (invalid UTF-8, a date out of
+  range, nesting past the decoder's depth) is that row's fault, never the batch's;
 * a row `schemas.stored_rows` refuses raises `UnreadableRowError`; the readers (`storage.mongodb`) call
   `skip` and go on without it;
 * `skip` counts it (`message_history_unreadable_rows_total{path, collection, reason}`), logs it at WARNING
@@ -23,34 +22,17 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Collection, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
-from datetime import UTC
-from typing import Any, Final, cast
-
-import bson
-from bson.codec_options import CodecOptions, DatetimeConversion
+from typing import Final
 
 from message_history import metrics
 from message_history.errors import UnreadableRowError
-from schemas.stored_rows import THREADS
 
-__all__ = ["SkipLedger", "collecting", "decode_row", "skip"]
+__all__ = ["SkipLedger", "collecting", "current", "skip"]
 
 log = logging.getLogger(__name__)
-
-_STRICT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
-"""As storage/client.py's CODEC: how every collection of ours reads."""
-
-_LENIENT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(
-    document_class=dict,
-    tz_aware=True,
-    tzinfo=UTC,
-    unicode_decode_error_handler="replace",
-    datetime_conversion=DatetimeConversion.DATETIME_CLAMP,
-)
-"""Only to say which row a refused document is (its id and thread): never to read one."""
 
 _LOGGED_MAX: Final = 10_000
 _logged: OrderedDict[tuple[str, str, str], None] = OrderedDict()
@@ -152,37 +134,3 @@ def skip(error: UnreadableRowError, rank: int | None = None) -> None:
 def _shown(value: object) -> str:
     """An id as logged: a string as it is, anything else as its repr (bounded either way)."""
     return (value if isinstance(value, str) else repr(value))[:300]
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).lower()
-    if "recursion" in text:
-        return "nesting"
-    if "utf" in text or "surrogate" in text:
-        return "text"
-    if "year" in text or "date" in text or "range" in text:
-        return "createdAt"
-    return "bson"
-
-
-def decode_row(raw: bytes | memoryview, collection: str) -> dict[str, Any]:
-    """One raw document decoded as our collections read, or the `UnreadableRowError` naming it."""
-    try:
-        return cast("dict[str, Any]", bson.decode(raw, codec_options=_STRICT))
-    except Exception as exc:  # noqa: BLE001 -- whatever the codec refuses is this row's fault
-        found: Mapping[str, Any] = {}
-        with suppress(Exception):  # not even that: a row without a name
-            found = bson.decode(raw, codec_options=_LENIENT)
-        ident = found.get("id")
-        thread = found.get("id") if collection == THREADS else found.get("thread_id")
-        detail = f"the stored document cannot be decoded ({type(exc).__name__}: {str(exc)[:160]})"
-        raise UnreadableRowError(collection, ident, thread, _reason(exc), detail) from None
-
-
-def lenient_row(raw: bytes | memoryview) -> dict[str, Any] | None:
-    """A document the strict codec refused, read with invalid UTF-8 replaced and dates clamped; None when not
-    even that reads it. For a row whose fields must be looked at (a thread's owner), never for content."""
-    try:
-        return cast("dict[str, Any]", bson.decode(raw, codec_options=_LENIENT))
-    except Exception:  # noqa: BLE001 -- the same codec errors, the other options
-        return None

@@ -63,6 +63,7 @@ from message_history.core.rules import (
 from message_history.core.tokens import CountCache
 from message_history.errors import AbortError, ThreadOwnershipError
 from schemas.messages import Message
+from storage import unreadable
 from storage.protocol import (
     HistoryLoad,
     HistoryStorage,
@@ -379,7 +380,11 @@ class MessageHistory:
         another's message (Mastra's processors would).
         """
         ids = [m.id for m in write.messages if m.id is not None]
-        rows = await self.storage.get_messages(ids, thread_ids=(thread_id,))
+        with unreadable.collecting("other") as ledger:
+            rows = await self.storage.get_messages(ids, thread_ids=(thread_id,))
+        error = ledger.unreadable(thread_id, ids)
+        if error is not None:  # its own stored copy is a row no Mastra would read: never written over
+            raise error
         stored = stored_copies(write, rows, thread_id)
         latest: list[Message] = []
         if needs_latest(write, stored):

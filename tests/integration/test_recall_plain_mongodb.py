@@ -6,7 +6,8 @@ and broken rows), plus duplicated ids and equal `createdAt`s, are recalled by `R
 every request through the library's decision `recall_from`) and the default (pages read as BSON bytes,
 plain requests decided by `plain_page`).
 The published events must be byte-identical; a row no Mastra would read is skipped by both routes alike
-(it used to fail them with `FatalStorageError`: issue 31), and counted in `history.skipped`. The property form over the in-memory storage:
+(it used to fail them with `FatalStorageError`: issue 31), and counted in `history.skipped`. The property
+form over the in-memory storage:
 tests/unit/test_recall_plain_equivalence.py.
 """
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from message_history.errors import ThreadOwnershipError
+from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
@@ -52,7 +52,7 @@ class _Counting(SequentialBatches):
         self.recalled.update(q.thread_id for q in queries)
         return await self._batches.list_messages_many(queries)
 
-    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | InvalidInputError]:
         results = await self._batches.save_many(turns)
         self.saved.update(t.thread_id for t in turns)
         return results

@@ -14,7 +14,7 @@ from message_history.core.budget import BOUNDARY_KEY, TokenBudget, resolve_budge
 from message_history.core.memory_options import TurnMemory
 from message_history.core.recall_plan import plan_recall
 from message_history.core.rules import LastMessages
-from message_history.errors import ThreadOwnershipError
+from message_history.errors import InvalidInputError, ThreadOwnershipError
 from message_history.processor import MessageHistory, RecallOutcome
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
@@ -63,7 +63,7 @@ class _Counting(SequentialBatches):
         self._count("list_messages_many")
         return await super().list_messages_many(queries)
 
-    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | InvalidInputError]:
         self._count("save_many")
         return await super().save_many(turns)
 

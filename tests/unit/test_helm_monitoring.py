@@ -36,6 +36,7 @@ ALERTS = {
     "MessageHistoryConsumerLagGrowing",
     "MessageHistoryDeadLetters",
     "MessageHistoryUnexpectedErrors",
+    "MessageHistoryUnreadableRows",
     "MessageHistoryNotReady",
     "MessageHistoryOutageRetries",
 }

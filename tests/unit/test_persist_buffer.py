@@ -16,7 +16,7 @@ from consumers.lanes import Failed
 from consumers.persist import _decide, _Done, _keep_legacy_ids, _outcome, turn_input
 from message_history import metrics
 from message_history.core.persist_plan import PersistNeeds, batch_needs, plan_persist
-from message_history.errors import ThreadOwnershipError
+from message_history.errors import InvalidInputError, ThreadOwnershipError
 from message_history.processor import MessageHistory
 from schemas.events import AgentResponse, TurnMessage
 from schemas.ids import derived_message_id, legacy_message_id
@@ -234,7 +234,7 @@ class _Counting(SequentialBatches):
         self.calls.append("list_messages")
         return await super().list_messages(thread_id, resource_id=resource_id, limit=limit)
 
-    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | InvalidInputError]:
         self.calls.append("save_many")
         return await super().save_many(turns)
 
@@ -315,7 +315,7 @@ async def test_the_buffer_takes_no_write_once_flushed_and_fails_with_its_write()
         buffer.skip(0, THREAD)
 
     class _Down(SequentialBatches):
-        async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+        async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | InvalidInputError]:
             raise ConnectionError("down")
 
     down = _Down(InMemoryHistoryStorage())

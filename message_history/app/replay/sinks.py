@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaProducer
 
 from message_history.app.replay.options import CLIENT_ID
 from message_history.app.replay.plan import Counts, distinct
-from message_history.errors import ThreadOwnershipError, error_type
+from message_history.errors import InvalidInputError, error_type
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, OutputProducer, TopicPublisher
@@ -216,7 +216,7 @@ class ReplayStorage:
     async def save_messages(self, *, thread_id: str, resource_id: str, messages: Sequence[Message]) -> Thread:
         return await save_one(self, thread_id=thread_id, resource_id=resource_id, messages=messages)
 
-    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | ThreadOwnershipError]:
+    async def save_many(self, turns: Sequence[SaveTurn]) -> list[Thread | InvalidInputError]:
         ids = distinct(m.id for turn in turns for m in turn.messages if m.id)
         present = await self.existing_ids(ids)
         stored: dict[str, Thread] = {}
@@ -229,7 +229,7 @@ class ReplayStorage:
             results = await self._mongo.save_many(turns)
         accepted: set[str] = set()
         for turn, result in zip(turns, results, strict=True):
-            if isinstance(result, ThreadOwnershipError):
+            if isinstance(result, InvalidInputError):
                 continue
             accepted.update(m.id for m in turn.messages if m.id)
             if turn.messages and turn.thread_id not in self._threads_seen:
@@ -257,14 +257,14 @@ class ReplayStorage:
 
     def _plan(
         self, turns: Sequence[SaveTurn], stored: dict[str, Thread], homes: dict[str, str | None]
-    ) -> list[Thread | ThreadOwnershipError]:
+    ) -> list[Thread | InvalidInputError]:
         """What `save_many` would return, without writing: the storage's own planner, against the stored
         threads and message homes and those this dry run would have created."""
         known = {**{k: v for k, v in self._virtual.items() if k not in stored}, **stored}
         results, plan = plan_saves(turns, known, homes=homes)
         self._virtual.update({k: v for k, v in plan.state.items() if k not in stored})
         self._planned_homes.update({i: w.fields["thread_id"] for i, w in plan.messages.items()})
-        return results
+        return list(results)
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,69 @@
+"""Raw reply documents decoded one by one (docs/rules.md#stored-rows): a refusal is its row's, alone.
+
+The driver decodes a reply whole, so one document it cannot decode (invalid UTF-8, a date out of
+`datetime`'s range, nesting past the decoder's depth) fails every row of the reply, every thread of a
+batch's `$in` read. The storage reads replies as `RawBSONDocument`s and decodes each here: a refusal is an
+`UnreadableRowError` naming the row, its id and thread read as far as a lenient decoding (invalid UTF-8
+replaced, dates clamped) can read them, so the reader skips that row and goes on (`storage.unreadable`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import suppress
+from datetime import UTC
+from typing import Any, Final, cast
+
+import bson
+from bson.codec_options import CodecOptions, DatetimeConversion
+
+from message_history.errors import UnreadableRowError
+from schemas.stored_rows import THREADS
+
+__all__ = ["decode_row", "lenient_row"]
+
+_STRICT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+"""As storage/client.py's CODEC: how every collection of ours reads."""
+
+_LENIENT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(
+    document_class=dict,
+    tz_aware=True,
+    tzinfo=UTC,
+    unicode_decode_error_handler="replace",
+    datetime_conversion=DatetimeConversion.DATETIME_CLAMP,
+)
+"""Only to say which row a refused document is, or to read a thread's owner: never a message's content."""
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).lower()
+    if "recursion" in text:
+        return "nesting"
+    if "utf" in text or "surrogate" in text:
+        return "text"
+    if "year" in text or "date" in text or "range" in text:
+        return "createdAt"
+    return "bson"
+
+
+def decode_row(raw: bytes | memoryview, collection: str) -> dict[str, Any]:
+    """One raw document decoded as our collections read, or the `UnreadableRowError` naming it."""
+    try:
+        return cast("dict[str, Any]", bson.decode(raw, codec_options=_STRICT))
+    except Exception as exc:  # noqa: BLE001 -- whatever the codec refuses is this row's fault
+        found: Mapping[str, Any] = {}
+        with suppress(Exception):  # not even that: a row without a name
+            found = bson.decode(raw, codec_options=_LENIENT)
+        ident = found.get("id")
+        thread = found.get("id") if collection == THREADS else found.get("thread_id")
+        detail = f"the stored document cannot be decoded ({type(exc).__name__}: {str(exc)[:160]})"
+        raise UnreadableRowError(collection, ident, thread, _reason(exc), detail) from None
+
+
+def lenient_row(raw: bytes | memoryview) -> dict[str, Any] | None:
+    """A document the strict codec refused, read with invalid UTF-8 replaced and dates clamped; None when not
+    even that reads it. For a row whose fields must be looked at (a thread's owner), never for content."""
+    try:
+        return cast("dict[str, Any]", bson.decode(raw, codec_options=_LENIENT))
+    except Exception:  # noqa: BLE001 -- the same codec errors, the other options
+        return None
