@@ -95,18 +95,7 @@ async def test_the_service_recalls_what_mastra_1_71_recalls(label: str, mongo_ur
         assert event["history"]["recalled"] == len(expected)
 
 
-STRING_METADATA_GAP = pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known gap, reported: @mastra/mongodb 0.10 stores thread metadata as a JSON string; the boundary "
-        "write ($set metadata.memoryTokenLimiter) fails with code 28 and stops the path (FatalStorageError)"
-    ),
-)
-
-
-@pytest.mark.parametrize(
-    "label", [pytest.param(v, marks=STRING_METADATA_GAP) if v == "0.10" else v for v in labels()]
-)
+@pytest.mark.parametrize("label", labels())
 async def test_with_a_token_budget_the_service_recalls_what_mastra_1_71_recalls(
     label: str, mongo_uri: str, mongo_db: Db, mongo_client: AsyncMongoClient[dict[str, Any]]
 ) -> None:
