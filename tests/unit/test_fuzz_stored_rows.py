@@ -65,6 +65,7 @@ class Figures:
     thread_docs: int = 0
     skipped: int = 0
     dead_letters: int = 0
+    dead_letter_types: dict[str, int] = field(default_factory=dict)
     stopped: int = 0
     started: float = field(default_factory=time.monotonic)
 
@@ -163,6 +164,8 @@ async def _run(storage: RawRowStorage, case: Case) -> tuple[Batch, Batch]:
 def _check_odd(outcome: dict[str, Any] | InvalidInputError, case: Case) -> None:
     if isinstance(outcome, InvalidInputError):
         FIGURES.dead_letters += 1
+        kind = type(outcome).__name__
+        FIGURES.dead_letter_types[kind] = FIGURES.dead_letter_types.get(kind, 0) + 1
         assert isinstance(outcome, UnreadableRowError | ThreadOwnershipError), (
             f"dead letter of an odd thread must name the row (or be an ownership refusal): {outcome!r}"
         )
@@ -275,6 +278,7 @@ def test_report_the_figures() -> None:
         "thread_docs_generated": FIGURES.thread_docs,
         "rows_skipped": FIGURES.skipped,
         "dead_letters": FIGURES.dead_letters,
+        "dead_letter_types": FIGURES.dead_letter_types,
         "stopped": FIGURES.stopped,
         "seconds": round(time.monotonic() - FIGURES.started, 1),
     }
