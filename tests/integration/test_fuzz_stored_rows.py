@@ -207,9 +207,13 @@ def _check(run: Run, outputs: Outputs, enriched: str, persisted: str, dlqs: list
             foreign = [m["id"] for m in event["messages"] if m["threadId"] != odd.thread]
             if foreign:
                 run.violations.append(f"{odd.thread}: messages of another thread {foreign}")
+    FIGURES["enriched"] = FIGURES.get("enriched", 0) + len(events)
+    FIGURES["persisted"] = FIGURES.get("persisted", 0) + len(saved)
     for topic in dlqs:
         for rec in outputs.of(topic):
             info = parse_dead_letter_headers(rec.headers)
+            kinds = FIGURES.setdefault("dead_letters", {})
+            kinds[info.error_type] = kinds.get(info.error_type, 0) + 1
             value = json.loads(rec.value)
             thread = value.get("threadId", "")
             if thread.startswith("t-calm-"):
@@ -261,8 +265,10 @@ def test_stored_rows_never_stop_the_service(
     FIGURES["rows_generated"] += sum(len(o.rows) + 1 for o in run.odd)
     FIGURES["rows_inserted"] += run.inserted
     FIGURES["refused_by_server"] += run.refused_by_server
+    FIGURES["not_ready_samples"] = FIGURES.get("not_ready_samples", 0) + len(run.not_ready)
     FIGURES["seconds"] = FIGURES.get("seconds", 0) + round(time.monotonic() - started, 1)
     print(f"store fuzz figures: {FIGURES}")
-    print("refused by the server:\n" + "\n".join(run.refusals))
+    if os.environ.get("STORE_FUZZ_VERBOSE"):
+        print("refused by the server:\n" + "\n".join(run.refusals))
     problems = run.violations + run.not_ready[:5]
     assert not problems, "\n".join(problems) + "\n" + "\n".join(repr(o) for o in run.odd)
