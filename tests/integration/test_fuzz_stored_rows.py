@@ -40,7 +40,7 @@ from schemas.codec import decode_enriched
 from schemas.dead_letters import parse_dead_letter_headers
 from storage.documents import MESSAGES, THREADS
 from tests.integration.service_harness import fresh_settings, running_service
-from tests.integration.test_fuzz_stream import Outputs, _create_topics, _reading
+from tests.integration.test_fuzz_stream import Outputs, _create_topics, _delete_topics, _reading
 from tests.paths import assistant, request, response, user
 from tests.store_fuzzing import RAW_ODD, StoredRow, message_rows, raw_message, thread_rows
 from tests.unit.test_fuzz_stored_rows import _without_known_gaps, good_rows
@@ -150,6 +150,8 @@ async def _one_run(kafka_bootstrap: str, mongo_uri: str, run: Run) -> None:
         await producer.stop()
         await client.drop_database(s.mongodb_database)
         await client.close()
+        extra = [s.commands_dlq, s.forgotten_topic]  # the service may have created them
+        await _delete_topics(kafka_bootstrap, [*inputs, *outs, *extra])
 
 
 def _done(outputs: Outputs, topic: str, dlq: str) -> set[str]:
