@@ -13,7 +13,7 @@ records are enriched / persisted (odd rows skipped and counted in `history.skipp
 a reason naming the row (or an ownership refusal a generated thread document decides); nothing stalls
 (every record has its outcome within the timeout).
 
-`STORE_FUZZ_THREADS` (default 8) odd threads per run and `STORE_FUZZ_RUNS` (default 1) runs size it; the
+`STORE_FUZZ_THREADS` (default 8) odd threads per run and `STORE_FUZZ_RUNS` (default 2) runs size it; the
 long run is documented in docs/fuzzing.md#stored-rows-the-store-side-fuzzer.
 """
 
@@ -48,7 +48,7 @@ from tests.unit.test_fuzz_stored_rows import _without_known_gaps, good_rows
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
 THREADS_PER_RUN: Final = int(os.environ.get("STORE_FUZZ_THREADS", "8"))
-RUNS: Final = int(os.environ.get("STORE_FUZZ_RUNS", "1"))
+RUNS: Final = int(os.environ.get("STORE_FUZZ_RUNS", "2"))
 CALM_THREADS: Final = 3
 OUTCOME_TIMEOUT_S: Final = 120.0
 
@@ -74,19 +74,21 @@ class Run:
     violations: list[str] = field(default_factory=list)
 
 
-def odd_threads(run: int) -> st.SearchStrategy[list[OddThread]]:
-    def one(i: int) -> st.SearchStrategy[OddThread]:
-        thread, owner = f"t-odd-{run}-{i}", f"u-odd-{run}-{i}"
-        return st.builds(
-            OddThread,
-            st.just(thread),
-            st.just(owner),
-            st.lists(message_rows(thread, owner), min_size=1, max_size=4).map(_without_known_gaps),
-            st.one_of(st.none(), st.none(), thread_rows(thread, owner)),
-            st.sampled_from([{}, {"lastMessages": 2}, {"maxTokens": 20, "atMaxRemoveTokens": 5}]),
-        )
+def _odd_thread(i: int) -> st.SearchStrategy[OddThread]:
+    thread, owner = f"t-odd-{i}", f"u-odd-{i}"  # each run has its own database and topics
+    return st.builds(
+        OddThread,
+        st.just(thread),
+        st.just(owner),
+        st.lists(message_rows(thread, owner), min_size=1, max_size=4).map(_without_known_gaps),
+        st.one_of(st.none(), st.none(), thread_rows(thread, owner)),
+        st.sampled_from([{}, {"lastMessages": 2}, {"maxTokens": 20, "atMaxRemoveTokens": 5}]),
+    )
 
-    return st.tuples(*(one(i) for i in range(THREADS_PER_RUN))).map(list)
+
+# one strategy object for every run, so that Hypothesis explores across runs (its first example is the
+# simplest one: the CI variant runs two)
+ODD_THREADS: Final = st.tuples(*(_odd_thread(i) for i in range(THREADS_PER_RUN))).map(list)
 
 
 async def _store(db: Any, run: Run) -> None:
@@ -260,7 +262,7 @@ def test_stored_rows_never_stop_the_service(
 ) -> None:
     """Generated and raw stored rows on odd threads: the service stays ready, calm threads are unaffected,
     each odd thread's records are enriched / persisted or dead-lettered naming the row."""
-    run = Run(data.draw(odd_threads(FIGURES["runs"]), label="odd threads"))
+    run = Run(data.draw(ODD_THREADS, label="odd threads"))
     started = time.monotonic()
     asyncio.run(_one_run(kafka_bootstrap, mongo_uri, run))
     FIGURES["runs"] += 1
