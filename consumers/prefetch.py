@@ -29,6 +29,7 @@ from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundar
 from message_history.core.tokens import CountCache
 from message_history.processor.history import RecallOutcome, recall_from
 from schemas.messages import Message
+from storage import unreadable
 from storage.protocol import (
     BatchHistoryStorage,
     HistoryLoad,
@@ -56,14 +57,18 @@ class RawRecallStorage(Protocol):
     def recalled_from_raw(self, docs: Sequence[bytes]) -> list[Message]: ...
 
 
-def _first_page(newest: list[Message], start: datetime | None) -> Page:
-    """Page 0 from `start` on, cut from a thread's newest PAGE_SIZE + 1 rows (newest first).
+def _first_page(newest: list[Message], start: datetime | None, skipped: int = 0) -> Page:
+    """Page 0 from `start` on, cut from a thread's newest PAGE_SIZE + 1 rows (newest first), of which
+    `skipped` were rows no Mastra would read (left out of `newest`).
 
     Rows at or after `start` are a prefix of the newest-first order, so the cut is exact; more follow when
-    all PAGE_SIZE + 1 rows are in it.
+    all PAGE_SIZE + 1 rows are in it. With skipped rows (whose times are unknown) more may follow as soon as
+    the read was full: the loader then asks for the next page (read from the storage: a plan miss).
     """
     rows = [m for m in newest if start is None or (m.createdAt is not None and m.createdAt >= start)]
-    return Page(rows[:PAGE_SIZE], len(rows) > PAGE_SIZE)
+    return Page(
+        rows[:PAGE_SIZE], len(rows) > PAGE_SIZE or (skipped > 0 and len(newest) + skipped > PAGE_SIZE)
+    )
 
 
 def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
@@ -254,7 +259,11 @@ class PrefetchedHistory:
             loads.append(load)
             page_query = _page_query(query, loader)
             if page_query.page == 0 and page_query.end is None and page_query.per_page == PAGE_SIZE:
-                self.budget_pages[page_query] = _first_page(newest.get(query.thread_id, []), page_query.start)
+                ledger = unreadable.current()
+                skipped = ledger.skipped(query.thread_id, PAGE_SIZE + 1) if ledger is not None else 0
+                self.budget_pages[page_query] = _first_page(
+                    newest.get(query.thread_id, []), page_query.start, skipped
+                )
         while active := [(q, loader) for q, loader in loaders if loader.next_page is not None]:
             asked = [_page_query(q, loader) for q, loader in active]
             missing = [p for p in dict.fromkeys(asked) if p not in self.budget_pages]

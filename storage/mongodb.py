@@ -30,6 +30,12 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
 The documents' mapping is `storage.documents`, the save planner `storage.save_plan`; this module is the one
 storage class and its round trips (one job, hence its length).
 
+Every read takes its reply as raw documents and decodes them one by one (`storage.raw_rows`): a row the
+codec or `schemas.stored_rows` refuses is skipped and counted (`storage.unreadable.skip`), never the reply's
+failure, so one row no Mastra would read neither fails its batch's other threads nor stops the service
+(docs/rules.md#stored-rows). A write MongoDB refuses for one document refuses the turns writing it
+(`DocumentRefusedError`); the rest of the unordered bulk is written.
+
 A save uses no transaction (it must work on a standalone server, which has none), so it is not atomic across
 the two collections: a new thread is created (owner and all) first, then the messages are written, then the
 existing threads touched; every write is an idempotent upsert, so a retried save converges.

@@ -351,3 +351,20 @@ async def test_the_service_stays_up_and_ready_on_unreadable_rows(
     assert headers.error_type == "UnreadableRowError"
     assert "'own-x'" in headers.error_message
     assert "createdAt" in headers.error_message
+
+
+async def test_a_budgeted_recall_pages_past_a_skipped_row(storage: MongoHistoryStorage, mongo_db: Db) -> None:
+    """Under a token budget, a thread whose newest page holds a skipped row is paged on: its first page came
+    back a row short, which must not read as the end of the history (it did: 40 of 60 rows recalled)."""
+    rows = [
+        odd("long", id=f"long-{n:02d}", createdAt=T0 + timedelta(seconds=n), content=TEXT) for n in range(60)
+    ]
+    newest = odd("long", id="long-odd", content="5", createdAt=T0 + timedelta(seconds=70))
+    await mongo_db[MESSAGES].insert_many([*rows, newest])
+    paths = Paths(storage=storage)
+    batch = await paths.recall(
+        request("long", [user("long-q", "?", 100)], memory={"maxTokens": 1_000_000, "lastMessages": 100})
+    )
+    history = batch.event(0)["history"]
+    assert history["recalled"] == 60
+    assert history["skipped"] == 1

@@ -19,7 +19,14 @@ from pymongo.errors import (
 )
 
 from message_history.errors import FatalStorageError, StorageUnavailableError
-from storage.errors import is_retriable, storage_errors, to_storage_error
+from storage.errors import (
+    RECORD_CODES,
+    RETRIABLE_CODES,
+    is_retriable,
+    record_errors,
+    storage_errors,
+    to_storage_error,
+)
 
 
 def _labelled(label: str) -> PyMongoError:
@@ -84,3 +91,44 @@ def test_context_manager_chains_the_driver_error() -> None:
     assert isinstance(caught.value.__cause__, AutoReconnect)
     with pytest.raises(KeyError), storage_errors("ping"):
         raise KeyError("not a driver error")
+
+
+def _bulk(*codes: int, concern: int | None = None, upserted: int | None = None) -> BulkWriteError:
+    details: dict[str, object] = {
+        "writeErrors": [{"index": n, "code": code, "codeName": f"C{code}"} for n, code in enumerate(codes)],
+        "writeConcernErrors": [] if concern is None else [{"code": concern}],
+    }
+    if upserted is not None:
+        details["upserted"] = [{"index": upserted, "_id": "x"}]
+    return BulkWriteError(details)
+
+
+RECORD_CASES: list[tuple[str, BaseException, dict[int, str] | None]] = [
+    ("over 16 MiB after the update", _bulk(17419), {0: "MongoDB refused the document: code 17419 C17419"}),
+    ("a collection validator", _bulk(121), {0: "MongoDB refused the document: code 121 C121"}),
+    ("BSONObjectTooLarge", _bulk(10334), {0: "MongoDB refused the document: code 10334 C10334"}),
+    ("metadata not an object", _bulk(28), {0: "MongoDB refused the document: code 28 C28"}),
+    ("two documents, each its own", _bulk(121, 17419),
+     {0: "MongoDB refused the document: code 121 C121",
+      1: "MongoDB refused the document: code 17419 C17419"}),
+    ("one document's and a duplicate key: not all the record's", _bulk(121, 11000), None),
+    ("one document's and a write concern error", _bulk(121, concern=64), None),
+    ("unauthorized", _bulk(13), None),
+    ("not a bulk error", OperationFailure("refused", code=121), None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("exc", "refused"), [(e, r) for _, e, r in RECORD_CASES], ids=[i for i, _, _ in RECORD_CASES]
+)
+def test_a_documents_own_refusal_is_the_records(exc: BaseException, refused: dict[int, str] | None) -> None:
+    """Write errors of one document each (17419, 121, 10334, ...) are the records' (their dead letters); the
+    old classification alone made every one of them FatalStorageError, which stops the loop (issue 31)."""
+    assert record_errors(exc) == refused
+    if refused is not None:
+        assert isinstance(to_storage_error(exc, "save messages"), FatalStorageError)  # the path not taken now
+
+
+def test_record_codes_are_no_outage_nor_authorization() -> None:
+    assert not RECORD_CODES & RETRIABLE_CODES
+    assert not RECORD_CODES & {13, 18, 8000, 11000}

@@ -16,12 +16,13 @@ import bson
 import pytest
 from bson.datetime_ms import DatetimeMS
 from bson.errors import InvalidBSON
+from bson.raw_bson import RawBSONDocument
 
 from message_history import metrics
 from message_history.errors import FatalStorageError, UnreadableRowError
 from storage import unreadable
 from storage.errors import to_storage_error
-from storage.mongodb import MongoHistoryStorage
+from storage.mongodb import MongoHistoryStorage, _thread_doc
 from storage.raw_rows import decode_row
 from storage.unreadable import SkipLedger, collecting, skip
 
@@ -161,3 +162,19 @@ def test_a_row_is_logged_once_and_the_memory_is_bounded(
     assert getattr(lines[0], "thread_id", None) == "t1"
     assert len(unreadable._logged) == 3  # bounded
     assert counter._value.get() == before + 15  # every skip counted
+
+
+def test_a_thread_row_the_codec_refuses_is_read_leniently_for_its_owner() -> None:
+    """Invalid UTF-8 in a thread's title: counted as unreadable, read with it replaced, the owner kept (the
+    owner check needs the row; a `resourceId` so read is no one's, so it refuses rather than admits)."""
+    raw = bson.encode(
+        {"id": "th", "resourceId": "r1", "title": "PLACEHOLDER", "metadata": {}, "createdAt": T}
+    )
+    bad = RawBSONDocument(invalid_utf8(raw))
+    counter = metrics.UNREADABLE_ROWS.labels(path="other", collection="mastra_threads", reason="text")
+    before = counter._value.get()
+    doc = _thread_doc(bad)
+    assert doc is not None
+    assert (doc["id"], doc["resourceId"], doc["title"]) == ("th", "r1", "\ufffd" * 11)
+    assert counter._value.get() == before + 1
+    assert _thread_doc(RawBSONDocument(deep_row(2000))) is None  # not even leniently: not found
