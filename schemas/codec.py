@@ -37,7 +37,7 @@ from schemas.events import (
     Skipped,
 )
 from schemas.ids import Kind, derived_message_id
-from schemas.limits import Limits
+from schemas.limits import Limits, id_problem
 from schemas.messages import LATEST, PART_TAGS, TIMESTAMP_RANGE_ERROR, Message, format_timestamp
 
 E = TypeVar("E", bound=EventBase)
@@ -379,10 +379,9 @@ def _check_memory(memory: MemoryOptions | None) -> None:
 
 
 def check_id(value: str, path: str, limits: Limits) -> None:
-    if not value.strip():
-        raise EventValidationError("must not be empty or blank", path)
-    if len(value) > limits.max_id_length:
-        raise EventValidationError(f"is {len(value)} characters; the limit is {limits.max_id_length}", path)
+    problem = id_problem(value, limits.max_id_length)
+    if problem is not None:
+        raise EventValidationError(problem, path)
 
 
 def _check_messages(event: EventBase, messages: Sequence[Message], path: str, limits: Limits) -> None:

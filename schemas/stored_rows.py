@@ -44,6 +44,7 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 
 from message_history.errors import UnreadableRowError
+from schemas.limits import id_problem
 from schemas.messages import Message, Role
 
 __all__ = [
@@ -308,6 +309,9 @@ def _header(doc: Mapping[str, Any]) -> tuple[str, str | None, datetime]:
     if not isinstance(ident, str):
         shown = "no id" if ident is None else f"id is a {type(ident).__name__}, not a string"
         raise _refuse(doc, "id", shown)
+    problem = id_problem(ident)  # recalled, it goes into an event a worker decodes with the default limits
+    if problem is not None:
+        raise _refuse(doc, "id", f"id {problem}")
     kind = doc.get("type")
     if kind is not None and not isinstance(kind, str):
         raise _refuse(doc, "type", f"type is a {type(kind).__name__}, not a string")

@@ -43,7 +43,7 @@ from tests.integration.service_harness import fresh_settings, running_service
 from tests.integration.test_fuzz_stream import Outputs, _create_topics, _delete_topics, _reading
 from tests.paths import assistant, request, response, user
 from tests.store_fuzzing import RAW_ODD, StoredRow, message_rows, raw_message, thread_rows
-from tests.unit.test_fuzz_stored_rows import _without_known_gaps, good_rows
+from tests.unit.test_fuzz_stored_rows import good_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(3600)]
 
@@ -80,7 +80,7 @@ def _odd_thread(i: int) -> st.SearchStrategy[OddThread]:
         OddThread,
         st.just(thread),
         st.just(owner),
-        st.lists(message_rows(thread, owner), min_size=1, max_size=4).map(_without_known_gaps),
+        st.lists(message_rows(thread, owner), min_size=1, max_size=4),
         st.one_of(st.none(), st.none(), thread_rows(thread, owner)),
         st.sampled_from([{}, {"lastMessages": 2}, {"maxTokens": 20, "atMaxRemoveTokens": 5}]),
     )

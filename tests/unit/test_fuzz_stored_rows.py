@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from message_history.errors import InvalidInputError, ThreadOwnershipError, UnreadableRowError
+from schemas.limits import MAX_ID_LENGTH
 from tests.paths import Batch, Paths, assistant, request, response, user
 from tests.raw_storage import RawRowStorage
 from tests.store_fuzzing import (
@@ -183,29 +184,12 @@ def _check_odd(outcome: dict[str, Any] | InvalidInputError, case: Case) -> None:
             assert message["threadId"] == ODD or message["source"] == "input", message
 
 
-MAX_ID: Final = 256  # schemas.limits: the longest id an event may carry
-
-
-def known_gap(row: StoredRow) -> bool:
-    """A row the merged code still recalls into an event no worker can decode (an `id` empty, blank or over
-    the id limit): reported, reproduced by `test_a_stored_id_no_event_can_carry_is_skipped` (xfail); kept
-    out of the property until fixed, so that the property goes on finding everything else."""
-    ident = row.row_id()
-    return isinstance(ident, str) and (not ident.strip() or len(ident) > MAX_ID)
-
-
-def _without_known_gaps(rows: list[StoredRow]) -> list[StoredRow]:
-    return [
-        StoredRow(r.label, doc={**r.doc, "id": f"{r.doc.get('thread_id')}-gap-{i}"})
-        if r.doc is not None and known_gap(r)
-        else r
-        for i, r in enumerate(rows)
-    ]
+MAX_ID: Final = MAX_ID_LENGTH  # the longest id an event may carry
 
 
 cases = st.builds(
     Case,
-    odd=st.lists(message_rows(ODD, ODD_OWNER, sizes=SIZES), min_size=1, max_size=4).map(_without_known_gaps),
+    odd=st.lists(message_rows(ODD, ODD_OWNER, sizes=SIZES), min_size=1, max_size=4),
     raw=st.lists(st.sampled_from(RAW_ODD), max_size=2),
     thread=st.one_of(st.none(), st.none(), thread_rows(ODD, ODD_OWNER)),
     memory=st.fixed_dictionaries(
@@ -256,7 +240,6 @@ def test_stored_rows_never_stop_a_path_nor_touch_another_thread(case: Case) -> N
     _check_odd(persisted.outcomes[1], case)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap, reported: a stored id no event can carry is recalled")
 @pytest.mark.parametrize("ident", ["", "   ", "i" * (MAX_ID + 1)], ids=["empty", "blank", "too-long"])
 async def test_a_stored_id_no_event_can_carry_is_skipped(ident: str) -> None:
     """The smallest row: a Mastra 1.19-shaped row whose `id` is empty, blank or longer than an event's ids
