@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Final, get_args
 
 from schemas.canonical import canonical_content
+from schemas.limits import id_problem
 from schemas.messages import Message, Role, format_timestamp
 from schemas.recalled import RecalledRow, recalled_row
 
@@ -48,6 +49,7 @@ def row_from_doc(doc: Mapping[str, Any], load: Callable[[Mapping[str, Any]], Mes
     raw = doc.get("content")
     if (
         type(ident) is not str
+        or id_problem(ident) is not None  # no event could carry it: the model path refuses and counts it
         or type(thread_id) is not str
         or type(resource_id) is not str
         or type(role) is not str

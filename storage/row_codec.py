@@ -35,7 +35,6 @@ from message_history import metrics
 from message_history.errors import StartupError
 from message_history.settings import Settings
 from schemas.events import EnrichedMessage
-from schemas.limits import id_problem
 from schemas.messages import _KNOWN_PARTS, Message, MessageContent, Role, ToolState, format_timestamp
 from storage.recalled_rows import row_from_doc
 
@@ -202,11 +201,7 @@ def rows_from_raw(docs: Sequence[bytes]) -> list[RowBytes | None]:
     global _selected  # noqa: PLW0603 -- chosen once per process
     if _selected is None:
         _selected = select_codec(_mode_from_env())
-    rows = _selected(docs)
-    for i, row in enumerate(rows):
-        if row is not None and id_problem(row[0]) is not None:
-            rows[i] = None  # an id no event can carry: the model path reads the row, refuses it, counts it
-    return rows
+    return _selected(docs)
 
 
 def use_codec(mode: RowCodec) -> None:

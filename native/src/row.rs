@@ -100,8 +100,12 @@ pub fn parse(doc: &[u8]) -> Option<Row<'_>> {
     if !ROLES.contains(&role) || !(MIN_MS..=MAX_MS).contains(&ms) {
         return None;
     }
+    let id = id?;
+    if !carriable_id(id) {
+        return None;
+    }
     Some(Row {
-        id: id?,
+        id,
         thread_id: thread_id?,
         resource_id: resource_id?,
         role,
@@ -210,4 +214,15 @@ fn write_timestamp(out: &mut Vec<u8>, ms: i64) {
     out.push(b'.');
     digits(out, in_day % 1000, 3);
     out.push(b'Z');
+}
+
+/// An id an event can carry (`schemas.limits.id_problem`: not blank, at most 256 characters), or one this side
+/// is not sure of: an id at either end of which stands a character Python may take for whitespace is left to
+/// the reference, which decides it exactly.
+fn carriable_id(id: &str) -> bool {
+    let edge = |c: char| c.is_whitespace() || c.is_control() || ('\u{1c}'..='\u{1f}').contains(&c);
+    match (id.chars().next(), id.chars().next_back()) {
+        (Some(first), Some(last)) => !edge(first) && !edge(last) && id.chars().count() <= 256,
+        _ => false,
+    }
 }

@@ -288,11 +288,17 @@ def _element(key: str, value: Any) -> bytes:
         return bson.encode({key: json.dumps(value)})[4:-1]
 
 
+IDS = st.text(st.characters(categories=["L", "N"]), min_size=1, max_size=12) | st.sampled_from(
+    ["m-1", "msg 2"]
+)
+
+
 @st.composite
 def documents(draw: st.DrawFn) -> bytes:
     """A raw document: usually the plain shape, often a field missing, repeated, wrongly typed or unknown."""
     fields: list[tuple[str, Any]] = [
-        ("id", draw(TEXT)),
+        # mostly an id an event can carry, sometimes any text (blank, edged with spaces: both decline those)
+        ("id", draw(st.one_of(*[IDS] * 3, TEXT))),
         ("thread_id", draw(TEXT)),
         ("resourceId", draw(TEXT)),
         ("role", draw(st.sampled_from(["user", "assistant", "system", "signal"] * 3 + ["tool", "User"]))),
