@@ -16,8 +16,17 @@ export function isOutage(error: unknown): boolean {
   if (!e) return false;
   if (e.retriable === true) return true;
   if (
-    ['KafkaJSConnectionError', 'KafkaJSRequestTimeoutError', 'KafkaJSNumberOfRetriesExceeded', 'KafkaJSBrokerNotFound']
-      .includes(e.name ?? '')
+    [
+      'KafkaJSConnectionError',
+      'KafkaJSConnectionClosedError',
+      'KafkaJSRequestTimeoutError',
+      'KafkaJSNumberOfRetriesExceeded',
+      'KafkaJSBrokerNotFound',
+      // a coordinator not found (yet): the broker restarting or frozen, not a refusal
+      'KafkaJSGroupCoordinatorNotFound',
+      'KafkaJSNoBrokerAvailableError',
+      'KafkaJSTimeout',
+    ].includes(e.name ?? '')
   ) {
     return true;
   }

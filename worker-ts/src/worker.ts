@@ -36,6 +36,9 @@ export interface WorkerOptions extends ConnectionOptions {
   clientId?: string;
   /** The group's session timeout: a killed worker's partitions move on after this long (default 30 s). */
   sessionTimeoutMs?: number;
+  /** How long a Kafka request waits for its answer before it counts as an outage (default 30 s, KafkaJS').
+   * Under exactly-once a commit left unanswered is settled before anything is sent again. */
+  requestTimeoutMs?: number;
   /** How often the worker heartbeats to its group (default 3 s). */
   heartbeatIntervalMs?: number;
   /** Partitions answered at the same time (turns of one partition, so of one thread, stay in order). */
@@ -186,6 +189,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       clientId: options.clientId ?? options.groupId,
       brokers: options.brokers,
       ...kafkajsSecurity(options),
+      ...(options.requestTimeoutMs === undefined ? {} : { requestTimeout: options.requestTimeoutMs }),
     });
     // The Java-compatible (murmur2) partitioner, as the service's: a thread's records share a partition.
     this.producer = this.kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });

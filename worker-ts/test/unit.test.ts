@@ -495,6 +495,18 @@ describe('exactly-once: a commit in doubt is settled, never guessed', () => {
     assert.equal(stopping.begun, 1);
   });
 
+  it('a coordinator not found (a broker restarting or frozen) is an outage, waited out; fencing is not', () => {
+    const wrapped = (name: string) =>
+      Object.assign(new Error('Failed to find group coordinator'), {
+        name: 'KafkaJSNonRetriableError',
+        retriable: false,
+        cause: Object.assign(new Error('Failed to find group coordinator'), { name, retriable: false }),
+      });
+    assert.equal(isOutage(wrapped('KafkaJSGroupCoordinatorNotFound')), true);
+    assert.equal(isOutage(wrapped('KafkaJSConnectionClosedError')), true);
+    assert.equal(isOutage(wrapped('KafkaJSProtocolError')), false);
+  });
+
   it('an outage before the commit is asked: aborted, retried on the same producer', async () => {
     const broker = new FakeTxBroker();
     const tx = broker.partition();
