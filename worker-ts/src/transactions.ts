@@ -30,6 +30,8 @@ export function isOutage(error: unknown): boolean {
   ) {
     return true;
   }
+  // KafkaJS' Broker throws a plain Error while it reconnects (a broker restarting)
+  if ((error as Error).message === 'Broker not connected') return true;
   return e.cause !== undefined && e.cause !== error && isOutage(e.cause);
 }
 
@@ -72,6 +74,8 @@ export interface TxPartition {
    * completes the transaction left open. Undefined when the partition is not this worker's any more (a
    * re-init would fence its new owner). */
   reopen(): Promise<TxProducer | undefined>;
+  /** A reopen began and did not finish: the producer is stuck, a transaction of it may be in doubt. */
+  stuck(): boolean;
   /** The group's committed offset of the input partition (undefined: none). */
   committed(): Promise<bigint | undefined>;
   /** The worker gave its turns up (shutdown grace over): stop waiting. */
@@ -117,6 +121,11 @@ export async function runTransaction(
 ): Promise<TxResult> {
   const next = BigInt(offset) + 1n;
   for (let attempt = 0; ; attempt += 1) {
+    if (tx.stuck()) {
+      // an earlier attempt (this turn's, redelivered after an error) left its transaction unsettled
+      const outcome = await settle(tx, next);
+      if (outcome !== 'aborted') return outcome;
+    }
     const producer = tx.producer();
     if (producer === undefined) return 'fenced'; // revoked meanwhile: the next owner answers it
     let txn: Tx | undefined;

@@ -170,6 +170,8 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   /** exactly-once: a transactional producer per owned partition, and the offset committed when it was opened. */
   private readonly txProducers = new Map<number, Producer>();
   private readonly floors = new Map<number, bigint>();
+  /** exactly-once: partitions whose producer is being replaced (stuck after an unanswered commit or abort). */
+  private readonly stuck = new Set<number>();
   private stopping: Promise<void> | undefined;
   private tracing: Tracing = tracingOff;
   private signalsInstalled: (() => void) | undefined;
@@ -345,6 +347,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         const producer = this.txProducers.get(partition);
         this.txProducers.delete(partition);
         this.floors.delete(partition);
+        this.stuck.delete(partition);
         await producer?.disconnect().catch(() => undefined);
       }),
     );
@@ -358,6 +361,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       partition,
       producer: () => this.txProducers.get(partition),
       reopen: () => this.reopenTransactions(partition),
+      stuck: () => this.stuck.has(partition),
       committed: () => this.committedOffset(partition),
       givenUp: () => this.giveUp.signal.aborted,
       pause: (attempt) => sleep(backoff(attempt)),
@@ -380,6 +384,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   private async reopenTransactions(partition: number): Promise<TxProducer | undefined> {
     const old = this.txProducers.get(partition);
     if (old === undefined || !this.owned.has(partition)) return undefined;
+    this.stuck.add(partition); // until replaced: the next attempt settles first, whatever this one throws
     await old.disconnect().catch(() => undefined);
     const fresh = this.newTxProducer(partition);
     try {
@@ -394,6 +399,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       return undefined;
     }
     this.txProducers.set(partition, fresh);
+    this.stuck.delete(partition);
     return fresh;
   }
 

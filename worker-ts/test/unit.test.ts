@@ -413,15 +413,23 @@ class FakeTxBroker {
     };
   }
 
+  /** The next reopens fail with this many errors that are not an outage (the worker's eachMessage throws). */
+  reopenFailures = 0;
+
   partition(): TxPartition & { current: TxProducer | undefined } {
+    let stuck = false;
     const tx = {
       groupId: 'g',
       topic: 'in',
       partition: 0,
       current: this.producer() as TxProducer | undefined,
       producer: () => tx.current,
+      stuck: () => stuck,
       reopen: async () => {
+        stuck = true;
+        if (this.reopenFailures-- > 0) throw new Error('something unexpected');
         tx.current = this.owned ? this.producer() : undefined;
+        stuck = false;
         return tx.current;
       },
       committed: async () => this.committed,
@@ -495,6 +503,17 @@ describe('exactly-once: a commit in doubt is settled, never guessed', () => {
     assert.equal(stopping.begun, 1);
   });
 
+  it('a settle that threw leaves the partition stuck: the redelivered turn settles it first, sent once', async () => {
+    const broker = new FakeTxBroker();
+    broker.nextCommit = 'lands-unanswered';
+    broker.reopenFailures = 1;
+    const tx = broker.partition();
+    await assert.rejects(runTransaction(tx, '0', reply('a')), /something unexpected/);
+    assert.equal(await runTransaction(tx, '0', reply('a')), 'committed'); // the same turn, redelivered
+    assert.deepEqual(broker.visible, ['a']);
+    assert.equal(broker.begun, 1);
+  });
+
   it('a coordinator not found (a broker restarting or frozen) is an outage, waited out; fencing is not', () => {
     const wrapped = (name: string) =>
       Object.assign(new Error('Failed to find group coordinator'), {
@@ -504,6 +523,7 @@ describe('exactly-once: a commit in doubt is settled, never guessed', () => {
       });
     assert.equal(isOutage(wrapped('KafkaJSGroupCoordinatorNotFound')), true);
     assert.equal(isOutage(wrapped('KafkaJSConnectionClosedError')), true);
+    assert.equal(isOutage(new Error('Broker not connected')), true); // KafkaJS' Broker, reconnecting
     assert.equal(isOutage(wrapped('KafkaJSProtocolError')), false);
   });
 
