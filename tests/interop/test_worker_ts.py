@@ -29,6 +29,7 @@ from schemas.ids import Kind
 from schemas.messages import format_timestamp
 from tests.conftest import MakeTopic
 from tests.infra import skip_or_fail, unique_name
+from tests.integration.private_kafka import PrivateKafka, private_kafka  # noqa: F401 -- the fixture
 from tests.integration.service_harness import (
     encoded,
     fresh_settings,
@@ -40,6 +41,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.integration.test_service_kafka_outage import _make_topics
 from tests.interop.node22 import node22
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -500,3 +502,58 @@ async def test_a_zombie_worker_cannot_publish_under_exactly_once(
     topic = settings.responses_topic
     committed = values(await read_all(kafka_bootstrap, topic, isolation_level="read_committed", settle_s=0.5))
     assert [r["requestId"] for r in committed] == ["t:z"]
+
+
+async def test_exactly_once_through_a_frozen_and_a_stopped_broker_answers_every_turn_once(
+    node: str,
+    private_kafka: PrivateKafka,  # noqa: F811 -- the fixture
+    tmp_path: Path,
+) -> None:
+    """A backlog answered under exactly-once on a test-owned broker frozen 3 s four times (longer than the
+    worker's 1 s request timeout: a commit asked then goes unanswered, in doubt), then stopped 6 s. A commit
+    in doubt is settled (a new producer on the partition's transactional id, then the group's committed
+    offset), never sent again on a guess: a read_committed reader sees one response per request, none lost;
+    the worker waits the outage out and stops on SIGTERM."""
+    kafka = private_kafka
+    bootstrap = kafka.bootstrap
+    run = unique_name("")
+    settings = fresh_settings(
+        bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    await _make_topics(bootstrap, [settings.enriched_topic, settings.responses_topic])
+    rids = [f"t{t}:{n}" for n in range(80) for t in range(6)]
+    await produce(
+        bootstrap, settings.enriched_topic, [encoded(_enriched(r.split(":")[0], r, "hi")) for r in rids]
+    )
+    mode = {
+        "MESSAGE_HISTORY_PROCESSING_GUARANTEE": "exactly-once",
+        "READ_BACK": "0",  # nothing masks a duplicate: the transactions alone keep it out
+        "TURN_MS": "5",
+        "REQUEST_TIMEOUT_MS": "1000",
+    }
+    async with node_worker(node, settings, tmp_path / "worker.log", **mode) as worker:
+        await worker.wait_for("a first answer", lambda: bool(worker.events("answered")))
+        for _ in range(4):  # frozen while commits are due: some EndTxn goes unanswered
+            kafka.freeze()
+            await asyncio.sleep(3)
+            kafka.thaw()
+            await asyncio.sleep(1.5)
+        await asyncio.to_thread(kafka.stop)
+        await asyncio.sleep(6)
+        await asyncio.to_thread(kafka.start)
+        await read_topic(
+            bootstrap,
+            settings.responses_topic,
+            until=lambda rs: len({v["requestId"] for v in values(rs)}) >= len(rids),
+            timeout_s=180,
+            isolation_level="read_committed",
+        )
+        assert await worker.terminate() == 0, worker.tail()
+    committed = values(
+        await read_all(bootstrap, settings.responses_topic, isolation_level="read_committed", settle_s=1.0)
+    )
+    ids = Counter(r["requestId"] for r in committed)
+    assert set(ids) == set(rids)
+    assert set(ids.values()) == {1}, {rid: n for rid, n in ids.items() if n > 1}
+    doubts = [line for line in worker.lines() if "commit in doubt" in line.get("message", "")]
+    print(f"commits in doubt settled: {len(doubts)}")

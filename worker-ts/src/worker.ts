@@ -18,6 +18,7 @@ import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './eve
 import { respond, type Handler } from './respond.js';
 import { connectionFromEnv, type ConnectionOptions, type Env } from './settings.js';
 import { loadTracing, tracingOff, type Tracing, type TurnSpan } from './tracing.js';
+import { isOutage, runTransaction, type TxPartition, type TxProducer } from './transactions.js';
 import { DEFAULT_SEEN_PER_PARTITION, FAILED, failedResponse, SeenEvents, Turn } from './turn.js';
 
 export type { Handler } from './respond.js';
@@ -35,6 +36,9 @@ export interface WorkerOptions extends ConnectionOptions {
   clientId?: string;
   /** The group's session timeout: a killed worker's partitions move on after this long (default 30 s). */
   sessionTimeoutMs?: number;
+  /** How long a Kafka request waits for its answer before it counts as an outage (default 30 s, KafkaJS').
+   * Under exactly-once a commit left unanswered is settled before anything is sent again. */
+  requestTimeoutMs?: number;
   /** How often the worker heartbeats to its group (default 3 s). */
   heartbeatIntervalMs?: number;
   /** Partitions answered at the same time (turns of one partition, so of one thread, stay in order). */
@@ -91,34 +95,10 @@ const jsonLogger: Logger = (level, message, fields) => {
   process.stderr.write(JSON.stringify({ time: new Date().toISOString(), level, message, ...fields }) + '\n');
 };
 
-/** Kafka being unavailable (retry until it is back), as opposed to a refusal (raise). */
-function isOutage(error: unknown): boolean {
-  const e = error as { retriable?: boolean; name?: string; cause?: unknown } | null;
-  if (!e) return false;
-  if (e.retriable === true) return true;
-  if (
-    ['KafkaJSConnectionError', 'KafkaJSRequestTimeoutError', 'KafkaJSNumberOfRetriesExceeded', 'KafkaJSBrokerNotFound']
-      .includes(e.name ?? '')
-  ) {
-    return true;
-  }
-  return e.cause !== undefined && e.cause !== error && isOutage(e.cause);
-}
-
 function isTooLarge(error: unknown): boolean {
   const e = error as { type?: string; cause?: unknown } | null;
   if (!e) return false;
   return e.type === 'MESSAGE_TOO_LARGE' || (e.cause !== undefined && e.cause !== error && isTooLarge(e.cause));
-}
-
-/** Another producer holds this partition's transactional id now: this worker lost the partition. */
-function isFenced(error: unknown): boolean {
-  const e = error as { type?: string; cause?: unknown } | null;
-  if (!e) return false;
-  return (
-    ['INVALID_PRODUCER_EPOCH', 'PRODUCER_FENCED', 'TRANSACTIONAL_ID_AUTHORIZATION_FAILED'].includes(e.type ?? '') ||
-    (e.cause !== undefined && e.cause !== error && isFenced(e.cause))
-  );
 }
 
 /** The package's TLS and SASL settings as KafkaJS takes them. */
@@ -190,6 +170,8 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   /** exactly-once: a transactional producer per owned partition, and the offset committed when it was opened. */
   private readonly txProducers = new Map<number, Producer>();
   private readonly floors = new Map<number, bigint>();
+  /** exactly-once: partitions whose producer is being replaced (stuck after an unanswered commit or abort). */
+  private readonly stuck = new Set<number>();
   private stopping: Promise<void> | undefined;
   private tracing: Tracing = tracingOff;
   private signalsInstalled: (() => void) | undefined;
@@ -209,6 +191,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       clientId: options.clientId ?? options.groupId,
       brokers: options.brokers,
       ...kafkajsSecurity(options),
+      ...(options.requestTimeoutMs === undefined ? {} : { requestTimeout: options.requestTimeoutMs }),
     });
     // The Java-compatible (murmur2) partitioner, as the service's: a thread's records share a partition.
     this.producer = this.kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });
@@ -333,12 +316,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         for (let attempt = 0; ; attempt += 1) {
           try {
             if (!this.txProducers.has(partition)) {
-              const producer = this.kafka.producer({
-                transactionalId: `${this.groupId}-${this.enrichedTopic}-${partition}`,
-                idempotent: true,
-                maxInFlightRequests: 1,
-                createPartitioner: Partitioners.DefaultPartitioner,
-              });
+              const producer = this.newTxProducer(partition);
               await producer.connect();
               await (await producer.transaction()).abort();
               this.txProducers.set(partition, producer);
@@ -369,83 +347,117 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         const producer = this.txProducers.get(partition);
         this.txProducers.delete(partition);
         this.floors.delete(partition);
+        this.stuck.delete(partition);
         await producer?.disconnect().catch(() => undefined);
       }),
     );
   }
 
-  /** exactly-once: the consumed offset alone in a transaction (a dropped turn); false when fenced. */
-  private async commitInTransaction(turn: Turn): Promise<boolean> {
-    for (let attempt = 0; ; attempt += 1) {
-      const producer = this.txProducers.get(turn.partition);
-      if (producer === undefined) return false;
-      const txn = await producer.transaction();
-      try {
-        const next = (BigInt(turn.offset) + 1n).toString();
-        await txn.sendOffsets({
-          consumerGroupId: this.groupId,
-          topics: [{ topic: this.enrichedTopic, partitions: [{ partition: turn.partition, offset: next }] }],
-        });
-        await txn.commit();
-        return true;
-      } catch (error) {
-        await txn.abort().catch(() => undefined);
-        if (isFenced(error)) {
-          await this.closeTransactions([turn.partition]);
-          return false;
-        }
-        if (!isOutage(error) || this.giveUp.signal.aborted) throw error;
-        await sleep(backoff(attempt));
-      }
+  /** exactly-once: the partition's transactional producer, and how a commit in doubt is settled on it. */
+  private txPartition(partition: number): TxPartition {
+    return {
+      groupId: this.groupId,
+      topic: this.enrichedTopic,
+      partition,
+      producer: () => this.txProducers.get(partition),
+      reopen: () => this.reopenTransactions(partition),
+      stuck: () => this.stuck.has(partition),
+      committed: () => this.committedOffset(partition),
+      givenUp: () => this.giveUp.signal.aborted,
+      pause: (attempt) => sleep(backoff(attempt)),
+      log: (level, message, fields) => this.log(level, message, fields),
+    };
+  }
+
+  private newTxProducer(partition: number): Producer {
+    return this.kafka.producer({
+      transactionalId: `${this.groupId}-${this.enrichedTopic}-${partition}`,
+      idempotent: true,
+      maxInFlightRequests: 1,
+      createPartitioner: Partitioners.DefaultPartitioner,
+    });
+  }
+
+  /** A new producer on the partition's transactional id in place of the current one (stuck after an
+   * unanswered commit or abort); its InitProducerId completes the transaction left open. Undefined when the
+   * partition is not owned any more: a re-init would fence its new owner. */
+  private async reopenTransactions(partition: number): Promise<TxProducer | undefined> {
+    const old = this.txProducers.get(partition);
+    if (old === undefined || !this.owned.has(partition)) return undefined;
+    this.stuck.add(partition); // until replaced: the next attempt settles first, whatever this one throws
+    await old.disconnect().catch(() => undefined);
+    const fresh = this.newTxProducer(partition);
+    try {
+      await fresh.connect();
+      await (await fresh.transaction()).abort();
+    } catch (error) {
+      await fresh.disconnect().catch(() => undefined);
+      throw error;
+    }
+    if (this.txProducers.get(partition) !== old) {
+      await fresh.disconnect().catch(() => undefined); // closed meanwhile (revoked)
+      return undefined;
+    }
+    this.txProducers.set(partition, fresh);
+    this.stuck.delete(partition);
+    return fresh;
+  }
+
+  private async committedOffset(partition: number): Promise<bigint | undefined> {
+    const admin = this.kafka.admin();
+    await admin.connect();
+    try {
+      const [committed] = await admin.fetchOffsets({ groupId: this.groupId, topics: [this.enrichedTopic] });
+      const found = committed?.partitions.find((p) => p.partition === partition);
+      return found === undefined || BigInt(found.offset) < 0n ? undefined : BigInt(found.offset);
+    } finally {
+      await admin.disconnect().catch(() => undefined);
     }
   }
 
-  /** exactly-once: the response and the consumed offset in one transaction; false when fenced (the partition
-   * is another worker's: nothing of this turn is visible). Retried while Kafka is unavailable. */
+  /** exactly-once: the consumed offset alone in a transaction (a dropped turn); false when not committed. */
+  private async commitInTransaction(turn: Turn): Promise<boolean> {
+    const result = await runTransaction(this.txPartition(turn.partition), turn.offset, async () => undefined);
+    if (result === 'fenced') await this.closeTransactions([turn.partition]);
+    return result === 'committed';
+  }
+
+  /** exactly-once: the response and the consumed offset in one transaction; 'fenced' when the partition is
+   * another worker's (nothing of this turn is visible, or its new owner settles it). Retried while Kafka is
+   * unavailable; a commit in doubt is settled, and the response sent again only if it was aborted. */
   private async sendInTransaction(
     turn: Turn,
     response: AgentResponse,
     headers: IHeaders | undefined,
   ): Promise<AgentResponse | undefined | 'fenced' | 'dropped'> {
-    for (let attempt = 0; ; attempt += 1) {
-      const producer = this.txProducers.get(turn.partition);
-      if (producer === undefined) return 'fenced'; // revoked meanwhile: the next owner answers it
-      const txn = await producer.transaction();
+    for (;;) {
+      const reply = response;
+      let result;
       try {
-        await txn.send({
-          topic: this.responsesTopic,
-          messages: [{ key: response.threadId, value: JSON.stringify(response), headers }],
-        });
-        const next = (BigInt(turn.offset) + 1n).toString();
-        await txn.sendOffsets({
-          consumerGroupId: this.groupId,
-          topics: [{ topic: this.enrichedTopic, partitions: [{ partition: turn.partition, offset: next }] }],
-        });
-        await txn.commit();
-        return response;
-      } catch (error) {
-        await txn.abort().catch(() => undefined);
-        if (isFenced(error)) {
-          this.log('warn', 'transaction fenced: another worker owns the partition now; the turn is dropped', {
-            requestId: turn.requestId,
-            partition: turn.partition,
+        result = await runTransaction(this.txPartition(turn.partition), turn.offset, async (txn) => {
+          await txn.send({
+            topic: this.responsesTopic,
+            messages: [{ key: reply.threadId, value: JSON.stringify(reply), headers }],
           });
-          await this.closeTransactions([turn.partition]);
-          return 'fenced';
+        });
+      } catch (error) {
+        if (!isTooLarge(error)) throw error;
+        if (response.finishReason !== FAILED) {
+          this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
+          response = failedResponse(turn);
+          continue;
         }
-        if (isTooLarge(error)) {
-          if (response.finishReason !== FAILED) {
-            this.log('error', 'the response is too large for Kafka: answering a failed turn', { requestId: turn.requestId });
-            response = failedResponse(turn);
-            continue;
-          }
-          this.log('error', 'the failed-turn response is too large for Kafka too: the turn is dropped', { requestId: turn.requestId });
-          return (await this.commitInTransaction(turn)) ? 'dropped' : 'fenced';
-        }
-        if (!isOutage(error)) throw error;
-        if (this.giveUp.signal.aborted) return undefined;
-        await sleep(backoff(attempt));
+        this.log('error', 'the failed-turn response is too large for Kafka too: the turn is dropped', { requestId: turn.requestId });
+        return (await this.commitInTransaction(turn)) ? 'dropped' : 'fenced';
       }
+      if (result === 'committed') return response;
+      if (result === 'given-up') return undefined;
+      this.log('warn', 'transaction fenced: another worker owns the partition now; the turn is dropped', {
+        requestId: turn.requestId,
+        partition: turn.partition,
+      });
+      await this.closeTransactions([turn.partition]);
+      return 'fenced';
     }
   }
 

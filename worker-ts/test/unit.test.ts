@@ -22,6 +22,7 @@ import { respond, RetryLater, TurnGivenUp, TurnTimeout } from '../src/respond.js
 import { connectionFromEnv, type ConnectionOptions } from '../src/settings.js';
 import { loadTracing, tracingWith } from '../src/tracing.js';
 import { enrichedRequest, TestHarness, text } from '../src/testing.js';
+import { isOutage, runTransaction, type Tx, type TxPartition, type TxProducer } from '../src/transactions.js';
 import { prompts, signals, stubModel } from './stub-model.js';
 
 function message(id: string, role: EnrichedMessage['role'], text: string, createdAt: string, source: 'memory' | 'input'): EnrichedMessage {
@@ -361,5 +362,182 @@ describe('a span per turn, continuing the request traceparent', () => {
     exporter.reset();
     (await loadTracing())(undefined, {}).end();
     assert.equal(exporter.getFinishedSpans().length, 1);
+  });
+});
+
+// A broker and KafkaJS-like transactional producers in memory: a failed commit leaves the producer stuck
+// (KafkaJS' COMMITTING state: no commit, abort or new transaction), and `reopen` is InitProducerId on the
+// same id (completes what the old producer left open).
+class FakeTxBroker {
+  visible: string[] = [];
+  committed: bigint | undefined;
+  /** The next commit: 'lands-unanswered' commits and then times out; 'lost' times out without committing. */
+  nextCommit: 'ok' | 'lands-unanswered' | 'lost' = 'ok';
+  owned = true;
+  stopped = false;
+  begun = 0;
+
+  producer(): TxProducer {
+    let stuck = false;
+    return {
+      transaction: async () => {
+        if (stuck) throw new Error('Transaction state exception: Cannot call "beginTransaction" in state "COMMITTING"');
+        this.begun += 1;
+        const records: string[] = [];
+        let offset: bigint | undefined;
+        const timeout = Object.assign(new Error('Request EndTxn timed out'), { name: 'KafkaJSRequestTimeoutError' });
+        return {
+          send: async (record) => {
+            records.push(...record.messages.map((m) => m.value));
+          },
+          sendOffsets: async ({ topics }) => {
+            offset = BigInt(topics[0]!.partitions[0]!.offset);
+          },
+          commit: async () => {
+            const how = this.nextCommit;
+            this.nextCommit = 'ok';
+            if (how !== 'lost') {
+              this.visible.push(...records);
+              this.committed = offset;
+            }
+            if (how !== 'ok') {
+              stuck = true;
+              throw timeout;
+            }
+          },
+          abort: async () => {
+            if (stuck) throw new Error('Transaction state exception: Cannot call "abort" in state "COMMITTING"');
+          },
+        };
+      },
+    };
+  }
+
+  /** The next reopens fail with this many errors that are not an outage (the worker's eachMessage throws). */
+  reopenFailures = 0;
+
+  partition(): TxPartition & { current: TxProducer | undefined } {
+    let stuck = false;
+    const tx = {
+      groupId: 'g',
+      topic: 'in',
+      partition: 0,
+      current: this.producer() as TxProducer | undefined,
+      producer: () => tx.current,
+      stuck: () => stuck,
+      reopen: async () => {
+        stuck = true;
+        if (this.reopenFailures-- > 0) throw new Error('something unexpected');
+        tx.current = this.owned ? this.producer() : undefined;
+        stuck = false;
+        return tx.current;
+      },
+      committed: async () => this.committed,
+      givenUp: () => this.stopped,
+      pause: async () => undefined,
+      log: () => undefined,
+    };
+    return tx;
+  }
+}
+
+const reply = (value: string) => async (txn: Tx) => {
+  await txn.send({ topic: 'out', messages: [{ key: 'k', value }] });
+};
+
+/** The rule before: a commit that times out is taken for an abort, and the reply sent again on a fresh producer. */
+async function guessingRule(tx: TxPartition, offset: string, fill: (txn: Tx) => Promise<void>): Promise<void> {
+  for (;;) {
+    const txn = await tx.producer()!.transaction();
+    try {
+      await fill(txn);
+      await txn.sendOffsets({ consumerGroupId: tx.groupId, topics: [{ topic: tx.topic, partitions: [{ partition: 0, offset: String(BigInt(offset) + 1n) }] }] });
+      await txn.commit();
+      return;
+    } catch (error) {
+      await txn.abort().catch(() => undefined);
+      if (!isOutage(error)) throw error;
+      await tx.reopen();
+    }
+  }
+}
+
+describe('exactly-once: a commit in doubt is settled, never guessed', () => {
+  it('a commit that landed but timed out: the guessing rule sends the reply twice, runTransaction once', async () => {
+    const guessed = new FakeTxBroker();
+    guessed.nextCommit = 'lands-unanswered';
+    await guessingRule(guessed.partition(), '0', reply('a'));
+    assert.deepEqual(guessed.visible, ['a', 'a']); // a read_committed reader sees it twice
+
+    const broker = new FakeTxBroker();
+    broker.nextCommit = 'lands-unanswered';
+    const tx = broker.partition();
+    assert.equal(await runTransaction(tx, '0', reply('a')), 'committed');
+    assert.deepEqual(broker.visible, ['a']);
+    assert.equal(broker.committed, 1n);
+    // the stuck producer was replaced: the next turn goes through
+    assert.equal(await runTransaction(tx, '1', reply('b')), 'committed');
+    assert.deepEqual(broker.visible, ['a', 'b']);
+  });
+
+  it('a commit that timed out and did not land is known aborted once settled: the reply is sent again, once', async () => {
+    const broker = new FakeTxBroker();
+    broker.nextCommit = 'lost';
+    assert.equal(await runTransaction(broker.partition(), '4', reply('a')), 'committed');
+    assert.deepEqual(broker.visible, ['a']);
+    assert.equal(broker.committed, 5n);
+    assert.equal(broker.begun, 2);
+  });
+
+  it('not re-initialised once the partition is another worker\'s, nor at the end of the shutdown grace', async () => {
+    const revoked = new FakeTxBroker();
+    revoked.nextCommit = 'lost';
+    revoked.owned = false; // a re-init would fence the new owner: its own InitProducerId settles it
+    assert.equal(await runTransaction(revoked.partition(), '0', reply('a')), 'fenced');
+    assert.deepEqual(revoked.visible, []);
+
+    const stopping = new FakeTxBroker();
+    stopping.nextCommit = 'lost';
+    stopping.stopped = true;
+    assert.equal(await runTransaction(stopping.partition(), '0', reply('a')), 'given-up');
+    assert.equal(stopping.begun, 1);
+  });
+
+  it('a settle that threw leaves the partition stuck: the redelivered turn settles it first, sent once', async () => {
+    const broker = new FakeTxBroker();
+    broker.nextCommit = 'lands-unanswered';
+    broker.reopenFailures = 1;
+    const tx = broker.partition();
+    await assert.rejects(runTransaction(tx, '0', reply('a')), /something unexpected/);
+    assert.equal(await runTransaction(tx, '0', reply('a')), 'committed'); // the same turn, redelivered
+    assert.deepEqual(broker.visible, ['a']);
+    assert.equal(broker.begun, 1);
+  });
+
+  it('a coordinator not found (a broker restarting or frozen) is an outage, waited out; fencing is not', () => {
+    const wrapped = (name: string) =>
+      Object.assign(new Error('Failed to find group coordinator'), {
+        name: 'KafkaJSNonRetriableError',
+        retriable: false,
+        cause: Object.assign(new Error('Failed to find group coordinator'), { name, retriable: false }),
+      });
+    assert.equal(isOutage(wrapped('KafkaJSGroupCoordinatorNotFound')), true);
+    assert.equal(isOutage(wrapped('KafkaJSConnectionClosedError')), true);
+    assert.equal(isOutage(new Error('Broker not connected')), true); // KafkaJS' Broker, reconnecting
+    assert.equal(isOutage(wrapped('KafkaJSProtocolError')), false);
+  });
+
+  it('an outage before the commit is asked: aborted, retried on the same producer', async () => {
+    const broker = new FakeTxBroker();
+    const tx = broker.partition();
+    const first = tx.current;
+    let failures = 1;
+    const flaky = async (txn: Tx) => {
+      if (failures-- > 0) throw Object.assign(new Error('Connection error'), { name: 'KafkaJSConnectionError' });
+      await reply('a')(txn);
+    };
+    assert.equal(await runTransaction(tx, '0', flaky), 'committed');
+    assert.deepEqual(broker.visible, ['a']);
+    assert.equal(tx.current, first);
   });
 });
