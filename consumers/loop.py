@@ -523,6 +523,10 @@ class StreamLoop:
             if self._parked_failure is not None:
                 break
             await self._wait_polling(0.1, stop)
+        self._resume_unless_outage()
+
+    def _resume_unless_outage(self) -> None:
+        """Intake resumes after a full lane or a full transaction, unless an outage holds it paused."""
         if not self._outage:
             paused = self._consumer.paused()
             if paused:
@@ -738,11 +742,7 @@ class StreamLoop:
         )
         while not stop.is_set() and transactions.full() and self._parked_failure is None:
             await self._wait_polling(0.1, stop)
-        if not self._outage:
-            paused = self._consumer.paused()
-            if paused:
-                self._consumer.resume(*paused)
-            metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
+        self._resume_unless_outage()
 
     async def open_transactions(self, assigned: set[TopicPartition]) -> None:
         """Exactly-once: before the new partitions are read, a transactional producer for each (fencing any
