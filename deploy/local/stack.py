@@ -380,25 +380,30 @@ def pinned_rust_toolchain() -> dict[str, str]:
         key, _, value = line.partition("=")
         if key.strip() == "channel":
             channel = value.strip().strip('"')
-    listed = subprocess.run([rustup, "toolchain", "list"], capture_output=True, text=True, check=False).stdout
-    if not channel or any(line.split()[0].startswith(f"{channel}-") for line in listed.splitlines() if line):
+
+    def rustup_out(*args: str) -> str:
+        try:
+            return subprocess.run([rustup, *args], capture_output=True, text=True, check=False).stdout.strip()
+        except OSError:  # a rustup that cannot run: nothing to link, build as the machine builds
+            return ""
+
+    listed = rustup_out("toolchain", "list")
+    if (
+        not channel
+        or not listed
+        or any(line.split()[0].startswith(f"{channel}-") for line in listed.splitlines())
+    ):
         return {}
-    default = subprocess.run(
-        [rustup, "run", "stable", "rustc", "--version"], capture_output=True, text=True, check=False
-    ).stdout.split()
+    default = rustup_out("run", "stable", "rustc", "--version").split()
     if len(default) > 1 and default[1] == channel:
-        sysroot = subprocess.run(
-            [rustup, "run", "stable", "rustc", "--print", "sysroot"],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout.strip()
-        if (
-            sysroot
-            and subprocess.run([rustup, "toolchain", "link", channel, sysroot], check=False).returncode == 0
-        ):
-            say(f"linked the installed Rust {channel} as toolchain {channel} (native/rust-toolchain.toml)")
-            return {}
+        sysroot = rustup_out("run", "stable", "rustc", "--print", "sysroot")
+        if sysroot and rustup_out("toolchain", "link", channel, sysroot) == "":
+            listed = rustup_out("toolchain", "list")
+            if any(line.split()[0].startswith(f"{channel}-") for line in listed.splitlines()):
+                say(
+                    f"linked the installed Rust {channel} as toolchain {channel} (native/rust-toolchain.toml)"
+                )
+                return {}
     found = " ".join(default[:2]) or "unknown"
     say(f"Rust {channel} (native/rust-toolchain.toml) is not installed: building with the default ({found})")
     return {"RUSTUP_TOOLCHAIN": "stable"}
