@@ -25,7 +25,8 @@ from typing import Protocol, runtime_checkable
 
 from message_history import metrics
 from message_history.core.persist_plan import BatchNeeds
-from message_history.errors import InvalidInputError, ThreadOwnershipError
+from message_history.core.rules import check_owner
+from message_history.errors import InvalidInputError
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import BatchHistoryStorage, RecallQuery, SaveTurn, Thread
@@ -212,8 +213,7 @@ class PersistBuffer:
         batch) with `ThreadOwnershipError`, as the write itself would."""
         self._collecting()
         thread = self.thread(thread_id)
-        if thread is not None and thread.resourceId and thread.resourceId != resource_id:
-            raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
+        check_owner(thread, thread_id, resource_id)
         if thread is None:
             # provisional: the batch's later turns of this thread must see it exists and whose it is
             now = datetime.now(UTC)

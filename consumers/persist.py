@@ -40,9 +40,8 @@ from message_history.core.persist_plan import (
     taken_derived_ids,
     turn_write,
 )
-from message_history.core.rules import SOURCE_FIELD, SkipReason, select_for_persistence
+from message_history.core.rules import SOURCE_FIELD, SkipReason, check_owner, select_for_persistence
 from message_history.errors import InvalidInputError
-from message_history.processor.history import check_owner
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response, keyed_by_thread, persisted_value

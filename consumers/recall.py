@@ -40,11 +40,10 @@ from message_history import metrics, tracing
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.memory_options import MemoryDefaults, TurnMemory, turn_memory
 from message_history.core.recall_plan import RecallNeeds, plain_page, plan_recall
-from message_history.core.rules import build_context
+from message_history.core.rules import build_context, check_owner
 from message_history.core.turn_rules import TurnMarker, foreign_pending
 from message_history.errors import InvalidInputError, RetriableError, ThreadOwnershipError
 from message_history.processor import MessageHistory, RecallOutcome
-from message_history.processor.history import check_owner
 from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers

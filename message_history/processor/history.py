@@ -67,11 +67,12 @@ from message_history.core.rules import (
     SkipReason,
     Source,
     build_context,
+    check_owner,
     normalize_limit,
     select_for_persistence,
 )
 from message_history.core.tokens import CountCache
-from message_history.errors import AbortError, ThreadOwnershipError
+from message_history.errors import AbortError
 from schemas.ids import alternate_message_id
 from schemas.messages import Message
 from storage import unreadable
@@ -465,20 +466,6 @@ class MessageHistory:
         if needs_latest(write, stored):
             latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
         return merged(write, stored, latest[0] if latest else None)
-
-
-def check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:
-    """Raise `ThreadOwnershipError` when `thread` belongs to a resource other than `resource_id`.
-
-    Public so the recall path can refuse a foreign request from its prefetched row before any wait."""
-    # A thread stored without a resourceId is unowned, as in Mastra: any resource may use it.
-    if (
-        thread is not None
-        and resource_id is not None
-        and thread.resourceId
-        and thread.resourceId != resource_id
-    ):
-        raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
 
 
 class RecallReads(Protocol):
