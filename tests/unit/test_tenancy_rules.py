@@ -14,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from message_history.core.echo import filter_echo, plan_echo
+from message_history.core.rules import check_owner, owner_refusal
 from message_history.errors import EventValidationError, MessageIdTakenError, ThreadOwnershipError
 from message_history.settings import Settings
 from schemas.codec import decode_request, decode_response, keyed_by_thread
@@ -299,8 +300,6 @@ def test_one_ownership_rule_for_the_library_the_paths_and_both_storages(
 ) -> None:
     """`core.rules.owner_refusal` is the rule; the buffer, the Mongo save plan and the in-memory storage
     refuse exactly when it does."""
-    from message_history.core.rules import check_owner, owner_refusal
-
     thread = None if owner is None else Thread(id="t", resourceId=owner)
     refusal = owner_refusal(thread, "t", resource)
     assert (refusal is not None) is refused
