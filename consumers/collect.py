@@ -18,13 +18,13 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol, runtime_checkable
 
 from message_history import metrics
-from message_history.core.persist_plan import BatchNeeds
+from message_history.core.persist_plan import BatchNeeds, NeedsRead
 from message_history.core.rules import check_owner
 from message_history.errors import InvalidInputError
 from schemas.messages import Message
@@ -135,6 +135,9 @@ class PersistBuffer:
     _threads: dict[str, Thread] = field(default_factory=dict)
     _rows: dict[tuple[str, str], Message] = field(default_factory=dict)
     _newest: dict[str, Message] = field(default_factory=dict)
+    # read after the load (plan misses): copies by (thread, id) (None: none stored), newest rows
+    _read: dict[tuple[str, str], Message | None] = field(default_factory=dict)
+    _read_latest: dict[str, Message | None] = field(default_factory=dict)
 
     # --- reads, from the load and the batch's own writes ----------------------------------------------
 
@@ -142,29 +145,23 @@ class PersistBuffer:
         """The thread as the batch has it: created by an earlier turn, or stored."""
         return self._threads.get(thread_id) or self.loaded.threads.get(thread_id)
 
-    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> list[Message]:
-        """The copies of `message_ids` in `thread_id`: written by the batch, or stored."""
-        unplanned = self._unplanned(thread_id, message_ids)
-        stored: dict[str, Message] = {}
-        if unplanned:
-            _miss("stored copies", thread_id)
-            stored = {
-                m.id: m for m in await self.storage.get_messages(unplanned, thread_ids=(thread_id,)) if m.id
-            }
-        return self._copies(thread_id, message_ids, stored)
-
     def copies_now(self, thread_id: str, message_ids: Sequence[str]) -> list[Message] | None:
-        """`copies` when the batch's reads hold them all; None when they need a read (a plan miss)."""
+        """The copies of `message_ids` in `thread_id` (written by the batch, or stored) when the batch's reads
+        hold them all; None when they need a `read` (a plan miss)."""
         if self._unplanned(thread_id, message_ids):
             return None
-        return self._copies(thread_id, message_ids, {})
+        return self._copies(thread_id, message_ids)
 
     def _unplanned(self, thread_id: str, message_ids: Sequence[str]) -> list[str]:
-        return [i for i in message_ids if i not in self.loaded.looked_up and (thread_id, i) not in self._rows]
+        return [
+            i
+            for i in message_ids
+            if i not in self.loaded.looked_up
+            and (thread_id, i) not in self._rows
+            and (thread_id, i) not in self._read
+        ]
 
-    def _copies(
-        self, thread_id: str, message_ids: Sequence[str], stored: Mapping[str, Message]
-    ) -> list[Message]:
+    def _copies(self, thread_id: str, message_ids: Sequence[str]) -> list[Message]:
         """The copies; `UnreadableRowError` when the stored copy of one the batch has not written is a row
         no Mastra would read: the turn would write over a row it cannot merge with (and keep its unreadable
         `createdAt`), so it is refused, its dead letter naming the row."""
@@ -176,29 +173,36 @@ class PersistBuffer:
                 raise error
         out: list[Message] = []
         for message_id in message_ids:
-            row = self._rows.get((thread_id, message_id)) or self.loaded.copy(thread_id, message_id)
-            row = row or stored.get(message_id)
+            key = (thread_id, message_id)
+            row = self._rows.get(key) or self.loaded.copy(thread_id, message_id) or self._read.get(key)
             if row is not None:
                 out.append(row)
         return out
 
-    async def latest(self, thread_id: str) -> Message | None:
-        """The thread's newest row, the batch's writes included."""
-        if thread_id in self.loaded.latest:
-            stored = self.loaded.latest[thread_id]
-        else:
+    async def read(self, thread_id: str, need: NeedsRead) -> None:
+        """Read what a turn's decision lacks (`core.persist_plan.NeedsRead`): a read the plan did not
+        foresee, counted and logged; the batch's later decisions answer from it too."""
+        unplanned = self._unplanned(thread_id, need.copies or ())
+        if unplanned:
+            _miss("stored copies", thread_id)
+            rows = await self.storage.get_messages(unplanned, thread_ids=(thread_id,))
+            found = {m.id: m for m in rows if m.id}
+            for message_id in unplanned:
+                self._read[(thread_id, message_id)] = found.get(message_id)
+        if need.latest and not self.has_latest(thread_id):
             _miss("the newest row", thread_id)
             rows = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
-            stored = rows[0] if rows else None
-        return self._latest(thread_id, stored)
+            self._read_latest[thread_id] = rows[0] if rows else None
 
     def has_latest(self, thread_id: str) -> bool:
-        """Whether `latest` answers from the batch's reads (False: it needs a read, a plan miss)."""
-        return thread_id in self.loaded.latest
+        """Whether `latest_now` answers from the batch's reads (False: it needs a `read`, a plan miss)."""
+        return thread_id in self.loaded.latest or thread_id in self._read_latest
 
     def latest_now(self, thread_id: str) -> Message | None:
-        """`latest` from the batch's reads; only when `has_latest`."""
-        return self._latest(thread_id, self.loaded.latest[thread_id])
+        """The thread's newest row, the batch's writes included; only when `has_latest`."""
+        if thread_id in self.loaded.latest:
+            return self._latest(thread_id, self.loaded.latest[thread_id])
+        return self._latest(thread_id, self._read_latest[thread_id])
 
     def _latest(self, thread_id: str, stored: Message | None) -> Message | None:
         written = self._newest.get(thread_id)

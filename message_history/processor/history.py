@@ -51,11 +51,14 @@ from message_history.core.echo import filter_echo as drop_client_echo
 from message_history.core.memory_options import TurnMemory
 from message_history.core.message_list import MessageList
 from message_history.core.persist_plan import (
+    NeedsRead,
+    OneTurnReads,
     TurnWrite,
+    alternates,
+    decide_turn,
+    kept_alternates,
     may_be_derived,
-    merged,
-    needs_latest,
-    stored_copies,
+    previous_alternates,
     taken_derived,
     turn_write,
     with_ids,
@@ -73,7 +76,6 @@ from message_history.core.rules import (
 )
 from message_history.core.tokens import CountCache
 from message_history.errors import AbortError
-from schemas.ids import alternate_message_id
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import (
@@ -436,15 +438,13 @@ class MessageHistory:
             max_inputs=len(input),
             responses=len(response),
         )
-        swap = {i: alternate_message_id(self.message_id_keys[0], i) for i in sorted(taken)}
-        previous = {i: [alternate_message_id(k, i) for k in self.message_id_keys[1:]] for i in swap}
-        olds = [old for alternates in previous.values() for old in alternates]
+        keys = self.message_id_keys
+        swap = alternates(taken, keys)
+        olds = [old for derived in swap for old in previous_alternates(derived, keys)]
         if olds:
             stored = {m.id for m in await self.storage.get_messages(olds, thread_ids=(thread_id,))}
-            for derived, alternates in previous.items():
-                kept = next((old for old in alternates if old in stored), None)
-                if kept is not None:
-                    swap[derived] = kept
+            kept = kept_alternates(swap, keys, stored.__contains__)
+            swap = {derived: kept.get(current, current) for derived, current in swap.items()}
         return swap
 
     async def _merge_with_stored(self, thread_id: str, write: TurnWrite) -> list[Message]:
@@ -455,17 +455,19 @@ class MessageHistory:
         by the save itself (`MessageIdTakenError`): an id never lets one thread, or one resource, overwrite
         another's message (Mastra's processors would).
         """
-        ids = [m.id for m in write.messages if m.id is not None]
-        with unreadable.collecting("other") as ledger:
-            rows = await self.storage.get_messages(ids, thread_ids=(thread_id,))
-        error = ledger.unreadable(thread_id, ids)
-        if error is not None:  # its own stored copy is a row no Mastra would read: never written over
-            raise error
-        stored = stored_copies(write, rows, thread_id)
-        latest: list[Message] = []
-        if needs_latest(write, stored):
-            latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
-        return merged(write, stored, latest[0] if latest else None)
+        reads = OneTurnReads()
+        while isinstance(need := decide_turn(write, reads), NeedsRead):
+            if need.copies is not None:
+                ids = list(need.copies)
+                with unreadable.collecting("other") as ledger:
+                    reads.copies = await self.storage.get_messages(ids, thread_ids=(thread_id,))
+                error = ledger.unreadable(thread_id, ids)
+                if error is not None:  # its own stored copy is a row no Mastra would read: never written over
+                    raise error
+            if need.latest:
+                latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
+                reads.latest, reads.latest_read = (latest[0] if latest else None), True
+        return need.messages
 
 
 class RecallReads(Protocol):
