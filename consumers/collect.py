@@ -16,13 +16,13 @@ ownership refusal) is final when `flush` returns. A read the plan did not forese
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
+from consumers.write_buffer import WriteBuffer
 from message_history import metrics
 from message_history.core.persist_plan import BatchNeeds, NeedsRead
 from message_history.core.rules import check_owner
@@ -104,13 +104,6 @@ async def load_batch(storage: BatchHistoryStorage, needs: BatchNeeds) -> Loaded:
     )
 
 
-class BufferState(enum.Enum):
-    COLLECTING = "collecting"
-    FLUSHING = "flushing"
-    DONE = "done"
-    FAILED = "failed"
-
-
 @dataclass(slots=True)
 class Slot:
     """One turn's place in the buffer: its write (None for a turn that writes nothing) and, once the buffer
@@ -124,12 +117,13 @@ class Slot:
 
 
 @dataclass(slots=True)
-class PersistBuffer:
-    """A batch's writes, collected in batch order per thread and written with one `save_many`."""
+class PersistBuffer(WriteBuffer):
+    """A batch's writes, collected in batch order per thread and written with one `save_many` (a
+    `WriteBuffer`: collecting -> flushing -> done | failed)."""
 
+    what: ClassVar[str] = "persist"
     storage: BatchHistoryStorage
     loaded: Loaded
-    state: BufferState = BufferState.COLLECTING
     slots: list[Slot] = field(default_factory=list)
     # what this batch writes, overlaid on the loaded reads: created threads, rows by (thread, id), newest rows
     _threads: dict[str, Thread] = field(default_factory=dict)
@@ -238,10 +232,6 @@ class PersistBuffer:
         self.slots.append(slot)
         return slot
 
-    def _collecting(self) -> None:
-        if self.state is not BufferState.COLLECTING:
-            raise RuntimeError(f"the persist buffer takes no writes once {self.state.value}")
-
     def _overlay(self, thread_id: str, messages: Sequence[Message]) -> None:
         """Later turns of the batch see this turn's rows as stored (first `createdAt` kept, as upserts do)."""
         for message in messages:
@@ -258,20 +248,13 @@ class PersistBuffer:
 
     # --- the flush ------------------------------------------------------------------------------------
 
-    async def flush(self) -> None:
+    async def _write(self) -> None:
         """Write every taken turn with one `save_many` (in batch order, so that of two threads' turns
         carrying one id the later is the one refused); then every slot has its final result."""
-        self._collecting()
-        self.state = BufferState.FLUSHING
         self.slots.sort(key=lambda s: s.order)  # threads run concurrently; one thread's turns come in order
         writes = [s for s in self.slots if s.turn is not None]
-        try:
-            results = await self._save([s.turn for s in writes if s.turn is not None])
-        except BaseException:
-            self.state = BufferState.FAILED  # an outage: the batch is retried, with a new buffer
-            raise
+        results = await self._save([s.turn for s in writes if s.turn is not None])
         if len(results) != len(writes):
-            self.state = BufferState.FAILED
             raise RuntimeError(f"save_many returned {len(results)} results for {len(writes)} turns")
         for slot, result in zip(writes, results, strict=True):
             slot.result = result
@@ -281,7 +264,6 @@ class PersistBuffer:
                 last[slot.thread_id] = slot.result
             elif slot.turn is None:
                 slot.result = last.get(slot.thread_id) or self.loaded.threads.get(slot.thread_id)
-        self.state = BufferState.DONE
 
     async def _save(self, turns: list[SaveTurn]) -> list[Thread | InvalidInputError]:
         if not turns:

@@ -17,11 +17,11 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from consumers.collect import BufferState
+from consumers.write_buffer import WriteBuffer
 from message_history import metrics
 from message_history.core.budget import PAGE_SIZE, HistoryLoader, LoadedHistory
 from message_history.core.echo import EchoPlan
@@ -79,20 +79,19 @@ def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
     )
 
 
-class BoundaryBuffer:
+@dataclass(slots=True)
+class BoundaryBuffer(WriteBuffer):
     """The token boundaries a recall batch moves: write-only, flushed before the batch's acknowledgement.
 
-    Like the persist path's `PersistBuffer`, with an explicit state: `COLLECTING` (takes writes; a thread's
-    own may be written early, `flush(thread_id)`, before a parked request of it reads MongoDB) -> `FLUSHING`
-    (the batch's one round trip) -> `DONE`, or `FAILED` when that write fails (the loop retries the batch
-    with a new buffer). Nothing reads a boundary back from here: the batch's later requests of a thread see
-    the moved boundary in the loaded thread row, which the decision updates itself.
+    A `WriteBuffer`, like the persist path's `PersistBuffer`; while collecting, a thread's own updates may
+    be written early (`flush_thread`), before a parked request of it reads MongoDB. Nothing reads a
+    boundary back from here: the batch's later requests of a thread see the moved boundary in the loaded
+    thread row, which the decision updates itself.
     """
 
-    def __init__(self, storage: BatchHistoryStorage) -> None:
-        self._storage = storage
-        self.state = BufferState.COLLECTING
-        self._updates: dict[str, dict[str, Any]] = {}
+    what: ClassVar[str] = "boundary"
+    storage: BatchHistoryStorage
+    _updates: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def pending(self) -> dict[str, dict[str, Any]]:
@@ -100,35 +99,26 @@ class BoundaryBuffer:
         return {thread: dict(update) for thread, update in self._updates.items()}
 
     def write(self, thread_id: str, update: dict[str, Any]) -> None:
-        if self.state is not BufferState.COLLECTING:
-            raise RuntimeError(f"the boundary buffer takes no writes once {self.state.value}")
+        self._collecting()
         self._updates.setdefault(thread_id, {}).update(update)
 
-    async def flush(self, thread_id: str | None = None) -> None:
-        """Write the buffered updates: one round trip (nothing when there are none). With `thread_id`, only
-        that thread's, now, and the buffer keeps collecting: before a request of it is recalled from
-        MongoDB, which must see them (and whose own boundary the batch's flush must not write back over)."""
-        if thread_id is not None:
-            if self.state is not BufferState.COLLECTING:
-                raise RuntimeError(f"the boundary buffer flushes no thread once {self.state.value}")
-            update = self._updates.pop(thread_id, None)
-            if update is not None:
-                await self._save([(thread_id, update)])
-            return
-        if self.state is not BufferState.COLLECTING:
-            raise RuntimeError(f"the boundary buffer is flushed once, not when {self.state.value}")
-        self.state = BufferState.FLUSHING
-        try:
-            await self._save(list(self._updates.items()))
-        except BaseException:
-            self.state = BufferState.FAILED
-            raise
+    async def flush_thread(self, thread_id: str) -> None:
+        """Write only `thread_id`'s updates, now, and keep collecting: before a request of it is recalled
+        from MongoDB, which must see them (and whose own boundary the batch's flush must not write back
+        over)."""
+        self._collecting("flushes no thread")
+        update = self._updates.pop(thread_id, None)
+        if update is not None:
+            await self._save([(thread_id, update)])
+
+    async def _write(self) -> None:
+        """The batch's one round trip (nothing when there are no updates)."""
+        await self._save(list(self._updates.items()))
         self._updates.clear()
-        self.state = BufferState.DONE
 
     async def _save(self, updates: list[tuple[str, dict[str, Any]]]) -> None:
         if updates:
-            await self._storage.save_thread_metadata_many(updates)
+            await self.storage.save_thread_metadata_many(updates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,8 +332,11 @@ class PrefetchedHistory:
         return recalled.outcome
 
     async def flush(self, thread_id: str | None = None) -> None:
-        """The boundary buffer's flush (see `BoundaryBuffer.flush`)."""
-        await self.boundaries.flush(thread_id)
+        """The boundary buffer's flush (see `BoundaryBuffer`): the batch's, or only `thread_id`'s."""
+        if thread_id is None:
+            await self.boundaries.flush()
+        else:
+            await self.boundaries.flush_thread(thread_id)
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:
