@@ -41,9 +41,11 @@ PATH = "persist"
 class ReadsForSaves(Protocol):
     """A storage whose `save_many` can take its reads from the batch's load (`MongoHistoryStorage`).
 
-    A probe, not part of `BatchHistoryStorage`: `SaveReads` is the document-level plan of the Mongo write
-    (`storage.save_plan`); `SequentialBatches` saves through single `save_messages` and has no use for it.
-    Without it the batch's writes read for themselves (same result, more round trips)."""
+    A capability, not part of `BatchHistoryStorage`: `SaveReads` is the document-level plan of the Mongo
+    write (`storage.save_plan`); `SequentialBatches` saves through single `save_messages` and has no use
+    for it. Decided once when the service is wired (`message_history.app.capabilities`) and passed in
+    (`PersistHandler(save_reads=...)`); without it the batch's writes read for themselves (same result,
+    more round trips)."""
 
     async def read_for_saves(
         self, thread_ids: Collection[str], message_ids: Collection[str]
@@ -70,14 +72,17 @@ class Loaded:
         return self.copies.get((thread_id, message_id))
 
 
-async def load_batch(storage: BatchHistoryStorage, needs: BatchNeeds) -> Loaded:
-    """Read `needs` with concurrent queries (one round trip): threads, stored copies, newest rows."""
+async def load_batch(
+    storage: BatchHistoryStorage, needs: BatchNeeds, saves: ReadsForSaves | None = None
+) -> Loaded:
+    """Read `needs` with concurrent queries (one round trip): threads, stored copies, newest rows; with
+    `saves` (the same storage's), the threads come with the write's reads (`Loaded.save_reads`)."""
     lookup = list(needs.lookup_ids)
     newest_of = list(needs.latest_of)
 
     async def threads() -> tuple[dict[str, Thread], SaveReads | None]:
-        if isinstance(storage, ReadsForSaves):
-            reads = await storage.read_for_saves(needs.thread_ids, needs.lookup_ids)
+        if saves is not None:
+            reads = await saves.read_for_saves(needs.thread_ids, needs.lookup_ids)
             return dict(reads.threads), reads
         return (await storage.get_threads(list(needs.thread_ids)) if needs.thread_ids else {}), None
 
@@ -124,6 +129,8 @@ class PersistBuffer(WriteBuffer):
     what: ClassVar[str] = "persist"
     storage: BatchHistoryStorage
     loaded: Loaded
+    # the storage's write that takes the batch's reads (`ReadsForSaves`); None: `save_many` reads itself
+    save_reads: ReadsForSaves | None = None
     slots: list[Slot] = field(default_factory=list)
     # what this batch writes, overlaid on the loaded reads: created threads, rows by (thread, id), newest rows
     _threads: dict[str, Thread] = field(default_factory=dict)
@@ -269,14 +276,14 @@ class PersistBuffer(WriteBuffer):
         if not turns:
             return []
         reads = self.loaded.save_reads
-        if reads is not None and isinstance(self.storage, ReadsForSaves):
+        if reads is not None and self.save_reads is not None:
             threads, ids = reads.missing(turns)
             if threads or ids:
                 _miss(
                     f"{len(threads)} threads and {len(ids)} message homes for the write",
                     threads[:1] or ids[:1],
                 )
-            return await self.storage.save_many(turns, reads=reads)
+            return await self.save_reads.save_many(turns, reads=reads)
         return await self.storage.save_many(turns)
 
 

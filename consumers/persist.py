@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from consumers.collect import Loaded, PersistBuffer, Slot, load_batch
+from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_batch
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
 from consumers.lanes import Failed
 from consumers.outage import contain, containable
@@ -66,7 +66,8 @@ class AnsweredTurns(Protocol):
 
 @runtime_checkable
 class MessageHomes(Protocol):
-    """A storage that tells the thread each stored id is in, reading ids and threads only (a probe)."""
+    """A storage that tells the thread each stored id is in, reading ids and threads only (replay's; a
+    capability passed in, `PersistHandler(homes=...)`)."""
 
     async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]: ...
 
@@ -105,8 +106,14 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         tombstones: TombstoneReader | None = None,
         markers: AnsweredTurns | None = None,
         id_keys: Sequence[bytes] = (),
+        save_reads: ReadsForSaves | None = None,
+        homes: MessageHomes | None = None,
     ) -> None:
+        """`save_reads`, `homes`: what the storage can do beyond `BatchHistoryStorage` (the same storage,
+        decided once when wired: `message_history.app.capabilities`)."""
         super().__init__(settings, storage, publisher)
+        self._save_reads = save_reads
+        self._message_homes = homes
         self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
         self._markers = markers
         # the deployment's message-id keys, current first (`storage.message_id_keys`); none: a derived id
@@ -132,7 +139,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         # the tombstone read beside the batch's reads, not before them: one round trip less per batch (a
         # forgotten turn's reads are loaded and unused; reads only, nothing of it is written or sent)
         (items, forgotten), loaded = await asyncio.gather(self._split_forgotten(items), self._load(items))
-        buffer = PersistBuffer(self.storage, loaded)
+        buffer = PersistBuffer(self.storage, loaded, save_reads=self._save_reads)
 
         outcomes = await self._decide_all(buffer, items, spans)
         await buffer.flush()  # the one bulk write; an outage raises here and the batch is retried
@@ -196,7 +203,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         """What the batch's read plan says, in one round trip; each response then keeps the pre-0.1.0 ids
         its thread already stores."""
         needs = [plan_persist(item.response) for _, item in items]
-        loaded = await load_batch(self.storage, batch_needs(needs))
+        loaded = await load_batch(self.storage, batch_needs(needs), self._save_reads)
         for (_, item), need in zip(items, needs, strict=True):
             _keep_legacy_ids(item.response, need.legacy, loaded)
         if self._id_keys:
@@ -244,8 +251,8 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         ids = list(dict.fromkeys(i for _, item in items for i in saved_ids(item.response)))
         if not ids:
             return {}
-        if isinstance(self.storage, MessageHomes):  # replay's storage: ids and threads only
-            return await self.storage.message_homes(ids)
+        if self._message_homes is not None:  # replay's storage: ids and threads only
+            return await self._message_homes.message_homes(ids)
         return {m.id: m.threadId for m in await self.storage.get_messages(ids) if m.id is not None}
 
     async def _keep_previous_alternates(

@@ -46,9 +46,10 @@ log = logging.getLogger(__name__)
 class RawRecallStorage(Protocol):
     """A storage that reads recall pages as each row's stored bytes (`MongoHistoryStorage`).
 
-    A probe, not part of `BatchHistoryStorage`: only a document store has stored bytes to hand over
-    (`SequentialBatches` over the in-memory storage holds models). Without it recall reads models
-    (`list_messages_many`): same rows, more CPU."""
+    A capability, not part of `BatchHistoryStorage`: only a document store has stored bytes to hand over
+    (`SequentialBatches` over the in-memory storage holds models). Decided once, when the service is wired
+    (`message_history.app.capabilities`), and passed in (`RecallHandler(raw_rows=...)`); without it recall
+    reads models (`list_messages_many`): same rows, more CPU."""
 
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]: ...
 
@@ -134,11 +135,13 @@ class PrefetchedHistory:
     def __init__(
         self,
         storage: BatchHistoryStorage,
+        raw: RawRecallStorage | None,
         threads: dict[str, Thread],
         pages: dict[str, _Page],
         known: Iterable[str],
     ) -> None:
         self._storage = storage
+        self._raw_rows = raw  # the storage's byte reads (None: it reads models only)
         self._threads = threads  # the existing threads among `known`
         self._pages = pages
         # pages read as bytes (a `RawRecallStorage`): `plain` rows, `list_messages` models, made on demand
@@ -157,11 +160,16 @@ class PrefetchedHistory:
 
     @classmethod
     async def load(
-        cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery], *, raw: bool = True
+        cls,
+        storage: BatchHistoryStorage,
+        queries: Iterable[RecallQuery],
+        *,
+        raw: RawRecallStorage | None = None,
     ) -> PrefetchedHistory:
         """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked).
 
-        `raw`: read unbudgeted pages as bytes when the storage can (`RawRecallStorage`)."""
+        `raw`: the storage's byte reads (`RawRecallStorage`, the same storage), to read unbudgeted pages as
+        bytes; None: every page as models."""
         queries = list(queries)
         merged: dict[str, RecallQuery] = {}
         for query in queries:
@@ -179,8 +187,6 @@ class PrefetchedHistory:
         lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
         lookup_threads = list(dict.fromkeys(q.thread_id for q in queries if q.lookup))
 
-        read_raw = raw and isinstance(storage, RawRecallStorage)
-
         async def copies() -> list[Message]:
             if lookup:
                 # copies in the asking threads only: another thread's row must not change a request
@@ -190,20 +196,19 @@ class PrefetchedHistory:
         async def recent() -> dict[str, list[Message]]:
             # budgeted threads count the tokens of their rows' content, so they get models (as do the
             # plain pages of a storage that cannot read bytes, or with the fast route off)
-            if read_raw:
+            if raw is not None:
                 return await storage.list_messages_many(first) if first else {}
             return await storage.list_messages_many([*wanted, *first])
 
-        async def raw_recent() -> dict[str, list[bytes]]:
-            assert isinstance(storage, RawRecallStorage)
-            return await storage.recall_raw_many(wanted) if wanted else {}
+        async def raw_recent(raw: RawRecallStorage) -> dict[str, list[bytes]]:
+            return await raw.recall_raw_many(wanted) if wanted else {}
 
         # Unbudgeted pages as bytes when the storage can: a plain request is decided from them without a
         # model per row (`RecallHandler`), any other request reads them as messages (`list_messages`).
         raw_pages: dict[str, list[bytes]] | None = None
-        if read_raw:
+        if raw is not None:
             threads, raw_pages, pages, rows = await asyncio.gather(
-                storage.get_threads(ids), raw_recent(), recent(), copies()
+                storage.get_threads(ids), raw_recent(raw), recent(), copies()
             )
             loaded: dict[str, _Page] = {}
         else:
@@ -211,7 +216,7 @@ class PrefetchedHistory:
             loaded = {
                 q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
             }
-        history = cls(storage, dict(threads), loaded, ids)
+        history = cls(storage, raw, dict(threads), loaded, ids)
         if raw_pages is not None:
             history._raw = {
                 q.thread_id: (_Page(q.resource_id, q.limit, []), raw_pages.get(q.thread_id, []))
@@ -352,14 +357,14 @@ class PrefetchedHistory:
             return None
         rows = self._plain.get(thread_id)
         if rows is None:
-            assert isinstance(self._storage, RawRecallStorage)  # it read the bytes
-            rows = self._plain[thread_id] = self._storage.plain_rows(entry[1])
+            assert self._raw_rows is not None  # it read the bytes
+            rows = self._plain[thread_id] = self._raw_rows.plain_rows(entry[1])
             if None in rows and thread_id not in self._pages:
                 # a row not in the plain shape, maybe one no Mastra reads: the page is read as messages
                 # now (as `newest` would), so its unreadable rows are met and counted whatever the limit,
                 # as the model route meets them (`history.skipped` is the same on both routes)
                 self._pages[thread_id] = dataclasses.replace(
-                    entry[0], messages=self._storage.recalled_from_raw(entry[1])
+                    entry[0], messages=self._raw_rows.recalled_from_raw(entry[1])
                 )
         return rows[:limit]
 
@@ -369,9 +374,9 @@ class PrefetchedHistory:
             return []
         entry = self._raw.get(thread_id)
         if entry is not None and thread_id not in self._pages:  # a byte page read as messages: decoded once
-            assert isinstance(self._storage, RawRecallStorage)
+            assert self._raw_rows is not None  # it read the bytes
             self._pages[thread_id] = dataclasses.replace(
-                entry[0], messages=self._storage.recalled_from_raw(entry[1])
+                entry[0], messages=self._raw_rows.recalled_from_raw(entry[1])
             )
         page = self._pages.get(thread_id)
         if page is not None and page.resource_id == resource_id and not _larger(limit, page.limit):
