@@ -5,7 +5,7 @@
 budgeted threads' pages and the client-echo filter's stored copies, issued concurrently; the budgeted
 threads' `HistoryLoader`s then run together, one round trip per paging round for the whole batch. It is not a
 storage: it answers the decision's reads (`RecallReads`: `newest`, `copies`, `history`) and `recall` hands
-them to `processor.history.recall_from`, the same decision the library makes per turn. A read the plan did
+them to `processor.recall.recall_from`, the same decision the library makes per turn. A read the plan did
 not foresee (a boundary an earlier request moved, a larger page) is a plan miss: counted
 (`message_history_plan_misses_total{path="recall"}`), logged at INFO, then read from the storage. Boundary
 writes go to a write-only `BoundaryBuffer`, flushed before the batch is acknowledged.
@@ -27,7 +27,7 @@ from message_history.core.budget import PAGE_SIZE, HistoryLoader, LoadedHistory
 from message_history.core.echo import EchoPlan
 from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundary
 from message_history.core.tokens import CountCache
-from message_history.processor.history import RecallOutcome, recall_from
+from message_history.processor.recall import RecallOutcome, recall_from
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import (
