@@ -43,7 +43,7 @@ from message_history.core.persist_plan import (
     turn_input,
     turn_write,
 )
-from message_history.core.rules import SkipReason, check_owner, select_for_persistence
+from message_history.core.rules import PersistDecision, SkipReason, check_owner, select_for_persistence
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
@@ -88,8 +88,16 @@ class _Done:
     slot: Slot
 
 
-def _read_only(response: AgentResponse) -> bool:
-    return bool(response.memory and response.memory.readOnly)
+def _selected(response: AgentResponse) -> PersistDecision:
+    """What the turn saves before it meets its stored copies (`rules.select_for_persistence`), or why it
+    saves nothing."""
+    return select_for_persistence(
+        turn_input(response),
+        response.response,
+        finish_reason=response.finishReason,
+        read_only=bool(response.memory and response.memory.readOnly),
+        has_thread=True,
+    )
 
 
 class PersistHandler(PathHandler[PersistedPublisher]):
@@ -124,7 +132,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
-        whose own stored copy is one of them is refused (`PersistBuffer.copies`), naming the row."""
+        whose own stored copy is one of them is refused (`PersistBuffer.copies_now`), naming the row."""
         with unreadable.collecting(PATH):
             return await self._handle_batch(records, spans)
 
@@ -334,13 +342,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             # the turn selects to save (never a system message, a transient signal, a recalled echo, a
             # read-only or failed turn's), as the processor selects it; the tool-state merge with stored
             # copies comes later and is not checked here
-            decision = select_for_persistence(
-                turn_input(response),
-                response.response,
-                finish_reason=response.finishReason,
-                read_only=_read_only(response),
-                has_thread=True,
-            )
+            decision = _selected(response)
             check_document_sizes(
                 decision.messages,
                 thread_id=response.threadId,
@@ -393,13 +395,7 @@ def _decide_now(buffer: PersistBuffer, order: int, response: AgentResponse) -> _
     nothing, taken by the buffer; or, with nothing taken, the read it needs first. Refuses a thread owned
     by another resource (`ThreadOwnershipError`)."""
     thread_id, resource_id = response.threadId, response.resourceId
-    decision = select_for_persistence(
-        turn_input(response),
-        response.response,
-        finish_reason=response.finishReason,
-        read_only=_read_only(response),
-        has_thread=True,
-    )
+    decision = _selected(response)
     skipped = decision.skipped
     if skipped is None:
         write: TurnWrite = turn_write(

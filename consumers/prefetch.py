@@ -27,7 +27,7 @@ from message_history.core.budget import PAGE_SIZE, HistoryLoader, LoadedHistory
 from message_history.core.echo import EchoPlan
 from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundary
 from message_history.core.tokens import CountCache
-from message_history.processor.recall import RecallOutcome, recall_from
+from message_history.processor.recall import RecallOutcome, load_history, recall_from
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import (
@@ -293,25 +293,15 @@ class PrefetchedHistory:
             loaded = self._loaded.get(load)
             if loaded is not None:
                 return loaded
-        loader = HistoryLoader(
-            boundary=load.boundary,
-            max_messages=load.max_messages,
-            budget=load.budget,
-            count=count,
-            max_rows=load.max_rows,
-        )
-        while loader.next_page is not None:
-            request = loader.next_page
-            query = PageQuery(
-                load.thread_id, load.resource_id, request.start, request.end, request.page, request.per_page
-            )
-            page = self.budget_pages.get(query)
-            if page is None:  # a page the plan did not foresee
-                self._missed("list_page", load.thread_id)
-                [page] = await self._storage.list_pages_many([query])
-                self.budget_pages[query] = page
-            loader.feed(page.messages, has_more=page.has_more)
-        return loader.loaded()
+        return await load_history(load, count, lambda query: self._budget_page(load.thread_id, query))
+
+    async def _budget_page(self, thread_id: str, query: PageQuery) -> Page:
+        page = self.budget_pages.get(query)
+        if page is None:  # a page the plan did not foresee
+            self._missed("list_page", thread_id)
+            [page] = await self._storage.list_pages_many([query])
+            self.budget_pages[query] = page
+        return page
 
     async def recall(
         self,

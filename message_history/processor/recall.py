@@ -7,7 +7,7 @@ batch's load (`consumers.prefetch.PrefetchedHistory`). They differ only in where
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,7 +16,6 @@ from message_history.core.budget import (
     Boundary,
     HistoryLoader,
     LoadedHistory,
-    PageRequest,
     advance_boundary,
     trim_memory,
 )
@@ -202,18 +201,25 @@ class StorageReads:
         return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
 
     async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> LoadedHistory:
-        loader = HistoryLoader(
-            boundary=load.boundary,
-            max_messages=load.max_messages,
-            budget=load.budget,
-            count=count,
-            max_rows=load.max_rows,
-        )
-        while loader.next_page is not None:
-            page = await self._page(load.thread_id, load.resource_id, loader.next_page)
-            loader.feed(page.messages, has_more=page.has_more)
-        return loader.loaded()
+        return await load_history(load, count, self._storage.list_page)
 
-    async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
-        query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
-        return await self._storage.list_page(query)
+
+async def load_history(
+    load: HistoryLoad, count: Callable[[Message], float], page: Callable[[PageQuery], Awaitable[Page]]
+) -> LoadedHistory:
+    """`load`'s `HistoryLoader` run to its end, each page it asks for read with `page` (the library: the
+    storage's `list_page`; the recall path: its batch's pages, a plan miss read from the storage)."""
+    loader = HistoryLoader(
+        boundary=load.boundary,
+        max_messages=load.max_messages,
+        budget=load.budget,
+        count=count,
+        max_rows=load.max_rows,
+    )
+    while (request := loader.next_page) is not None:
+        query = PageQuery(
+            load.thread_id, load.resource_id, request.start, request.end, request.page, request.per_page
+        )
+        loaded = await page(query)
+        loader.feed(loaded.messages, has_more=loaded.has_more)
+    return loader.loaded()
