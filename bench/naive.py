@@ -14,8 +14,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from pymongo import AsyncMongoClient
 
-from consumers.persist import turn_input
 from message_history.core.memory_options import turn_last_messages
+from message_history.core.persist_plan import turn_input
 from message_history.processor import MessageHistory
 from message_history.settings import Settings
 from producers.connection import kafka_options

@@ -16,16 +16,17 @@ ownership refusal) is final when `flush` returns. A read the plan did not forese
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
+from consumers.write_buffer import WriteBuffer
 from message_history import metrics
-from message_history.core.persist_plan import BatchNeeds
-from message_history.errors import InvalidInputError, ThreadOwnershipError
+from message_history.core.persist_plan import BatchNeeds, NeedsRead
+from message_history.core.rules import check_owner
+from message_history.errors import InvalidInputError
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import BatchHistoryStorage, RecallQuery, SaveTurn, Thread
@@ -40,9 +41,11 @@ PATH = "persist"
 class ReadsForSaves(Protocol):
     """A storage whose `save_many` can take its reads from the batch's load (`MongoHistoryStorage`).
 
-    A probe, not part of `BatchHistoryStorage`: `SaveReads` is the document-level plan of the Mongo write
-    (`storage.save_plan`); `SequentialBatches` saves through single `save_messages` and has no use for it.
-    Without it the batch's writes read for themselves (same result, more round trips)."""
+    A capability, not part of `BatchHistoryStorage`: `SaveReads` is the document-level plan of the Mongo
+    write (`storage.save_plan`); `SequentialBatches` saves through single `save_messages` and has no use
+    for it. Decided once when the service is wired (`message_history.app.capabilities`) and passed in
+    (`PersistHandler(save_reads=...)`); without it the batch's writes read for themselves (same result,
+    more round trips)."""
 
     async def read_for_saves(
         self, thread_ids: Collection[str], message_ids: Collection[str]
@@ -69,14 +72,17 @@ class Loaded:
         return self.copies.get((thread_id, message_id))
 
 
-async def load_batch(storage: BatchHistoryStorage, needs: BatchNeeds) -> Loaded:
-    """Read `needs` with concurrent queries (one round trip): threads, stored copies, newest rows."""
+async def load_batch(
+    storage: BatchHistoryStorage, needs: BatchNeeds, saves: ReadsForSaves | None = None
+) -> Loaded:
+    """Read `needs` with concurrent queries (one round trip): threads, stored copies, newest rows; with
+    `saves` (the same storage's), the threads come with the write's reads (`Loaded.save_reads`)."""
     lookup = list(needs.lookup_ids)
     newest_of = list(needs.latest_of)
 
     async def threads() -> tuple[dict[str, Thread], SaveReads | None]:
-        if isinstance(storage, ReadsForSaves):
-            reads = await storage.read_for_saves(needs.thread_ids, needs.lookup_ids)
+        if saves is not None:
+            reads = await saves.read_for_saves(needs.thread_ids, needs.lookup_ids)
             return dict(reads.threads), reads
         return (await storage.get_threads(list(needs.thread_ids)) if needs.thread_ids else {}), None
 
@@ -103,13 +109,6 @@ async def load_batch(storage: BatchHistoryStorage, needs: BatchNeeds) -> Loaded:
     )
 
 
-class BufferState(enum.Enum):
-    COLLECTING = "collecting"
-    FLUSHING = "flushing"
-    DONE = "done"
-    FAILED = "failed"
-
-
 @dataclass(slots=True)
 class Slot:
     """One turn's place in the buffer: its write (None for a turn that writes nothing) and, once the buffer
@@ -123,17 +122,23 @@ class Slot:
 
 
 @dataclass(slots=True)
-class PersistBuffer:
-    """A batch's writes, collected in batch order per thread and written with one `save_many`."""
+class PersistBuffer(WriteBuffer):
+    """A batch's writes, collected in batch order per thread and written with one `save_many` (a
+    `WriteBuffer`: collecting -> flushing -> done | failed)."""
 
+    what: ClassVar[str] = "persist"
     storage: BatchHistoryStorage
     loaded: Loaded
-    state: BufferState = BufferState.COLLECTING
+    # the storage's write that takes the batch's reads (`ReadsForSaves`); None: `save_many` reads itself
+    save_reads: ReadsForSaves | None = None
     slots: list[Slot] = field(default_factory=list)
     # what this batch writes, overlaid on the loaded reads: created threads, rows by (thread, id), newest rows
     _threads: dict[str, Thread] = field(default_factory=dict)
     _rows: dict[tuple[str, str], Message] = field(default_factory=dict)
     _newest: dict[str, Message] = field(default_factory=dict)
+    # read after the load (plan misses): copies by (thread, id) (None: none stored), newest rows
+    _read: dict[tuple[str, str], Message | None] = field(default_factory=dict)
+    _read_latest: dict[str, Message | None] = field(default_factory=dict)
 
     # --- reads, from the load and the batch's own writes ----------------------------------------------
 
@@ -141,29 +146,23 @@ class PersistBuffer:
         """The thread as the batch has it: created by an earlier turn, or stored."""
         return self._threads.get(thread_id) or self.loaded.threads.get(thread_id)
 
-    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> list[Message]:
-        """The copies of `message_ids` in `thread_id`: written by the batch, or stored."""
-        unplanned = self._unplanned(thread_id, message_ids)
-        stored: dict[str, Message] = {}
-        if unplanned:
-            _miss("stored copies", thread_id)
-            stored = {
-                m.id: m for m in await self.storage.get_messages(unplanned, thread_ids=(thread_id,)) if m.id
-            }
-        return self._copies(thread_id, message_ids, stored)
-
     def copies_now(self, thread_id: str, message_ids: Sequence[str]) -> list[Message] | None:
-        """`copies` when the batch's reads hold them all; None when they need a read (a plan miss)."""
+        """The copies of `message_ids` in `thread_id` (written by the batch, or stored) when the batch's reads
+        hold them all; None when they need a `read` (a plan miss)."""
         if self._unplanned(thread_id, message_ids):
             return None
-        return self._copies(thread_id, message_ids, {})
+        return self._copies(thread_id, message_ids)
 
     def _unplanned(self, thread_id: str, message_ids: Sequence[str]) -> list[str]:
-        return [i for i in message_ids if i not in self.loaded.looked_up and (thread_id, i) not in self._rows]
+        return [
+            i
+            for i in message_ids
+            if i not in self.loaded.looked_up
+            and (thread_id, i) not in self._rows
+            and (thread_id, i) not in self._read
+        ]
 
-    def _copies(
-        self, thread_id: str, message_ids: Sequence[str], stored: Mapping[str, Message]
-    ) -> list[Message]:
+    def _copies(self, thread_id: str, message_ids: Sequence[str]) -> list[Message]:
         """The copies; `UnreadableRowError` when the stored copy of one the batch has not written is a row
         no Mastra would read: the turn would write over a row it cannot merge with (and keep its unreadable
         `createdAt`), so it is refused, its dead letter naming the row."""
@@ -175,29 +174,36 @@ class PersistBuffer:
                 raise error
         out: list[Message] = []
         for message_id in message_ids:
-            row = self._rows.get((thread_id, message_id)) or self.loaded.copy(thread_id, message_id)
-            row = row or stored.get(message_id)
+            key = (thread_id, message_id)
+            row = self._rows.get(key) or self.loaded.copy(thread_id, message_id) or self._read.get(key)
             if row is not None:
                 out.append(row)
         return out
 
-    async def latest(self, thread_id: str) -> Message | None:
-        """The thread's newest row, the batch's writes included."""
-        if thread_id in self.loaded.latest:
-            stored = self.loaded.latest[thread_id]
-        else:
+    async def read(self, thread_id: str, need: NeedsRead) -> None:
+        """Read what a turn's decision lacks (`core.persist_plan.NeedsRead`): a read the plan did not
+        foresee, counted and logged; the batch's later decisions answer from it too."""
+        unplanned = self._unplanned(thread_id, need.copies or ())
+        if unplanned:
+            _miss("stored copies", thread_id)
+            rows = await self.storage.get_messages(unplanned, thread_ids=(thread_id,))
+            found = {m.id: m for m in rows if m.id}
+            for message_id in unplanned:
+                self._read[(thread_id, message_id)] = found.get(message_id)
+        if need.latest and not self.has_latest(thread_id):
             _miss("the newest row", thread_id)
             rows = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
-            stored = rows[0] if rows else None
-        return self._latest(thread_id, stored)
+            self._read_latest[thread_id] = rows[0] if rows else None
 
     def has_latest(self, thread_id: str) -> bool:
-        """Whether `latest` answers from the batch's reads (False: it needs a read, a plan miss)."""
-        return thread_id in self.loaded.latest
+        """Whether `latest_now` answers from the batch's reads (False: it needs a `read`, a plan miss)."""
+        return thread_id in self.loaded.latest or thread_id in self._read_latest
 
     def latest_now(self, thread_id: str) -> Message | None:
-        """`latest` from the batch's reads; only when `has_latest`."""
-        return self._latest(thread_id, self.loaded.latest[thread_id])
+        """The thread's newest row, the batch's writes included; only when `has_latest`."""
+        if thread_id in self.loaded.latest:
+            return self._latest(thread_id, self.loaded.latest[thread_id])
+        return self._latest(thread_id, self._read_latest[thread_id])
 
     def _latest(self, thread_id: str, stored: Message | None) -> Message | None:
         written = self._newest.get(thread_id)
@@ -212,8 +218,7 @@ class PersistBuffer:
         batch) with `ThreadOwnershipError`, as the write itself would."""
         self._collecting()
         thread = self.thread(thread_id)
-        if thread is not None and thread.resourceId and thread.resourceId != resource_id:
-            raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
+        check_owner(thread, thread_id, resource_id)
         if thread is None:
             # provisional: the batch's later turns of this thread must see it exists and whose it is
             now = datetime.now(UTC)
@@ -234,10 +239,6 @@ class PersistBuffer:
         self.slots.append(slot)
         return slot
 
-    def _collecting(self) -> None:
-        if self.state is not BufferState.COLLECTING:
-            raise RuntimeError(f"the persist buffer takes no writes once {self.state.value}")
-
     def _overlay(self, thread_id: str, messages: Sequence[Message]) -> None:
         """Later turns of the batch see this turn's rows as stored (first `createdAt` kept, as upserts do)."""
         for message in messages:
@@ -254,20 +255,13 @@ class PersistBuffer:
 
     # --- the flush ------------------------------------------------------------------------------------
 
-    async def flush(self) -> None:
+    async def _write(self) -> None:
         """Write every taken turn with one `save_many` (in batch order, so that of two threads' turns
         carrying one id the later is the one refused); then every slot has its final result."""
-        self._collecting()
-        self.state = BufferState.FLUSHING
         self.slots.sort(key=lambda s: s.order)  # threads run concurrently; one thread's turns come in order
         writes = [s for s in self.slots if s.turn is not None]
-        try:
-            results = await self._save([s.turn for s in writes if s.turn is not None])
-        except BaseException:
-            self.state = BufferState.FAILED  # an outage: the batch is retried, with a new buffer
-            raise
+        results = await self._save([s.turn for s in writes if s.turn is not None])
         if len(results) != len(writes):
-            self.state = BufferState.FAILED
             raise RuntimeError(f"save_many returned {len(results)} results for {len(writes)} turns")
         for slot, result in zip(writes, results, strict=True):
             slot.result = result
@@ -277,20 +271,19 @@ class PersistBuffer:
                 last[slot.thread_id] = slot.result
             elif slot.turn is None:
                 slot.result = last.get(slot.thread_id) or self.loaded.threads.get(slot.thread_id)
-        self.state = BufferState.DONE
 
     async def _save(self, turns: list[SaveTurn]) -> list[Thread | InvalidInputError]:
         if not turns:
             return []
         reads = self.loaded.save_reads
-        if reads is not None and isinstance(self.storage, ReadsForSaves):
+        if reads is not None and self.save_reads is not None:
             threads, ids = reads.missing(turns)
             if threads or ids:
                 _miss(
                     f"{len(threads)} threads and {len(ids)} message homes for the write",
                     threads[:1] or ids[:1],
                 )
-            return await self.storage.save_many(turns, reads=reads)
+            return await self.save_reads.save_many(turns, reads=reads)
         return await self.storage.save_many(turns)
 
 

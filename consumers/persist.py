@@ -23,32 +23,32 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from consumers.collect import Loaded, PersistBuffer, Slot, load_batch
+from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_batch
 from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
 from consumers.lanes import Failed
 from consumers.outage import contain, containable
 from message_history import metrics, tracing
 from message_history.core.persist_plan import (
+    NeedsRead,
     TurnWrite,
+    alternates,
     batch_needs,
-    merged,
-    needs_latest,
+    decide_turn,
+    kept_alternates,
     plan_persist,
+    previous_alternates,
     replace_ids,
     saved_ids,
-    stored_copies,
     taken_derived_ids,
+    turn_input,
     turn_write,
 )
-from message_history.core.rules import SOURCE_FIELD, SkipReason, select_for_persistence
+from message_history.core.rules import PersistDecision, SkipReason, check_owner, select_for_persistence
 from message_history.errors import InvalidInputError
-from message_history.processor.history import check_owner
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response, keyed_by_thread, persisted_value
-from schemas.events import AgentResponse, Skipped, TurnMessage
-from schemas.ids import alternate_message_id
-from schemas.messages import Message
+from schemas.events import AgentResponse, Skipped
 from storage import unreadable
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
@@ -66,7 +66,8 @@ class AnsweredTurns(Protocol):
 
 @runtime_checkable
 class MessageHomes(Protocol):
-    """A storage that tells the thread each stored id is in, reading ids and threads only (a probe)."""
+    """A storage that tells the thread each stored id is in, reading ids and threads only (replay's; a
+    capability passed in, `PersistHandler(homes=...)`)."""
 
     async def message_homes(self, message_ids: Collection[str]) -> dict[str, str | None]: ...
 
@@ -87,40 +88,16 @@ class _Done:
     slot: Slot
 
 
-def _read_only(response: AgentResponse) -> bool:
-    return bool(response.memory and response.memory.readOnly)
-
-
-def turn_input(response: AgentResponse) -> list[Message]:
-    """The response's input as plain messages carrying the `source` tag where the rules read it.
-
-    `TurnMessage.source` is a declared field, while `rules.is_memory_sourced` reads the extra field: without
-    this, recalled messages echoed back by the worker would be saved again (docs/rules.md#r6).
-    """
-    return [m.to_message() if m.source is None else _tagged(m) for m in response.input]
-
-
-def _tagged(message: TurnMessage) -> Message:
-    """`with_source(message.to_message(), message.source)` in one construction instead of two copies.
-
-    What `Message.model_construct` would set (the fields in their declared order, the extras then `source`,
-    the fields set), set directly: its generic loop over the fields cost 3 of this function's 5 µs
-    (issue 25). Only while `Message` has no post-init and no private attributes, which it would run."""
-    values = {k: v for k, v in message.__dict__.items() if k != SOURCE_FIELD}
-    extra = dict(message.model_extra or ())
-    extra[SOURCE_FIELD] = message.source  # an extra, after the others, where `with_source` puts it
-    fields_set = message.model_fields_set | {SOURCE_FIELD}
-    if not _PLAIN_MESSAGE:
-        return Message.model_construct(_fields_set=fields_set, **values, **extra)
-    tagged = Message.__new__(Message)
-    object.__setattr__(tagged, "__dict__", values)
-    object.__setattr__(tagged, "__pydantic_fields_set__", fields_set)
-    object.__setattr__(tagged, "__pydantic_extra__", extra)
-    object.__setattr__(tagged, "__pydantic_private__", None)
-    return tagged
-
-
-_PLAIN_MESSAGE = Message.__pydantic_post_init__ is None and not Message.__private_attributes__
+def _selected(response: AgentResponse) -> PersistDecision:
+    """What the turn saves before it meets its stored copies (`rules.select_for_persistence`), or why it
+    saves nothing."""
+    return select_for_persistence(
+        turn_input(response),
+        response.response,
+        finish_reason=response.finishReason,
+        read_only=bool(response.memory and response.memory.readOnly),
+        has_thread=True,
+    )
 
 
 class PersistHandler(PathHandler[PersistedPublisher]):
@@ -137,8 +114,14 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         tombstones: TombstoneReader | None = None,
         markers: AnsweredTurns | None = None,
         id_keys: Sequence[bytes] = (),
+        save_reads: ReadsForSaves | None = None,
+        homes: MessageHomes | None = None,
     ) -> None:
+        """`save_reads`, `homes`: what the storage can do beyond `BatchHistoryStorage` (the same storage,
+        decided once when wired: `message_history.app.capabilities`)."""
         super().__init__(settings, storage, publisher)
+        self._save_reads = save_reads
+        self._message_homes = homes
         self._tombstones = tombstones  # forgotten threads/resources (None: nothing is ever forgotten)
         self._markers = markers
         # the deployment's message-id keys, current first (`storage.message_id_keys`); none: a derived id
@@ -149,7 +132,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         self, records: Sequence[Record], spans: tracing.BatchSpans
     ) -> list[Ack | InvalidInputError]:
         """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
-        whose own stored copy is one of them is refused (`PersistBuffer.copies`), naming the row."""
+        whose own stored copy is one of them is refused (`PersistBuffer.copies_now`), naming the row."""
         with unreadable.collecting(PATH):
             return await self._handle_batch(records, spans)
 
@@ -164,7 +147,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         # the tombstone read beside the batch's reads, not before them: one round trip less per batch (a
         # forgotten turn's reads are loaded and unused; reads only, nothing of it is written or sent)
         (items, forgotten), loaded = await asyncio.gather(self._split_forgotten(items), self._load(items))
-        buffer = PersistBuffer(self.storage, loaded)
+        buffer = PersistBuffer(self.storage, loaded, save_reads=self._save_reads)
 
         outcomes = await self._decide_all(buffer, items, spans)
         await buffer.flush()  # the one bulk write; an outage raises here and the batch is retried
@@ -190,7 +173,8 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             if response.threadId not in waiting:
                 spans.identify(index, response.requestId)
                 try:
-                    outcome = _decide_now(buffer, index, response)
+                    now = _decide_now(buffer, index, response)
+                    outcome = None if isinstance(now, NeedsRead) else now
                 except Exception as exc:
                     if not containable(exc):
                         raise
@@ -227,7 +211,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         """What the batch's read plan says, in one round trip; each response then keeps the pre-0.1.0 ids
         its thread already stores."""
         needs = [plan_persist(item.response) for _, item in items]
-        loaded = await load_batch(self.storage, batch_needs(needs))
+        loaded = await load_batch(self.storage, batch_needs(needs), self._save_reads)
         for (_, item), need in zip(items, needs, strict=True):
             _keep_legacy_ids(item.response, need.legacy, loaded)
         if self._id_keys:
@@ -255,7 +239,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
 
             taken = taken_derived_ids(response, elsewhere, max_inputs=self.limits.max_messages_per_event)
             if taken:
-                swap = {i: alternate_message_id(self._id_keys[0], i) for i in sorted(taken)}
+                swap = alternates(taken, self._id_keys)
                 replace_ids(response, swap)
                 swapped.append((response, swap))
                 log.warning(
@@ -275,8 +259,8 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         ids = list(dict.fromkeys(i for _, item in items for i in saved_ids(item.response)))
         if not ids:
             return {}
-        if isinstance(self.storage, MessageHomes):  # replay's storage: ids and threads only
-            return await self.storage.message_homes(ids)
+        if self._message_homes is not None:  # replay's storage: ids and threads only
+            return await self._message_homes.message_homes(ids)
         return {m.id: m.threadId for m in await self.storage.get_messages(ids) if m.id is not None}
 
     async def _keep_previous_alternates(
@@ -284,24 +268,15 @@ class PersistHandler(PathHandler[PersistedPublisher]):
     ) -> None:
         """After a key rotation: an alternate made under a previous key and stored in the turn's own thread is
         kept (a replay updates that row instead of adding a copy under the current key's alternate)."""
-        candidates = {
-            (response.threadId, derived): [alternate_message_id(key, derived) for key in self._id_keys[1:]]
-            for response, swap in swapped
-            for derived in swap
-        }
-        threads = list(dict.fromkeys(thread for thread, _ in candidates))
-        ids = list(dict.fromkeys(i for olds in candidates.values() for i in olds))
+        keys = self._id_keys
+        threads = list(dict.fromkeys(response.threadId for response, _ in swapped))
+        ids = list(
+            dict.fromkeys(i for _, swap in swapped for d in swap for i in previous_alternates(d, keys))
+        )
         stored = {(m.threadId, m.id) for m in await self.storage.get_messages(ids, thread_ids=threads)}
         for response, swap in swapped:
-            kept = {}
-            for derived, current in swap.items():
-                old = next(
-                    (i for i in candidates[response.threadId, derived] if (response.threadId, i) in stored),
-                    None,
-                )
-                if old is not None:
-                    kept[current] = old
-            replace_ids(response, kept)
+            ours = {i for thread, i in stored if thread == response.threadId}
+            replace_ids(response, kept_alternates(swap, keys, ours.__contains__))
 
     async def _emit(
         self,
@@ -367,13 +342,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             # the turn selects to save (never a system message, a transient signal, a recalled echo, a
             # read-only or failed turn's), as the processor selects it; the tool-state merge with stored
             # copies comes later and is not checked here
-            decision = select_for_persistence(
-                turn_input(response),
-                response.response,
-                finish_reason=response.finishReason,
-                read_only=_read_only(response),
-                has_thread=True,
-            )
+            decision = _selected(response)
             check_document_sizes(
                 decision.messages,
                 thread_id=response.threadId,
@@ -414,70 +383,35 @@ class PersistHandler(PathHandler[PersistedPublisher]):
 
 
 async def _decide(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done:
-    """One turn, as `MessageHistory.persist_turn` decides it (the same rules and decision functions), from
-    the batch's reads: the turn's write, or why it writes nothing, taken by the buffer. Refuses a thread
-    owned by another resource (`ThreadOwnershipError`). Reads what the batch's reads lack (a plan miss)."""
-    turn = _select(buffer, order, response)
-    if isinstance(turn, _Done):
-        return turn
-    stored = stored_copies(turn, await buffer.copies(response.threadId, _ids(turn)), response.threadId)
-    latest = await buffer.latest(response.threadId) if needs_latest(turn, stored) else None
-    return _take(buffer, order, response, turn, stored, latest)
+    """`_decide_now`, reading what the batch's reads lack first (a plan miss, counted by the buffer)."""
+    while isinstance(outcome := _decide_now(buffer, order, response), NeedsRead):
+        await buffer.read(response.threadId, outcome)
+    return outcome
 
 
-def _decide_now(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done | None:
-    """`_decide` from the batch's reads alone, without a task or an await; None, with nothing taken, when
-    the turn needs a read they lack (the caller then runs `_decide`, in its thread's order)."""
-    turn = _select(buffer, order, response)
-    if isinstance(turn, _Done):
-        return turn
-    copies = buffer.copies_now(response.threadId, _ids(turn))
-    if copies is None:
-        return None
-    stored = stored_copies(turn, copies, response.threadId)
-    latest = None
-    if needs_latest(turn, stored):
-        if not buffer.has_latest(response.threadId):
-            return None
-        latest = buffer.latest_now(response.threadId)
-    return _take(buffer, order, response, turn, stored, latest)
-
-
-def _select(buffer: PersistBuffer, order: int, response: AgentResponse) -> TurnWrite | _Done:
-    """What the turn writes before the stored copies are seen, or its skip (taken by the buffer)."""
-    thread_id = response.threadId
-    decision = select_for_persistence(
-        turn_input(response),
-        response.response,
-        finish_reason=response.finishReason,
-        read_only=_read_only(response),
-        has_thread=True,
-    )
-    if decision.skipped is not None:
-        check_owner(buffer.thread(thread_id), thread_id, response.resourceId)
-        return _Done([], decision.skipped, buffer.skip(order, thread_id))
-    return turn_write(decision, thread_id=thread_id, owner=response.resourceId, response=response.response)
-
-
-def _ids(turn: TurnWrite) -> list[str]:
-    return [m.id for m in turn.messages if m.id is not None]
-
-
-def _take(
-    buffer: PersistBuffer,
-    order: int,
-    response: AgentResponse,
-    turn: TurnWrite,
-    stored: Mapping[str, Message],
-    latest: Message | None,
-) -> _Done:
+def _decide_now(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done | NeedsRead:
+    """One turn, as `MessageHistory.persist_turn` decides it (`select_for_persistence`, then the one
+    decision `core.persist_plan.decide_turn`), from the batch's reads: the turn's write, or why it writes
+    nothing, taken by the buffer; or, with nothing taken, the read it needs first. Refuses a thread owned
+    by another resource (`ThreadOwnershipError`)."""
     thread_id, resource_id = response.threadId, response.resourceId
-    to_save = merged(turn, stored, latest)
-    if not to_save:
-        check_owner(buffer.thread(thread_id), thread_id, resource_id)
-        return _Done([], "nothing-to-save", buffer.skip(order, thread_id))
-    slot = buffer.write(order, thread_id=thread_id, resource_id=resource_id, messages=to_save)
-    return _Done([m.id for m in to_save if m.id is not None], None, slot)
+    decision = _selected(response)
+    skipped = decision.skipped
+    if skipped is None:
+        write: TurnWrite = turn_write(
+            decision, thread_id=thread_id, owner=resource_id, response=response.response
+        )
+        decided = decide_turn(write, buffer)
+        if isinstance(decided, NeedsRead):
+            return decided
+        if decided.messages:
+            slot = buffer.write(
+                order, thread_id=thread_id, resource_id=resource_id, messages=decided.messages
+            )
+            return _Done([m.id for m in decided.messages if m.id is not None], None, slot)
+        skipped = "nothing-to-save"
+    check_owner(buffer.thread(thread_id), thread_id, resource_id)
+    return _Done([], skipped, buffer.skip(order, thread_id))
 
 
 def _failed(outcome: Failed) -> InvalidInputError:
@@ -492,12 +426,7 @@ def _keep_legacy_ids(response: AgentResponse, ids: Mapping[str, str], loaded: Lo
     updates the rows it made then instead of adding copies. Only the turn's own thread is looked at.
     """
     keep = {new: old for new, old in ids.items() if loaded.copy(response.threadId, old) is not None}
-    if not keep:
-        return
-    response.input = [m.model_copy(update={"id": keep[m.id]}) if m.id in keep else m for m in response.input]
-    response.response = [
-        m.model_copy(update={"id": keep[m.id]}) if m.id in keep else m for m in response.response
-    ]
+    replace_ids(response, keep)
 
 
 def _outcome(done: _Done) -> tuple[list[str], Skipped | None, datetime | None] | InvalidInputError:

@@ -5,7 +5,7 @@
 budgeted threads' pages and the client-echo filter's stored copies, issued concurrently; the budgeted
 threads' `HistoryLoader`s then run together, one round trip per paging round for the whole batch. It is not a
 storage: it answers the decision's reads (`RecallReads`: `newest`, `copies`, `history`) and `recall` hands
-them to `processor.history.recall_from`, the same decision the library makes per turn. A read the plan did
+them to `processor.recall.recall_from`, the same decision the library makes per turn. A read the plan did
 not foresee (a boundary an earlier request moved, a larger page) is a plan miss: counted
 (`message_history_plan_misses_total{path="recall"}`), logged at INFO, then read from the storage. Boundary
 writes go to a write-only `BoundaryBuffer`, flushed before the batch is acknowledged.
@@ -17,17 +17,17 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from consumers.collect import BufferState
+from consumers.write_buffer import WriteBuffer
 from message_history import metrics
 from message_history.core.budget import PAGE_SIZE, HistoryLoader, LoadedHistory
 from message_history.core.echo import EchoPlan
 from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundary
 from message_history.core.tokens import CountCache
-from message_history.processor.history import RecallOutcome, recall_from
+from message_history.processor.recall import RecallOutcome, load_history, recall_from
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import (
@@ -46,9 +46,10 @@ log = logging.getLogger(__name__)
 class RawRecallStorage(Protocol):
     """A storage that reads recall pages as each row's stored bytes (`MongoHistoryStorage`).
 
-    A probe, not part of `BatchHistoryStorage`: only a document store has stored bytes to hand over
-    (`SequentialBatches` over the in-memory storage holds models). Without it recall reads models
-    (`list_messages_many`): same rows, more CPU."""
+    A capability, not part of `BatchHistoryStorage`: only a document store has stored bytes to hand over
+    (`SequentialBatches` over the in-memory storage holds models). Decided once, when the service is wired
+    (`message_history.app.capabilities`), and passed in (`RecallHandler(raw_rows=...)`); without it recall
+    reads models (`list_messages_many`): same rows, more CPU."""
 
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]: ...
 
@@ -79,20 +80,19 @@ def _page_query(query: RecallQuery, loader: HistoryLoader) -> PageQuery:
     )
 
 
-class BoundaryBuffer:
+@dataclass(slots=True)
+class BoundaryBuffer(WriteBuffer):
     """The token boundaries a recall batch moves: write-only, flushed before the batch's acknowledgement.
 
-    Like the persist path's `PersistBuffer`, with an explicit state: `COLLECTING` (takes writes; a thread's
-    own may be written early, `flush(thread_id)`, before a parked request of it reads MongoDB) -> `FLUSHING`
-    (the batch's one round trip) -> `DONE`, or `FAILED` when that write fails (the loop retries the batch
-    with a new buffer). Nothing reads a boundary back from here: the batch's later requests of a thread see
-    the moved boundary in the loaded thread row, which the decision updates itself.
+    A `WriteBuffer`, like the persist path's `PersistBuffer`; while collecting, a thread's own updates may
+    be written early (`flush_thread`), before a parked request of it reads MongoDB. Nothing reads a
+    boundary back from here: the batch's later requests of a thread see the moved boundary in the loaded
+    thread row, which the decision updates itself.
     """
 
-    def __init__(self, storage: BatchHistoryStorage) -> None:
-        self._storage = storage
-        self.state = BufferState.COLLECTING
-        self._updates: dict[str, dict[str, Any]] = {}
+    what: ClassVar[str] = "boundary"
+    storage: BatchHistoryStorage
+    _updates: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def pending(self) -> dict[str, dict[str, Any]]:
@@ -100,35 +100,26 @@ class BoundaryBuffer:
         return {thread: dict(update) for thread, update in self._updates.items()}
 
     def write(self, thread_id: str, update: dict[str, Any]) -> None:
-        if self.state is not BufferState.COLLECTING:
-            raise RuntimeError(f"the boundary buffer takes no writes once {self.state.value}")
+        self._collecting()
         self._updates.setdefault(thread_id, {}).update(update)
 
-    async def flush(self, thread_id: str | None = None) -> None:
-        """Write the buffered updates: one round trip (nothing when there are none). With `thread_id`, only
-        that thread's, now, and the buffer keeps collecting: before a request of it is recalled from
-        MongoDB, which must see them (and whose own boundary the batch's flush must not write back over)."""
-        if thread_id is not None:
-            if self.state is not BufferState.COLLECTING:
-                raise RuntimeError(f"the boundary buffer flushes no thread once {self.state.value}")
-            update = self._updates.pop(thread_id, None)
-            if update is not None:
-                await self._save([(thread_id, update)])
-            return
-        if self.state is not BufferState.COLLECTING:
-            raise RuntimeError(f"the boundary buffer is flushed once, not when {self.state.value}")
-        self.state = BufferState.FLUSHING
-        try:
-            await self._save(list(self._updates.items()))
-        except BaseException:
-            self.state = BufferState.FAILED
-            raise
+    async def flush_thread(self, thread_id: str) -> None:
+        """Write only `thread_id`'s updates, now, and keep collecting: before a request of it is recalled
+        from MongoDB, which must see them (and whose own boundary the batch's flush must not write back
+        over)."""
+        self._collecting("flushes no thread")
+        update = self._updates.pop(thread_id, None)
+        if update is not None:
+            await self._save([(thread_id, update)])
+
+    async def _write(self) -> None:
+        """The batch's one round trip (nothing when there are no updates)."""
+        await self._save(list(self._updates.items()))
         self._updates.clear()
-        self.state = BufferState.DONE
 
     async def _save(self, updates: list[tuple[str, dict[str, Any]]]) -> None:
         if updates:
-            await self._storage.save_thread_metadata_many(updates)
+            await self.storage.save_thread_metadata_many(updates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,11 +135,13 @@ class PrefetchedHistory:
     def __init__(
         self,
         storage: BatchHistoryStorage,
+        raw: RawRecallStorage | None,
         threads: dict[str, Thread],
         pages: dict[str, _Page],
         known: Iterable[str],
     ) -> None:
         self._storage = storage
+        self._raw_rows = raw  # the storage's byte reads (None: it reads models only)
         self._threads = threads  # the existing threads among `known`
         self._pages = pages
         # pages read as bytes (a `RawRecallStorage`): `plain` rows, `list_messages` models, made on demand
@@ -167,11 +160,16 @@ class PrefetchedHistory:
 
     @classmethod
     async def load(
-        cls, storage: BatchHistoryStorage, queries: Iterable[RecallQuery], *, raw: bool = True
+        cls,
+        storage: BatchHistoryStorage,
+        queries: Iterable[RecallQuery],
+        *,
+        raw: RawRecallStorage | None = None,
     ) -> PrefetchedHistory:
         """Prefetch for `queries`: one query per thread (the first resource seen, the largest page asked).
 
-        `raw`: read unbudgeted pages as bytes when the storage can (`RawRecallStorage`)."""
+        `raw`: the storage's byte reads (`RawRecallStorage`, the same storage), to read unbudgeted pages as
+        bytes; None: every page as models."""
         queries = list(queries)
         merged: dict[str, RecallQuery] = {}
         for query in queries:
@@ -189,8 +187,6 @@ class PrefetchedHistory:
         lookup = list(dict.fromkeys(i for q in queries for i in q.lookup))
         lookup_threads = list(dict.fromkeys(q.thread_id for q in queries if q.lookup))
 
-        read_raw = raw and isinstance(storage, RawRecallStorage)
-
         async def copies() -> list[Message]:
             if lookup:
                 # copies in the asking threads only: another thread's row must not change a request
@@ -200,20 +196,19 @@ class PrefetchedHistory:
         async def recent() -> dict[str, list[Message]]:
             # budgeted threads count the tokens of their rows' content, so they get models (as do the
             # plain pages of a storage that cannot read bytes, or with the fast route off)
-            if read_raw:
+            if raw is not None:
                 return await storage.list_messages_many(first) if first else {}
             return await storage.list_messages_many([*wanted, *first])
 
-        async def raw_recent() -> dict[str, list[bytes]]:
-            assert isinstance(storage, RawRecallStorage)
-            return await storage.recall_raw_many(wanted) if wanted else {}
+        async def raw_recent(raw: RawRecallStorage) -> dict[str, list[bytes]]:
+            return await raw.recall_raw_many(wanted) if wanted else {}
 
         # Unbudgeted pages as bytes when the storage can: a plain request is decided from them without a
         # model per row (`RecallHandler`), any other request reads them as messages (`list_messages`).
         raw_pages: dict[str, list[bytes]] | None = None
-        if read_raw:
+        if raw is not None:
             threads, raw_pages, pages, rows = await asyncio.gather(
-                storage.get_threads(ids), raw_recent(), recent(), copies()
+                storage.get_threads(ids), raw_recent(raw), recent(), copies()
             )
             loaded: dict[str, _Page] = {}
         else:
@@ -221,7 +216,7 @@ class PrefetchedHistory:
             loaded = {
                 q.thread_id: _Page(q.resource_id, q.limit, list(pages.get(q.thread_id, []))) for q in wanted
             }
-        history = cls(storage, dict(threads), loaded, ids)
+        history = cls(storage, raw, dict(threads), loaded, ids)
         if raw_pages is not None:
             history._raw = {
                 q.thread_id: (_Page(q.resource_id, q.limit, []), raw_pages.get(q.thread_id, []))
@@ -298,25 +293,15 @@ class PrefetchedHistory:
             loaded = self._loaded.get(load)
             if loaded is not None:
                 return loaded
-        loader = HistoryLoader(
-            boundary=load.boundary,
-            max_messages=load.max_messages,
-            budget=load.budget,
-            count=count,
-            max_rows=load.max_rows,
-        )
-        while loader.next_page is not None:
-            request = loader.next_page
-            query = PageQuery(
-                load.thread_id, load.resource_id, request.start, request.end, request.page, request.per_page
-            )
-            page = self.budget_pages.get(query)
-            if page is None:  # a page the plan did not foresee
-                self._missed("list_page", load.thread_id)
-                [page] = await self._storage.list_pages_many([query])
-                self.budget_pages[query] = page
-            loader.feed(page.messages, has_more=page.has_more)
-        return loader.loaded()
+        return await load_history(load, count, lambda query: self._budget_page(load.thread_id, query))
+
+    async def _budget_page(self, thread_id: str, query: PageQuery) -> Page:
+        page = self.budget_pages.get(query)
+        if page is None:  # a page the plan did not foresee
+            self._missed("list_page", thread_id)
+            [page] = await self._storage.list_pages_many([query])
+            self.budget_pages[query] = page
+        return page
 
     async def recall(
         self,
@@ -342,8 +327,11 @@ class PrefetchedHistory:
         return recalled.outcome
 
     async def flush(self, thread_id: str | None = None) -> None:
-        """The boundary buffer's flush (see `BoundaryBuffer.flush`)."""
-        await self.boundaries.flush(thread_id)
+        """The boundary buffer's flush (see `BoundaryBuffer`): the batch's, or only `thread_id`'s."""
+        if thread_id is None:
+            await self.boundaries.flush()
+        else:
+            await self.boundaries.flush_thread(thread_id)
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         if thread_id in self._known:
@@ -359,14 +347,14 @@ class PrefetchedHistory:
             return None
         rows = self._plain.get(thread_id)
         if rows is None:
-            assert isinstance(self._storage, RawRecallStorage)  # it read the bytes
-            rows = self._plain[thread_id] = self._storage.plain_rows(entry[1])
+            assert self._raw_rows is not None  # it read the bytes
+            rows = self._plain[thread_id] = self._raw_rows.plain_rows(entry[1])
             if None in rows and thread_id not in self._pages:
                 # a row not in the plain shape, maybe one no Mastra reads: the page is read as messages
                 # now (as `newest` would), so its unreadable rows are met and counted whatever the limit,
                 # as the model route meets them (`history.skipped` is the same on both routes)
                 self._pages[thread_id] = dataclasses.replace(
-                    entry[0], messages=self._storage.recalled_from_raw(entry[1])
+                    entry[0], messages=self._raw_rows.recalled_from_raw(entry[1])
                 )
         return rows[:limit]
 
@@ -376,9 +364,9 @@ class PrefetchedHistory:
             return []
         entry = self._raw.get(thread_id)
         if entry is not None and thread_id not in self._pages:  # a byte page read as messages: decoded once
-            assert isinstance(self._storage, RawRecallStorage)
+            assert self._raw_rows is not None  # it read the bytes
             self._pages[thread_id] = dataclasses.replace(
-                entry[0], messages=self._storage.recalled_from_raw(entry[1])
+                entry[0], messages=self._raw_rows.recalled_from_raw(entry[1])
             )
         page = self._pages.get(thread_id)
         if page is not None and page.resource_id == resource_id and not _larger(limit, page.limit):

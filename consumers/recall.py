@@ -34,17 +34,16 @@ from consumers.contract import Ack, PathHandler, Record, decode_each
 from consumers.lanes import Failed
 from consumers.outage import Backoff
 from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
-from consumers.prefetch import PrefetchedHistory
+from consumers.prefetch import PrefetchedHistory, RawRecallStorage
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.memory_options import MemoryDefaults, TurnMemory, turn_memory
 from message_history.core.recall_plan import RecallNeeds, plain_page, plan_recall
-from message_history.core.rules import build_context
+from message_history.core.rules import build_context, check_owner
 from message_history.core.turn_rules import TurnMarker, foreign_pending
 from message_history.errors import InvalidInputError, RetriableError, ThreadOwnershipError
 from message_history.processor import MessageHistory, RecallOutcome
-from message_history.processor.history import check_owner
 from message_history.settings import Settings, settings_slice
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers
@@ -85,9 +84,12 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         gate: TurnGate | None = None,
         write_boundaries: bool = True,
         fast_recall: bool = True,
+        raw_rows: RawRecallStorage | None = None,
     ) -> None:
         super().__init__(settings, storage, publisher)
         self.fast_recall = fast_recall  # False: every request through the processor (the reference route)
+        # the storage's byte reads, when it has them (`app.capabilities`): plain pages read as bytes
+        self.raw_rows = raw_rows
         self._gate = gate
         self._defaults = settings_slice(MemoryDefaults, settings)
         self.max_rows = settings.max_rows_per_request  # the most rows one request's recall reads
@@ -136,7 +138,9 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         """The batch's reads, once: threads, pages and echo look-ups, beside the turn gate's look-ups."""
         history, batch_gate = await asyncio.gather(
             PrefetchedHistory.load(
-                self.storage, [self._query(item) for _, item in items], raw=self.fast_recall
+                self.storage,
+                [self._query(item) for _, item in items],
+                raw=self.raw_rows if self.fast_recall else None,
             ),
             self._open_gate(items),
         )

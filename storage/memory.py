@@ -25,7 +25,8 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from message_history.core.budget import PageRequest, page_of
-from message_history.errors import InvalidInputError, MessageIdTakenError, ThreadOwnershipError
+from message_history.core.rules import check_owner
+from message_history.errors import InvalidInputError, MessageIdTakenError
 from schemas.messages import Message, utc_now_ms
 from storage.protocol import HistoryStorage, Page, PageQuery, Thread
 
@@ -76,8 +77,7 @@ class InMemoryHistoryStorage(HistoryStorage):
         if not thread_id:
             raise InvalidInputError("thread id must not be empty")
         existing = self._threads.get(thread_id)
-        if existing is not None and existing.resourceId and existing.resourceId != resource_id:
-            raise ThreadOwnershipError(thread_id, resource_id, existing.resourceId)
+        check_owner(existing, thread_id, resource_id)
 
         # Prepare every row before writing any, so a bad message leaves storage as it was.
         now = utc_now_ms()

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic_core import to_json
 from pymongo import UpdateOne
 
+from message_history.core.rules import owner_refusal
 from message_history.errors import InvalidInputError, MessageIdTakenError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
 from storage.documents import EXTRA_FIELD
@@ -98,8 +99,9 @@ class SavePlan:
     def add(self, turn: SaveTurn) -> Thread | ThreadOwnershipError:
         """Plan one turn; its result: the thread after it, or the refusal."""
         current = self.state.get(turn.thread_id)
-        if current is not None and current.resourceId and current.resourceId != turn.resource_id:
-            return ThreadOwnershipError(turn.thread_id, turn.resource_id, current.resourceId)
+        refusal = owner_refusal(current, turn.thread_id, turn.resource_id)
+        if refusal is not None:
+            return refusal
         for message in turn.messages:
             if (
                 message.id is not None

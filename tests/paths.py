@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from consumers.contract import Record
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
+from message_history.app.capabilities import storage_capabilities
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
@@ -258,8 +259,12 @@ class Paths:
         self.tombstones = RecordedTombstones()
         self.markers = RecordedMarkers()
         batches = storage or SequentialBatches(self.storage)
+        capabilities = storage_capabilities(batches)  # wired as the service wires its storage
         self.recall_handler = RecallHandler(
-            self.settings, batches, EnrichedPublisher(self.producer, self.settings.enriched_topic)
+            self.settings,
+            batches,
+            EnrichedPublisher(self.producer, self.settings.enriched_topic),
+            raw_rows=capabilities.raw_rows,
         )
         self.persist_handler = PersistHandler(
             self.settings,
@@ -268,6 +273,8 @@ class Paths:
             tombstones=self.tombstones,
             markers=self.markers,
             id_keys=id_keys,
+            save_reads=capabilities.save_reads,
+            homes=capabilities.homes,
         )
         self._offsets: dict[str, int] = {}
 

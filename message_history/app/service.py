@@ -39,6 +39,7 @@ from consumers.recall import RecallHandler
 from consumers.timeouts import TimeoutStrikes
 from consumers.turn_gate import TurnGate
 from message_history import __version__, tracing
+from message_history.app.capabilities import storage_capabilities
 from message_history.app.health import Health, serve_http
 from message_history.app.periodic_prune import periodic_prune
 from message_history.errors import StartupError
@@ -242,10 +243,17 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
     elif path == "recall":
         topic, dlq = settings.requests_topic, settings.requests_dlq
         publisher = EnrichedPublisher(producer, settings.enriched_topic)
-        handler = RecallHandler(settings, opened.storage, publisher, gate=opened.gate)
+        handler = RecallHandler(
+            settings,
+            opened.storage,
+            publisher,
+            gate=opened.gate,
+            raw_rows=storage_capabilities(opened.storage).raw_rows,
+        )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
         persisted = PersistedPublisher(producer, settings.persisted_topic)
+        capabilities = storage_capabilities(opened.storage)
         handler = PersistHandler(
             settings,
             opened.storage,
@@ -253,6 +261,8 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             tombstones=forgetting,
             markers=opened.markers,
             id_keys=opened.id_keys,
+            save_reads=capabilities.save_reads,
+            homes=capabilities.homes,
         )
     return StreamLoop(
         path=path,

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
-from message_history.core.rules import PersistDecision, assign_thread
+from message_history.core.rules import SOURCE_FIELD, PersistDecision, assign_thread
 from message_history.core.tool_state import has_new_user_input, merge_turn
-from schemas.events import AgentResponse
-from schemas.ids import derived_for_turn, legacy_ids
+from schemas.events import AgentResponse, TurnMessage
+from schemas.ids import alternate_message_id, derived_for_turn, legacy_ids
 from schemas.messages import Message
 
 _M = TypeVar("_M", bound=Message)
@@ -151,16 +151,78 @@ def batch_needs(needs: Iterable[PersistNeeds]) -> BatchNeeds:
     )
 
 
-# --- the decision, from what was loaded (the library and the persist path both use these) ----------------
+def alternates(taken: Iterable[str], keys: Sequence[bytes]) -> dict[str, str]:
+    """Derived id -> its alternate under the current key (`keys[0]`), for each `taken` id, sorted."""
+    return {i: alternate_message_id(keys[0], i) for i in sorted(taken)}
+
+
+def previous_alternates(derived: str, keys: Sequence[bytes]) -> list[str]:
+    """The alternates of `derived` under the previous keys (`keys[1:]`), newest key first: after a key
+    rotation, one of them stored in the turn's own thread is kept (a replay updates that row)."""
+    return [alternate_message_id(key, derived) for key in keys[1:]]
+
+
+def kept_alternates(
+    swap: Mapping[str, str], keys: Sequence[bytes], stored: Callable[[str], bool]
+) -> dict[str, str]:
+    """Of `swap` (derived -> current alternate), the current alternates whose previous alternate is
+    `stored` in the turn's thread -> that previous alternate (the first stored, newest key first)."""
+    kept: dict[str, str] = {}
+    for derived, current in swap.items():
+        old = next((i for i in previous_alternates(derived, keys) if stored(i)), None)
+        if old is not None:
+            kept[current] = old
+    return kept
+
+
+def turn_input(response: AgentResponse) -> list[Message]:
+    """The response's input as plain messages carrying the `source` tag where the rules read it.
+
+    `TurnMessage.source` is a declared field, while `rules.is_memory_sourced` reads the extra field: without
+    this, recalled messages echoed back by the worker would be saved again (docs/rules.md#r6).
+    """
+    return [m.to_message() if m.source is None else _tagged(m) for m in response.input]
+
+
+def _tagged(message: TurnMessage) -> Message:
+    """`with_source(message.to_message(), message.source)` in one construction instead of two copies.
+
+    What `Message.model_construct` would set (the fields in their declared order, the extras then `source`,
+    the fields set), set directly: its generic loop over the fields cost 3 of this function's 5 µs
+    (issue 25). Only while `Message` has no post-init and no private attributes, which it would run."""
+    values = {k: v for k, v in message.__dict__.items() if k != SOURCE_FIELD}
+    extra = dict(message.model_extra or ())
+    extra[SOURCE_FIELD] = message.source  # an extra, after the others, where `with_source` puts it
+    fields_set = message.model_fields_set | {SOURCE_FIELD}
+    if not _PLAIN_MESSAGE:
+        return Message.model_construct(_fields_set=fields_set, **values, **extra)
+    tagged = Message.__new__(Message)
+    object.__setattr__(tagged, "__dict__", values)
+    object.__setattr__(tagged, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(tagged, "__pydantic_extra__", extra)
+    object.__setattr__(tagged, "__pydantic_private__", None)
+    return tagged
+
+
+_PLAIN_MESSAGE = Message.__pydantic_post_init__ is None and not Message.__private_attributes__
+
+
+# --- the decision, from what was loaded (the library and the persist path both decide with `decide_turn`) --
 
 
 @dataclass(frozen=True, slots=True)
 class TurnWrite:
-    """What a turn writes, before it meets its stored copies: `messages` stamped with the thread and owner,
-    in save order; `response_ids`: which of them the model produced."""
+    """What a turn writes, before it meets its stored copies: `messages` stamped with `thread_id` and the
+    owner, in save order; `response_ids`: which of them the model produced."""
 
+    thread_id: str
     messages: list[Message]
     response_ids: frozenset[str]
+
+    @property
+    def ids(self) -> list[str]:
+        """The ids it saves, in save order."""
+        return [m.id for m in self.messages if m.id is not None]
 
 
 def turn_write(
@@ -168,22 +230,91 @@ def turn_write(
 ) -> TurnWrite:
     """The selected messages of a turn that is saved (`decision.skipped` is None), in its thread."""
     return TurnWrite(
+        thread_id,
         assign_thread(decision.messages, thread_id=thread_id, resource_id=owner),
         frozenset(m.id for m in response if m.id is not None),
     )
 
 
-def stored_copies(write: TurnWrite, rows: Iterable[Message], thread_id: str) -> dict[str, Message]:
+class TurnReads(Protocol):
+    """What a turn's decision reads, answered from what is loaded: per turn (the library's `OneTurnReads`)
+    or from a batch's load and earlier writes (`consumers.collect.PersistBuffer`)."""
+
+    def copies_now(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message] | None:
+        """The stored copies of `message_ids` in `thread_id`; None when they are not all loaded."""
+        ...
+
+    def has_latest(self, thread_id: str) -> bool:
+        """Whether the thread's newest row is loaded."""
+        ...
+
+    def latest_now(self, thread_id: str) -> Message | None:
+        """The thread's newest row (None: it has none); only when `has_latest`."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """A turn's decision: exactly what it writes (empty: nothing to save)."""
+
+    messages: list[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class NeedsRead:
+    """A turn's decision needs a read first: the stored `copies` of these ids (None: none needed) and/or
+    the thread's `latest` row. The caller reads them into its `TurnReads` and decides again."""
+
+    copies: tuple[str, ...] | None = None
+    latest: bool = False
+
+
+def decide_turn(write: TurnWrite, reads: TurnReads) -> Decided | NeedsRead:
+    """The one persist decision (`MessageHistory.persist_turn` and the persist path): the turn's messages
+    meet their stored copies in its own thread and, for a turn without new user input, the thread's newest
+    row (`tool_state.merge_turn`). Sync and pure; what it lacks, it asks for."""
+    ids = write.ids
+    copies = reads.copies_now(write.thread_id, ids)
+    if copies is None:
+        return NeedsRead(copies=tuple(ids))
+    stored = _stored_copies(write, copies, write.thread_id)
+    latest: Message | None = None
+    if _needs_latest(write, stored):
+        if not reads.has_latest(write.thread_id):
+            return NeedsRead(latest=True)
+        latest = reads.latest_now(write.thread_id)
+    return Decided(_merged(write, stored, latest))
+
+
+@dataclass(slots=True)
+class OneTurnReads:
+    """`TurnReads` of one turn, filled as its reads return (the library reads per turn)."""
+
+    copies: Sequence[Message] | None = None
+    latest: Message | None = None
+    latest_read: bool = False
+
+    def copies_now(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message] | None:
+        return self.copies
+
+    def has_latest(self, thread_id: str) -> bool:
+        return self.latest_read
+
+    def latest_now(self, thread_id: str) -> Message | None:
+        return self.latest
+
+
+def _stored_copies(write: TurnWrite, rows: Iterable[Message], thread_id: str) -> dict[str, Message]:
     """The stored copies among `rows` of the ids `write` saves, by id: this thread's only."""
     return {row.id: row for row in rows if row.id is not None and row.threadId == thread_id}
 
 
-def needs_latest(write: TurnWrite, stored: Mapping[str, Message]) -> bool:
+def _needs_latest(write: TurnWrite, stored: Mapping[str, Message]) -> bool:
     """Whether the thread's newest row takes part: only a turn without new user input can continue the
     thread's latest assistant message."""
     return not has_new_user_input(write.messages, response_ids=write.response_ids, stored=stored)
 
 
-def merged(write: TurnWrite, stored: Mapping[str, Message], latest: Message | None) -> list[Message]:
+def _merged(write: TurnWrite, stored: Mapping[str, Message], latest: Message | None) -> list[Message]:
     """What the turn writes once its messages meet their stored copies (`tool_state.merge_turn`)."""
     return merge_turn(write.messages, response_ids=write.response_ids, stored=stored, latest=latest)

@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from message_history.core.signals import is_transient_signal
-from message_history.errors import InvalidInputError
+from message_history.errors import InvalidInputError, ThreadOwnershipError
 from schemas.messages import Message, TextPart, ToolInvocationPart
 
 __all__ = [
@@ -36,9 +36,11 @@ __all__ = [
     "Source",
     "assign_thread",
     "build_context",
+    "check_owner",
     "filter_for_persistence",
     "is_memory_sourced",
     "normalize_limit",
+    "owner_refusal",
     "remove_working_memory_tags",
     "select_for_persistence",
     "sort_key",
@@ -335,3 +337,33 @@ def assign_thread(messages: Iterable[Message], *, thread_id: str, resource_id: s
             update["resourceId"] = resource_id
         stamped.append(message.model_copy(update=update) if update else message)
     return stamped
+
+
+# --- ownership --------------------------------------------------------------------------------------------
+
+
+class Owned(Protocol):
+    """A stored thread as far as ownership goes (`storage.protocol.Thread`)."""
+
+    @property
+    def resourceId(self) -> str | None: ...  # noqa: N802 -- Mastra's field name
+
+
+def owner_refusal(
+    thread: Owned | None, thread_id: str, resource_id: str | None
+) -> ThreadOwnershipError | None:
+    """The refusal of a turn of `resource_id` on `thread`, None when it may use the thread: the one
+    ownership rule (docs/events.md#14-storage-layout) of the library, the paths and both storages.
+
+    A thread stored without a resourceId is unowned, as in Mastra: any resource may use it; a missing thread
+    or an unknown resource refuses nothing."""
+    if thread is None or resource_id is None or not thread.resourceId or thread.resourceId == resource_id:
+        return None
+    return ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
+
+
+def check_owner(thread: Owned | None, thread_id: str, resource_id: str | None) -> None:
+    """Raise `owner_refusal`'s `ThreadOwnershipError`, if any."""
+    refusal = owner_refusal(thread, thread_id, resource_id)
+    if refusal is not None:
+        raise refusal

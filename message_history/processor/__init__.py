@@ -15,9 +15,9 @@ from message_history.processor.history import (
     OutputProcessor,
     OutputResult,
     PersistOutcome,
-    RecallOutcome,
     abort,
 )
+from message_history.processor.recall import RecallOutcome
 
 __all__ = [
     "MASTRA_MEMORY",

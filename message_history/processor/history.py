@@ -12,8 +12,9 @@ only wires them to a storage. Two public coroutines carry the work and are what 
   (`tool_state.merge_turn`, on storages with `get_messages`), then one `save_messages` (or, when nothing is
   saved, one `get_thread` to enforce ownership and report the thread).
 
-`recall` plans (`core.recall_plan.plan_recall`), reads per turn and decides with `recall_from`, which the
-recall path calls on a whole batch's loaded reads (`RecallReads`): one decision, two ways to load.
+`recall` plans (`core.recall_plan.plan_recall`), reads per turn and decides with `recall_from`
+(`processor/recall.py`), which the recall path calls on a whole batch's loaded reads (`RecallReads`): one
+decision, two ways to load. `persist_turn` decides with `core.persist_plan.decide_turn`, as the persist path.
 Storage errors propagate (docs/rules.md#r12): a failed read is never an empty history, and a failed step
 writes nothing.
 
@@ -37,49 +38,41 @@ from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn, Protocol
 
 from message_history.core.budget import (
-    BOUNDARY_KEY,
-    Boundary,
-    HistoryLoader,
-    LoadedHistory,
-    PageRequest,
     TokenBudget,
-    advance_boundary,
-    trim_memory,
 )
 from message_history.core.echo import EchoPlan, plan_echo
-from message_history.core.echo import filter_echo as drop_client_echo
 from message_history.core.memory_options import TurnMemory
 from message_history.core.message_list import MessageList
 from message_history.core.persist_plan import (
+    NeedsRead,
+    OneTurnReads,
     TurnWrite,
+    alternates,
+    decide_turn,
+    kept_alternates,
     may_be_derived,
-    merged,
-    needs_latest,
-    stored_copies,
+    previous_alternates,
     taken_derived,
     turn_write,
     with_ids,
 )
-from message_history.core.recall_plan import RecallNeeds, load_boundary, plan_recall
+from message_history.core.recall_plan import plan_recall
 from message_history.core.request_context import RequestContext, parse_memory_context
 from message_history.core.rules import (
     LastMessages,
     SkipReason,
-    Source,
     build_context,
+    check_owner,
     normalize_limit,
     select_for_persistence,
 )
 from message_history.core.tokens import CountCache
-from message_history.errors import AbortError, ThreadOwnershipError
-from schemas.ids import alternate_message_id
+from message_history.errors import AbortError
+from message_history.processor.recall import RecallOutcome, StorageReads, recall_from
 from schemas.messages import Message
 from storage import unreadable
 from storage.protocol import (
-    HistoryLoad,
     HistoryStorage,
-    Page,
-    PageQuery,
     Thread,
 )
 
@@ -118,28 +111,6 @@ class OutputResult:
 
     finishReason: str | None = None  # noqa: N815 -- Mastra's field name
     text: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class RecallOutcome:
-    """The result of a recall.
-
-    `context`: the model's context, `(message, source)` pairs in `(createdAt, id)` order; `recalled`: how many
-    of them come from storage; `limit`: the page size used (`None` = no limit); `thread`: the stored thread,
-    None when it does not exist yet (or there is no thread id). With a token budget: `tokens`, the recalled
-    messages' count; `trimmed`, the ids the memory-only limiter removed; `boundary`, the thread's boundary
-    for this budget after the recall (None when there is none). `truncated`: the row cap (`max_rows`) left
-    stored rows out that the request asked for.
-    """
-
-    context: list[tuple[Message, Source]]
-    recalled: int
-    limit: int | None
-    thread: Thread | None = None
-    tokens: float | None = None
-    trimmed: list[str] = field(default_factory=list)
-    boundary: Boundary | None = None
-    truncated: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,7 +308,7 @@ class MessageHistory:
         memory = TurnMemory(last, budget, read_only=read_only, retain_full_input=plan is None)
         needs = plan_recall(thread_id, resource_id, memory, plan, max_rows=self.max_rows)
         recalled = await recall_from(
-            _StorageReads(self.storage),
+            StorageReads(self.storage),
             needs,
             thread,
             incoming,
@@ -435,15 +406,13 @@ class MessageHistory:
             max_inputs=len(input),
             responses=len(response),
         )
-        swap = {i: alternate_message_id(self.message_id_keys[0], i) for i in sorted(taken)}
-        previous = {i: [alternate_message_id(k, i) for k in self.message_id_keys[1:]] for i in swap}
-        olds = [old for alternates in previous.values() for old in alternates]
+        keys = self.message_id_keys
+        swap = alternates(taken, keys)
+        olds = [old for derived in swap for old in previous_alternates(derived, keys)]
         if olds:
             stored = {m.id for m in await self.storage.get_messages(olds, thread_ids=(thread_id,))}
-            for derived, alternates in previous.items():
-                kept = next((old for old in alternates if old in stored), None)
-                if kept is not None:
-                    swap[derived] = kept
+            kept = kept_alternates(swap, keys, stored.__contains__)
+            swap = {derived: kept.get(current, current) for derived, current in swap.items()}
         return swap
 
     async def _merge_with_stored(self, thread_id: str, write: TurnWrite) -> list[Message]:
@@ -454,197 +423,16 @@ class MessageHistory:
         by the save itself (`MessageIdTakenError`): an id never lets one thread, or one resource, overwrite
         another's message (Mastra's processors would).
         """
-        ids = [m.id for m in write.messages if m.id is not None]
-        with unreadable.collecting("other") as ledger:
-            rows = await self.storage.get_messages(ids, thread_ids=(thread_id,))
-        error = ledger.unreadable(thread_id, ids)
-        if error is not None:  # its own stored copy is a row no Mastra would read: never written over
-            raise error
-        stored = stored_copies(write, rows, thread_id)
-        latest: list[Message] = []
-        if needs_latest(write, stored):
-            latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
-        return merged(write, stored, latest[0] if latest else None)
-
-
-def check_owner(thread: Thread | None, thread_id: str, resource_id: str | None) -> None:
-    """Raise `ThreadOwnershipError` when `thread` belongs to a resource other than `resource_id`.
-
-    Public so the recall path can refuse a foreign request from its prefetched row before any wait."""
-    # A thread stored without a resourceId is unowned, as in Mastra: any resource may use it.
-    if (
-        thread is not None
-        and resource_id is not None
-        and thread.resourceId
-        and thread.resourceId != resource_id
-    ):
-        raise ThreadOwnershipError(thread_id, resource_id, thread.resourceId)
-
-
-class RecallReads(Protocol):
-    """What a recall reads once its thread row is known: per turn from a storage (`MessageHistory`), or
-    from what the recall path loaded for its whole batch (`consumers.prefetch.PrefetchedHistory`)."""
-
-    async def newest(self, thread_id: str, resource_id: str | None, limit: int | None) -> Sequence[Message]:
-        """`list_messages`: the thread's newest `limit` rows of `resource_id`, newest first."""
-        ...
-
-    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
-        """The stored copies of `message_ids` in `thread_id` (the client-echo filter's look-up)."""
-        ...
-
-    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> LoadedHistory:
-        """`HistoryLoader.loaded()` of `load`: the token-limited recall's pages, loaded and fed."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class Recalled:
-    """A decided recall: its outcome, and the metadata update to store on its thread (a moved token
-    boundary), None when there is nothing to write."""
-
-    outcome: RecallOutcome
-    update: dict[str, Any] | None = None
-
-
-async def recall_from(
-    reads: RecallReads,
-    needs: RecallNeeds,
-    thread: Thread | None,
-    incoming: Sequence[Message],
-    echo: EchoPlan | None,
-    *,
-    system: Sequence[str] = (),
-    read_only: bool,
-    count: Callable[[Message], float],
-) -> Recalled:
-    """One request's recall, its thread row checked already: the reads `needs` plans, then the decision.
-
-    `echo`: the input's `plan_echo` (None: kept whole). The library and the recall path both decide here;
-    they differ only in where `reads` comes from.
-    """
-    thread_id = needs.thread_id
-    if echo is not None and not echo.unchanged and not needs.off:
-        incoming = await _filter_echo(reads, needs, incoming, echo)
-    if needs.budget is not None and not needs.off:
-        boundary = load_boundary(needs.budget, thread.metadata if thread is not None else None)
-        load = HistoryLoad(thread_id, needs.resource_id, boundary, needs.limit, needs.budget, needs.max_rows)
-        loaded = await reads.history(load, count)
-        return decide_budgeted(
-            load,
-            thread,
-            loaded.messages,
-            incoming,
-            system=system,
-            read_only=read_only,
-            count=count,
-            truncated=loaded.truncated,
-        )
-    recalled: Sequence[Message] = []
-    if needs.limit != 0:
-        # one row past a cap that cut the asked count tells whether the cap left rows out
-        recalled = await reads.newest(thread_id, needs.resource_id, needs.read_limit)
-    truncated = needs.cut(len(recalled))
-    if needs.capped:
-        recalled = recalled[: needs.limit]
-    return Recalled(decide_plain(thread, recalled, incoming, needs.limit, truncated=truncated))
-
-
-async def _filter_echo(
-    reads: RecallReads, needs: RecallNeeds, incoming: Sequence[Message], plan: EchoPlan
-) -> Sequence[Message]:
-    """Mastra's `MemoryInputFilter`: a probe of the thread's newest row, the resent ids' stored copies."""
-    thread_id = needs.thread_id
-    probe = await reads.newest(thread_id, needs.resource_id, 1)
-    stored: dict[str, Message] = {}
-    if needs.lookup:
-        # this thread's copies only: a copy elsewhere must not change the turn (nor reveal it exists)
-        rows = await reads.copies(thread_id, needs.lookup)
-        stored = {m.id: m for m in rows if m.id is not None and m.threadId == thread_id}
-    return drop_client_echo(incoming, plan, thread_empty=not probe, stored=stored, thread_id=thread_id)
-
-
-def decide_plain(
-    thread: Thread | None,
-    recalled: Sequence[Message],
-    incoming: Sequence[Message],
-    limit: int | None,
-    *,
-    truncated: bool = False,
-) -> RecallOutcome:
-    """The count-capped recall of a loaded page (newest first): `build_context`."""
-    context = build_context(recalled, incoming)
-    count = sum(1 for _, source in context if source == "memory")
-    return RecallOutcome(context=context, recalled=count, limit=limit, thread=thread, truncated=truncated)
-
-
-def decide_budgeted(
-    load: HistoryLoad,
-    thread: Thread | None,
-    loaded: Sequence[Message],
-    incoming: Sequence[Message],
-    *,
-    system: Sequence[str],
-    read_only: bool,
-    count: Callable[[Message], float],
-    truncated: bool = False,
-) -> Recalled:
-    """The token-limited recall of `load`'s loaded rows: the context, the memory-only limiter, and the
-    boundary it moves (to store unless `read_only` or the thread does not exist). `truncated`: the row
-    cap stopped the paging."""
-    budget = load.budget
-    boundary = load.boundary
-    context = build_context(loaded[::-1], incoming)
-    removed, _ = trim_memory(context, budget, system=system, count=count)
-    removed_ids = {m.id for m in removed}
-    context = [(m, s) for m, s in context if s != "memory" or m.id not in removed_ids]
-    advanced = advance_boundary(boundary, [m for m in removed if m.threadId == load.thread_id], budget)
-    update: dict[str, Any] | None = None
-    if advanced is not None and advanced is not boundary and thread is not None and not read_only:
-        update = {BOUNDARY_KEY: advanced.to_metadata()}
-        boundary = advanced
-    memory = [m for m, s in context if s == "memory"]
-    tokens: float = 0
-    for message in memory:
-        tokens += count(message)
-    outcome = RecallOutcome(
-        context=context,
-        recalled=len(memory),
-        limit=load.max_messages,
-        thread=thread,
-        tokens=tokens,
-        trimmed=[m.id for m in removed if m.id is not None],
-        boundary=boundary,
-        truncated=truncated,
-    )
-    return Recalled(outcome, update)
-
-
-class _StorageReads:
-    """`RecallReads` over a storage, one turn at a time (the library)."""
-
-    def __init__(self, storage: HistoryStorage) -> None:
-        self._storage = storage
-
-    async def newest(self, thread_id: str, resource_id: str | None, limit: int | None) -> Sequence[Message]:
-        return await self._storage.list_messages(thread_id, resource_id=resource_id, limit=limit)
-
-    async def copies(self, thread_id: str, message_ids: Sequence[str]) -> Sequence[Message]:
-        return await self._storage.get_messages(message_ids, thread_ids=(thread_id,))
-
-    async def history(self, load: HistoryLoad, count: Callable[[Message], float]) -> LoadedHistory:
-        loader = HistoryLoader(
-            boundary=load.boundary,
-            max_messages=load.max_messages,
-            budget=load.budget,
-            count=count,
-            max_rows=load.max_rows,
-        )
-        while loader.next_page is not None:
-            page = await self._page(load.thread_id, load.resource_id, loader.next_page)
-            loader.feed(page.messages, has_more=page.has_more)
-        return loader.loaded()
-
-    async def _page(self, thread_id: str, resource_id: str | None, request: PageRequest) -> Page:
-        query = PageQuery(thread_id, resource_id, request.start, request.end, request.page, request.per_page)
-        return await self._storage.list_page(query)
+        reads = OneTurnReads()
+        while isinstance(need := decide_turn(write, reads), NeedsRead):
+            if need.copies is not None:
+                ids = list(need.copies)
+                with unreadable.collecting("other") as ledger:
+                    reads.copies = await self.storage.get_messages(ids, thread_ids=(thread_id,))
+                error = ledger.unreadable(thread_id, ids)
+                if error is not None:  # its own stored copy is a row no Mastra would read: never written over
+                    raise error
+            if need.latest:
+                latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
+                reads.latest, reads.latest_read = (latest[0] if latest else None), True
+        return need.messages

@@ -108,7 +108,7 @@ def _misses() -> float:
 
 async def _handle(storage: MongoHistoryStorage, records: Sequence[_Record]) -> list[HistoryPersisted]:
     publisher = _Recording()
-    handler = PersistHandler(Settings(), storage, cast(PersistedPublisher, publisher))
+    handler = PersistHandler(Settings(), storage, cast(PersistedPublisher, publisher), save_reads=storage)
     acks = await handler.handle(cast(Sequence[Record], records))
     assert all(isinstance(a, asyncio.Future) for a in acks), acks
     return publisher.events

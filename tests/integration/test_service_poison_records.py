@@ -142,7 +142,7 @@ def _commands() -> tuple[list[Item], dict[int, str], list[str]]:
 
 def _inject_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
     """One bug per place a path meets a record: raised only for the records named p-bug / p-batch-bug."""
-    turn_memory, turn_input = recall.turn_memory, persist.turn_input
+    turn_memory, turn_input = recall.turn_memory, persist.turn_input  # type: ignore[attr-defined]
     persisted, decode_command = persist.persisted_value, commands.decode_command  # type: ignore[attr-defined]
 
     def buggy_turn_memory(request: Any, defaults: Any) -> Any:
@@ -326,7 +326,7 @@ async def test_a_systemic_refusal_stops_the_loop_and_dead_letters_nothing(
     settings = fresh_settings(kafka_bootstrap, mongo_uri)
     bootstrap = settings.kafka_bootstrap_servers
     await make_topic(partitions=1, name=settings.responses_topic)
-    turn_input = persist.turn_input
+    turn_input = persist.turn_input  # type: ignore[attr-defined]
 
     def refused(response: Any) -> Any:
         if response.threadId == "refused":

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from consumers.collect import BufferState
 from consumers.prefetch import BoundaryBuffer
+from consumers.write_buffer import BufferState
 from storage.memory import InMemoryHistoryStorage
 from storage.sequential import SequentialBatches
 
@@ -46,7 +46,7 @@ async def test_a_threads_early_flush_writes_it_alone_and_keeps_collecting() -> N
     buffer = BoundaryBuffer(storage)
     buffer.write("a", {"k": 1})
     buffer.write("b", {"k": 2})
-    await buffer.flush("a")
+    await buffer.flush_thread("a")
     assert buffer.state is BufferState.COLLECTING
     buffer.write("c", {"k": 3})
     await buffer.flush()
@@ -66,7 +66,7 @@ async def test_a_failed_flush_leaves_it_failed() -> None:
 async def test_nothing_to_write_is_no_round_trip() -> None:
     storage = _Recording()
     buffer = BoundaryBuffer(storage)
-    await buffer.flush("a")
+    await buffer.flush_thread("a")
     await buffer.flush()
     assert storage.writes == []
     assert buffer.state is BufferState.DONE

@@ -8,8 +8,11 @@ from typing import Any
 import pytest
 
 from consumers import persist
+from consumers.collect import PersistBuffer
 from message_history import metrics
+from message_history.core.persist_plan import NeedsRead
 from message_history.errors import MessageIdTakenError, ThreadOwnershipError
+from schemas.events import AgentResponse
 from schemas.ids import derived_message_id, legacy_message_id
 from tests.paths import RESOURCE, Paths, assistant, at, response, user
 
@@ -220,5 +223,14 @@ async def test_a_plan_miss_waits_in_its_threads_lane_and_decides_as_the_lanes_al
     one_pass = await _redelivery_batch(Paths())
     after = metrics.REGISTRY.get_sample_value("message_history_plan_misses_total", {"path": "persist"})
     assert (after or 0.0) == (misses or 0.0) + 1  # the batch does meet a miss
-    monkeypatch.setattr(persist, "_decide_now", lambda buffer, order, response: None)
+    decide_now = persist._decide_now
+    first: set[int] = set()
+
+    def lanes_only(buffer: PersistBuffer, order: int, response: AgentResponse) -> object:
+        if order not in first:  # the one pass: every turn "needs a read" (an empty one), so all go late
+            first.add(order)
+            return NeedsRead()
+        return decide_now(buffer, order, response)
+
+    monkeypatch.setattr(persist, "_decide_now", lanes_only)
     assert await _redelivery_batch(Paths()) == one_pass

@@ -11,11 +11,12 @@ from typing import Any
 
 import pytest
 
-from consumers.collect import BufferState, PersistBuffer, load_batch
+from consumers.collect import PersistBuffer, load_batch
 from consumers.lanes import Failed
-from consumers.persist import _decide, _Done, _keep_legacy_ids, _outcome, turn_input
+from consumers.persist import _decide, _Done, _keep_legacy_ids, _outcome
+from consumers.write_buffer import BufferState
 from message_history import metrics
-from message_history.core.persist_plan import PersistNeeds, batch_needs, plan_persist
+from message_history.core.persist_plan import PersistNeeds, batch_needs, plan_persist, turn_input
 from message_history.errors import InvalidInputError, ThreadOwnershipError
 from message_history.processor import MessageHistory
 from schemas.events import AgentResponse, TurnMessage

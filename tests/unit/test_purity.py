@@ -33,6 +33,7 @@ def loaded_top_level_modules(module: str) -> set[str]:
         "worker.turn",
         "message_history.core.turn_rules",
         "message_history.core.recall_plan",
+        "message_history.core.persist_plan",  # the one persist decision (`decide_turn`): sync and pure
     ],
 )
 def test_pure_rules_import_no_io(module: str) -> None:
@@ -43,7 +44,13 @@ def test_pure_rules_import_no_io(module: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["message_history.processor", "message_history.core.message_list", "storage.memory"]
+    "module",
+    [
+        "message_history.processor",
+        "message_history.processor.recall",
+        "message_history.core.message_list",
+        "storage.memory",
+    ],
 )
 def test_library_imports_no_drivers(module: str) -> None:
     """The in-process library (processor, MessageList, in-memory storage) loads no Kafka or MongoDB driver."""

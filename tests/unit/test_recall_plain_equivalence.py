@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from consumers import recall
 from consumers.recall import RecallHandler
+from message_history.app.capabilities import storage_capabilities
 from message_history.core import recall_plan
 from message_history.core.recall_plan import PlainRow
 from message_history.settings import Settings
@@ -124,7 +125,14 @@ def _record(offset: int, messages: Sequence[dict[str, Any]], memory: dict[str, A
 async def _published(storage: Any, records: Sequence[Any], *, fast: bool) -> list[bytes | str]:
     """What the handler sends, with each refused record's dead-letter error in its place."""
     publisher = _Sent()
-    handler = RecallHandler(Settings(), storage, publisher, write_boundaries=False, fast_recall=fast)
+    handler = RecallHandler(
+        Settings(),
+        storage,
+        publisher,
+        write_boundaries=False,
+        fast_recall=fast,
+        raw_rows=storage_capabilities(storage).raw_rows,
+    )
     refused: list[str] = []
     for ack in await handler.handle(records):
         if isinstance(ack, Exception):

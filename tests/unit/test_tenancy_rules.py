@@ -5,6 +5,7 @@ through Kafka and MongoDB: tests/integration/test_tenancy.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from message_history.core.echo import filter_echo, plan_echo
+from message_history.core.rules import check_owner, owner_refusal
 from message_history.errors import EventValidationError, MessageIdTakenError, ThreadOwnershipError
 from message_history.settings import Settings
 from schemas.codec import decode_request, decode_response, keyed_by_thread
@@ -281,3 +283,41 @@ def test_the_id_length_limit_always_admits_the_derived_ids() -> None:
     Settings(max_id_length=36)
     with pytest.raises(ValidationError):
         Settings(max_id_length=35)
+
+
+@pytest.mark.parametrize(
+    ("owner", "resource", "refused"),
+    [
+        ("r1", "r1", False),
+        ("r1", "r2", True),
+        ("", "r2", False),  # a thread stored without an owner is anyone's
+        ("r1", None, False),  # no resource named: nothing to compare
+        (None, "r2", False),  # no thread stored yet
+    ],
+)
+def test_one_ownership_rule_for_the_library_the_paths_and_both_storages(
+    owner: str | None, resource: str | None, refused: bool
+) -> None:
+    """`core.rules.owner_refusal` is the rule; the buffer, the Mongo save plan and the in-memory storage
+    refuse exactly when it does."""
+    thread = None if owner is None else Thread(id="t", resourceId=owner)
+    refusal = owner_refusal(thread, "t", resource)
+    assert (refusal is not None) is refused
+    if refused:
+        assert isinstance(refusal, ThreadOwnershipError)
+        with pytest.raises(ThreadOwnershipError):
+            check_owner(thread, "t", resource)
+    else:
+        check_owner(thread, "t", resource)
+    if thread is not None and resource is not None:
+        turn = SaveTurn("t", resource, [msg("m1", "user", t=1)])
+        results, _ = plan_saves([turn], {"t": thread}, now=at(0))
+        assert isinstance(results[0], ThreadOwnershipError) is refused
+        storage = InMemoryHistoryStorage()
+        storage._threads["t"] = thread
+        save = storage.save_messages(thread_id="t", resource_id=resource, messages=turn.messages)
+        if refused:
+            with pytest.raises(ThreadOwnershipError):
+                asyncio.run(save)
+        else:
+            asyncio.run(save)

@@ -1,4 +1,4 @@
-"""`consumers.persist.turn_input` builds each tagged input message in one construction: the same message
+"""`core.persist_plan.turn_input` builds each tagged input message in one construction: the same message
 (fields, fields set, extras and their order, the `source` tag) as the two copies it replaces."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import random
 
-from consumers.persist import turn_input
+from message_history.core.persist_plan import turn_input
 from message_history.core.rules import is_memory_sourced, with_source, without_source
 from schemas.codec import decode_response
 from schemas.events import AgentResponse

@@ -17,6 +17,7 @@ from consumers.outage import Contained
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.unreadable import SkippingUnreadable
+from message_history.app.capabilities import storage_capabilities
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions, options_from_args
 from message_history.app.replay.plan import Counts, PartitionRange, UsageError, resume_flag
 from message_history.app.replay.progress import ProgressDisplay, Status, Summary, summary_lines
@@ -80,6 +81,7 @@ def _handler(
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
     path: BatchHandler
+    capabilities = storage_capabilities(storage)
     if options.path == "recall":
         assert options.emit_to is not None
         path = RecallHandler(
@@ -87,6 +89,7 @@ def _handler(
             storage,
             EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
             write_boundaries=not options.dry_run,
+            raw_rows=capabilities.raw_rows,
         )
     else:
         path = PersistHandler(
@@ -95,6 +98,8 @@ def _handler(
             PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
             tombstones=storage.tombstones,
             id_keys=id_keys,  # the service's: a turn that yielded to alternates replays onto them
+            save_reads=capabilities.save_reads,
+            homes=capabilities.homes,
         )
     # as the live loop: an unreadable record is refused first; a batch the path raises for is split
     return Contained(SkippingUnreadable(path), options.path)
