@@ -24,7 +24,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -288,14 +288,14 @@ class _Connections:
 
 
 async def _handle(
-    health: Probed,
     connections: _Connections,
     connection: _Connection,
-    reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
+    serving: Coroutine[Any, Any, None],
 ) -> None:
+    """Await `serving` (the connection's `_serve`), then close the connection, however serving ended."""
     try:
-        await _serve(health, connections, connection, reader, writer)
+        await serving
     except (ConnectionError, TimeoutError, _BadRequestError):
         pass  # the client went away, or was shed; nothing to answer
     finally:
@@ -393,7 +393,8 @@ async def _accept(
             continue
         connection = _Connection(writer.transport)
         if connections.admit(connection):
-            task = loop.create_task(_handle(health, connections, connection, reader, writer))
+            serving = _serve(health, connections, connection, reader, writer)
+            task = loop.create_task(_handle(connections, connection, writer, serving))
             handlers.add(task)
             task.add_done_callback(handlers.discard)
 
