@@ -30,21 +30,13 @@ RAW: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSOND
 _STRICT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 """As storage/client.py's CODEC: how every collection of ours reads."""
 
-_LENIENT: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(
-    document_class=dict,
-    tz_aware=True,
-    tzinfo=UTC,
-    unicode_decode_error_handler="replace",
-    datetime_conversion=DatetimeConversion.DATETIME_CLAMP,
+_LENIENT: Final[CodecOptions[Mapping[str, Any]]] = _STRICT.with_options(
+    unicode_decode_error_handler="replace", datetime_conversion=DatetimeConversion.DATETIME_CLAMP
 )
 """Only to say which row a refused document is, or to read a thread's owner: never a message's content."""
 
-_KEYS: Final[CodecOptions[Mapping[str, Any]]] = CodecOptions(
-    document_class=dict,
-    tz_aware=True,
-    tzinfo=UTC,
-    unicode_decode_error_handler="replace",
-    datetime_conversion=DatetimeConversion.DATETIME_MS,
+_KEYS: Final[CodecOptions[Mapping[str, Any]]] = _LENIENT.with_options(
+    datetime_conversion=DatetimeConversion.DATETIME_MS
 )
 """To find a refused row again by its `_id`: a date kept as its exact milliseconds (clamped, a delete by it
 would match nothing)."""

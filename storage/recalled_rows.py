@@ -1,6 +1,6 @@
 """A `mastra_messages` document as a `RecalledRow` when the fast path is sure it reads as the model path.
 
-`message_from_doc` (storage/mongodb.py) is the model path: it validates the document into a `Message`. For
+`message_from_doc` (storage/documents.py) is the model path: it validates the document into a `Message`. For
 a document in the plain shape, the same `Message` is predictable without validating: `recalled_row` checks
 every field `message_from_doc` reads and gives up (None) on anything else, so the caller takes the model
 path for that row. Given up on: no or non-string `id`/`thread_id`/`resourceId`, an unknown `role`, a

@@ -32,6 +32,7 @@ from bson.codec_options import CodecOptions
 
 import schemas.canonical
 from message_history import metrics
+from message_history.core.recall_plan import PlainRow
 from message_history.errors import StartupError
 from message_history.settings import Settings
 from schemas.events import EnrichedMessage
@@ -40,7 +41,6 @@ from storage.recalled_rows import row_from_doc
 
 __all__ = [
     "NATIVE_MODULE",
-    "RowBytes",
     "RowCodec",
     "codec_fingerprint",
     "rows_from_raw",
@@ -50,10 +50,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-RowBytes = tuple[str, int, str, str | None, bytes]
-"""(id, createdAt as BSON milliseconds since the epoch, role, type or None, the `EnrichedMessage` JSON
-tagged `"source":"memory"`: exactly `RecalledRow.enriched_json("memory")`)."""
 
 RowCodec = Literal["auto", "native", "python"]
 NATIVE_MODULE: Final = "message_history_native"
@@ -68,9 +64,9 @@ def _no_model(doc: Any) -> Message:
     raise AssertionError("rows_from_raw never materializes a row")  # pragma: no cover -- never called
 
 
-def rows_from_raw_py(docs: Sequence[bytes]) -> list[RowBytes | None]:
-    """Per raw document, its `RowBytes` when `row_from_doc` builds a `RecalledRow` for it, else None."""
-    out: list[RowBytes | None] = []
+def rows_from_raw_py(docs: Sequence[bytes]) -> list[PlainRow | None]:
+    """Per raw document, its `PlainRow` when `row_from_doc` builds a `RecalledRow` for it, else None."""
+    out: list[PlainRow | None] = []
     for raw in docs:
         try:
             doc = bson.decode(raw, codec_options=_DECODE)
@@ -118,7 +114,7 @@ def _native() -> Any | None:
         return None
 
 
-def select_codec(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[RowBytes | None]]:
+def select_codec(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[PlainRow | None]]:
     """The `rows_from_raw` implementation `mode` allows, checked against this checkout's models.
 
     `python`: the reference. `auto`: the native codec when installed and built from these models, else the
@@ -165,13 +161,13 @@ def _native_failed(error: BaseException) -> None:
 
 
 def _with_reference(
-    native: Callable[[Sequence[bytes]], list[RowBytes | None]],
-) -> Callable[[Sequence[bytes]], list[RowBytes | None]]:
+    native: Callable[[Sequence[bytes]], list[PlainRow | None]],
+) -> Callable[[Sequence[bytes]], list[PlainRow | None]]:
     """`native`, with the reference deciding every row it is not sure about (its None), and the whole batch
     when it fails: any exception, and a Rust panic too (PyO3 raises `PanicException`, a `BaseException`
     that would pass every `except Exception` and end the process)."""
 
-    def rows(docs: Sequence[bytes]) -> list[RowBytes | None]:
+    def rows(docs: Sequence[bytes]) -> list[PlainRow | None]:
         try:
             out = native(docs)
         except _PASS_THROUGH:
@@ -187,11 +183,11 @@ def _with_reference(
     return rows
 
 
-_selected: Callable[[Sequence[bytes]], list[RowBytes | None]] | None = None
+_selected: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
 
 
-def rows_from_raw(docs: Sequence[bytes]) -> list[RowBytes | None]:
-    """Per raw BSON document of the messages collection (fields of MESSAGE_PROJECTION), its RowBytes when
+def rows_from_raw(docs: Sequence[bytes]) -> list[PlainRow | None]:
+    """Per raw BSON document of the messages collection (fields of MESSAGE_PROJECTION), its PlainRow when
     storage/recalled_rows.py would build a RecalledRow for it (the plain shape, canonical content), else None
     (the caller takes the model path for that row). Never raises for a malformed row: None.
 

@@ -6,8 +6,8 @@ neither stop the loop nor fail every request of its batch. So:
 * replies are read as raw BSON (`RawBSONDocument`: nothing decoded by the driver) and each document is
   decoded alone (`storage.raw_rows.decode_row`): a document the codec refuses (invalid UTF-8, a date out of
   range, nesting past the decoder's depth) is that row's fault, never the batch's;
-* a row `schemas.stored_rows` refuses raises `UnreadableRowError`; the readers (`storage.mongodb`) call
-  `skip` and go on without it;
+* a row `schemas.stored_rows` refuses raises `UnreadableRowError`; the readers (`storage.mongo_recall`,
+  `storage.mongo_threads`) call `skip` and go on without it;
 * `skip` counts it (`message_history_unreadable_rows_total{path, collection, reason}`), logs it at WARNING
   once (a bounded memory of the rows already logged: a row met on every recall of its thread is not logged
   on every recall), and notes it in the current `SkipLedger`, if a batch opened one (`collecting`): the

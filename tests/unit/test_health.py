@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from message_history import __version__, metrics
-from message_history.app import health as health_module
-from message_history.app.health import Health, HealthServer, serve_http
+from message_history.app import health_http as health_module
+from message_history.app.health import Health
+from message_history.app.health_http import HealthServer, serve_http
 from message_history.errors import StartupError
 from message_history.logs import clear_secrets, register_secret
 

@@ -1,4 +1,4 @@
-"""`storage.mongodb._RawOwner.read` reads a raw row's `thread_id` and `resourceId` from its bytes: it must
+"""`storage.raw_owner.RawOwner.read` reads a raw row's `thread_id` and `resourceId` from its bytes: it must
 answer exactly what the decoded document says (`wanted.get(doc.get("thread_id", ""))`, then
 `doc.get("resourceId") == resource`) for every layout: ours, Mastra's (`resourceId` after `content`, `role`,
 `type`), the keys nested in a sub-document or an array, repeated, of another type, missing, or not UTF-8.
@@ -18,8 +18,9 @@ from bson.son import SON
 from hypothesis import given
 from hypothesis import strategies as st
 
-from storage.mongodb import RAW_CODEC, _RawOwner
 from storage.protocol import RecallQuery
+from storage.raw_owner import RawOwner
+from storage.raw_rows import RAW as RAW_CODEC
 
 WANTED = {
     "t1": RecallQuery(thread_id="t1", resource_id="r1", limit=10),
@@ -93,7 +94,7 @@ def _outcome(read: Callable[[], RecallQuery | None]) -> RecallQuery | None | typ
 
 
 def assert_same(doc: RawBSONDocument) -> None:
-    assert _outcome(lambda: _RawOwner().read(doc, WANTED)) == _outcome(lambda: _expected(doc)), bson.decode(
+    assert _outcome(lambda: RawOwner().read(doc, WANTED)) == _outcome(lambda: _expected(doc)), bson.decode(
         doc.raw, RAW_CODEC
     )
 

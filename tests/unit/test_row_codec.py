@@ -15,6 +15,7 @@ import bson
 import pytest
 
 from message_history.app.service import open_storage
+from message_history.core.recall_plan import PlainRow
 from message_history.errors import StartupError
 from message_history.settings import Settings
 from storage import row_codec
@@ -28,7 +29,7 @@ THREAD, OWNER = "t-codec", "r-codec"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def _expected(raw: bytes) -> row_codec.RowBytes | None:
+def _expected(raw: bytes) -> PlainRow | None:
     """Today's answer: the document as the service reads it, through `row_from_doc`."""
     doc = bson.decode(raw, codec_options=CODEC)
     row = row_from_doc(doc, message_from_doc)

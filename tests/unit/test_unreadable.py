@@ -22,7 +22,8 @@ from message_history import metrics
 from message_history.errors import FatalStorageError, UnreadableRowError
 from storage import unreadable
 from storage.errors import to_storage_error
-from storage.mongodb import MongoHistoryStorage, _thread_doc
+from storage.mongo_threads import _thread_doc
+from storage.mongodb import MongoHistoryStorage
 from storage.raw_rows import decode_row, keys_of
 from storage.unreadable import SkipLedger, collecting, skip
 
