@@ -17,12 +17,9 @@ not decode is logged and skipped (the service never writes one; the worker has n
 
 With `processing_guarantee="exactly-once"` (the service's `MESSAGE_HISTORY_PROCESSING_GUARANTEE`, which
 `from_settings` follows) each response is held, and at the end of the batch the answered responses of each
-partition go out with that partition's consumed offset in one Kafka transaction, from a producer per owned
-partition (transactional id `{group}:{enriched topic}:{partition}`, as the service's; a worker that lost
-its partitions while paused is fenced). A commit whose answer does not come in time (a broker restarting)
-is settled on the same producer before anything is sent again, never taken for an abort. A crash, a
-rebalance or a zombie worker then never makes a response visible twice to `read_committed` readers (the
-service's persist path reads so). The worker always reads `read_committed`: under exactly-once the
+partition go out with that partition's consumed offset in one Kafka transaction (`worker.exactly_once`). A
+crash, a rebalance or a zombie worker then never makes a response visible twice to `read_committed` readers
+(the service's persist path reads so). The worker always reads `read_committed`: under exactly-once the
 service's aborted enriched requests are never answered.
 
 SIGTERM (and SIGINT) stop fetching; the batch in flight gets `shutdown_grace_s` to finish, then what is left
@@ -52,21 +49,17 @@ from aiokafka.errors import (
 )
 
 from consumers.lanes import run_lanes
+from consumers.offsets import OffsetTracker
 from consumers.outage import backoff_delay, is_outage
 from message_history import tracing
-from message_history.errors import InvalidInputError, RetriableError
+from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import OUTPUT_TOO_LARGE
-from producers.transactions import (
-    HeldOutput,
-    HoldingProducer,
-    PartitionTransactions,
-    commit_failure,
-    held_outputs,
-)
+from producers.transactional import HeldOutput, HoldingProducer
 from schemas.codec import decode_enriched, encode
 from schemas.events import AgentResponse
+from worker.exactly_once import WorkerTransactions
 from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
 
 log = logging.getLogger(__name__)
@@ -92,6 +85,11 @@ class WorkerStats:
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+def _delay(attempt: int) -> float:
+    """The wait before retry `attempt` (1, 2, ...) while Kafka is down: exponential, jittered, capped."""
+    return backoff_delay(attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random)
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information
@@ -154,13 +152,17 @@ class AgentWorker:
         self.stats = WorkerStats()
         # exactly-once: responses held per (partition, offset), committed with the offsets
         self._transactions = (
-            PartitionTransactions.for_client(options, group_id=group_id, path="worker")
+            WorkerTransactions(
+                options,
+                group_id=group_id,
+                stop=self._stop,
+                delay=_delay,
+                refused=self._refused_response,
+                commit_timeout_s=COMMIT_TIMEOUT_S,
+            )
             if processing_guarantee == "exactly-once"
             else None
         )
-        self._ready: set[TopicPartition] = set()  # exactly-once: partitions fenced, at their committed offset
-        if self._transactions is not None:
-            self._transactions.refused = self._refused_response
 
     @classmethod
     def from_settings(
@@ -204,7 +206,7 @@ class AgentWorker:
             raise
         consumer.subscribe([self._enriched_topic], listener=_Listener(self))
         if self._transactions is not None:
-            self._transactions.read_committed = consumer.committed
+            self._transactions.attach(consumer)
         self._producer, self._consumer = producer, consumer
         if self._handle_signals:
             self._install_signals()
@@ -236,34 +238,11 @@ class AgentWorker:
             await asyncio.wait_for(self._idle.wait(), self._grace_s)
 
     async def open_transactions(self, assigned: set[TopicPartition]) -> None:
-        """Exactly-once: a transactional producer per new partition (fencing its previous holder), then the
-        partition starts from the offset committed after that (an earlier read could be stale)."""
-        if self._transactions is None or not assigned:
-            return
-        consumer = self._require(self._consumer)
-        attempt = 0
-        while True:
-            try:
-                await self._transactions.open(sorted(assigned, key=lambda tp: tp.partition))
-                for tp in assigned:
-                    offset = await consumer.committed(tp)
-                    if offset is not None:
-                        consumer.seek(tp, offset)
-                self._ready |= assigned  # no await since the seeks: nothing fetched before is taken after
-                return  # noqa: TRY300 -- the retry loop's exit
-            except KafkaError as exc:  # the partitions cannot be read safely before their ids are fenced
-                if not is_outage(exc) or self._stop.is_set():
-                    raise
-                attempt += 1
-                log.warning(
-                    "transactional producers not ready; retrying", extra={"error": type(exc).__name__}
-                )
-                await asyncio.sleep(
-                    backoff_delay(attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random)
-                )
+        """Exactly-once: the new partitions' producers opened, each read from its committed offset."""
+        if self._transactions is not None:
+            await self._transactions.open(assigned)
 
     async def close_transactions(self, revoked: set[TopicPartition]) -> None:
-        self._ready -= revoked
         if self._transactions is not None:
             await self._transactions.close(revoked)
 
@@ -298,26 +277,12 @@ class AgentWorker:
         while not self._stop.is_set():
             fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms, max_records=self._max_batch)
             if self._transactions is not None:
-                fetched = self._only_ready(consumer, fetched)
+                fetched = self._transactions.only_ready(fetched)
             records = [rec for recs in fetched.values() for rec in recs]
             if records:
                 await self._run_batch(records)
         log.info("agent worker stopped", extra={"stats": self._stats_dict()})
         return self.stats
-
-    def _only_ready(
-        self, consumer: AIOKafkaConsumer, fetched: dict[TopicPartition, list[ConsumerRecord]]
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Exactly-once: records of a partition whose producer is not open yet (its assignment's listener
-        still runs) are handed back: they may come from an offset read before the previous owner's last
-        commit."""
-        ready: dict[TopicPartition, list[ConsumerRecord]] = {}
-        for tp, recs in fetched.items():
-            if tp in self._ready:
-                ready[tp] = recs
-            elif recs and tp in consumer.assignment():
-                consumer.seek(tp, recs[0].offset)
-        return ready
 
     def _stats_dict(self) -> dict[str, int]:
         s = self.stats
@@ -326,8 +291,10 @@ class AgentWorker:
     async def _run_batch(self, records: Sequence[ConsumerRecord]) -> None:
         """Answer the batch (threads concurrently, each in order), then commit what was answered."""
         self._idle.clear()
-        done: set[tuple[int, int]] = set()
-        batch = asyncio.create_task(self._answer_all(records, done))
+        answered: OffsetTracker[TopicPartition] = OffsetTracker()  # this batch's answered offsets
+        for rec in records:
+            answered.track(TopicPartition(rec.topic, rec.partition), rec.offset)
+        batch = asyncio.create_task(self._answer_all(records, answered))
         stopper = asyncio.create_task(self._stop.wait())
         try:
             await asyncio.wait({batch, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -340,19 +307,21 @@ class AgentWorker:
         finally:
             stopper.cancel()
             try:
-                await self._commit(records, done)
+                await self._commit(answered.committable())  # per partition, past its answered run
             finally:
                 self._idle.set()
         if not batch.cancelled() and batch.exception() is not None:
             raise batch.exception()  # type: ignore[misc]  # checked just above
 
-    async def _answer_all(self, records: Sequence[ConsumerRecord], done: set[tuple[int, int]]) -> None:
+    async def _answer_all(
+        self, records: Sequence[ConsumerRecord], answered: OffsetTracker[TopicPartition]
+    ) -> None:
         """Answer the batch on the service's lane runner: a lane per (partition, key = thread id), one
         thread's turns in order; an error (Kafka refused a send) cancels the other lanes and is raised."""
 
         async def answer(rec: ConsumerRecord) -> None:
             await self._answer(rec)
-            done.add((rec.partition, rec.offset))
+            answered.partition(TopicPartition(rec.topic, rec.partition)).done(rec.offset)
 
         await run_lanes(
             records,
@@ -361,64 +330,18 @@ class AgentWorker:
             max_concurrent=self._max_concurrent,
         )
 
-    async def _commit(self, records: Sequence[ConsumerRecord], done: set[tuple[int, int]]) -> None:
-        """Commit, per partition, past the longest run of answered records from the batch's start."""
-        consumer = self._require(self._consumer)
-        offsets: dict[TopicPartition, int] = {}
-        by_partition: dict[TopicPartition, list[int]] = {}
-        for rec in records:
-            by_partition.setdefault(TopicPartition(rec.topic, rec.partition), []).append(rec.offset)
-        for tp, partition_offsets in by_partition.items():
-            for offset in sorted(partition_offsets):
-                if (tp.partition, offset) not in done:
-                    break
-                offsets[tp] = offset + 1
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
+        """Commit `offsets` (each partition's answered watermark): in transactions under exactly-once."""
         if not offsets:
             return
         if self._transactions is not None:
-            await self._commit_transactions(self._transactions, offsets)
+            await self._transactions.commit(offsets)
             return
         try:
-            await consumer.commit(offsets)
+            await self._require(self._consumer).commit(offsets)
         except (CommitFailedError, IllegalStateError) as exc:
             # the group rebalanced meanwhile: the next owner redelivers these turns (and drops none by id)
             log.warning("commit refused after a rebalance", extra={"error": str(exc)})
-
-    async def _commit_transactions(
-        self, transactions: PartitionTransactions, offsets: dict[TopicPartition, int]
-    ) -> None:
-        """Each partition's held responses and its offset in one transaction, retried while Kafka is down
-        (until stopped: then the next owner answers those turns again, none of them visible twice). A commit
-        whose answer did not come in time is in doubt: the next try settles it (same producer) before
-        anything is sent again, so a response is never committed twice. A missing ACL is logged at ERROR
-        and retried; any other refusal (neither retriable nor fencing) is raised: the worker stops."""
-        for tp, offset in offsets.items():
-            attempt = 0
-            while True:
-                try:
-                    await asyncio.wait_for(transactions.commit(tp, offset), COMMIT_TIMEOUT_S)
-                    break
-                except (KafkaError, TimeoutError, RetriableError) as exc:
-                    failure = commit_failure(exc)
-                    if failure == "systemic":
-                        raise
-                    if self._stop.is_set():
-                        log.warning(
-                            "transaction not committed: its turns go to the next owner",
-                            extra={"error": type(exc).__name__, "in_doubt": tp in transactions.in_doubt()},
-                        )
-                        break
-                    if failure == "unauthorized":
-                        log.error(  # noqa: TRY400 -- an ACL to grant, not a traceback to read
-                            "Kafka authorization failed for a transaction: grant the ACLs; retrying",
-                            extra={"error": type(exc).__name__, "detail": str(exc)[:300]},
-                        )
-                    attempt += 1
-                    await asyncio.sleep(
-                        backoff_delay(
-                            attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random
-                        )
-                    )
 
     async def _refused_response(
         self, tp: TopicPartition, offset: int, source: object, error: BaseException
@@ -456,9 +379,7 @@ class AgentWorker:
             headers = tracing.output_headers([(k, v or b"") for k, v in record.headers or ()], span)
             sent = await self._send(turn, response, headers)
         if self._transactions is not None:
-            self._transactions.hold(
-                TopicPartition(record.topic, record.partition), record.offset, held_outputs(sent), turn
-            )
+            self._transactions.hold(record, sent, turn)
         self._seen.add(record.partition, event.eventId)
         self.stats.answered += 1
 
@@ -503,9 +424,7 @@ class AgentWorker:
                 if not is_outage(exc):  # the service's outage policy: Kafka down or slow, not a refusal
                     raise
                 attempt += 1
-                delay = backoff_delay(
-                    attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random
-                )
+                delay = _delay(attempt)
                 log.warning(
                     "response not acknowledged, retrying",
                     extra={"request_id": turn.request_id, "attempt": attempt, "error": type(exc).__name__},

@@ -7,26 +7,19 @@ Resources are entered in dependency order into one exit stack and unwound in rev
 
 so on the way out the consumers finish their batch, commit and leave the group first (all of them at once),
 then the probe server stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop
-event; everything after it is bounded by `shutdown_grace_s`: each step's stop has its own bound inside that
-budget (`ShutdownClock`), keeping a reserve for the steps after it, and a step that overruns is abandoned
-(logged; exit code 1) so that the next still runs. As a process, a watchdog thread ends it at the grace
-whatever the event loop is doing.
+event; everything after it is bounded by `shutdown_grace_s`, a bound per step and a watchdog at the grace
+(`message_history.app.shutdown`; an overrun step is abandoned, exit code 1). Process set-up (tracing, the
+collector): `message_history.app.process`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
-import os
-import signal
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
-from types import TracebackType
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from consumers.barrier import TurnBarrier, open_barrier
@@ -38,10 +31,20 @@ from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.timeouts import TimeoutStrikes
 from consumers.turn_gate import TurnGate
-from message_history import __version__, tracing
+from message_history import __version__
 from message_history.app.capabilities import storage_capabilities
 from message_history.app.health import Health, serve_http
 from message_history.app.periodic_prune import periodic_prune
+from message_history.app.process import start_tracing, tune_gc
+from message_history.app.shutdown import (
+    MIN_STEP_S,
+    Bounded,
+    LoopGroup,
+    ShutdownClock,
+    arm_watchdog,
+    loop_time,
+    stop_on_signals,
+)
 from message_history.errors import StartupError
 from message_history.logs import start_command
 from message_history.settings import Settings
@@ -58,6 +61,29 @@ if TYPE_CHECKING:
     from storage.forgetting import MongoForgetting
     from storage.turns import MongoTurnMarkers
 
+__all__ = [  # the shutdown machinery and process set-up moved out; their names stay importable from here
+    "DRAIN_SHARE",
+    "MIN_STEP_S",
+    "PATHS",
+    "RESERVE_CONSUMERS",
+    "RESERVE_PRODUCER",
+    "RESERVE_SERVICES",
+    "Bounded",
+    "LoopGroup",
+    "Opened",
+    "Path",
+    "ShutdownClock",
+    "build_loop",
+    "main",
+    "maybe_barrier",
+    "open_markers",
+    "open_storage",
+    "run_service",
+    "selected_paths",
+    "start_tracing",
+    "tune_gc",
+]
+
 log = logging.getLogger(__name__)
 
 Path = Literal["recall", "persist", "commands"]
@@ -71,111 +97,8 @@ DRAIN_SHARE = 0.6
 RESERVE_CONSUMERS = 0.2
 RESERVE_SERVICES = 0.12
 RESERVE_PRODUCER = 0.04
-MIN_STEP_S = 0.1  # even past the budget, each step gets this long to close what closes at once
 
 T = TypeVar("T")
-
-
-@dataclass
-class ShutdownClock:
-    """The shutdown budget: `grace_s` from the moment the service started stopping (`start`)."""
-
-    grace_s: float
-    started: float | None = None
-    unfinished: list[str] = field(default_factory=list)  # steps that overran or lost work
-
-    def start(self) -> None:
-        if self.started is None:
-            self.started = time.monotonic()
-
-    @property
-    def deadline(self) -> float:
-        """When the whole shutdown must be over (monotonic); `grace_s` from now before it started."""
-        return (self.started if self.started is not None else time.monotonic()) + self.grace_s
-
-    def step_deadline(self, reserve_share: float) -> float:
-        """When a step must be done, keeping `reserve_share` of the grace for the later steps."""
-        return max(time.monotonic() + MIN_STEP_S, self.deadline - reserve_share * self.grace_s)
-
-    def failed(self, step: str) -> None:
-        self.unfinished.append(step)
-
-
-class Bounded(AbstractAsyncContextManager[T]):
-    """`inner`, whose exit is cut off at the clock's step deadline: an overrun is logged and recorded, not
-    raised, so that the steps after it still run."""
-
-    def __init__(
-        self, name: str, inner: AbstractAsyncContextManager[T], clock: ShutdownClock, reserve_share: float
-    ) -> None:
-        self._name = name
-        self._inner = inner
-        self._clock = clock
-        self._reserve = reserve_share
-
-    async def __aenter__(self) -> T:
-        return await self._inner.__aenter__()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> bool | None:
-        deadline = self._clock.step_deadline(self._reserve)
-        try:
-            async with asyncio.timeout_at(_loop_time(deadline)):
-                return await self._inner.__aexit__(exc_type, exc, tb)
-        except TimeoutError:
-            self._clock.failed(self._name)
-            log.error(  # noqa: TRY400 -- the step and its bound say it all; the stack is asyncio's
-                "shutdown step did not finish within its bound: abandoned",
-                extra={"step": self._name, "grace_s": self._clock.grace_s},
-            )
-            return None
-
-
-def _loop_time(deadline: float) -> float:
-    """A `time.monotonic()` deadline on the running event loop's clock."""
-    return asyncio.get_running_loop().time() + (deadline - time.monotonic())
-
-
-class LoopGroup:
-    """Every path's loop as one step: started one after the other, stopped all at once.
-
-    Stopping them together matters in a rebalance: a consumer leaving the group makes the others of this
-    instance rejoin, and each stop after it would wait for that join (held by the broker for any dead member).
-    Each loop's own exit is bounded by the step deadline it is given; `clean` says whether all of them
-    committed what they had done and left in time.
-    """
-
-    def __init__(self, loops: Sequence[StreamLoop], clock: ShutdownClock, reserve_share: float) -> None:
-        self.loops = list(loops)
-        self._clock = clock
-        self._reserve = reserve_share
-        self._started: list[StreamLoop] = []
-
-    async def __aenter__(self) -> LoopGroup:
-        try:
-            for loop in self.loops:
-                await loop.__aenter__()
-                self._started.append(loop)
-        except BaseException:
-            await self.__aexit__(None, None, None)
-            raise
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        deadline = self._clock.step_deadline(self._reserve)
-        for loop in self._started:
-            loop.exit_deadline = deadline
-        results = await asyncio.gather(
-            *(loop.__aexit__(exc_type, exc, tb) for loop in self._started), return_exceptions=True
-        )
-        for loop, result in zip(self._started, results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("%s loop failed to stop", loop.path, exc_info=result)
-            if isinstance(result, BaseException) or not loop.stopped_cleanly:
-                self._clock.failed(f"{loop.path} consumer")
 
 
 @contextlib.asynccontextmanager
@@ -444,7 +367,7 @@ async def run_service(
         clock.start()  # a start-up that failed is stopped within the same budget
         try:
             # each step bounds itself; this is the backstop for the stack as a whole
-            async with asyncio.timeout_at(_loop_time(clock.deadline + MIN_STEP_S)):
+            async with asyncio.timeout_at(loop_time(clock.deadline + MIN_STEP_S)):
                 await stack.aclose()
         except TimeoutError:
             clock.failed("shutdown")
@@ -499,52 +422,6 @@ async def _run_until_stopped(
     return code
 
 
-def start_tracing(env: Mapping[str, str] = os.environ) -> Callable[[], None] | None:
-    """The OpenTelemetry SDK as the `OTEL_*` variables configure it; returns its shutdown (flushes spans).
-
-    Only when they ask for traces (`tracing.sdk_configured`), the `[otel]` extra is installed and no provider
-    is in place yet (`opentelemetry-instrument` may have set one: it is used as is). The SDK reads the rest
-    itself: `OTEL_TRACES_SAMPLER`, `OTEL_EXPORTER_OTLP_*`, `OTEL_BSP_*`, `OTEL_RESOURCE_ATTRIBUTES`.
-    """
-    if not tracing.sdk_configured(env) or tracing.enabled():
-        return None
-    try:
-        from opentelemetry import trace  # noqa: PLC0415 -- the SDK is optional
-        from opentelemetry.sdk.resources import Resource  # noqa: PLC0415
-        from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
-        from opentelemetry.sdk.trace.export import (  # noqa: PLC0415
-            BatchSpanProcessor,
-            ConsoleSpanExporter,
-            SpanExporter,
-        )
-    except ImportError:
-        log.warning("OTEL_* asks for traces but the SDK is missing: pip install 'message-history[otel]'")
-        return None
-    attributes = {"service.version": __version__}
-    if "OTEL_SERVICE_NAME" not in env and "service.name=" not in env.get("OTEL_RESOURCE_ATTRIBUTES", ""):
-        attributes["service.name"] = "message-history"
-    provider = TracerProvider(resource=Resource.create(attributes))
-    listed = env.get("OTEL_TRACES_EXPORTER", "otlp").split(",")
-    names = [n.strip() for n in listed if n.strip() not in ("", "none")]
-    for name in names:
-        exporter: SpanExporter
-        if name == "console":
-            exporter = ConsoleSpanExporter()
-        elif name == "otlp":
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415
-                OTLPSpanExporter,
-            )
-
-            exporter = OTLPSpanExporter()
-        else:
-            log.warning("unknown OTEL_TRACES_EXPORTER entry ignored", extra={"exporter": name})
-            continue
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    log.info("tracing on", extra={"exporters": names})
-    return provider.shutdown
-
-
 def main(only: str | None = None) -> int:
     """Entry point of `message-history run [--only recall|persist]`; returns the process exit code."""
     settings = Settings()
@@ -565,47 +442,12 @@ def main(only: str | None = None) -> int:
 
 async def _main(settings: Settings, only: Path | None) -> int:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, _on_signal, stop, sig)
-    watchdog = asyncio.create_task(_arm_watchdog(stop, settings.shutdown_grace_s), name="shutdown-watchdog")
+    watchdog = asyncio.create_task(arm_watchdog(stop, settings.shutdown_grace_s), name="shutdown-watchdog")
     try:
-        return await run_service(settings, stop=stop, only=only)
+        with stop_on_signals(stop):
+            return await run_service(settings, stop=stop, only=only)
     except StartupError as exc:
         log.error("cannot start: %s", exc)  # noqa: TRY400 -- the message says it all; no traceback
         return 1
     finally:
         watchdog.cancel()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
-
-
-def tune_gc(settings: Settings) -> None:
-    """The collector's settings, once start-up's imports are done (see `Settings.gc_freeze`)."""
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(settings.gc_threshold, older, oldest)
-    if settings.gc_freeze:
-        gc.collect()  # start-up's garbage goes now rather than being frozen with the rest
-        gc.freeze()
-
-
-def _on_signal(stop: asyncio.Event, sig: signal.Signals) -> None:
-    log.info("signal received: stopping", extra={"signal": sig.name})
-    stop.set()
-
-
-async def _arm_watchdog(stop: asyncio.Event, grace_s: float) -> None:
-    """Once stopping, end the process at the grace whatever the event loop is doing (a join no bound
-    reached, a blocked call, asyncio's own teardown); a daemon thread: a clean exit does not wait for it."""
-    await stop.wait()
-    timer = threading.Timer(grace_s, _overrun_exit, args=(grace_s,))
-    timer.daemon = True
-    timer.start()
-
-
-def _overrun_exit(grace_s: float) -> None:
-    log.error("shutdown overran the grace period: exiting now", extra={"grace_s": grace_s, "exit_code": 1})
-    for handler in logging.getLogger().handlers:
-        with contextlib.suppress(Exception):
-            handler.flush()
-    os._exit(1)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
+from aiokafka import TopicPartition
 from aiokafka.errors import (
     KafkaConnectionError,
     KafkaTimeoutError,
@@ -118,3 +120,48 @@ async def test_a_refusal_that_is_not_an_outage_is_raised() -> None:
     with pytest.raises(TopicAuthorizationFailedError):
         await worker._send(turn, await worker._respond(turn, {}), [])
     assert producer.sent == []
+
+
+@dataclass(frozen=True)
+class _Record:
+    topic: str
+    partition: int
+    offset: int
+    key: bytes
+
+
+class _CommittingConsumer:
+    def __init__(self) -> None:
+        self.commits: list[dict[TopicPartition, int]] = []
+
+    async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commits.append(dict(offsets))
+
+
+async def test_a_batch_commits_each_partition_past_its_answered_run_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Per partition, the batch's commit goes past the turns answered from its start and stops at the first
+    turn not answered (here: one still running when the shutdown grace ended), however many later turns of
+    other threads were answered: those go to the next owner again, never lost."""
+    worker = _worker(_hi, shutdown_grace_s=0)
+    consumer = _CommittingConsumer()
+    worker._consumer = consumer
+    stuck = (0, 2)
+    records = [_Record("t", 0, o, f"k{o}".encode()) for o in range(5)]
+    records += [_Record("t", 1, o, f"k{o}".encode()) for o in (10, 11, 13)]  # offsets need not be contiguous
+    others_answered = asyncio.Event()
+    answered: list[tuple[int, int]] = []
+
+    async def answer(record: _Record) -> None:
+        if (record.partition, record.offset) == stuck:
+            await others_answered.wait()
+            worker.stop()  # the shutdown: this turn never gets its answer
+            await asyncio.Event().wait()
+        answered.append((record.partition, record.offset))
+        if len(answered) == len(records) - 1:
+            others_answered.set()
+
+    monkeypatch.setattr(worker, "_answer", answer)
+    await worker._run_batch(records)
+    assert consumer.commits == [{TopicPartition("t", 0): 2, TopicPartition("t", 1): 14}]
