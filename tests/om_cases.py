@@ -198,6 +198,12 @@ OBSERVATIONS: Final[list[str]] = [
     "* 🟡 (14:31) User asked -> about Kafka",
     "* 🟢 low priority note   with   spaces\n\n\n\n* [72 items collapsed - ID: b1fa] kept\n* see [docs](https://x.y/z)",
     "日本語 observation 🎉 with unicode",
+    "[O1] first\n  [O1-N2] nested",
+    "a [tag] b [72 items collapsed - ID: x] c [link](u) d [] e [ 3 items collapsed]",
+    "a [[b] c [x\ny] z",
+    "x\u2028->\u2028y --> w",
+    "\ufeff text \ufeff",
+    "one\n\n--- message boundary (2025-01-01T12:00:00.000Z) ---\n\n\ntwo",
 ]
 
 
