@@ -8,6 +8,7 @@ against them without Node, `tests/interop/test_mastra_om_interop.py` checks the 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -207,6 +208,40 @@ OBSERVATIONS: Final[list[str]] = [
 ]
 
 
+_DAYS: Final = [
+    "Jan 1, 2020", "June 20, 2023", "June 19, 2023", "June 17, 2023", "June 12, 2023", "June 5, 2023",
+    "May 20, 2023", "Jan 2, 2023", "Jan 1, 2021", "June 21, 2023", "June 24, 2023", "June 28, 2023",
+    "July 5, 2023", "August 1, 2023", "Dec 25, 2023", "June 30, 2024", "Jan 1, 2030",
+]  # fmt: skip
+CONTEXT_CASES: Final[list[dict[str, str]]] = [
+    {"observations": "", "now": "2023-06-20T10:00:00.000Z"},
+    {
+        "observations": "Date: May 15, 2023\n* 🔴 hi\nDate: June 1, 2023\n* x",
+        "now": "2023-06-20T10:00:00.000Z",
+    },
+    {
+        "observations": "\n".join(f"Date: {d}\n* 🟡 (09:00) seen [tag] -> ok" for d in _DAYS),
+        "now": "2023-06-20T23:59:59.999Z",
+    },
+    {
+        "observations": (
+            "Date: Febr 30, 2023\n* rolled\nDate: Foo 1, 2023\n* not a month\nDate: Mon 5, 2023\n* weekday\n"
+            "Date: Jan 5, 0049\n* two-digit\nDate: Jan 0, 2023\n* day zero\nDate: Mayo 3, 2023\n* prefix\n"
+            "x Date: May 1, 2023\nDate: May 2, 2023 trailing\nDate:\n\tMay 3, 2023\r\n"
+            "Date:May 4, 2023\u2028* sep"
+        ),
+        "now": "2023-05-10T00:00:00.000Z",
+    },
+    {
+        "observations": (
+            "Date: Jan 1, 2025\n* a\n\n--- message boundary (2025-01-02T00:00:00.000Z) ---\n\n"
+            "Date: Jan 3, 2025\n* b\n\n\n\nDate: March 9, 2025\n* c"
+        ),
+        "now": "2025-03-10T08:00:00.000Z",
+    },
+]
+
+
 def run_mastra(command: str, payload: dict[str, Any]) -> dict[str, Any]:
     """`node om.mjs <command>` on `payload` in tests/interop/mastra-om (its node_modules installed)."""
     done = subprocess.run(
@@ -217,6 +252,7 @@ def run_mastra(command: str, payload: dict[str, Any]) -> dict[str, Any]:
         text=True,
         timeout=120,
         check=True,
+        env={**os.environ, "TZ": "UTC"},  # Mastra parses `Date:` headers in the local zone
     )
     result: dict[str, Any] = json.loads(done.stdout)
     return result
@@ -227,6 +263,7 @@ def record() -> dict[str, Any]:
     return {
         "tokens": run_mastra("tokens", {"messages": MESSAGES, "observations": OBSERVATIONS}),
         "context": run_mastra("context", {"observations": OBSERVATIONS}),
+        "built": run_mastra("build", {"cases": CONTEXT_CASES})["built"],
     }
 
 

@@ -34,6 +34,7 @@ AUDITED = {
     "message_history.core.observation_text._ARROW",
     "message_history.core.observation_text._BOUNDARY",
     "message_history.core.observation_text._GREEN",
+    "message_history.core.observation_text._HEADER",
     "message_history.core.observation_text._NEWLINES",
     "message_history.core.observation_text._SPACES",
     "message_history.core.observation_text._YELLOW",

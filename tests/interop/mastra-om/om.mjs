@@ -5,8 +5,13 @@
 //                         countObservations per observation text (no model context)
 //   node om.mjs context   reads {observations} on stdin; prints optimizeObservationsForContext per text and
 //                         the exported context texts (prompt, instructions, continuation hint, defaults)
+//   node om.mjs build     reads {cases: [{observations, now}]} on stdin; prints, per case, the system messages
+//                         ObservationalMemory.buildContextSystemMessages makes of a thread-scoped record
+//                         holding `observations` at `now` (run with TZ=UTC: Mastra reads dates locally)
 import { readFileSync } from 'node:fs';
+import { InMemoryStore } from '@mastra/core/storage';
 import {
+  ObservationalMemory,
   TokenCounter,
   optimizeObservationsForContext,
   OBSERVATION_CONTEXT_PROMPT,
@@ -36,6 +41,15 @@ if (command === 'tokens') {
       observationTokens: OBSERVATIONAL_MEMORY_DEFAULTS.reflection.observationTokens,
     }),
   );
+} else if (command === 'build') {
+  const memory = await new InMemoryStore().getStore('memory');
+  const om = new ObservationalMemory({ storage: memory, scope: 'thread', model: 'openai/gpt-4o-mini' });
+  const built = [];
+  for (const { observations, now } of input.cases) {
+    const record = { id: 'r', activeObservations: observations };
+    built.push((await om.buildContextSystemMessages({ threadId: 't', record, currentDate: new Date(now) })) ?? null);
+  }
+  process.stdout.write(JSON.stringify({ built }));
 } else {
   process.stderr.write(`unknown command ${command}\n`);
   process.exit(2);
