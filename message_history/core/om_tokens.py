@@ -15,9 +15,10 @@
 * observations: `tokenx(text)`.
 
 Exact for every text, tool and structural part. Attachments (`image` / `file` parts, tool results holding
-inline media) depend on the model's provider and on decoding the image's header in Mastra; here they are
-counted as Mastra counts them without a model context and without dimensions (`attachment_exact` says
-whether a message holds any, so a caller can tell an exact count from an estimate). A caller-stamped estimate
+inline media) depend on the model's provider and on decoding the image's header in Mastra; here an image is
+Mastra's estimate without a model context or dimensions, a file without a measurable body its descriptor,
+and a tool result's media its JSON (`attachment_free` says whether a message holds any, so a caller can tell
+an exact count from an estimate). A caller-stamped estimate
 (`providerMetadata.mastra.tokenEstimate` with `source: "client"`) wins, as in Mastra.
 """
 
@@ -307,11 +308,38 @@ def count_om_messages(messages: Sequence[Mapping[str, Any]]) -> int:
 
 
 def attachment_free(message: Mapping[str, Any]) -> bool:
-    """True when the message has no attachment part, so `count_om_message` is exactly Mastra's count."""
+    """True when no part holds an attachment (an `image` / `file` part, or a tool result whose content
+    carries inline media), so `count_om_message` is exactly Mastra's count, whatever the model."""
     content = message.get("content")
     if not isinstance(content, Mapping) or not isinstance(content.get("parts"), list):
         return True
-    return not any(isinstance(p, Mapping) and p.get("type") in ("image", "file") for p in content["parts"])
+    return not any(_holds_attachment(p) for p in content["parts"])
+
+
+_MEDIA_KINDS: Final = frozenset({"image", "image-data", "media", "audio", "file-data"})
+
+
+def _holds_attachment(part: Any) -> bool:
+    if not isinstance(part, Mapping):
+        return False
+    if part.get("type") in ("image", "file"):
+        return True
+    invocation = part.get("toolInvocation")
+    if part.get("type") != "tool-invocation" or not isinstance(invocation, Mapping):
+        return False
+    mastra = _mastra_metadata(part)
+    result = (
+        mastra.get("modelOutput")
+        if mastra is not None and "modelOutput" in mastra
+        else invocation.get("result")
+    )
+    if not isinstance(result, Mapping):
+        return False
+    items = result.get("value") if result.get("type") == "content" else result.get("content")
+    return isinstance(items, list) and any(
+        isinstance(i, Mapping) and i.get("type") in _MEDIA_KINDS and isinstance(i.get("data"), str)
+        for i in items
+    )
 
 
 def _js_round(value: float) -> int:

@@ -92,6 +92,17 @@ def test_attachment_free_tells_exact_counts_from_estimates() -> None:
     assert attachment_free(MESSAGES[0])
     assert attachment_free({"role": "user", "content": "plain"})
     assert not attachment_free({"role": "user", "content": {"parts": [{"type": "image", "image": "x"}]}})
+    media = {"type": "content", "value": [{"type": "media", "data": "AAAA", "mediaType": "image/png"}]}
+
+    def tool(result: Any) -> dict[str, Any]:
+        invocation = {"state": "result", "toolName": "t", "result": result}
+        return {
+            "role": "assistant",
+            "content": {"parts": [{"type": "tool-invocation", "toolInvocation": invocation}]},
+        }
+
+    assert not attachment_free(tool(media))
+    assert attachment_free(tool({"type": "content", "value": []}))
 
 
 def test_rows_of_any_shape_are_counted_without_raising() -> None:
