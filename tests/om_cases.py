@@ -239,6 +239,24 @@ CONTEXT_CASES: Final[list[dict[str, str]]] = [
         ),
         "now": "2025-03-10T08:00:00.000Z",
     },
+    {
+        "observations": (
+            "Date: June 1, 2023\n"
+            "* User will start a diet (meaning May 30, 2023)\n"
+            "* User said it was cold (meaning May 29, 2023) then (estimated May 27-28, 2023)\n"
+            "* User plans to travel (estimated late April 2023) and (ESTIMATED mid-to-late May 2023)\n"
+            "* Trip (estimated April to early May 2023) (meaning april to early 2023) (meaning Foo 1, 2023)\n"
+            "* Wants to move (MEANING  2023) (meaning   2024) (meaning July 4, 2023) (estimated no digits)\n"
+            "* plans tomorrow (meaning Jan 3, 2023) planning to (meaning Feb 30, 2023)"
+            " willow (meaning Mar 1, 2023)\n"
+            "* needs to (meaning (meaning Mar 2, 2023) nested) earlymay 2023 (estimated earlymay 2023)\n"
+            "* Going to (meaning Dec 1, 2024) and about to\n(meaning Jan 2, 2023)"
+            " (estimated midtolatejune 2023)\n"
+            "* will\n(meaning Jan 5, 2023) will go (meaning Jan 6, 2023) (estimated x May to Jun 2023)\n"
+            "Date: June 10, 2023\n* done (meaning   June 9, 2023)"
+        ),
+        "now": "2023-06-12T12:00:00.000Z",
+    },
 ]
 
 

@@ -8,23 +8,22 @@ The context Mastra builds for a thread with observations (`formatObservationsFor
 no retrieval mode): system messages `[PROMPT + "\\n\\n" + INSTRUCTIONS, "<observations>", *chunks,
 "<current-task>…", "<suggested-response>…"]`, where the chunks are the optimized log split at its message
 boundaries; then one user message, the continuation reminder, before the unobserved messages.
-Before splitting, each `Date: May 15, 2023` header gets its distance from the request's time and a gap marker
-when days are skipped (`addRelativeTimeToObservations`; dates parsed as V8 parses them, in UTC: Mastra uses
-its host's zone). Not reproduced yet: its expansion of inline `(estimated …)` / `(meaning …)` dates.
+Before splitting, the dates get their distance from the request's time (`core/observation_dates.py`).
 """
 
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any, Final
+
+from message_history.core.observation_dates import JS_SPACE, add_relative_time
 
 __all__ = [
     "CONTINUATION_MESSAGE_ID",
     "OBSERVATION_CONTEXT_INSTRUCTIONS",
     "OBSERVATION_CONTEXT_PROMPT",
     "OBSERVATION_CONTINUATION_HINT",
-    "add_relative_time",
     "append_observations",
     "context_system_messages",
     "continuation_message",
@@ -77,7 +76,7 @@ CONTINUATION_MESSAGE_ID: Final = "om-continuation"
 """The id of the continuation reminder message (`injectObservationContextMessages`)."""
 
 # JavaScript's \s: WhiteSpace + LineTerminator (Python's differs at U+001C..U+001F, U+0085, U+FEFF).
-_JS_SPACE: Final = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_JS_SPACE: Final = JS_SPACE
 _JS_SPACE_CHARS: Final = _JS_SPACE.replace("\u2000-\u200a", "".join(map(chr, range(0x2000, 0x200B))))
 _JS_SPACE_NOT_NL: Final = _JS_SPACE.replace("\n", "")
 _ANCHOR: Final = re.compile(
@@ -87,14 +86,6 @@ _YELLOW: Final = re.compile(f"\U0001f7e1[{_JS_SPACE}]*")
 _GREEN: Final = re.compile(f"\U0001f7e2[{_JS_SPACE}]*")
 # Tried only where a whitespace run (or the arrow) starts: linear on long runs, the same matches.
 _ARROW: Final = re.compile(f"(?<![{_JS_SPACE}])[{_JS_SPACE}]*+->[{_JS_SPACE}]*")
-# JavaScript's multiline `^`/`$`: at the ends of the text or next to any of its line terminators.
-_HEADER: Final = re.compile(
-    f"(?:^|(?<=[\n\r\u2028\u2029]))(Date:[{_JS_SPACE}]*)([A-Z][a-z]+) ([0-9]{{1,2}}), ([0-9]{{4}})"
-    "(?=[\n\r\u2028\u2029]|\\Z)"
-)
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_MONTHS: Final = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-_DAY_MS: Final = 86_400_000
 _COLLAPSED_PREFIX: Final = frozenset("0123456789" + _JS_SPACE_CHARS)
 _SPACES: Final = re.compile("  +")
 _NEWLINES: Final = re.compile("\n{3,}")
@@ -178,107 +169,6 @@ def append_observations(existing: str, new: str, last_observed_at: datetime | No
         return new
     boundary = message_boundary(last_observed_at) if last_observed_at is not None else "\n\n"
     return f"{existing}{boundary}{new}"
-
-
-def _v8_date(month: str, day: str, year: str) -> datetime | None:
-    """`new Date("<Month> <D>, <YYYY>")` as V8 parses it (UTC): a month named by its first three letters,
-    day 1-31 rolling over into the next month, years 0-49 and 50-99 read as 20xx and 19xx."""
-    if len(month) < 3 or month[:3].lower() not in _MONTHS or not 1 <= int(day) <= 31:
-        return None
-    number = int(year)
-    if number < 50:
-        number += 2000
-    elif number < 100:
-        number += 1900
-    if number < 1:
-        return None
-    first = datetime(number, _MONTHS.index(month[:3].lower()) + 1, 1, tzinfo=UTC)
-    return first + timedelta(days=int(day) - 1)
-
-
-def _ms(moment: datetime) -> int:
-    """A JavaScript `Date`'s time value: whole milliseconds since the epoch."""
-    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-    return (aware - _EPOCH) // timedelta(milliseconds=1)
-
-
-def _relative(date: datetime, now: datetime) -> str:
-    """`formatRelativeTime`: today, yesterday, N days/weeks/months/years ago, or ahead."""
-    days = (_ms(now) - _ms(date)) // _DAY_MS
-    if days < 0:
-        ahead = -days
-        if ahead < 60:
-            return _soon(ahead)
-        if ahead < 365:
-            return f"in {ahead // 30} months"
-        years = ahead // 365
-        return f"in {years} year{'s' if years > 1 else ''}"
-    if days < 60:
-        return _recent(days)
-    if days < 365:
-        return f"{days // 30} months ago"
-    years = days // 365
-    return f"{years} year{'s' if years > 1 else ''} ago"
-
-
-def _soon(days: int) -> str:
-    if days == 1:
-        return "tomorrow"
-    if days < 7:
-        return f"in {days} days"
-    if days < 14:
-        return "in 1 week"
-    return f"in {days // 7} weeks" if days < 30 else "in 1 month"
-
-
-def _recent(days: int) -> str:
-    if days == 0:
-        return "today"
-    if days == 1:
-        return "yesterday"
-    if days < 7:
-        return f"{days} days ago"
-    if days < 14:
-        return "1 week ago"
-    return f"{days // 7} weeks ago" if days < 30 else "1 month ago"
-
-
-def _gap(previous: datetime, current: datetime) -> str | None:
-    """`formatGapBetweenDates`: a marker when more than a day passed between two headers."""
-    days = (_ms(current) - _ms(previous)) // _DAY_MS
-    if days <= 1:
-        return None
-    if days < 7:
-        return f"[{days} days later]"
-    if days < 14:
-        return "[1 week later]"
-    if days < 30:
-        return f"[{days // 7} weeks later]"
-    return "[1 month later]" if days < 60 else f"[{days // 30} months later]"
-
-
-def add_relative_time(observations: str, now: datetime) -> str:
-    """`addRelativeTimeToObservations` (headers): `Date: May 15, 2023 (1 month ago)`, gap markers between."""
-    found = []
-    for match in _HEADER.finditer(observations):
-        date = _v8_date(match[2], match[3], match[4])
-        if date is not None:
-            found.append((match, date))
-    if not found:
-        return observations
-    out: list[str] = []
-    last = 0
-    previous: datetime | None = None
-    for match, date in found:
-        out.append(observations[last : match.start()])
-        gap = _gap(previous, date) if previous is not None else None
-        if gap:
-            out.append(f"\n{gap}\n\n")
-        out.append(f"{match[1]}{match[2]} {match[3]}, {match[4]} ({_relative(date, now)})")
-        last = match.end()
-        previous = date
-    out.append(observations[last:])
-    return "".join(out)
 
 
 def context_system_messages(

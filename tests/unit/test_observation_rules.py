@@ -270,5 +270,6 @@ def test_context_is_what_mastra_builds(index: int) -> None:
     "text", ["[" * 200_000, "[" * 200_000 + "]", "[ 1" * 100_000 + "]", " " * 200_000 + "x"]
 )
 def test_tag_stripping_is_linear(text: str) -> None:
-    """Hang guard (not a timing assertion): the hand-written tag scan and the header pass stay linear."""
+    """Hang guard (not a timing assertion): the hand-written scans (tags, inline dates, their date patterns,
+    the planned-action test) and the header pass stay linear on hostile logs."""
     context_system_messages(text, now=T0)
