@@ -84,8 +84,6 @@ _ANCHOR: Final = re.compile(
 )
 _YELLOW: Final = re.compile(f"\U0001f7e1[{_JS_SPACE}]*")
 _GREEN: Final = re.compile(f"\U0001f7e2[{_JS_SPACE}]*")
-# Tried only where a whitespace run (or the arrow) starts: linear on long runs, the same matches.
-_ARROW: Final = re.compile(f"(?<![{_JS_SPACE}])[{_JS_SPACE}]*+->[{_JS_SPACE}]*")
 _COLLAPSED_PREFIX: Final = frozenset("0123456789" + _JS_SPACE_CHARS)
 _SPACES: Final = re.compile("  +")
 _NEWLINES: Final = re.compile("\n{3,}")
@@ -113,10 +111,31 @@ def optimize_for_context(observations: str) -> str:
     optimized = _YELLOW.sub("", optimized)
     optimized = _GREEN.sub("", optimized)
     optimized = _strip_tags(optimized)
-    optimized = _ARROW.sub(" ", optimized)
+    optimized = _replace_arrows(optimized)
     optimized = _SPACES.sub(" ", optimized)
     optimized = _NEWLINES.sub("\n\n", optimized)
     return js_trim(optimized)
+
+
+def _replace_arrows(text: str) -> str:
+    """JavaScript's `text.replace(/\\s*->\\s*/g, " ")`, in one pass: each `->` with the spaces around it (not
+    reaching back into the previous replacement) becomes one space."""
+    out: list[str] = []
+    last = 0
+    index = text.find("->")
+    while index != -1:
+        start = index
+        while start > last and text[start - 1] in _JS_SPACE_CHARS:
+            start -= 1
+        end = index + 2
+        while end < len(text) and text[end] in _JS_SPACE_CHARS:
+            end += 1
+        out.append(text[last:start])
+        out.append(" ")
+        last = end
+        index = text.find("->", end)
+    out.append(text[last:])
+    return "".join(out)
 
 
 def _strip_tags(text: str) -> str:

@@ -219,6 +219,20 @@ def test_optimize_for_context_is_mastras() -> None:
     assert [optimize_for_context(o) for o in OBSERVATIONS] == _context()["optimized"]
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("a) \n-> -> b", "a) b"),  # the second arrow's spaces were taken by the first: JS still matches it
+        ("x-->y", "x- y"),
+        ("p \u2028->\ufeffq", "p q"),
+    ],
+)
+def test_arrows_as_javascript_replaces_them(text: str, expected: str) -> None:
+    """`/\\s*->\\s*/g` → " ", then double spaces → one (found by the generated interop test: a lookbehind
+    form missed an arrow right after a replaced one)."""
+    assert optimize_for_context(text) == expected
+
+
 def test_log_split_at_boundaries_and_appended_with_one() -> None:
     """Cycles are joined with `--- message boundary (ISO) ---` and the context splits the log there."""
     log = append_observations("", "first", None)

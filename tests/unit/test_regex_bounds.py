@@ -36,7 +36,6 @@ AUDITED = {
     "message_history.core.observation_dates._SIMPLE",
     "message_history.core.observation_dates._WILL",
     "message_history.core.observation_text._ANCHOR",
-    "message_history.core.observation_text._ARROW",
     "message_history.core.observation_text._BOUNDARY",
     "message_history.core.observation_text._GREEN",
     "message_history.core.observation_text._NEWLINES",
