@@ -36,6 +36,7 @@ from schemas.events import (
 )
 from schemas.limits import Limits
 from schemas.messages import Message
+from schemas.observational import ObserveRequest, ObserveResult, ReflectRequest, ReflectResult
 
 JSON_SCHEMA_DIALECT: Final = "https://json-schema.org/draft/2020-12/schema"
 KAFKA_BINDING_VERSION: Final = "0.5.0"
@@ -52,6 +53,13 @@ SCHEMA_MODELS: Final[tuple[type[BaseModel], ...]] = (
     HistoryForgotten,
 )
 COMMAND_MODELS: Final[tuple[type[BaseModel], ...]] = (ForgetThread, ForgetResource, HistoryForgotten)
+OBSERVATIONAL_MODELS: Final[tuple[type[BaseModel], ...]] = (
+    ObserveRequest,
+    ObserveResult,
+    ReflectRequest,
+    ReflectResult,
+)
+"""Observational Memory's events (docs/observational-memory.md): JSON Schemas now, AsyncAPI once on topics."""
 
 # (channel id, default topic, setting, value model(s) or None for a dead letter, description)
 _Value = type[BaseModel] | tuple[type[BaseModel], ...] | None
@@ -147,7 +155,7 @@ def _dead_letter_headers() -> dict[str, Any]:
 def json_schemas() -> dict[str, str]:
     """File name -> content: one standalone JSON Schema (2020-12) per model."""
     files: dict[str, str] = {}
-    for model in SCHEMA_MODELS:
+    for model in (*SCHEMA_MODELS, *OBSERVATIONAL_MODELS):
         schema = model.model_json_schema(mode="validation")
         schema["$schema"] = JSON_SCHEMA_DIALECT
         schema["$id"] = f"{model.__name__}.schema.json"

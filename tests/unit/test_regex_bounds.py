@@ -30,6 +30,17 @@ PRODUCT = ("message_history", "consumers", "producers", "schemas", "storage", "w
 
 AUDITED = {
     "message_history.app.prune._DURATION",
+    "message_history.core.observation_dates._HEADER",
+    "message_history.core.observation_dates._INTENT",
+    "message_history.core.observation_dates._RANGE",
+    "message_history.core.observation_dates._SIMPLE",
+    "message_history.core.observation_dates._WILL",
+    "message_history.core.observation_text._ANCHOR",
+    "message_history.core.observation_text._BOUNDARY",
+    "message_history.core.observation_text._GREEN",
+    "message_history.core.observation_text._NEWLINES",
+    "message_history.core.observation_text._SPACES",
+    "message_history.core.observation_text._YELLOW",
     "message_history.core.tokens._ASCII_LONG_WORD",
     "message_history.core.tokens._ASCII_WORD",
     "message_history.core.tokens._CJK",

@@ -59,7 +59,8 @@ def test_output_is_deterministic_sorted_and_newline_terminated() -> None:
 def test_one_json_schema_per_event_and_message() -> None:
     """Each event and the message has a 2020-12 JSON Schema requiring the contract's fields."""
     files = export.json_schemas()
-    assert set(files) == {f"{m.__name__}.schema.json" for m in export.SCHEMA_MODELS}
+    models = (*export.SCHEMA_MODELS, *export.OBSERVATIONAL_MODELS)
+    assert set(files) == {f"{m.__name__}.schema.json" for m in models}
     assert set(export.SCHEMA_MODELS) == {*EVENT_TYPES, Message, *export.COMMAND_MODELS}
     for model in EVENT_TYPES:
         schema = json.loads(files[f"{model.__name__}.schema.json"])

@@ -1,0 +1,93 @@
+"""Observational Memory's events (issue 35): the work the service asks of observer workers, and their answers.
+
+`ObserveRequest` / `ReflectRequest` go to `agent.memory.observe`, `ObserveResult` / `ReflectResult` come back
+on `agent.memory.observed` (a `type` field names each), keyed by `threadId` (thread scope) or `resourceId`
+(resource scope). A request names the claim it was made under (`recordId`, `generation`, `cycle`); the result
+echoes them and is applied only if that claim is still current (`storage/observational.py`), so a late or
+repeated answer changes nothing. Design: docs/observational-memory.md. Not wired into the paths yet.
+"""
+
+# ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field
+
+from schemas.events import MAX_SAFE_INTEGER, SchemaVersion
+from schemas.messages import Message, Open, Timestamp
+
+__all__ = ["ObserveRequest", "ObserveResult", "ReflectRequest", "ReflectResult"]
+
+Scope = Literal["thread", "resource"]
+Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
+
+
+class WorkBase(Open):
+    """What every OM event carries: who it is for and the claim it belongs to."""
+
+    schemaVersion: SchemaVersion = 1
+    requestId: Annotated[str, Field(description="the request's id; a result echoes it")]
+    createdAt: Annotated[Timestamp, Field(description="when the event was produced, ISO-8601 UTC")]
+    scope: Annotated[Scope, Field(description="'thread' (the default) or 'resource' (Mastra's OM scope)")]
+    threadId: Annotated[
+        str | None, Field(description="the thread (null with resource scope); the record key")
+    ]
+    resourceId: Annotated[str, Field(description="the resource; the record key with resource scope")]
+    recordId: Annotated[str, Field(description="the mastra_observational_memory row (its `id`)")]
+    generation: Annotated[Count, Field(description="the row's generationCount")]
+    cycle: Annotated[Count, Field(description="the claim's cycle: a result applies only to its own claim")]
+
+
+class ObserveRequest(WorkBase):
+    """`agent.memory.observe`: observe these messages, given the log so far."""
+
+    model_config = ConfigDict(title="ObserveRequest")
+
+    type: Literal["ObserveRequest"]
+    messages: Annotated[list[Message], Field(description="the unobserved messages, oldest first")]
+    activeObservations: Annotated[str, Field(description="the current observation log ('' when none)")]
+    observationTokenCount: Annotated[Count, Field(description="the log's tokens, as Mastra OM counts them")]
+    pendingTokens: Annotated[Count, Field(description="the unobserved messages' tokens (Mastra OM's count)")]
+    messageTokens: Annotated[Count, Field(description="the observation threshold in force")]
+
+
+class ObserveResult(WorkBase):
+    """`agent.memory.observed`: the new observations for the request's messages (or why there are none)."""
+
+    model_config = ConfigDict(title="ObserveResult")
+
+    type: Literal["ObserveResult"]
+    observations: Annotated[
+        str, Field(description="this cycle's observations, as Mastra's Observer writes them")
+    ]
+    observedMessageIds: Annotated[list[str], Field(description="the ids of the messages observed")]
+    lastObservedAt: Annotated[Timestamp, Field(description="the newest observed message's createdAt")]
+    currentTask: Annotated[str | None, Field(description="the Observer's <current-task>, if any")] = None
+    suggestedResponse: Annotated[str | None, Field(description="the Observer's <suggested-response>")] = None
+    error: Annotated[str | None, Field(description="set when the observer failed: the claim is released")] = (
+        None
+    )
+
+
+class ReflectRequest(WorkBase):
+    """`agent.memory.observe`: condense this observation log."""
+
+    model_config = ConfigDict(title="ReflectRequest")
+
+    type: Literal["ReflectRequest"]
+    activeObservations: Annotated[str, Field(description="the whole observation log to condense")]
+    observationTokenCount: Annotated[Count, Field(description="its tokens, as Mastra OM counts them")]
+    observationTokens: Annotated[Count, Field(description="the reflection threshold in force")]
+
+
+class ReflectResult(WorkBase):
+    """`agent.memory.observed`: the condensed log, which starts the next generation."""
+
+    model_config = ConfigDict(title="ReflectResult")
+
+    type: Literal["ReflectResult"]
+    reflection: Annotated[str, Field(description="the condensed log, as Mastra's Reflector writes it")]
+    error: Annotated[
+        str | None, Field(description="set when the reflector failed: the claim is released")
+    ] = None

@@ -1,0 +1,421 @@
+"""`mastra_observational_memory` as `@mastra/mongodb` 1.19 writes and reads it, plus the service's claims.
+
+One row per generation of a lookup key (`thread:<threadId>`, or `resource:<resourceId>` with resource scope);
+the newest generation (highest `generationCount`) is the live one. The fields, their defaults and how each is
+read back are `MemoryStorageMongoDB`'s (`initializeObservationalMemory`, `updateActiveObservations`,
+`createReflectionGeneration`, `parseOMDocument`), so a Mastra app with Observational Memory on the same
+database reads the service's observations and the service reads the app's (tests/integration/
+test_observational_storage.py; docs/observational-memory.md).
+
+The service adds what Mastra lacks for work done elsewhere, in two top-level fields Mastra neither reads nor
+overwrites (its updates `$set` named fields only):
+
+* `_mh_cycle`: a counter bumped by every claim; a result applies only to the claim it answers
+  (`generationCount` and `_mh_cycle` equal, the flag still set), so a late, repeated or superseded answer
+  changes nothing;
+* `_mh_claimed_at`: when the flag was set; a claim older than the timeout is taken again (a crashed or slow
+  observer never leaves `isObserving` stuck). A flag set by a Mastra app has no claim time: its `updatedAt`
+  stands in.
+
+Rows are input: each is decoded alone (`storage.raw_rows`), and one no Mastra would read is skipped and
+counted (`storage.unreadable`), never a crash.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final, Literal
+
+from bson.raw_bson import RawBSONDocument
+from pymongo import ASCENDING, DESCENDING, ReturnDocument
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+
+from message_history.errors import UnreadableRowError
+from storage.errors import storage_errors
+from storage.raw_rows import RAW, decode_row
+from storage.unreadable import skip
+
+__all__ = [
+    "CLAIM_TIMEOUT",
+    "OBSERVATIONAL",
+    "Claim",
+    "MongoObservationalStore",
+    "ObservationalRecord",
+    "lookup_key",
+    "record_from_doc",
+]
+
+OBSERVATIONAL: Final = "mastra_observational_memory"
+CLAIM_TIMEOUT: Final = timedelta(minutes=5)
+"""How long a claim holds before another may take it (an observer answers well within it, or is retried)."""
+CYCLE: Final = "_mh_cycle"
+CLAIMED_AT: Final = "_mh_claimed_at"
+_READ_BACK: Final = 5  # newest generations read to find a readable one past unreadable rows
+
+Scope = Literal["thread", "resource"]
+Kind = Literal["observe", "reflect"]
+_FLAGS: Final[dict[str, str]] = {"observe": "isObserving", "reflect": "isReflecting"}
+
+
+def lookup_key(thread_id: str | None, resource_id: str) -> str:
+    """`getOMKey`: `thread:<id>` for a thread's record, `resource:<id>` for a resource-scoped one."""
+    return f"thread:{thread_id}" if thread_id else f"resource:{resource_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationalRecord:
+    """A row as Mastra's `parseOMDocument` reads it (the fields the service uses), plus the claim cycle."""
+
+    id: str
+    lookup_key: str
+    scope: str
+    thread_id: str | None
+    resource_id: str
+    generation: int
+    origin_type: str
+    active_observations: str
+    observation_token_count: int
+    pending_message_tokens: int
+    total_tokens_observed: int
+    last_observed_at: datetime | None
+    observed_message_ids: tuple[str, ...]
+    is_observing: bool
+    is_reflecting: bool
+    config: dict[str, Any]
+    metadata: dict[str, Any] | None
+    created_at: datetime | None
+    updated_at: datetime | None
+    cycle: int
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The right to have one observation (reflection) applied: the row, its generation, the cycle."""
+
+    record_id: str
+    generation: int
+    cycle: int
+    kind: Kind
+
+
+class _Refused(Exception):  # noqa: N818 -- internal: a field no Mastra would read, said in words
+    """A field that makes the row unreadable (its message says which and why)."""
+
+
+def _number(doc: Mapping[str, Any], name: str) -> int:
+    """`Number(doc.x || 0)` for a count; a value that is no finite number makes the row unreadable."""
+    value = doc.get(name)
+    if value is None or value is False or value == "":
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _Refused(f"{name} is {type(value).__name__} {str(value)[:40]!r}, not a number")
+    return int(value)
+
+
+def _date(doc: Mapping[str, Any], name: str) -> datetime | None:
+    value = doc.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise _Refused(f"{name} {value[:40]!r} is not a date") from None
+        return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+    raise _Refused(f"{name} is {type(value).__name__}, not a date")
+
+
+def _text(doc: Mapping[str, Any], name: str, default: str = "") -> str:
+    value = doc.get(name)
+    if value is None or value == "":
+        return default
+    if not isinstance(value, str):
+        raise _Refused(f"{name} is {type(value).__name__}, not text")
+    return value
+
+
+def record_from_doc(doc: Mapping[str, Any]) -> ObservationalRecord:
+    """A row as Mastra reads it, or `UnreadableRowError` (reason `om`) for one Mastra could not use."""
+    ident = doc.get("id")
+    try:
+        config = doc.get("config")
+        metadata = doc.get("metadata")
+        return ObservationalRecord(
+            id=_text(doc, "id") or _missing("id"),
+            lookup_key=_text(doc, "lookupKey"),
+            scope=_text(doc, "scope", "thread"),
+            thread_id=_text(doc, "threadId") or None,
+            resource_id=_text(doc, "resourceId"),
+            generation=_number(doc, "generationCount"),
+            origin_type=_text(doc, "originType", "initial"),
+            active_observations=_text(doc, "activeObservations"),
+            observation_token_count=_number(doc, "observationTokenCount"),
+            pending_message_tokens=_number(doc, "pendingMessageTokens"),
+            total_tokens_observed=_number(doc, "totalTokensObserved"),
+            last_observed_at=_date(doc, "lastObservedAt"),
+            observed_message_ids=_message_ids(doc),
+            is_observing=bool(doc.get("isObserving")),
+            is_reflecting=bool(doc.get("isReflecting")),
+            config=dict(config) if isinstance(config, Mapping) else {},
+            metadata=dict(metadata) if isinstance(metadata, Mapping) else None,
+            created_at=_date(doc, "createdAt"),
+            updated_at=_date(doc, "updatedAt"),
+            cycle=_number(doc, CYCLE),
+        )
+    except _Refused as exc:
+        raise UnreadableRowError(OBSERVATIONAL, ident, doc.get("lookupKey"), "om", str(exc)) from None
+
+
+def _missing(name: str) -> str:
+    raise _Refused(f"the row has no {name}")
+
+
+def _message_ids(doc: Mapping[str, Any]) -> tuple[str, ...]:
+    ids = doc.get("observedMessageIds")
+    if ids is None:
+        return ()
+    if not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        raise _Refused("observedMessageIds is not a list of ids")
+    return tuple(ids)
+
+
+class MongoObservationalStore:
+    """Reads and conditional writes of `mastra_observational_memory` (one instance per database)."""
+
+    def __init__(self, db: AsyncDatabase[Any], *, claim_timeout: timedelta = CLAIM_TIMEOUT) -> None:
+        self._rows: AsyncCollection[Any] = db[OBSERVATIONAL]
+        self._raw: AsyncCollection[RawBSONDocument] = db.get_collection(OBSERVATIONAL, codec_options=RAW)
+        self._timeout = claim_timeout
+
+    async def ensure_indexes(self) -> None:
+        """@mastra/mongodb's own two indexes: `id` unique, `(lookupKey, generationCount desc)`."""
+        with storage_errors("om indexes"):
+            await self._rows.create_index([("id", ASCENDING)], unique=True)
+            await self._rows.create_index([("lookupKey", ASCENDING), ("generationCount", DESCENDING)])
+
+    async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
+        """`getObservationalMemory`: the newest readable generation of the key (unreadable ones skipped)."""
+        key = lookup_key(thread_id, resource_id)
+        with storage_errors("om read"):
+            cursor = self._raw.find({"lookupKey": key}).sort("generationCount", DESCENDING).limit(_READ_BACK)
+            rows = await cursor.to_list()
+        for raw in rows:
+            record = _readable(raw)
+            if record is not None:
+                return record
+        return None
+
+    async def history(
+        self, thread_id: str | None, resource_id: str, limit: int = 10
+    ) -> list[ObservationalRecord]:
+        """`getObservationalMemoryHistory`: the readable generations, newest first."""
+        key = lookup_key(thread_id, resource_id)
+        with storage_errors("om read"):
+            rows = (
+                await self._raw.find({"lookupKey": key})
+                .sort("generationCount", DESCENDING)
+                .limit(limit)
+                .to_list()
+            )
+        return [record for raw in rows if (record := _readable(raw)) is not None]
+
+    async def initialize(
+        self,
+        *,
+        scope: Scope,
+        thread_id: str | None,
+        resource_id: str,
+        config: Mapping[str, Any],
+        now: datetime,
+        observed_timezone: str | None = None,
+    ) -> ObservationalRecord:
+        """`initializeObservationalMemory`: generation 0, Mastra's document field for field (idempotent: an
+        existing generation 0 of the key is kept and returned)."""
+        key = lookup_key(thread_id, resource_id)
+        document = {
+            "id": str(uuid.uuid4()),
+            "lookupKey": key,
+            "scope": scope,
+            "resourceId": resource_id,
+            "threadId": thread_id or None,
+            "activeObservations": "",
+            "activeObservationsPendingUpdate": None,
+            "originType": "initial",
+            "config": dict(config),
+            "generationCount": 0,
+            "lastObservedAt": None,
+            "lastReflectionAt": None,
+            "pendingMessageTokens": 0,
+            "totalTokensObserved": 0,
+            "observationTokenCount": 0,
+            "isObserving": False,
+            "isReflecting": False,
+            "isBufferingObservation": False,
+            "isBufferingReflection": False,
+            "lastBufferedAtTokens": 0,
+            "lastBufferedAtTime": None,
+            "observedTimezone": observed_timezone,
+            "createdAt": now,
+            "updatedAt": now,
+        }
+        with storage_errors("om initialize"):
+            found = await self._rows.find_one_and_update(
+                {"lookupKey": key, "generationCount": 0},
+                {"$setOnInsert": document},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        assert found is not None  # an upsert returning the document after it
+        return record_from_doc(found)
+
+    async def claim(self, record: ObservationalRecord, kind: Kind, now: datetime) -> Claim | None:
+        """Set `isObserving` (`isReflecting`) on the row if no live claim holds it; None when one does."""
+        flag = _FLAGS[kind]
+        cutoff = now - self._timeout
+        free = [
+            {flag: {"$ne": True}},
+            {CLAIMED_AT: {"$lt": cutoff}},
+            {CLAIMED_AT: None, "updatedAt": {"$lt": cutoff}},
+        ]
+        with storage_errors("om claim"):
+            found = await self._rows.find_one_and_update(
+                {"id": record.id, "generationCount": record.generation, "$or": free},
+                {"$set": {flag: True, CLAIMED_AT: now, "updatedAt": now}, "$inc": {CYCLE: 1}},
+                projection={CYCLE: 1, "_id": 0},
+                return_document=ReturnDocument.AFTER,
+            )
+        if found is None:
+            return None
+        return Claim(record.id, record.generation, int(found[CYCLE]), kind)
+
+    async def release(self, claim: Claim, now: datetime) -> bool:
+        """Give a claim back unused (the observer failed for good): the flag cleared if still this claim's."""
+        return await self._settle(claim, {"updatedAt": now})
+
+    async def apply_observation(
+        self,
+        claim: Claim,
+        *,
+        observations: str,
+        token_count: int,
+        last_observed_at: datetime,
+        observed_message_ids: Sequence[str],
+        now: datetime,
+    ) -> bool:
+        """`updateActiveObservations` for the claim it answers (False and nothing written if not current).
+
+        As Mastra: the log and its token count replaced, `lastObservedAt` and `observedMessageIds` set,
+        `pendingMessageTokens` zeroed, `totalTokensObserved` increased by the log's token count.
+        """
+        count = token_count if token_count >= 0 else 0
+        fields = {
+            "activeObservations": observations,
+            "lastObservedAt": last_observed_at,
+            "pendingMessageTokens": 0,
+            "observationTokenCount": count,
+            "observedMessageIds": list(observed_message_ids),
+            "updatedAt": now,
+        }
+        return await self._settle(claim, fields, {"totalTokensObserved": count})
+
+    async def apply_reflection(
+        self, claim: Claim, *, reflection: str, token_count: int, now: datetime
+    ) -> ObservationalRecord | None:
+        """`createReflectionGeneration` for the claim it answers: the claim settled, then generation g + 1
+        inserted once (an upsert on the key and generation). None when the claim is not current."""
+        with storage_errors("om reflect"):
+            settled = await self._rows.find_one_and_update(
+                {**_claimed(claim), "isReflecting": True},
+                {"$set": {"isReflecting": False, CLAIMED_AT: None, "updatedAt": now}},
+                return_document=ReturnDocument.AFTER,
+            )
+        if settled is None:
+            return None
+        current = record_from_doc(settled)
+        document = {
+            "id": str(uuid.uuid4()),
+            "lookupKey": current.lookup_key,
+            "scope": current.scope,
+            "resourceId": current.resource_id,
+            "threadId": current.thread_id,
+            "activeObservations": reflection,
+            "activeObservationsPendingUpdate": None,
+            "originType": "reflection",
+            "config": current.config,
+            "generationCount": current.generation + 1,
+            "lastObservedAt": current.last_observed_at,
+            "lastReflectionAt": now,
+            "pendingMessageTokens": 0,
+            "totalTokensObserved": current.total_tokens_observed,
+            "observationTokenCount": token_count,
+            "isObserving": False,
+            "isReflecting": False,
+            "isBufferingObservation": False,
+            "isBufferingReflection": False,
+            "lastBufferedAtTokens": 0,
+            "lastBufferedAtTime": None,
+            "observedTimezone": settled.get("observedTimezone"),
+            "createdAt": now,
+            "updatedAt": now,
+            "metadata": current.metadata,
+        }
+        with storage_errors("om reflect"):
+            inserted = await self._rows.find_one_and_update(
+                {"lookupKey": current.lookup_key, "generationCount": current.generation + 1},
+                {"$setOnInsert": document},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        assert inserted is not None  # an upsert returning the document after it
+        return record_from_doc(inserted)
+
+    async def set_pending_tokens(self, record_id: str, tokens: int, now: datetime) -> None:
+        """`setPendingMessageTokens`: the unobserved tokens counted so far (a finite, non-negative count)."""
+        if tokens < 0:
+            raise ValueError(f"pending tokens must be non-negative, got {tokens}")
+        with storage_errors("om pending"):
+            await self._rows.update_one(
+                {"id": record_id}, {"$set": {"pendingMessageTokens": tokens, "updatedAt": now}}
+            )
+
+    async def clear(self, thread_id: str | None, resource_id: str) -> int:
+        """`clearObservationalMemory`: every generation of the key deleted (forget)."""
+        with storage_errors("om clear"):
+            result = await self._rows.delete_many({"lookupKey": lookup_key(thread_id, resource_id)})
+        return result.deleted_count
+
+    async def clear_resource(self, resource_id: str) -> int:
+        """Forget a resource: its resource-scoped rows and every thread-scoped row it owns."""
+        with storage_errors("om clear"):
+            result = await self._rows.delete_many(
+                {"$or": [{"lookupKey": lookup_key(None, resource_id)}, {"resourceId": resource_id}]}
+            )
+        return result.deleted_count
+
+    async def _settle(self, claim: Claim, fields: dict[str, Any], inc: dict[str, Any] | None = None) -> bool:
+        flag = _FLAGS[claim.kind]
+        update: dict[str, Any] = {"$set": {**fields, flag: False, CLAIMED_AT: None}}
+        if inc:
+            update["$inc"] = inc
+        with storage_errors("om apply"):
+            result = await self._rows.update_one({**_claimed(claim), flag: True}, update)
+        return result.matched_count == 1
+
+
+def _claimed(claim: Claim) -> dict[str, Any]:
+    return {"id": claim.record_id, "generationCount": claim.generation, CYCLE: claim.cycle}
+
+
+def _readable(raw: RawBSONDocument) -> ObservationalRecord | None:
+    try:
+        return record_from_doc(decode_row(raw.raw, OBSERVATIONAL))
+    except UnreadableRowError as exc:
+        skip(exc)
+        return None

@@ -1,0 +1,69 @@
+// Drives @mastra/mongodb 1.19's own Observational Memory methods against a database, for
+// tests/interop/test_mastra_om_storage_interop.py.
+//
+//   MONGODB_URI=... node om_store.mjs <dbName> init
+//       Mastra's init(): its collections and default indexes (mastra_observational_memory's included).
+//   MONGODB_URI=... node om_store.mjs <dbName> read <threadId|-> <resourceId>
+//       Prints {record, history}: getObservationalMemory and getObservationalMemoryHistory.
+//   MONGODB_URI=... node om_store.mjs <dbName> write < {threadId, resourceId, scope, observations, tokenCount,
+//                                                       lastObservedAt, observedMessageIds, reflection,
+//                                                       reflectionTokens, observing}
+//       The writes Mastra's OM makes: initializeObservationalMemory, updateActiveObservations, then (when
+//       `reflection` is given) createReflectionGeneration, then (when `observing`) setObservingFlag(true).
+//       Prints {record} (getObservationalMemory after them).
+import { MongoDBStore } from '@mastra/mongodb';
+
+const [dbName, command, ...args] = process.argv.slice(2);
+const uri = process.env.MONGODB_URI;
+if (!uri || !dbName || !command) {
+  console.error('usage: MONGODB_URI=... node om_store.mjs <dbName> init|read|write ...');
+  process.exit(2);
+}
+
+async function readStdin() {
+  const chunks = [];
+  for await (const chunk of process.stdin) chunks.push(chunk);
+  return JSON.parse(Buffer.concat(chunks).toString('utf8'));
+}
+
+const store = new MongoDBStore({ id: 'interop-om', uri, dbName, disableInit: command !== 'init' });
+try {
+  if (command === 'init') {
+    await store.init();
+    console.log(JSON.stringify({ ok: true }));
+  } else {
+    const memory = await store.getStore('memory');
+    if (command === 'read') {
+      const [threadArg, resourceId] = args;
+      const threadId = threadArg === '-' ? null : threadArg;
+      const record = await memory.getObservationalMemory(threadId, resourceId);
+      const history = await memory.getObservationalMemoryHistory(threadId, resourceId, 10);
+      console.log(JSON.stringify({ record, history }));
+    } else if (command === 'write') {
+      const input = await readStdin();
+      const threadId = input.threadId ?? null;
+      let record = await memory.initializeObservationalMemory({
+        threadId, resourceId: input.resourceId, scope: input.scope ?? 'thread', config: { from: 'mastra' },
+      });
+      await memory.updateActiveObservations({
+        id: record.id,
+        observations: input.observations,
+        tokenCount: input.tokenCount,
+        lastObservedAt: new Date(input.lastObservedAt),
+        observedMessageIds: input.observedMessageIds,
+      });
+      record = await memory.getObservationalMemory(threadId, input.resourceId);
+      if (input.reflection !== undefined) {
+        record = await memory.createReflectionGeneration({
+          currentRecord: record, reflection: input.reflection, tokenCount: input.reflectionTokens,
+        });
+      }
+      if (input.observing) await memory.setObservingFlag(record.id, true);
+      console.log(JSON.stringify({ record: await memory.getObservationalMemory(threadId, input.resourceId) }));
+    } else {
+      throw new Error(`unknown command ${command}`);
+    }
+  }
+} finally {
+  await store.close();
+}

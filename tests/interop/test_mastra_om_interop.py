@@ -1,0 +1,108 @@
+"""Interop with Mastra's Observational Memory (`@mastra/memory` 1.31.0 under Node, tests/interop/mastra-om).
+
+* The recording the unit tests use (tests/data/om/mastra_om.json) is what live Mastra answers today.
+* OM's token counter against `message_history.core.om_tokens` on a few hundred generated messages of every
+  part kind (attachments aside: those are estimates, see the module).
+* The context texts `core/observation_text.py` copies are Mastra's exported constants, and
+  `optimize_for_context` equals `optimizeObservationsForContext`.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+from datetime import datetime
+from typing import Any
+
+import pytest
+
+from message_history.core.observation_text import context_system_messages
+from message_history.core.om_tokens import attachment_free, count_om_message, count_om_messages
+from tests.infra import skip_or_fail
+from tests.memory_cases import random_messages
+from tests.om_cases import NODE_DIR, RECORDING, record, run_mastra
+
+pytestmark = pytest.mark.interop
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _node_packages() -> None:
+    if shutil.which("node") is None:
+        skip_or_fail("node is not on PATH")
+    if not (NODE_DIR / "node_modules" / "@mastra" / "memory").is_dir():
+        skip_or_fail("tests/interop/mastra-om/node_modules is missing (npm ci there)")
+
+
+def test_the_recording_is_what_mastra_answers() -> None:
+    """tests/data/om/mastra_om.json (made by `python -m tests.om_cases record`) is what these packages say."""
+    assert record() == json.loads(RECORDING.read_text(encoding="utf-8"))
+
+
+def test_om_token_counter_matches_mastra_on_generated_messages() -> None:
+    """Same count per message and per list as Mastra OM's `TokenCounter`, on every generated part kind."""
+    messages = [m for m in random_messages(seed=35, count=400) if attachment_free(m)]
+    assert len(messages) > 200
+    out: dict[str, Any] = run_mastra("tokens", {"messages": messages})
+    ours = [count_om_message(m) for m in messages]
+    diffs = [(m, a, b) for m, a, b in zip(messages, ours, out["perMessage"], strict=True) if a != b]
+    assert not diffs, diffs[:3]
+    assert count_om_messages(messages) == out["total"]
+
+
+_FRAGMENTS = [
+    "Date: {date}\n", "* 🔴 (09:{n:02d}) User {verb} ", "* 🟡 ", "[tag, other] ", "-> ", "(meaning {date}) ",
+    "(estimated {vague} {year}) ", "(Estimated {month} {day}-{day2}, {year}) ",
+    "(meaning {month} to {month} {year}) ",
+    "will go ", "plans to ", "wants to ", "about ", "tomorrow ", "\n", "\n\n", "  ", "[O{n}] ",
+    "\n\n--- message boundary (2025-01-0{d}T00:00:00.000Z) ---\n\n", "(meaning ", ") ", "Jan {day}, 2025\n",
+]  # fmt: skip
+_MONTHS = [
+    "Jan",
+    "February",
+    "Mar",
+    "April",
+    "May",
+    "June",
+    "jul",
+    "Augu",
+    "Sept",
+    "Oct",
+    "Nov",
+    "December",
+    "Foo",
+]
+
+
+def _random_log(rng: random.Random) -> str:
+    parts = []
+    for _ in range(rng.randint(1, 40)):
+        month = rng.choice(_MONTHS)
+        day, year = rng.randint(0, 33), rng.choice(["2024", "2025", "2026", "0049", "1999"])
+        date = f"{month} {day}, {year}"
+        parts.append(
+            rng.choice(_FRAGMENTS).format(
+                date=date, n=rng.randint(0, 59), verb=rng.choice(["said", "will start", "plans to go"]),
+                vague=rng.choice(["late", "early", "mid", "mid-to-late", "Late"]) + " " + month,
+                year=year, month=month, day=day, day2=day + 1, d=rng.randint(1, 9),
+            )
+        )  # fmt: skip
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("seed", [35, 36])
+def test_context_matches_mastra_on_generated_logs(seed: int) -> None:
+    """`buildContextSystemMessages` on 300 generated logs (dates of every form, odd months, planned actions,
+    boundaries, tags) at generated times: our context messages are Mastra's, to the character."""
+    rng = random.Random(seed)
+    cases = [
+        {
+            "observations": _random_log(rng),
+            "now": f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}T10:00:00.000Z",
+        }
+        for _ in range(300)
+    ]
+    built = run_mastra("build", {"cases": cases})["built"]
+    for case, theirs in zip(cases, built, strict=True):
+        now = datetime.fromisoformat(case["now"].replace("Z", "+00:00"))
+        assert (context_system_messages(case["observations"], now=now) or None) == theirs, case

@@ -1,0 +1,148 @@
+"""Interop with `@mastra/mongodb` 1.19's Observational Memory storage, both ways, on one database.
+
+`tests/interop/mastra-om/om_store.mjs` runs Mastra's own `MongoDBStore` against the test's fresh database:
+
+* a record Mastra's OM writes (initialize, observe, reflect, a flag left set) is read by
+  `storage/observational.py` field for field, and a flag Mastra left is claimable only once stale;
+* a record the service writes (initialize, claim, apply, reflect) is read by Mastra's
+  `getObservationalMemory` / `getObservationalMemoryHistory` as Mastra's own;
+* both index sets coexist whichever side creates them first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo.asynchronous.database import AsyncDatabase
+
+from storage.observational import CLAIM_TIMEOUT, OBSERVATIONAL, MongoObservationalStore
+from tests.infra import skip_or_fail
+from tests.om_cases import NODE_DIR
+
+pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(180)]
+
+Db = AsyncDatabase[dict[str, Any]]
+T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
+
+
+def _mastra(uri: str, db: str, *args: str, stdin: Any = None) -> Any:
+    node = shutil.which("node")
+    if node is None or not (NODE_DIR / "node_modules" / "@mastra" / "mongodb").is_dir():
+        skip_or_fail("node or tests/interop/mastra-om/node_modules is missing (npm ci there)")
+    assert node is not None
+    done = subprocess.run(
+        [node, "om_store.mjs", db, *args],
+        cwd=NODE_DIR,
+        input=json.dumps(stdin).encode() if stdin is not None else b"",
+        capture_output=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "MONGODB_URI": uri},
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
+    return json.loads(done.stdout)
+
+
+def _iso(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def test_a_record_mastra_wrote_is_read_by_the_service(mongo_uri: str, mongo_db: Db) -> None:
+    """Mastra's initialize, observe and reflect: the service reads the newest generation as Mastra does."""
+    _mastra(mongo_uri, mongo_db.name, "init")
+    written = _mastra(
+        mongo_uri,
+        mongo_db.name,
+        "write",
+        stdin={
+            "threadId": "t1",
+            "resourceId": "r1",
+            "observations": "* 🔴 (09:00) User prefers tea",
+            "tokenCount": 12,
+            "lastObservedAt": _iso(T0),
+            "observedMessageIds": ["m1", "m2"],
+            "reflection": "* tea",
+            "reflectionTokens": 3,
+        },
+    )["record"]
+    store = MongoObservationalStore(mongo_db)
+    await store.ensure_indexes()  # on top of Mastra's: the same keys, no conflict
+    record = await store.get("t1", "r1")
+    assert record is not None
+    assert record.id == written["id"]
+    assert (record.generation, record.origin_type, record.active_observations) == (1, "reflection", "* tea")
+    assert (record.observation_token_count, record.total_tokens_observed) == (3, 12)
+    assert record.last_observed_at == T0
+    assert record.config == {"from": "mastra"}
+    assert record.lookup_key == "thread:t1"
+    history = await store.history("t1", "r1")
+    assert [(h.generation, h.active_observations, h.observed_message_ids) for h in history] == [
+        (1, "* tea", ()),
+        (0, "* 🔴 (09:00) User prefers tea", ("m1", "m2")),
+    ]
+
+
+async def test_a_flag_mastra_left_set_is_claimed_only_once_stale(mongo_uri: str, mongo_db: Db) -> None:
+    """`setObservingFlag(true)` from a Mastra app that then crashed: held until its `updatedAt` is stale."""
+    written = _mastra(
+        mongo_uri,
+        mongo_db.name,
+        "write",
+        stdin={"threadId": "t2", "resourceId": "r1", "observations": "x", "tokenCount": 1,
+               "lastObservedAt": _iso(T0), "observedMessageIds": [], "observing": True},
+    )["record"]  # fmt: skip
+    assert written["isObserving"] is True
+    store = MongoObservationalStore(mongo_db)
+    record = await store.get("t2", "r1")
+    assert record is not None
+    assert record.is_observing
+    now = datetime.now(UTC)
+    assert await store.claim(record, "observe", now) is None
+    assert await store.claim(record, "observe", now + CLAIM_TIMEOUT + timedelta(seconds=1)) is not None
+
+
+async def test_a_record_the_service_wrote_is_read_by_mastra(mongo_uri: str, mongo_db: Db) -> None:
+    """The service's initialize, claimed observation and reflection, as Mastra's own reads return them."""
+    store = MongoObservationalStore(mongo_db)
+    await store.ensure_indexes()
+    _mastra(mongo_uri, mongo_db.name, "init")  # Mastra's indexes on top of ours
+    record = await store.initialize(scope="thread", thread_id="t3", resource_id="r3", config={"k": 1}, now=T0)
+    claim = await store.claim(record, "observe", T0)
+    assert claim is not None
+    assert await store.apply_observation(
+        claim, observations="* obs", token_count=9, last_observed_at=T0, observed_message_ids=["a"], now=T0
+    )
+    current = await store.get("t3", "r3")
+    assert current is not None
+    reflect = await store.claim(current, "reflect", T0)
+    assert reflect is not None
+    assert await store.apply_reflection(reflect, reflection="* short", token_count=2, now=T0) is not None
+    read = _mastra(mongo_uri, mongo_db.name, "read", "t3", "r3")
+    mastra = read["record"]
+    assert mastra["generationCount"] == 1
+    assert (mastra["originType"], mastra["activeObservations"], mastra["observationTokenCount"]) == (
+        "reflection",
+        "* short",
+        2,
+    )
+    assert (mastra["isObserving"], mastra["isReflecting"], mastra["totalTokensObserved"]) == (False, False, 9)
+    assert (mastra["scope"], mastra["threadId"], mastra["resourceId"], mastra["config"]) == (
+        "thread",
+        "t3",
+        "r3",
+        {"k": 1},
+    )
+    assert mastra["lastObservedAt"] == _iso(T0)
+    first = read["history"][1]
+    assert (first["activeObservations"], first["observedMessageIds"], first["pendingMessageTokens"]) == (
+        "* obs",
+        ["a"],
+        0,
+    )
+    assert await mongo_db[OBSERVATIONAL].count_documents({}) == 2
