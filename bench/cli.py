@@ -165,6 +165,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         soak = {k: v for k, v in record["soak"].items() if k != "series"}
         print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
     print("\n" + targets.render(targets.evaluate(record["ratios"], record.get("soak")), record.get("soak")))
+    if lines:
+        load = record["environment"].get("load_average")
+        print("\n" + targets.render_score(record["ratios"], record["lines"], load))
     print(f"\nresults: {path}")
     if record["environment"].get("interrupted"):
         return 130

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -16,7 +17,7 @@ from urllib.parse import urlsplit
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from bench import report
+from bench import report, targets
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
 from bench.idle import IDLE_LINES, run_idle
@@ -36,6 +37,14 @@ from storage.documents import MESSAGES
 ALL_LINES: tuple[str, ...] = tuple(LINES)
 _QUIET_MAX_S = 60.0
 _QUIET_CORES = 0.8
+_LOAD_EVERY_S = 10.0
+
+
+async def _sample_load(samples: list[float]) -> None:
+    """The machine's 1-minute load average every `_LOAD_EVERY_S` (the first one now), until cancelled."""
+    while True:
+        samples.append(os.getloadavg()[0])
+        await asyncio.sleep(_LOAD_EVERY_S)
 
 
 @dataclass(frozen=True)
@@ -87,6 +96,8 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
     lines: dict[str, LineResult] = {}
     soak: dict[str, Any] | None = None
     environment: dict[str, Any] = {"database": ctx.db, "service_env": dict(ctx.service_env)}
+    load: list[float] = []
+    sampling = asyncio.create_task(_sample_load(load))
     try:
         environment.update(await _servers_info(client, ctx))
         environment["seeded"] = await seed(client[ctx.db], w)
@@ -98,6 +109,9 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         environment["interrupted"] = True  # the record keeps the lines finished so far
         log("interrupted: cleaning up, then writing what was measured")
     finally:
+        sampling.cancel()
+        load.append(os.getloadavg()[0])
+        environment["load_average"] = targets.load_record(load, os.cpu_count())
         if not options.keep:
             log("cleaning up: topics and the benchmark database")
             await delete_topics(settings, ctx.topics)
