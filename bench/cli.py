@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from bench import targets
+from bench import coordination, targets
 from bench.context import REPO, Budget, parse_env
 from bench.run import ALL_LINES, Options, run
 from bench.scale import render_scale, run_scale
@@ -102,7 +102,23 @@ def parser() -> argparse.ArgumentParser:
         help="recall latency as history grows: comma-separated stored-message counts, a run each "
         "(e.g. 10000,100000,1000000); lines service_recall and b2_recall_queries",
     )
+    p.add_argument(
+        "--instances",
+        metavar="COUNTS",
+        help="the cost of coordination: CPU per event of each path's service line at n instances on one "
+        "consumer group, for each n (e.g. 1,2,3); replaces the lines",
+    )
     return p
+
+
+def _counts(text: str | None) -> tuple[int, ...]:
+    """`1,2,3` -> (1, 2, 3); thousands separators (`_`) allowed; sorted, no repeats."""
+    if not text:
+        return ()
+    counts = sorted({int(item.strip().replace("_", "")) for item in text.split(",") if item.strip()})
+    if any(c < 1 for c in counts):
+        raise SystemExit(f"counts must be positive: {text}")
+    return tuple(counts)
 
 
 def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
@@ -138,6 +154,7 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         profile=args.profile,
         repeat=max(1, args.repeat),
         service_env=parse_env(args.service_env),
+        instances=_counts(args.instances),
     )
 
 
@@ -161,13 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     record, path, lines = asyncio.run(run(options))
     if lines:
         print(render_table(lines, ratios(lines)))
+    if record.get("coordination"):
+        print("\n" + coordination.render(record["coordination"]))
     if record.get("soak"):
         soak = {k: v for k, v in record["soak"].items() if k != "series"}
         print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
     print("\n" + targets.render(targets.evaluate(record["ratios"], record.get("soak")), record.get("soak")))
-    if lines:
-        load = record["environment"].get("load_average")
-        print("\n" + targets.render_score(record["ratios"], record["lines"], load))
+    load = record["environment"].get("load_average")
+    if load:
+        print(f"\nload average (1 min) during the run: {targets.load_summary(load)}")
+    if lines and not record.get("coordination"):
+        print("\n" + targets.render_score(record["ratios"], record["lines"]))
     print(f"\nresults: {path}")
     if record["environment"].get("interrupted"):
         return 130

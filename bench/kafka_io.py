@@ -230,3 +230,28 @@ class LatencyProbe:
                     self.latencies_ms[seq] = (now - self._sent[seq]) * 1000
                     self.output_bytes += len(rec.value or b"")
                     self.output_count += 1
+
+
+async def wait_for_group(settings: Settings, group: str, members: int, timeout_s: float) -> None:
+    """Until consumer group `group` is `Stable` with at least `members` members (DescribeGroups every
+    200 ms): every instance of a line has joined and the rebalance is over."""
+    admin = AIOKafkaAdminClient(**_options(settings, "bench-admin"), request_timeout_ms=30_000)
+    await admin.start()
+    seen: tuple[str, int] = ("", 0)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                for response in await admin.describe_consumer_groups([group]):
+                    for (
+                        described
+                    ) in response.groups:  # (error, group, state, protocol type, protocol, members)
+                        seen = (str(described[2]), len(described[5]))
+                if seen[0] == "Stable" and seen[1] >= members:
+                    return
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise RuntimeError(
+            f"group {group}: {seen[0] or 'unknown'} with {seen[1]} of {members} members"
+        ) from None
+    finally:
+        await admin.close()

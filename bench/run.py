@@ -17,12 +17,12 @@ from urllib.parse import urlsplit
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from bench import report, targets
+from bench import coordination, report, targets
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
 from bench.idle import IDLE_LINES, run_idle
 from bench.kafka_io import delete_topics
-from bench.lines import run_mongo_line, stream_lines
+from bench.lines import coordination_lines, run_mongo_line, stream_lines
 from bench.mongo_lines import KINDS
 from bench.procstat import cpu_seconds, find_servers, server_name
 from bench.progress import log
@@ -60,6 +60,7 @@ class Options:
     profile: bool = False
     repeat: int = 1
     service_env: Mapping[str, str] | None = None  # None: the image's (`bench.context.SERVICE_RUNTIME_ENV`)
+    instances: tuple[int, ...] = ()  # `--instances`: the coordination lines instead of `lines`
 
 
 def _mongo_port(uri: str) -> int | None:
@@ -103,6 +104,8 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         environment["seeded"] = await seed(client[ctx.db], w)
         if options.soak_events:
             soak = await run_soak(ctx, options.soak_path, options.soak_events)
+        elif options.instances:
+            await _run_coordination(ctx, options, lines)
         else:
             await _run_lines(ctx, options, lines)
     except asyncio.CancelledError:
@@ -126,6 +129,8 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         lines=lines,
         soak=soak,
     )
+    if options.instances:
+        record["coordination"] = coordination.summarize(lines, options.instances)
     path = options.out_dir / f"{stamp}.json"
     report.write(record, path)
     return record, path, lines
@@ -140,6 +145,19 @@ async def _run_lines(ctx: RunContext, options: Options, lines: dict[str, LineRes
         async for result in _one_round(ctx, set(options.lines)):
             rounds.setdefault(result.name, []).append(result)
             lines[result.name] = median_round(rounds[result.name])  # kept current: an interrupt keeps it
+
+
+async def _run_coordination(ctx: RunContext, options: Options, lines: dict[str, LineResult]) -> None:
+    """`--instances`: each path's service line at each instance count, `options.repeat` rounds (medians)."""
+    rounds: dict[str, list[LineResult]] = {}
+    for number in range(options.repeat):
+        if options.repeat > 1:
+            log(f"=== round {number + 1}/{options.repeat}")
+        for line in coordination_lines(ctx, options.instances):
+            log(f"--- {line.name} ({line.instances} instances, one group)")
+            result = await run_stream_line(ctx, line)
+            rounds.setdefault(result.name, []).append(result)
+            lines[result.name] = median_round(rounds[result.name])
 
 
 async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineResult]:
