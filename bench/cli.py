@@ -21,6 +21,8 @@ from bench.context import REPO, Budget, parse_env
 from bench.run import ALL_LINES, Options, run
 from bench.scale import render_scale, run_scale
 from bench.stats import ratios, render_table
+from bench.threads_scale import render as render_threads_scale
+from bench.threads_scale import run_threads_scale
 from bench.workload import Workload
 
 # name -> (module, what it measures): measurements that are not lines of one run (another workload, or one
@@ -108,6 +110,12 @@ def parser() -> argparse.ArgumentParser:
         help="the cost of coordination: CPU per event of each path's service line at n instances on one "
         "consumer group, for each n (e.g. 1,2,3); replaces the lines",
     )
+    p.add_argument(
+        "--threads-scale",
+        metavar="COUNTS",
+        help="the paths' cost as threads grow: comma-separated thread counts, a run each (e.g. 3000,30000); "
+        "each path's B1, raw MongoDB and service lines, their floor ratios and p99",
+    )
     return p
 
 
@@ -175,6 +183,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_scale(scale))
         print(f"\nresults: {scale_path}")
         return 130 if any(row["interrupted"] for row in scale["sizes"]) else 0
+    if args.threads_scale:
+        grown, grown_path = asyncio.run(run_threads_scale(options, _counts(args.threads_scale)))
+        print(render_threads_scale(grown))
+        print(f"\nresults: {grown_path}")
+        return 130 if grown["interrupted"] else 0
     record, path, lines = asyncio.run(run(options))
     if lines:
         print(render_table(lines, ratios(lines)))
