@@ -41,6 +41,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
     ),
     "replay": ("bench.extra.replay", "message-history replay vs the live persist path on one topic"),
     "retention": ("bench.extra.retention", "forget and prune throughput on a seeded database"),
+    "steps": (
+        "bench.extra.steps",
+        "where an idle recall's and persist's milliseconds go, per step (fetch, MongoDB commands, produce)",
+    ),
     "failover": (
         "bench.extra.failover",
         "one of three instances SIGKILLed under fast turns: send-to-answer of its threads and the others'",

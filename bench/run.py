@@ -29,6 +29,7 @@ from bench.progress import log
 from bench.seed import seed
 from bench.soak import run_soak
 from bench.stats import LINES, LineResult, median_round
+from bench.steps import run_steps
 from bench.stream_line import run_stream_line
 from bench.workload import Turns, Workload, history_time
 from message_history.settings import Settings
@@ -61,6 +62,8 @@ class Options:
     repeat: int = 1
     service_env: Mapping[str, str] | None = None  # None: the image's (`bench.context.SERVICE_RUNTIME_ENV`)
     instances: tuple[int, ...] = ()  # `--instances`: the coordination lines instead of `lines`
+    steps: bool = False  # `python -m bench steps`: the idle turn's steps instead of `lines`
+    steps_spans: bool = False  # ... with the service's OpenTelemetry spans recorded
 
 
 def _mongo_port(uri: str) -> int | None:
@@ -104,6 +107,8 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         environment["seeded"] = await seed(client[ctx.db], w)
         if options.soak_events:
             soak = await run_soak(ctx, options.soak_path, options.soak_events)
+        elif options.steps:
+            environment["steps"] = await run_steps(ctx, ctx.budget.idle_turns, spans=options.steps_spans)
         elif options.instances:
             await _run_coordination(ctx, options, lines)
         else:

@@ -1,0 +1,350 @@
+"""`python -m bench steps`: where an idle turn's milliseconds go, step by step, recall and persist.
+
+The idle line's setting (`bench.idle`: `message-history run`, both paths, the defaults, one event in flight at
+a time, interleaved with B1's bare forwarder), with both processes run under `bench.stepwatch`, which records
+inside each process when a record came out of a fetch, each MongoDB command (start, duration), when the output
+was handed to the producer and when the broker acknowledged it, and the commits (`--spans`: the service's
+OpenTelemetry batch and record spans too, at tracing's own cost). The harness notes when it sent each record
+and when it read its output. Per timed step, on one clock:
+
+    kafka in     harness send -> the record out of the process's fetch
+    before db    fetch -> the first MongoDB command (decode, barrier, planning)
+    db wall      the MongoDB commands before the output, as wall time (overlapping ones counted once);
+                 `db trips` is how many of them ran one after another (a group of overlapping ones is one)
+    other        fetch -> output handed to the producer, minus db wall (our Python between the commands)
+    ack          output handed to the producer -> the broker's acknowledgement
+    kafka out    output handed to the producer -> the harness read it
+    total        harness send -> output read (the idle line's latency)
+
+and the commands themselves: the commonest sequence before the output with each command's median, and those
+after it (off the latency path: busy marks, commits). Medians over the timed turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import statistics
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from bench import processes
+from bench.context import RunContext
+from bench.idle import _clear_busy_markers, _free_port, _service_env
+from bench.kafka_io import SEQ_HEADER, create_topics, seq_of
+from bench.progress import Progress, log
+from bench.stream_line import scrape_stages
+from bench.workload import encode_json, enriched_event, request_event, response_event
+from producers.connection import kafka_options
+
+STEPS: Final = ("service_recall", "forwarder_recall", "service_persist", "forwarder_persist")
+SEGMENTS: Final = ("kafka_in", "before_db", "db_wall", "other", "ack", "kafka_out", "total")
+_WARMUP_TURNS: Final = 3
+_STEP_TIMEOUT_S: Final = 30.0
+
+
+# --- the analysis (pure) ----------------------------------------------------------------------------------
+
+
+def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def step_segments(
+    sent: float, read: float, until: float, events: Sequence[Mapping[str, Any]], seq: int
+) -> dict[str, Any] | None:
+    """One step's segments (seconds) from the process's trace `events`: the record `seq` was sent at `sent`
+    and its output read at `read`; `until` ends the step's window (the next step's send). None when the
+    process's trace lacks the record's fetch or its output. Pure."""
+    fetched = next((e["t"] for e in events if e["k"] == "in" and e["seq"] == seq), None)
+    handed = next((e for e in events if e["k"] == "send" and e["seq"] == seq), None)
+    if fetched is None or handed is None:
+        return None
+    out_at = float(handed["t"])
+    acked = next((e["t"] for e in events if e["k"] == "ack" and e["seq"] == seq), None)
+    mongo = [e for e in events if e["k"] == "mongo" and fetched <= e["t0"] < until]
+    on_path = [e for e in mongo if e["t0"] < out_at]
+    after = [e for e in mongo if e["t0"] >= out_at]
+    groups = _merged([(e["t0"], e["t0"] + e["dt"]) for e in on_path])
+    db_wall = sum(end - start for start, end in groups)
+    first_db = groups[0][0] if groups else out_at
+    commits = [e for e in events if e["k"] == "commit" and fetched <= e["t0"] < until]
+    return {
+        "kafka_in": fetched - sent,
+        "before_db": first_db - fetched,
+        "db_wall": db_wall,
+        "other": (out_at - fetched) - db_wall,
+        "ack": (acked - out_at) if acked is not None else None,
+        "kafka_out": read - out_at,
+        "total": read - sent,
+        "db_trips": len(groups),
+        "db_on_path": [(f"{e['cmd']} {e['coll']}".strip(), e["dt"]) for e in on_path],
+        "db_after": [(f"{e['cmd']} {e['coll']}".strip(), e["dt"]) for e in after],
+        "commits_after": len(commits),
+    }
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _commands(rows: Sequence[Sequence[tuple[str, float]]]) -> dict[str, Any]:
+    """The commonest command sequence among `rows`, how many steps had it, and each command's median ms."""
+    if not rows:
+        return {"sequence": [], "share": 0.0}
+    shapes = Counter(tuple(name for name, _ in row) for row in rows)
+    shape, count = shapes.most_common(1)[0]
+    same = [row for row in rows if tuple(name for name, _ in row) == shape]
+    medians = [round(statistics.median(row[i][1] for row in same) * 1000, 3) for i in range(len(shape))]
+    return {
+        "sequence": [{"command": name, "ms": ms} for name, ms in zip(shape, medians, strict=True)],
+        "share": round(count / len(rows), 3),
+    }
+
+
+def summarize_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Medians (ms) of one step kind's segments, its db trips, and its commands before / after the output."""
+    out: dict[str, Any] = {"steps": len(rows)}
+    for segment in SEGMENTS:
+        value = _median([row[segment] for row in rows])
+        out[f"{segment}_ms"] = None if value is None else round(value * 1000, 3)
+    out["db_trips"] = _median([row["db_trips"] for row in rows])
+    out["db_before_output"] = _commands([row["db_on_path"] for row in rows])
+    out["db_after_output"] = _commands([row["db_after"] for row in rows])
+    return out
+
+
+def render(summary: Mapping[str, Any]) -> str:
+    """The steps as Markdown: a row per step kind, its segments' medians; then each one's commands."""
+    steps = summary["steps"]
+    head = ["step", "turns", *(f"{s.replace('_', ' ')} ms" for s in SEGMENTS), "db trips"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3g}"
+
+    for name in STEPS:
+        figures = steps.get(name)
+        if not figures:
+            continue
+        cells = [name, str(figures["steps"]), *(fmt(figures[f"{s}_ms"]) for s in SEGMENTS)]
+        rows.append("| " + " | ".join([*cells, fmt(figures["db_trips"])]) + " |")
+    for name in ("service_recall", "service_persist"):
+        figures = steps.get(name)
+        if not figures:
+            continue
+        for when in ("db_before_output", "db_after_output"):
+            seq = figures[when]
+            listed = ", then ".join(f"{c['command']} {c['ms']:.2f} ms" for c in seq["sequence"]) or "none"
+            label = when.replace("_", " ").replace("db ", "MongoDB ")
+            rows.append(f"- {name}, {label} ({seq['share']:.0%} of the turns): {listed}")
+    stages = summary.get("stage_ms_per_turn") or {}
+    if stages:
+        rows.append("- the service's stage histograms, ms per turn (mean): " + json.dumps(stages))
+    return "\n".join(rows)
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+
+class _Outputs:
+    """One consumer on every output topic: each output resolves the waiter of its `bench-seq` (wall time)."""
+
+    def __init__(self, ctx: RunContext, topics: list[str]) -> None:
+        self._consumer = AIOKafkaConsumer(
+            **kafka_options(ctx.settings, client_id="bench-steps"), group_id=None
+        )
+        self._tps = [TopicPartition(t, p) for t in topics for p in range(ctx.workload.partitions)]
+        self._waiting: dict[int, asyncio.Future[float]] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._consumer.start()
+        self._consumer.assign(self._tps)
+        await self._consumer.seek_to_end(*self._tps)
+        for tp in self._tps:
+            await self._consumer.position(tp)
+        self._task = asyncio.create_task(self._read())
+
+    def expect(self, seq: int) -> asyncio.Future[float]:
+        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self._waiting[seq] = future
+        return future
+
+    async def _read(self) -> None:
+        while True:
+            batch = await self._consumer.getmany(timeout_ms=100)
+            now = time.time()
+            for records in batch.values():
+                for rec in records:
+                    future = self._waiting.pop(seq_of(rec.headers) or -1, None)
+                    if future is not None and not future.done():
+                        future.set_result(now)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self._consumer.stop()
+
+
+def _read_trace(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+async def run_steps(ctx: RunContext, turns: int, *, spans: bool = False) -> dict[str, Any]:
+    """`turns` timed idle turns under `bench.stepwatch`; the per-step summary (also in the log dir)."""
+    w = ctx.workload
+    names = ("REQUESTS", "ENRICHED", "RESPONSES", "PERSISTED", "COMMANDS", "FORGOTTEN")
+    topics = {k: ctx.topic("steps", k.lower()) for k in names}
+    fwd_in, fwd_out = ctx.topic("steps", "forward-in"), ctx.topic("steps", "forward-out")
+    topics["FWD_IN"] = fwd_in
+    traces = {
+        "service": ctx.log_dir / "steps-service.jsonl",
+        "forwarder": ctx.log_dir / "steps-forwarder.jsonl",
+    }
+    ctx.log_dir.mkdir(parents=True, exist_ok=True)
+    watch = [ctx.python(), "-m", "bench.stepwatch"]
+    started: list[asyncio.subprocess.Process] = []
+    outputs = _Outputs(ctx, [topics["ENRICHED"], topics["PERSISTED"], fwd_out])
+    producer = AIOKafkaProducer(
+        **kafka_options(ctx.settings, client_id="bench-steps"),
+        acks="all",
+        linger_ms=0,
+        max_request_size=16 << 20,
+    )
+    try:
+        await _clear_busy_markers(ctx)
+        await create_topics(ctx.settings, [*topics.values(), fwd_out], w.partitions)
+        port = _free_port()
+        service_topics = {k: v for k, v in topics.items() if k != "FWD_IN"}
+        started.append(
+            await processes.spawn(
+                [*watch, str(traces["service"]), *(["--spans"] if spans else []), "message_history", "run"],
+                env=_service_env(ctx, service_topics, port),
+                log=ctx.log_dir / "steps_service.log",
+            )
+        )
+        config: dict[str, object] = {
+            "in_topic": fwd_in,
+            "out_topic": fwd_out,
+            "linger_ms": 0,
+            "batch": w.batch,
+        }
+        config["group_id"] = f"bench-{w.run_id}-steps-fwd"
+        started.append(
+            await processes.spawn(
+                [*watch, str(traces["forwarder"]), "bench.worker", "passthrough", json.dumps(config)],
+                env=ctx.child_env(),
+                log=ctx.log_dir / "steps_forwarder.log",
+            )
+        )
+        await outputs.start()
+        await producer.start()
+        timeline, stages = await _drive(ctx, turns, topics, producer, outputs, started, port)
+    finally:
+        with contextlib.suppress(Exception):
+            await producer.stop()
+        await outputs.stop()
+        for process in started:
+            await processes.stop(process)
+        await ctx.quiet(wrote=True)
+    summary = analyse(timeline, {who: _read_trace(path) for who, path in traces.items()})
+    summary.update(
+        turns=turns, spans=spans, stage_ms_per_turn=stages, traces={k: str(v) for k, v in traces.items()}
+    )
+    (ctx.log_dir / "steps.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+async def _drive(
+    ctx: RunContext,
+    turns: int,
+    topics: Mapping[str, str],
+    producer: AIOKafkaProducer,
+    outputs: _Outputs,
+    started: Sequence[asyncio.subprocess.Process],
+    port: int,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """The warm-up turns, then `turns` timed ones (request, forwarder, response, forwarder, one at a time):
+    each timed step's send and read times, and the service's stage sums per timed turn."""
+    w = ctx.workload
+    metrics_url = f"http://127.0.0.1:{port}/metrics"
+    timeline: list[dict[str, Any]] = []
+    seq = 2 * 10**9
+    turn, progress = ctx.turns.fresh(), Progress("steps")
+    warm: Mapping[str, float] = {}
+    for n in range(_WARMUP_TURNS + turns):
+        if n and n % w.threads == 0:
+            turn = ctx.turns.fresh()
+        if n == _WARMUP_TURNS:
+            warm = await asyncio.to_thread(scrape_stages, metrics_url)
+        i = n % w.threads
+        key = w.thread_id(i).encode()
+        response = encode_json(response_event(w, i, turn))
+        plan = (
+            ("service_recall", topics["REQUESTS"], encode_json(request_event(w, i, turn))),
+            (
+                "forwarder_recall",
+                topics["FWD_IN"],
+                encode_json(enriched_event(w, i, ctx.turns.recall, w.history)),
+            ),
+            ("service_persist", topics["RESPONSES"], response),
+            ("forwarder_persist", topics["FWD_IN"], response),
+        )
+        for name, topic, value in plan:
+            if any(p.returncode is not None for p in started):
+                raise RuntimeError("a process of the steps run exited (see its log)")
+            seq += 1
+            done = outputs.expect(seq)
+            sent = time.time()
+            await producer.send(topic, value=value, key=key, headers=[(SEQ_HEADER, str(seq).encode())])
+            timeout = _STEP_TIMEOUT_S if n >= _WARMUP_TURNS else ctx.budget.startup_timeout_s
+            read = await asyncio.wait_for(done, timeout)
+            if n >= _WARMUP_TURNS:
+                timeline.append({"name": name, "seq": seq, "sent": sent, "read": read})
+        progress.update(n + 1, _WARMUP_TURNS + turns)
+    await asyncio.sleep(1.0)  # the last step's after-output work (commit, busy marks) into the trace
+    after = await asyncio.to_thread(scrape_stages, metrics_url)
+    stages = {
+        k: round((after[k] - warm.get(k, 0.0)) * 1000 / max(1, turns), 2)
+        for k in sorted(after)
+        if "/" in k and not k.endswith(("/batches", "/mean_batch"))
+    }
+    return timeline, stages
+
+
+def analyse(
+    timeline: Sequence[Mapping[str, Any]], events: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, Any]:
+    """Each timed step's segments from its process's trace, summarized per step kind. Pure."""
+    per_step: dict[str, list[dict[str, Any]]] = {name: [] for name in STEPS}
+    for k, step in enumerate(timeline):
+        until = timeline[k + 1]["sent"] if k + 1 < len(timeline) else step["read"] + 1.0
+        who = "service" if step["name"].startswith("service") else "forwarder"
+        row = step_segments(step["sent"], step["read"], until, events.get(who, ()), step["seq"])
+        if row is not None:
+            per_step[step["name"]].append(row)
+    missing = len(timeline) - sum(len(rows) for rows in per_step.values())
+    if missing:
+        log(f"steps: {missing} of {len(timeline)} steps had no fetch or output in their process's trace")
+    return {
+        "steps": {name: summarize_steps(rows) for name, rows in per_step.items() if rows},
+        "unmatched_steps": missing,
+    }

@@ -1,0 +1,89 @@
+"""`python -m bench steps`: the segments of an idle step out of a process's trace (pure parts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import steps
+from bench.stepwatch import seq_of
+
+MS = 0.001
+
+
+def _trace(seq: int, base: float, *, overlap: bool) -> list[dict[str, object]]:
+    """A persist step: fetched at +1 ms, two finds (overlapping or one after the other), a bulk write, the
+    output handed over at +9 ms and acknowledged at +10, then a busy-mark write and a commit."""
+    second = base + (2.5 if overlap else 3.5) * MS
+    return [
+        {"k": "mongo", "cmd": "find", "coll": "old", "t0": base - 5 * MS, "dt": MS},  # an earlier step's
+        {"k": "in", "seq": seq, "t": base + 1 * MS},
+        {"k": "mongo", "cmd": "find", "coll": "mastra_messages", "t0": base + 2 * MS, "dt": 1.5 * MS},
+        {"k": "mongo", "cmd": "find", "coll": "mastra_threads", "t0": second, "dt": 1 * MS},
+        {"k": "mongo", "cmd": "update", "coll": "mastra_messages", "t0": base + 6 * MS, "dt": 2 * MS},
+        {"k": "send", "seq": seq, "topic": "out", "t": base + 9 * MS},
+        {"k": "ack", "seq": seq, "topic": "out", "t": base + 10 * MS},
+        {"k": "mongo", "cmd": "update", "coll": "message_history_turns", "t0": base + 11 * MS, "dt": MS},
+        {"k": "commit", "t0": base + 12 * MS, "dt": MS},
+    ]
+
+
+@pytest.mark.parametrize(("overlap", "trips", "wall"), [(False, 3, 4.5), (True, 2, 3.5)])
+def test_step_segments(overlap: bool, trips: int, wall: float) -> None:
+    """Each segment of a step, the MongoDB commands before its output in sequence (overlapping ones are one
+    trip, counted once in the wall time) and those after it."""
+    base = 1000.0
+    row = steps.step_segments(base, base + 12 * MS, base + 50 * MS, _trace(7, base, overlap=overlap), 7)
+    assert row is not None
+    assert row["kafka_in"] == pytest.approx(1 * MS)
+    assert row["before_db"] == pytest.approx(1 * MS)
+    assert row["db_trips"] == trips
+    assert row["db_wall"] == pytest.approx(wall * MS)
+    assert row["other"] == pytest.approx((8 - wall) * MS)
+    assert row["ack"] == pytest.approx(1 * MS)
+    assert row["kafka_out"] == pytest.approx(3 * MS)
+    assert row["total"] == pytest.approx(12 * MS)
+    assert [name for name, _ in row["db_on_path"]] == [
+        "find mastra_messages",
+        "find mastra_threads",
+        "update mastra_messages",
+    ]
+    assert [name for name, _ in row["db_after"]] == ["update message_history_turns"]
+    assert row["commits_after"] == 1
+
+
+def test_a_step_missing_from_the_trace_is_none() -> None:
+    assert steps.step_segments(0.0, 1.0, 2.0, _trace(7, 0.0, overlap=False), 8) is None
+
+
+def test_analyse_and_render() -> None:
+    """Steps are matched to their process's trace by seq; medians per kind; the commonest command sequence."""
+    timeline = []
+    service = []
+    for k in range(3):
+        base = 100.0 + k
+        service += _trace(k, base, overlap=k == 2)
+        timeline.append({"name": "service_persist", "seq": k, "sent": base, "read": base + 12 * MS})
+    timeline.append({"name": "forwarder_persist", "seq": 99, "sent": 200.0, "read": 200.003})
+    forwarder = [
+        {"k": "in", "seq": 99, "t": 200.001},
+        {"k": "send", "seq": 99, "topic": "o", "t": 200.0012},
+    ]
+    out = steps.analyse(timeline, {"service": service, "forwarder": forwarder})
+    persist = out["steps"]["service_persist"]
+    assert persist["steps"] == 3
+    assert persist["db_trips"] == 3
+    assert persist["total_ms"] == pytest.approx(12)
+    assert persist["db_before_output"]["share"] == pytest.approx(1.0)
+    assert persist["db_before_output"]["sequence"][0]["command"] == "find mastra_messages"
+    assert persist["db_before_output"]["sequence"][0]["ms"] == pytest.approx(1.5)
+    assert out["steps"]["forwarder_persist"]["kafka_out_ms"] == pytest.approx(1.8)
+    assert out["unmatched_steps"] == 0
+    text = steps.render(out)
+    assert "| service_persist | 3 |" in text
+    assert "service_persist, MongoDB before output (100% of the turns): find mastra_messages 1.50 ms" in text
+
+
+def test_seq_header() -> None:
+    assert seq_of([("a", b"1"), ("bench-seq", b"42")]) == 42
+    assert seq_of([("bench-seq", b"x")]) is None
+    assert seq_of(None) is None
