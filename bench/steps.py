@@ -62,6 +62,18 @@ def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float
     return out
 
 
+def _numbered(commands: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
+    """`("2: update mastra_threads", seconds)` per command: the number is its trip (a run of overlapping
+    commands, from 1); within a trip in name order, so the same work reads the same whoever went first."""
+    groups = _merged([(e["t0"], e["t0"] + e["dt"]) for e in commands])
+
+    def trip(e: Mapping[str, Any]) -> int:
+        return next(n for n, (start, end) in enumerate(groups, 1) if start <= e["t0"] <= end)
+
+    named = sorted((trip(e), f"{e['cmd']} {e['coll']}".strip(), float(e["dt"])) for e in commands)
+    return [(f"{n}: {name}", dt) for n, name, dt in named]
+
+
 def step_segments(
     sent: float, read: float, until: float, events: Sequence[Mapping[str, Any]], seq: int
 ) -> dict[str, Any] | None:
@@ -90,8 +102,8 @@ def step_segments(
         "kafka_out": read - out_at,
         "total": read - sent,
         "db_trips": len(groups),
-        "db_on_path": [(f"{e['cmd']} {e['coll']}".strip(), e["dt"]) for e in on_path],
-        "db_after": [(f"{e['cmd']} {e['coll']}".strip(), e["dt"]) for e in after],
+        "db_on_path": _numbered(on_path),
+        "db_after": _numbered(after),
         "commits_after": len(commits),
     }
 
@@ -148,13 +160,21 @@ def render(summary: Mapping[str, Any]) -> str:
             continue
         for when in ("db_before_output", "db_after_output"):
             seq = figures[when]
-            listed = ", then ".join(f"{c['command']} {c['ms']:.2f} ms" for c in seq["sequence"]) or "none"
             label = when.replace("_", " ").replace("db ", "MongoDB ")
-            rows.append(f"- {name}, {label} ({seq['share']:.0%} of the turns): {listed}")
+            rows.append(f"- {name}, {label} ({seq['share']:.0%} of the turns): {_trips(seq['sequence'])}")
     stages = summary.get("stage_ms_per_turn") or {}
     if stages:
         rows.append("- the service's stage histograms, ms per turn (mean): " + json.dumps(stages))
     return "\n".join(rows)
+
+
+def _trips(sequence: Sequence[Mapping[str, Any]]) -> str:
+    """`[find a 1.0 ms + find b 2.0 ms], then [update c 0.5 ms]`: commands that overlapped in brackets."""
+    trips: dict[str, list[str]] = {}
+    for command in sequence:
+        number, _, name = str(command["command"]).partition(": ")
+        trips.setdefault(number, []).append(f"{name or number} {command['ms']:.2f} ms")
+    return ", then ".join(f"[{' + '.join(names)}]" for names in trips.values()) or "none"
 
 
 # --- the run ----------------------------------------------------------------------------------------------

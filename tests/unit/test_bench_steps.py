@@ -42,12 +42,12 @@ def test_step_segments(overlap: bool, trips: int, wall: float) -> None:
     assert row["ack"] == pytest.approx(1 * MS)
     assert row["kafka_out"] == pytest.approx(3 * MS)
     assert row["total"] == pytest.approx(12 * MS)
-    assert [name for name, _ in row["db_on_path"]] == [
-        "find mastra_messages",
-        "find mastra_threads",
-        "update mastra_messages",
-    ]
-    assert [name for name, _ in row["db_after"]] == ["update message_history_turns"]
+    assert [name for name, _ in row["db_on_path"]] == (
+        ["1: find mastra_messages", "1: find mastra_threads", "2: update mastra_messages"]
+        if overlap
+        else ["1: find mastra_messages", "2: find mastra_threads", "3: update mastra_messages"]
+    )
+    assert [name for name, _ in row["db_after"]] == ["1: update message_history_turns"]
     assert row["commits_after"] == 1
 
 
@@ -73,14 +73,17 @@ def test_analyse_and_render() -> None:
     assert persist["steps"] == 3
     assert persist["db_trips"] == 3
     assert persist["total_ms"] == pytest.approx(12)
-    assert persist["db_before_output"]["share"] == pytest.approx(1.0)
-    assert persist["db_before_output"]["sequence"][0]["command"] == "find mastra_messages"
+    assert persist["db_before_output"]["share"] == 0.667  # one of the three overlapped
+    assert persist["db_before_output"]["sequence"][0]["command"] == "1: find mastra_messages"
     assert persist["db_before_output"]["sequence"][0]["ms"] == pytest.approx(1.5)
     assert out["steps"]["forwarder_persist"]["kafka_out_ms"] == pytest.approx(1.8)
     assert out["unmatched_steps"] == 0
     text = steps.render(out)
     assert "| service_persist | 3 |" in text
-    assert "service_persist, MongoDB before output (100% of the turns): find mastra_messages 1.50 ms" in text
+    assert (
+        "service_persist, MongoDB before output (67% of the turns): [find mastra_messages 1.50 ms], then "
+        "[find mastra_threads 1.00 ms], then [update mastra_messages 2.00 ms]"
+    ) in text
 
 
 def test_seq_header() -> None:
