@@ -95,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where results go")
     p.add_argument("--keep", action="store_true", help="keep the topics and the benchmark database")
     p.add_argument("--profile", action="store_true", help="py-spy the service's lines (needs py-spy)")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="run the service lines under bench.stepwatch: each latency event split into fetch, MongoDB, "
+        "produce and read (details.tail: the slowest 5%% against all); costs the service a little",
+    )
     p.add_argument("--repeat", type=int, default=1, help="rounds of every line; each keeps its median")
     p.add_argument(
         "--service-env",
@@ -164,6 +170,7 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         soak_path=args.soak_path,
         keep=args.keep,
         profile=args.profile,
+        watch=args.watch,
         repeat=max(1, args.repeat),
         service_env=parse_env(args.service_env),
         instances=_counts(args.instances),

@@ -104,7 +104,11 @@ def service_launch(
             MESSAGE_HISTORY_PROCESSING_GUARANTEE=guarantee,
         )
         argv = [ctx.python(), "-m", "message_history", "run", "--only", path]
-        return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics")
+        trace = None
+        if ctx.watch:
+            trace = ctx.log_dir / f"{name}-{tag}-{port}.stepwatch.jsonl"
+            argv[1:2] = ["-m", "bench.stepwatch", str(trace)]
+        return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics", trace=trace)
 
     return launch
 

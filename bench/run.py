@@ -59,6 +59,7 @@ class Options:
     soak_path: str = "recall"
     keep: bool = False
     profile: bool = False
+    watch: bool = False
     repeat: int = 1
     service_env: Mapping[str, str] | None = None  # None: the image's (`bench.context.SERVICE_RUNTIME_ENV`)
     instances: tuple[int, ...] = ()  # `--instances`: the coordination lines instead of `lines`
@@ -91,6 +92,7 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         log_dir=options.out_dir / f"{stamp}-logs",
         turns=Turns(w),
         profile=options.profile,
+        watch=options.watch,
     )
     if options.service_env is not None:
         ctx.service_env = dict(options.service_env)

@@ -25,11 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import statistics
 import time
-from collections import Counter
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any, Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -38,146 +35,14 @@ from bench import processes
 from bench.context import RunContext
 from bench.idle import _clear_busy_markers, _free_port, _service_env
 from bench.kafka_io import SEQ_HEADER, create_topics, seq_of
-from bench.progress import Progress, log
+from bench.progress import Progress
 from bench.stream_line import scrape_stages
+from bench.traces import analyse, read_trace
 from bench.workload import encode_json, enriched_event, request_event, response_event
 from producers.connection import kafka_options
 
-STEPS: Final = ("service_recall", "forwarder_recall", "service_persist", "forwarder_persist")
-SEGMENTS: Final = ("kafka_in", "before_db", "db_wall", "other", "ack", "kafka_out", "total")
 _WARMUP_TURNS: Final = 3
 _STEP_TIMEOUT_S: Final = 30.0
-
-
-# --- the analysis (pure) ----------------------------------------------------------------------------------
-
-
-def _merged(intervals: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[tuple[float, float]] = []
-    for start, end in sorted(intervals):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def _numbered(commands: Sequence[Mapping[str, Any]]) -> list[tuple[str, float]]:
-    """`("2: update mastra_threads", seconds)` per command: the number is its trip (a run of overlapping
-    commands, from 1); within a trip in name order, so the same work reads the same whoever went first."""
-    groups = _merged([(e["t0"], e["t0"] + e["dt"]) for e in commands])
-
-    def trip(e: Mapping[str, Any]) -> int:
-        return next(n for n, (start, end) in enumerate(groups, 1) if start <= e["t0"] <= end)
-
-    named = sorted((trip(e), f"{e['cmd']} {e['coll']}".strip(), float(e["dt"])) for e in commands)
-    return [(f"{n}: {name}", dt) for n, name, dt in named]
-
-
-def step_segments(
-    sent: float, read: float, until: float, events: Sequence[Mapping[str, Any]], seq: int
-) -> dict[str, Any] | None:
-    """One step's segments (seconds) from the process's trace `events`: the record `seq` was sent at `sent`
-    and its output read at `read`; `until` ends the step's window (the next step's send). None when the
-    process's trace lacks the record's fetch or its output. Pure."""
-    fetched = next((e["t"] for e in events if e["k"] == "in" and e["seq"] == seq), None)
-    handed = next((e for e in events if e["k"] == "send" and e["seq"] == seq), None)
-    if fetched is None or handed is None:
-        return None
-    out_at = float(handed["t"])
-    acked = next((e["t"] for e in events if e["k"] == "ack" and e["seq"] == seq), None)
-    mongo = [e for e in events if e["k"] == "mongo" and fetched <= e["t0"] < until]
-    on_path = [e for e in mongo if e["t0"] < out_at]
-    after = [e for e in mongo if e["t0"] >= out_at]
-    groups = _merged([(e["t0"], e["t0"] + e["dt"]) for e in on_path])
-    db_wall = sum(end - start for start, end in groups)
-    first_db = groups[0][0] if groups else out_at
-    commits = [e for e in events if e["k"] == "commit" and fetched <= e["t0"] < until]
-    return {
-        "kafka_in": fetched - sent,
-        "before_db": first_db - fetched,
-        "db_wall": db_wall,
-        "other": (out_at - fetched) - db_wall,
-        "ack": (acked - out_at) if acked is not None else None,
-        "kafka_out": read - out_at,
-        "total": read - sent,
-        "db_trips": len(groups),
-        "db_on_path": _numbered(on_path),
-        "db_after": _numbered(after),
-        "commits_after": len(commits),
-    }
-
-
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
-def _commands(rows: Sequence[Sequence[tuple[str, float]]]) -> dict[str, Any]:
-    """The commonest command sequence among `rows`, how many steps had it, and each command's median ms."""
-    if not rows:
-        return {"sequence": [], "share": 0.0}
-    shapes = Counter(tuple(name for name, _ in row) for row in rows)
-    shape, count = shapes.most_common(1)[0]
-    same = [row for row in rows if tuple(name for name, _ in row) == shape]
-    medians = [round(statistics.median(row[i][1] for row in same) * 1000, 3) for i in range(len(shape))]
-    return {
-        "sequence": [{"command": name, "ms": ms} for name, ms in zip(shape, medians, strict=True)],
-        "share": round(count / len(rows), 3),
-    }
-
-
-def summarize_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Medians (ms) of one step kind's segments, its db trips, and its commands before / after the output."""
-    out: dict[str, Any] = {"steps": len(rows)}
-    for segment in SEGMENTS:
-        value = _median([row[segment] for row in rows])
-        out[f"{segment}_ms"] = None if value is None else round(value * 1000, 3)
-    out["db_trips"] = _median([row["db_trips"] for row in rows])
-    out["db_before_output"] = _commands([row["db_on_path"] for row in rows])
-    out["db_after_output"] = _commands([row["db_after"] for row in rows])
-    return out
-
-
-def render(summary: Mapping[str, Any]) -> str:
-    """The steps as Markdown: a row per step kind, its segments' medians; then each one's commands."""
-    steps = summary["steps"]
-    head = ["step", "turns", *(f"{s.replace('_', ' ')} ms" for s in SEGMENTS), "db trips"]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def fmt(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3g}"
-
-    for name in STEPS:
-        figures = steps.get(name)
-        if not figures:
-            continue
-        cells = [name, str(figures["steps"]), *(fmt(figures[f"{s}_ms"]) for s in SEGMENTS)]
-        rows.append("| " + " | ".join([*cells, fmt(figures["db_trips"])]) + " |")
-    for name in ("service_recall", "service_persist"):
-        figures = steps.get(name)
-        if not figures:
-            continue
-        for when in ("db_before_output", "db_after_output"):
-            seq = figures[when]
-            label = when.replace("_", " ").replace("db ", "MongoDB ")
-            rows.append(f"- {name}, {label} ({seq['share']:.0%} of the turns): {_trips(seq['sequence'])}")
-    stages = summary.get("stage_ms_per_turn") or {}
-    if stages:
-        rows.append("- the service's stage histograms, ms per turn (mean): " + json.dumps(stages))
-    return "\n".join(rows)
-
-
-def _trips(sequence: Sequence[Mapping[str, Any]]) -> str:
-    """`[find a 1.0 ms + find b 2.0 ms], then [update c 0.5 ms]`: commands that overlapped in brackets."""
-    trips: dict[str, list[str]] = {}
-    for command in sequence:
-        number, _, name = str(command["command"]).partition(": ")
-        trips.setdefault(number, []).append(f"{name or number} {command['ms']:.2f} ms")
-    return ", then ".join(f"[{' + '.join(names)}]" for names in trips.values()) or "none"
-
-
-# --- the run ----------------------------------------------------------------------------------------------
 
 
 class _Outputs:
@@ -220,12 +85,6 @@ class _Outputs:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self._consumer.stop()
-
-
-def _read_trace(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 async def run_steps(ctx: RunContext, turns: int, *, spans: bool = False) -> dict[str, Any]:
@@ -285,7 +144,7 @@ async def run_steps(ctx: RunContext, turns: int, *, spans: bool = False) -> dict
         for process in started:
             await processes.stop(process)
         await ctx.quiet(wrote=True)
-    summary = analyse(timeline, {who: _read_trace(path) for who, path in traces.items()})
+    summary = analyse(timeline, {who: read_trace(path) for who, path in traces.items()})
     summary.update(
         turns=turns, spans=spans, stage_ms_per_turn=stages, traces={k: str(v) for k, v in traces.items()}
     )
@@ -348,23 +207,3 @@ async def _drive(
         if "/" in k and not k.endswith(("/batches", "/mean_batch"))
     }
     return timeline, stages
-
-
-def analyse(
-    timeline: Sequence[Mapping[str, Any]], events: Mapping[str, Sequence[Mapping[str, Any]]]
-) -> dict[str, Any]:
-    """Each timed step's segments from its process's trace, summarized per step kind. Pure."""
-    per_step: dict[str, list[dict[str, Any]]] = {name: [] for name in STEPS}
-    for k, step in enumerate(timeline):
-        until = timeline[k + 1]["sent"] if k + 1 < len(timeline) else step["read"] + 1.0
-        who = "service" if step["name"].startswith("service") else "forwarder"
-        row = step_segments(step["sent"], step["read"], until, events.get(who, ()), step["seq"])
-        if row is not None:
-            per_step[step["name"]].append(row)
-    missing = len(timeline) - sum(len(rows) for rows in per_step.values())
-    if missing:
-        log(f"steps: {missing} of {len(timeline)} steps had no fetch or output in their process's trace")
-    return {
-        "steps": {name: summarize_steps(rows) for name, rows in per_step.items() if rows},
-        "unmatched_steps": missing,
-    }

@@ -16,10 +16,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench import processes
 from bench.context import RunContext
@@ -28,6 +30,7 @@ from bench.procstat import cpu_seconds_fine, minor_faults, peak_rss_bytes
 from bench.profile import Sampler
 from bench.progress import Progress, log
 from bench.stats import LineResult
+from bench.traces import read_trace, tail
 
 _POLL_S = 0.05
 
@@ -37,6 +40,7 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     metrics_url: str | None = None
+    trace: Path | None = None  # run under `bench.stepwatch`, writing here
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,7 @@ class _Running:
         self.processes: list[asyncio.subprocess.Process] = []
         self.next_latency = 0  # index of the next latency record
         self.output_bytes: float | None = None  # mean size of the outputs timed last
+        self.last_probe: LatencyProbe | None = None
 
     async def start(self) -> asyncio.subprocess.Process:
         ctx = self.ctx
@@ -131,6 +136,7 @@ class _Running:
             timeout_s=timeout_s,
         )
         self.output_bytes = probe.output_bytes / probe.output_count if probe.output_count else None
+        self.last_probe = probe
         return tuple(latencies)
 
     async def stop(self) -> None:
@@ -243,6 +249,10 @@ async def _latency(ctx: RunContext, running: _Running, result: LineResult) -> No
         latency_received=len(latencies),
         output_bytes_per_event=round(running.output_bytes) if running.output_bytes else None,
     )
+    probe, trace = running.last_probe, running.launch.trace
+    if probe is not None and trace is not None and len(running.launches) == 1:
+        result.details["tail"] = tail(probe.sent_wall, probe.read_wall, read_trace(trace))
+        log(f"{running.line.name}: latency split, {json.dumps(result.details['tail'])}")
 
 
 class MetricsCounter:

@@ -16,7 +16,7 @@ import asyncio
 import dataclasses
 from collections.abc import Sequence
 
-from bench import cli, steps, targets
+from bench import cli, targets, traces
 from bench.run import run
 
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str]) -> int:
     summary = record["environment"].get("steps")
     load = record["environment"].get("load_average") or {}
     if summary:
-        print(steps.render(summary))
+        print(traces.render(summary))
     print(f"\nload average (1 min) during the run: {targets.load_summary(load)}")
     print(f"results: {path}")
     return 130 if record["environment"].get("interrupted") or not summary else 0

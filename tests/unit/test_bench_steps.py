@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import steps
+from bench import traces as steps
 from bench.stepwatch import seq_of
 
 MS = 0.001
@@ -90,3 +90,33 @@ def test_seq_header() -> None:
     assert seq_of([("a", b"1"), ("bench-seq", b"42")]) == 42
     assert seq_of([("bench-seq", b"x")]) is None
     assert seq_of(None) is None
+
+
+def test_tail_splits_each_latency_event() -> None:
+    """Per event: fetch, service, MongoDB and the wait behind the batch before it; the slowest 5% apart."""
+    events: list[dict[str, object]] = []
+    sent: dict[int, float] = {}
+    read: dict[int, float] = {}
+    for seq in range(40):  # batches of two: fetched together, one trip of 10 ms, both handed at +12 ms
+        fetch = 10.0 + (seq // 2) * 0.020
+        sent[seq] = fetch - 0.002
+        events += [{"k": "in", "seq": seq, "t": fetch}, {"k": "send", "seq": seq, "t": fetch + 0.012}]
+        events.append({"k": "ack", "seq": seq, "t": fetch + 0.013})
+        read[seq] = fetch + 0.015
+        if seq % 2 == 0:
+            events.append({"k": "mongo", "cmd": "find", "coll": "x", "t0": fetch + 0.001, "dt": 0.010})
+    sent[39] = 10.0 + 19 * 0.020 - 0.015  # sent while the batch before it was still being worked
+    out = steps.tail(sent, read, events)
+    assert out["events"] == 40
+    every = out["all"]
+    assert every["service_ms"] == pytest.approx(12)
+    assert every["db_wall_ms"] == pytest.approx(10)
+    assert every["db_trips"] == 1
+    assert every["fetched_with"] == 2
+    assert every["kafka_in_ms"] == pytest.approx(2)
+    assert every["behind_batch_ms"] == 0
+    slow = out["slowest_5pct"]
+    assert slow["events"] == 2  # 5% of 40: seq 39 and one more
+    assert slow["kafka_in_ms"] == pytest.approx((15 + 2) / 2)
+    assert slow["behind_batch_ms"] == pytest.approx(7 / 2)  # seq 39 waited 7 ms for the batch before it
+    assert steps.tail({1: 1.0}, {}, []) == {"events": 0}
