@@ -100,11 +100,15 @@ def _commands(rows: Sequence[Sequence[tuple[str, float]]]) -> dict[str, Any]:
 
 
 def summarize_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Medians (ms) of one step kind's segments, its db trips, and its commands before / after the output."""
+    """One step kind's segments: means (ms; they add up to the mean total, except `ack`, a part of
+    `kafka_out`) and medians (`_p50_ms`); its db trips, and its commands before / after the output."""
     out: dict[str, Any] = {"steps": len(rows)}
     for segment in SEGMENTS:
-        value = _median([row[segment] for row in rows])
-        out[f"{segment}_ms"] = None if value is None else round(value * 1000, 3)
+        present = [row[segment] for row in rows if row[segment] is not None]
+        mean = statistics.fmean(present) if present else None
+        median = _median(present)
+        out[f"{segment}_ms"] = None if mean is None else round(mean * 1000, 3)
+        out[f"{segment}_p50_ms"] = None if median is None else round(median * 1000, 3)
     out["db_trips"] = _median([row["db_trips"] for row in rows])
     out["db_before_output"] = _commands([row["db_on_path"] for row in rows])
     out["db_after_output"] = _commands([row["db_after"] for row in rows])
@@ -112,9 +116,10 @@ def summarize_steps(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def render(summary: Mapping[str, Any]) -> str:
-    """The steps as Markdown: a row per step kind, its segments' medians; then each one's commands."""
+    """The steps as Markdown: a row per step kind, its segments' means (which add up to the total; `ack` is
+    part of `kafka out`) and its median total; then each one's commands."""
     steps = summary["steps"]
-    head = ["step", "turns", *(f"{s.replace('_', ' ')} ms" for s in SEGMENTS), "db trips"]
+    head = ["step", "turns", *(f"{s.replace('_', ' ')} ms" for s in SEGMENTS), "p50 total ms", "db trips"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def fmt(value: float | None) -> str:
@@ -125,7 +130,9 @@ def render(summary: Mapping[str, Any]) -> str:
         if not figures:
             continue
         cells = [name, str(figures["steps"]), *(fmt(figures[f"{s}_ms"]) for s in SEGMENTS)]
-        rows.append("| " + " | ".join([*cells, fmt(figures["db_trips"])]) + " |")
+        rows.append(
+            "| " + " | ".join([*cells, fmt(figures["total_p50_ms"]), fmt(figures["db_trips"])]) + " |"
+        )
     for name in ("service_recall", "service_persist"):
         figures = steps.get(name)
         if not figures:

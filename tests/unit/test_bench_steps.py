@@ -79,7 +79,8 @@ def test_analyse_and_render() -> None:
     assert out["steps"]["forwarder_persist"]["kafka_out_ms"] == pytest.approx(1.8)
     assert out["unmatched_steps"] == 0
     text = steps.render(out)
-    assert "| service_persist | 3 |" in text
+    assert "| service_persist | 3 | 1 | 1 |" in text  # the means: kafka in, before db
+    assert persist["total_p50_ms"] == pytest.approx(12)
     assert (
         "service_persist, MongoDB before output (67% of the turns): [find mastra_messages 1.50 ms], then "
         "[find mastra_threads 1.00 ms], then [update mastra_messages 2.00 ms]"
