@@ -200,18 +200,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nresults: {grown_path}")
         return 130 if grown["interrupted"] else 0
     record, path, lines = asyncio.run(run(options))
+    load = record["environment"].get("load_average") or {}
+    if record.get("coordination"):  # its lines only: no ratio or target of a run applies
+        print(render_table(lines, {}).split("\n\n")[0])
+        print("\n" + coordination.render(record["coordination"]))
+        print(f"\nload average (1 min) during the run: {targets.load_summary(load)}")
+        print(f"\nresults: {path}")
+        return 1 if any(line.error for line in lines.values()) else 0
     if lines:
         print(render_table(lines, ratios(lines)))
-    if record.get("coordination"):
-        print("\n" + coordination.render(record["coordination"]))
     if record.get("soak"):
         soak = {k: v for k, v in record["soak"].items() if k != "series"}
         print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
     print("\n" + targets.render(targets.evaluate(record["ratios"], record.get("soak")), record.get("soak")))
-    load = record["environment"].get("load_average")
     if load:
         print(f"\nload average (1 min) during the run: {targets.load_summary(load)}")
-    if lines and not record.get("coordination"):
+    if lines:
         print("\n" + targets.render_score(record["ratios"], record["lines"]))
     print(f"\nresults: {path}")
     if record["environment"].get("interrupted"):
