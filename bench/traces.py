@@ -141,6 +141,10 @@ def render(summary: Mapping[str, Any]) -> str:
             seq = figures[when]
             label = when.replace("_", " ").replace("db ", "MongoDB ")
             rows.append(f"- {name}, {label} ({seq['share']:.0%} of the turns): {_trips(seq['sequence'])}")
+    spans = summary.get("spans_ms") or {}
+    if spans:
+        listed = ", ".join(f"{k} {v['mean_ms']:.2f} / {v['p50_ms']:.2f}" for k, v in spans.items())
+        rows.append(f"- the service's spans, ms (mean / p50): {listed}")
     stages = summary.get("stage_ms_per_turn") or {}
     if stages:
         rows.append("- the service's stage histograms, ms per turn (mean): " + json.dumps(stages))
@@ -235,4 +239,22 @@ def analyse(
     return {
         "steps": {name: summarize_steps(rows) for name, rows in per_step.items() if rows},
         "unmatched_steps": missing,
+        "spans_ms": span_durations(events.get("service", ()), timeline[0]["sent"] if timeline else 0.0),
+    }
+
+
+def span_durations(events: Sequence[Mapping[str, Any]], since: float) -> dict[str, dict[str, float]]:
+    """The service's OpenTelemetry spans (`--spans`) started from `since`, per name: count, mean and
+    median duration in ms (a record span ends when its output is acknowledged). Pure."""
+    by_name: dict[str, list[float]] = {}
+    for e in events:
+        if e["k"] == "span" and e["t0"] >= since and e["t1"] >= e["t0"]:
+            by_name.setdefault(str(e["name"]), []).append(e["t1"] - e["t0"])
+    return {
+        name: {
+            "count": len(values),
+            "mean_ms": round(statistics.fmean(values) * 1000, 3),
+            "p50_ms": round(statistics.median(values) * 1000, 3),
+        }
+        for name, values in sorted(by_name.items())
     }

@@ -121,3 +121,17 @@ def test_tail_splits_each_latency_event() -> None:
     assert slow["kafka_in_ms"] == pytest.approx((15 + 2) / 2)
     assert slow["behind_batch_ms"] == pytest.approx(7 / 2)  # seq 39 waited 7 ms for the batch before it
     assert steps.tail({1: 1.0}, {}, []) == {"events": 0}
+
+
+def test_span_durations_since_the_timed_steps() -> None:
+    events = [
+        {"k": "span", "name": "persist batch", "t0": 1.0, "t1": 1.004},
+        {"k": "span", "name": "persist batch", "t0": 2.0, "t1": 2.002},
+        {"k": "span", "name": "persist batch", "t0": 0.5, "t1": 0.9},  # a warm-up turn's
+        {"k": "in", "seq": 1, "t": 1.0},
+    ]
+    assert steps.span_durations(events, since=0.95) == {
+        "persist batch": {"count": 2, "mean_ms": 3.0, "p50_ms": 3.0}
+    }
+    text = steps.render({"steps": {}, "spans_ms": steps.span_durations(events, 0.95)})
+    assert "- the service's spans, ms (mean / p50): persist batch 3.00 / 3.00" in text
