@@ -11,13 +11,16 @@ and when it read its output. Per timed step, on one clock:
     before db    fetch -> the first MongoDB command (decode, barrier, planning)
     db wall      the MongoDB commands before the output, as wall time (overlapping ones counted once);
                  `db trips` is how many of them ran one after another (a group of overlapping ones is one)
-    other        fetch -> output handed to the producer, minus db wall (our Python between the commands)
+    other        the first MongoDB command -> output handed to the producer, minus db wall (our Python
+                 between and after the commands); kafka in + before db + db wall + other + kafka out = total
     ack          output handed to the producer -> the broker's acknowledgement
     kafka out    output handed to the producer -> the harness read it
     total        harness send -> output read (the idle line's latency)
 
 and the commands themselves: the commonest sequence before the output with each command's median, and those
-after it (off the latency path: busy marks, commits). Medians over the timed turns.
+after it (off the latency path: busy marks, commits). Means over the timed turns (medians beside them).
+The harness's send and read times go to `steps-timeline.json` beside the traces, so a run can be analysed
+again (`bench.traces.analyse`).
 """
 
 from __future__ import annotations
@@ -144,6 +147,7 @@ async def run_steps(ctx: RunContext, turns: int, *, spans: bool = False) -> dict
         for process in started:
             await processes.stop(process)
         await ctx.quiet(wrote=True)
+    (ctx.log_dir / "steps-timeline.json").write_text(json.dumps(timeline) + "\n")
     summary = analyse(timeline, {who: read_trace(path) for who, path in traces.items()})
     summary.update(
         turns=turns, spans=spans, stage_ms_per_turn=stages, traces={k: str(v) for k, v in traces.items()}

@@ -69,7 +69,7 @@ def step_segments(
         "kafka_in": fetched - sent,
         "before_db": first_db - fetched,
         "db_wall": db_wall,
-        "other": (out_at - fetched) - db_wall,
+        "other": (out_at - first_db) - db_wall,  # kafka in + before db + db wall + other + kafka out = total
         "ack": (acked - out_at) if acked is not None else None,
         "kafka_out": read - out_at,
         "total": read - sent,

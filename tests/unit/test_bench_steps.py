@@ -38,7 +38,9 @@ def test_step_segments(overlap: bool, trips: int, wall: float) -> None:
     assert row["before_db"] == pytest.approx(1 * MS)
     assert row["db_trips"] == trips
     assert row["db_wall"] == pytest.approx(wall * MS)
-    assert row["other"] == pytest.approx((8 - wall) * MS)
+    assert row["other"] == pytest.approx((7 - wall) * MS)  # from the first command (+2 ms) to the output (+9)
+    parts = ("kafka_in", "before_db", "db_wall", "other", "kafka_out")
+    assert sum(row[p] for p in parts) == pytest.approx(row["total"])
     assert row["ack"] == pytest.approx(1 * MS)
     assert row["kafka_out"] == pytest.approx(3 * MS)
     assert row["total"] == pytest.approx(12 * MS)
