@@ -16,11 +16,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from bench import targets
+from bench import coordination, targets
 from bench.context import REPO, Budget, parse_env
 from bench.run import ALL_LINES, Options, run
 from bench.scale import render_scale, run_scale
 from bench.stats import ratios, render_table
+from bench.threads_scale import render as render_threads_scale
+from bench.threads_scale import run_threads_scale
 from bench.workload import Workload
 
 # name -> (module, what it measures): measurements that are not lines of one run (another workload, or one
@@ -39,6 +41,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
     ),
     "replay": ("bench.extra.replay", "message-history replay vs the live persist path on one topic"),
     "retention": ("bench.extra.retention", "forget and prune throughput on a seeded database"),
+    "steps": (
+        "bench.extra.steps",
+        "where an idle recall's and persist's milliseconds go, per step (fetch, MongoDB commands, produce)",
+    ),
     "failover": (
         "bench.extra.failover",
         "one of three instances SIGKILLed under fast turns: send-to-answer of its threads and the others'",
@@ -89,6 +95,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=REPO / "bench" / "results", help="where results go")
     p.add_argument("--keep", action="store_true", help="keep the topics and the benchmark database")
     p.add_argument("--profile", action="store_true", help="py-spy the service's lines (needs py-spy)")
+    p.add_argument(
+        "--watch",
+        action="store_true",
+        help="run the service lines under bench.stepwatch: each latency event split into fetch, MongoDB, "
+        "produce and read (details.tail: the slowest 5%% against all); costs the service a little",
+    )
     p.add_argument("--repeat", type=int, default=1, help="rounds of every line; each keeps its median")
     p.add_argument(
         "--service-env",
@@ -102,7 +114,29 @@ def parser() -> argparse.ArgumentParser:
         help="recall latency as history grows: comma-separated stored-message counts, a run each "
         "(e.g. 10000,100000,1000000); lines service_recall and b2_recall_queries",
     )
+    p.add_argument(
+        "--instances",
+        metavar="COUNTS",
+        help="the cost of coordination: CPU per event of each path's service line at n instances on one "
+        "consumer group, for each n (e.g. 1,2,3); replaces the lines",
+    )
+    p.add_argument(
+        "--threads-scale",
+        metavar="COUNTS",
+        help="the paths' cost as threads grow: comma-separated thread counts, a run each (e.g. 3000,30000); "
+        "each path's B1, raw MongoDB and service lines, their floor ratios and p99",
+    )
     return p
+
+
+def _counts(text: str | None) -> tuple[int, ...]:
+    """`1,2,3` -> (1, 2, 3); thousands separators (`_`) allowed; sorted, no repeats."""
+    if not text:
+        return ()
+    counts = sorted({int(item.strip().replace("_", "")) for item in text.split(",") if item.strip()})
+    if any(c < 1 for c in counts):
+        raise SystemExit(f"counts must be positive: {text}")
+    return tuple(counts)
 
 
 def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
@@ -136,8 +170,10 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         soak_path=args.soak_path,
         keep=args.keep,
         profile=args.profile,
+        watch=args.watch,
         repeat=max(1, args.repeat),
         service_env=parse_env(args.service_env),
+        instances=_counts(args.instances),
     )
 
 
@@ -158,13 +194,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(render_scale(scale))
         print(f"\nresults: {scale_path}")
         return 130 if any(row["interrupted"] for row in scale["sizes"]) else 0
+    if args.threads_scale:
+        grown, grown_path = asyncio.run(run_threads_scale(options, _counts(args.threads_scale)))
+        print(render_threads_scale(grown))
+        print(f"\nresults: {grown_path}")
+        return 130 if grown["interrupted"] else 0
     record, path, lines = asyncio.run(run(options))
+    load = record["environment"].get("load_average") or {}
+    if record.get("coordination"):  # its lines only: no ratio or target of a run applies
+        print(render_table(lines, {}).split("\n\n")[0])
+        print("\n" + coordination.render(record["coordination"]))
+        print(f"\nload average (1 min) during the run: {targets.load_summary(load)}")
+        print(f"\nresults: {path}")
+        return 1 if any(line.error for line in lines.values()) else 0
     if lines:
         print(render_table(lines, ratios(lines)))
     if record.get("soak"):
         soak = {k: v for k, v in record["soak"].items() if k != "series"}
         print("soak:", ", ".join(f"{k}={v}" for k, v in soak.items()))
     print("\n" + targets.render(targets.evaluate(record["ratios"], record.get("soak")), record.get("soak")))
+    if load:
+        print(f"\nload average (1 min) during the run: {targets.load_summary(load)}")
+    if lines:
+        print("\n" + targets.render_score(record["ratios"], record["lines"]))
     print(f"\nresults: {path}")
     if record["environment"].get("interrupted"):
         return 130

@@ -59,6 +59,7 @@ class RunContext:
     turns: Turns
     topics: list[str] = field(default_factory=list)  # created by the run, deleted at its end
     profile: bool = False  # py-spy the service during its throughput windows
+    watch: bool = False  # the service lines under `bench.stepwatch`: their latency tail split (`--watch`)
     settle: Callable[[], Awaitable[float]] | None = None  # waits until the servers are quiet again
     restore: Callable[[], Awaitable[int]] | None = None  # removes every message written after seeding
     service_env: Mapping[str, str] = field(default_factory=lambda: dict(SERVICE_RUNTIME_ENV))

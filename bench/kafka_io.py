@@ -161,6 +161,10 @@ class LatencyProbe:
         self._in = in_topic
         self._partitions = [TopicPartition(out_topic, p) for p in range(partitions)]
         self._sent: dict[int, float] = {}
+        self.sent_wall: dict[
+            int, float
+        ] = {}  # time.time(), for `bench.steps.tail` (one clock with the lines)
+        self.read_wall: dict[int, float] = {}
         self.latencies_ms: dict[int, float] = {}
         self.output_bytes = 0
         self.output_count = 0
@@ -202,6 +206,7 @@ class LatencyProbe:
                 key, value = record(j)
                 seq = first_seq + j
                 self._sent[seq] = time.perf_counter()
+                self.sent_wall[seq] = time.time()
                 acks.append(
                     await producer.send(
                         self._in, value=value, key=key, headers=[(SEQ_HEADER, str(seq).encode())]
@@ -221,12 +226,38 @@ class LatencyProbe:
     async def _read(self, consumer: AIOKafkaConsumer, first_seq: int, count: int) -> None:
         while len(self.latencies_ms) < count:
             batch = await consumer.getmany(timeout_ms=100)
-            now = time.perf_counter()
+            now, wall = time.perf_counter(), time.time()
             for records in batch.values():
                 for rec in records:
                     seq = seq_of(rec.headers)
                     if seq is None or seq in self.latencies_ms or seq not in self._sent:
                         continue
                     self.latencies_ms[seq] = (now - self._sent[seq]) * 1000
+                    self.read_wall[seq] = wall
                     self.output_bytes += len(rec.value or b"")
                     self.output_count += 1
+
+
+async def wait_for_group(settings: Settings, group: str, members: int, timeout_s: float) -> None:
+    """Until consumer group `group` is `Stable` with at least `members` members (DescribeGroups every
+    200 ms): every instance of a line has joined and the rebalance is over."""
+    admin = AIOKafkaAdminClient(**_options(settings, "bench-admin"), request_timeout_ms=30_000)
+    await admin.start()
+    seen: tuple[str, int] = ("", 0)
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                for response in await admin.describe_consumer_groups([group]):
+                    for (
+                        described
+                    ) in response.groups:  # (error, group, state, protocol type, protocol, members)
+                        seen = (str(described[2]), len(described[5]))
+                if seen[0] == "Stable" and seen[1] >= members:
+                    return
+                await asyncio.sleep(0.2)
+    except TimeoutError:
+        raise RuntimeError(
+            f"group {group}: {seen[0] or 'unknown'} with {seen[1]} of {members} members"
+        ) from None
+    finally:
+        await admin.close()

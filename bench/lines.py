@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from bench import processes
 from bench.context import RunContext
@@ -104,7 +104,11 @@ def service_launch(
             MESSAGE_HISTORY_PROCESSING_GUARANTEE=guarantee,
         )
         argv = [ctx.python(), "-m", "message_history", "run", "--only", path]
-        return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics")
+        trace = None
+        if ctx.watch:
+            trace = ctx.log_dir / f"{name}-{tag}-{port}.stepwatch.jsonl"
+            argv[1:2] = ["-m", "bench.stepwatch", str(trace)]
+        return Launch(argv, env, metrics_url=f"http://127.0.0.1:{port}/metrics", trace=trace)
 
     return launch
 
@@ -274,3 +278,34 @@ async def run_mongo_line(ctx: RunContext, kind: str, events: int) -> LineResult:
     result.details = dict(raw.get("details", {}))
     result.details["completed"] = result.events >= events
     return result
+
+
+def coordination_lines(ctx: RunContext, counts: Sequence[int]) -> list[StreamLine]:
+    """`--instances`: each path's service line with n instances on its one consumer group, for each n."""
+    w, turns = ctx.workload, ctx.turns
+    out: list[StreamLine] = []
+    for path in ("recall", "persist"):
+        for n in counts:
+            name = f"service_{path}_x{n}"
+            if path == "recall":
+                line = StreamLine(
+                    name,
+                    w.threads,
+                    requests(w, turns.recall),
+                    requests(w, turns.recall),
+                    service_launch(ctx, "recall", name),
+                    prepare=caught_up_responses,
+                    instances=n,
+                )
+            else:
+                line = StreamLine(
+                    name,
+                    w.threads,
+                    responses(w, turns.fresh()),
+                    responses(w, turns.fresh()),
+                    service_launch(ctx, "persist", name),
+                    writes=True,
+                    instances=n,
+                )
+            out.append(line)
+    return out

@@ -58,6 +58,7 @@ def build(
     if soak is not None:
         record["soak"] = dict(soak)
     record["targets"] = {o.goal.key: o.to_json() for o in targets.evaluate(record["ratios"], soak)}
+    record["score"] = targets.score_json(record["ratios"], record["lines"])
     return record
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -16,18 +17,19 @@ from urllib.parse import urlsplit
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from bench import report
+from bench import coordination, report, targets
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
 from bench.idle import IDLE_LINES, run_idle
 from bench.kafka_io import delete_topics
-from bench.lines import run_mongo_line, stream_lines
+from bench.lines import coordination_lines, run_mongo_line, stream_lines
 from bench.mongo_lines import KINDS
 from bench.procstat import cpu_seconds, find_servers, server_name
 from bench.progress import log
 from bench.seed import seed
 from bench.soak import run_soak
 from bench.stats import LINES, LineResult, median_round
+from bench.steps import run_steps
 from bench.stream_line import run_stream_line
 from bench.workload import Turns, Workload, history_time
 from message_history.settings import Settings
@@ -36,6 +38,14 @@ from storage.documents import MESSAGES
 ALL_LINES: tuple[str, ...] = tuple(LINES)
 _QUIET_MAX_S = 60.0
 _QUIET_CORES = 0.8
+_LOAD_EVERY_S = 10.0
+
+
+async def _sample_load(samples: list[float]) -> None:
+    """The machine's 1-minute load average every `_LOAD_EVERY_S` (the first one now), until cancelled."""
+    while True:
+        samples.append(os.getloadavg()[0])
+        await asyncio.sleep(_LOAD_EVERY_S)
 
 
 @dataclass(frozen=True)
@@ -49,8 +59,12 @@ class Options:
     soak_path: str = "recall"
     keep: bool = False
     profile: bool = False
+    watch: bool = False
     repeat: int = 1
     service_env: Mapping[str, str] | None = None  # None: the image's (`bench.context.SERVICE_RUNTIME_ENV`)
+    instances: tuple[int, ...] = ()  # `--instances`: the coordination lines instead of `lines`
+    steps: bool = False  # `python -m bench steps`: the idle turn's steps instead of `lines`
+    steps_spans: bool = False  # ... with the service's OpenTelemetry spans recorded
 
 
 def _mongo_port(uri: str) -> int | None:
@@ -78,6 +92,7 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         log_dir=options.out_dir / f"{stamp}-logs",
         turns=Turns(w),
         profile=options.profile,
+        watch=options.watch,
     )
     if options.service_env is not None:
         ctx.service_env = dict(options.service_env)
@@ -87,17 +102,26 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
     lines: dict[str, LineResult] = {}
     soak: dict[str, Any] | None = None
     environment: dict[str, Any] = {"database": ctx.db, "service_env": dict(ctx.service_env)}
+    load: list[float] = []
+    sampling = asyncio.create_task(_sample_load(load))
     try:
         environment.update(await _servers_info(client, ctx))
         environment["seeded"] = await seed(client[ctx.db], w)
         if options.soak_events:
             soak = await run_soak(ctx, options.soak_path, options.soak_events)
+        elif options.steps:
+            environment["steps"] = await run_steps(ctx, ctx.budget.idle_turns, spans=options.steps_spans)
+        elif options.instances:
+            await _run_coordination(ctx, options, lines)
         else:
             await _run_lines(ctx, options, lines)
     except asyncio.CancelledError:
         environment["interrupted"] = True  # the record keeps the lines finished so far
         log("interrupted: cleaning up, then writing what was measured")
     finally:
+        sampling.cancel()
+        load.append(os.getloadavg()[0])
+        environment["load_average"] = targets.load_record(load, os.cpu_count())
         if not options.keep:
             log("cleaning up: topics and the benchmark database")
             await delete_topics(settings, ctx.topics)
@@ -112,6 +136,8 @@ async def run(options: Options) -> tuple[dict[str, Any], Path, dict[str, LineRes
         lines=lines,
         soak=soak,
     )
+    if options.instances:
+        record["coordination"] = coordination.summarize(lines, options.instances)
     path = options.out_dir / f"{stamp}.json"
     report.write(record, path)
     return record, path, lines
@@ -126,6 +152,19 @@ async def _run_lines(ctx: RunContext, options: Options, lines: dict[str, LineRes
         async for result in _one_round(ctx, set(options.lines)):
             rounds.setdefault(result.name, []).append(result)
             lines[result.name] = median_round(rounds[result.name])  # kept current: an interrupt keeps it
+
+
+async def _run_coordination(ctx: RunContext, options: Options, lines: dict[str, LineResult]) -> None:
+    """`--instances`: each path's service line at each instance count, `options.repeat` rounds (medians)."""
+    rounds: dict[str, list[LineResult]] = {}
+    for number in range(options.repeat):
+        if options.repeat > 1:
+            log(f"=== round {number + 1}/{options.repeat}")
+        for line in coordination_lines(ctx, options.instances):
+            log(f"--- {line.name} ({line.instances} instances, one group)")
+            result = await run_stream_line(ctx, line)
+            rounds.setdefault(result.name, []).append(result)
+            lines[result.name] = median_round(rounds[result.name])
 
 
 async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineResult]:

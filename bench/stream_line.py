@@ -16,18 +16,21 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from bench import processes
 from bench.context import RunContext
-from bench.kafka_io import LatencyProbe, OutputCounter, Record, create_topics, preload
+from bench.kafka_io import LatencyProbe, OutputCounter, Record, create_topics, preload, wait_for_group
 from bench.procstat import cpu_seconds_fine, minor_faults, peak_rss_bytes
 from bench.profile import Sampler
 from bench.progress import Progress, log
 from bench.stats import LineResult
+from bench.traces import read_trace, tail
 
 _POLL_S = 0.05
 
@@ -37,6 +40,7 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     metrics_url: str | None = None
+    trace: Path | None = None  # run under `bench.stepwatch`, writing here
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,9 @@ class StreamLine:
     # its outputs are transactional: each commit adds markers to the end offsets, so its outputs are counted
     # from the service's own `records_produced` (incremented when a transaction commits)
     transactional: bool = False
+    # service instances on the line's one consumer group (`--instances`): their CPU is summed, RSS is the
+    # largest one's; the backlog is released once the group is stable with all of them
+    instances: int = 1
 
 
 @dataclass
@@ -71,23 +78,50 @@ class _Running:
         self.ctx, self.line, self.tag = ctx, line, tag
         self.in_topic = ctx.topic(line.name, tag, "in")
         self.out_topic = ctx.topic(line.name, tag, "out")
-        self.launch = line.launch(self.in_topic, self.out_topic, tag)
-        self.process: asyncio.subprocess.Process | None = None
+        self.launches = [line.launch(self.in_topic, self.out_topic, tag) for _ in range(line.instances)]
+        self.launch = self.launches[0]
+        self.processes: list[asyncio.subprocess.Process] = []
         self.next_latency = 0  # index of the next latency record
         self.output_bytes: float | None = None  # mean size of the outputs timed last
+        self.last_probe: LatencyProbe | None = None
 
     async def start(self) -> asyncio.subprocess.Process:
         ctx = self.ctx
         await create_topics(ctx.settings, [self.in_topic, self.out_topic], ctx.workload.partitions)
         if self.line.prepare is not None:
             await self.line.prepare(ctx, self.launch)
-        self.process = await processes.spawn(
-            self.launch.argv, env=self.launch.env, log=ctx.log_dir / f"{self.line.name}.log"
-        )
-        timed = await self.timed(count=1, rate=1.0, timeout_s=ctx.budget.startup_timeout_s)
+        for k, launch in enumerate(self.launches):
+            suffix = f"-{k + 1}" if len(self.launches) > 1 else ""
+            self.processes.append(
+                await processes.spawn(
+                    launch.argv, env=launch.env, log=ctx.log_dir / f"{self.line.name}{suffix}.log"
+                )
+            )
+        warm_up = 1
+        if len(self.launches) > 1:  # every member in, no rebalance left to happen inside the window
+            group = self.launch.env["MESSAGE_HISTORY_GROUP_ID"]
+            await wait_for_group(ctx.settings, group, len(self.launches), ctx.budget.startup_timeout_s)
+            warm_up = 4 * ctx.workload.partitions  # spread over the partitions: every member warmed up
+        timed = await self.timed(count=warm_up, rate=50.0, timeout_s=ctx.budget.startup_timeout_s)
         if not timed:
             raise RuntimeError(f"{self.line.name}: no output for the warm-up event (see its log)")
-        return self.process
+        return self.processes[0]
+
+    def cpu(self) -> float:
+        """CPU seconds of every instance of the line (a gone one counts 0)."""
+        return sum(cpu_seconds_fine(p.pid) or 0.0 for p in self.processes)
+
+    def faults(self) -> int | None:
+        counts = [minor_faults(p.pid) for p in self.processes]
+        return None if None in counts else sum(c for c in counts if c is not None)
+
+    def peak_rss(self) -> int | None:
+        sizes = [s for s in (peak_rss_bytes(p.pid) for p in self.processes) if s is not None]
+        return max(sizes) if sizes else None
+
+    def exited(self) -> int | None:
+        """The exit code of an instance that has stopped, None while all run."""
+        return next((p.returncode for p in self.processes if p.returncode is not None), None)
 
     async def timed(self, *, count: int, rate: float, timeout_s: float) -> tuple[float, ...]:
         """Send `count` latency records at `rate`; the latencies of those whose output came in time."""
@@ -102,13 +136,15 @@ class _Running:
             timeout_s=timeout_s,
         )
         self.output_bytes = probe.output_bytes / probe.output_count if probe.output_count else None
+        self.last_probe = probe
         return tuple(latencies)
 
     async def stop(self) -> None:
-        if self.process is not None:
-            code = await processes.stop(self.process)
-            if code not in (0, None, -15):
-                log(f"{self.line.name}: process exited with {code}")
+        if self.processes:
+            codes = await asyncio.gather(*(processes.stop(p) for p in self.processes))
+            for code in codes:
+                if code not in (0, None, -15):
+                    log(f"{self.line.name}: process exited with {code}")
             await self.ctx.quiet(wrote=self.line.writes)
 
 
@@ -156,17 +192,19 @@ async def _throughput(
         written, released = await preload(
             ctx.settings, running.in_topic, line.events, line.record, Progress(f"{line.name} preload")
         )
-        first = _Sample(released, base, cpu_seconds_fine(process.pid) or 0.0, ctx.servers.cpu())
-        faults = minor_faults(process.pid)
-        last = await _watch(ctx, line, process, counter, first)
-        faults_after = minor_faults(process.pid)
+        first = _Sample(released, base, running.cpu(), ctx.servers.cpu())
+        faults = running.faults()
+        last = await _watch(ctx, line, running, counter, first)
+        faults_after = running.faults()
     if sampler is not None:
         result.details["profile"] = await sampler.stop()
     result.events = last.outputs - first.outputs
     result.wall_s = last.at - first.at
     result.cpu_s = last.cpu - first.cpu
     result.server_cpu_s = {k: last.servers[k] - first.servers[k] for k in first.servers.keys() & last.servers}
-    result.peak_rss_bytes = peak_rss_bytes(process.pid)
+    result.peak_rss_bytes = running.peak_rss()
+    if line.instances > 1:
+        result.details["instances"] = line.instances
     result.details.update(
         input_bytes_per_event=round(written / line.events), completed=result.events >= line.events
     )
@@ -179,18 +217,17 @@ async def _throughput(
 async def _watch(
     ctx: RunContext,
     line: StreamLine,
-    process: asyncio.subprocess.Process,
+    running: _Running,
     counter: OutputCounter | MetricsCounter,
     first: _Sample,
 ) -> _Sample:
     progress = Progress(f"{line.name} throughput")
     while True:
-        if process.returncode is not None:
-            raise RuntimeError(f"{line.name} exited with {process.returncode} (see its log)")
+        code = running.exited()
+        if code is not None:
+            raise RuntimeError(f"{line.name} exited with {code} (see its log)")
         outputs = await counter.count()
-        sample = _Sample(
-            time.perf_counter(), outputs, cpu_seconds_fine(process.pid) or 0.0, ctx.servers.cpu()
-        )
+        sample = _Sample(time.perf_counter(), outputs, running.cpu(), ctx.servers.cpu())
         done = outputs - first.outputs
         if done >= line.events or sample.at - first.at >= ctx.budget.line_seconds:
             progress.update(done, line.events, force=True)
@@ -212,6 +249,10 @@ async def _latency(ctx: RunContext, running: _Running, result: LineResult) -> No
         latency_received=len(latencies),
         output_bytes_per_event=round(running.output_bytes) if running.output_bytes else None,
     )
+    probe, trace = running.last_probe, running.launch.trace
+    if probe is not None and trace is not None and len(running.launches) == 1:
+        result.details["tail"] = tail(probe.sent_wall, probe.read_wall, read_trace(trace))
+        log(f"{running.line.name}: latency split, {json.dumps(result.details['tail'])}")
 
 
 class MetricsCounter:

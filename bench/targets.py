@@ -84,3 +84,145 @@ def render(outcomes: Sequence[Outcome], soak: Mapping[str, Any] | None = None) -
             note = f"  ({soak.get('path')} path, {soak.get('events'):,} events)"
         rows.append(f"  {o.goal.label.ljust(width)}  {value:>7}  {bound:<7}  {verdict}{note}")
     return "\n".join(rows)
+
+
+# --- issue 33: the seven figures of its table, each a ratio of lines measured side by side in one run -------
+
+
+@dataclass(frozen=True)
+class Score:
+    """One row of issue 33's table: a target's key, the figure the issue started from, how it is made."""
+
+    key: str
+    label: str
+    issue_now: float  # the issue's "now" column (main `46cb75e`, a quiet machine)
+    parts: str  # which lines' figures make the ratio: `parts_of` renders them from the run's lines
+
+
+SCORE: Final[tuple[Score, ...]] = (
+    Score(
+        "recall_cpu_vs_floor",
+        "recall CPU per event / (B1 + B2 raw)",
+        1.96,
+        "cpu:service_recall/b1_recall+b2_recall_queries",
+    ),
+    Score(
+        "persist_cpu_vs_floor",
+        "persist CPU per event / (B1 + B3 raw)",
+        3.54,
+        "cpu:service_persist/b1_persist+b3_bulk_upserts",
+    ),
+    Score(
+        "turn_service_vs_mastra_memory_per_core",
+        "turns per CPU s / Mastra in memory",
+        0.95,
+        "turn:mastra_memory",
+    ),
+    Score(
+        "turn_service_vs_mastra_per_core",
+        "turns per CPU s / Mastra on the database",
+        2.62,
+        "turn:mastra_recall+mastra_persist",
+    ),
+    Score(
+        "recall_idle_p50_vs_forwarder",
+        "idle recall p50 / bare forwarder",
+        2.16,
+        "p50:idle_service_recall/idle_forwarder_recall",
+    ),
+    Score(
+        "persist_idle_p50_vs_forwarder",
+        "idle persist p50 / bare forwarder",
+        3.00,
+        "p50:idle_service_persist/idle_forwarder_persist",
+    ),
+    Score("persist_p99_vs_b1", "persist p99 at half capacity / B1's", 7.06, "p99:service_persist/b1_persist"),
+)
+"""Issue 33's seven targets, in its table's order; their bounds are `GOALS`'."""
+
+
+def _goal(key: str) -> Goal:
+    return next(g for g in GOALS if g.key == key)
+
+
+def _line_figure(lines: Mapping[str, Mapping[str, Any]], name: str, figure: str) -> float | None:
+    line = lines.get(name) or {}
+    latency = line.get("latency_ms") or {}
+    value = line.get("cpu_s_per_1k_events") if figure == "cpu" else latency.get(figure)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3g}"
+
+
+def parts_of(score: Score, lines: Mapping[str, Mapping[str, Any]]) -> str:
+    """The figures behind a ratio, from the record's lines (their JSON): `0.887 ms vs 0.279 + 0.172`. Pure."""
+    kind, spec = score.parts.split(":", 1)
+    if kind == "turn":  # CPU ms per turn: the service's recall + persist event against the anchor's
+        service = [_line_figure(lines, n, "cpu") for n in ("service_recall", "service_persist")]
+        anchor = [_line_figure(lines, n, "cpu") for n in spec.split("+")]
+        own = sum(v for v in service if v is not None) if None not in service else None
+        theirs = sum(v for v in anchor if v is not None) if None not in anchor else None
+        return f"{_ms(own)} vs {_ms(theirs)} CPU-ms per turn"
+    name, _, base = spec.partition("/")
+    unit = "CPU-ms per event" if kind == "cpu" else f"ms {kind}"
+    bases = " + ".join(_ms(_line_figure(lines, n, kind)) for n in base.split("+"))
+    return f"{_ms(_line_figure(lines, name, kind))} vs {bases} {unit}"
+
+
+def render_score(
+    ratios: Mapping[str, float | None],
+    lines: Mapping[str, Mapping[str, Any]],
+    load: Mapping[str, Any] | None = None,
+) -> str:
+    """Issue 33's table as Markdown: figure, this run's ratio (and what makes it), the issue's "now", bound,
+    verdict; headed by the run's load average, which the ratios must be read beside. Pure."""
+    rows = ["issue 33's score (each a ratio of lines measured side by side in this run):"]
+    if load:
+        rows.append(f"load average (1 min) during the run: {load_summary(load)}")
+    rows += [
+        "| figure | this run | from | issue's now | target | |",
+        "|---|---|---|---|---|---|",
+    ]
+    for score in SCORE:
+        goal = _goal(score.key)
+        outcome = Outcome(goal, ratios.get(score.key))
+        verdict = {True: "PASS", False: "FAIL", None: "not measured"}[outcome.passed]
+        value = "-" if outcome.value is None else f"**{outcome.value:.3g}**"
+        bound = f"{'<=' if goal.at_most else '>='} {goal.bound:g}"
+        made_of = parts_of(score, lines)
+        rows.append(f"| {score.label} | {value} | {made_of} | {score.issue_now:g} | {bound} | {verdict} |")
+    return "\n".join(rows)
+
+
+def load_summary(load: Mapping[str, Any]) -> str:
+    """`start 1.2, max 3.4, mean 2.1, end 2.0 (nproc 2)` from `bench.run`'s load record. Pure."""
+    parts = [f"{k} {load[k]:.2f}" for k in ("start", "max", "mean", "end") if load.get(k) is not None]
+    text = ", ".join(parts) or "-"
+    return f"{text} (nproc {load['nproc']})" if parts and load.get("nproc") else text
+
+
+def load_record(samples: Sequence[float], nproc: int | None) -> dict[str, Any]:
+    """The run's 1-minute load averages (sampled at its start, between lines, at its end), summed up. Pure."""
+    if not samples:
+        return {"samples": [], "nproc": nproc}
+    return {
+        "start": samples[0],
+        "end": samples[-1],
+        "max": max(samples),
+        "mean": round(sum(samples) / len(samples), 2),
+        "samples": [round(s, 2) for s in samples],
+        "nproc": nproc,
+    }
+
+
+def score_json(
+    ratios: Mapping[str, float | None], lines: Mapping[str, Mapping[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """Issue 33's table for the record: per figure its value, what makes it, the issue's "now", the bound."""
+    out = {}
+    for score in SCORE:
+        outcome = Outcome(_goal(score.key), ratios.get(score.key))
+        out[score.key] = outcome.to_json() | {"from": parts_of(score, lines), "issue_now": score.issue_now}
+    return out

@@ -120,3 +120,65 @@ def test_short_soak_measures_rss_flatness(
     assert soak["events"] >= 20000
     assert soak["rss_mb_after_10pct"] > 0
     assert soak["rss_end_over_10pct"] > 0
+
+
+def _bench(
+    args: list[str], kafka_bootstrap: str, mongo_uri: str, timeout: int
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, KAFKA_BOOTSTRAP_SERVERS=kafka_bootstrap, MONGODB_URI=mongo_uri)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    print(done.stdout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.timeout(300)
+def test_steps_split_every_idle_step(kafka_bootstrap: str, mongo_uri: str, tmp_path: Path) -> None:
+    """`python -m bench steps`: every timed step is found in its process's trace (its fetch and its output),
+    the service's steps read MongoDB before their output and the forwarder's never; the segments add up to
+    no more than the step (their size is the bench's report)."""
+    args = ["steps", "--threads", "6", "--history", "6", "--message-bytes", "256", "--partitions", "2"]
+    _bench([*args, "--idle-turns", "6", "--out", str(tmp_path)], kafka_bootstrap, mongo_uri, 240)
+    [path] = tmp_path.glob("*.json")
+    steps = json.loads(path.read_text())["environment"]["steps"]
+    assert steps["unmatched_steps"] == 0
+    assert set(steps["steps"]) == {
+        "service_recall",
+        "forwarder_recall",
+        "service_persist",
+        "forwarder_persist",
+    }
+    for name, figures in steps["steps"].items():
+        assert figures["steps"] == 6, name
+        assert figures["kafka_in_ms"] > 0, name
+        assert figures["kafka_out_ms"] > 0, name
+        assert figures["kafka_in_ms"] + figures["kafka_out_ms"] <= figures["total_ms"] * 1.01, name
+        assert (figures["db_trips"] >= 1) is name.startswith("service"), name
+    persist = steps["steps"]["service_persist"]["db_before_output"]["sequence"]
+    assert any("update mastra_messages" in c["command"] for c in persist)
+
+
+@pytest.mark.timeout(400)
+def test_instances_line_measures_each_count(kafka_bootstrap: str, mongo_uri: str, tmp_path: Path) -> None:
+    """`--instances 1,2`: each path's service line at one and two instances on one group, every event
+    through, a CPU figure for each and its ratio to one instance's."""
+    _bench(["--quick", "--instances", "1,2", "--out", str(tmp_path)], kafka_bootstrap, mongo_uri, 360)
+    [path] = tmp_path.glob("*.json")
+    record = json.loads(path.read_text())
+    assert set(record["lines"]) == {f"service_{p}_x{n}" for p in ("recall", "persist") for n in (1, 2)}
+    for name, line in record["lines"].items():
+        assert "error" not in line, (name, line.get("error"))
+        assert line["details"]["completed"], name
+    for path_rows in record["coordination"].values():
+        assert [row["instances"] for row in path_rows] == [1, 2]
+        assert all(row["cpu_ms_per_event"] > 0 for row in path_rows)
+        assert path_rows[0]["cpu_vs_first"] == 1
+    assert record["environment"]["load_average"]["samples"]
