@@ -77,8 +77,9 @@ export interface KafkaClient {
     each: (partition: number, value: Buffer | null) => void,
     timeoutMs: number,
   ): Promise<number[]>;
-  /** A new transactional producer (not connected) on `transactionalId`. */
-  transactional(transactionalId: string): TransactionalProducer;
+  /** A new transactional producer (not connected) on `transactionalId`; absent when the adapter does not
+   * run exactly-once (the worker then refuses `processingGuarantee: 'exactly-once'`). */
+  transactional?(transactionalId: string): TransactionalProducer;
   /** Leaves the group: stops delivering, waits for the `eachRecord` calls in flight. */
   leave(): Promise<void>;
   /** Flushes and closes the producer. */

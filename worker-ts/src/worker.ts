@@ -200,6 +200,9 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       throw new RangeError('maxConcurrentTurnsPerPartition must be at least 1');
     }
     this.exactlyOnce = options.processingGuarantee === 'exactly-once';
+    if (this.exactlyOnce && this.client.transactional === undefined) {
+      throw new Error("processingGuarantee 'exactly-once' needs a client with transactions (kafkajsClient, the default)");
+    }
   }
 
   /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, the security ones
@@ -359,7 +362,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   }
 
   private newTxProducer(partition: number): TransactionalProducer {
-    return this.client.transactional(`${this.groupId}-${this.enrichedTopic}-${partition}`);
+    return this.client.transactional!(`${this.groupId}-${this.enrichedTopic}-${partition}`);
   }
 
   /** A new producer on the partition's transactional id in place of the current one (stuck after an
