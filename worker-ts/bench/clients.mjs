@@ -1,6 +1,8 @@
 // The Kafka client choice, measured on a real broker (not part of the package; run from worker-ts/ on Node 22):
-//   node bench/clients.mjs partitions BOOTSTRAP TOPIC N   keyed records `thread-<i>` from each client, for the
-//                                                          partitioner test (tests/interop/test_worker_ts_clients.py)
+//   node bench/clients.mjs partitions BOOTSTRAP TOPIC N   keyed records `thread-<i>` through each of the package's
+//                                                          adapters (dist/esm: kafkajsClient, platformaticClient:
+//                                                          what the worker sends with), for the partitioner test
+//                                                          (tests/interop/test_worker_ts_clients.py)
 //   node bench/clients.mjs bench BOOTSTRAP TOPIC N        N records of 2 KiB through each client: produce
 //                                                          (acks all, batches of 100), consume them back in a
 //                                                          consumer group, and 200 one-at-a-time sends (latency)
@@ -150,8 +152,24 @@ async function turns() {
   }
 }
 
+async function adapters() {
+  const { kafkajsClient } = await import('../dist/esm/kafkajs.js');
+  const { platformaticClient } = await import('../dist/esm/platformatic.js');
+  for (const [name, factory] of [['kafkajs', kafkajsClient], ['@platformatic/kafka', platformaticClient]]) {
+    const client = factory({ brokers: [bootstrap], clientId: 'bench', groupId: `bench-${randomUUID()}` });
+    await client.connect();
+    for (let i = 0; i < keys.length; i += 100) await client.send(topic, keys.slice(i, i + 100).map((key) => ({ key, value: key })));
+    await client.close();
+    say({ client: name, produced: n });
+  }
+}
+
 if (mode === 'turns') {
   await turns();
+  process.exit(0);
+}
+if (mode === 'partitions') {
+  await adapters();
   process.exit(0);
 }
 
