@@ -163,7 +163,7 @@ def _text(message: dict[str, Any]) -> str:
     return " ".join(p.get("text", "") for p in content["parts"] if p["type"] == "text")
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once", "platformatic"])
 async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_turn(
     node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
 ) -> None:
@@ -171,9 +171,13 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     turn and restarted: that turn is answered once, by the new worker. Bob's third turn fails in the model:
     a failed turn, nothing of it saved. Every turn is answered exactly once; SIGTERM stops the worker.
     Under exactly-once (the service and the worker) every response went out in a transaction with its offset
-    (the responses topic holds a commit marker after each)."""
-    settings = fresh_settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
-    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
+    (the responses topic holds a commit marker after each). "platformatic": at-least-once on the package's
+    @platformatic/kafka adapter (`platformaticClient`) instead of the default KafkaJS one."""
+    processing = "at-least-once" if guarantee == "platformatic" else guarantee
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, processing_guarantee=processing)
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": processing}
+    if guarantee == "platformatic":
+        mode["KAFKA_CLIENT"] = "platformatic"
     for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
         await make_topic(partitions=2, name=name)
     bootstrap = settings.kafka_bootstrap_servers
