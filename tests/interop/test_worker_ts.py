@@ -304,7 +304,10 @@ def _enriched(thread: str, rid: str, text: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(("read_back", "answers_of_the_first"), [("1000", 1), ("0", 2)])
+@pytest.mark.parametrize(
+    ("read_back", "answers_of_the_first", "client"),
+    [("1000", 1, "kafkajs"), ("0", 2, "kafkajs"), ("1000", 1, "platformatic")],
+)
 async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     node: str,
     kafka_bootstrap: str,
@@ -312,10 +315,12 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     tmp_path: Path,
     read_back: str,
     answers_of_the_first: int,
+    client: str,
 ) -> None:
     """A previous owner answered turn 1 (its response is on the responses topic) but crashed before
     committing: the new worker reads the responses topic back on assignment and drops turn 1 as a duplicate.
-    With the read-back off (`readBackPerPartition: 0`) it answers it again: the read-back prevents it."""
+    With the read-back off (`readBackPerPartition: 0`) it answers it again: the read-back prevents it. On
+    both client adapters (the read-back reads through each one's own consumer)."""
     run = unique_name("")
     settings = fresh_settings(
         kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
@@ -339,7 +344,9 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     }
     await produce(bootstrap, settings.responses_topic, [encoded(earlier)])
 
-    async with node_worker(node, settings, tmp_path / "worker.log", READ_BACK=read_back) as worker:
+    async with node_worker(
+        node, settings, tmp_path / "worker.log", READ_BACK=read_back, KAFKA_CLIENT=client
+    ) as worker:
         await worker.wait_for(
             "both turns handled",
             lambda: {"t:1", "t:2"}
