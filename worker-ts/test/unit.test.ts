@@ -660,6 +660,23 @@ describe('the worker on the in-memory Kafka: turns per thread at once, commits p
     assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 2n);
   });
 
+  it('a turn retried later holds its own thread only: another thread of the partition is answered meanwhile', async () => {
+    let limited = true;
+    let attempts = 0;
+    const harness = new TestHarness(async (turn) => {
+      const said = text(turn.input[0]!);
+      // (bounded: were b1 behind a1, a1 would answer first after 50 attempts, and the order check fails)
+      if (said === 'a1' && limited && (attempts += 1) <= 50) throw new RetryLater('429', 1);
+      if (said === 'b1') limited = false; // answered while a1 backs off
+      return `re: ${said}`;
+    });
+    const results = await harness.send({ threadId: 'a', text: 'a1' }, { threadId: 'b', text: 'b1' });
+    assert.deepEqual(harness.responses.map((r) => text(r)), ['re: b1', 're: a1']);
+    assert.ok((results[0]?.retries ?? 0) >= 1);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 2n);
+  });
+
   it('an oversized reply is a failed turn once, never a loop (the handler is called once)', async () => {
     let calls = 0;
     const harness = new TestHarness(async () => {
