@@ -40,7 +40,7 @@ from tests.integration.service_harness import (
     stored_messages,
     values,
 )
-from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.integration.stream_helpers import committed_offsets, produce, read_all, read_topic
 from tests.integration.test_service_kafka_outage import _make_topics
 from tests.interop.node22 import node22
 
@@ -362,6 +362,49 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     stopped = worker.lines()[-1]
     assert stopped["event"] == "stopped", worker.tail()
     assert (stopped["answered"], stopped["duplicates"]) == (answers_of_the_first, 2 - answers_of_the_first)
+
+
+@pytest.mark.parametrize("client", ["kafkajs", "platformatic"])
+async def test_a_hanging_turn_holds_its_thread_and_the_commit_not_the_other_threads(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, client: str
+) -> None:
+    """Turns of different threads on one partition run at the same time (as the Python SDK's, up to 32 per
+    partition): a turn that never returns holds its own thread's next turn and the partition's commit (the
+    offset stays before it), not the other threads' answers. Restarted without the hang, the worker answers
+    the hung turn and the one behind it, and drops the other threads' (read back): each answered once."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    for name in (settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=name)
+    bootstrap = settings.kafka_bootstrap_servers
+    turns = [("a", "a:1"), ("b", "b:1"), ("a", "a:2"), ("c", "c:1")]
+    await produce(bootstrap, settings.enriched_topic, [encoded(_enriched(t, rid, rid)) for t, rid in turns])
+    group = f"{settings.group_id}-ts"
+
+    def ids(worker: NodeWorker, event: str) -> set[str]:
+        return {line.get("requestId", "") for line in worker.events(event)}
+
+    async with node_worker(
+        node, settings, tmp_path / "first.log", HANG_ON="a:1", KAFKA_CLIENT=client
+    ) as first:
+        await first.wait_for("b:1 and c:1 answered", lambda: {"b:1", "c:1"} <= ids(first, "answered"))
+        assert "a:1" in ids(first, "hanging"), first.tail()
+        assert "a:2" not in ids(first, "turn"), "a thread's turns in order: a:2 waits for a:1"
+        # answered is emitted once its commit is done: a commit past the hung turn (offset 0) would be there
+        assert (await committed_offsets(bootstrap, group, settings.enriched_topic)).get(0, 0) == 0
+        first.kill()
+
+    async with node_worker(node, settings, tmp_path / "second.log", KAFKA_CLIENT=client) as second:
+        await second.wait_for(
+            "every turn handled",
+            lambda: {"a:1", "a:2", "b:1", "c:1"} <= ids(second, "answered") | ids(second, "duplicate"),
+        )
+        assert await second.terminate() == 0, second.tail()
+    assert ids(second, "answered") == {"a:1", "a:2"}, second.tail()
+    responses = values(await read_all(bootstrap, settings.responses_topic, settle_s=0.5))
+    assert Counter(r["requestId"] for r in responses) == {"a:1": 1, "a:2": 1, "b:1": 1, "c:1": 1}
 
 
 OFF_WARNING = "read-back of answered requestIds is OFF"
