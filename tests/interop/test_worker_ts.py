@@ -40,7 +40,7 @@ from tests.integration.service_harness import (
     stored_messages,
     values,
 )
-from tests.integration.stream_helpers import produce, read_all, read_topic
+from tests.integration.stream_helpers import committed_offsets, produce, read_all, read_topic
 from tests.integration.test_service_kafka_outage import _make_topics
 from tests.interop.node22 import node22
 
@@ -163,7 +163,7 @@ def _text(message: dict[str, Any]) -> str:
     return " ".join(p.get("text", "") for p in content["parts"] if p["type"] == "text")
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once", "platformatic"])
 async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_turn(
     node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
 ) -> None:
@@ -171,9 +171,13 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     turn and restarted: that turn is answered once, by the new worker. Bob's third turn fails in the model:
     a failed turn, nothing of it saved. Every turn is answered exactly once; SIGTERM stops the worker.
     Under exactly-once (the service and the worker) every response went out in a transaction with its offset
-    (the responses topic holds a commit marker after each)."""
-    settings = fresh_settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
-    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": guarantee}
+    (the responses topic holds a commit marker after each). "platformatic": at-least-once on the package's
+    @platformatic/kafka adapter (`platformaticClient`) instead of the default KafkaJS one."""
+    processing = "at-least-once" if guarantee == "platformatic" else guarantee
+    settings = fresh_settings(kafka_bootstrap, mongo_uri, processing_guarantee=processing)
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": processing}
+    if guarantee == "platformatic":
+        mode["KAFKA_CLIENT"] = "platformatic"
     for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
         await make_topic(partitions=2, name=name)
     bootstrap = settings.kafka_bootstrap_servers
@@ -300,7 +304,10 @@ def _enriched(thread: str, rid: str, text: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize(("read_back", "answers_of_the_first"), [("1000", 1), ("0", 2)])
+@pytest.mark.parametrize(
+    ("read_back", "answers_of_the_first", "client"),
+    [("1000", 1, "kafkajs"), ("0", 2, "kafkajs"), ("1000", 1, "platformatic")],
+)
 async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     node: str,
     kafka_bootstrap: str,
@@ -308,10 +315,12 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     tmp_path: Path,
     read_back: str,
     answers_of_the_first: int,
+    client: str,
 ) -> None:
     """A previous owner answered turn 1 (its response is on the responses topic) but crashed before
     committing: the new worker reads the responses topic back on assignment and drops turn 1 as a duplicate.
-    With the read-back off (`readBackPerPartition: 0`) it answers it again: the read-back prevents it."""
+    With the read-back off (`readBackPerPartition: 0`) it answers it again: the read-back prevents it. On
+    both client adapters (the read-back reads through each one's own consumer)."""
     run = unique_name("")
     settings = fresh_settings(
         kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
@@ -335,7 +344,9 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     }
     await produce(bootstrap, settings.responses_topic, [encoded(earlier)])
 
-    async with node_worker(node, settings, tmp_path / "worker.log", READ_BACK=read_back) as worker:
+    async with node_worker(
+        node, settings, tmp_path / "worker.log", READ_BACK=read_back, KAFKA_CLIENT=client
+    ) as worker:
         await worker.wait_for(
             "both turns handled",
             lambda: {"t:1", "t:2"}
@@ -351,6 +362,49 @@ async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     stopped = worker.lines()[-1]
     assert stopped["event"] == "stopped", worker.tail()
     assert (stopped["answered"], stopped["duplicates"]) == (answers_of_the_first, 2 - answers_of_the_first)
+
+
+@pytest.mark.parametrize("client", ["kafkajs", "platformatic"])
+async def test_a_hanging_turn_holds_its_thread_and_the_commit_not_the_other_threads(
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, client: str
+) -> None:
+    """Turns of different threads on one partition run at the same time (as the Python SDK's, up to 32 per
+    partition): a turn that never returns holds its own thread's next turn and the partition's commit (the
+    offset stays before it), not the other threads' answers. Restarted without the hang, the worker answers
+    the hung turn and the one behind it, and drops the other threads' (read back): each answered once."""
+    run = unique_name("")
+    settings = fresh_settings(
+        kafka_bootstrap, "mongodb://unused", enriched_topic=f"en-{run}", responses_topic=f"rs-{run}"
+    )
+    for name in (settings.enriched_topic, settings.responses_topic):
+        await make_topic(partitions=1, name=name)
+    bootstrap = settings.kafka_bootstrap_servers
+    turns = [("a", "a:1"), ("b", "b:1"), ("a", "a:2"), ("c", "c:1")]
+    await produce(bootstrap, settings.enriched_topic, [encoded(_enriched(t, rid, rid)) for t, rid in turns])
+    group = f"{settings.group_id}-ts"
+
+    def ids(worker: NodeWorker, event: str) -> set[str]:
+        return {line.get("requestId", "") for line in worker.events(event)}
+
+    async with node_worker(
+        node, settings, tmp_path / "first.log", HANG_ON="a:1", KAFKA_CLIENT=client
+    ) as first:
+        await first.wait_for("b:1 and c:1 answered", lambda: {"b:1", "c:1"} <= ids(first, "answered"))
+        assert "a:1" in ids(first, "hanging"), first.tail()
+        assert "a:2" not in ids(first, "turn"), "a thread's turns in order: a:2 waits for a:1"
+        # answered is emitted once its commit is done: a commit past the hung turn (offset 0) would be there
+        assert (await committed_offsets(bootstrap, group, settings.enriched_topic)).get(0, 0) == 0
+        first.kill()
+
+    async with node_worker(node, settings, tmp_path / "second.log", KAFKA_CLIENT=client) as second:
+        await second.wait_for(
+            "every turn handled",
+            lambda: {"a:1", "a:2", "b:1", "c:1"} <= ids(second, "answered") | ids(second, "duplicate"),
+        )
+        assert await second.terminate() == 0, second.tail()
+    assert ids(second, "answered") == {"a:1", "a:2"}, second.tail()
+    responses = values(await read_all(bootstrap, settings.responses_topic, settle_s=0.5))
+    assert Counter(r["requestId"] for r in responses) == {"a:1": 1, "a:2": 1, "b:1": 1, "c:1": 1}
 
 
 OFF_WARNING = "read-back of answered requestIds is OFF"

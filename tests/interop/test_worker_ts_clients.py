@@ -1,4 +1,5 @@
-"""The Kafka clients of the TypeScript worker package on the real broker (worker-ts/bench/clients.mjs).
+"""The Kafka client adapters of the TypeScript worker package on the real broker (worker-ts/bench/clients.mjs
+sends through the package's own `kafkajsClient` and `platformaticClient`, as the worker does).
 
 The worker's responses must land where the service's Python producer (aiokafka's default partitioner:
 Java's murmur2) puts the same key: the service's turn barrier and the read-back assume a thread's records
@@ -18,12 +19,12 @@ from aiokafka.partitioner import DefaultPartitioner
 
 from tests.conftest import MakeTopic
 from tests.integration.stream_helpers import read_all
-from tests.interop.node22 import PACKAGE, node22
+from tests.interop.node22 import PACKAGE, build_package, node22
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
 
 PARTITIONS = 6
-KEYS = 300
+KEYS = 2000
 
 
 async def test_both_clients_put_each_key_where_the_services_producer_does(
@@ -32,6 +33,7 @@ async def test_both_clients_put_each_key_where_the_services_producer_does(
     node = node22()
     if not (PACKAGE / "node_modules" / "@platformatic" / "kafka").is_dir():
         pytest.fail("worker-ts/node_modules/@platformatic/kafka is missing (stack install --all)")
+    await asyncio.to_thread(build_package, node)
     topic = await make_topic(partitions=PARTITIONS)
     done = await asyncio.to_thread(
         subprocess.run,

@@ -1,10 +1,17 @@
 // The Kafka client choice, measured on a real broker (not part of the package; run from worker-ts/ on Node 22):
-//   node bench/clients.mjs partitions BOOTSTRAP TOPIC N   keyed records `thread-<i>` from each client, for the
-//                                                          partitioner test (tests/interop/test_worker_ts_clients.py)
+//   node bench/clients.mjs partitions BOOTSTRAP TOPIC N   keyed records `thread-<i>` through each of the package's
+//                                                          adapters (dist/esm: kafkajsClient, platformaticClient:
+//                                                          what the worker sends with), for the partitioner test
+//                                                          (tests/interop/test_worker_ts_clients.py)
 //   node bench/clients.mjs bench BOOTSTRAP TOPIC N        N records of 2 KiB through each client: produce
 //                                                          (acks all, batches of 100), consume them back in a
 //                                                          consumer group, and 200 one-at-a-time sends (latency)
-// One JSON line per client on stdout.
+//   node bench/clients.mjs turns BOOTSTRAP PREFIX N [ROUNDS] the AgentWorker itself (dist/esm: `npm run build`) on
+//                                                          each client, alternating, ROUNDS times (default 2): N
+//                                                          enriched requests (200 threads) on a topic of 6
+//                                                          partitions, an immediate handler; turns/s from run()
+//                                                          to the N-th answer, CPU-ms per turn (process.cpuUsage)
+// One JSON line per client (per round) on stdout.
 import { randomUUID } from 'node:crypto';
 
 import {
@@ -18,7 +25,7 @@ import {
 } from '@platformatic/kafka';
 import { Kafka, logLevel, Partitioners } from 'kafkajs';
 
-const [mode, bootstrap, topic, count] = process.argv.slice(2);
+const [mode, bootstrap, topic, count, rounds] = process.argv.slice(2);
 const n = Number(count ?? '1000');
 const value = 'x'.repeat(2048);
 const keys = Array.from({ length: n }, (_, i) => `thread-${i}`);
@@ -87,6 +94,83 @@ function platformatic() {
 
 async function produceAll(client, list) {
   for (let i = 0; i < list.length; i += 100) await client.send(list.slice(i, i + 100));
+}
+
+async function turns() {
+  const { AgentWorker } = await import('../dist/esm/index.js');
+  const { kafkajsClient } = await import('../dist/esm/kafkajs.js');
+  const { platformaticClient } = await import('../dist/esm/platformatic.js');
+  const { enrichedRequest } = await import('../dist/esm/testing.js');
+  const kafka = new Kafka({ clientId: 'bench', brokers: [bootstrap], logLevel: logLevel.NOTHING });
+  const admin = kafka.admin();
+  await admin.connect();
+  const enriched = `${topic}-enriched`;
+  const topics = [enriched];
+  const clients = { kafkajs: kafkajsClient, '@platformatic/kafka': platformaticClient };
+  const order = [];
+  for (let r = 0; r < Number(rounds ?? '2'); r += 1) order.push(...(r % 2 === 0 ? Object.keys(clients) : Object.keys(clients).reverse()));
+  order.forEach((_, i) => topics.push(`${topic}-responses-${i}`));
+  await admin.createTopics({ topics: topics.map((t) => ({ topic: t, numPartitions: 6, replicationFactor: 1 })) });
+  await admin.disconnect();
+  const producer = kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });
+  await producer.connect();
+  const requests = Array.from({ length: n }, (_, i) => enrichedRequest({ requestId: `r-${i}`, threadId: `thread-${i % 200}`, text: `turn ${i}` }));
+  for (let i = 0; i < n; i += 500) {
+    await producer.send({ topic: enriched, acks: -1, messages: requests.slice(i, i + 500).map((e) => ({ key: e.threadId, value: JSON.stringify(e) })) });
+  }
+  await producer.disconnect();
+  for (const [i, name] of order.entries()) {
+    const worker = new AgentWorker(async (turn) => `re: ${turn.requestId}`, {
+      brokers: [bootstrap],
+      groupId: `${topic}-${i}`,
+      enrichedTopic: enriched,
+      responsesTopic: `${topic}-responses-${i}`,
+      client: clients[name],
+      readBackPerPartition: 0,
+      tracing: false,
+      handleSignals: false,
+      logger: () => undefined,
+    });
+    let answered = 0;
+    let finished;
+    const all = new Promise((resolve) => {
+      finished = resolve;
+    });
+    worker.on('answered', () => {
+      answered += 1;
+      if (answered === n) finished();
+    });
+    const cpu = process.cpuUsage();
+    const started = performance.now();
+    const running = worker.run();
+    await all;
+    const ms = performance.now() - started;
+    const used = process.cpuUsage(cpu);
+    await worker.stop();
+    await running;
+    say({ client: name, round: Math.floor(i / 2) + 1, turns: n, turnsPerS: Math.round((n / ms) * 1000), cpuMsPerTurn: Number(((used.user + used.system) / 1000 / n).toFixed(3)) });
+  }
+}
+
+async function adapters() {
+  const { kafkajsClient } = await import('../dist/esm/kafkajs.js');
+  const { platformaticClient } = await import('../dist/esm/platformatic.js');
+  for (const [name, factory] of [['kafkajs', kafkajsClient], ['@platformatic/kafka', platformaticClient]]) {
+    const client = factory({ brokers: [bootstrap], clientId: 'bench', groupId: `bench-${randomUUID()}` });
+    await client.connect();
+    for (let i = 0; i < keys.length; i += 100) await client.send(topic, keys.slice(i, i + 100).map((key) => ({ key, value: key })));
+    await client.close();
+    say({ client: name, produced: n });
+  }
+}
+
+if (mode === 'turns') {
+  await turns();
+  process.exit(0);
+}
+if (mode === 'partitions') {
+  await adapters();
+  process.exit(0);
 }
 
 for (const client of [kafkajs(), platformatic()]) {

@@ -3,8 +3,10 @@
 // signal, the handler timeout, the reply check, the AgentResponse or the failed turn with its reason), one
 // thread's turns in order, threads at the same time.
 import type { AgentResponse, EnrichedMessage, EnrichedRequest, ResponseMessage } from './events.js';
-import { respond, type Handler } from './respond.js';
-import { SeenEvents, Turn } from './turn.js';
+import { MemoryKafka, memoryClient } from './memory.js';
+import type { Handler } from './respond.js';
+import type { Turn } from './turn.js';
+import { AgentWorker } from './worker.js';
 
 export interface FixtureMessage {
   role: 'user' | 'assistant' | 'system';
@@ -81,6 +83,13 @@ export interface HarnessOptions {
   /** The backoff before redoing a RetryLater turn (default 1 ms here, so tests do not wait). */
   retryInitialMs?: number;
   retryMaxMs?: number;
+  /** Partitions of the in-memory topics (default 1). */
+  partitions?: number;
+  /** Turns in flight per partition (the worker's `maxConcurrentTurnsPerPartition`, default 32). */
+  maxConcurrentTurnsPerPartition?: number;
+  /** The in-memory broker's record size limit (default 1 MiB): a larger reply is a failed turn. */
+  maxRecordBytes?: number;
+  processingGuarantee?: 'at-least-once' | 'exactly-once';
 }
 
 /** A turn the harness answered: the response sent, and for a failed turn why (what the worker logs). */
@@ -93,60 +102,103 @@ export interface HarnessResult {
 }
 
 /**
- * Feeds enriched requests to a handler as the worker would and collects the responses it would send. One
- * thread's turns run one after the other in the order given, different threads at the same time.
+ * The real AgentWorker on an in-memory Kafka (`MemoryKafka`, `memoryClient`): requests are written keyed by
+ * their threadId (Java's murmur2, as the service) to the enriched topic, the worker answers them as on a
+ * broker (one thread's turns in order, threads at the same time, up to 32 per partition; failed turns, retry
+ * later, duplicates, oversized replies) and the responses are collected from the responses topic.
  */
 export class TestHarness {
   readonly results: HarnessResult[] = [];
   /** eventIds dropped as already answered (the worker's SeenEvents: a copy is answered once). */
   readonly duplicates: string[] = [];
-  private readonly threads = new Map<string, Promise<unknown>>();
-  private readonly seen = new SeenEvents();
+  /** What the worker logged. */
+  readonly logs: { level: string; message: string; fields?: Record<string, unknown> }[] = [];
+  readonly broker: MemoryKafka;
+  readonly worker: AgentWorker;
+  private running: Promise<unknown> | undefined;
+  private readonly waiting = new Map<string, ((result: HarnessResult | undefined) => void)[]>();
+  private readonly retries = new Map<string, number>();
 
-  constructor(
-    private readonly handler: Handler,
-    private readonly options: HarnessOptions = {},
-  ) {}
+  constructor(handler: Handler, options: HarnessOptions = {}) {
+    this.broker = new MemoryKafka(options.partitions ?? 1, options.maxRecordBytes);
+    this.broker.createTopic('agent.requests.enriched', options.partitions ?? 1);
+    this.broker.createTopic('agent.responses', options.partitions ?? 1);
+    this.worker = new AgentWorker(handler, {
+      brokers: ['memory'],
+      groupId: 'test-harness',
+      client: memoryClient(this.broker),
+      handleSignals: false,
+      tracing: false,
+      readBackPerPartition: 0,
+      retryLaterInitialMs: options.retryInitialMs ?? 1,
+      retryLaterMaxMs: options.retryMaxMs ?? 1,
+      ...(options.handlerTimeoutMs === undefined ? {} : { handlerTimeoutMs: options.handlerTimeoutMs }),
+      ...(options.maxConcurrentTurnsPerPartition === undefined ? {} : { maxConcurrentTurnsPerPartition: options.maxConcurrentTurnsPerPartition }),
+      ...(options.processingGuarantee === undefined ? {} : { processingGuarantee: options.processingGuarantee }),
+      logger: (level, message, fields) => {
+        this.logs.push(fields === undefined ? { level, message } : { level, message, fields });
+      },
+    });
+    this.worker.on('retrying', ({ requestId }) => this.retries.set(requestId, (this.retries.get(requestId) ?? 0) + 1));
+    this.worker.on('answered', ({ turn, response }) => this.finish(turn.eventId, { turn, response, retries: this.retries.get(turn.requestId) ?? 0 }));
+    this.worker.on('failed', ({ turn, response, failure }) =>
+      this.finish(turn.eventId, { turn, response, failure, retries: this.retries.get(turn.requestId) ?? 0 }),
+    );
+    this.worker.on('dropped', ({ turn }) => this.resolve(turn.eventId, undefined));
+    this.worker.on('duplicate', ({ eventId }) => {
+      this.duplicates.push(eventId);
+      this.resolve(eventId, undefined);
+    });
+  }
 
-  /** Runs the requests (or fixtures) and resolves with their results, in the order given; a request whose
-   * eventId was answered already is dropped, as the worker drops it (no result, listed in `duplicates`). */
+  /** Writes the requests (or fixtures) to the enriched topic and resolves with their results, in the order
+   * given; a request whose eventId was answered already is dropped, as the worker drops it (no result, listed
+   * in `duplicates`). */
   async send(...requests: (EnrichedRequest | EnrichedRequestFixture)[]): Promise<HarnessResult[]> {
     const events = requests.map((r) => ('schemaVersion' in r ? r : enrichedRequest(r)));
-    const fresh = events.filter((event) => {
-      if (this.seen.has(0, event.eventId)) {
-        this.duplicates.push(event.eventId);
-        return false;
-      }
-      this.seen.add(0, event.eventId);
-      return true;
-    });
-    return Promise.all(
-      fresh.map((event, i) => {
-        const previous = this.threads.get(event.threadId) ?? Promise.resolve();
-        const next = previous.then(async () => {
-          let retries = 0;
-          const { turn, outcome } = await respond(this.handler, (signal) => new Turn(event, 0, String(i), signal), {
-            timeoutMs: this.options.handlerTimeoutMs,
-            retryInitialMs: this.options.retryInitialMs ?? 1,
-            retryMaxMs: this.options.retryMaxMs ?? 1,
-            onRetry: () => {
-              retries += 1;
-            },
-          });
-          if (outcome.kind === 'gave-up') throw new Error('unreachable: the harness never gives a turn up');
-          const result: HarnessResult = { turn, response: outcome.response, retries };
-          if (outcome.kind === 'failed') result.failure = outcome.failure;
-          this.results.push(result);
-          return result;
-        });
-        this.threads.set(event.threadId, next.catch(() => undefined));
-        return next;
-      }),
+    const answers = events.map(
+      (event) =>
+        new Promise<HarnessResult | undefined>((resolve) => {
+          const list = this.waiting.get(event.eventId) ?? [];
+          list.push(resolve);
+          this.waiting.set(event.eventId, list);
+        }),
     );
+    this.running ??= this.worker.run();
+    this.broker.append(
+      this.worker.enrichedTopic,
+      events.map((event) => ({ key: event.threadId, value: JSON.stringify(event) })),
+    );
+    const results = await Promise.race([
+      Promise.all(answers),
+      this.running.then(() => {
+        throw new Error('the worker stopped before answering');
+      }),
+    ]);
+    return results.filter((r): r is HarnessResult => r !== undefined);
   }
 
-  /** The responses sent so far, in the order they were. */
+  /** The responses sent so far, as the responses topic holds them. */
   get responses(): AgentResponse[] {
-    return this.results.map((r) => r.response);
+    return this.broker.records(this.worker.responsesTopic).map((r) => JSON.parse(r.value?.toString('utf8') ?? 'null') as AgentResponse);
+  }
+
+  /** Stops the worker (the turns in flight finish first). */
+  async close(): Promise<void> {
+    if (this.running !== undefined) await this.worker.stop();
+  }
+
+  private finish(eventId: string, result: HarnessResult): void {
+    this.results.push(result);
+    this.resolve(eventId, result);
+  }
+
+  private resolve(eventId: string, result: HarnessResult | undefined): void {
+    const list = this.waiting.get(eventId);
+    const next = list?.shift();
+    if (list?.length === 0) this.waiting.delete(eventId);
+    next?.(result);
   }
 }
+
+export { javaPartition, MemoryKafka, memoryClient, murmur2 } from './memory.js';

@@ -1,24 +1,15 @@
 // AgentWorker: agent.requests.enriched in, agent.responses out, around the user's async handler. The same
 // behaviour as the Python SDK's worker.AgentWorker (docs/worker.md, "What a worker must get right"), on KafkaJS.
-import { randomUUID } from 'node:crypto';
 import { EventEmitter } from 'node:events';
 import { readFileSync } from 'node:fs';
 
-import {
-  Kafka,
-  logLevel,
-  Partitioners,
-  type Consumer,
-  type IHeaders,
-  type KafkaConfig,
-  type Producer,
-} from 'kafkajs';
-
+import type { InRecord, KafkaClient, KafkaClientFactory, TransactionalProducer } from './client.js';
 import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
+import { kafkajsClient } from './kafkajs.js';
 import { respond, type Handler } from './respond.js';
 import { connectionFromEnv, type ConnectionOptions, type Env } from './settings.js';
 import { loadTracing, tracingOff, type Tracing, type TurnSpan } from './tracing.js';
-import { isOutage, runTransaction, type TxPartition, type TxProducer } from './transactions.js';
+import { isOutage, runTransaction, type Headers, type TxPartition, type TxProducer } from './transactions.js';
 import { DEFAULT_SEEN_PER_PARTITION, FAILED, failedResponse, SeenEvents, Turn } from './turn.js';
 
 export type { Handler } from './respond.js';
@@ -41,8 +32,19 @@ export interface WorkerOptions extends ConnectionOptions {
   requestTimeoutMs?: number;
   /** How often the worker heartbeats to its group (default 3 s). */
   heartbeatIntervalMs?: number;
-  /** Partitions answered at the same time (turns of one partition, so of one thread, stay in order). */
+  /** Partitions read at the same time (default 4). */
   partitionsConsumedConcurrently?: number;
+  /** Turns in flight per partition (default 32, as the Python SDK's `max_concurrent_turns`): different threads
+   * at the same time, one thread's turns in order. The enriched offset is committed only past the prefix of
+   * turns done; under exactly-once the answers are sent (each in its transaction) in offset order. */
+  maxConcurrentTurnsPerPartition?: number;
+  /** The Kafka client: `kafkajsClient` (default), `platformaticClient` (`@message-history/worker/platformatic`,
+   * at-least-once only) or `memoryClient(broker)` (`@message-history/worker/testing`). */
+  client?: KafkaClientFactory;
+  /** The backoff before a RetryLater turn's next attempt: doubling from this (default 1 s) ... */
+  retryLaterInitialMs?: number;
+  /** ... up to this (default 60 s); a RetryLater's `afterMs` is the floor. */
+  retryLaterMaxMs?: number;
   /** A handler still running after this long answers a failed turn (default: no limit). */
   handlerTimeoutMs?: number;
   /** On SIGTERM/SIGINT or stop(): how long the turns in flight may take before they are given up. */
@@ -101,14 +103,6 @@ function isTooLarge(error: unknown): boolean {
   return e.type === 'MESSAGE_TOO_LARGE' || (e.cause !== undefined && e.cause !== error && isTooLarge(e.cause));
 }
 
-/** The package's TLS and SASL settings as KafkaJS takes them. */
-function kafkajsSecurity(options: ConnectionOptions): Pick<KafkaConfig, 'ssl' | 'sasl'> {
-  const out: Pick<KafkaConfig, 'ssl' | 'sasl'> = {};
-  if (options.ssl !== undefined) out.ssl = options.ssl;
-  if (options.sasl !== undefined) out.sasl = { ...options.sasl } as KafkaConfig['sasl'];
-  return out;
-}
-
 /** "Equal jitter": half fixed, half random, so many workers do not retry in step. */
 function backoff(attempt: number): number {
   const ceiling = Math.min(RETRY_MAX_MS, RETRY_INITIAL_MS * 2 ** attempt);
@@ -158,9 +152,14 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   readonly responsesTopic: string;
   readonly groupId: string;
 
-  private readonly kafka: Kafka;
-  private readonly producer: Producer;
-  private readonly consumer: Consumer;
+  private readonly client: KafkaClient;
+  private readonly maxInFlight: number;
+  /** Per owned partition: its turns in flight and what is committed (see Lane). */
+  private readonly lanes = new Map<number, Lane>();
+  /** Per partition and thread: the tail of the thread's turns (one thread's turns in order). */
+  private readonly threads = new Map<string, Promise<void>>();
+  private readonly inFlight = new Set<Promise<void>>();
+  private delivering = true;
   private readonly seen: SeenEvents;
   private readonly log: Logger;
   private readonly giveUp = new AbortController();
@@ -168,7 +167,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   private owned = new Set<number>();
   private readonly exactlyOnce: boolean;
   /** exactly-once: a transactional producer per owned partition, and the offset committed when it was opened. */
-  private readonly txProducers = new Map<number, Producer>();
+  private readonly txProducers = new Map<number, TransactionalProducer>();
   private readonly floors = new Map<number, bigint>();
   /** exactly-once: partitions whose producer is being replaced (stuck after an unanswered commit or abort). */
   private readonly stuck = new Set<number>();
@@ -186,23 +185,24 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     this.groupId = options.groupId;
     this.log = options.logger ?? jsonLogger;
     this.seen = new SeenEvents(options.seenPerPartition ?? DEFAULT_SEEN_PER_PARTITION);
-    this.kafka = new Kafka({
-      logLevel: logLevel.WARN,
-      clientId: options.clientId ?? options.groupId,
+    this.client = (options.client ?? kafkajsClient)({
       brokers: options.brokers,
-      ...kafkajsSecurity(options),
-      ...(options.requestTimeoutMs === undefined ? {} : { requestTimeout: options.requestTimeoutMs }),
-    });
-    // The Java-compatible (murmur2) partitioner, as the service's: a thread's records share a partition.
-    this.producer = this.kafka.producer({ idempotent: true, createPartitioner: Partitioners.DefaultPartitioner });
-    // Committed records only: under exactly-once the service's aborted outputs are never answered.
-    this.consumer = this.kafka.consumer({
+      ...(options.ssl === undefined ? {} : { ssl: options.ssl }),
+      ...(options.sasl === undefined ? {} : { sasl: options.sasl }),
+      clientId: options.clientId ?? options.groupId,
       groupId: options.groupId,
-      readUncommitted: false,
-      ...(options.sessionTimeoutMs === undefined ? {} : { sessionTimeout: options.sessionTimeoutMs }),
-      ...(options.heartbeatIntervalMs === undefined ? {} : { heartbeatInterval: options.heartbeatIntervalMs }),
+      ...(options.sessionTimeoutMs === undefined ? {} : { sessionTimeoutMs: options.sessionTimeoutMs }),
+      ...(options.heartbeatIntervalMs === undefined ? {} : { heartbeatIntervalMs: options.heartbeatIntervalMs }),
+      ...(options.requestTimeoutMs === undefined ? {} : { requestTimeoutMs: options.requestTimeoutMs }),
     });
+    this.maxInFlight = options.maxConcurrentTurnsPerPartition ?? 32;
+    if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) {
+      throw new RangeError('maxConcurrentTurnsPerPartition must be at least 1');
+    }
     this.exactlyOnce = options.processingGuarantee === 'exactly-once';
+    if (this.exactlyOnce && this.client.transactional === undefined) {
+      throw new Error("processingGuarantee 'exactly-once' needs a client with transactions (kafkajsClient, the default)");
+    }
   }
 
   /** A worker configured from the service's variables: KAFKA_BOOTSTRAP_SERVERS, the security ones
@@ -227,34 +227,15 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
    * flushed. Rejects if the consumer crashes for good (a refusal such as "not authorized"). */
   async run(): Promise<WorkerStats> {
     if (this.options.handleSignals ?? true) this.installSignals();
-    const crashed = new Promise<never>((_, reject) => {
-      this.consumer.on(this.consumer.events.CRASH, (event) => {
-        if (!event.payload.restart) reject(event.payload.error);
-      });
-    });
-    crashed.catch(() => undefined); // observed below; never an unhandled rejection
-    this.consumer.on(this.consumer.events.GROUP_JOIN, (event) => {
-      const assigned = new Set(event.payload.memberAssignment[this.enrichedTopic] ?? []);
-      const fresh = [...assigned].filter((p) => !this.owned.has(p));
-      const gone = [...this.owned].filter((p) => !assigned.has(p));
-      this.owned = assigned;
-      void this.closeTransactions(gone);
-      // Synchronously here, before the first fetch of the new assignment: each turn awaits its partition's.
-      const warmup = Promise.all([this.readBack(fresh), this.openTransactions(fresh)]).then(() => undefined);
-      for (const partition of fresh) this.warmups.set(partition, warmup);
-      this.emit('assigned', { partitions: [...assigned].sort((a, b) => a - b), readBack: fresh });
-    });
+    const crashed = this.client.crashed;
     this.tracing = this.options.tracing === false ? tracingOff : await loadTracing();
-    await this.producer.connect();
-    await this.consumer.connect();
-    await this.consumer.subscribe({ topics: [this.enrichedTopic], fromBeginning: true });
+    await this.client.connect();
     const stopped = new Promise<void>((resolve) => this.once('stopped', () => resolve()));
-    await this.consumer.run({
-      autoCommit: false,
-      partitionsConsumedConcurrently: this.options.partitionsConsumedConcurrently ?? 4,
-      eachMessage: async ({ topic, partition, message, heartbeat }) => {
-        await this.onRecord(topic, partition, message.offset, message.value, message.headers, heartbeat);
-      },
+    await this.client.consume({
+      topic: this.enrichedTopic,
+      partitionsConcurrently: this.options.partitionsConsumedConcurrently ?? 4,
+      onAssignment: (partitions) => this.onAssignment(partitions),
+      eachRecord: (record, heartbeat) => this.onRecord(record, heartbeat),
     });
     this.log('info', 'agent worker running', { topic: this.enrichedTopic, groupId: this.groupId });
     await Promise.race([stopped, crashed]).finally(() => this.signalsInstalled?.());
@@ -270,15 +251,17 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       const late = new Promise<'late'>((resolve) => {
         timer = setTimeout(() => resolve('late'), grace);
       });
-      const leaving = this.consumer.disconnect(); // waits for the turn in flight of each partition
-      if ((await Promise.race([leaving.then(() => 'left' as const), late])) === 'late') {
+      this.delivering = false; // records read from now on are left for the next owner
+      const settled = this.settled();
+      if ((await Promise.race([settled.then(() => 'done' as const), late])) === 'late') {
         this.log('warn', 'shutdown grace over: giving up the turns in flight (not committed)', { graceMs: grace });
         this.giveUp.abort();
-        await leaving;
+        await this.settled();
       }
       clearTimeout(timer);
+      await this.client.leave();
       await this.closeTransactions([...this.txProducers.keys()]);
-      await this.producer.disconnect();
+      await this.client.close();
       this.log('info', 'agent worker stopped', { ...this.stats });
       this.emit('stopped', { ...this.stats });
     })();
@@ -298,9 +281,25 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     };
   }
 
-  private async commit(partition: number, offset: string): Promise<void> {
-    const next = (BigInt(offset) + 1n).toString();
-    await this.consumer.commitOffsets([{ topic: this.enrichedTopic, partition, offset: next }]);
+  /** Every turn in flight ended (answered, failed, given up). */
+  private async settled(): Promise<void> {
+    while (this.inFlight.size > 0) await Promise.allSettled([...this.inFlight]);
+  }
+
+  private onAssignment(partitions: number[]): void {
+    const assigned = new Set(partitions);
+    const fresh = [...assigned].filter((p) => !this.owned.has(p));
+    const gone = [...this.owned].filter((p) => !assigned.has(p));
+    this.owned = assigned;
+    for (const partition of gone) {
+      this.lanes.get(partition)?.revoke();
+      this.lanes.delete(partition);
+    }
+    void this.closeTransactions(gone);
+    // Synchronously here, before the first record of the new assignment: each turn awaits its partition's.
+    const warmup = Promise.all([this.readBack(fresh), this.openTransactions(fresh)]).then(() => undefined);
+    for (const partition of fresh) this.warmups.set(partition, warmup);
+    this.emit('assigned', { partitions: [...assigned].sort((a, b) => a - b), readBack: fresh });
   }
 
   /**
@@ -329,15 +328,8 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         }
       }),
     );
-    const admin = this.kafka.admin();
-    await admin.connect();
-    try {
-      const [committed] = await admin.fetchOffsets({ groupId: this.groupId, topics: [this.enrichedTopic] });
-      for (const { partition, offset } of committed?.partitions ?? []) {
-        if (partitions.includes(partition) && BigInt(offset) >= 0n) this.floors.set(partition, BigInt(offset));
-      }
-    } finally {
-      await admin.disconnect().catch(() => undefined);
+    for (const [partition, offset] of await this.client.committed(this.enrichedTopic)) {
+      if (partitions.includes(partition)) this.floors.set(partition, offset);
     }
   }
 
@@ -369,13 +361,8 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     };
   }
 
-  private newTxProducer(partition: number): Producer {
-    return this.kafka.producer({
-      transactionalId: `${this.groupId}-${this.enrichedTopic}-${partition}`,
-      idempotent: true,
-      maxInFlightRequests: 1,
-      createPartitioner: Partitioners.DefaultPartitioner,
-    });
+  private newTxProducer(partition: number): TransactionalProducer {
+    return this.client.transactional!(`${this.groupId}-${this.enrichedTopic}-${partition}`);
   }
 
   /** A new producer on the partition's transactional id in place of the current one (stuck after an
@@ -404,15 +391,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   }
 
   private async committedOffset(partition: number): Promise<bigint | undefined> {
-    const admin = this.kafka.admin();
-    await admin.connect();
-    try {
-      const [committed] = await admin.fetchOffsets({ groupId: this.groupId, topics: [this.enrichedTopic] });
-      const found = committed?.partitions.find((p) => p.partition === partition);
-      return found === undefined || BigInt(found.offset) < 0n ? undefined : BigInt(found.offset);
-    } finally {
-      await admin.disconnect().catch(() => undefined);
-    }
+    return (await this.client.committed(this.enrichedTopic)).get(partition);
   }
 
   /** exactly-once: the consumed offset alone in a transaction (a dropped turn); false when not committed. */
@@ -428,7 +407,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   private async sendInTransaction(
     turn: Turn,
     response: AgentResponse,
-    headers: IHeaders | undefined,
+    headers: Headers | undefined,
   ): Promise<AgentResponse | undefined | 'fenced' | 'dropped'> {
     for (;;) {
       const reply = response;
@@ -437,7 +416,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         result = await runTransaction(this.txPartition(turn.partition), turn.offset, async (txn) => {
           await txn.send({
             topic: this.responsesTopic,
-            messages: [{ key: reply.threadId, value: JSON.stringify(reply), headers }],
+            messages: [{ key: reply.threadId, value: JSON.stringify(reply), ...(headers ? { headers } : {}) }],
           });
         });
       } catch (error) {
@@ -461,37 +440,109 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     }
   }
 
-  private async onRecord(
-    topic: string,
-    partition: number,
-    offset: string,
-    value: Buffer | null,
-    headers: IHeaders | undefined,
-    heartbeat: () => Promise<void>,
-  ): Promise<void> {
-    if (this.giveUp.signal.aborted) return;
+  /** One record of the enriched topic: its turn is scheduled (behind the turns of its thread, within the
+   * partition's cap) and this resolves, so the next record of the partition comes while it runs. */
+  private async onRecord(record: InRecord, heartbeat: () => Promise<void>): Promise<void> {
+    const { partition, offset } = record;
+    if (!this.delivering || this.giveUp.signal.aborted) return;
     await this.warmups.get(partition);
     const floor = this.floors.get(partition);
     if (floor !== undefined && BigInt(offset) < floor) return; // answered and committed by the previous owner
-    let event: EnrichedRequest;
+    let lane = this.lanes.get(partition);
+    if (lane?.failure !== undefined) {
+      // a turn of this partition met an error: the client redelivers from the committed offset
+      const failure = lane.failure;
+      lane.revoke();
+      this.lanes.delete(partition);
+      throw failure;
+    }
+    if (lane === undefined || BigInt(offset) <= lane.last) {
+      lane?.revoke(); // redelivered from the committed offset: the old lane's late turns commit nothing
+      lane = new Lane(partition, this.maxInFlight, (next) => this.commitPrefix(lane!, next));
+      this.lanes.set(partition, lane);
+    }
+    await lane.room(heartbeat);
+    if (!this.delivering || lane.revoked || this.lanes.get(partition) !== lane) return;
+    let event: EnrichedRequest | undefined;
+    let invalid: string | undefined;
     try {
-      const parsed: unknown = JSON.parse(value?.toString('utf8') ?? '');
-      const problem = enrichedProblem(parsed);
-      if (problem !== undefined) throw new Error(problem);
-      event = parsed as EnrichedRequest;
+      const parsed: unknown = JSON.parse(record.value?.toString('utf8') ?? '');
+      invalid = enrichedProblem(parsed);
+      if (invalid === undefined) event = parsed as EnrichedRequest;
     } catch (error) {
+      invalid = String(error);
+    }
+    const slot = lane.deliver(BigInt(offset));
+    const key = event === undefined ? undefined : `${partition}\u0000${event.threadId}`;
+    const previous = (key === undefined ? undefined : this.threads.get(key)) ?? Promise.resolve();
+    const owner = lane;
+    const turn = previous
+      .then(() => this.process(owner, slot, record, event, invalid))
+      .catch((error: unknown) => {
+        slot.release(false);
+        owner.fail(error);
+        this.log('error', 'a turn met an error: its partition is read again from the committed offset', {
+          partition,
+          offset,
+          error: String(error),
+        });
+      });
+    const tail: Promise<void> = turn.finally(() => {
+      owner.leave();
+      this.inFlight.delete(tail);
+      if (key !== undefined && this.threads.get(key) === tail) this.threads.delete(key);
+    });
+    if (key !== undefined) this.threads.set(key, tail);
+    this.inFlight.add(tail);
+  }
+
+  /** at-least-once: commits the partition's done prefix (retried while Kafka is unavailable). */
+  private async commitPrefix(lane: Lane, next: bigint): Promise<void> {
+    for (let attempt = 0; !lane.revoked; attempt += 1) {
+      try {
+        await this.client.commit(this.enrichedTopic, lane.partition, next);
+        return;
+      } catch (error) {
+        if (!isOutage(error) || this.giveUp.signal.aborted) {
+          this.log('warn', 'offset commit refused: the turns past it are answered again by the next owner', {
+            partition: lane.partition,
+            offset: next.toString(),
+            error: String(error),
+          });
+          return;
+        }
+        await sleep(backoff(attempt));
+      }
+    }
+  }
+
+  /** A record that needs no answer (not an EnrichedRequest, or answered already): committed in its turn. */
+  private async skip(lane: Lane, slot: Slot, offset: string): Promise<void> {
+    if (!this.exactlyOnce) return lane.settle(BigInt(offset));
+    if (!(await slot.previous) || lane.revoked) return slot.release(false);
+    await this.client.commit(this.enrichedTopic, lane.partition, BigInt(offset) + 1n);
+    slot.release(true);
+  }
+
+  private async process(
+    lane: Lane,
+    slot: Slot,
+    record: InRecord,
+    event: EnrichedRequest | undefined,
+    invalid: string | undefined,
+  ): Promise<void> {
+    const { topic, partition, offset, headers } = record;
+    if (event === undefined) {
       // The service never writes one; the worker has no dead-letter topic: log it and go on.
       this.stats.invalid += 1;
-      this.log('warn', 'skipped a record that is not an EnrichedRequest', { topic, partition, offset, error: String(error) });
+      this.log('warn', 'skipped a record that is not an EnrichedRequest', { topic, partition, offset, error: invalid });
       this.emit('invalid', { partition, offset });
-      await this.commit(partition, offset);
-      return;
+      return this.skip(lane, slot, offset);
     }
     if (this.seen.has(partition, event.eventId)) {
       this.stats.duplicates += 1;
       this.emit('duplicate', { partition, offset, eventId: event.eventId, requestId: event.requestId });
-      await this.commit(partition, offset);
-      return;
+      return this.skip(lane, slot, offset);
     }
     // The turn's span (a child of the request's traceparent; a no-op without @opentelemetry/api).
     const span = this.tracing(headers, {
@@ -502,7 +553,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     });
     let failure: string | undefined;
     try {
-      failure = await this.answer(event, partition, offset, headers, heartbeat, span);
+      failure = await this.answer(event, lane, slot, offset, headers, span);
     } catch (error) {
       failure = String(error);
       throw error;
@@ -514,31 +565,46 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   /** Answers one enriched request; returns why the turn failed, if it did. */
   private async answer(
     event: EnrichedRequest,
-    partition: number,
+    lane: Lane,
+    slot: Slot,
     offset: string,
-    received: IHeaders | undefined,
-    heartbeat: () => Promise<void>,
+    received: Headers | undefined,
     span: TurnSpan,
   ): Promise<string | undefined> {
-    const answered = await span.run(() => this.respond(event, partition, offset, heartbeat));
+    const partition = lane.partition;
+    const answered = await span.run(() => this.respond(event, partition, offset));
     const turn = answered.turn;
     let response = answered.response;
-    if (response === undefined) return 'given up at shutdown'; // not sent, not committed
-    const headers = span.headers(received) as IHeaders | undefined; // the turn span's traceparent in place
-    const sent = this.exactlyOnce
-      ? await this.sendInTransaction(turn, response, headers)
-      : await this.send(turn, response, headers);
+    if (response === undefined) {
+      slot.release(false);
+      return 'given up at shutdown'; // not sent, not committed
+    }
+    const headers = span.headers(received); // the turn span's traceparent in place
+    let sent: AgentResponse | undefined | 'fenced' | 'dropped';
+    if (this.exactlyOnce) {
+      // in offset order: a transaction commits its offset, so every record before it is settled first
+      if (!(await slot.previous) || lane.revoked) {
+        slot.release(false);
+        return 'not sent: an earlier record of the partition was not committed (left for the next owner)';
+      }
+      try {
+        sent = await this.sendInTransaction(turn, response, headers);
+      } finally {
+        slot.release(sent !== undefined && sent !== 'fenced');
+      }
+    } else {
+      sent = await this.send(turn, response, headers);
+    }
     if (sent === undefined || sent === 'fenced') return sent === 'fenced' ? 'fenced' : 'given up at shutdown';
-    if (!this.exactlyOnce) await this.commit(partition, offset);
+    this.seen.add(partition, event.eventId);
+    if (!this.exactlyOnce) await lane.settle(BigInt(offset));
     if (sent === 'dropped') {
-      this.seen.add(partition, event.eventId);
       this.stats.failed += 1;
       const failure = 'even the failed-turn response is too large for Kafka';
       this.emit('dropped', { turn, failure });
       return failure;
     }
     response = sent;
-    this.seen.add(partition, event.eventId);
     if (response.finishReason === FAILED) {
       this.stats.failed += 1;
       const failure =
@@ -558,14 +624,13 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     event: EnrichedRequest,
     partition: number,
     offset: string,
-    heartbeat: () => Promise<void>,
   ): Promise<{ turn: Turn; response: AgentResponse | undefined; failure?: string }> {
-    // A long model call must not cost the group membership: KafkaJS heartbeats only between records.
-    const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
-    try {
+    {
       const { turn, outcome } = await respond(this.handler, (signal) => new Turn(event, partition, offset, signal), {
         timeoutMs: this.options.handlerTimeoutMs,
         giveUp: this.giveUp.signal,
+        ...(this.options.retryLaterInitialMs === undefined ? {} : { retryInitialMs: this.options.retryLaterInitialMs }),
+        ...(this.options.retryLaterMaxMs === undefined ? {} : { retryMaxMs: this.options.retryLaterMaxMs }),
         onRetry: ({ attempt, delayMs, error }) => {
           this.stats.retried += 1;
           this.log('warn', 'the handler asked to retry later: backing off, then the same turn again', {
@@ -587,8 +652,6 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         return { turn, response: outcome.response, failure: outcome.failure };
       }
       return { turn, response: outcome.response };
-    } finally {
-      clearInterval(beat);
     }
   }
 
@@ -597,15 +660,13 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
   private async send(
     turn: Turn,
     response: AgentResponse,
-    headers: IHeaders | undefined,
+    headers: Headers | undefined,
   ): Promise<AgentResponse | undefined | 'dropped'> {
     for (let attempt = 0; ; attempt += 1) {
       try {
-        await this.producer.send({
-          topic: this.responsesTopic,
-          acks: -1,
-          messages: [{ key: response.threadId, value: JSON.stringify(response), headers }],
-        });
+        await this.client.send(this.responsesTopic, [
+          { key: response.threadId, value: JSON.stringify(response), ...(headers ? { headers } : {}) },
+        ]);
         return response;
       } catch (error) {
         if (isTooLarge(error)) {
@@ -638,65 +699,32 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     if (perPartition <= 0 || partitions.length === 0) return;
     const started = Date.now();
     const topic = this.responsesTopic;
-    const admin = this.kafka.admin();
     let found = 0;
     try {
-      await admin.connect();
       const targets = new Map<number, { start: bigint; end: bigint }>();
-      for (const o of await admin.fetchTopicOffsets(topic)) {
-        const high = BigInt(o.high);
-        const low = BigInt(o.low);
-        const start = high - BigInt(perPartition) > low ? high - BigInt(perPartition) : low;
-        if (partitions.includes(o.partition) && high > low) targets.set(o.partition, { start, end: high });
+      for (const o of await this.client.offsets(topic)) {
+        const start = o.high - BigInt(perPartition) > o.low ? o.high - BigInt(perPartition) : o.low;
+        if (partitions.includes(o.partition) && o.high > o.low) targets.set(o.partition, { start, end: o.high });
       }
       if (targets.size === 0) return;
-      // A throwaway group (KafkaJS has no manual assignment), deleted afterwards.
-      const groupId = `${this.groupId}.read-back.${randomUUID()}`;
-      const reader = this.kafka.consumer({ groupId });
-      const remaining = new Set(targets.keys());
-      let finished!: () => void;
-      const done = new Promise<void>((resolve) => {
-        finished = resolve;
-      });
-      try {
-        await reader.connect();
-        await reader.subscribe({ topics: [topic], fromBeginning: true });
-        await reader.run({
-          autoCommit: false,
-          eachBatch: async ({ batch }) => {
-            const target = targets.get(batch.partition);
-            if (target === undefined) return;
-            for (const message of batch.messages) {
-              const offset = BigInt(message.offset);
-              if (offset < target.start || offset >= target.end) continue;
-              const id = requestIdOf(message.value);
-              if (id !== undefined) {
-                this.seen.add(batch.partition, id);
-                found += 1;
-              }
-            }
-            if (BigInt(batch.lastOffset()) >= target.end - 1n) {
-              remaining.delete(batch.partition);
-              if (remaining.size === 0) finished();
-            }
-          },
+      const timeout = this.options.readBackTimeoutMs ?? 30_000;
+      const remaining = await this.client.readRange(
+        topic,
+        targets,
+        (partition, value) => {
+          const id = requestIdOf(value);
+          if (id !== undefined) {
+            this.seen.add(partition, id);
+            found += 1;
+          }
+        },
+        timeout,
+      );
+      if (remaining.length > 0) {
+        this.log('warn', 'read-back of answered requestIds timed out: going on with what was read', {
+          partitions: remaining,
+          timeoutMs: timeout,
         });
-        for (const [partition, { start }] of targets) reader.seek({ topic, partition, offset: start.toString() });
-        const timeout = this.options.readBackTimeoutMs ?? 30_000;
-        let timer: NodeJS.Timeout | undefined;
-        const late = new Promise<'late'>((resolve) => {
-          timer = setTimeout(() => resolve('late'), timeout);
-        });
-        if ((await Promise.race([done.then(() => 'done' as const), late])) === 'late') {
-          this.log('warn', 'read-back of answered requestIds timed out: going on with what was read', {
-            partitions: [...remaining],
-            timeoutMs: timeout,
-          });
-        }
-        clearTimeout(timer);
-      } finally {
-        await reader.disconnect().catch(() => undefined);
-        await admin.deleteGroups([groupId]).catch(() => undefined);
       }
     } catch (error) {
       // Said loudly: without it a restart answers again what the previous owner answered but did not commit.
@@ -708,8 +736,109 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
       });
       this.emit('read-back-off', { partitions, error: String(error) });
     } finally {
-      await admin.disconnect().catch(() => undefined);
       this.log('info', 'read back answered requestIds', { partitions, found, ms: Date.now() - started });
     }
+  }
+}
+
+/** A record's place in its partition's send order (exactly-once): `previous` resolves once every earlier
+ * record is settled (true: committed; false: not, so nothing after it may be committed). */
+interface Slot {
+  previous: Promise<boolean>;
+  release(committed: boolean): void;
+}
+
+/**
+ * One owned partition's turns: the offsets delivered and not yet done, the commit of the done prefix
+ * (at-least-once), the send order (exactly-once), and the cap of turns in flight. A new Lane replaces it after
+ * a redelivery from the committed offset (an error, a rebalance): the old one is revoked and commits nothing.
+ */
+class Lane {
+  last = -1n;
+  revoked = false;
+  failure: unknown;
+  private readonly pending: bigint[] = [];
+  private readonly done = new Set<bigint>();
+  private committedNext = -1n;
+  private commits: Promise<void> = Promise.resolve();
+  private order: Promise<boolean> = Promise.resolve(true);
+  private inFlight = 0;
+  private readonly waiting: (() => void)[] = [];
+
+  constructor(
+    readonly partition: number,
+    private readonly max: number,
+    private readonly commit: (next: bigint) => Promise<void>,
+  ) {}
+
+  /** Waits while the partition has `max` turns in flight (heartbeating: the group must keep this member). */
+  async room(heartbeat: () => Promise<void>): Promise<void> {
+    if (this.inFlight < this.max) {
+      this.inFlight += 1;
+      return;
+    }
+    const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
+    try {
+      await new Promise<void>((resolve) => this.waiting.push(resolve));
+    } finally {
+      clearInterval(beat);
+    }
+  }
+
+  /** A turn of this lane ended: its room goes to the next record waiting (or is freed). */
+  leave(): void {
+    const next = this.waiting.shift();
+    if (next !== undefined) next();
+    else this.inFlight -= 1;
+  }
+
+  deliver(offset: bigint): Slot {
+    this.pending.push(offset);
+    this.last = offset;
+    const previous = this.order;
+    let release!: (committed: boolean) => void;
+    this.order = new Promise<boolean>((resolve) => {
+      release = resolve;
+    }).then((ok) => ok);
+    const own = this.order;
+    let released = false;
+    return {
+      previous: previous.then((ok) => ok && !this.revoked),
+      release: (committed) => {
+        if (released) return;
+        released = true;
+        // a record after one not committed is not committed either
+        void previous.then((ok) => release(ok && committed));
+        void own;
+      },
+    };
+  }
+
+  /** at-least-once: `offset` is answered (or needs no answer); commits the prefix of done offsets. */
+  settle(offset: bigint): Promise<void> {
+    this.done.add(offset);
+    let next: bigint | undefined;
+    while (this.pending.length > 0 && this.done.has(this.pending[0]!)) {
+      const first = this.pending.shift()!;
+      this.done.delete(first);
+      next = first + 1n;
+    }
+    if (next === undefined || this.revoked) return this.commits;
+    const target = next;
+    this.commits = this.commits.then(async () => {
+      if (this.revoked || target <= this.committedNext) return;
+      await this.commit(target);
+      this.committedNext = target;
+    });
+    return this.commits;
+  }
+
+  fail(error: unknown): void {
+    this.failure ??= error;
+  }
+
+  revoke(): void {
+    this.revoked = true;
+    for (const resolve of this.waiting.splice(0)) resolve();
   }
 }

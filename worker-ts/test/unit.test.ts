@@ -21,7 +21,8 @@ import { mastraHandler } from '../src/mastra.js';
 import { respond, RetryLater, TurnGivenUp, TurnTimeout } from '../src/respond.js';
 import { connectionFromEnv, type ConnectionOptions } from '../src/settings.js';
 import { loadTracing, tracingWith } from '../src/tracing.js';
-import { enrichedRequest, TestHarness, text } from '../src/testing.js';
+import { enrichedRequest, javaPartition, MemoryKafka, memoryClient, murmur2, TestHarness, text } from '../src/testing.js';
+import { AgentWorker } from '../src/worker.js';
 import { isOutage, runTransaction, type Tx, type TxPartition, type TxProducer } from '../src/transactions.js';
 import { prompts, signals, stubModel } from './stub-model.js';
 
@@ -539,5 +540,183 @@ describe('exactly-once: a commit in doubt is settled, never guessed', () => {
     assert.equal(await runTransaction(tx, '0', flaky), 'committed');
     assert.deepEqual(broker.visible, ['a']);
     assert.equal(tx.current, first);
+  });
+});
+
+describe('the in-memory Kafka: keys land where the service puts them (Java murmur2)', () => {
+  // [key, murmur2 as an unsigned 32-bit integer, partition of 6] from aiokafka (the service's producer):
+  // aiokafka.partitioner.murmur2(key.encode()) and DefaultPartitioner()(key, range(6), range(6)).
+  const java: [string, number, number][] = [
+    ['', 275646681, 3],
+    ['a', 2731586172, 4],
+    ['ab', 316155434, 2],
+    ['abc', 479470107, 3],
+    ['thread-1', 4210454590, 2],
+    ['thread-42', 1087239475, 1],
+    ['héllo wörld', 439213890, 0],
+    ['00000000-0000-0000-0000-000000000000', 713427837, 3],
+    ['x'.repeat(37), 4016325283, 5],
+  ];
+  for (const [key, hash, partition] of java) {
+    it(`${JSON.stringify(key.length > 12 ? key.slice(0, 12) + '…' : key)}: hash ${hash}, partition ${partition} of 6`, () => {
+      assert.equal(murmur2(Buffer.from(key, 'utf8')) >>> 0, hash);
+      assert.equal(javaPartition(key, 6), partition);
+    });
+  }
+  it('an appended record sits on its key\'s partition', () => {
+    const broker = new MemoryKafka(6);
+    const [placed] = broker.append('t', [{ key: 'thread-42', value: 'v' }]);
+    assert.deepEqual(placed, { partition: 1, offset: 0n });
+  });
+});
+
+/** A handler whose turns finish when the test says so: `open(text)` resolves that turn. */
+function gated(): { handler: (turn: Turn) => Promise<string>; started: string[]; running: () => number; most: () => number; open: (said: string) => void; waitFor: (n: number) => Promise<void> } {
+  const gates = new Map<string, () => void>();
+  const started: string[] = [];
+  const waiters: [number, () => void][] = [];
+  let running = 0;
+  let most = 0;
+  const wake = (): void => {
+    for (const [n, resolve] of [...waiters]) if (started.length >= n) resolve();
+  };
+  return {
+    started,
+    running: () => running,
+    most: () => most,
+    open: (said) => {
+      const gate = gates.get(said);
+      if (gate === undefined) assert.fail(`${said} has not started`);
+      gate();
+    },
+    waitFor: (n) => new Promise((resolve) => {
+      waiters.push([n, resolve]);
+      wake();
+    }),
+    handler: async (turn) => {
+      const said = text(turn.input[0]!);
+      running += 1;
+      most = Math.max(most, running);
+      const gate = new Promise<void>((resolve) => gates.set(said, resolve));
+      started.push(said);
+      wake();
+      await gate;
+      running -= 1;
+      return `re: ${said}`;
+    },
+  };
+}
+
+describe('the worker on the in-memory Kafka: turns per thread at once, commits past the done prefix', () => {
+  const settle = () => new Promise((resolve) => setImmediate(resolve));
+
+  it('threads of one partition run at the same time, one thread in order; the offset waits for the oldest turn', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler);
+    const sent = harness.send({ threadId: 'a', text: 'a1' }, { threadId: 'b', text: 'b1' }, { threadId: 'a', text: 'a2' });
+    await g.waitFor(2);
+    assert.deepEqual([...g.started].sort(), ['a1', 'b1'], 'a2 waits for a1; b1 runs beside a1');
+    g.open('b1');
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(harness.responses.length, 1, 'b1 is answered at once');
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), undefined, 'not past a1, still running');
+    g.open('a1');
+    await g.waitFor(3);
+    assert.equal(g.started[2], 'a2');
+    g.open('a2');
+    const results = await sent;
+    assert.deepEqual(results.map((r) => text(r.response)), ['re: a1', 're: b1', 're: a2']);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 3n);
+  });
+
+  it('at most maxConcurrentTurnsPerPartition turns in flight', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler, { maxConcurrentTurnsPerPartition: 2 });
+    const sent = harness.send(...['t1', 't2', 't3', 't4'].map((t) => ({ threadId: t, text: t })));
+    await g.waitFor(2);
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(g.started.length, 2, 'the third waits for room');
+    for (const t of ['t1', 't2']) g.open(t);
+    await g.waitFor(4);
+    for (const t of ['t3', 't4']) g.open(t);
+    assert.equal((await sent).length, 4);
+    assert.equal(g.most(), 2);
+    await harness.close();
+  });
+
+  it('exactly-once: answers sent in offset order, each with its offset in one transaction', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler, { processingGuarantee: 'exactly-once' });
+    const sent = harness.send({ threadId: 'a', text: 'a1' }, { threadId: 'b', text: 'b1' });
+    await g.waitFor(2);
+    g.open('b1');
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(harness.responses.length, 0, 'b1 waits for a1: its transaction would commit past a1');
+    g.open('a1');
+    await sent;
+    assert.deepEqual(harness.responses.map((r) => text(r)), ['re: a1', 're: b1']);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 2n);
+  });
+
+  it('a turn retried later holds its own thread only: another thread of the partition is answered meanwhile', async () => {
+    let limited = true;
+    let attempts = 0;
+    const harness = new TestHarness(async (turn) => {
+      const said = text(turn.input[0]!);
+      // (bounded: were b1 behind a1, a1 would answer first after 50 attempts, and the order check fails)
+      if (said === 'a1' && limited && (attempts += 1) <= 50) throw new RetryLater('429', 1);
+      if (said === 'b1') limited = false; // answered while a1 backs off
+      return `re: ${said}`;
+    });
+    const results = await harness.send({ threadId: 'a', text: 'a1' }, { threadId: 'b', text: 'b1' });
+    assert.deepEqual(harness.responses.map((r) => text(r)), ['re: b1', 're: a1']);
+    assert.ok((results[0]?.retries ?? 0) >= 1);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 2n);
+  });
+
+  it('an oversized reply is a failed turn once, never a loop (the handler is called once)', async () => {
+    let calls = 0;
+    const harness = new TestHarness(async () => {
+      calls += 1;
+      return 'x'.repeat(5_000);
+    }, { maxRecordBytes: 4_000 });
+    const [result] = await harness.send({ text: 'big' });
+    assert.equal(result?.response.finishReason, 'error');
+    assert.equal(result?.failure, 'the response is too large for Kafka');
+    assert.equal(calls, 1);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 1n);
+  });
+
+  it('a restarted worker goes on from the committed offset and drops what it answered (in one process)', async () => {
+    const broker = new MemoryKafka(2);
+    const calls: string[] = [];
+    const handler = async (turn: Turn): Promise<string> => {
+      calls.push(turn.requestId);
+      return 'ok';
+    };
+    const options = { brokers: ['memory'], groupId: 'g', client: memoryClient(broker), handleSignals: false, tracing: false, logger: () => undefined };
+    const first = new AgentWorker(handler, options);
+    const answered = new Promise<void>((resolve) => {
+      let n = 0;
+      first.on('answered', () => (n += 1) === 2 && resolve());
+    });
+    const running = first.run();
+    broker.append('agent.requests.enriched', [enrichedRequest({ requestId: 'r1', threadId: 'a' }), enrichedRequest({ requestId: 'r2', threadId: 'b' })].map((e) => ({ key: e.threadId, value: JSON.stringify(e) })));
+    await answered;
+    await first.stop();
+    await running;
+    const second = new AgentWorker(handler, options);
+    const third = new Promise<void>((resolve) => second.on('answered', () => resolve()));
+    const again = second.run();
+    broker.append('agent.requests.enriched', [enrichedRequest({ requestId: 'r3', threadId: 'a' })].map((e) => ({ key: e.threadId, value: JSON.stringify(e) })));
+    await third;
+    await second.stop();
+    await again;
+    assert.deepEqual(calls, ['r1', 'r2', 'r3']);
+    assert.equal(broker.records('agent.responses').length, 3);
   });
 });
