@@ -53,20 +53,19 @@ from consumers.consumer import Health, LoopOptions, stop_consumer
 from consumers.contract import BatchHandler
 from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker, PartitionOffsets
-from consumers.outage import (
+from consumers.outage import Contained, report_unexpected, settle_outcomes
+from consumers.outage_log import OutageLog
+from consumers.parking import Deferred, ParkedLanes
+from consumers.runtime.retry import (
     Backoff,
     ChunkLimit,
-    Contained,
     Failure,
     is_outage,
     outage_dependency,
-    report_unexpected,
     retry_batch,
     retry_call,
-    settle_outcomes,
+    wait_to_retry,
 )
-from consumers.outage_log import OutageLog
-from consumers.parking import Deferred, ParkedLanes
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
 from message_history import metrics, tracing
 from message_history.errors import RetriableError, error_type
@@ -277,9 +276,14 @@ class StreamLoop:
                 if is_unreadable(exc):
                     return await self._fetch_carefully(exc)
                 raise
-            log.warning("fetch failed, retrying", extra={"path": self.path, "error": type(exc).__name__})
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-            await asyncio.sleep(self._opts.retry_initial_s)
+            await wait_to_retry(
+                self.path,
+                "kafka",
+                self._opts.retry_initial_s,
+                "fetch failed, retrying",
+                extra={"error": type(exc).__name__},
+                logger=log,
+            )
             return []
         except Exception as exc:
             if is_outage(exc) or not is_unreadable(exc):
@@ -398,8 +402,10 @@ class StreamLoop:
         self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]], stop: asyncio.Event
     ) -> bool:
         """Report the outage, wait out the backoff polling; True when told to stop meanwhile."""
-        self._enter_outage(failure.error, failure.attempt)
-        await self._wait_polling(failure.delay, stop)
+        dependency = self._enter_outage(failure.error, failure.attempt)
+        await wait_to_retry(
+            self.path, dependency, failure.delay, sleep=lambda delay: self._wait_polling(delay, stop)
+        )
         return stop.is_set()
 
     async def _attempt(
@@ -475,8 +481,7 @@ class StreamLoop:
         )
 
     async def _wait_parked_retry(self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]]) -> bool:
-        metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-        await asyncio.sleep(failure.delay)
+        await wait_to_retry(self.path, "kafka", failure.delay)
         return self._stopping
 
     def _parked_settled(self, tp: TopicPartition, task: asyncio.Task[None]) -> None:
@@ -562,9 +567,9 @@ class StreamLoop:
 
     # --- outages --------------------------------------------------------------------------------------------
 
-    def _enter_outage(self, error: BaseException | None, attempt: int) -> None:
+    def _enter_outage(self, error: BaseException | None, attempt: int) -> str:
+        """Not ready, intake paused, said once (`OutageLog`); returns the dependency that is down."""
         dependency = outage_dependency(error)
-        metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
         reason = f"{dependency} unavailable: {type(error).__name__ if error else 'outputs not acknowledged'}"
         self._outage = True
         # one WARNING when it starts, a summary every so often, one INFO when it is back (`OutageLog`)
@@ -573,6 +578,7 @@ class StreamLoop:
         self._health.set_ready(self.path, False, reason)
         self._pause_all()
         log.debug("retrying batch", extra={"path": self.path, "attempt": attempt, "reason": reason})
+        return dependency
 
     def _leave_outage(self) -> None:
         self._outage = False
@@ -755,14 +761,17 @@ class StreamLoop:
 
         async def wait(failure: Failure[None]) -> bool:
             # the partitions cannot be read safely before their ids are fenced: retry, holding the rebalance
-            log.warning(
-                "transactional producers not ready; retrying",
-                extra={"path": self.path, "error": type(failure.error).__name__, "attempt": failure.attempt},
-            )
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
             if self._stopping and failure.error is not None:
+                metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
                 raise failure.error
-            await asyncio.sleep(failure.delay)
+            await wait_to_retry(
+                self.path,
+                "kafka",
+                failure.delay,
+                "transactional producers not ready; retrying",
+                extra={"error": type(failure.error).__name__, "attempt": failure.attempt},
+                logger=log,
+            )
             return False
 
         async def open_and_seek() -> None:
