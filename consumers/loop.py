@@ -6,7 +6,7 @@ One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's
 2. The path's `BatchHandler` returns, per record, either an acknowledgement to wait for (the output was sent,
    and for the persist path the MongoDB write is already acknowledged) or an `InvalidInputError`: that record
    is sent to the path's dead-letter topic. When the handler raises for the whole batch, the batch is split
-   in halves until the record that raises is alone (`consumers.outage.Contained`), and that one is the dead
+   in halves until the record that raises is alone (containment's `Contained`), and that one is the dead
    letter.
 3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are. A
    parked record (a recall request waiting in its thread's lane, `consumers.parking`) is settled in the
@@ -23,13 +23,13 @@ nothing is returned) so that the consumer stays in the group. A record whose out
 is dead-lettered like bad input, and so is each offset of a record batch the consumer cannot decompress or
 parse (see `consumers.unreadable`). Any other exception met on one record (a bug) is contained the same way:
 the record is dead-lettered with the exception's class and message, logged at ERROR with its topic,
-partition and offset, and counted in `message_history_unexpected_errors_total`; the loop never exits on a
-record. Only a systemic refusal (`consumers.outage.is_systemic`: MongoDB refusing for good, Kafka refusing
-authorization or configuration) stops the loop: the service exits non-zero without committing past the
-failed work, since dead-lettering every record would be wrong.
+partition and offset, and counted once per record in `message_history_unexpected_errors_total`; the loop
+never exits on a record. Only a systemic refusal (`consumers.runtime.containment.is_systemic`: MongoDB
+refusing for good, Kafka refusing authorization or configuration) stops the loop: the service exits non-zero
+without committing past the failed work, since dead-lettering every record would be wrong.
 
-One job, the loop itself (hence its length): the consumer and the knobs are built in `consumers.consumer`,
-the retry policy is `consumers.outage`, what a path promises the loop is `consumers.contract`.
+The consumer and the knobs are built in `consumers.consumer`, the retry policy is `consumers.runtime.retry`,
+containment `consumers.runtime.containment`, what a path promises the loop is `consumers.contract`.
 """
 
 from __future__ import annotations
@@ -53,9 +53,9 @@ from consumers.consumer import Health, LoopOptions, stop_consumer
 from consumers.contract import BatchHandler
 from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker, PartitionOffsets
-from consumers.outage import Contained, report_unexpected, settle_outcomes
 from consumers.outage_log import OutageLog
 from consumers.parking import Deferred, ParkedLanes
+from consumers.runtime.containment import Contained, UnexpectedReports, settle_outcomes
 from consumers.runtime.retry import (
     Backoff,
     ChunkLimit,
@@ -151,6 +151,7 @@ class StreamLoop:
         # Kafka's reachability, which `getmany` does not tell (hooks: `run`, `__aexit__`)
         self._kafka_watch = KafkaWatch(consumer, health, path, grace_s=options.kafka_grace_s)
         self._outage_logs = {dep: OutageLog(path, dep) for dep in ("kafka", "mongodb")}
+        self._unexpected = UnexpectedReports(path)  # a bug counted once per record, not per attempt
 
     def done_offset(self, partition: int) -> int | None:
         """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
@@ -549,7 +550,7 @@ class StreamLoop:
         # too large for Kafka: without the value, then without the record's own headers too, saying so
         result = await self._dead_letters.deliver(record, error, span=span)
         kind = error_type(error)
-        report_unexpected(self.path, record, error)
+        self._unexpected.report(record, error)
         metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()
         metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
         log.warning(

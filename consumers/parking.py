@@ -8,7 +8,7 @@ with a `Deferred`: the loop does not wait for it before fetching on, and settles
 resolves (done: the watermark moves; bad input: a dead letter). Until then the partition's commit stops below
 the record (`consumers.offsets`), so a crash or a revoke leaves it for the partition's next owner.
 
-An entry that fails for an outage is tried again in its lane by the one retry loop (`consumers.outage`),
+An entry that fails for an outage is tried again in its lane by the one retry loop (`runtime.retry`),
 before anything behind it runs; when stopping, it is left unsettled. `cancel` drops the lanes of revoked
 partitions (their records are read again by the next owner) or, at shutdown, every lane.
 

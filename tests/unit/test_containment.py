@@ -17,19 +17,20 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from consumers.commands import CommandsHandler
-from consumers.contract import Ack, PathHandler, Record, decode_each
+from consumers.contract import Ack, Record
+from consumers.handler import PathHandler
 from consumers.lanes import Failed
-from consumers.outage import (
-    Backoff,
+from consumers.runtime.containment import (
     Contained,
-    Failure,
+    UnexpectedReports,
     contain,
     containable,
+    decode_each,
     is_systemic,
     report_unexpected,
-    retry_batch,
     settle_outcomes,
 )
+from consumers.runtime.retry import Backoff, Failure, retry_batch
 from message_history import metrics, tracing
 from message_history.errors import (
     EventValidationError,
@@ -325,7 +326,7 @@ def test_bad_input_is_kept_as_it_is_and_anything_else_is_wrapped() -> None:
 def test_an_unexpected_error_is_logged_at_error_with_where_the_record_is_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="consumers.outage")
+    caplog.set_level(logging.WARNING, logger="consumers.runtime.containment")
     labels = {"path": "persist", "error_type": "OverflowError"}
     before = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels) or 0.0
     try:
@@ -344,6 +345,26 @@ def test_an_unexpected_error_is_logged_at_error_with_where_the_record_is_and_cou
         "OverflowError",
     )
     assert line.exc_info is not None  # the traceback of the bug
+
+
+def test_a_bug_met_again_on_the_same_record_is_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 32: a record attempted twice (an outage retry, a batch abandoned at a revoke and read again)
+    raised the unexpected-error counter twice for one bug; the counter promises records, not attempts."""
+    caplog.set_level(logging.WARNING, logger="consumers.runtime.containment")
+    labels = {"path": "recall", "error_type": "ZeroDivisionError"}
+    before = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels) or 0.0
+    reports = UnexpectedReports("recall")
+    bug = contain(ZeroDivisionError("integer division or modulo by zero"), "process")
+    reports.report(record(11), bug)  # the first attempt's dead letter
+    reports.report(record(11), contain(ZeroDivisionError("again"), "process"))  # the same record, again
+    after_one = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels)
+    reports.report(record(12), bug)  # another record: another bug met
+    after_two = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels)
+    reports.report(record(13), EventValidationError("bad input is not a bug"))
+    assert (after_one, after_two) == (before + 1, before + 2)
+    assert [r.__dict__["offset"] for r in caplog.records if r.levelno == logging.ERROR] == [11, 12]
 
 
 def test_the_dead_letter_of_a_bug_names_its_class_and_a_scrubbed_bounded_message() -> None:
