@@ -40,12 +40,11 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectionError, KafkaError
 from opentelemetry.trace import Span
 
@@ -56,17 +55,17 @@ from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage_log import OutageLog
 from consumers.parking import Deferred, ParkedLanes
 from consumers.runtime.containment import Contained, UnexpectedReports, settle_outcomes
+from consumers.runtime.intake import HELD, OUTAGE, PARKED, Intake, Listener, partition_of, positions
 from consumers.runtime.retry import (
     Backoff,
     ChunkLimit,
     Failure,
-    is_outage,
     outage_dependency,
     retry_batch,
     retry_call,
     wait_to_retry,
 )
-from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
+from consumers.unreadable import SkippingUnreadable, UnreadableRecord
 from message_history import metrics, tracing
 from message_history.errors import RetriableError, error_type
 from producers.dead_letters import DeadLetterPublisher
@@ -85,18 +84,6 @@ log = logging.getLogger(__name__)
 _TOPIC_POLL_S = 1.0  # how often a missing input topic is looked for
 _TOPIC_REPORT_EVERY_S = 30.0  # how often the wait for it is logged
 _GROW_AFTER = 8  # clean attempts before a shrunken chunk limit doubles again
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information
-    def __init__(self, loop: StreamLoop) -> None:
-        self._loop = loop
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._loop.on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._loop.open_transactions(set(assigned))
-        self._loop.on_assigned(set(assigned))
 
 
 class StreamLoop:
@@ -120,22 +107,20 @@ class StreamLoop:
         self.path = path
         self.topic = topic
         self._consumer = consumer
+        self._intake = Intake(path=path, topic=topic, consumer=consumer, health=health, options=options)
         # an unreadable record is refused before the path sees it; a batch the path raises for is split
         self._handler = Contained(SkippingUnreadable(handler), path)
         self._dead_letters = dead_letters
         self._health = health
         self._opts = options
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._assigned: set[TopicPartition] = set()
         self._idle = asyncio.Event()  # set while no batch is in flight
         self._idle.set()
-        self._outage = False
         self._stopping = False
         self._commit_task: asyncio.Task[None] | None = None
         self._last_commit = time.monotonic()
         self._random = random.Random()  # noqa: S311 -- jitter, not security
         self._chunks = ChunkLimit(options.max_batch_records, grow_after=_GROW_AFTER)  # shrinks after failures
-        self._handed_out: dict[TopicPartition, int] = {}  # one past the last record fetched, per partition
         # parked records (a request waiting in its thread's lane) settling in the background, per partition
         self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
         self._parkings: set[ParkedLanes[Any]] = set()  # the lanes those records wait in
@@ -159,7 +144,7 @@ class StreamLoop:
         The turn barrier reads it for the persist path: everything below it is written and acknowledged.
         """
         tp = TopicPartition(self.topic, partition)
-        if tp not in self._assigned:
+        if tp not in self._intake.assigned:
             return None
         return self._tracker.watermark(tp)
 
@@ -192,7 +177,11 @@ class StreamLoop:
                 await self._commit_now(self._tracker.keys(), reason="shutdown")
             # a refused or failed commit is logged by `_commit` and leaves the offsets committable; under
             # exactly-once a partition fenced meanwhile is another instance's to commit, not ours
-            ours = [tp for tp in self._assigned if self._transactions is None or self._transactions.owns(tp)]
+            ours = [
+                tp
+                for tp in self._intake.assigned
+                if self._transactions is None or self._transactions.owns(tp)
+            ]
             committed = not self._tracker.committable(ours)
         except TimeoutError:
             log.warning("shutdown commit did not finish in time", extra={"path": self.path})
@@ -210,7 +199,8 @@ class StreamLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and process batches until `stop` is set; returns once the batch in hand is finished."""
-        if not await self._subscribe_once_topic_exists(stop):
+        listener = Listener(self.on_revoked, self._on_assigned)
+        if not await self._intake.subscribe_once_topic_exists(stop, listener):
             return
         self._kafka_watch.start()
         while not stop.is_set():
@@ -223,133 +213,11 @@ class StreamLoop:
             if self._transactions is not None and self._transactions.full():
                 await self._wait_for_held_room(stop)
                 continue
-            batch = await self._fetch()
+            batch = await self._intake.fetch()
             if batch:
                 await self._process(batch, stop)
             self._maybe_commit()
         self._stopping = True
-
-    async def _subscribe_once_topic_exists(self, stop: asyncio.Event) -> bool:
-        """Join the group only once the input topic exists; False if told to stop while waiting.
-
-        Subscribing to a topic that does not exist yet gets an empty assignment, and when a producer's
-        auto-create makes the topic later the consumer only notices at its next metadata refresh (five minutes
-        by default): records would sit unread. So wait, not ready, saying why.
-        """
-        started = time.monotonic()
-        next_report = started
-        while not stop.is_set():
-            try:
-                exists = self.topic in await self._consumer.topics()
-            except KafkaError:
-                # a metadata request that failed (aiokafka raises a bare KafkaError when no broker answers
-                # it): not found yet. The commands path polls here for as long as its topic is missing.
-                exists = False
-            if exists:
-                break
-            now = time.monotonic()
-            if now >= next_report:
-                waited = round(now - started)
-                log.warning(
-                    "input topic does not exist yet (or this principal may not describe it); waiting for it",
-                    extra={"path": self.path, "topic": self.topic, "waited_s": waited},
-                )
-                self._health.set_ready(self.path, False, f"input topic {self.topic!r} does not exist")
-                next_report = now + _TOPIC_REPORT_EVERY_S
-            self._health.beat(self.path)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), _TOPIC_POLL_S)
-        if stop.is_set():
-            return False
-        self._consumer.subscribe([self.topic], listener=_Listener(self))
-        self._health.set_ready(self.path, True)
-        return True
-
-    # --- fetching -------------------------------------------------------------------------------------------
-
-    async def _fetch(self) -> list[ConsumerRecord | UnreadableRecord]:
-        try:
-            fetched = await self._consumer.getmany(
-                timeout_ms=self._opts.poll_timeout_ms, max_records=self._opts.max_batch_records
-            )
-        except KafkaError as exc:
-            if not is_outage(exc):
-                if is_unreadable(exc):
-                    return await self._fetch_carefully(exc)
-                raise
-            await wait_to_retry(
-                self.path,
-                "kafka",
-                self._opts.retry_initial_s,
-                "fetch failed, retrying",
-                extra={"error": type(exc).__name__},
-                logger=log,
-            )
-            return []
-        except Exception as exc:
-            if is_outage(exc) or not is_unreadable(exc):
-                raise
-            return await self._fetch_carefully(exc)
-        records: list[ConsumerRecord | UnreadableRecord] = []
-        for tp, recs in fetched.items():
-            if tp not in self._assigned:
-                if recs and tp in self._consumer.assignment():
-                    self._consumer.seek(tp, recs[0].offset)  # ours, listener not run yet: read them again
-                continue  # else revoked meanwhile: the partition's next owner reads them from the commit
-            records.extend(recs)
-            if recs:
-                self._handed_out[tp] = recs[-1].offset + 1
-            highwater = self._consumer.highwater(tp)
-            if highwater is not None:
-                metrics.CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(
-                    max(0, highwater - (recs[-1].offset + 1))
-                )
-        return records
-
-    async def _fetch_carefully(self, error: BaseException) -> list[ConsumerRecord | UnreadableRecord]:
-        """After `getmany` failed on a batch it cannot read: rewind, read one record at a time."""
-        log.warning(
-            "a fetched record batch cannot be read; reading record by record to dead-letter it",
-            extra={"path": self.path, "error": type(error).__name__, "reason": str(error)[:200]},
-        )
-        owned = [tp for tp in self._consumer.assignment() if tp in self._assigned]
-        await rewind(self._consumer, owned, self._handed_out)
-        records, found = await read_carefully(
-            self._consumer,
-            owned,
-            max_records=self._opts.max_batch_records,
-            timeout_ms=self._opts.poll_timeout_ms,
-        )
-        for record in records:
-            self._handed_out[_tp(record)] = record.offset + 1
-        if found:
-            log.warning("unreadable records found", extra={"path": self.path, "records": found[:20]})
-        return records
-
-    async def _wait_polling(self, seconds: float, stop: asyncio.Event) -> None:
-        """Wait `seconds` while polling with every partition paused, so the consumer stays in the group."""
-        deadline = time.monotonic() + seconds
-        while not stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._pause_all()
-            self._health.beat(self.path)
-            try:
-                fetched = await self._consumer.getmany(timeout_ms=max(1, int(min(remaining, 1.0) * 1000)))
-            except Exception as exc:
-                if not (is_outage(exc) or is_unreadable(exc)):
-                    raise
-                if not is_outage(exc):  # read again (and dead-lettered) once the wait is over
-                    await rewind(self._consumer, self._consumer.assignment(), self._handed_out)
-                await asyncio.sleep(min(remaining, self._opts.poll_timeout_ms / 1000))
-                continue
-            owned = self._consumer.assignment()
-            for tp, recs in fetched.items():
-                # assigned during the wait and not paused yet: hand the records back for later
-                if recs and tp in owned:
-                    self._consumer.seek(tp, recs[0].offset)
-            self._maybe_commit()
 
     # --- processing -----------------------------------------------------------------------------------------
 
@@ -364,7 +232,7 @@ class StreamLoop:
         """
         metrics.RECORDS_CONSUMED.labels(path=self.path).inc(len(records))
         metrics.BATCH_SIZE.labels(path=self.path).observe(len(records))
-        pending = [(rec, self._tracker.track(_tp(rec), rec.offset)) for rec in records]
+        pending = [(rec, self._tracker.track(partition_of(rec), rec.offset)) for rec in records]
         metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
         self._idle.clear()
         try:
@@ -373,7 +241,7 @@ class StreamLoop:
                 self._attempt,
                 backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
                 wait=lambda failure: self._wait_out(failure, stop),
-                keep=lambda items: [(rec, part) for rec, part in items if self._tracker.owns(_tp(rec), part)],
+                keep=self._still_ours,
                 chunks=self._chunks,
                 recovered=self._recovered,
             )
@@ -386,17 +254,23 @@ class StreamLoop:
         except Exception as exc:  # systemic (records are contained): say which batch was in hand
             log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
                 "a failure that is no record's fault stops the loop; nothing past the batch is committed",
-                extra={"path": self.path, "error_type": type(exc).__name__, "batch": _positions(records)},
+                extra={"path": self.path, "error_type": type(exc).__name__, "batch": positions(records)},
             )
             raise
         finally:
-            if self._outage:
+            if self._intake.holds(OUTAGE):
                 self._leave_outage()
             metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
             self._idle.set()
 
+    def _still_ours(
+        self, items: list[tuple[ConsumerRecord, PartitionOffsets]]
+    ) -> list[tuple[ConsumerRecord, PartitionOffsets]]:
+        """The items whose partition is still ours (not revoked since they were tracked)."""
+        return [(rec, part) for rec, part in items if self._tracker.owns(partition_of(rec), part)]
+
     def _recovered(self) -> None:
-        if self._outage:
+        if self._intake.holds(OUTAGE):
             self._leave_outage()
 
     async def _wait_out(
@@ -405,7 +279,10 @@ class StreamLoop:
         """Report the outage, wait out the backoff polling; True when told to stop meanwhile."""
         dependency = self._enter_outage(failure.error, failure.attempt)
         await wait_to_retry(
-            self.path, dependency, failure.delay, sleep=lambda delay: self._wait_polling(delay, stop)
+            self.path,
+            dependency,
+            failure.delay,
+            sleep=lambda delay: self._intake.wait_polling(delay, stop, self._maybe_commit),
         )
         return stop.is_set()
 
@@ -433,8 +310,8 @@ class StreamLoop:
     def _done(self, item: tuple[ConsumerRecord, PartitionOffsets], outcome: object) -> None:
         """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
         record, part = item
-        if self._transactions is not None and self._tracker.owns(_tp(record), part):
-            self._transactions.hold(_tp(record), record.offset, held_outputs(outcome), record)
+        if self._transactions is not None and self._tracker.owns(partition_of(record), part):
+            self._transactions.hold(partition_of(record), record.offset, held_outputs(outcome), record)
         part.done(record.offset)
 
     # --- parked records -------------------------------------------------------------------------------------
@@ -454,7 +331,7 @@ class StreamLoop:
                 answers.append(result)
                 continue
             self._parkings.add(result.lanes)
-            tp = _tp(item[0])
+            tp = partition_of(item[0])
             task = asyncio.ensure_future(self._settle_parked(item, result))
             self._settling.setdefault(tp, set()).add(task)
             task.add_done_callback(functools.partial(self._parked_settled, tp))
@@ -478,7 +355,7 @@ class StreamLoop:
             ),
             backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
             wait=self._wait_parked_retry,
-            keep=lambda items: [(rec, part) for rec, part in items if self._tracker.owns(_tp(rec), part)],
+            keep=self._still_ours,
         )
 
     async def _wait_parked_retry(self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]]) -> bool:
@@ -525,19 +402,12 @@ class StreamLoop:
             "parked requests at their cap: intake paused until some are answered",
             extra={"path": self.path, "parked": sum(len(p) for p in self._parkings)},
         )
+        self._intake.hold(PARKED)
         while not stop.is_set() and any(parking.full() for parking in self._parkings):
             if self._parked_failure is not None:
                 break
-            await self._wait_polling(0.1, stop)
-        self._resume_unless_outage()
-
-    def _resume_unless_outage(self) -> None:
-        """Intake resumes after a full lane or a full transaction, unless an outage holds it paused."""
-        if not self._outage:
-            paused = self._consumer.paused()
-            if paused:
-                self._consumer.resume(*paused)
-            metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
+            await self._intake.wait_polling(0.1, stop, self._maybe_commit)
+        self._intake.release(PARKED)
 
     async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
         """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
@@ -572,31 +442,20 @@ class StreamLoop:
         """Not ready, intake paused, said once (`OutageLog`); returns the dependency that is down."""
         dependency = outage_dependency(error)
         reason = f"{dependency} unavailable: {type(error).__name__ if error else 'outputs not acknowledged'}"
-        self._outage = True
         # one WARNING when it starts, a summary every so often, one INFO when it is back (`OutageLog`)
         detail = f" ({str(error)[:200]})" if error else ""
         self._outage_logs[dependency].failed(f"{reason}: intake paused{detail}")
         self._health.set_ready(self.path, False, reason)
-        self._pause_all()
+        self._intake.hold(OUTAGE)
         log.debug("retrying batch", extra={"path": self.path, "attempt": attempt, "reason": reason})
         return dependency
 
     def _leave_outage(self) -> None:
-        self._outage = False
-        paused = self._consumer.paused()
-        if paused:
-            self._consumer.resume(*paused)
-        metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
+        self._intake.release(OUTAGE)
         if not self._stopping:
             self._health.set_ready(self.path, True)
         for outage_log in self._outage_logs.values():
             outage_log.back()
-
-    def _pause_all(self) -> None:
-        assigned = self._consumer.assignment()
-        if assigned:
-            self._consumer.pause(*assigned)
-        metrics.PAUSED_PARTITIONS.labels(path=self.path).set(len(assigned))
 
     # --- commits --------------------------------------------------------------------------------------------
 
@@ -616,7 +475,7 @@ class StreamLoop:
         if self._commit_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._commit_task
-        offsets = self._tracker.committable([tp for tp in partitions if tp in self._assigned])
+        offsets = self._tracker.committable([tp for tp in partitions if tp in self._intake.assigned])
         if offsets:
             await self._commit(offsets, reason=reason)
 
@@ -747,9 +606,10 @@ class StreamLoop:
             "held outputs at their cap (MAX_HELD_OUTPUTS): intake paused until commits drain them",
             extra={"path": self.path, "held": transactions.held()},
         )
+        self._intake.hold(HELD)
         while not stop.is_set() and transactions.full() and self._parked_failure is None:
-            await self._wait_polling(0.1, stop)
-        self._resume_unless_outage()
+            await self._intake.wait_polling(0.1, stop, self._maybe_commit)
+        self._intake.release(HELD)
 
     async def open_transactions(self, assigned: set[TopicPartition]) -> None:
         """Exactly-once: before the new partitions are read, a transactional producer for each (fencing any
@@ -821,37 +681,21 @@ class StreamLoop:
         if self._transactions is not None:
             await self._transactions.close(revoked)  # held outputs not committed: the next owner redoes them
         self._tracker.forget(revoked)
-        for tp in revoked:
-            self._handed_out.pop(tp, None)
-        self._assigned -= revoked
+        self._intake.drop(revoked)
         log.info(
             "partitions revoked",
             extra={"path": self.path, "partitions": sorted(tp.partition for tp in revoked)},
         )
 
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        await self.open_transactions(assigned)
+        self.on_assigned(assigned)
+
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
         """Take the new partitions; fetching starts from the group's committed offsets."""
         metrics.REBALANCES.labels(path=self.path, kind="assigned").inc()
-        self._assigned |= assigned
-        for tp in assigned:
-            self._handed_out.pop(tp, None)  # fetching starts again from the committed offset
-        if self._outage and assigned:
-            self._consumer.pause(*assigned)
+        self._intake.take(assigned)  # fetching starts again from the committed offset
         log.info(
             "partitions assigned",
             extra={"path": self.path, "partitions": sorted(tp.partition for tp in assigned)},
         )
-
-
-def _positions(records: Iterable[ConsumerRecord | UnreadableRecord]) -> dict[str, str]:
-    """`{"topic[partition]": "first-last"}` offsets of a batch, for a log line."""
-    ranges: dict[str, tuple[int, int]] = {}
-    for record in records:
-        key = f"{record.topic}[{record.partition}]"
-        low, high = ranges.get(key, (record.offset, record.offset))
-        ranges[key] = (min(low, record.offset), max(high, record.offset))
-    return {key: f"{low}-{high}" for key, (low, high) in ranges.items()}
-
-
-def _tp(record: ConsumerRecord) -> TopicPartition:
-    return TopicPartition(record.topic, record.partition)
