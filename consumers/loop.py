@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 import time
@@ -53,7 +52,6 @@ from consumers.contract import BatchHandler
 from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage_log import OutageLog
-from consumers.parking import Deferred, ParkedLanes
 from consumers.runtime.containment import Contained, UnexpectedReports, settle_outcomes
 from consumers.runtime.intake import HELD, OUTAGE, PARKED, Intake, Listener, partition_of, positions
 from consumers.runtime.retry import (
@@ -65,6 +63,7 @@ from consumers.runtime.retry import (
     retry_call,
     wait_to_retry,
 )
+from consumers.runtime.settlement import Settlement
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord
 from message_history import metrics, tracing
 from message_history.errors import RetriableError, error_type
@@ -121,10 +120,17 @@ class StreamLoop:
         self._last_commit = time.monotonic()
         self._random = random.Random()  # noqa: S311 -- jitter, not security
         self._chunks = ChunkLimit(options.max_batch_records, grow_after=_GROW_AFTER)  # shrinks after failures
-        # parked records (a request waiting in its thread's lane) settling in the background, per partition
-        self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
-        self._parkings: set[ParkedLanes[Any]] = set()  # the lanes those records wait in
-        self._parked_failure: BaseException | None = None  # a bug met while settling one: raised by `run`
+        self._backoff = Backoff(options.retry_initial_s, options.retry_max_s, self._random.random)
+        # parked records (a request waiting in its thread's lane) settling in the background
+        self._settlement = Settlement(
+            path=path,
+            topic=topic,
+            settle=self._settle_now,
+            still_ours=self._still_ours,
+            backoff=self._backoff,
+            stopping=lambda: self._stopping,
+        )
+        self._parked_failure: BaseException | None = None  # a commit that failed for good: raised by `run`
         # exactly-once: outputs held per record, committed with the offsets (`producers.transactions`)
         self._transactions = transactions
         self._unauthorized = False  # exactly-once: a transaction was refused for a missing ACL
@@ -166,7 +172,7 @@ class StreamLoop:
         deadline.
         """
         await self._kafka_watch.stop()
-        await self._drop_parked(None)  # parked requests are left uncommitted, for the next owner
+        await self._settlement.drop(None)  # parked requests are left uncommitted, for the next owner
         self._stopping = True
         self._health.set_ready(self.path, False, "stopping")
         deadline = self.exit_deadline or time.monotonic() + self._opts.exit_timeout_s
@@ -205,9 +211,10 @@ class StreamLoop:
         self._kafka_watch.start()
         while not stop.is_set():
             self._health.beat(self.path)
-            if self._parked_failure is not None:
-                raise self._parked_failure
-            if any(parking.full() for parking in self._parkings):
+            failure = self._failure()
+            if failure is not None:
+                raise failure
+            if self._settlement.full():
                 await self._wait_for_parking_room(stop)
                 continue
             if self._transactions is not None and self._transactions.full():
@@ -239,7 +246,7 @@ class StreamLoop:
             left = await retry_batch(
                 pending,
                 self._attempt,
-                backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
+                backoff=self._backoff,
                 wait=lambda failure: self._wait_out(failure, stop),
                 keep=self._still_ours,
                 chunks=self._chunks,
@@ -291,21 +298,31 @@ class StreamLoop:
     ) -> list[tuple[ConsumerRecord, PartitionOffsets]]:
         """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
         results = await self._handler.handle([rec for rec, _ in pending])
-        pending, results = self._settle_deferred_later(pending, results)
+        pending, results = self._settlement.take_parked(pending, results)
         started = time.perf_counter()
-        failed = await settle_outcomes(
-            pending,
+        failed = await self._settle_now(pending, results)
+        metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
+        if failed:
+            failed.sort(key=lambda item: (item[0].partition, item[0].offset))
+            log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
+        return failed
+
+    async def _settle_now(
+        self, items: list[tuple[ConsumerRecord, PartitionOffsets]], results: Sequence[Any]
+    ) -> list[tuple[ConsumerRecord, PartitionOffsets]]:
+        """Wait for the outcomes of `items`: done, or dead letters; returns those failed for an outage."""
+        return await settle_outcomes(
+            items,
             results,
             reject=lambda item, error: self._dead_letter(item[0], error),
             # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
             explain=lambda error: explain_too_large(error, self.path),
             done=self._done,
         )
-        metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
-        if failed:
-            failed.sort(key=lambda item: (item[0].partition, item[0].offset))
-            log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
-        return failed
+
+    def _failure(self) -> BaseException | None:
+        """What stops the loop, met outside `run`'s own call chain: a commit, then a parked record's."""
+        return self._parked_failure or self._settlement.failure
 
     def _done(self, item: tuple[ConsumerRecord, PartitionOffsets], outcome: object) -> None:
         """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
@@ -316,95 +333,16 @@ class StreamLoop:
 
     # --- parked records -------------------------------------------------------------------------------------
 
-    def _settle_deferred_later(
-        self,
-        pending: list[tuple[ConsumerRecord, PartitionOffsets]],
-        results: Sequence[object],
-    ) -> tuple[list[tuple[ConsumerRecord, PartitionOffsets]], list[Any]]:
-        """Take the parked records (`Deferred` results) out of an attempt: each settles in the background,
-        so the loop fetches on while they wait in their thread's lane. Returns the rest, to settle now."""
-        now: list[tuple[ConsumerRecord, PartitionOffsets]] = []
-        answers: list[Any] = []
-        for item, result in zip(pending, results, strict=True):
-            if not isinstance(result, Deferred):
-                now.append(item)
-                answers.append(result)
-                continue
-            self._parkings.add(result.lanes)
-            tp = partition_of(item[0])
-            task = asyncio.ensure_future(self._settle_parked(item, result))
-            self._settling.setdefault(tp, set()).add(task)
-            task.add_done_callback(functools.partial(self._parked_settled, tp))
-        return now, answers
-
-    async def _settle_parked(self, item: tuple[ConsumerRecord, PartitionOffsets], deferred: Deferred) -> None:
-        """Once a parked record's work ran: done (the watermark moves) or a dead letter; a dead letter Kafka
-        does not acknowledge is tried again by the retry loop. A dropped lane leaves the record unsettled."""
-        try:
-            outcome = await deferred.outcome()
-        except asyncio.CancelledError:
-            return  # its lane was dropped (revoke, shutdown): the next owner reads it again
-        await retry_batch(
-            [item],
-            lambda items: settle_outcomes(
-                items,
-                [outcome],
-                reject=lambda it, error: self._dead_letter(it[0], error),
-                explain=lambda error: explain_too_large(error, self.path),
-                done=self._done,
-            ),
-            backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
-            wait=self._wait_parked_retry,
-            keep=self._still_ours,
-        )
-
-    async def _wait_parked_retry(self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]]) -> bool:
-        await wait_to_retry(self.path, "kafka", failure.delay)
-        return self._stopping
-
-    def _parked_settled(self, tp: TopicPartition, task: asyncio.Task[None]) -> None:
-        tasks = self._settling.get(tp)
-        if tasks is not None:
-            tasks.discard(task)
-            if not tasks:
-                del self._settling[tp]
-        if not task.cancelled() and task.exception() is not None and self._parked_failure is None:
-            self._parked_failure = task.exception()  # neither an outage nor bad input: `run` raises it
-
-    async def _drop_parked(self, partitions: set[TopicPartition] | None) -> None:
-        """Cancel the parked work of `partitions` (None: all) and its settlements: those records stay
-        uncommitted, and the partition's next owner reads them again. Never waits for a barrier or a turn."""
-        numbers = (
-            None if partitions is None else {tp.partition for tp in partitions if tp.topic == self.topic}
-        )
-        dropped = 0
-        for parking in self._parkings:
-            dropped += await parking.cancel(numbers)
-        tasks = [
-            task
-            for tp, settling in self._settling.items()
-            if partitions is None or tp in partitions
-            for task in settling
-        ]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if dropped:
-            log.info(
-                "parked requests dropped; the partition's next owner reads them again",
-                extra={"path": self.path, "records": dropped},
-            )
-
     async def _wait_for_parking_room(self, stop: asyncio.Event) -> None:
         """Too many parked requests: fetch nothing (partitions paused, still polling to stay in the group)
         until some are settled."""
         log.warning(
             "parked requests at their cap: intake paused until some are answered",
-            extra={"path": self.path, "parked": sum(len(p) for p in self._parkings)},
+            extra={"path": self.path, "parked": self._settlement.parked()},
         )
         self._intake.hold(PARKED)
-        while not stop.is_set() and any(parking.full() for parking in self._parkings):
-            if self._parked_failure is not None:
+        while not stop.is_set() and self._settlement.full():
+            if self._failure() is not None:
                 break
             await self._intake.wait_polling(0.1, stop, self._maybe_commit)
         self._intake.release(PARKED)
@@ -607,7 +545,7 @@ class StreamLoop:
             extra={"path": self.path, "held": transactions.held()},
         )
         self._intake.hold(HELD)
-        while not stop.is_set() and transactions.full() and self._parked_failure is None:
+        while not stop.is_set() and transactions.full() and self._failure() is None:
             await self._intake.wait_polling(0.1, stop, self._maybe_commit)
         self._intake.release(HELD)
 
@@ -649,9 +587,8 @@ class StreamLoop:
                 if offset is not None:
                     self._consumer.seek(tp, offset)
 
-        backoff = Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random)
         try:
-            await retry_call(open_and_seek, backoff=backoff, wait=wait)
+            await retry_call(open_and_seek, backoff=self._backoff, wait=wait)
         except Exception as exc:
             # raised out of the listener, aiokafka would log it and keep the partitions assigned but never
             # taken (a silent stall): stop the loop with it instead (`run` raises it)
@@ -676,7 +613,7 @@ class StreamLoop:
                     "revoke: in-flight batch not finished in time, abandoning it",
                     extra={"path": self.path, "pending": self._tracker.pending()},
                 )
-        await self._drop_parked(revoked)
+        await self._settlement.drop(revoked)
         await self._commit_now(sorted(revoked), reason="revoke")
         if self._transactions is not None:
             await self._transactions.close(revoked)  # held outputs not committed: the next owner redoes them
