@@ -35,7 +35,6 @@ containment `consumers.runtime.containment`, what a path promises the loop is `c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -44,7 +43,6 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectionError, KafkaError
 from opentelemetry.trace import Span
 
 from consumers.consumer import Health, LoopOptions, stop_consumer
@@ -52,6 +50,7 @@ from consumers.contract import BatchHandler
 from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage_log import OutageLog
+from consumers.runtime.checkpoint import AtLeastOnce, Checkpoint, ExactlyOnce
 from consumers.runtime.containment import Contained, UnexpectedReports, settle_outcomes
 from consumers.runtime.intake import HELD, OUTAGE, PARKED, Intake, Listener, partition_of, positions
 from consumers.runtime.retry import (
@@ -60,28 +59,19 @@ from consumers.runtime.retry import (
     Failure,
     outage_dependency,
     retry_batch,
-    retry_call,
     wait_to_retry,
 )
 from consumers.runtime.settlement import Settlement
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord
 from message_history import metrics, tracing
-from message_history.errors import RetriableError, error_type
+from message_history.errors import error_type
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import explain_too_large
-from producers.transactions import (
-    UNAUTHORIZED,
-    HeldOutput,
-    PartitionTransactions,
-    commit_failure,
-    held_outputs,
-)
+from producers.transactions import PartitionTransactions
 
 log = logging.getLogger(__name__)
 
 
-_TOPIC_POLL_S = 1.0  # how often a missing input topic is looked for
-_TOPIC_REPORT_EVERY_S = 30.0  # how often the wait for it is logged
 _GROW_AFTER = 8  # clean attempts before a shrunken chunk limit doubles again
 
 
@@ -116,8 +106,6 @@ class StreamLoop:
         self._idle = asyncio.Event()  # set while no batch is in flight
         self._idle.set()
         self._stopping = False
-        self._commit_task: asyncio.Task[None] | None = None
-        self._last_commit = time.monotonic()
         self._random = random.Random()  # noqa: S311 -- jitter, not security
         self._chunks = ChunkLimit(options.max_batch_records, grow_after=_GROW_AFTER)  # shrinks after failures
         self._backoff = Backoff(options.retry_initial_s, options.retry_max_s, self._random.random)
@@ -130,15 +118,22 @@ class StreamLoop:
             backoff=self._backoff,
             stopping=lambda: self._stopping,
         )
-        self._parked_failure: BaseException | None = None  # a commit that failed for good: raised by `run`
-        # exactly-once: outputs held per record, committed with the offsets (`producers.transactions`)
-        self._transactions = transactions
-        self._unauthorized = False  # exactly-once: a transaction was refused for a missing ACL
-        # exactly-once: partitions whose commits fail (a failure streak is logged once)
-        self._failing: set[TopicPartition] = set()
+        # what is done becomes committed: the consumer's commits, or transactions (`producers.transactions`)
+        self._checkpoint: Checkpoint = AtLeastOnce(
+            path=path, consumer=consumer, tracker=self._tracker, health=health, options=options
+        )
         if transactions is not None:
-            transactions.refused = self._refused_output
-            transactions.read_committed = consumer.committed
+            self._checkpoint = ExactlyOnce(
+                transactions,
+                refused=self._refused_output,
+                backoff=self._backoff,
+                stopping=lambda: self._stopping,
+                path=path,
+                consumer=consumer,
+                tracker=self._tracker,
+                health=health,
+                options=options,
+            )
         # Kafka's reachability, which `getmany` does not tell (hooks: `run`, `__aexit__`)
         self._kafka_watch = KafkaWatch(consumer, health, path, grace_s=options.kafka_grace_s)
         self._outage_logs = {dep: OutageLog(path, dep) for dep in ("kafka", "mongodb")}
@@ -183,17 +178,12 @@ class StreamLoop:
                 await self._commit_now(self._tracker.keys(), reason="shutdown")
             # a refused or failed commit is logged by `_commit` and leaves the offsets committable; under
             # exactly-once a partition fenced meanwhile is another instance's to commit, not ours
-            ours = [
-                tp
-                for tp in self._intake.assigned
-                if self._transactions is None or self._transactions.owns(tp)
-            ]
+            ours = [tp for tp in self._intake.assigned if self._checkpoint.owns(tp)]
             committed = not self._tracker.committable(ours)
         except TimeoutError:
             log.warning("shutdown commit did not finish in time", extra={"path": self.path})
         finally:
-            if self._transactions is not None:
-                await self._transactions.close()
+            await self._checkpoint.close()
             # leaves the group (no LeaveGroup with static membership)
             left = await stop_consumer(self._consumer, deadline - time.monotonic())
             if not left:
@@ -217,13 +207,13 @@ class StreamLoop:
             if self._settlement.full():
                 await self._wait_for_parking_room(stop)
                 continue
-            if self._transactions is not None and self._transactions.full():
+            if self._checkpoint.full():
                 await self._wait_for_held_room(stop)
                 continue
             batch = await self._intake.fetch()
             if batch:
                 await self._process(batch, stop)
-            self._maybe_commit()
+            self._checkpoint.maybe_commit()
         self._stopping = True
 
     # --- processing -----------------------------------------------------------------------------------------
@@ -289,7 +279,7 @@ class StreamLoop:
             self.path,
             dependency,
             failure.delay,
-            sleep=lambda delay: self._intake.wait_polling(delay, stop, self._maybe_commit),
+            sleep=lambda delay: self._intake.wait_polling(delay, stop, self._checkpoint.maybe_commit),
         )
         return stop.is_set()
 
@@ -322,13 +312,13 @@ class StreamLoop:
 
     def _failure(self) -> BaseException | None:
         """What stops the loop, met outside `run`'s own call chain: a commit, then a parked record's."""
-        return self._parked_failure or self._settlement.failure
+        return self._checkpoint.failure or self._settlement.failure
 
     def _done(self, item: tuple[ConsumerRecord, PartitionOffsets], outcome: object) -> None:
         """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
         record, part = item
-        if self._transactions is not None and self._tracker.owns(partition_of(record), part):
-            self._transactions.hold(partition_of(record), record.offset, held_outputs(outcome), record)
+        if self._tracker.owns(partition_of(record), part):
+            self._checkpoint.hold(partition_of(record), record, outcome)
         part.done(record.offset)
 
     # --- parked records -------------------------------------------------------------------------------------
@@ -344,8 +334,17 @@ class StreamLoop:
         while not stop.is_set() and self._settlement.full():
             if self._failure() is not None:
                 break
-            await self._intake.wait_polling(0.1, stop, self._maybe_commit)
+            await self._intake.wait_polling(0.1, stop, self._checkpoint.maybe_commit)
         self._intake.release(PARKED)
+
+    async def _commit_now(self, partitions: Sequence[TopicPartition], *, reason: str) -> None:
+        """Commit the done watermark of those of `partitions` still assigned, and wait (revoke, shutdown)."""
+        assigned = self._intake.assigned
+        await self._checkpoint.commit_now([tp for tp in partitions if tp in assigned], reason=reason)
+
+    async def _refused_output(self, record: ConsumerRecord, error: BaseException) -> object:
+        """Exactly-once: an output of `record` refused for its size; its dead letter replaces its outputs."""
+        return await self._send_dead_letter(record, explain_too_large(error, self.path), None)
 
     async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
         """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
@@ -395,210 +394,17 @@ class StreamLoop:
         for outage_log in self._outage_logs.values():
             outage_log.back()
 
-    # --- commits --------------------------------------------------------------------------------------------
-
-    def _maybe_commit(self) -> None:
-        """Start a background commit when the interval has passed and none is running."""
-        if self._commit_task is not None and not self._commit_task.done():
-            return
-        if time.monotonic() - self._last_commit < self._opts.commit_interval_s:
-            return
-        self._last_commit = time.monotonic()
-        offsets = self._tracker.committable()
-        if offsets:
-            self._commit_task = asyncio.create_task(self._commit(offsets, reason="interval"))
-
-    async def _commit_now(self, partitions: Sequence[TopicPartition], *, reason: str) -> None:
-        """Commit the done watermark of `partitions` and wait for it (revoke, shutdown)."""
-        if self._commit_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._commit_task
-        offsets = self._tracker.committable([tp for tp in partitions if tp in self._intake.assigned])
-        if offsets:
-            await self._commit(offsets, reason=reason)
-
-    async def _commit(self, offsets: dict[TopicPartition, int], *, reason: str) -> None:
-        started = time.perf_counter()
-        if self._transactions is not None:
-            offsets = await self._commit_transactions(self._transactions, offsets, reason=reason)
-            self._committed(offsets, reason, started)
-            return
-        try:
-            await asyncio.wait_for(self._consumer.commit(offsets), self._opts.commit_timeout_s)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # the group rebalanced under us: the revoke commit (or the next owner) takes over
-            log.warning("commit refused", extra={"path": self.path, "reason": reason, "error": str(exc)})
-            return
-        except (KafkaError, TimeoutError) as exc:
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-            log.warning(
-                "commit failed; the next one retries",
-                extra={"path": self.path, "reason": reason, "error": type(exc).__name__},
-            )
-            return
-        self._committed(offsets, reason, started)
-
-    def _committed(self, offsets: dict[TopicPartition, int], reason: str, started: float) -> None:
-        self._tracker.mark_committed(offsets)
-        metrics.STAGE_SECONDS.labels(path=self.path, stage="commit").observe(time.perf_counter() - started)
-        for tp, offset in offsets.items():
-            metrics.COMMITTED_OFFSET.labels(topic=tp.topic, partition=str(tp.partition)).set(offset)
-        log.debug(
-            "committed",
-            extra={
-                "path": self.path,
-                "reason": reason,
-                "offsets": {str(tp.partition): o for tp, o in offsets.items()},
-            },
-        )
-
-    async def _commit_transactions(
-        self, transactions: PartitionTransactions, offsets: dict[TopicPartition, int], *, reason: str
-    ) -> dict[TopicPartition, int]:
-        """Each partition's held outputs below its watermark and the watermark, one transaction per partition,
-        all at once; returns the offsets committed. What a failure means is `commit_failure`'s: an outage
-        (or a commit in doubt, settled by the next one before anything is sent again) is retried, missing
-        ACLs make the path not ready, anything else stops the loop."""
-        parts = list(offsets.items())
-        results = await asyncio.gather(
-            *(
-                asyncio.wait_for(transactions.commit(tp, offset), self._opts.commit_timeout_s)
-                for tp, offset in parts
-            ),
-            return_exceptions=True,
-        )
-        committed: dict[TopicPartition, int] = {}
-        for (tp, offset), result in zip(parts, results, strict=True):
-            if result is True:
-                committed[tp] = offset
-                self._failing.discard(tp)
-            elif isinstance(result, (KafkaError, TimeoutError, ConnectionError, RetriableError)):
-                self._transaction_failed(tp, result, in_doubt=tp in transactions.in_doubt(), reason=reason)
-            elif isinstance(result, BaseException) and self._parked_failure is None:
-                self._parked_failure = result  # a bug, maybe in a background commit: `run` raises it
-        if committed and self._unauthorized:
-            self._unauthorized = False
-            self._health.set_ready(self.path, True)
-            log.info("transactions authorized again", extra={"path": self.path})
-        return committed
-
-    def _transaction_failed(
-        self, tp: TopicPartition, error: BaseException, *, in_doubt: bool, reason: str
-    ) -> None:
-        where = {
-            "path": self.path,
-            "reason": reason,
-            "partition": tp.partition,
-            "error": type(error).__name__,
-        }
-        failure = commit_failure(error)
-        if failure == "outage":
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-            # once per partition and failure streak (an outage fails every commit: said, not shouted)
-            level = logging.DEBUG if tp in self._failing else logging.WARNING
-            self._failing.add(tp)
-            if in_doubt:  # asked, not answered in time: the same producer waits for the answer, never guessed
-                log.log(
-                    level,
-                    "commit outcome unknown yet (no answer in time); settled before any resend",
-                    extra=where,
-                )
-            else:
-                log.log(
-                    level, "transaction failed (aborted); the next commit retries its outputs", extra=where
-                )
-        elif failure == "unauthorized":
-            self._refused_access(error, where)
-        elif self._parked_failure is None:  # neither retriable nor fencing: never retried at every commit
-            log.error("a transaction refused for good (not retriable): stopping the loop", extra=where)
-            self._parked_failure = error
-
-    def _refused_access(self, error: BaseException, where: dict[str, object]) -> None:
-        """A missing ACL (not fencing: nobody else holds the partition): not ready, ERROR, counted (the
-        chart alerts on it); retried, and ready again once a transaction goes through."""
-        metrics.KAFKA_AUTHORIZATION_FAILURES.labels(path=self.path, error_type=type(error).__name__).inc()
-        log.error(  # an ACL to grant, not a traceback to read
-            "Kafka authorization failed for a transaction: grant the ACLs (docs/security.md); not ready",
-            extra={**where, "detail": str(error)[:300]},
-        )
-        self._unauthorized = True
-        self._health.set_ready(self.path, False, f"kafka authorization failed: {type(error).__name__}")
-
-    async def _refused_output(
-        self, tp: TopicPartition, offset: int, source: object, error: BaseException
-    ) -> list[HeldOutput]:
-        """Exactly-once: the broker refused an output of the record at `offset` for its size (the topic's
-        `max.message.bytes`): the record's dead letter replaces its outputs, in the same transaction."""
-        if not isinstance(source, ConsumerRecord):
-            return []
-        explained = explain_too_large(error, self.path)
-        return held_outputs(await self._send_dead_letter(source, explained, None))
-
     async def _wait_for_held_room(self, stop: asyncio.Event) -> None:
         """Exactly-once: held outputs at their cap (commits failing, or slower than intake): fetch nothing,
         partitions paused and still polling, until commits drain them."""
-        transactions = self._transactions
-        if transactions is None:
-            return
         log.warning(
             "held outputs at their cap (MAX_HELD_OUTPUTS): intake paused until commits drain them",
-            extra={"path": self.path, "held": transactions.held()},
+            extra={"path": self.path, "held": self._checkpoint.held()},
         )
         self._intake.hold(HELD)
-        while not stop.is_set() and transactions.full() and self._failure() is None:
-            await self._intake.wait_polling(0.1, stop, self._maybe_commit)
+        while not stop.is_set() and self._checkpoint.full() and self._failure() is None:
+            await self._intake.wait_polling(0.1, stop, self._checkpoint.maybe_commit)
         self._intake.release(HELD)
-
-    async def open_transactions(self, assigned: set[TopicPartition]) -> None:
-        """Exactly-once: before the new partitions are read, a transactional producer for each (fencing any
-        zombie holding its id, completing its open transaction), then the partitions start from the offset
-        committed after that: pending transactional offsets are not visible before (no KIP-447 here)."""
-        if self._transactions is None or not assigned:
-            return
-        owned = sorted(assigned, key=lambda tp: tp.partition)
-        transactions = self._transactions
-
-        async def wait(failure: Failure[None]) -> bool:
-            # the partitions cannot be read safely before their ids are fenced: retry, holding the rebalance
-            if self._stopping and failure.error is not None:
-                metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-                raise failure.error
-            await wait_to_retry(
-                self.path,
-                "kafka",
-                failure.delay,
-                "transactional producers not ready; retrying",
-                extra={"error": type(failure.error).__name__, "attempt": failure.attempt},
-                logger=log,
-            )
-            return False
-
-        async def open_and_seek() -> None:
-            try:
-                await transactions.open(owned)
-            except UNAUTHORIZED as exc:  # InitProducerId refused: an ACL to grant, retried meanwhile
-                self._refused_access(exc, {"path": self.path, "error": type(exc).__name__})
-                raise KafkaConnectionError(f"transactional producers not authorized: {exc}") from exc
-            if self._unauthorized:
-                self._unauthorized = False
-                self._health.set_ready(self.path, True)
-            for tp in owned:
-                offset = await self._consumer.committed(tp)
-                if offset is not None:
-                    self._consumer.seek(tp, offset)
-
-        try:
-            await retry_call(open_and_seek, backoff=self._backoff, wait=wait)
-        except Exception as exc:
-            # raised out of the listener, aiokafka would log it and keep the partitions assigned but never
-            # taken (a silent stall): stop the loop with it instead (`run` raises it)
-            if not self._stopping and self._parked_failure is None:
-                log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
-                    "transactional producers could not be opened (not an outage): stopping the loop",
-                    extra={"path": self.path, "error_type": type(exc).__name__, "error": str(exc)[:300]},
-                )
-                self._parked_failure = exc
-            raise
 
     # --- rebalances -----------------------------------------------------------------------------------------
 
@@ -615,8 +421,7 @@ class StreamLoop:
                 )
         await self._settlement.drop(revoked)
         await self._commit_now(sorted(revoked), reason="revoke")
-        if self._transactions is not None:
-            await self._transactions.close(revoked)  # held outputs not committed: the next owner redoes them
+        await self._checkpoint.revoked(revoked)
         self._tracker.forget(revoked)
         self._intake.drop(revoked)
         log.info(
@@ -625,7 +430,7 @@ class StreamLoop:
         )
 
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self.open_transactions(assigned)
+        await self._checkpoint.assigned(assigned)
         self.on_assigned(assigned)
 
     def on_assigned(self, assigned: set[TopicPartition]) -> None:
