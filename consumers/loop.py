@@ -43,7 +43,6 @@ from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from opentelemetry.trace import Span
 
 from consumers.consumer import Health, LoopOptions, stop_consumer
 from consumers.contract import BatchHandler
@@ -51,7 +50,8 @@ from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.outage_log import OutageLog
 from consumers.runtime.checkpoint import AtLeastOnce, Checkpoint, ExactlyOnce
-from consumers.runtime.containment import Contained, UnexpectedReports, settle_outcomes
+from consumers.runtime.containment import Contained, settle_outcomes
+from consumers.runtime.dead_letters import DeadLetters
 from consumers.runtime.intake import HELD, OUTAGE, PARKED, Intake, Listener, partition_of, positions
 from consumers.runtime.retry import (
     Backoff,
@@ -63,8 +63,7 @@ from consumers.runtime.retry import (
 )
 from consumers.runtime.settlement import Settlement
 from consumers.unreadable import SkippingUnreadable, UnreadableRecord
-from message_history import metrics, tracing
-from message_history.errors import error_type
+from message_history import metrics
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import explain_too_large
 from producers.transactions import PartitionTransactions
@@ -99,7 +98,7 @@ class StreamLoop:
         self._intake = Intake(path=path, topic=topic, consumer=consumer, health=health, options=options)
         # an unreadable record is refused before the path sees it; a batch the path raises for is split
         self._handler = Contained(SkippingUnreadable(handler), path)
-        self._dead_letters = dead_letters
+        self._dead_letters = DeadLetters(path, dead_letters, log)
         self._health = health
         self._opts = options
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
@@ -125,7 +124,7 @@ class StreamLoop:
         if transactions is not None:
             self._checkpoint = ExactlyOnce(
                 transactions,
-                refused=self._refused_output,
+                refused=self._dead_letters.refused_output,
                 backoff=self._backoff,
                 stopping=lambda: self._stopping,
                 path=path,
@@ -137,7 +136,6 @@ class StreamLoop:
         # Kafka's reachability, which `getmany` does not tell (hooks: `run`, `__aexit__`)
         self._kafka_watch = KafkaWatch(consumer, health, path, grace_s=options.kafka_grace_s)
         self._outage_logs = {dep: OutageLog(path, dep) for dep in ("kafka", "mongodb")}
-        self._unexpected = UnexpectedReports(path)  # a bug counted once per record, not per attempt
 
     def done_offset(self, partition: int) -> int | None:
         """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
@@ -304,7 +302,7 @@ class StreamLoop:
         return await settle_outcomes(
             items,
             results,
-            reject=lambda item, error: self._dead_letter(item[0], error),
+            reject=lambda item, error: self._dead_letters.send(item[0], error),
             # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
             explain=lambda error: explain_too_large(error, self.path),
             done=self._done,
@@ -341,37 +339,6 @@ class StreamLoop:
         """Commit the done watermark of those of `partitions` still assigned, and wait (revoke, shutdown)."""
         assigned = self._intake.assigned
         await self._checkpoint.commit_now([tp for tp in partitions if tp in assigned], reason=reason)
-
-    async def _refused_output(self, record: ConsumerRecord, error: BaseException) -> object:
-        """Exactly-once: an output of `record` refused for its size; its dead letter replaces its outputs."""
-        return await self._send_dead_letter(record, explain_too_large(error, self.path), None)
-
-    async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
-        """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
-        with tracing.output_span("dead-letter", record, **{"message_history.path": self.path}) as span:
-            return await self._send_dead_letter(record, error, span)
-
-    async def _send_dead_letter(
-        self, record: ConsumerRecord, error: BaseException, span: Span | None
-    ) -> object:
-        # too large for Kafka: without the value, then without the record's own headers too, saying so
-        result = await self._dead_letters.deliver(record, error, span=span)
-        kind = error_type(error)
-        self._unexpected.report(record, error)
-        metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()
-        metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
-        log.warning(
-            "dead-lettered a record",
-            extra={
-                "path": self.path,
-                "topic": record.topic,
-                "partition": record.partition,
-                "offset": record.offset,
-                "error_type": kind,
-                "dead_letter_topic": self._dead_letters.topic,
-            },
-        )
-        return result
 
     # --- outages --------------------------------------------------------------------------------------------
 
