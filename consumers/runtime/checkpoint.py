@@ -18,6 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectionError, KafkaError
@@ -41,23 +42,40 @@ Refused = Callable[[ConsumerRecord, BaseException], Awaitable[object]]
 """Exactly-once: the dead letter of a record one of whose outputs the broker refused for its size."""
 
 
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """What a checkpoint works with: the loop's path, consumer, done watermarks, health and knobs."""
+
+    path: str
+    consumer: AIOKafkaConsumer
+    tracker: OffsetTracker[TopicPartition]
+    health: Health
+    options: LoopOptions
+
+
+def checkpoint_for(
+    transactions: PartitionTransactions | None,
+    checked: Checked,
+    *,
+    refused: Refused,
+    backoff: Backoff,
+    stopping: Callable[[], bool],
+) -> Checkpoint:
+    """Exactly-once when the loop has transactions, else at-least-once."""
+    if transactions is None:
+        return AtLeastOnce(checked)
+    return ExactlyOnce(checked, transactions, refused=refused, backoff=backoff, stopping=stopping)
+
+
 class Checkpoint:
     """What both implementations share: the commit schedule and what a commit records."""
 
-    def __init__(
-        self,
-        *,
-        path: str,
-        consumer: AIOKafkaConsumer,
-        tracker: OffsetTracker[TopicPartition],
-        health: Health,
-        options: LoopOptions,
-    ) -> None:
-        self.path = path
-        self._consumer = consumer
-        self._tracker = tracker
-        self._health = health
-        self._opts = options
+    def __init__(self, checked: Checked) -> None:
+        self.path = checked.path
+        self._consumer = checked.consumer
+        self._tracker = checked.tracker
+        self._health = checked.health
+        self._opts = checked.options
         self._task: asyncio.Task[None] | None = None
         self._last = time.monotonic()
         self.failure: BaseException | None = None  # a commit that failed for good: the loop raises it
@@ -155,18 +173,14 @@ class ExactlyOnce(Checkpoint):
 
     def __init__(
         self,
+        checked: Checked,
         transactions: PartitionTransactions,
         *,
         refused: Refused,
         backoff: Backoff,
         stopping: Callable[[], bool],
-        path: str,
-        consumer: AIOKafkaConsumer,
-        tracker: OffsetTracker[TopicPartition],
-        health: Health,
-        options: LoopOptions,
     ) -> None:
-        super().__init__(path=path, consumer=consumer, tracker=tracker, health=health, options=options)
+        super().__init__(checked)
         self.transactions = transactions
         self._refused = refused
         self._backoff = backoff
@@ -174,7 +188,7 @@ class ExactlyOnce(Checkpoint):
         self._unauthorized = False  # a transaction was refused for a missing ACL
         self._failing: set[TopicPartition] = set()  # partitions whose commits fail (a streak is logged once)
         transactions.refused = self._refused_output
-        transactions.read_committed = consumer.committed
+        transactions.read_committed = checked.consumer.committed
 
     def hold(self, tp: TopicPartition, record: ConsumerRecord, outcome: object) -> None:
         self.transactions.hold(tp, record.offset, held_outputs(outcome), record)

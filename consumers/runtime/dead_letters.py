@@ -31,6 +31,10 @@ class DeadLetters:
         with tracing.output_span("dead-letter", record, **{"message_history.path": self.path}) as span:
             return await self._deliver(record, error, span)
 
+    def explain(self, error: BaseException) -> BaseException:
+        """An output Kafka refused for its size, as the reason its input is dead-lettered (its bytes fit)."""
+        return explain_too_large(error, self.path)
+
     async def refused_output(self, record: ConsumerRecord, error: BaseException) -> object:
         """Exactly-once: an output of `record` refused for its size; its dead letter replaces its outputs."""
         return await self._deliver(record, explain_too_large(error, self.path), None)

@@ -107,6 +107,10 @@ class Intake:
         if self._holds and assigned:
             self.consumer.pause(*assigned)
 
+    def owned(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """Those of `partitions` still assigned here."""
+        return [tp for tp in partitions if tp in self.assigned]
+
     def drop(self, revoked: set[TopicPartition]) -> None:
         for tp in revoked:
             self._handed_out.pop(tp, None)

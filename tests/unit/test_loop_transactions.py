@@ -13,6 +13,7 @@ from aiokafka.errors import InvalidTxnState, TransactionalIdAuthorizationFailed,
 
 from consumers.consumer import LoopOptions
 from consumers.loop import StreamLoop
+from consumers.runtime.intake import HELD
 from message_history import metrics
 from message_history.settings import Settings
 from producers import transactions as transactions_module
@@ -177,7 +178,7 @@ async def test_held_outputs_at_their_cap_pause_intake_until_commits_drain_them(
     transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
     transactions.hold(TP, 1, [HeldOutput("out", b"k", b"b", ())])
     stop = asyncio.Event()
-    waiting = asyncio.create_task(loop._wait_for_held_room(stop))
+    waiting = asyncio.create_task(loop._wait_for_room(HELD, transactions.full, stop, "held at cap", 2))
     await asyncio.sleep(0.1)
     assert not waiting.done()  # intake paused: only paused polls, to stay in the group
     assert consumer.paused_now == {TP}
