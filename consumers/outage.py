@@ -1,39 +1,8 @@
-"""Where the outage and containment policy used to be: the retry policy is `consumers.runtime.retry`,
-containment `consumers.runtime.containment`. These names stay importable here for importers not moved yet.
+"""Where the retry policy and containment used to be: they are `consumers.runtime.retry` and
+`consumers.runtime.containment`. The names the worker SDK (`worker/runner.py`) imports from here stay
+importable until it imports them from there; nothing else does.
 """
 
-from consumers.runtime.containment import (
-    Contained,
-    contain,
-    containable,
-    is_systemic,
-    report_unexpected,
-    settle_outcomes,
-)
-from consumers.runtime.retry import (
-    Backoff,
-    ChunkLimit,
-    Failure,
-    backoff_delay,
-    is_outage,
-    outage_dependency,
-    retry_batch,
-    retry_call,
-)
+from consumers.runtime.retry import backoff_delay, is_outage
 
-__all__ = [
-    "Backoff",
-    "ChunkLimit",
-    "Contained",
-    "Failure",
-    "backoff_delay",
-    "contain",
-    "containable",
-    "is_outage",
-    "is_systemic",
-    "outage_dependency",
-    "report_unexpected",
-    "retry_batch",
-    "retry_call",
-    "settle_outcomes",
-]
+__all__ = ["backoff_delay", "is_outage"]
