@@ -30,6 +30,7 @@ from consumers.runtime.containment import (
     report_unexpected,
     settle_outcomes,
 )
+from consumers.runtime.dead_letters import DeadLetters
 from consumers.runtime.retry import Backoff, Failure, retry_batch
 from message_history import metrics, tracing
 from message_history.errors import (
@@ -383,3 +384,29 @@ def test_the_dead_letter_of_a_bug_names_its_class_and_a_scrubbed_bounded_message
     assert headers[ERROR_TYPE] == b"RuntimeError"
     assert b"hunter2" not in headers[ERROR_MESSAGE]
     assert len(headers[ERROR_MESSAGE]) <= MAX_MESSAGE_BYTES
+
+
+async def test_a_record_dead_lettered_twice_for_one_bug_counts_one_bug_and_two_dead_letters() -> None:
+    """The loop's dead letters (`consumers.runtime.dead_letters.DeadLetters`): a record handled twice (its
+    batch retried, or read again after a revoke) is sent twice, and the bug met on it is counted once."""
+    sent: list[int] = []
+
+    class Publisher:
+        topic = "rq.dlq"
+
+        async def deliver(self, record: Any, error: BaseException, *, span: Any = None) -> object:
+            sent.append(record.offset)
+            return None
+
+    bugs = {"path": "dl-once", "error_type": "ZeroDivisionError"}
+    letters = {"path": "dl-once", "error_type": "ZeroDivisionError"}
+    before = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", bugs) or 0.0
+    before_letters = metrics.REGISTRY.get_sample_value("message_history_dead_letters_total", letters) or 0.0
+    publisher: Any = Publisher()
+    dead_letters = DeadLetters("dl-once", publisher, logging.getLogger("consumers.loop"))
+    for _ in range(2):
+        await dead_letters.send(record(7), contain(ZeroDivisionError("division by zero"), "process"))
+    assert sent == [7, 7]
+    assert metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", bugs) == before + 1
+    dead = metrics.REGISTRY.get_sample_value("message_history_dead_letters_total", letters)
+    assert dead == before_letters + 2
