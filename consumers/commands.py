@@ -6,7 +6,7 @@ timeout) with progress (`ForgetProgress`: a metric as it goes, a log line every 
 (the loop retries the batch; forgetting is idempotent, so a command run twice, or interrupted and run again,
 answers with the same effect: the second run counts what it deleted). A command that cannot be decoded, or
 that names a thread another resource owns, is a dead letter, and so is one whose decode or forget raises
-anything else that is neither an outage nor a systemic refusal (`consumers.outage.containable`: a bug,
+anything else that is neither an outage nor a systemic refusal (containment's `containable`: a bug,
 logged at ERROR when it is dead-lettered). Every forget is written to the log as an audit line (`"audit":
 "forget"`), with counts and ids but no content.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
 from consumers.contract import Ack, Record, record_headers
-from consumers.outage import contain, containable
+from consumers.runtime.containment import contain, containable
 from message_history import metrics
 from message_history.errors import EventValidationError, InvalidInputError
 from producers.forgotten import ForgottenPublisher

@@ -6,7 +6,7 @@ that item's result and its lane goes on; any other error is a batch failure: the
 cancelled and the error propagates, so the caller retries or stops the whole batch and nothing of a thread
 runs past an item that did not finish.
 
-`run_lanes` is the one lane runner: the recall and persist paths (`consumers.contract.PathHandler.per_thread`)
+`run_lanes` is the one lane runner: the recall and persist paths (`consumers.handler.PathHandler.per_thread`)
 and the worker SDK's batches (`worker.runner`) run on it.
 """
 

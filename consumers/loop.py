@@ -1,103 +1,52 @@
-"""The batch consumer loop shared by both paths: fetch, hand a batch to the path, route dead letters, commit.
+"""The batch consumer loop of one path: run -> fetch -> attempt -> settle -> checkpoint; rebalances; shutdown.
 
 One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's consumer group. Per batch:
+the intake fetches it (`runtime.intake`: careful reads of unreadable batches, pausing held by named reasons);
+each record is tracked in its partition's done watermark (`consumers.offsets`); the path's `BatchHandler`
+returns an acknowledgement or an `InvalidInputError` per record, a batch it raises for being halved down to
+the record that raises (`runtime.containment`); the outcomes are settled: done, or dead letters
+(`runtime.dead_letters`), a parked record in the background (`runtime.settlement`); what is done is committed
+by the checkpoint (`runtime.checkpoint`: at-least-once, or exactly-once with the outputs in one transaction
+per partition), in the background at most every `commit_interval_ms`, and at revoke and shutdown.
 
-1. `getmany` returns up to `max_batch_records` records; each is tracked in the partition's watermark.
-2. The path's `BatchHandler` returns, per record, either an acknowledgement to wait for (the output was sent,
-   and for the persist path the MongoDB write is already acknowledged) or an `InvalidInputError`: that record
-   is sent to the path's dead-letter topic. When the handler raises for the whole batch, the batch is split
-   in halves until the record that raises is alone (`consumers.outage.Contained`), and that one is the dead
-   letter.
-3. The loop gathers every acknowledgement of the batch; a record is done when all of its outputs are. A
-   parked record (a recall request waiting in its thread's lane, `consumers.parking`) is settled in the
-   background instead: the loop fetches on, and its commit stops below it until it is done.
-4. A background commit, at most every `commit_interval_ms`, commits each partition's contiguous done
-   watermark; the loop never waits for it. Revoke and shutdown commit synchronously. Under exactly-once
-   the outputs were only held (`producers.transactions`): each partition's commit is a transaction that
-   produces the outputs of its records below the watermark, then commits the watermark.
-
-Outages (MongoDB or Kafka unreachable: `RetriableError`, retriable or timed-out Kafka errors) are not bad
-input: the loop pauses its partitions, reports not-ready, backs off exponentially with jitter, and retries
-the same records that are not done yet. While it waits it keeps calling `getmany` (on paused partitions, so
-nothing is returned) so that the consumer stays in the group. A record whose output is too large for Kafka
-is dead-lettered like bad input, and so is each offset of a record batch the consumer cannot decompress or
-parse (see `consumers.unreadable`). Any other exception met on one record (a bug) is contained the same way:
-the record is dead-lettered with the exception's class and message, logged at ERROR with its topic,
-partition and offset, and counted in `message_history_unexpected_errors_total`; the loop never exits on a
-record. Only a systemic refusal (`consumers.outage.is_systemic`: MongoDB refusing for good, Kafka refusing
-authorization or configuration) stops the loop: the service exits non-zero without committing past the
-failed work, since dead-lettering every record would be wrong.
-
-One job, the loop itself (hence its length): the consumer and the knobs are built in `consumers.consumer`,
-the retry policy is `consumers.outage`, what a path promises the loop is `consumers.contract`.
+An outage is no record's fault: the loop holds its intake paused, reports not-ready and retries the records
+not done after a backoff (`runtime.retry`, `runtime.outages`), polling to stay in the group. A bug met on one
+record is that record's dead letter, counted once per record; only a systemic refusal stops the loop, without
+committing past the failed work. The README's "consumers/runtime" section says which job lives where.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
 import logging
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectionError, KafkaError
-from opentelemetry.trace import Span
 
 from consumers.consumer import Health, LoopOptions, stop_consumer
 from consumers.contract import BatchHandler
 from consumers.kafka_watch import KafkaWatch
-from consumers.offsets import OffsetTracker, PartitionOffsets
-from consumers.outage import (
-    Backoff,
-    ChunkLimit,
-    Contained,
-    Failure,
-    is_outage,
-    outage_dependency,
-    report_unexpected,
-    retry_batch,
-    retry_call,
-    settle_outcomes,
-)
-from consumers.outage_log import OutageLog
-from consumers.parking import Deferred, ParkedLanes
-from consumers.unreadable import SkippingUnreadable, UnreadableRecord, is_unreadable, read_carefully, rewind
-from message_history import metrics, tracing
-from message_history.errors import RetriableError, error_type
+from consumers.offsets import OffsetTracker
+from consumers.runtime.checkpoint import Checked, checkpoint_for
+from consumers.runtime.containment import Contained, settle_outcomes
+from consumers.runtime.dead_letters import DeadLetters
+from consumers.runtime.intake import HELD, PARKED, Intake, Listener, partition_of, positions
+from consumers.runtime.outages import Outages
+from consumers.runtime.retry import Backoff, ChunkLimit, retry_batch
+from consumers.runtime.settlement import Item, Settlement
+from consumers.unreadable import SkippingUnreadable, UnreadableRecord
+from message_history import metrics
 from producers.dead_letters import DeadLetterPublisher
-from producers.output import explain_too_large
-from producers.transactions import (
-    UNAUTHORIZED,
-    HeldOutput,
-    PartitionTransactions,
-    commit_failure,
-    held_outputs,
-)
+from producers.transactions import PartitionTransactions
 
 log = logging.getLogger(__name__)
 
 
-_TOPIC_POLL_S = 1.0  # how often a missing input topic is looked for
-_TOPIC_REPORT_EVERY_S = 30.0  # how often the wait for it is logged
 _GROW_AFTER = 8  # clean attempts before a shrunken chunk limit doubles again
-
-
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information
-    def __init__(self, loop: StreamLoop) -> None:
-        self._loop = loop
-
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._loop.on_revoked(set(revoked))
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._loop.open_transactions(set(assigned))
-        self._loop.on_assigned(set(assigned))
 
 
 class StreamLoop:
@@ -121,45 +70,45 @@ class StreamLoop:
         self.path = path
         self.topic = topic
         self._consumer = consumer
+        self._intake = Intake(path=path, topic=topic, consumer=consumer, health=health, options=options)
         # an unreadable record is refused before the path sees it; a batch the path raises for is split
         self._handler = Contained(SkippingUnreadable(handler), path)
-        self._dead_letters = dead_letters
+        self._dead_letters = DeadLetters(path, dead_letters, log)
         self._health = health
         self._opts = options
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()
-        self._assigned: set[TopicPartition] = set()
         self._idle = asyncio.Event()  # set while no batch is in flight
         self._idle.set()
-        self._outage = False
         self._stopping = False
-        self._commit_task: asyncio.Task[None] | None = None
-        self._last_commit = time.monotonic()
         self._random = random.Random()  # noqa: S311 -- jitter, not security
         self._chunks = ChunkLimit(options.max_batch_records, grow_after=_GROW_AFTER)  # shrinks after failures
-        self._handed_out: dict[TopicPartition, int] = {}  # one past the last record fetched, per partition
-        # parked records (a request waiting in its thread's lane) settling in the background, per partition
-        self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
-        self._parkings: set[ParkedLanes[Any]] = set()  # the lanes those records wait in
-        self._parked_failure: BaseException | None = None  # a bug met while settling one: raised by `run`
-        # exactly-once: outputs held per record, committed with the offsets (`producers.transactions`)
-        self._transactions = transactions
-        self._unauthorized = False  # exactly-once: a transaction was refused for a missing ACL
-        # exactly-once: partitions whose commits fail (a failure streak is logged once)
-        self._failing: set[TopicPartition] = set()
-        if transactions is not None:
-            transactions.refused = self._refused_output
-            transactions.read_committed = consumer.committed
+        self._backoff = Backoff(options.retry_initial_s, options.retry_max_s, self._random.random)
+        # parked records (a request waiting in its thread's lane) settling in the background
+        self._settlement = Settlement(
+            path=path,
+            topic=topic,
+            settle=self._settle_now,
+            still_ours=self._still_ours,
+            backoff=self._backoff,
+            stopping=lambda: self._stopping,
+        )
+        # what is done becomes committed: the consumer's commits, or transactions (`producers.transactions`)
+        self._checkpoint = checkpoint_for(
+            transactions,
+            Checked(path, consumer, self._tracker, health, options),
+            refused=self._dead_letters.refused_output,
+            backoff=self._backoff,
+            stopping=lambda: self._stopping,
+        )
         # Kafka's reachability, which `getmany` does not tell (hooks: `run`, `__aexit__`)
         self._kafka_watch = KafkaWatch(consumer, health, path, grace_s=options.kafka_grace_s)
-        self._outage_logs = {dep: OutageLog(path, dep) for dep in ("kafka", "mongodb")}
+        self._outages = Outages(path, health, self._intake, lambda: self._stopping)
 
     def done_offset(self, partition: int) -> int | None:
-        """Next offset of `partition` of this loop's topic not yet done here; None when not owned or not read.
-
-        The turn barrier reads it for the persist path: everything below it is written and acknowledged.
-        """
+        """Next offset of `partition` of this loop's topic not yet done here (None: not owned or not read);
+        the turn barrier reads it for the persist path: everything below it is written and acknowledged."""
         tp = TopicPartition(self.topic, partition)
-        if tp not in self._assigned:
+        if tp not in self._intake.assigned:
             return None
         return self._tracker.watermark(tp)
 
@@ -172,16 +121,11 @@ class StreamLoop:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        """Final commit of what is done, then leave the group; both by `exit_deadline` (a monotonic time,
-        set by the service from its shutdown budget; else `exit_timeout_s` from now).
-
-        `stopped_cleanly` says afterwards whether everything done was committed and the consumer stopped in
-        time. The commit gets half of the time left and at most its usual bound; the stop gets the rest:
-        whatever the group is doing (a join held for a dead member, a revoke callback), this returns by the
-        deadline.
-        """
+        """Final commit of what is done (half of the time left, at most its usual bound), then leave the
+        group (the rest), by `exit_deadline` (monotonic; set by the service, else `exit_timeout_s` from now)
+        whatever the group does; `stopped_cleanly` says afterwards whether both were done in time."""
         await self._kafka_watch.stop()
-        await self._drop_parked(None)  # parked requests are left uncommitted, for the next owner
+        await self._settlement.drop(None)  # parked requests are left uncommitted, for the next owner
         self._stopping = True
         self._health.set_ready(self.path, False, "stopping")
         deadline = self.exit_deadline or time.monotonic() + self._opts.exit_timeout_s
@@ -189,16 +133,15 @@ class StreamLoop:
         try:
             bound = min(self._opts.commit_timeout_s, (deadline - time.monotonic()) / 2)
             async with asyncio.timeout(max(0.0, bound)):
-                await self._commit_now(self._tracker.keys(), reason="shutdown")
+                await self._checkpoint.commit_now(self._intake.owned(self._tracker.keys()), reason="shutdown")
             # a refused or failed commit is logged by `_commit` and leaves the offsets committable; under
             # exactly-once a partition fenced meanwhile is another instance's to commit, not ours
-            ours = [tp for tp in self._assigned if self._transactions is None or self._transactions.owns(tp)]
+            ours = [tp for tp in self._intake.assigned if self._checkpoint.owns(tp)]
             committed = not self._tracker.committable(ours)
         except TimeoutError:
             log.warning("shutdown commit did not finish in time", extra={"path": self.path})
         finally:
-            if self._transactions is not None:
-                await self._transactions.close()
+            await self._checkpoint.close()
             # leaves the group (no LeaveGroup with static membership)
             left = await stop_consumer(self._consumer, deadline - time.monotonic())
             if not left:
@@ -210,588 +153,115 @@ class StreamLoop:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Fetch and process batches until `stop` is set; returns once the batch in hand is finished."""
-        if not await self._subscribe_once_topic_exists(stop):
+        listener = Listener(self.on_revoked, self.on_assigned)
+        if not await self._intake.subscribe_once_topic_exists(stop, listener):
             return
         self._kafka_watch.start()
         while not stop.is_set():
             self._health.beat(self.path)
-            if self._parked_failure is not None:
-                raise self._parked_failure
-            if any(parking.full() for parking in self._parkings):
-                await self._wait_for_parking_room(stop)
+            failure = self._failure()
+            if failure is not None:
+                raise failure
+            if self._settlement.full():
+                said = "parked requests at their cap: intake paused until some are answered"
+                await self._wait_for_room(
+                    PARKED, self._settlement.full, stop, said, self._settlement.parked()
+                )
                 continue
-            if self._transactions is not None and self._transactions.full():
-                await self._wait_for_held_room(stop)
+            if self._checkpoint.full():
+                said = "held outputs at their cap (MAX_HELD_OUTPUTS): intake paused until commits drain them"
+                await self._wait_for_room(HELD, self._checkpoint.full, stop, said, self._checkpoint.held())
                 continue
-            batch = await self._fetch()
+            batch = await self._intake.fetch()
             if batch:
                 await self._process(batch, stop)
-            self._maybe_commit()
+            self._checkpoint.maybe_commit()
         self._stopping = True
-
-    async def _subscribe_once_topic_exists(self, stop: asyncio.Event) -> bool:
-        """Join the group only once the input topic exists; False if told to stop while waiting.
-
-        Subscribing to a topic that does not exist yet gets an empty assignment, and when a producer's
-        auto-create makes the topic later the consumer only notices at its next metadata refresh (five minutes
-        by default): records would sit unread. So wait, not ready, saying why.
-        """
-        started = time.monotonic()
-        next_report = started
-        while not stop.is_set():
-            try:
-                exists = self.topic in await self._consumer.topics()
-            except KafkaError:
-                # a metadata request that failed (aiokafka raises a bare KafkaError when no broker answers
-                # it): not found yet. The commands path polls here for as long as its topic is missing.
-                exists = False
-            if exists:
-                break
-            now = time.monotonic()
-            if now >= next_report:
-                waited = round(now - started)
-                log.warning(
-                    "input topic does not exist yet (or this principal may not describe it); waiting for it",
-                    extra={"path": self.path, "topic": self.topic, "waited_s": waited},
-                )
-                self._health.set_ready(self.path, False, f"input topic {self.topic!r} does not exist")
-                next_report = now + _TOPIC_REPORT_EVERY_S
-            self._health.beat(self.path)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), _TOPIC_POLL_S)
-        if stop.is_set():
-            return False
-        self._consumer.subscribe([self.topic], listener=_Listener(self))
-        self._health.set_ready(self.path, True)
-        return True
-
-    # --- fetching -------------------------------------------------------------------------------------------
-
-    async def _fetch(self) -> list[ConsumerRecord | UnreadableRecord]:
-        try:
-            fetched = await self._consumer.getmany(
-                timeout_ms=self._opts.poll_timeout_ms, max_records=self._opts.max_batch_records
-            )
-        except KafkaError as exc:
-            if not is_outage(exc):
-                if is_unreadable(exc):
-                    return await self._fetch_carefully(exc)
-                raise
-            log.warning("fetch failed, retrying", extra={"path": self.path, "error": type(exc).__name__})
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-            await asyncio.sleep(self._opts.retry_initial_s)
-            return []
-        except Exception as exc:
-            if is_outage(exc) or not is_unreadable(exc):
-                raise
-            return await self._fetch_carefully(exc)
-        records: list[ConsumerRecord | UnreadableRecord] = []
-        for tp, recs in fetched.items():
-            if tp not in self._assigned:
-                if recs and tp in self._consumer.assignment():
-                    self._consumer.seek(tp, recs[0].offset)  # ours, listener not run yet: read them again
-                continue  # else revoked meanwhile: the partition's next owner reads them from the commit
-            records.extend(recs)
-            if recs:
-                self._handed_out[tp] = recs[-1].offset + 1
-            highwater = self._consumer.highwater(tp)
-            if highwater is not None:
-                metrics.CONSUMER_LAG.labels(topic=tp.topic, partition=str(tp.partition)).set(
-                    max(0, highwater - (recs[-1].offset + 1))
-                )
-        return records
-
-    async def _fetch_carefully(self, error: BaseException) -> list[ConsumerRecord | UnreadableRecord]:
-        """After `getmany` failed on a batch it cannot read: rewind, read one record at a time."""
-        log.warning(
-            "a fetched record batch cannot be read; reading record by record to dead-letter it",
-            extra={"path": self.path, "error": type(error).__name__, "reason": str(error)[:200]},
-        )
-        owned = [tp for tp in self._consumer.assignment() if tp in self._assigned]
-        await rewind(self._consumer, owned, self._handed_out)
-        records, found = await read_carefully(
-            self._consumer,
-            owned,
-            max_records=self._opts.max_batch_records,
-            timeout_ms=self._opts.poll_timeout_ms,
-        )
-        for record in records:
-            self._handed_out[_tp(record)] = record.offset + 1
-        if found:
-            log.warning("unreadable records found", extra={"path": self.path, "records": found[:20]})
-        return records
-
-    async def _wait_polling(self, seconds: float, stop: asyncio.Event) -> None:
-        """Wait `seconds` while polling with every partition paused, so the consumer stays in the group."""
-        deadline = time.monotonic() + seconds
-        while not stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            self._pause_all()
-            self._health.beat(self.path)
-            try:
-                fetched = await self._consumer.getmany(timeout_ms=max(1, int(min(remaining, 1.0) * 1000)))
-            except Exception as exc:
-                if not (is_outage(exc) or is_unreadable(exc)):
-                    raise
-                if not is_outage(exc):  # read again (and dead-lettered) once the wait is over
-                    await rewind(self._consumer, self._consumer.assignment(), self._handed_out)
-                await asyncio.sleep(min(remaining, self._opts.poll_timeout_ms / 1000))
-                continue
-            owned = self._consumer.assignment()
-            for tp, recs in fetched.items():
-                # assigned during the wait and not paused yet: hand the records back for later
-                if recs and tp in owned:
-                    self._consumer.seek(tp, recs[0].offset)
-            self._maybe_commit()
 
     # --- processing -----------------------------------------------------------------------------------------
 
     async def _process(self, records: list[ConsumerRecord | UnreadableRecord], stop: asyncio.Event) -> None:
         """Process one batch to the end: every record done, dead-lettered, or abandoned by a revoke/stop.
-
-        After a failure the rest of the batch goes in halving chunks, and the loop remembers the size that
-        worked: a dependency that is slow (or, like FerretDB, stalls on large bulk writes) rather than down
-        then gets work it can finish within its timeout, instead of the same batch timing out forever. The
-        limit doubles again after `_GROW_AFTER` attempts in a row without a failure. Chunks keep batch order,
-        so a thread's records still go in order.
-        """
+        After a failure the rest goes in halving chunks (`ChunkLimit`: a slow dependency gets work it can
+        finish), doubled again after `_GROW_AFTER` clean attempts; chunks keep batch order."""
         metrics.RECORDS_CONSUMED.labels(path=self.path).inc(len(records))
         metrics.BATCH_SIZE.labels(path=self.path).observe(len(records))
-        pending = [(rec, self._tracker.track(_tp(rec), rec.offset)) for rec in records]
+        pending = [(rec, self._tracker.track(partition_of(rec), rec.offset)) for rec in records]
         metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
         self._idle.clear()
         try:
             left = await retry_batch(
                 pending,
                 self._attempt,
-                backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
-                wait=lambda failure: self._wait_out(failure, stop),
-                keep=lambda items: [(rec, part) for rec, part in items if self._tracker.owns(_tp(rec), part)],
+                backoff=self._backoff,
+                wait=lambda failure: self._outages.wait_out(failure, stop, self._checkpoint.maybe_commit),
+                keep=self._still_ours,
                 chunks=self._chunks,
-                recovered=self._recovered,
+                recovered=self._outages.leave,
             )
             if left:
-                log.warning(
-                    "stopping during an outage: %d records left for the next owner",
-                    len(left),
-                    extra={"path": self.path},
-                )
+                said = "stopping during an outage: %d records left for the next owner"
+                log.warning(said, len(left), extra={"path": self.path})
         except Exception as exc:  # systemic (records are contained): say which batch was in hand
             log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
                 "a failure that is no record's fault stops the loop; nothing past the batch is committed",
-                extra={"path": self.path, "error_type": type(exc).__name__, "batch": _positions(records)},
+                extra={"path": self.path, "error_type": type(exc).__name__, "batch": positions(records)},
             )
             raise
         finally:
-            if self._outage:
-                self._leave_outage()
+            self._outages.leave()
             metrics.IN_FLIGHT.labels(path=self.path).set(self._tracker.pending())
             self._idle.set()
 
-    def _recovered(self) -> None:
-        if self._outage:
-            self._leave_outage()
+    def _still_ours(self, items: list[Item]) -> list[Item]:
+        """The items whose partition is still ours (not revoked since they were tracked)."""
+        return [(rec, part) for rec, part in items if self._tracker.owns(partition_of(rec), part)]
 
-    async def _wait_out(
-        self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]], stop: asyncio.Event
-    ) -> bool:
-        """Report the outage, wait out the backoff polling; True when told to stop meanwhile."""
-        self._enter_outage(failure.error, failure.attempt)
-        await self._wait_polling(failure.delay, stop)
-        return stop.is_set()
-
-    async def _attempt(
-        self, pending: list[tuple[ConsumerRecord, PartitionOffsets]]
-    ) -> list[tuple[ConsumerRecord, PartitionOffsets]]:
+    async def _attempt(self, pending: list[Item]) -> list[Item]:
         """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
         results = await self._handler.handle([rec for rec, _ in pending])
-        pending, results = self._settle_deferred_later(pending, results)
+        pending, results = self._settlement.take_parked(pending, results)
         started = time.perf_counter()
-        failed = await settle_outcomes(
-            pending,
-            results,
-            reject=lambda item, error: self._dead_letter(item[0], error),
-            # Kafka refused the output for its size: the input is dead-lettered (its own bytes fit).
-            explain=lambda error: explain_too_large(error, self.path),
-            done=self._done,
-        )
+        failed = await self._settle_now(pending, results)
         metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
         if failed:
             failed.sort(key=lambda item: (item[0].partition, item[0].offset))
             log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
         return failed
 
-    def _done(self, item: tuple[ConsumerRecord, PartitionOffsets], outcome: object) -> None:
+    async def _settle_now(self, items: list[Item], results: Sequence[Any]) -> list[Item]:
+        """Wait for the outcomes of `items`: done, or dead letters; returns those failed for an outage."""
+        return await settle_outcomes(
+            items,
+            results,
+            reject=lambda item, error: self._dead_letters.send(item[0], error),
+            explain=self._dead_letters.explain,  # an output too large: the input is the dead letter
+            done=self._done,
+        )
+
+    def _failure(self) -> BaseException | None:
+        """What stops the loop, met outside `run`'s own call chain: a commit, then a parked record's."""
+        return self._checkpoint.failure or self._settlement.failure
+
+    def _done(self, item: Item, outcome: object) -> None:
         """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
         record, part = item
-        if self._transactions is not None and self._tracker.owns(_tp(record), part):
-            self._transactions.hold(_tp(record), record.offset, held_outputs(outcome), record)
+        if self._tracker.owns(partition_of(record), part):
+            self._checkpoint.hold(partition_of(record), record, outcome)
         part.done(record.offset)
 
-    # --- parked records -------------------------------------------------------------------------------------
+    # --- waits and commits ----------------------------------------------------------------------------------
 
-    def _settle_deferred_later(
-        self,
-        pending: list[tuple[ConsumerRecord, PartitionOffsets]],
-        results: Sequence[object],
-    ) -> tuple[list[tuple[ConsumerRecord, PartitionOffsets]], list[Any]]:
-        """Take the parked records (`Deferred` results) out of an attempt: each settles in the background,
-        so the loop fetches on while they wait in their thread's lane. Returns the rest, to settle now."""
-        now: list[tuple[ConsumerRecord, PartitionOffsets]] = []
-        answers: list[Any] = []
-        for item, result in zip(pending, results, strict=True):
-            if not isinstance(result, Deferred):
-                now.append(item)
-                answers.append(result)
-                continue
-            self._parkings.add(result.lanes)
-            tp = _tp(item[0])
-            task = asyncio.ensure_future(self._settle_parked(item, result))
-            self._settling.setdefault(tp, set()).add(task)
-            task.add_done_callback(functools.partial(self._parked_settled, tp))
-        return now, answers
-
-    async def _settle_parked(self, item: tuple[ConsumerRecord, PartitionOffsets], deferred: Deferred) -> None:
-        """Once a parked record's work ran: done (the watermark moves) or a dead letter; a dead letter Kafka
-        does not acknowledge is tried again by the retry loop. A dropped lane leaves the record unsettled."""
-        try:
-            outcome = await deferred.outcome()
-        except asyncio.CancelledError:
-            return  # its lane was dropped (revoke, shutdown): the next owner reads it again
-        await retry_batch(
-            [item],
-            lambda items: settle_outcomes(
-                items,
-                [outcome],
-                reject=lambda it, error: self._dead_letter(it[0], error),
-                explain=lambda error: explain_too_large(error, self.path),
-                done=self._done,
-            ),
-            backoff=Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random),
-            wait=self._wait_parked_retry,
-            keep=lambda items: [(rec, part) for rec, part in items if self._tracker.owns(_tp(rec), part)],
-        )
-
-    async def _wait_parked_retry(self, failure: Failure[tuple[ConsumerRecord, PartitionOffsets]]) -> bool:
-        metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-        await asyncio.sleep(failure.delay)
-        return self._stopping
-
-    def _parked_settled(self, tp: TopicPartition, task: asyncio.Task[None]) -> None:
-        tasks = self._settling.get(tp)
-        if tasks is not None:
-            tasks.discard(task)
-            if not tasks:
-                del self._settling[tp]
-        if not task.cancelled() and task.exception() is not None and self._parked_failure is None:
-            self._parked_failure = task.exception()  # neither an outage nor bad input: `run` raises it
-
-    async def _drop_parked(self, partitions: set[TopicPartition] | None) -> None:
-        """Cancel the parked work of `partitions` (None: all) and its settlements: those records stay
-        uncommitted, and the partition's next owner reads them again. Never waits for a barrier or a turn."""
-        numbers = (
-            None if partitions is None else {tp.partition for tp in partitions if tp.topic == self.topic}
-        )
-        dropped = 0
-        for parking in self._parkings:
-            dropped += await parking.cancel(numbers)
-        tasks = [
-            task
-            for tp, settling in self._settling.items()
-            if partitions is None or tp in partitions
-            for task in settling
-        ]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if dropped:
-            log.info(
-                "parked requests dropped; the partition's next owner reads them again",
-                extra={"path": self.path, "records": dropped},
-            )
-
-    async def _wait_for_parking_room(self, stop: asyncio.Event) -> None:
-        """Too many parked requests: fetch nothing (partitions paused, still polling to stay in the group)
-        until some are settled."""
-        log.warning(
-            "parked requests at their cap: intake paused until some are answered",
-            extra={"path": self.path, "parked": sum(len(p) for p in self._parkings)},
-        )
-        while not stop.is_set() and any(parking.full() for parking in self._parkings):
-            if self._parked_failure is not None:
-                break
-            await self._wait_polling(0.1, stop)
-        self._resume_unless_outage()
-
-    def _resume_unless_outage(self) -> None:
-        """Intake resumes after a full lane or a full transaction, unless an outage holds it paused."""
-        if not self._outage:
-            paused = self._consumer.paused()
-            if paused:
-                self._consumer.resume(*paused)
-            metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
-
-    async def _dead_letter(self, record: ConsumerRecord, error: BaseException) -> object:
-        """Send `record` to the dead-letter topic and wait for Kafka's acknowledgement."""
-        with tracing.output_span("dead-letter", record, **{"message_history.path": self.path}) as span:
-            return await self._send_dead_letter(record, error, span)
-
-    async def _send_dead_letter(
-        self, record: ConsumerRecord, error: BaseException, span: Span | None
-    ) -> object:
-        # too large for Kafka: without the value, then without the record's own headers too, saying so
-        result = await self._dead_letters.deliver(record, error, span=span)
-        kind = error_type(error)
-        report_unexpected(self.path, record, error)
-        metrics.DEAD_LETTERS.labels(path=self.path, error_type=kind).inc()
-        metrics.OUTCOMES.labels(path=self.path, outcome="dead-letter").inc()
-        log.warning(
-            "dead-lettered a record",
-            extra={
-                "path": self.path,
-                "topic": record.topic,
-                "partition": record.partition,
-                "offset": record.offset,
-                "error_type": kind,
-                "dead_letter_topic": self._dead_letters.topic,
-            },
-        )
-        return result
-
-    # --- outages --------------------------------------------------------------------------------------------
-
-    def _enter_outage(self, error: BaseException | None, attempt: int) -> None:
-        dependency = outage_dependency(error)
-        metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
-        reason = f"{dependency} unavailable: {type(error).__name__ if error else 'outputs not acknowledged'}"
-        self._outage = True
-        # one WARNING when it starts, a summary every so often, one INFO when it is back (`OutageLog`)
-        detail = f" ({str(error)[:200]})" if error else ""
-        self._outage_logs[dependency].failed(f"{reason}: intake paused{detail}")
-        self._health.set_ready(self.path, False, reason)
-        self._pause_all()
-        log.debug("retrying batch", extra={"path": self.path, "attempt": attempt, "reason": reason})
-
-    def _leave_outage(self) -> None:
-        self._outage = False
-        paused = self._consumer.paused()
-        if paused:
-            self._consumer.resume(*paused)
-        metrics.PAUSED_PARTITIONS.labels(path=self.path).set(0)
-        if not self._stopping:
-            self._health.set_ready(self.path, True)
-        for outage_log in self._outage_logs.values():
-            outage_log.back()
-
-    def _pause_all(self) -> None:
-        assigned = self._consumer.assignment()
-        if assigned:
-            self._consumer.pause(*assigned)
-        metrics.PAUSED_PARTITIONS.labels(path=self.path).set(len(assigned))
-
-    # --- commits --------------------------------------------------------------------------------------------
-
-    def _maybe_commit(self) -> None:
-        """Start a background commit when the interval has passed and none is running."""
-        if self._commit_task is not None and not self._commit_task.done():
-            return
-        if time.monotonic() - self._last_commit < self._opts.commit_interval_s:
-            return
-        self._last_commit = time.monotonic()
-        offsets = self._tracker.committable()
-        if offsets:
-            self._commit_task = asyncio.create_task(self._commit(offsets, reason="interval"))
-
-    async def _commit_now(self, partitions: Sequence[TopicPartition], *, reason: str) -> None:
-        """Commit the done watermark of `partitions` and wait for it (revoke, shutdown)."""
-        if self._commit_task is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._commit_task
-        offsets = self._tracker.committable([tp for tp in partitions if tp in self._assigned])
-        if offsets:
-            await self._commit(offsets, reason=reason)
-
-    async def _commit(self, offsets: dict[TopicPartition, int], *, reason: str) -> None:
-        started = time.perf_counter()
-        if self._transactions is not None:
-            offsets = await self._commit_transactions(self._transactions, offsets, reason=reason)
-            self._committed(offsets, reason, started)
-            return
-        try:
-            await asyncio.wait_for(self._consumer.commit(offsets), self._opts.commit_timeout_s)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # the group rebalanced under us: the revoke commit (or the next owner) takes over
-            log.warning("commit refused", extra={"path": self.path, "reason": reason, "error": str(exc)})
-            return
-        except (KafkaError, TimeoutError) as exc:
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-            log.warning(
-                "commit failed; the next one retries",
-                extra={"path": self.path, "reason": reason, "error": type(exc).__name__},
-            )
-            return
-        self._committed(offsets, reason, started)
-
-    def _committed(self, offsets: dict[TopicPartition, int], reason: str, started: float) -> None:
-        self._tracker.mark_committed(offsets)
-        metrics.STAGE_SECONDS.labels(path=self.path, stage="commit").observe(time.perf_counter() - started)
-        for tp, offset in offsets.items():
-            metrics.COMMITTED_OFFSET.labels(topic=tp.topic, partition=str(tp.partition)).set(offset)
-        log.debug(
-            "committed",
-            extra={
-                "path": self.path,
-                "reason": reason,
-                "offsets": {str(tp.partition): o for tp, o in offsets.items()},
-            },
-        )
-
-    async def _commit_transactions(
-        self, transactions: PartitionTransactions, offsets: dict[TopicPartition, int], *, reason: str
-    ) -> dict[TopicPartition, int]:
-        """Each partition's held outputs below its watermark and the watermark, one transaction per partition,
-        all at once; returns the offsets committed. What a failure means is `commit_failure`'s: an outage
-        (or a commit in doubt, settled by the next one before anything is sent again) is retried, missing
-        ACLs make the path not ready, anything else stops the loop."""
-        parts = list(offsets.items())
-        results = await asyncio.gather(
-            *(
-                asyncio.wait_for(transactions.commit(tp, offset), self._opts.commit_timeout_s)
-                for tp, offset in parts
-            ),
-            return_exceptions=True,
-        )
-        committed: dict[TopicPartition, int] = {}
-        for (tp, offset), result in zip(parts, results, strict=True):
-            if result is True:
-                committed[tp] = offset
-                self._failing.discard(tp)
-            elif isinstance(result, (KafkaError, TimeoutError, ConnectionError, RetriableError)):
-                self._transaction_failed(tp, result, in_doubt=tp in transactions.in_doubt(), reason=reason)
-            elif isinstance(result, BaseException) and self._parked_failure is None:
-                self._parked_failure = result  # a bug, maybe in a background commit: `run` raises it
-        if committed and self._unauthorized:
-            self._unauthorized = False
-            self._health.set_ready(self.path, True)
-            log.info("transactions authorized again", extra={"path": self.path})
-        return committed
-
-    def _transaction_failed(
-        self, tp: TopicPartition, error: BaseException, *, in_doubt: bool, reason: str
+    async def _wait_for_room(
+        self, reason: str, full: Callable[[], bool], stop: asyncio.Event, said: str, count: int
     ) -> None:
-        where = {
-            "path": self.path,
-            "reason": reason,
-            "partition": tp.partition,
-            "error": type(error).__name__,
-        }
-        failure = commit_failure(error)
-        if failure == "outage":
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-            # once per partition and failure streak (an outage fails every commit: said, not shouted)
-            level = logging.DEBUG if tp in self._failing else logging.WARNING
-            self._failing.add(tp)
-            if in_doubt:  # asked, not answered in time: the same producer waits for the answer, never guessed
-                log.log(
-                    level,
-                    "commit outcome unknown yet (no answer in time); settled before any resend",
-                    extra=where,
-                )
-            else:
-                log.log(
-                    level, "transaction failed (aborted); the next commit retries its outputs", extra=where
-                )
-        elif failure == "unauthorized":
-            self._refused_access(error, where)
-        elif self._parked_failure is None:  # neither retriable nor fencing: never retried at every commit
-            log.error("a transaction refused for good (not retriable): stopping the loop", extra=where)
-            self._parked_failure = error
-
-    def _refused_access(self, error: BaseException, where: dict[str, object]) -> None:
-        """A missing ACL (not fencing: nobody else holds the partition): not ready, ERROR, counted (the
-        chart alerts on it); retried, and ready again once a transaction goes through."""
-        metrics.KAFKA_AUTHORIZATION_FAILURES.labels(path=self.path, error_type=type(error).__name__).inc()
-        log.error(  # an ACL to grant, not a traceback to read
-            "Kafka authorization failed for a transaction: grant the ACLs (docs/security.md); not ready",
-            extra={**where, "detail": str(error)[:300]},
-        )
-        self._unauthorized = True
-        self._health.set_ready(self.path, False, f"kafka authorization failed: {type(error).__name__}")
-
-    async def _refused_output(
-        self, tp: TopicPartition, offset: int, source: object, error: BaseException
-    ) -> list[HeldOutput]:
-        """Exactly-once: the broker refused an output of the record at `offset` for its size (the topic's
-        `max.message.bytes`): the record's dead letter replaces its outputs, in the same transaction."""
-        if not isinstance(source, ConsumerRecord):
-            return []
-        explained = explain_too_large(error, self.path)
-        return held_outputs(await self._send_dead_letter(source, explained, None))
-
-    async def _wait_for_held_room(self, stop: asyncio.Event) -> None:
-        """Exactly-once: held outputs at their cap (commits failing, or slower than intake): fetch nothing,
-        partitions paused and still polling, until commits drain them."""
-        transactions = self._transactions
-        if transactions is None:
-            return
-        log.warning(
-            "held outputs at their cap (MAX_HELD_OUTPUTS): intake paused until commits drain them",
-            extra={"path": self.path, "held": transactions.held()},
-        )
-        while not stop.is_set() and transactions.full() and self._parked_failure is None:
-            await self._wait_polling(0.1, stop)
-        self._resume_unless_outage()
-
-    async def open_transactions(self, assigned: set[TopicPartition]) -> None:
-        """Exactly-once: before the new partitions are read, a transactional producer for each (fencing any
-        zombie holding its id, completing its open transaction), then the partitions start from the offset
-        committed after that: pending transactional offsets are not visible before (no KIP-447 here)."""
-        if self._transactions is None or not assigned:
-            return
-        owned = sorted(assigned, key=lambda tp: tp.partition)
-        transactions = self._transactions
-
-        async def wait(failure: Failure[None]) -> bool:
-            # the partitions cannot be read safely before their ids are fenced: retry, holding the rebalance
-            log.warning(
-                "transactional producers not ready; retrying",
-                extra={"path": self.path, "error": type(failure.error).__name__, "attempt": failure.attempt},
-            )
-            metrics.RETRIES.labels(path=self.path, dependency="kafka").inc()
-            if self._stopping and failure.error is not None:
-                raise failure.error
-            await asyncio.sleep(failure.delay)
-            return False
-
-        async def open_and_seek() -> None:
-            try:
-                await transactions.open(owned)
-            except UNAUTHORIZED as exc:  # InitProducerId refused: an ACL to grant, retried meanwhile
-                self._refused_access(exc, {"path": self.path, "error": type(exc).__name__})
-                raise KafkaConnectionError(f"transactional producers not authorized: {exc}") from exc
-            if self._unauthorized:
-                self._unauthorized = False
-                self._health.set_ready(self.path, True)
-            for tp in owned:
-                offset = await self._consumer.committed(tp)
-                if offset is not None:
-                    self._consumer.seek(tp, offset)
-
-        backoff = Backoff(self._opts.retry_initial_s, self._opts.retry_max_s, self._random.random)
-        try:
-            await retry_call(open_and_seek, backoff=backoff, wait=wait)
-        except Exception as exc:
-            # raised out of the listener, aiokafka would log it and keep the partitions assigned but never
-            # taken (a silent stall): stop the loop with it instead (`run` raises it)
-            if not self._stopping and self._parked_failure is None:
-                log.error(  # noqa: TRY400 -- the service logs the traceback once, when the loop's task ends
-                    "transactional producers could not be opened (not an outage): stopping the loop",
-                    extra={"path": self.path, "error_type": type(exc).__name__, "error": str(exc)[:300]},
-                )
-                self._parked_failure = exc
-            raise
+        """Parked requests (PARKED) or, exactly-once, held outputs (HELD) at their cap: fetch nothing
+        (partitions paused, still polling to stay in the group) until some are settled or committed."""
+        log.warning(said, extra={"path": self.path, reason: count})
+        self._intake.hold(reason)
+        while not stop.is_set() and full() and self._failure() is None:
+            await self._intake.wait_polling(0.1, stop, self._checkpoint.maybe_commit)
+        self._intake.release(reason)
 
     # --- rebalances -----------------------------------------------------------------------------------------
 
@@ -806,42 +276,23 @@ class StreamLoop:
                     "revoke: in-flight batch not finished in time, abandoning it",
                     extra={"path": self.path, "pending": self._tracker.pending()},
                 )
-        await self._drop_parked(revoked)
-        await self._commit_now(sorted(revoked), reason="revoke")
-        if self._transactions is not None:
-            await self._transactions.close(revoked)  # held outputs not committed: the next owner redoes them
+        await self._settlement.drop(revoked)
+        await self._checkpoint.commit_now(self._intake.owned(sorted(revoked)), reason="revoke")
+        await self._checkpoint.revoked(revoked)
         self._tracker.forget(revoked)
-        for tp in revoked:
-            self._handed_out.pop(tp, None)
-        self._assigned -= revoked
+        self._intake.drop(revoked)
         log.info(
             "partitions revoked",
             extra={"path": self.path, "partitions": sorted(tp.partition for tp in revoked)},
         )
 
-    def on_assigned(self, assigned: set[TopicPartition]) -> None:
-        """Take the new partitions; fetching starts from the group's committed offsets."""
+    async def on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Take the new partitions (exactly-once: their producers opened first); fetching starts from the
+        group's committed offsets."""
+        await self._checkpoint.assigned(assigned)
         metrics.REBALANCES.labels(path=self.path, kind="assigned").inc()
-        self._assigned |= assigned
-        for tp in assigned:
-            self._handed_out.pop(tp, None)  # fetching starts again from the committed offset
-        if self._outage and assigned:
-            self._consumer.pause(*assigned)
+        self._intake.take(assigned)  # fetching starts again from the committed offset
         log.info(
             "partitions assigned",
             extra={"path": self.path, "partitions": sorted(tp.partition for tp in assigned)},
         )
-
-
-def _positions(records: Iterable[ConsumerRecord | UnreadableRecord]) -> dict[str, str]:
-    """`{"topic[partition]": "first-last"}` offsets of a batch, for a log line."""
-    ranges: dict[str, tuple[int, int]] = {}
-    for record in records:
-        key = f"{record.topic}[{record.partition}]"
-        low, high = ranges.get(key, (record.offset, record.offset))
-        ranges[key] = (min(low, record.offset), max(high, record.offset))
-    return {key: f"{low}-{high}" for key, (low, high) in ranges.items()}
-
-
-def _tp(record: ConsumerRecord) -> TopicPartition:
-    return TopicPartition(record.topic, record.partition)

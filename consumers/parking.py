@@ -8,7 +8,7 @@ with a `Deferred`: the loop does not wait for it before fetching on, and settles
 resolves (done: the watermark moves; bad input: a dead letter). Until then the partition's commit stops below
 the record (`consumers.offsets`), so a crash or a revoke leaves it for the partition's next owner.
 
-An entry that fails for an outage is tried again in its lane by the one retry loop (`consumers.outage`),
+An entry that fails for an outage is tried again in its lane by the one retry loop (`runtime.retry`),
 before anything behind it runs; when stopping, it is left unsettled. `cancel` drops the lanes of revoked
 partitions (their records are read again by the next owner) or, at shutdown, every lane.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from consumers.contract import Ack
-from consumers.outage import Backoff, Failure, is_outage, outage_dependency, retry_batch
 from consumers.outage_log import OutageLog
+from consumers.runtime.retry import Backoff, Failure, is_outage, outage_dependency, retry_batch, wait_to_retry
 from consumers.timeouts import TimeoutStrikes
 from message_history import metrics
 from message_history.errors import InvalidInputError
@@ -257,18 +257,21 @@ class ParkedLanes(Generic[S]):
     async def _wait(self, failure: Failure[None]) -> bool:
         error = failure.error
         dependency = outage_dependency(error)  # labelled as the loop labels its outages
-        metrics.RETRIES.labels(path=self.path, dependency=dependency).inc()
         self._outage_logs[dependency].failed(
             f"{dependency} unavailable: {type(error).__name__}: parked requests retried in their lanes"
         )
+        await wait_to_retry(self.path, dependency, failure.delay, sleep=self._sleep)
+        return self._stopping()
+
+    async def _sleep(self, delay: float) -> None:
+        """The backoff, cut short when the loop stops (and skipped when it has)."""
         if self._stopping():
-            return True
+            return
         with contextlib.suppress(TimeoutError):
             if self._stop is not None:
-                await asyncio.wait_for(self._stop.wait(), failure.delay)
+                await asyncio.wait_for(self._stop.wait(), delay)
             else:
-                await asyncio.sleep(failure.delay)
-        return self._stopping()
+                await asyncio.sleep(delay)
 
     def _stopping(self) -> bool:
         return self._stop is not None and self._stop.is_set()

@@ -24,9 +24,10 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_batch
-from consumers.contract import Ack, PathHandler, Record, ack_after, decode_each
+from consumers.contract import Ack, Record, ack_after
+from consumers.handler import PathHandler
 from consumers.lanes import Failed
-from consumers.outage import contain, containable
+from consumers.runtime.containment import contain, containable, decode_each
 from message_history import metrics, tracing
 from message_history.core.persist_plan import (
     NeedsRead,

@@ -30,11 +30,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.contract import Ack, PathHandler, Record, decode_each
+from consumers.contract import Ack, Record
+from consumers.handler import PathHandler
 from consumers.lanes import Failed
-from consumers.outage import Backoff
 from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
 from consumers.prefetch import PrefetchedHistory, RawRecallStorage
+from consumers.runtime.containment import decode_each
+from consumers.runtime.retry import Backoff
 from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.core.echo import EchoPlan, plan_echo

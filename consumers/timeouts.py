@@ -1,6 +1,6 @@
 """A MongoDB operation that times out again and again for the same record is that record's fault.
 
-An operation that does not finish within the MongoDB timeout is an outage for the batch (`consumers.outage`):
+An operation that does not finish within the MongoDB timeout is an outage for the batch (`runtime.retry`):
 the loop pauses, backs off and retries, and after each failure it halves the chunk it tries
 (`ChunkLimit`), so a batch that cannot be read or written in time is narrowed down until one record is
 tried alone. If that lone record's own operation still times out (`OperationTimedOutError`: the server was

@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
 from consumers.contract import Ack
-from consumers.outage import containable
+from consumers.runtime.containment import containable
 from message_history import metrics
 from message_history.core.turn_rules import (
     BusyPolicy,

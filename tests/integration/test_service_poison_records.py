@@ -208,7 +208,7 @@ async def test_poison_records_on_every_input_topic_are_dead_lettered_and_the_ser
     responses, bad_responses, good_responses = _responses()
     commands_sent, bad_commands, good_commands = _commands()
     _inject_bugs(monkeypatch)
-    caplog.set_level("ERROR", logger="consumers.outage")
+    caplog.set_level("ERROR", logger="consumers.runtime.containment")
     before = {
         ("recall", "ZeroDivisionError"): _unexpected("recall", "ZeroDivisionError"),
         ("persist", "RuntimeError"): _unexpected("persist", "RuntimeError"),

@@ -17,19 +17,21 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from consumers.commands import CommandsHandler
-from consumers.contract import Ack, PathHandler, Record, decode_each
+from consumers.contract import Ack, Record
+from consumers.handler import PathHandler
 from consumers.lanes import Failed
-from consumers.outage import (
-    Backoff,
+from consumers.runtime.containment import (
     Contained,
-    Failure,
+    UnexpectedReports,
     contain,
     containable,
+    decode_each,
     is_systemic,
     report_unexpected,
-    retry_batch,
     settle_outcomes,
 )
+from consumers.runtime.dead_letters import DeadLetters
+from consumers.runtime.retry import Backoff, Failure, retry_batch
 from message_history import metrics, tracing
 from message_history.errors import (
     EventValidationError,
@@ -325,7 +327,7 @@ def test_bad_input_is_kept_as_it_is_and_anything_else_is_wrapped() -> None:
 def test_an_unexpected_error_is_logged_at_error_with_where_the_record_is_and_counted(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="consumers.outage")
+    caplog.set_level(logging.WARNING, logger="consumers.runtime.containment")
     labels = {"path": "persist", "error_type": "OverflowError"}
     before = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels) or 0.0
     try:
@@ -346,6 +348,26 @@ def test_an_unexpected_error_is_logged_at_error_with_where_the_record_is_and_cou
     assert line.exc_info is not None  # the traceback of the bug
 
 
+def test_a_bug_met_again_on_the_same_record_is_counted_and_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 32: a record attempted twice (an outage retry, a batch abandoned at a revoke and read again)
+    raised the unexpected-error counter twice for one bug; the counter promises records, not attempts."""
+    caplog.set_level(logging.WARNING, logger="consumers.runtime.containment")
+    labels = {"path": "recall", "error_type": "ZeroDivisionError"}
+    before = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels) or 0.0
+    reports = UnexpectedReports("recall")
+    bug = contain(ZeroDivisionError("integer division or modulo by zero"), "process")
+    reports.report(record(11), bug)  # the first attempt's dead letter
+    reports.report(record(11), contain(ZeroDivisionError("again"), "process"))  # the same record, again
+    after_one = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels)
+    reports.report(record(12), bug)  # another record: another bug met
+    after_two = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels)
+    reports.report(record(13), EventValidationError("bad input is not a bug"))
+    assert (after_one, after_two) == (before + 1, before + 2)
+    assert [r.__dict__["offset"] for r in caplog.records if r.levelno == logging.ERROR] == [11, 12]
+
+
 def test_the_dead_letter_of_a_bug_names_its_class_and_a_scrubbed_bounded_message() -> None:
     secret = "mongodb://admin:hunter2@db.internal:27017"
     error = contain(RuntimeError(f"cannot reach {secret} " + "x" * 5000), "process")
@@ -362,3 +384,29 @@ def test_the_dead_letter_of_a_bug_names_its_class_and_a_scrubbed_bounded_message
     assert headers[ERROR_TYPE] == b"RuntimeError"
     assert b"hunter2" not in headers[ERROR_MESSAGE]
     assert len(headers[ERROR_MESSAGE]) <= MAX_MESSAGE_BYTES
+
+
+async def test_a_record_dead_lettered_twice_for_one_bug_counts_one_bug_and_two_dead_letters() -> None:
+    """The loop's dead letters (`consumers.runtime.dead_letters.DeadLetters`): a record handled twice (its
+    batch retried, or read again after a revoke) is sent twice, and the bug met on it is counted once."""
+    sent: list[int] = []
+
+    class Publisher:
+        topic = "rq.dlq"
+
+        async def deliver(self, record: Any, error: BaseException, *, span: Any = None) -> object:
+            sent.append(record.offset)
+            return None
+
+    bugs = {"path": "dl-once", "error_type": "ZeroDivisionError"}
+    letters = {"path": "dl-once", "error_type": "ZeroDivisionError"}
+    before = metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", bugs) or 0.0
+    before_letters = metrics.REGISTRY.get_sample_value("message_history_dead_letters_total", letters) or 0.0
+    publisher: Any = Publisher()
+    dead_letters = DeadLetters("dl-once", publisher, logging.getLogger("consumers.loop"))
+    for _ in range(2):
+        await dead_letters.send(record(7), contain(ZeroDivisionError("division by zero"), "process"))
+    assert sent == [7, 7]
+    assert metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", bugs) == before + 1
+    dead = metrics.REGISTRY.get_sample_value("message_history_dead_letters_total", letters)
+    assert dead == before_letters + 2

@@ -12,7 +12,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
-from consumers.outage import backoff_delay, is_outage
+from consumers.runtime.retry import backoff_delay, is_outage
 from message_history.errors import (
     EventValidationError,
     FatalStorageError,

@@ -13,6 +13,7 @@ from aiokafka.errors import InvalidTxnState, TransactionalIdAuthorizationFailed,
 
 from consumers.consumer import LoopOptions
 from consumers.loop import StreamLoop
+from consumers.runtime.intake import HELD
 from message_history import metrics
 from message_history.settings import Settings
 from producers import transactions as transactions_module
@@ -68,15 +69,15 @@ async def test_a_missing_acl_makes_the_path_not_ready_and_keeps_the_partition(
     transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
     before = _failures("TransactionalIdAuthorizationFailed")
     broker.answer = TransactionalIdAuthorizationFailed("g:in:0")
-    assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {}
+    assert await loop._checkpoint._write({TP: 1}, "interval") == {}
     ready, reason = health.ready["recall"]
     assert not ready
     assert "authorization" in reason
     assert _failures("TransactionalIdAuthorizationFailed") == before + 1
     assert transactions.owns(TP)  # not fenced: nobody else holds it
-    assert loop._parked_failure is None  # not a stop: an ACL to grant
+    assert loop._checkpoint.failure is None  # not a stop: an ACL to grant
 
-    assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {TP: 1}  # granted
+    assert await loop._checkpoint._write({TP: 1}, "interval") == {TP: 1}  # granted
     assert health.ready["recall"] == (True, "")
     assert [v for sent, _ in broker.committed for v in sent] == [b"a"]
 
@@ -90,12 +91,12 @@ async def test_a_refusal_neither_retriable_nor_fencing_stops_the_loop_one_not_co
     loop, transactions = await _loop(health)
     transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
     broker.answer = error
-    assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {}
+    assert await loop._checkpoint._write({TP: 1}, "interval") == {}
     if isinstance(error, InvalidTxnState):  # "not committable": known not committed, retried, sent once
-        assert loop._parked_failure is None
-        assert await loop._commit_transactions(transactions, {TP: 1}, reason="interval") == {TP: 1}
+        assert loop._checkpoint.failure is None
+        assert await loop._checkpoint._write({TP: 1}, "interval") == {TP: 1}
     else:
-        assert loop._parked_failure is error  # `run` raises it: the loop stops with it
+        assert loop._checkpoint.failure is error  # `run` raises it: the loop stops with it
 
 
 async def test_producers_that_cannot_be_opened_stop_the_loop_not_stall_its_partitions(
@@ -126,12 +127,12 @@ async def test_producers_that_cannot_be_opened_stop_the_loop_not_stall_its_parti
         transactions=PartitionTransactions(Settings(), path="recall"),
     )
     with pytest.raises(UnsupportedVersionError):
-        await loop.open_transactions({TP})
-    assert isinstance(loop._parked_failure, UnsupportedVersionError)
+        await loop._checkpoint.assigned({TP})
+    assert isinstance(loop._checkpoint.failure, UnsupportedVersionError)
 
 
 class PausingConsumer:
-    """What `_wait_polling` uses: every assigned partition is paused while the loop waits."""
+    """What `Intake.wait_polling` uses: every assigned partition is paused while the loop waits."""
 
     def __init__(self) -> None:
         self.paused_now: set[TopicPartition] = set()
@@ -177,7 +178,7 @@ async def test_held_outputs_at_their_cap_pause_intake_until_commits_drain_them(
     transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
     transactions.hold(TP, 1, [HeldOutput("out", b"k", b"b", ())])
     stop = asyncio.Event()
-    waiting = asyncio.create_task(loop._wait_for_held_room(stop))
+    waiting = asyncio.create_task(loop._wait_for_room(HELD, transactions.full, stop, "held at cap", 2))
     await asyncio.sleep(0.1)
     assert not waiting.done()  # intake paused: only paused polls, to stay in the group
     assert consumer.paused_now == {TP}

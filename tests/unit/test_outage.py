@@ -10,7 +10,8 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
 from consumers.contract import Ack, Record, record_headers
-from consumers.outage import Backoff, ChunkLimit, Failure, retry_batch, retry_call, settle_outcomes
+from consumers.runtime.containment import settle_outcomes
+from consumers.runtime.retry import Backoff, ChunkLimit, Failure, retry_batch, retry_call
 from consumers.unreadable import UnreadableRecord, UnreadableRecordError
 from message_history.errors import (
     EventValidationError,

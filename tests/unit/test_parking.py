@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.outage import Backoff
 from consumers.parking import Deferred, Lane, ParkedLanes
 from consumers.recall import RecallHandler
+from consumers.runtime.retry import Backoff
 from consumers.turn_gate import TurnGate
 from message_history.core.turn_rules import BusyPolicy, TurnMarker
 from message_history.errors import EventValidationError, StorageUnavailableError, ThreadOwnershipError

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from consumers.kafka_watch import KafkaWatch, component, probe_interval_s, probe_timeout_s
-from consumers.outage import outage_dependency
 from consumers.outage_log import OutageLog
+from consumers.runtime.retry import outage_dependency
 from message_history.core.reach import Line, Narration, Reach
 from message_history.errors import BarrierUnavailableError, StorageUnavailableError
 

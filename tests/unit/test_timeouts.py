@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import pytest
 
 from consumers.contract import Ack, Record
-from consumers.outage import Backoff, ChunkLimit, Failure, retry_batch
 from consumers.parking import Lane, ParkedLanes
+from consumers.runtime.retry import Backoff, ChunkLimit, Failure, retry_batch
 from consumers.timeouts import TimeoutStrikes, counts_against_record
 from message_history.errors import (
     InvalidInputError,

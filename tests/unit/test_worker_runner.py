@@ -101,7 +101,7 @@ async def test_a_response_is_sent_again_while_kafka_is_out(
     error: BaseException, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every error the service counts as an outage is retried by the worker too (one policy,
-    `consumers.outage.is_outage`); `KafkaUnavailableError` used to crash the worker."""
+    `consumers.runtime.retry.is_outage`); `KafkaUnavailableError` used to crash the worker."""
     monkeypatch.setattr("worker.runner.RETRY_INITIAL_S", 0.001)
     worker = _worker(_hi)
     producer = _FlakyProducer([error, error])

@@ -15,7 +15,7 @@ How it stays out of the live service's way and still gives the live result:
   batches see them as the live service would).
 * Bad records: counted, logged with partition and offset, dead-lettered with the live service's headers
   (`producers.dead_letters`), or with `--skip-invalid` only reported (`--invalid-report FILE`, JSONL).
-* Outages: the live loop's own policy and retry loop (`consumers.outage`, the retry settings); after
+* Outages: the live loop's own policy and retry loop (`consumers.runtime.retry`, the retry settings); after
   `--max-retry-s` without success it stops with exit 1 and the offsets to resume from.
 * SIGINT / SIGTERM: every partition finishes the batch in hand, then the `--from-offsets ...` flag that
   resumes the work is printed (exit 130). A second signal abandons the batches in hand (the printed offsets

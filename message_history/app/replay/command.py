@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from consumers.contract import BatchHandler
-from consumers.outage import Contained
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
+from consumers.runtime.containment import Contained
 from consumers.unreadable import SkippingUnreadable
 from message_history.app.capabilities import storage_capabilities
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions, options_from_args

@@ -17,15 +17,8 @@ from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.consumer import build_reader
 from consumers.contract import BatchHandler
-from consumers.outage import (
-    Backoff,
-    Failure,
-    is_outage,
-    report_unexpected,
-    retry_batch,
-    retry_call,
-    settle_outcomes,
-)
+from consumers.runtime.containment import report_unexpected, settle_outcomes
+from consumers.runtime.retry import Backoff, Failure, is_outage, retry_batch, retry_call
 from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
@@ -102,7 +95,7 @@ async def sleep_or_stop(seconds: float, stop: asyncio.Event) -> bool:
 class BatchRunner:
     """Runs one partition's batch through the handler to the end: every record settled, or an outage too long.
 
-    The live loop's own retry loop and outcome sorting (`consumers.outage`): the handler's result per record
+    The live loop's own retry loop and outcome sorting (`consumers.runtime`): the handler's result per record
     is an acknowledgement or an `InvalidInputError` (reported / dead-lettered); records whose outputs failed
     for an outage are retried with the live backoff; a record whose output Kafka refuses for size is treated
     as bad input.
@@ -129,7 +122,7 @@ class BatchRunner:
 
         Raises `ReplayAbortedError` when an outage outlasts `max_retry_s` (`state.next` is then the first
         record not done), and re-raises what is neither an outage nor contained (a systemic refusal,
-        `consumers.outage.is_systemic`: `state.next` stays before the batch).
+        `consumers.runtime.containment.is_systemic`: `state.next` stays before the batch).
         """
         failing_since: float | None = None
 

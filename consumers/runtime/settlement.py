@@ -1,0 +1,127 @@
+"""Parked records, settled later: a record a path parked (a recall request waiting in its thread's lane,
+`consumers.parking`) is taken out of its batch's attempt and settles in the background, so the loop fetches
+on; its partition's commit stops below it until it is done. A dead letter Kafka does not acknowledge is
+tried again by the one retry loop; a revoke or a shutdown drops the lanes and their settlements (the records
+stay uncommitted, for the partition's next owner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from aiokafka import ConsumerRecord, TopicPartition
+
+from consumers.offsets import PartitionOffsets
+from consumers.parking import Deferred, ParkedLanes
+from consumers.runtime.intake import partition_of
+from consumers.runtime.retry import Backoff, Failure, retry_batch, wait_to_retry
+
+log = logging.getLogger(__name__)
+
+Item = tuple[ConsumerRecord, PartitionOffsets]
+Settle = Callable[[list[Item], Sequence[Any]], Awaitable[list[Item]]]
+"""One try at settling items with their outcomes; returns those whose outputs failed for an outage."""
+
+
+class Settlement:
+    """The parked records of one loop, settling in the background, per partition."""
+
+    def __init__(
+        self,
+        *,
+        path: str,
+        topic: str,
+        settle: Settle,
+        still_ours: Callable[[list[Item]], list[Item]],
+        backoff: Backoff,
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.path = path
+        self.topic = topic
+        self._settle = settle
+        self._still_ours = still_ours
+        self._backoff = backoff
+        self._stopping = stopping
+        self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
+        self._parkings: set[ParkedLanes[Any]] = set()  # the lanes those records wait in
+        self.failure: BaseException | None = None  # a bug met while settling one: the loop raises it
+
+    def full(self) -> bool:
+        """True when the lanes hold as many parked requests as they may."""
+        return any(parking.full() for parking in self._parkings)
+
+    def parked(self) -> int:
+        return sum(len(parking) for parking in self._parkings)
+
+    def take_parked(self, pending: list[Item], results: Sequence[object]) -> tuple[list[Item], list[Any]]:
+        """Take the parked records (`Deferred` results) out of an attempt: each settles in the background.
+        Returns the rest, to settle now."""
+        now: list[Item] = []
+        answers: list[Any] = []
+        for item, result in zip(pending, results, strict=True):
+            if not isinstance(result, Deferred):
+                now.append(item)
+                answers.append(result)
+                continue
+            self._parkings.add(result.lanes)
+            tp = partition_of(item[0])
+            task = asyncio.ensure_future(self._settle_parked(item, result))
+            self._settling.setdefault(tp, set()).add(task)
+            task.add_done_callback(functools.partial(self._parked_settled, tp))
+        return now, answers
+
+    async def _settle_parked(self, item: Item, deferred: Deferred) -> None:
+        """Once a parked record's work ran: done (the watermark moves) or a dead letter; a dead letter Kafka
+        does not acknowledge is tried again by the retry loop. A dropped lane leaves the record unsettled."""
+        try:
+            outcome = await deferred.outcome()
+        except asyncio.CancelledError:
+            return  # its lane was dropped (revoke, shutdown): the next owner reads it again
+        await retry_batch(
+            [item],
+            lambda items: self._settle(items, [outcome]),
+            backoff=self._backoff,
+            wait=self._wait,
+            keep=self._still_ours,
+        )
+
+    async def _wait(self, failure: Failure[Item]) -> bool:
+        await wait_to_retry(self.path, "kafka", failure.delay)
+        return self._stopping()
+
+    def _parked_settled(self, tp: TopicPartition, task: asyncio.Task[None]) -> None:
+        tasks = self._settling.get(tp)
+        if tasks is not None:
+            tasks.discard(task)
+            if not tasks:
+                del self._settling[tp]
+        if not task.cancelled() and task.exception() is not None and self.failure is None:
+            self.failure = task.exception()  # neither an outage nor bad input: the loop raises it
+
+    async def drop(self, partitions: set[TopicPartition] | None) -> None:
+        """Cancel the parked work of `partitions` (None: all) and its settlements: those records stay
+        uncommitted, and the partition's next owner reads them again. Never waits for a barrier or a turn."""
+        numbers = (
+            None if partitions is None else {tp.partition for tp in partitions if tp.topic == self.topic}
+        )
+        dropped = 0
+        for parking in self._parkings:
+            dropped += await parking.cancel(numbers)
+        tasks = [
+            task
+            for tp, settling in self._settling.items()
+            if partitions is None or tp in partitions
+            for task in settling
+        ]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if dropped:
+            log.info(
+                "parked requests dropped; the partition's next owner reads them again",
+                extra={"path": self.path, "records": dropped},
+            )
