@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence, Set
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Protocol, runtime_checkable
 
 from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_batch
@@ -30,6 +31,7 @@ from consumers.lanes import Failed
 from consumers.runtime.containment import contain, containable, decode_each
 from message_history import metrics, tracing
 from message_history.core.persist_plan import (
+    Decided,
     NeedsRead,
     TurnWrite,
     alternates,
@@ -276,8 +278,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         )
         stored = {(m.threadId, m.id) for m in await self.storage.get_messages(ids, thread_ids=threads)}
         for response, swap in swapped:
-            ours = {i for thread, i in stored if thread == response.threadId}
-            replace_ids(response, kept_alternates(swap, keys, ours.__contains__))
+            replace_ids(response, kept_alternates(swap, keys, partial(_in_thread, stored, response.threadId)))
 
     async def _emit(
         self,
@@ -383,11 +384,23 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         return kept, forgotten
 
 
+# a decision asks for the stored copies, then the thread's newest row, each read once: a third ask would be
+# a bug, refused (the record's dead letter) rather than a lane reading forever
+_MAX_READS = 2
+
+
 async def _decide(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done:
-    """`_decide_now`, reading what the batch's reads lack first (a plan miss, counted by the buffer)."""
-    while isinstance(outcome := _decide_now(buffer, order, response), NeedsRead):
-        await buffer.read(response.threadId, outcome)
-    return outcome
+    """`_decide_now`, reading what the batch's reads lack first (a plan miss, counted by the buffer): the
+    turn's selection made once, its decision asked again after each read."""
+    write = _write_of(response)
+    for reads_left in range(_MAX_READS, -1, -1):
+        decided = _decided(write, buffer)
+        if not isinstance(decided, NeedsRead):
+            return _take(buffer, order, response, decided)
+        if not reads_left:
+            break
+        await buffer.read(response.threadId, decided)
+    raise RuntimeError(f"the persist decision still needs a read after {_MAX_READS}: {decided}")
 
 
 def _decide_now(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done | NeedsRead:
@@ -395,24 +408,38 @@ def _decide_now(buffer: PersistBuffer, order: int, response: AgentResponse) -> _
     decision `core.persist_plan.decide_turn`), from the batch's reads: the turn's write, or why it writes
     nothing, taken by the buffer; or, with nothing taken, the read it needs first. Refuses a thread owned
     by another resource (`ThreadOwnershipError`)."""
-    thread_id, resource_id = response.threadId, response.resourceId
+    decided = _decided(_write_of(response), buffer)
+    return decided if isinstance(decided, NeedsRead) else _take(buffer, order, response, decided)
+
+
+def _write_of(response: AgentResponse) -> TurnWrite | SkipReason:
+    """What the turn writes before it meets its stored copies, or why it writes nothing."""
     decision = _selected(response)
-    skipped = decision.skipped
-    if skipped is None:
-        write: TurnWrite = turn_write(
-            decision, thread_id=thread_id, owner=resource_id, response=response.response
-        )
-        decided = decide_turn(write, buffer)
-        if isinstance(decided, NeedsRead):
-            return decided
-        if decided.messages:
-            slot = buffer.write(
-                order, thread_id=thread_id, resource_id=resource_id, messages=decided.messages
-            )
-            return _Done([m.id for m in decided.messages if m.id is not None], None, slot)
-        skipped = "nothing-to-save"
+    if decision.skipped is not None:
+        return decision.skipped
+    return turn_write(
+        decision, thread_id=response.threadId, owner=response.resourceId, response=response.response
+    )
+
+
+def _decided(write: TurnWrite | SkipReason, reads: PersistBuffer) -> Decided | SkipReason | NeedsRead:
+    return write if isinstance(write, str) else decide_turn(write, reads)
+
+
+def _take(buffer: PersistBuffer, order: int, response: AgentResponse, decided: Decided | SkipReason) -> _Done:
+    """The decision taken by the buffer: the turn's write, or its skip (after the ownership check)."""
+    thread_id, resource_id = response.threadId, response.resourceId
+    if isinstance(decided, Decided) and decided.messages:
+        messages = decided.messages
+        slot = buffer.write(order, thread_id=thread_id, resource_id=resource_id, messages=messages)
+        return _Done([m.id for m in messages if m.id is not None], None, slot)
+    skipped: SkipReason = "nothing-to-save" if isinstance(decided, Decided) else decided
     check_owner(buffer.thread(thread_id), thread_id, resource_id)
     return _Done([], skipped, buffer.skip(order, thread_id))
+
+
+def _in_thread(stored: Set[tuple[str | None, str | None]], thread_id: str, message_id: str) -> bool:
+    return (thread_id, message_id) in stored
 
 
 def _failed(outcome: Failed) -> InvalidInputError:

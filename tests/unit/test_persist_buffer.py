@@ -371,3 +371,25 @@ async def test_legacy_id_kept_when_stored_under_it() -> None:
     loaded = await load_batch(SequentialBatches(storage), batch_needs([needs]))
     _keep_legacy_ids(event, needs.legacy, loaded)
     assert [m.id for m in event.input] == [old_id]
+
+
+class _ReadsNothing(PersistBuffer):
+    """A buffer whose `read` answers nothing: the decision keeps asking (a bug a decision must not spin on)."""
+
+    reads: int = 0
+
+    async def read(self, thread_id: str, need: Any) -> None:
+        self.reads += 1
+        assert self.reads <= 10, "the decision kept asking for reads"
+
+
+async def test_a_decision_asks_for_at_most_two_reads_then_refuses_the_turn() -> None:
+    """A read that does not answer (a bug) ends the turn with an error (contained as the record's dead
+    letter), not a lane reading forever: the copies, then the newest row, then stop."""
+    storage = InMemoryHistoryStorage()
+    batch = SequentialBatches(storage)
+    r = response("q", [msg("u1", t=1)], [msg("a1", "assistant", t=2)])
+    buffer = _ReadsNothing(batch, await load_batch(batch, batch_needs([])))  # nothing loaded: a plan miss
+    with pytest.raises(RuntimeError, match="still needs a read"):
+        await _decide(buffer, 0, r)
+    assert buffer.reads == 2
