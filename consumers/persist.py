@@ -31,6 +31,7 @@ from consumers.lanes import Failed
 from consumers.runtime.containment import contain, containable, decode_each
 from message_history import metrics, tracing
 from message_history.core.persist_plan import (
+    MAX_READS,
     Decided,
     NeedsRead,
     TurnWrite,
@@ -384,23 +385,18 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         return kept, forgotten
 
 
-# a decision asks for the stored copies, then the thread's newest row, each read once: a third ask would be
-# a bug, refused (the record's dead letter) rather than a lane reading forever
-_MAX_READS = 2
-
-
 async def _decide(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done:
     """`_decide_now`, reading what the batch's reads lack first (a plan miss, counted by the buffer): the
     turn's selection made once, its decision asked again after each read."""
     write = _write_of(response)
-    for reads_left in range(_MAX_READS, -1, -1):
+    for reads_left in range(MAX_READS, -1, -1):
         decided = _decided(write, buffer)
         if not isinstance(decided, NeedsRead):
             return _take(buffer, order, response, decided)
         if not reads_left:
             break
         await buffer.read(response.threadId, decided)
-    raise RuntimeError(f"the persist decision still needs a read after {_MAX_READS}: {decided}")
+    raise RuntimeError(f"the persist decision still needs a read after {MAX_READS}: {decided}")
 
 
 def _decide_now(buffer: PersistBuffer, order: int, response: AgentResponse) -> _Done | NeedsRead:

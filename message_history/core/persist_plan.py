@@ -269,6 +269,11 @@ class NeedsRead:
     latest: bool = False
 
 
+# what a decision can ask for: the stored copies, then the thread's newest row; a caller that read both and
+# is asked again meets a bug, and refuses the turn rather than read forever
+MAX_READS = 2
+
+
 def decide_turn(write: TurnWrite, reads: TurnReads) -> Decided | NeedsRead:
     """The one persist decision (`MessageHistory.persist_turn` and the persist path): the turn's messages
     meet their stored copies in its own thread and, for a turn without new user input, the thread's newest

@@ -44,6 +44,7 @@ from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.memory_options import TurnMemory
 from message_history.core.message_list import MessageList
 from message_history.core.persist_plan import (
+    MAX_READS,
     NeedsRead,
     OneTurnReads,
     TurnWrite,
@@ -424,7 +425,10 @@ class MessageHistory:
         another's message (Mastra's processors would).
         """
         reads = OneTurnReads()
-        while isinstance(need := decide_turn(write, reads), NeedsRead):
+        for _ in range(MAX_READS + 1):
+            need = decide_turn(write, reads)
+            if not isinstance(need, NeedsRead):
+                return need.messages
             if need.copies is not None:
                 ids = list(need.copies)
                 with unreadable.collecting("other") as ledger:
@@ -435,4 +439,4 @@ class MessageHistory:
             if need.latest:
                 latest = await self.storage.list_messages(thread_id, resource_id=None, limit=1)
                 reads.latest, reads.latest_read = (latest[0] if latest else None), True
-        return need.messages
+        raise RuntimeError(f"the persist decision still needs a read after {MAX_READS}: {need}")

@@ -374,7 +374,7 @@ async def test_legacy_id_kept_when_stored_under_it() -> None:
 
 
 class _ReadsNothing(PersistBuffer):
-    """A buffer whose `read` answers nothing: the decision keeps asking (a bug a decision must not spin on)."""
+    """A buffer whose `read` answers nothing: the decision keeps asking (a bug not to spin on)."""
 
     reads: int = 0
 
