@@ -282,7 +282,7 @@ def decide_turn(write: TurnWrite, reads: TurnReads) -> Decided | NeedsRead:
     copies = reads.copies_now(write.thread_id, ids)
     if copies is None:
         return NeedsRead(copies=tuple(ids))
-    stored = _stored_copies(write, copies, write.thread_id)
+    stored = _stored_copies(copies, write.thread_id)
     latest: Message | None = None
     if _needs_latest(write, stored):
         if not reads.has_latest(write.thread_id):
@@ -309,8 +309,8 @@ class OneTurnReads:
         return self.latest
 
 
-def _stored_copies(write: TurnWrite, rows: Iterable[Message], thread_id: str) -> dict[str, Message]:
-    """The stored copies among `rows` of the ids `write` saves, by id: this thread's only."""
+def _stored_copies(rows: Iterable[Message], thread_id: str) -> dict[str, Message]:
+    """The stored copies among `rows`, by id: `thread_id`'s only."""
     return {row.id: row for row in rows if row.id is not None and row.threadId == thread_id}
 
 
