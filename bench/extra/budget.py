@@ -83,8 +83,8 @@ async def _batch(
                                         "content": "next question?"})]  # fmt: skip
     limit = None if budget is not None else 40
     started = time.perf_counter()
-    view = await PrefetchedHistory.load(
-        storage, [RecallQuery(f"t{i}", "u", limit, budget) for i in range(threads)]
+    view = await PrefetchedHistory.load(  # raw: the byte reads the service wires (the unbudgeted pages)
+        storage, [RecallQuery(f"t{i}", "u", limit, budget) for i in range(threads)], raw=storage
     )
     memory = TurnMemory(False if budget is not None else 40, budget, read_only=True, retain_full_input=True)
     recalled = 0
