@@ -11,7 +11,7 @@ watermark and commits that watermark in one transaction; outputs of records abov
 one. A commit in doubt is settled first, on the same producer (`Transactional.settle`), never guessed.
 
 The held outputs, the producer machinery and what a failed transaction means are `producers.transactional`'s;
-their names stay importable from here.
+the names other packages still import from here (`__all__`) stay importable from here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from message_history.settings import Settings
 from producers.transactional import (
     FENCED,
     UNAUTHORIZED,
-    CommitFailure,
     HeldOutput,
     HoldingProducer,
     OutputRefusedError,
@@ -39,10 +38,8 @@ from producers.transactional import (
     commit_failure,
     fence_legacy,
     held_outputs,
-    is_retriable,
     legacy_transactional_id,
     open_transactional,
-    parse_transactional_id,
     producer_options,
     stop_quietly,
     transactional_id,
@@ -50,24 +47,16 @@ from producers.transactional import (
 
 __all__ = [
     "DEFAULT_MAX_HELD_OUTPUTS",
-    "FENCED",
     "UNAUTHORIZED",
-    "CommitFailure",
     "HeldOutput",
     "HoldingProducer",
-    "OutputRefusedError",
     "PartitionTransactions",
     "Refused",
     "Transactional",
     "commit_failure",
-    "fence_legacy",
     "held_outputs",
-    "is_retriable",
-    "legacy_transactional_id",
     "open_transactional",
-    "parse_transactional_id",
     "producer_options",
-    "stop_quietly",
     "transactional_id",
 ]
 

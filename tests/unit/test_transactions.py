@@ -40,15 +40,15 @@ from message_history.errors import TransactionInDoubtError, TransactionNotCommit
 from message_history.settings import Settings
 from producers import transactions
 from producers.output import MAX_REQUEST_BYTES
-from producers.transactions import (
+from producers.transactional import (
     HeldOutput,
     HoldingProducer,
-    PartitionTransactions,
     commit_failure,
     held_outputs,
     parse_transactional_id,
     transactional_id,
 )
+from producers.transactions import PartitionTransactions
 
 pytestmark = pytest.mark.timeout(30)
 
