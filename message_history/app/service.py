@@ -53,36 +53,14 @@ from producers.enriched import EnrichedPublisher
 from producers.forgotten import ForgottenPublisher
 from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
-from producers.transactions import HoldingProducer, PartitionTransactions
+from producers.transactional import HoldingProducer
+from producers.transactions import PartitionTransactions
 from schemas.limits import Limits
 from storage.protocol import BatchHistoryStorage
 
 if TYPE_CHECKING:
     from storage.forgetting import MongoForgetting
     from storage.turns import MongoTurnMarkers
-
-__all__ = [  # the shutdown machinery and process set-up moved out; their names stay importable from here
-    "DRAIN_SHARE",
-    "MIN_STEP_S",
-    "PATHS",
-    "RESERVE_CONSUMERS",
-    "RESERVE_PRODUCER",
-    "RESERVE_SERVICES",
-    "Bounded",
-    "LoopGroup",
-    "Opened",
-    "Path",
-    "ShutdownClock",
-    "build_loop",
-    "main",
-    "maybe_barrier",
-    "open_markers",
-    "open_storage",
-    "run_service",
-    "selected_paths",
-    "start_tracing",
-    "tune_gc",
-]
 
 log = logging.getLogger(__name__)
 
