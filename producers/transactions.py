@@ -141,6 +141,23 @@ class PartitionTransactions:
         self._owned.update(partitions)
         await asyncio.gather(*(self._open(tp) for tp in partitions if tp not in self._producers))
 
+    async def open_at_committed(
+        self, partitions: Iterable[TopicPartition], seek: Callable[[TopicPartition, int], None]
+    ) -> None:
+        """`open`, then each partition positioned (`seek`) at the group's offset committed after that
+        (`read_committed`): the fencing completed any transaction its previous holder left open, so this
+        offset is final, where one read before could be stale (no KIP-447 here). What `open` or the read
+        raises is raised: retrying is the caller's. No await after the last seek."""
+        owned = sorted(partitions, key=lambda tp: tp.partition)
+        await self.open(owned)
+        read = self.read_committed
+        if read is None:
+            raise RuntimeError("no committed offset reader: set `read_committed` before opening")
+        for tp in owned:
+            offset = await read(tp)
+            if offset is not None:
+                seek(tp, offset)
+
     async def _open(self, tp: TopicPartition) -> None:
         # one opening per partition at a time: a second producer's InitProducerId would fence the first
         opening = self._opening.get(tp)
