@@ -33,7 +33,8 @@ from consumers.timeouts import TimeoutStrikes
 from consumers.turn_gate import TurnGate
 from message_history import __version__
 from message_history.app.capabilities import storage_capabilities
-from message_history.app.health import Health, serve_http
+from message_history.app.health import Health
+from message_history.app.health_http import serve_http
 from message_history.app.periodic_prune import periodic_prune
 from message_history.app.process import start_tracing, tune_gc
 from message_history.app.shutdown import (
