@@ -128,10 +128,15 @@ class PartitionTransactions:
         return sorted(o for o in self._held.get(tp, {}) if o < offset)
 
     def _drop_below(self, tp: TopicPartition, offset: int) -> list[HeldOutput]:
+        return self._drop(tp, self._take_below(tp, offset))
+
+    def _drop(self, tp: TopicPartition, offsets: list[int]) -> list[HeldOutput]:
+        """The outputs held at `offsets` (in that order), no longer held; an offset no longer held (its
+        partition let go of meanwhile) has none."""
         held, sources = self._held.get(tp, {}), self._sources.get(tp, {})
         dropped: list[HeldOutput] = []
-        for o in self._take_below(tp, offset):
-            dropped.extend(held.pop(o))
+        for o in offsets:
+            dropped.extend(held.pop(o, ()))
             sources.pop(o, None)
         return dropped
 
@@ -293,14 +298,15 @@ class PartitionTransactions:
 
     async def _transact(self, tp: TopicPartition, tx: Transactional, offset: int) -> bool:
         held = self._held.get(tp, {})
-        outputs = [output for o in self._take_below(tp, offset) for output in held[o]]
+        below = self._take_below(tp, offset)  # sorted once: sent in this order, then dropped
+        outputs = [output for o in below for output in held[o]]
         try:
             await tx.run(outputs, offsets=({tp: offset}, self.group_id), one_by_one=tp in self._careful)
         except BaseException:
             if tx.in_doubt or tx.lost:
                 self._doubt[tp] = offset  # asked, answer not seen: the next call waits for it (or reads)
             raise
-        self._produced(self._drop_below(tp, offset))
+        self._produced(self._drop(tp, below))
         self._careful.discard(tp)
         return True
 
