@@ -131,6 +131,7 @@ class Opened:
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
     settings, producer, forgetting = opened.settings, opened.producer, opened.forgetting
+    capabilities = storage_capabilities(opened.storage)
     loop_health: Health | _Advisory = opened.health
     if path == "commands":
         if forgetting is None:
@@ -150,12 +151,11 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             opened.storage,
             publisher,
             gate=opened.gate,
-            raw_rows=storage_capabilities(opened.storage).raw_rows,
+            raw_rows=capabilities.raw_rows,
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
         persisted = PersistedPublisher(producer, settings.persisted_topic)
-        capabilities = storage_capabilities(opened.storage)
         handler = PersistHandler(
             settings,
             opened.storage,
