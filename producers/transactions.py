@@ -11,7 +11,7 @@ watermark and commits that watermark in one transaction; outputs of records abov
 one. A commit in doubt is settled first, on the same producer (`Transactional.settle`), never guessed.
 
 The held outputs, the producer machinery and what a failed transaction means are `producers.transactional`'s;
-their names stay importable from here.
+the names other packages still import from here (`__all__`) stay importable from here.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from message_history.settings import Settings
 from producers.transactional import (
     FENCED,
     UNAUTHORIZED,
-    CommitFailure,
     HeldOutput,
     HoldingProducer,
     OutputRefusedError,
@@ -39,10 +38,8 @@ from producers.transactional import (
     commit_failure,
     fence_legacy,
     held_outputs,
-    is_retriable,
     legacy_transactional_id,
     open_transactional,
-    parse_transactional_id,
     producer_options,
     stop_quietly,
     transactional_id,
@@ -50,24 +47,16 @@ from producers.transactional import (
 
 __all__ = [
     "DEFAULT_MAX_HELD_OUTPUTS",
-    "FENCED",
     "UNAUTHORIZED",
-    "CommitFailure",
     "HeldOutput",
     "HoldingProducer",
-    "OutputRefusedError",
     "PartitionTransactions",
     "Refused",
     "Transactional",
     "commit_failure",
-    "fence_legacy",
     "held_outputs",
-    "is_retriable",
-    "legacy_transactional_id",
     "open_transactional",
-    "parse_transactional_id",
     "producer_options",
-    "stop_quietly",
     "transactional_id",
 ]
 
@@ -139,10 +128,15 @@ class PartitionTransactions:
         return sorted(o for o in self._held.get(tp, {}) if o < offset)
 
     def _drop_below(self, tp: TopicPartition, offset: int) -> list[HeldOutput]:
+        return self._drop(tp, self._take_below(tp, offset))
+
+    def _drop(self, tp: TopicPartition, offsets: list[int]) -> list[HeldOutput]:
+        """The outputs held at `offsets` (in that order), no longer held; an offset no longer held (its
+        partition let go of meanwhile) has none."""
         held, sources = self._held.get(tp, {}), self._sources.get(tp, {})
         dropped: list[HeldOutput] = []
-        for o in self._take_below(tp, offset):
-            dropped.extend(held.pop(o))
+        for o in offsets:
+            dropped.extend(held.pop(o, ()))
             sources.pop(o, None)
         return dropped
 
@@ -151,6 +145,23 @@ class PartitionTransactions:
         partitions = list(partitions)
         self._owned.update(partitions)
         await asyncio.gather(*(self._open(tp) for tp in partitions if tp not in self._producers))
+
+    async def open_at_committed(
+        self, partitions: Iterable[TopicPartition], seek: Callable[[TopicPartition, int], None]
+    ) -> None:
+        """`open`, then each partition positioned (`seek`) at the group's offset committed after that
+        (`read_committed`): the fencing completed any transaction its previous holder left open, so this
+        offset is final, where one read before could be stale (no KIP-447 here). What `open` or the read
+        raises is raised: retrying is the caller's. No await after the last seek."""
+        owned = sorted(partitions, key=lambda tp: tp.partition)
+        await self.open(owned)
+        read = self.read_committed
+        if read is None:
+            raise RuntimeError("no committed offset reader: set `read_committed` before opening")
+        for tp in owned:
+            offset = await read(tp)
+            if offset is not None:
+                seek(tp, offset)
 
     async def _open(self, tp: TopicPartition) -> None:
         # one opening per partition at a time: a second producer's InitProducerId would fence the first
@@ -287,14 +298,15 @@ class PartitionTransactions:
 
     async def _transact(self, tp: TopicPartition, tx: Transactional, offset: int) -> bool:
         held = self._held.get(tp, {})
-        outputs = [output for o in self._take_below(tp, offset) for output in held[o]]
+        below = self._take_below(tp, offset)  # sorted once: sent in this order, then dropped
+        outputs = [output for o in below for output in held[o]]
         try:
             await tx.run(outputs, offsets=({tp: offset}, self.group_id), one_by_one=tp in self._careful)
         except BaseException:
             if tx.in_doubt or tx.lost:
                 self._doubt[tp] = offset  # asked, answer not seen: the next call waits for it (or reads)
             raise
-        self._produced(self._drop_below(tp, offset))
+        self._produced(self._drop(tp, below))
         self._careful.discard(tp)
         return True
 

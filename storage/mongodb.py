@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from schemas.messages import Message
 from storage.client import mongo_client
-from storage.mongo_collections import MESSAGE_INDEXES, THREAD_INDEXES, RecallStrategy
+from storage.mongo_collections import RecallStrategy
 from storage.mongo_recall import MongoRecall
 from storage.mongo_saves import MongoSaves
 from storage.protocol import BatchHistoryStorage, Thread, save_one
@@ -40,12 +40,7 @@ from storage.protocol import BatchHistoryStorage, Thread, save_one
 if TYPE_CHECKING:
     from message_history.settings import Settings
 
-__all__ = [
-    "MESSAGE_INDEXES",
-    "THREAD_INDEXES",
-    "MongoHistoryStorage",
-    "RecallStrategy",
-]
+__all__ = ["MongoHistoryStorage", "RecallStrategy"]
 
 
 class MongoHistoryStorage(MongoRecall, MongoSaves, BatchHistoryStorage):

@@ -66,11 +66,7 @@ class WorkerTransactions:
         attempt = 0
         while True:
             try:
-                await self.partitions.open(sorted(assigned, key=lambda tp: tp.partition))
-                for tp in assigned:
-                    offset = await consumer.committed(tp)
-                    if offset is not None:
-                        consumer.seek(tp, offset)
+                await self.partitions.open_at_committed(assigned, consumer.seek)
                 self._ready |= assigned  # no await since the seeks: nothing fetched before is taken after
                 return  # noqa: TRY300 -- the retry loop's exit
             except KafkaError as exc:  # the partitions cannot be read safely before their ids are fenced

@@ -10,7 +10,7 @@ Two separate questions, as Kubernetes asks them:
   the service is ready only when every component that reported is ready. An outage makes a component
   not-ready, never not-live.
 
-The probes' HTTP server is `message_history.app.health_http` (`serve_http`, re-exported here).
+The probes' HTTP server is `message_history.app.health_http` (`serve_http`).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from message_history import metrics
-from message_history.app.health_http import HealthServer, serve_http
 from message_history.logs import scrub
 
-__all__ = ["DEFAULT_MAX_LOOP_LAG_S", "Health", "HealthServer", "serve_http"]
+__all__ = ["DEFAULT_MAX_LOOP_LAG_S", "Health"]
 
 log = logging.getLogger(__name__)
 

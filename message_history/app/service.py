@@ -33,7 +33,8 @@ from consumers.timeouts import TimeoutStrikes
 from consumers.turn_gate import TurnGate
 from message_history import __version__
 from message_history.app.capabilities import storage_capabilities
-from message_history.app.health import Health, serve_http
+from message_history.app.health import Health
+from message_history.app.health_http import serve_http
 from message_history.app.periodic_prune import periodic_prune
 from message_history.app.process import start_tracing, tune_gc
 from message_history.app.shutdown import (
@@ -53,36 +54,14 @@ from producers.enriched import EnrichedPublisher
 from producers.forgotten import ForgottenPublisher
 from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
-from producers.transactions import HoldingProducer, PartitionTransactions
+from producers.transactional import HoldingProducer
+from producers.transactions import PartitionTransactions
 from schemas.limits import Limits
 from storage.protocol import BatchHistoryStorage
 
 if TYPE_CHECKING:
     from storage.forgetting import MongoForgetting
     from storage.turns import MongoTurnMarkers
-
-__all__ = [  # the shutdown machinery and process set-up moved out; their names stay importable from here
-    "DRAIN_SHARE",
-    "MIN_STEP_S",
-    "PATHS",
-    "RESERVE_CONSUMERS",
-    "RESERVE_PRODUCER",
-    "RESERVE_SERVICES",
-    "Bounded",
-    "LoopGroup",
-    "Opened",
-    "Path",
-    "ShutdownClock",
-    "build_loop",
-    "main",
-    "maybe_barrier",
-    "open_markers",
-    "open_storage",
-    "run_service",
-    "selected_paths",
-    "start_tracing",
-    "tune_gc",
-]
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +131,7 @@ class Opened:
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
     settings, producer, forgetting = opened.settings, opened.producer, opened.forgetting
+    capabilities = storage_capabilities(opened.storage)
     loop_health: Health | _Advisory = opened.health
     if path == "commands":
         if forgetting is None:
@@ -171,12 +151,11 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             opened.storage,
             publisher,
             gate=opened.gate,
-            raw_rows=storage_capabilities(opened.storage).raw_rows,
+            raw_rows=capabilities.raw_rows,
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
         persisted = PersistedPublisher(producer, settings.persisted_topic)
-        capabilities = storage_capabilities(opened.storage)
         handler = PersistHandler(
             settings,
             opened.storage,

@@ -22,7 +22,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from message_history.settings import Settings
-from producers.transactions import HeldOutput, PartitionTransactions, Transactional, open_transactional
+from producers.transactional import HeldOutput, Transactional, open_transactional
+from producers.transactions import PartitionTransactions
 from schemas.dead_letters import ERROR_TYPE
 from tests.conftest import MakeTopic
 from tests.integration.private_kafka import PrivateKafka, private_kafka  # noqa: F401 -- the fixture

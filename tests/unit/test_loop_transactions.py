@@ -17,7 +17,8 @@ from consumers.runtime.intake import HELD
 from message_history import metrics
 from message_history.settings import Settings
 from producers import transactions as transactions_module
-from producers.transactions import HeldOutput, PartitionTransactions
+from producers.transactional import HeldOutput
+from producers.transactions import PartitionTransactions
 from tests.unit.test_transactions import FakeBroker, broker  # noqa: F401 -- the fixture
 
 pytestmark = pytest.mark.timeout(30)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from message_history.app.service import tune_gc
+from message_history.app.process import tune_gc
 from message_history.settings import Settings
 
 

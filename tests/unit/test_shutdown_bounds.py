@@ -22,7 +22,7 @@ from consumers.consumer import (
     revoke_drain_s,
     stop_consumer,
 )
-from message_history.app.service import Bounded, ShutdownClock
+from message_history.app.shutdown import Bounded, ShutdownClock
 from message_history.settings import Settings
 
 pytestmark = pytest.mark.timeout(10)

@@ -157,7 +157,7 @@ def test_log_lines_carry_the_current_spans_ids(spans: InMemorySpanExporter) -> N
 PROBE = """
 import json
 from opentelemetry import trace
-from message_history.app.service import start_tracing
+from message_history.app.process import start_tracing
 stop = start_tracing()
 print(json.dumps({"started": stop is not None, "provider": type(trace.get_tracer_provider()).__name__}))
 if stop:

@@ -40,15 +40,15 @@ from message_history.errors import TransactionInDoubtError, TransactionNotCommit
 from message_history.settings import Settings
 from producers import transactions
 from producers.output import MAX_REQUEST_BYTES
-from producers.transactions import (
+from producers.transactional import (
     HeldOutput,
     HoldingProducer,
-    PartitionTransactions,
     commit_failure,
     held_outputs,
     parse_transactional_id,
     transactional_id,
 )
+from producers.transactions import PartitionTransactions
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -450,3 +450,41 @@ def test_a_bare_kafka_error_is_classified_by_its_cause() -> None:
     wrapped.__cause__ = KafkaConnectionError("Connection closed")
     assert commit_failure(wrapped) == "outage"
     assert commit_failure(KafkaError("no cause")) == "systemic"
+
+
+async def test_open_at_committed_seeks_to_the_offset_read_after_the_fencing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each partition's producer is opened (its previous holder fenced) before its committed offset is
+    read, and the partition is positioned there; one with nothing committed is left where it is."""
+    events: list[str] = []
+    broker = FakeBroker()
+
+    async def open_fake(options: Any, transactional_id: str) -> FakeProducer:
+        events.append(f"open {transactional_id}")
+        return FakeProducer(broker)
+
+    async def no_legacy(options: Any, legacy_id: str) -> None:
+        return None
+
+    monkeypatch.setattr(transactions, "open_transactional", open_fake)
+    monkeypatch.setattr(transactions, "fence_legacy", no_legacy)
+    committed = {TopicPartition("in", 1): 7}
+
+    async def read_committed(tp: TopicPartition) -> int | None:
+        events.append(f"read {tp.partition}")
+        return committed.get(tp)
+
+    seeks: list[tuple[TopicPartition, int]] = []
+    tx = PartitionTransactions(Settings(), path="recall")
+    tx.read_committed = read_committed
+    await tx.open_at_committed([TopicPartition("in", 1), TP], lambda tp, o: seeks.append((tp, o)))
+
+    assert events[2:] == ["read 0", "read 1"]  # both producers opened first
+    assert sorted(events[:2]) == [
+        f"open {tx.transactional_id(TP)}",
+        f"open {tx.transactional_id(TopicPartition('in', 1))}",
+    ]
+    assert seeks == [(TopicPartition("in", 1), 7)]
+    assert tx.owns(TP)
+    assert tx.owns(TopicPartition("in", 1))
