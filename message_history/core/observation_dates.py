@@ -294,6 +294,7 @@ def expand_inline_dates(observations: str, now: datetime) -> str:
     out: list[str] = []
     last = 0
     close = -1  # the first `)` after the current `(`: found again only once passed (linear)
+    line_start = searched = 0  # the current line's start, looked for back to `searched` only (linear)
     index = text.find("(")
     while index != -1:
         word = next((w for w in ("estimated", "meaning") if _ieq(text, index + 1, w)), None)
@@ -316,7 +317,8 @@ def expand_inline_dates(observations: str, now: datetime) -> str:
         if date is not None:
             prefix = text[index + 1 : spaces_at]
             note = _relative(date, now)
-            line_start = text.rfind("\n", 0, index + 1) + 1
+            line_start = max(line_start, text.rfind("\n", searched, index + 1) + 1)
+            searched = index + 1
             planned = intents.holds(line_start, index)
             if date < now and planned:
                 note += ", likely already happened"
@@ -330,11 +332,14 @@ def expand_inline_dates(observations: str, now: datetime) -> str:
 
 def _content(text: str, spaces_at: int, spaces_end: int, close: int) -> str | None:
     """`\\s+([^)]+\\d{4})\\)` after the word: the date text up to the first `)`, ending in four digits."""
-    if spaces_end == spaces_at or close < spaces_end:
-        return None
-    rest = text[spaces_end:close]
-    if len(rest) >= 5 and all(c in _DIGITS for c in rest[-4:]):
-        return rest
-    if len(rest) == 4 and all(c in _DIGITS for c in rest) and spaces_end - spaces_at >= 2:
+    if (
+        spaces_end == spaces_at
+        or close - spaces_end < 4
+        or not all(c in _DIGITS for c in text[close - 4 : close])
+    ):
+        return None  # decided before any slice of the rest: many `(estimated` before one `)` stay linear
+    if close - spaces_end >= 5:
+        return text[spaces_end:close]
+    if spaces_end - spaces_at >= 2:
         return text[spaces_end - 1 : close]  # the space run gives one back
     return None

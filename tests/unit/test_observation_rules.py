@@ -24,6 +24,7 @@ from message_history.core.observation import (
     should_reflect,
     unobserved_messages,
 )
+from message_history.core.observation_dates import expand_inline_dates
 from message_history.core.observation_text import (
     OBSERVATION_CONTEXT_INSTRUCTIONS,
     OBSERVATION_CONTEXT_PROMPT,
@@ -287,3 +288,12 @@ def test_tag_stripping_is_linear(text: str) -> None:
     """Hang guard (not a timing assertion): the hand-written scans (tags, inline dates, their date patterns,
     the planned-action test) and the header pass stay linear on hostile logs."""
     context_system_messages(text, now=T0)
+
+
+@pytest.mark.timeout(30)
+def test_many_estimated_before_one_close_stay_linear() -> None:
+    """Hang guard (not a timing assertion): 8 MB of `(estimated x` before a single `)`. Each opening met the
+    same far `)` and copied the text up to it before looking at its last four characters (quadratic: minutes
+    here); now the digits are checked in place and nothing is copied for a non-date."""
+    text = "(estimated x" * 700_000 + ")"
+    assert expand_inline_dates(text, T0) == text
