@@ -266,14 +266,14 @@ class MongoObservationalStore:
             "updatedAt": now,
         }
         with storage_errors("om initialize"):
-            found = await self._rows.find_one_and_update(
+            found = await self._raw.find_one_and_update(
                 {"lookupKey": key, "generationCount": 0},
                 {"$setOnInsert": document},
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
         assert found is not None  # an upsert returning the document after it
-        return record_from_doc(found)
+        return _record(found)
 
     async def claim(self, record: ObservationalRecord, kind: Kind, now: datetime) -> Claim | None:
         """Set `isObserving` (`isReflecting`) on the row if no live claim holds it; None when one does."""
@@ -331,13 +331,14 @@ class MongoObservationalStore:
         """`createReflectionGeneration` for the claim it answers: the claim settled, then generation g + 1
         inserted once (an upsert on the key and generation). None when the claim is not current."""
         with storage_errors("om reflect"):
-            settled = await self._rows.find_one_and_update(
+            settled_raw = await self._raw.find_one_and_update(
                 {**_claimed(claim), "isReflecting": True},
                 {"$set": {"isReflecting": False, CLAIMED_AT: None, "updatedAt": now}},
                 return_document=ReturnDocument.AFTER,
             )
-        if settled is None:
+        if settled_raw is None:
             return None
+        settled = decode_row(settled_raw.raw, OBSERVATIONAL)
         current = record_from_doc(settled)
         document = {
             "id": str(uuid.uuid4()),
@@ -367,14 +368,14 @@ class MongoObservationalStore:
             "metadata": current.metadata,
         }
         with storage_errors("om reflect"):
-            inserted = await self._rows.find_one_and_update(
+            inserted = await self._raw.find_one_and_update(
                 {"lookupKey": current.lookup_key, "generationCount": current.generation + 1},
                 {"$setOnInsert": document},
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
         assert inserted is not None  # an upsert returning the document after it
-        return record_from_doc(inserted)
+        return _record(inserted)
 
     async def set_pending_tokens(self, record_id: str, tokens: int, now: datetime) -> None:
         """`setPendingMessageTokens`: the unobserved tokens counted so far (a finite, non-negative count)."""
@@ -413,9 +414,15 @@ def _claimed(claim: Claim) -> dict[str, Any]:
     return {"id": claim.record_id, "generationCount": claim.generation, CYCLE: claim.cycle}
 
 
+def _record(raw: RawBSONDocument) -> ObservationalRecord:
+    """A row read raw, decoded alone: one the codec or Mastra's reading refuses is `UnreadableRowError`, never
+    the driver's `InvalidBSON` (which `storage_errors` would call a fatal storage error)."""
+    return record_from_doc(decode_row(raw.raw, OBSERVATIONAL))
+
+
 def _readable(raw: RawBSONDocument) -> ObservationalRecord | None:
     try:
-        return record_from_doc(decode_row(raw.raw, OBSERVATIONAL))
+        return _record(raw)
     except UnreadableRowError as exc:
         skip(exc)
         return None
