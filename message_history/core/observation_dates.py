@@ -71,59 +71,39 @@ def _ms(moment: datetime) -> int:
     return (aware - _EPOCH) // timedelta(milliseconds=1)
 
 
+_NEAR: Final = {-1: "tomorrow", 0: "today", 1: "yesterday"}
+
+
 def _relative(date: datetime, now: datetime) -> str:
-    """`formatRelativeTime`: today, yesterday, N days/weeks/months/years ago, or ahead."""
+    """`formatRelativeTime`: today, yesterday, tomorrow, else N days/weeks/months/years ago or ahead."""
     days = (_ms(now) - _ms(date)) // _DAY_MS
-    if days < 0:
-        ahead = -days
-        if ahead < 60:
-            return _soon(ahead)
-        if ahead < 365:
-            return f"in {ahead // 30} months"
-        years = ahead // 365
-        return f"in {years} year{'s' if years > 1 else ''}"
+    if days in _NEAR:
+        return _NEAR[days]
+    span = _span(abs(days), years=True)
+    return f"in {span}" if days < 0 else f"{span} ago"
+
+
+def _span(days: int, *, years: bool) -> str:
+    """A distance of two days or more, as `formatRelativeTime` and `formatGapBetweenDates` word it (the gap
+    never in years)."""
+    if days < 7:
+        return f"{days} days"
+    if days < 14:
+        return "1 week"
+    if days < 30:
+        return f"{days // 7} weeks"
     if days < 60:
-        return _recent(days)
-    if days < 365:
-        return f"{days // 30} months ago"
-    years = days // 365
-    return f"{years} year{'s' if years > 1 else ''} ago"
-
-
-def _soon(days: int) -> str:
-    if days == 1:
-        return "tomorrow"
-    if days < 7:
-        return f"in {days} days"
-    if days < 14:
-        return "in 1 week"
-    return f"in {days // 7} weeks" if days < 30 else "in 1 month"
-
-
-def _recent(days: int) -> str:
-    if days == 0:
-        return "today"
-    if days == 1:
-        return "yesterday"
-    if days < 7:
-        return f"{days} days ago"
-    if days < 14:
-        return "1 week ago"
-    return f"{days // 7} weeks ago" if days < 30 else "1 month ago"
+        return "1 month"
+    if days < 365 or not years:
+        return f"{days // 30} months"
+    count = days // 365
+    return f"{count} year{'s' if count > 1 else ''}"
 
 
 def _gap(previous: datetime, current: datetime) -> str | None:
     """`formatGapBetweenDates`: a marker when more than a day passed between two headers."""
     days = (_ms(current) - _ms(previous)) // _DAY_MS
-    if days <= 1:
-        return None
-    if days < 7:
-        return f"[{days} days later]"
-    if days < 14:
-        return "[1 week later]"
-    if days < 30:
-        return f"[{days // 7} weeks later]"
-    return "[1 month later]" if days < 60 else f"[{days // 30} months later]"
+    return f"[{_span(days, years=False)} later]" if days > 1 else None
 
 
 def add_relative_time(observations: str, now: datetime) -> str:

@@ -24,7 +24,7 @@ from message_history.core.observation import (
     should_reflect,
     unobserved_messages,
 )
-from message_history.core.observation_dates import expand_inline_dates
+from message_history.core.observation_dates import _gap, _relative, expand_inline_dates
 from message_history.core.observation_text import (
     OBSERVATION_CONTEXT_INSTRUCTIONS,
     OBSERVATION_CONTEXT_PROMPT,
@@ -297,3 +297,26 @@ def test_many_estimated_before_one_close_stay_linear() -> None:
     here); now the digits are checked in place and nothing is copied for a non-date."""
     text = "(estimated x" * 700_000 + ")"
     assert expand_inline_dates(text, T0) == text
+
+
+@pytest.mark.parametrize(
+    ("days", "relative", "gap"),
+    [
+        (-400, "in 1 year", None),
+        (-100, "in 3 months", None),
+        (-20, "in 2 weeks", None),
+        (-1, "tomorrow", None),
+        (0, "today", None),
+        (1, "yesterday", None),
+        (2, "2 days ago", "[2 days later]"),
+        (10, "1 week ago", "[1 week later]"),
+        (45, "1 month ago", "[1 month later]"),
+        (400, "1 year ago", "[13 months later]"),
+        (800, "2 years ago", "[26 months later]"),
+    ],
+)
+def test_relative_wording_is_mastras(days: int, relative: str, gap: str | None) -> None:
+    """`formatRelativeTime` both ways, and `formatGapBetweenDates` (never in years), from one wording."""
+    date = T0 - timedelta(days=days)
+    assert _relative(date, T0) == relative
+    assert _gap(date, T0) == gap
