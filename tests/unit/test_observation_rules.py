@@ -320,3 +320,14 @@ def test_relative_wording_is_mastras(days: int, relative: str, gap: str | None) 
     date = T0 - timedelta(days=days)
     assert _relative(date, T0) == relative
     assert _gap(date, T0) == gap
+
+
+def test_hostile_values_are_read_as_mastra_would_not_raised() -> None:
+    """An id of another type (a list: unhashable) is in no set of observed ids; a count past every float is
+    not a finite count (the default stands). Both raised before (TypeError, OverflowError)."""
+    odd = {"id": ["m1"], "role": "user", "content": {"format": 2, "parts": []}}
+    state = ObservedState(observed_message_ids=frozenset({"m1"}))
+    assert unobserved_messages([odd], state) == [odd]
+    settings = resolve_settings({"observation": {"messageTokens": 10**400}})
+    assert settings is not None
+    assert settings.message_tokens == Threshold(DEFAULT_MESSAGE_TOKENS, DEFAULT_MESSAGE_TOKENS)
