@@ -143,7 +143,11 @@ def _client_estimate(part: Mapping[str, Any]) -> int | float | None:
         value = entry.get("tokens")
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
-        return value if math.isfinite(value) and value >= 0 else None
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer past every float: JavaScript's Infinity, not finite
+            return None
+        return value if finite and value >= 0 else None
 
     found = tokens(cache)
     if found is not None:
