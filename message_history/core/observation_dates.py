@@ -20,12 +20,13 @@ from bisect import bisect_left
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-__all__ = ["JS_SPACE", "add_relative_time", "expand_inline_dates"]
+__all__ = ["JS_SPACE", "JS_SPACE_CHARS", "add_relative_time", "expand_inline_dates"]
 
 JS_SPACE: Final = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 """JavaScript's `\\s` as a character-class body (Python's `\\s` differs at U+001C..U+001F, U+0085, U+FEFF)."""
-_JS_SPACE = JS_SPACE
-_SPACE_CHARS: Final = frozenset(JS_SPACE.replace("\u2000-\u200a", "".join(map(chr, range(0x2000, 0x200B)))))
+JS_SPACE_CHARS: Final = JS_SPACE.replace("\u2000-\u200a", "".join(map(chr, range(0x2000, 0x200B))))
+"""The same characters listed one by one (for `str.strip` and membership tests)."""
+_SPACE_CHARS: Final = frozenset(JS_SPACE_CHARS)
 _LETTERS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _DIGITS: Final = frozenset("0123456789")
 _SIMPLE: Final = re.compile(f"([A-Z][a-z]+)[{JS_SPACE}]+([0-9]{{1,2}}),?[{JS_SPACE}]+([0-9]{{4}})")
@@ -41,7 +42,7 @@ _INTENT: Final = re.compile(
 _VAGUE: Final = (("late", 23), ("early", 7), ("mid", 15))
 # JavaScript's multiline `^`/`$`: at the ends of the text or next to any of its line terminators.
 _HEADER: Final = re.compile(
-    f"(?:^|(?<=[\n\r\u2028\u2029]))(Date:[{_JS_SPACE}]*)([A-Z][a-z]+) ([0-9]{{1,2}}), ([0-9]{{4}})"
+    f"(?:^|(?<=[\n\r\u2028\u2029]))(Date:[{JS_SPACE}]*)([A-Z][a-z]+) ([0-9]{{1,2}}), ([0-9]{{4}})"
     "(?=[\n\r\u2028\u2029]|\\Z)"
 )
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
