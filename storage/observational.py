@@ -36,6 +36,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history.errors import UnreadableRowError
+from schemas.observational import Scope
 from storage.errors import storage_errors
 from storage.raw_rows import RAW, decode_row
 from storage.unreadable import skip
@@ -57,7 +58,6 @@ CYCLE: Final = "_mh_cycle"
 CLAIMED_AT: Final = "_mh_claimed_at"
 _READ_BACK: Final = 5  # newest generations read to find a readable one past unreadable rows
 
-Scope = Literal["thread", "resource"]
 Kind = Literal["observe", "reflect"]
 _FLAGS: Final[dict[str, str]] = {"observe": "isObserving", "reflect": "isReflecting"}
 

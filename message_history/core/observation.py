@@ -23,9 +23,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from message_history.core.om_tokens import count_om_messages
+from schemas.observational import Scope
 
 __all__ = [
     "DEFAULT_MESSAGE_TOKENS",
@@ -51,8 +52,6 @@ _START: Final = "data-om-observation-start"
 _END: Final = "data-om-observation-end"
 _FAILED: Final = "data-om-observation-failed"
 _WORKING_MEMORY_STATE_ID: Final = "working-memory"
-
-Scope = Literal["thread", "resource"]
 
 
 @dataclass(frozen=True, slots=True)
