@@ -107,13 +107,17 @@ class _Refused(Exception):  # noqa: N818 -- internal: a field no Mastra would re
     """A field that makes the row unreadable (its message says which and why)."""
 
 
-def _number(doc: Mapping[str, Any], name: str) -> int:
-    """`Number(doc.x || 0)` for a count; a value that is no finite number makes the row unreadable."""
+def _number(doc: Mapping[str, Any], name: str, *, key: bool = False) -> int:
+    """`Number(doc.x || 0)` for a count; a value that is no finite number makes the row unreadable, and so
+    does a fraction in a `key` (the generation, the claim cycle: the conditional writes match them exactly,
+    so a truncated one would leave the row claimed by nobody, silently, for ever)."""
     value = doc.get(name)
     if value is None or value is False or value == "":
         return 0
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _Refused(f"{name} is {type(value).__name__} {str(value)[:40]!r}, not a number")
+    if key and value != int(value):
+        raise _Refused(f"{name} is {value!r}, not a whole number")
     return int(value)
 
 
@@ -153,7 +157,7 @@ def record_from_doc(doc: Mapping[str, Any]) -> ObservationalRecord:
             scope=_text(doc, "scope", "thread"),
             thread_id=_text(doc, "threadId") or None,
             resource_id=_text(doc, "resourceId"),
-            generation=_number(doc, "generationCount"),
+            generation=_number(doc, "generationCount", key=True),
             origin_type=_text(doc, "originType", "initial"),
             active_observations=_text(doc, "activeObservations"),
             observation_token_count=_number(doc, "observationTokenCount"),
@@ -167,7 +171,7 @@ def record_from_doc(doc: Mapping[str, Any]) -> ObservationalRecord:
             metadata=dict(metadata) if isinstance(metadata, Mapping) else None,
             created_at=_date(doc, "createdAt"),
             updated_at=_date(doc, "updatedAt"),
-            cycle=_number(doc, CYCLE),
+            cycle=_number(doc, CYCLE, key=True),
         )
     except _Refused as exc:
         raise UnreadableRowError(OBSERVATIONAL, ident, doc.get("lookupKey"), "om", str(exc)) from None

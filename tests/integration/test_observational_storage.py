@@ -202,6 +202,8 @@ ODD_ROWS: list[dict[str, Any]] = [
     {"id": None},
     {"lastObservedAt": "yesterday"},
     {"observationTokenCount": float("nan")},
+    {"generationCount": 1.5},  # a fraction in a key: truncated, no conditional write would ever match it
+    {"_mh_cycle": 2.5},
 ]
 
 
