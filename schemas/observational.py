@@ -10,9 +10,9 @@ repeated answer changes nothing. Design: docs/observational-memory.md. Not wired
 # ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 from schemas.events import MAX_SAFE_INTEGER, SchemaVersion
 from schemas.messages import Message, Open, Timestamp
@@ -37,6 +37,16 @@ class WorkBase(Open):
     recordId: Annotated[str, Field(description="the mastra_observational_memory row (its `id`)")]
     generation: Annotated[Count, Field(description="the row's generationCount")]
     cycle: Annotated[Count, Field(description="the claim's cycle: a result applies only to its own claim")]
+
+    @model_validator(mode="after")
+    def _thread_iff_thread_scope(self) -> Self:
+        """The record key (`thread:<threadId>` or `resource:<resourceId>`) follows the scope: a thread-scoped
+        event names its thread, a resource-scoped one none (as Mastra's `getOMKey` is called)."""
+        if (self.scope == "thread") != bool(self.threadId):
+            raise ValueError(
+                f"threadId must be {'set' if self.scope == 'thread' else 'null'} with {self.scope} scope"
+            )
+        return self
 
 
 class ObserveRequest(WorkBase):

@@ -36,6 +36,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history.errors import UnreadableRowError
+from schemas.observational import Scope
 from storage.errors import storage_errors
 from storage.raw_rows import RAW, decode_row
 from storage.unreadable import skip
@@ -57,7 +58,6 @@ CYCLE: Final = "_mh_cycle"
 CLAIMED_AT: Final = "_mh_claimed_at"
 _READ_BACK: Final = 5  # newest generations read to find a readable one past unreadable rows
 
-Scope = Literal["thread", "resource"]
 Kind = Literal["observe", "reflect"]
 _FLAGS: Final[dict[str, str]] = {"observe": "isObserving", "reflect": "isReflecting"}
 
@@ -107,13 +107,17 @@ class _Refused(Exception):  # noqa: N818 -- internal: a field no Mastra would re
     """A field that makes the row unreadable (its message says which and why)."""
 
 
-def _number(doc: Mapping[str, Any], name: str) -> int:
-    """`Number(doc.x || 0)` for a count; a value that is no finite number makes the row unreadable."""
+def _number(doc: Mapping[str, Any], name: str, *, key: bool = False) -> int:
+    """`Number(doc.x || 0)` for a count; a value that is no finite number makes the row unreadable, and so
+    does a fraction in a `key` (the generation, the claim cycle: the conditional writes match them exactly,
+    so a truncated one would leave the row claimed by nobody, silently, for ever)."""
     value = doc.get(name)
     if value is None or value is False or value == "":
         return 0
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _Refused(f"{name} is {type(value).__name__} {str(value)[:40]!r}, not a number")
+    if key and value != int(value):
+        raise _Refused(f"{name} is {value!r}, not a whole number")
     return int(value)
 
 
@@ -153,7 +157,7 @@ def record_from_doc(doc: Mapping[str, Any]) -> ObservationalRecord:
             scope=_text(doc, "scope", "thread"),
             thread_id=_text(doc, "threadId") or None,
             resource_id=_text(doc, "resourceId"),
-            generation=_number(doc, "generationCount"),
+            generation=_number(doc, "generationCount", key=True),
             origin_type=_text(doc, "originType", "initial"),
             active_observations=_text(doc, "activeObservations"),
             observation_token_count=_number(doc, "observationTokenCount"),
@@ -167,7 +171,7 @@ def record_from_doc(doc: Mapping[str, Any]) -> ObservationalRecord:
             metadata=dict(metadata) if isinstance(metadata, Mapping) else None,
             created_at=_date(doc, "createdAt"),
             updated_at=_date(doc, "updatedAt"),
-            cycle=_number(doc, CYCLE),
+            cycle=_number(doc, CYCLE, key=True),
         )
     except _Refused as exc:
         raise UnreadableRowError(OBSERVATIONAL, ident, doc.get("lookupKey"), "om", str(exc)) from None
@@ -266,14 +270,14 @@ class MongoObservationalStore:
             "updatedAt": now,
         }
         with storage_errors("om initialize"):
-            found = await self._rows.find_one_and_update(
+            found = await self._raw.find_one_and_update(
                 {"lookupKey": key, "generationCount": 0},
                 {"$setOnInsert": document},
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
         assert found is not None  # an upsert returning the document after it
-        return record_from_doc(found)
+        return _record(found)
 
     async def claim(self, record: ObservationalRecord, kind: Kind, now: datetime) -> Claim | None:
         """Set `isObserving` (`isReflecting`) on the row if no live claim holds it; None when one does."""
@@ -331,13 +335,14 @@ class MongoObservationalStore:
         """`createReflectionGeneration` for the claim it answers: the claim settled, then generation g + 1
         inserted once (an upsert on the key and generation). None when the claim is not current."""
         with storage_errors("om reflect"):
-            settled = await self._rows.find_one_and_update(
+            settled_raw = await self._raw.find_one_and_update(
                 {**_claimed(claim), "isReflecting": True},
                 {"$set": {"isReflecting": False, CLAIMED_AT: None, "updatedAt": now}},
                 return_document=ReturnDocument.AFTER,
             )
-        if settled is None:
+        if settled_raw is None:
             return None
+        settled = decode_row(settled_raw.raw, OBSERVATIONAL)
         current = record_from_doc(settled)
         document = {
             "id": str(uuid.uuid4()),
@@ -367,14 +372,14 @@ class MongoObservationalStore:
             "metadata": current.metadata,
         }
         with storage_errors("om reflect"):
-            inserted = await self._rows.find_one_and_update(
+            inserted = await self._raw.find_one_and_update(
                 {"lookupKey": current.lookup_key, "generationCount": current.generation + 1},
                 {"$setOnInsert": document},
                 upsert=True,
                 return_document=ReturnDocument.AFTER,
             )
         assert inserted is not None  # an upsert returning the document after it
-        return record_from_doc(inserted)
+        return _record(inserted)
 
     async def set_pending_tokens(self, record_id: str, tokens: int, now: datetime) -> None:
         """`setPendingMessageTokens`: the unobserved tokens counted so far (a finite, non-negative count)."""
@@ -413,9 +418,15 @@ def _claimed(claim: Claim) -> dict[str, Any]:
     return {"id": claim.record_id, "generationCount": claim.generation, CYCLE: claim.cycle}
 
 
+def _record(raw: RawBSONDocument) -> ObservationalRecord:
+    """A row read raw, decoded alone: one the codec or Mastra's reading refuses is `UnreadableRowError`, never
+    the driver's `InvalidBSON` (which `storage_errors` would call a fatal storage error)."""
+    return record_from_doc(decode_row(raw.raw, OBSERVATIONAL))
+
+
 def _readable(raw: RawBSONDocument) -> ObservationalRecord | None:
     try:
-        return record_from_doc(decode_row(raw.raw, OBSERVATIONAL))
+        return _record(raw)
     except UnreadableRowError as exc:
         skip(exc)
         return None

@@ -23,9 +23,10 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from message_history.core.om_tokens import count_om_messages
+from schemas.observational import Scope
 
 __all__ = [
     "DEFAULT_MESSAGE_TOKENS",
@@ -51,8 +52,6 @@ _START: Final = "data-om-observation-start"
 _END: Final = "data-om-observation-end"
 _FAILED: Final = "data-om-observation-failed"
 _WORKING_MEMORY_STATE_ID: Final = "working-memory"
-
-Scope = Literal["thread", "resource"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,12 +122,13 @@ def _field(option: Mapping[str, Any], group: str, name: str) -> Any:
 
 
 def _positive_int(value: Any, fallback: int) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return fallback
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past every float: JavaScript's Infinity, not a finite count
+        return fallback
+    if not math.isfinite(number) or number <= 0:
         return fallback
     return int(value)
 
@@ -177,6 +177,11 @@ def _in_progress(parts: Sequence[Any]) -> bool:
     return last_start != -1 and last_start > last_end
 
 
+def _is_marker(part: Any) -> bool:
+    kind = _kind(part)
+    return isinstance(kind, str) and kind.startswith(_MARKER_PREFIX)
+
+
 def _last_end(parts: Sequence[Any]) -> int:
     for index in range(len(parts) - 1, -1, -1):
         if _kind(parts[index]) == _END:
@@ -205,14 +210,15 @@ def unobserved_messages(messages: Iterable[Mapping[str, Any]], state: ObservedSt
     for message in messages:
         if message.get("role") == "system" or _is_state_signal(message):
             continue
-        if message.get("id") in state.observed_message_ids:
-            continue
+        ident = message.get("id")
+        if isinstance(ident, str) and ident in state.observed_message_ids:
+            continue  # (an id of another type, a list say, is in no set of ids, as in Mastra's `Set.has`)
         parts = _parts(message) or []
         end = _last_end(parts)
         if _in_progress(parts):
             result.append(dict(message))
         elif end != -1:
-            rest = [p for p in parts[end + 1 :] if not str(_kind(p) or "").startswith(_MARKER_PREFIX)]
+            rest = [p for p in parts[end + 1 :] if not _is_marker(p)]
             if rest:
                 result.append({**message, "content": {**message["content"], "parts": rest}})
         else:

@@ -20,12 +20,13 @@ from bisect import bisect_left
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-__all__ = ["JS_SPACE", "add_relative_time", "expand_inline_dates"]
+__all__ = ["JS_SPACE", "JS_SPACE_CHARS", "add_relative_time", "expand_inline_dates"]
 
 JS_SPACE: Final = "\t\n\v\f\r \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
 """JavaScript's `\\s` as a character-class body (Python's `\\s` differs at U+001C..U+001F, U+0085, U+FEFF)."""
-_JS_SPACE = JS_SPACE
-_SPACE_CHARS: Final = frozenset(JS_SPACE.replace("\u2000-\u200a", "".join(map(chr, range(0x2000, 0x200B)))))
+JS_SPACE_CHARS: Final = JS_SPACE.replace("\u2000-\u200a", "".join(map(chr, range(0x2000, 0x200B))))
+"""The same characters listed one by one (for `str.strip` and membership tests)."""
+_SPACE_CHARS: Final = frozenset(JS_SPACE_CHARS)
 _LETTERS: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 _DIGITS: Final = frozenset("0123456789")
 _SIMPLE: Final = re.compile(f"([A-Z][a-z]+)[{JS_SPACE}]+([0-9]{{1,2}}),?[{JS_SPACE}]+([0-9]{{4}})")
@@ -41,7 +42,7 @@ _INTENT: Final = re.compile(
 _VAGUE: Final = (("late", 23), ("early", 7), ("mid", 15))
 # JavaScript's multiline `^`/`$`: at the ends of the text or next to any of its line terminators.
 _HEADER: Final = re.compile(
-    f"(?:^|(?<=[\n\r\u2028\u2029]))(Date:[{_JS_SPACE}]*)([A-Z][a-z]+) ([0-9]{{1,2}}), ([0-9]{{4}})"
+    f"(?:^|(?<=[\n\r\u2028\u2029]))(Date:[{JS_SPACE}]*)([A-Z][a-z]+) ([0-9]{{1,2}}), ([0-9]{{4}})"
     "(?=[\n\r\u2028\u2029]|\\Z)"
 )
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
@@ -71,59 +72,39 @@ def _ms(moment: datetime) -> int:
     return (aware - _EPOCH) // timedelta(milliseconds=1)
 
 
+_NEAR: Final = {-1: "tomorrow", 0: "today", 1: "yesterday"}
+
+
 def _relative(date: datetime, now: datetime) -> str:
-    """`formatRelativeTime`: today, yesterday, N days/weeks/months/years ago, or ahead."""
+    """`formatRelativeTime`: today, yesterday, tomorrow, else N days/weeks/months/years ago or ahead."""
     days = (_ms(now) - _ms(date)) // _DAY_MS
-    if days < 0:
-        ahead = -days
-        if ahead < 60:
-            return _soon(ahead)
-        if ahead < 365:
-            return f"in {ahead // 30} months"
-        years = ahead // 365
-        return f"in {years} year{'s' if years > 1 else ''}"
+    if days in _NEAR:
+        return _NEAR[days]
+    span = _span(abs(days), years=True)
+    return f"in {span}" if days < 0 else f"{span} ago"
+
+
+def _span(days: int, *, years: bool) -> str:
+    """A distance of two days or more, as `formatRelativeTime` and `formatGapBetweenDates` word it (the gap
+    never in years)."""
+    if days < 7:
+        return f"{days} days"
+    if days < 14:
+        return "1 week"
+    if days < 30:
+        return f"{days // 7} weeks"
     if days < 60:
-        return _recent(days)
-    if days < 365:
-        return f"{days // 30} months ago"
-    years = days // 365
-    return f"{years} year{'s' if years > 1 else ''} ago"
-
-
-def _soon(days: int) -> str:
-    if days == 1:
-        return "tomorrow"
-    if days < 7:
-        return f"in {days} days"
-    if days < 14:
-        return "in 1 week"
-    return f"in {days // 7} weeks" if days < 30 else "in 1 month"
-
-
-def _recent(days: int) -> str:
-    if days == 0:
-        return "today"
-    if days == 1:
-        return "yesterday"
-    if days < 7:
-        return f"{days} days ago"
-    if days < 14:
-        return "1 week ago"
-    return f"{days // 7} weeks ago" if days < 30 else "1 month ago"
+        return "1 month"
+    if days < 365 or not years:
+        return f"{days // 30} months"
+    count = days // 365
+    return f"{count} year{'s' if count > 1 else ''}"
 
 
 def _gap(previous: datetime, current: datetime) -> str | None:
     """`formatGapBetweenDates`: a marker when more than a day passed between two headers."""
     days = (_ms(current) - _ms(previous)) // _DAY_MS
-    if days <= 1:
-        return None
-    if days < 7:
-        return f"[{days} days later]"
-    if days < 14:
-        return "[1 week later]"
-    if days < 30:
-        return f"[{days // 7} weeks later]"
-    return "[1 month later]" if days < 60 else f"[{days // 30} months later]"
+    return f"[{_span(days, years=False)} later]" if days > 1 else None
 
 
 def add_relative_time(observations: str, now: datetime) -> str:
@@ -294,6 +275,7 @@ def expand_inline_dates(observations: str, now: datetime) -> str:
     out: list[str] = []
     last = 0
     close = -1  # the first `)` after the current `(`: found again only once passed (linear)
+    line_start = searched = 0  # the current line's start, looked for back to `searched` only (linear)
     index = text.find("(")
     while index != -1:
         word = next((w for w in ("estimated", "meaning") if _ieq(text, index + 1, w)), None)
@@ -316,7 +298,8 @@ def expand_inline_dates(observations: str, now: datetime) -> str:
         if date is not None:
             prefix = text[index + 1 : spaces_at]
             note = _relative(date, now)
-            line_start = text.rfind("\n", 0, index + 1) + 1
+            line_start = max(line_start, text.rfind("\n", searched, index + 1) + 1)
+            searched = index + 1
             planned = intents.holds(line_start, index)
             if date < now and planned:
                 note += ", likely already happened"
@@ -330,11 +313,14 @@ def expand_inline_dates(observations: str, now: datetime) -> str:
 
 def _content(text: str, spaces_at: int, spaces_end: int, close: int) -> str | None:
     """`\\s+([^)]+\\d{4})\\)` after the word: the date text up to the first `)`, ending in four digits."""
-    if spaces_end == spaces_at or close < spaces_end:
-        return None
-    rest = text[spaces_end:close]
-    if len(rest) >= 5 and all(c in _DIGITS for c in rest[-4:]):
-        return rest
-    if len(rest) == 4 and all(c in _DIGITS for c in rest) and spaces_end - spaces_at >= 2:
+    if (
+        spaces_end == spaces_at
+        or close - spaces_end < 4
+        or not all(c in _DIGITS for c in text[close - 4 : close])
+    ):
+        return None  # decided before any slice of the rest: many `(estimated` before one `)` stay linear
+    if close - spaces_end >= 5:
+        return text[spaces_end:close]
+    if spaces_end - spaces_at >= 2:
         return text[spaces_end - 1 : close]  # the space run gives one back
     return None

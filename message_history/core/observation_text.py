@@ -17,7 +17,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from message_history.core.observation_dates import JS_SPACE, add_relative_time
+from message_history.core.observation_dates import JS_SPACE, JS_SPACE_CHARS, add_relative_time
 
 __all__ = [
     "CONTINUATION_MESSAGE_ID",
@@ -77,14 +77,13 @@ CONTINUATION_MESSAGE_ID: Final = "om-continuation"
 
 # JavaScript's \s: WhiteSpace + LineTerminator (Python's differs at U+001C..U+001F, U+0085, U+FEFF).
 _JS_SPACE: Final = JS_SPACE
-_JS_SPACE_CHARS: Final = _JS_SPACE.replace("\u2000-\u200a", "".join(map(chr, range(0x2000, 0x200B))))
 _JS_SPACE_NOT_NL: Final = _JS_SPACE.replace("\n", "")
 _ANCHOR: Final = re.compile(
     f"(^|\\n)([{_JS_SPACE_NOT_NL}]*)\\[(O[0-9]+(?:-N[0-9]+)?)\\][{_JS_SPACE_NOT_NL}]*"
 )
 _YELLOW: Final = re.compile(f"\U0001f7e1[{_JS_SPACE}]*")
 _GREEN: Final = re.compile(f"\U0001f7e2[{_JS_SPACE}]*")
-_COLLAPSED_PREFIX: Final = frozenset("0123456789" + _JS_SPACE_CHARS)
+_COLLAPSED_PREFIX: Final = frozenset("0123456789" + JS_SPACE_CHARS)
 _SPACES: Final = re.compile("  +")
 _NEWLINES: Final = re.compile("\n{3,}")
 _BOUNDARY: Final = re.compile(
@@ -95,7 +94,7 @@ _BOUNDARY: Final = re.compile(
 
 def js_trim(text: str) -> str:
     """JavaScript's `String.prototype.trim`."""
-    return text.strip(_JS_SPACE_CHARS)
+    return text.strip(JS_SPACE_CHARS)
 
 
 def strip_anchor_ids(observations: str) -> str:
@@ -125,10 +124,10 @@ def _replace_arrows(text: str) -> str:
     index = text.find("->")
     while index != -1:
         start = index
-        while start > last and text[start - 1] in _JS_SPACE_CHARS:
+        while start > last and text[start - 1] in JS_SPACE_CHARS:
             start -= 1
         end = index + 2
-        while end < len(text) and text[end] in _JS_SPACE_CHARS:
+        while end < len(text) and text[end] in JS_SPACE_CHARS:
             end += 1
         out.append(text[last:start])
         out.append(" ")

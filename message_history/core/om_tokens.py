@@ -28,7 +28,15 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from message_history.core.tokens import estimate_token_count, js_stringify
+from message_history.core.tokens import (
+    _STRINGIFIED_DISCOUNT,
+    TOKENS_PER_CONVERSATION,
+    TOKENS_PER_MESSAGE,
+    _truthy,
+    _utf16_length,
+    estimate_token_count,
+    js_stringify,
+)
 
 __all__ = [
     "OM_TOKENS_PER_CONVERSATION",
@@ -40,9 +48,8 @@ __all__ = [
     "js_stringify_pretty",
 ]
 
-OM_TOKENS_PER_MESSAGE: Final = 3.8
-OM_TOKENS_PER_CONVERSATION: Final = 24
-_STRINGIFIED_DISCOUNT: Final = 12
+OM_TOKENS_PER_MESSAGE: Final = TOKENS_PER_MESSAGE  # the same overheads and discount as Memory's counter
+OM_TOKENS_PER_CONVERSATION: Final = TOKENS_PER_CONVERSATION
 _ENCRYPTED_KEY: Final = "encryptedContent"
 _ENCRYPTED_THRESHOLD: Final = 256
 _OUTCOME_STATES: Final = frozenset({"result", "approval-responded", "output-denied", "output-error"})
@@ -52,18 +59,6 @@ _IMAGE_BASE_TOKENS: Final = 85
 _IMAGE_TILE_TOKENS: Final = 170
 _IMAGE_FALLBACK_TILES: Final = 4
 _MISSING: Final = object()
-
-
-def _utf16_length(text: str) -> int:
-    return len(text) + sum(1 for c in text if ord(c) > 0xFFFF)
-
-
-def _js_truthy(value: Any) -> bool:
-    if isinstance(value, dict | list):
-        return True
-    if isinstance(value, float) and math.isnan(value):
-        return False
-    return bool(value)
 
 
 def count_string(text: Any) -> int:
@@ -148,7 +143,11 @@ def _client_estimate(part: Mapping[str, Any]) -> int | float | None:
         value = entry.get("tokens")
         if isinstance(value, bool) or not isinstance(value, int | float):
             return None
-        return value if math.isfinite(value) and value >= 0 else None
+        try:
+            finite = math.isfinite(value)
+        except OverflowError:  # an integer past every float: JavaScript's Infinity, not finite
+            return None
+        return value if finite and value >= 0 else None
 
     found = tokens(cache)
     if found is not None:
@@ -205,7 +204,7 @@ def _without_estimate(part: Mapping[str, Any]) -> dict[str, Any]:
 
 def _signature(invocation: Mapping[str, Any]) -> tuple[int, float]:
     """`countToolCallSignature`: the tool's name and arguments, and the overhead change."""
-    tokens = count_string(invocation.get("toolName")) if _js_truthy(invocation.get("toolName")) else 0
+    tokens = count_string(invocation.get("toolName")) if _truthy(invocation.get("toolName")) else 0
     overhead = 0.0
     args = invocation.get("args", _MISSING)
     if args is not _MISSING:
@@ -236,7 +235,7 @@ def _outcome_tokens(part: Mapping[str, Any], invocation: Mapping[str, Any], stat
     approval = invocation.get("approval")
     reason = approval.get("reason") if isinstance(approval, Mapping) else None
     if state == "approval-responded":
-        return (count_string(reason) if _js_truthy(reason) else 0), 0.0
+        return (count_string(reason) if _truthy(reason) else 0), 0.0
     if state == "output-denied":
         if not (isinstance(reason, str) and reason.strip()):
             reason = "Tool call was not approved by the user"
@@ -252,7 +251,7 @@ def _outcome_tokens(part: Mapping[str, Any], invocation: Mapping[str, Any], stat
         return count_string(_serialize_result(result)), (
             0.0 if isinstance(result, str) else -_STRINGIFIED_DISCOUNT
         )
-    if _js_truthy(invocation.get("isError")):
+    if _truthy(invocation.get("isError")):
         return count_string(_error_text(invocation)), 0.0
     return count_string("[empty result]"), 0.0
 
@@ -287,7 +286,7 @@ def count_om_message(message: Mapping[str, Any]) -> int:
         payload += count_string(content)
     elif isinstance(content, Mapping):
         parts = content.get("parts")
-        if _js_truthy(content.get("content")) and not isinstance(parts, list):
+        if _truthy(content.get("content")) and not isinstance(parts, list):
             payload += count_string(content.get("content"))
         elif isinstance(parts, list):
             for part in parts:

@@ -202,6 +202,8 @@ ODD_ROWS: list[dict[str, Any]] = [
     {"id": None},
     {"lastObservedAt": "yesterday"},
     {"observationTokenCount": float("nan")},
+    {"generationCount": 1.5},  # a fraction in a key: truncated, no conditional write would ever match it
+    {"_mh_cycle": 2.5},
 ]
 
 
@@ -246,3 +248,24 @@ async def test_undecodable_rows_are_skipped_and_counted(mongo_db: Db) -> None:
     assert got is not None
     assert got.id == good.id
     assert _counted("createdAt") == before + 1
+
+
+async def test_writes_meeting_an_undecodable_row_refuse_that_row(mongo_db: Db) -> None:
+    """The rows a write returns are decoded alone too: one with a date Python cannot hold is that row's
+    `UnreadableRowError` (a dead letter), never the driver's `InvalidBSON`, which `storage_errors` turns into
+    a fatal storage error for the whole service."""
+    store = await _store(mongo_db)
+    far = DatetimeMS(568_971_820_800_000)
+    await mongo_db[OBSERVATIONAL].insert_one(
+        {"id": "far", "lookupKey": "thread:t", "generationCount": 0, "lastReflectionAt": far}
+    )
+    with pytest.raises(UnreadableRowError):
+        await store.initialize(scope="thread", thread_id="t", resource_id="r", config={}, now=T0)
+
+    record = await store.initialize(scope="thread", thread_id="u", resource_id="r", config={}, now=T0)
+    claim = await store.claim(record, "reflect", T0)
+    assert claim is not None
+    await mongo_db[OBSERVATIONAL].update_one({"id": record.id}, {"$set": {"metadata": {"at": far}}})
+    with pytest.raises(UnreadableRowError):
+        await store.apply_reflection(claim, reflection="short", token_count=3, now=T0)
+    assert await mongo_db[OBSERVATIONAL].count_documents({"lookupKey": "thread:u"}) == 1

@@ -24,6 +24,7 @@ from message_history.core.observation import (
     should_reflect,
     unobserved_messages,
 )
+from message_history.core.observation_dates import _gap, _relative, expand_inline_dates
 from message_history.core.observation_text import (
     OBSERVATION_CONTEXT_INSTRUCTIONS,
     OBSERVATION_CONTEXT_PROMPT,
@@ -287,3 +288,46 @@ def test_tag_stripping_is_linear(text: str) -> None:
     """Hang guard (not a timing assertion): the hand-written scans (tags, inline dates, their date patterns,
     the planned-action test) and the header pass stay linear on hostile logs."""
     context_system_messages(text, now=T0)
+
+
+@pytest.mark.timeout(30)
+def test_many_estimated_before_one_close_stay_linear() -> None:
+    """Hang guard (not a timing assertion): 8 MB of `(estimated x` before a single `)`. Each opening met the
+    same far `)` and copied the text up to it before looking at its last four characters (quadratic: minutes
+    here); now the digits are checked in place and nothing is copied for a non-date."""
+    text = "(estimated x" * 700_000 + ")"
+    assert expand_inline_dates(text, T0) == text
+
+
+@pytest.mark.parametrize(
+    ("days", "relative", "gap"),
+    [
+        (-400, "in 1 year", None),
+        (-100, "in 3 months", None),
+        (-20, "in 2 weeks", None),
+        (-1, "tomorrow", None),
+        (0, "today", None),
+        (1, "yesterday", None),
+        (2, "2 days ago", "[2 days later]"),
+        (10, "1 week ago", "[1 week later]"),
+        (45, "1 month ago", "[1 month later]"),
+        (400, "1 year ago", "[13 months later]"),
+        (800, "2 years ago", "[26 months later]"),
+    ],
+)
+def test_relative_wording_is_mastras(days: int, relative: str, gap: str | None) -> None:
+    """`formatRelativeTime` both ways, and `formatGapBetweenDates` (never in years), from one wording."""
+    date = T0 - timedelta(days=days)
+    assert _relative(date, T0) == relative
+    assert _gap(date, T0) == gap
+
+
+def test_hostile_values_are_read_as_mastra_would_not_raised() -> None:
+    """An id of another type (a list: unhashable) is in no set of observed ids; a count past every float is
+    not a finite count (the default stands). Both raised before (TypeError, OverflowError)."""
+    odd = {"id": ["m1"], "role": "user", "content": {"format": 2, "parts": []}}
+    state = ObservedState(observed_message_ids=frozenset({"m1"}))
+    assert unobserved_messages([odd], state) == [odd]
+    settings = resolve_settings({"observation": {"messageTokens": 10**400}})
+    assert settings is not None
+    assert settings.message_tokens == Threshold(DEFAULT_MESSAGE_TOKENS, DEFAULT_MESSAGE_TOKENS)

@@ -66,6 +66,9 @@ def test_examples_round_trip_and_keep_unknown_fields(model: type[BaseModel], exa
         {"schemaVersion": 2},
         {"recordId": None},
         {"type": "ReflectResult"},
+        {"threadId": None},
+        {"threadId": ""},
+        {"scope": "resource"},
     ],
 )
 def test_refusals(change: dict[str, Any]) -> None:

@@ -118,3 +118,16 @@ def test_rows_of_any_shape_are_counted_without_raising() -> None:
     ]
     for message in odd:
         assert isinstance(count_om_message(message), int)
+
+
+def test_a_client_estimate_past_every_float_is_no_estimate() -> None:
+    """`tokens` as a JSON integer too big for a float (pydantic-core parses it whole): JavaScript reads it as
+    Infinity, not finite, so the part gets Mastra's own estimate; `math.isfinite` raised OverflowError."""
+    stamp = {"source": "client", "v": 1, "key": "k"}
+
+    def image(tokens: Any) -> dict[str, Any]:
+        metadata = {"mastra": {"tokenEstimate": {**stamp, "tokens": tokens}}}
+        part = {"type": "image", "image": "x", "providerMetadata": metadata}
+        return {"role": "user", "content": {"format": 2, "parts": [part]}}
+
+    assert count_om_message(image(10**400)) == count_om_message(image(float("inf")))
