@@ -29,13 +29,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from message_history.core.tokens import (
-    _STRINGIFIED_DISCOUNT,
+    STRINGIFIED_DISCOUNT,
     TOKENS_PER_CONVERSATION,
     TOKENS_PER_MESSAGE,
-    _truthy,
-    _utf16_length,
     estimate_token_count,
     js_stringify,
+    js_truthy,
+    utf16_length,
 )
 
 __all__ = [
@@ -103,9 +103,9 @@ def _sanitize(value: Any) -> Any:
             if (
                 key == _ENCRYPTED_KEY
                 and isinstance(entry, str)
-                and _utf16_length(entry) > _ENCRYPTED_THRESHOLD
+                and utf16_length(entry) > _ENCRYPTED_THRESHOLD
             ):
-                out[key] = f"[stripped encryptedContent: {_utf16_length(entry)} characters]"
+                out[key] = f"[stripped encryptedContent: {utf16_length(entry)} characters]"
             else:
                 out[key] = _sanitize(entry)
         return out
@@ -204,7 +204,7 @@ def _without_estimate(part: Mapping[str, Any]) -> dict[str, Any]:
 
 def _signature(invocation: Mapping[str, Any]) -> tuple[int, float]:
     """`countToolCallSignature`: the tool's name and arguments, and the overhead change."""
-    tokens = count_string(invocation.get("toolName")) if _truthy(invocation.get("toolName")) else 0
+    tokens = count_string(invocation.get("toolName")) if js_truthy(invocation.get("toolName")) else 0
     overhead = 0.0
     args = invocation.get("args", _MISSING)
     if args is not _MISSING:
@@ -212,7 +212,7 @@ def _signature(invocation: Mapping[str, Any]) -> tuple[int, float]:
             tokens += count_string(args)
         else:
             tokens += count_string(js_stringify(args))
-            overhead -= _STRINGIFIED_DISCOUNT
+            overhead -= STRINGIFIED_DISCOUNT
     return tokens, overhead
 
 
@@ -235,7 +235,7 @@ def _outcome_tokens(part: Mapping[str, Any], invocation: Mapping[str, Any], stat
     approval = invocation.get("approval")
     reason = approval.get("reason") if isinstance(approval, Mapping) else None
     if state == "approval-responded":
-        return (count_string(reason) if _truthy(reason) else 0), 0.0
+        return (count_string(reason) if js_truthy(reason) else 0), 0.0
     if state == "output-denied":
         if not (isinstance(reason, str) and reason.strip()):
             reason = "Tool call was not approved by the user"
@@ -249,9 +249,9 @@ def _outcome_tokens(part: Mapping[str, Any], invocation: Mapping[str, Any], stat
         result = invocation.get("result", _MISSING)
     if result is not _MISSING and (not isinstance(result, str) or result.strip()):
         return count_string(_serialize_result(result)), (
-            0.0 if isinstance(result, str) else -_STRINGIFIED_DISCOUNT
+            0.0 if isinstance(result, str) else -STRINGIFIED_DISCOUNT
         )
-    if _truthy(invocation.get("isError")):
+    if js_truthy(invocation.get("isError")):
         return count_string(_error_text(invocation)), 0.0
     return count_string("[empty result]"), 0.0
 
@@ -286,7 +286,7 @@ def count_om_message(message: Mapping[str, Any]) -> int:
         payload += count_string(content)
     elif isinstance(content, Mapping):
         parts = content.get("parts")
-        if _truthy(content.get("content")) and not isinstance(parts, list):
+        if js_truthy(content.get("content")) and not isinstance(parts, list):
             payload += count_string(content.get("content"))
         elif isinstance(parts, list):
             for part in parts:

@@ -28,6 +28,7 @@ from typing import Any, Final
 from schemas.messages import FilePart, Message, TextPart, ToolInvocationPart
 
 __all__ = [
+    "STRINGIFIED_DISCOUNT",
     "TOKENS_PER_CONVERSATION",
     "TOKENS_PER_MESSAGE",
     "CountCache",
@@ -35,6 +36,8 @@ __all__ = [
     "count_system_text",
     "estimate_token_count",
     "js_stringify",
+    "js_truthy",
+    "utf16_length",
 ]
 
 TOKENS_PER_MESSAGE: Final = 3.8
@@ -43,7 +46,7 @@ TOKENS_PER_MESSAGE: Final = 3.8
 TOKENS_PER_CONVERSATION: Final = 24
 """The fixed base the memory-only limiter starts its total from."""
 
-_STRINGIFIED_DISCOUNT: Final = 12
+STRINGIFIED_DISCOUNT: Final = 12
 _TOKENS_PER_IMAGE: Final = 765
 _TOKENS_PER_MEDIA_FALLBACK: Final = 258
 _BYTES_PER_TOKEN: Final = 4
@@ -108,7 +111,7 @@ def _language_sets() -> tuple[tuple[frozenset[str], float], ...]:
     return _languages
 
 
-def _utf16_length(text: str) -> int:
+def utf16_length(text: str) -> int:
     """JavaScript's `string.length`: UTF-16 code units (astral characters count twice)."""
     if text.isascii():
         return len(text)
@@ -131,7 +134,7 @@ def _word_tokens(word: str) -> int:
         return math.ceil(len(word) / _DEFAULT_CHARS_PER_TOKEN)
     if _CJK.search(word):
         return len(word)  # Array.from(text).length: code points
-    length = _utf16_length(word)
+    length = utf16_length(word)
     if length <= _SHORT_TOKEN_THRESHOLD:
         return 1
     return _by_language(word, length)
@@ -145,7 +148,7 @@ def _segment_tokens(segment: str) -> int:
         return len(segment)
     if _NUMERIC.fullmatch(segment):
         return 1
-    length = _utf16_length(segment)
+    length = utf16_length(segment)
     if length <= _SHORT_TOKEN_THRESHOLD:
         return 1
     if _HAS_PUNCTUATION.search(segment):
@@ -266,7 +269,7 @@ def _media_tokens(data: Any, media_type: Any) -> int:
         if is_data_uri and "," in data:
             content = data[data.index(",") + 1 :]
         if is_data_uri or not _URL_SCHEME.match(data):
-            byte_length = _utf16_length(content) * 3 // 4
+            byte_length = utf16_length(content) * 3 // 4
     if byte_length is None:
         return _TOKENS_PER_MEDIA_FALLBACK
     return max(1, byte_length // _BYTES_PER_TOKEN)
@@ -284,7 +287,7 @@ def _nullish(value: Any, fallback: Any) -> Any:
     return fallback if value is None else value
 
 
-def _truthy(value: Any) -> bool:
+def js_truthy(value: Any) -> bool:
     """JavaScript truthiness of JSON data: objects and arrays are true even when empty."""
     if isinstance(value, dict | list):
         return True
@@ -309,7 +312,7 @@ class _Tally:
             self.text.append(value)
         else:
             self.text.append(js_stringify(value))
-            self.overhead -= _STRINGIFIED_DISCOUNT
+            self.overhead -= STRINGIFIED_DISCOUNT
 
     def add_media(self, payload: dict[str, Any]) -> None:
         rest = {k: v for k, v in payload.items() if k != "data"}
@@ -330,7 +333,7 @@ def _add_tool(tally: _Tally, part: ToolInvocationPart) -> None:
     if invocation.state in ("call", "partial-call"):
         if invocation.toolName:
             tally.text.append(invocation.toolName)
-        if _truthy(invocation.args):
+        if js_truthy(invocation.args):
             tally.add_value(invocation.args)
     elif invocation.state == "result":
         tally.results += 1
@@ -339,11 +342,11 @@ def _add_tool(tally: _Tally, part: ToolInvocationPart) -> None:
         result = invocation.result
         if _is_media_payload(result):
             tally.add_media(result)
-            tally.overhead -= _STRINGIFIED_DISCOUNT
+            tally.overhead -= STRINGIFIED_DISCOUNT
         elif isinstance(result, list) and result and all(_is_media_payload(r) for r in result):
             for entry in result:
                 tally.add_media(entry)
-            tally.overhead -= _STRINGIFIED_DISCOUNT
+            tally.overhead -= STRINGIFIED_DISCOUNT
         else:
             tally.add_value(result)
 
