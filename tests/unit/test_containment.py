@@ -20,6 +20,7 @@ from consumers.commands import CommandsHandler
 from consumers.contract import Ack, Record
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
+from consumers.runtime import containment
 from consumers.runtime.containment import (
     Contained,
     UnexpectedReports,
@@ -410,3 +411,25 @@ async def test_a_record_dead_lettered_twice_for_one_bug_counts_one_bug_and_two_d
     assert metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", bugs) == before + 1
     dead = metrics.REGISTRY.get_sample_value("message_history_dead_letters_total", letters)
     assert dead == before_letters + 2
+
+
+def test_unexpected_reports_remember_a_bounded_number_of_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory is bounded (`_REMEMBERED`): past it, the position met longest ago is forgotten (reported
+    again if met again), and one met again is kept as the most recent."""
+    monkeypatch.setattr(containment, "_REMEMBERED", 2)
+    labels = {"path": "bounded", "error_type": "ZeroDivisionError"}
+    reports = UnexpectedReports("bounded")
+    bug = contain(ZeroDivisionError("division by zero"), "process")
+
+    def count() -> float:
+        return metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels) or 0.0
+
+    before = count()
+    for offset in (1, 2, 1, 3):  # 1 met again: 2 is now the oldest, forgotten when 3 comes
+        reports.report(record(offset), bug)
+    assert count() == before + 3
+    assert len(reports._seen) == 2
+    reports.report(record(1), bug)  # still remembered
+    assert count() == before + 3
+    reports.report(record(2), bug)  # forgotten: reported again
+    assert count() == before + 4
