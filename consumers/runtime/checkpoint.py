@@ -333,8 +333,7 @@ class ExactlyOnce(Checkpoint):
             self._refused_access(exc, {"path": self.path, "error": type(exc).__name__})
             raise KafkaConnectionError(f"transactional producers not authorized: {exc}") from exc
         if self._unauthorized:
-            self._unauthorized = False
-            self._health.set_ready(self.path, True)
+            self._authorized()
         for tp in owned:
             offset = await self._consumer.committed(tp)
             if offset is not None:
