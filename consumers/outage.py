@@ -1,8 +1,8 @@
 """Where the retry policy and containment used to be: they are `consumers.runtime.retry` and
-`consumers.runtime.containment`. The names the worker SDK (`worker/runner.py`) imports from here stay
-importable until it imports them from there; nothing else does.
+`consumers.runtime.containment`. `worker/exactly_once.py` still imports `is_outage` from here; once it imports
+it from `consumers.runtime.retry`, this module goes. Nothing else imports it.
 """
 
-from consumers.runtime.retry import backoff_delay, is_outage
+from consumers.runtime.retry import is_outage
 
-__all__ = ["backoff_delay", "is_outage"]
+__all__ = ["is_outage"]

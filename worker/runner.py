@@ -50,7 +50,7 @@ from aiokafka.errors import (
 
 from consumers.lanes import run_lanes
 from consumers.offsets import OffsetTracker
-from consumers.outage import backoff_delay, is_outage
+from consumers.runtime.retry import backoff_delay, is_outage
 from message_history import tracing
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings

@@ -25,7 +25,7 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectio
 
 from consumers.consumer import Health, LoopOptions
 from consumers.offsets import OffsetTracker
-from consumers.runtime.retry import Backoff, Failure, retry_call, wait_to_retry
+from consumers.runtime.retry import Backoff, Failure, is_outage, retry_call, wait_to_retry
 from message_history import metrics
 from message_history.errors import RetriableError
 from producers.transactions import (
@@ -119,6 +119,14 @@ class Checkpoint:
         offsets = self._tracker.committable()
         if offsets:
             self._task = asyncio.create_task(self.commit(offsets, reason="interval"))
+            self._task.add_done_callback(self._background_done)
+
+    def _background_done(self, task: asyncio.Task[None]) -> None:
+        """A background commit that raised for anything but an outage (a bug: `_write` turns commit failures
+        into results) is the loop's failure, not an exception nobody retrieves while commits go on."""
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not is_outage(error) and self.failure is None:
+            self.failure = error
 
     async def commit_now(self, partitions: Iterable[TopicPartition], *, reason: str) -> None:
         """Commit the done watermark of `partitions` and wait for it (revoke, shutdown)."""
@@ -333,8 +341,7 @@ class ExactlyOnce(Checkpoint):
             self._refused_access(exc, {"path": self.path, "error": type(exc).__name__})
             raise KafkaConnectionError(f"transactional producers not authorized: {exc}") from exc
         if self._unauthorized:
-            self._unauthorized = False
-            self._health.set_ready(self.path, True)
+            self._authorized()
         for tp in owned:
             offset = await self._consumer.committed(tp)
             if offset is not None:

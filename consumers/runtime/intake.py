@@ -105,7 +105,7 @@ class Intake:
         for tp in assigned:
             self._handed_out.pop(tp, None)
         if self._holds and assigned:
-            self.consumer.pause(*assigned)
+            self._pause_all()  # the new ones with the others, and the paused-partitions gauge says so
 
     def owned(self, partitions: Iterable[TopicPartition]) -> list[TopicPartition]:
         """Those of `partitions` still assigned here."""

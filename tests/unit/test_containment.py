@@ -20,6 +20,7 @@ from consumers.commands import CommandsHandler
 from consumers.contract import Ack, Record
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
+from consumers.runtime import containment
 from consumers.runtime.containment import (
     Contained,
     UnexpectedReports,
@@ -177,6 +178,58 @@ async def test_without_containment_the_loop_stops_with_it_the_record_is_a_dead_l
     done, letters = await _mini_loop(Contained(RaisesForPoison(), "recall"), records)
     assert done == [0, 1, 3]
     assert letters == [(2, "ZeroDivisionError", "division by zero")]
+
+
+async def test_an_outage_retry_never_sends_a_delivered_dead_letter_again() -> None:
+    """Only the records whose outputs failed for an outage are attempted again: a record dead-lettered in
+    the failed attempt is not (so `UnexpectedReports` has only re-reads after a revoke to dedupe)."""
+    failures = [KafkaConnectionError()]  # the first output of record 0 fails for an outage, once
+
+    async def output(offset: int) -> object:
+        if offset == 0 and failures:
+            raise failures.pop()
+        return f"ok-{offset}"
+
+    class OnePoison:
+        def __init__(self) -> None:
+            self.calls: list[list[int]] = []
+
+        async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+            self.calls.append([r.offset for r in records])
+            return [
+                contain(ZeroDivisionError("bug"), "process") if r.value == POISON else output(r.offset)
+                for r in records
+            ]
+
+    letters: list[int] = []
+    done: list[int] = []
+
+    async def reject(item: Any, error: BaseException) -> object:
+        letters.append(item.offset)
+        return "dead-lettered"
+
+    handler = OnePoison()
+
+    async def attempt(items: list[Any]) -> list[Any]:
+        return await settle_outcomes(
+            items,
+            await handler.handle(items),
+            reject=reject,
+            explain=lambda error: error,
+            done=lambda item, outcome: done.append(item.offset),
+        )
+
+    waits: list[int] = []
+
+    async def wait(failure: Failure[Any]) -> bool:
+        waits.append(failure.attempt)
+        return False
+
+    await retry_batch(batch(b"a", POISON, b"b"), attempt, backoff=Backoff(0.0, 0.0, lambda: 0.0), wait=wait)
+    assert waits == [1]
+    assert handler.calls == [[0, 1, 2], [0]]
+    assert letters == [1]
+    assert sorted(done) == [0, 1, 2]
 
 
 # --- per record: decode, work, outputs ----------------------------------------------------------------------
@@ -351,7 +404,7 @@ def test_an_unexpected_error_is_logged_at_error_with_where_the_record_is_and_cou
 def test_a_bug_met_again_on_the_same_record_is_counted_and_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Issue 32: a record attempted twice (an outage retry, a batch abandoned at a revoke and read again)
+    """Issue 32: a record dead-lettered twice (a batch abandoned at a revoke and read again by this process)
     raised the unexpected-error counter twice for one bug; the counter promises records, not attempts."""
     caplog.set_level(logging.WARNING, logger="consumers.runtime.containment")
     labels = {"path": "recall", "error_type": "ZeroDivisionError"}
@@ -410,3 +463,25 @@ async def test_a_record_dead_lettered_twice_for_one_bug_counts_one_bug_and_two_d
     assert metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", bugs) == before + 1
     dead = metrics.REGISTRY.get_sample_value("message_history_dead_letters_total", letters)
     assert dead == before_letters + 2
+
+
+def test_unexpected_reports_remember_a_bounded_number_of_positions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory is bounded (`_REMEMBERED`): past it, the position met longest ago is forgotten (reported
+    again if met again), and one met again is kept as the most recent."""
+    monkeypatch.setattr(containment, "_REMEMBERED", 2)
+    labels = {"path": "bounded", "error_type": "ZeroDivisionError"}
+    reports = UnexpectedReports("bounded")
+    bug = contain(ZeroDivisionError("division by zero"), "process")
+
+    def count() -> float:
+        return metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", labels) or 0.0
+
+    before = count()
+    for offset in (1, 2, 1, 3):  # 1 met again: 2 is now the oldest, forgotten when 3 comes
+        reports.report(record(offset), bug)
+    assert count() == before + 3
+    assert len(reports._seen) == 2
+    reports.report(record(1), bug)  # still remembered
+    assert count() == before + 3
+    reports.report(record(2), bug)  # forgotten: reported again
+    assert count() == before + 4

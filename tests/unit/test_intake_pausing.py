@@ -9,6 +9,7 @@ from aiokafka import TopicPartition
 
 from consumers.consumer import LoopOptions
 from consumers.runtime.intake import HELD, OUTAGE, PARKED, Intake
+from message_history import metrics
 from message_history.app.health import Health
 from message_history.settings import Settings
 
@@ -60,6 +61,8 @@ def test_a_partition_assigned_while_held_is_paused_at_once() -> None:
     consumer._assigned.add(TP1)
     intake.take({TP1})
     assert consumer.paused() == {TP0, TP1}
+    paused = metrics.REGISTRY.get_sample_value("message_history_paused_partitions", {"path": "recall"})
+    assert paused == 2  # the gauge counts the partition paused at its assignment too
     intake.release(HELD)
     assert consumer.paused() == set()
     intake.drop({TP1})
