@@ -20,7 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import KafkaError
 
-from consumers.outage import is_outage
+from consumers.runtime.retry import is_outage
 from message_history.errors import RetriableError
 from producers.transactional import commit_failure, held_outputs
 from producers.transactions import PartitionTransactions, Refused

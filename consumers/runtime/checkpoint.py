@@ -336,13 +336,9 @@ class ExactlyOnce(Checkpoint):
 
     async def _open_and_seek(self, owned: list[TopicPartition]) -> None:
         try:
-            await self.transactions.open(owned)
+            await self.transactions.open_at_committed(owned, lambda tp, at: self._consumer.seek(tp, at))
         except UNAUTHORIZED as exc:  # InitProducerId refused: an ACL to grant, retried meanwhile
             self._refused_access(exc, {"path": self.path, "error": type(exc).__name__})
             raise KafkaConnectionError(f"transactional producers not authorized: {exc}") from exc
         if self._unauthorized:
             self._authorized()
-        for tp in owned:
-            offset = await self._consumer.committed(tp)
-            if offset is not None:
-                self._consumer.seek(tp, offset)
