@@ -61,12 +61,19 @@ def _free_port() -> int:
 
 
 class _Outputs:
-    """One consumer on every output topic: each output resolves the waiter of its `bench-seq`."""
+    """One consumer on every output topic: each output resolves the waiter of its `bench-seq` with the time
+    `clock` read when its batch came (`time.perf_counter` here; `bench.steps` passes wall time)."""
 
-    def __init__(self, ctx: RunContext, topics: list[str]) -> None:
-        self._consumer = AIOKafkaConsumer(
-            **kafka_options(ctx.settings, client_id="bench-idle"), group_id=None
-        )
+    def __init__(
+        self,
+        ctx: RunContext,
+        topics: list[str],
+        *,
+        client_id: str = "bench-idle",
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self._consumer = AIOKafkaConsumer(**kafka_options(ctx.settings, client_id=client_id), group_id=None)
+        self._clock = clock
         self._tps = [TopicPartition(t, p) for t in topics for p in range(ctx.workload.partitions)]
         self._waiting: dict[int, asyncio.Future[float]] = {}
         self._task: asyncio.Task[None] | None = None
@@ -87,7 +94,7 @@ class _Outputs:
     async def _read(self) -> None:
         while True:
             batch = await self._consumer.getmany(timeout_ms=100)
-            now = time.perf_counter()
+            now = self._clock()
             for records in batch.values():
                 for rec in records:
                     future = self._waiting.pop(seq_of(rec.headers) or -1, None)

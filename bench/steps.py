@@ -32,12 +32,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from bench import processes
 from bench.context import RunContext
-from bench.idle import _clear_busy_markers, _free_port, _service_env
-from bench.kafka_io import SEQ_HEADER, create_topics, seq_of
+from bench.idle import _clear_busy_markers, _free_port, _Outputs, _service_env
+from bench.kafka_io import SEQ_HEADER, create_topics
 from bench.progress import Progress
 from bench.stream_line import scrape_stages
 from bench.traces import analyse, read_trace
@@ -46,48 +46,6 @@ from producers.connection import kafka_options
 
 _WARMUP_TURNS: Final = 3
 _STEP_TIMEOUT_S: Final = 30.0
-
-
-class _Outputs:
-    """One consumer on every output topic: each output resolves the waiter of its `bench-seq` (wall time)."""
-
-    def __init__(self, ctx: RunContext, topics: list[str]) -> None:
-        self._consumer = AIOKafkaConsumer(
-            **kafka_options(ctx.settings, client_id="bench-steps"), group_id=None
-        )
-        self._tps = [TopicPartition(t, p) for t in topics for p in range(ctx.workload.partitions)]
-        self._waiting: dict[int, asyncio.Future[float]] = {}
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        await self._consumer.start()
-        self._consumer.assign(self._tps)
-        await self._consumer.seek_to_end(*self._tps)
-        for tp in self._tps:
-            await self._consumer.position(tp)
-        self._task = asyncio.create_task(self._read())
-
-    def expect(self, seq: int) -> asyncio.Future[float]:
-        future: asyncio.Future[float] = asyncio.get_running_loop().create_future()
-        self._waiting[seq] = future
-        return future
-
-    async def _read(self) -> None:
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=100)
-            now = time.time()
-            for records in batch.values():
-                for rec in records:
-                    future = self._waiting.pop(seq_of(rec.headers) or -1, None)
-                    if future is not None and not future.done():
-                        future.set_result(now)
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._consumer.stop()
 
 
 async def run_steps(ctx: RunContext, turns: int, *, spans: bool = False) -> dict[str, Any]:
@@ -104,7 +62,12 @@ async def run_steps(ctx: RunContext, turns: int, *, spans: bool = False) -> dict
     ctx.log_dir.mkdir(parents=True, exist_ok=True)
     watch = [ctx.python(), "-m", "bench.stepwatch"]
     started: list[asyncio.subprocess.Process] = []
-    outputs = _Outputs(ctx, [topics["ENRICHED"], topics["PERSISTED"], fwd_out])
+    outputs = _Outputs(
+        ctx,
+        [topics["ENRICHED"], topics["PERSISTED"], fwd_out],
+        client_id="bench-steps",
+        clock=time.time,  # wall time: compared with the services' trace timestamps
+    )
     producer = AIOKafkaProducer(
         **kafka_options(ctx.settings, client_id="bench-steps"),
         acks="all",
