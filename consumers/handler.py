@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from consumers.contract import Ack, Record
+from consumers.contract import Record, Result
 from consumers.lanes import Failed, run_lanes
 from consumers.runtime.containment import contain, containable
 from message_history import tracing
@@ -30,13 +30,11 @@ class SpannedPath:
 
     path: str
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record]) -> list[Result]:
         with tracing.batch_spans(self.path, records) as spans:
             return await self._handle(records, spans)
 
-    async def _handle(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
         raise NotImplementedError
 
 

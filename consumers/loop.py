@@ -3,8 +3,8 @@
 One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's consumer group. Per batch:
 the intake fetches it (`runtime.intake`: careful reads of unreadable batches, pausing held by named reasons);
 each record is tracked in its partition's done watermark (`consumers.offsets`); the path's `BatchHandler`
-returns an acknowledgement or an `InvalidInputError` per record, a batch it raises for being halved down to
-the record that raises (`runtime.containment`); the outcomes are settled: done, or dead letters
+returns a `Done`, `Refused` or `Parked` per record (`consumers.contract`), a batch it raises for being halved
+down to the record that raises (`runtime.containment`); the outcomes are settled: done, or dead letters
 (`runtime.dead_letters`), a parked record in the background (`runtime.settlement`); what is done is committed
 by the checkpoint (`runtime.checkpoint`: at-least-once, or exactly-once with the outputs in one transaction
 per partition), in the background at most every `commit_interval_ms`, and at revoke and shutdown.
@@ -23,12 +23,11 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from consumers.consumer import Health, LoopOptions, stop_consumer
-from consumers.contract import BatchHandler
+from consumers.contract import BatchHandler, Done, Refused
 from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker
 from consumers.runtime.checkpoint import Checked, checkpoint_for
@@ -220,16 +219,16 @@ class StreamLoop:
     async def _attempt(self, pending: list[Item]) -> list[Item]:
         """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
         results = await self._handler.handle([rec for rec, _ in pending])
-        pending, results = self._settlement.take_parked(pending, results)
+        pending, now = self._settlement.take_parked(pending, results)
         started = time.perf_counter()
-        failed = await self._settle_now(pending, results)
+        failed = await self._settle_now(pending, now)
         metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
         if failed:
             failed.sort(key=lambda item: (item[0].partition, item[0].offset))
             log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
         return failed
 
-    async def _settle_now(self, items: list[Item], results: Sequence[Any]) -> list[Item]:
+    async def _settle_now(self, items: list[Item], results: Sequence[Done | Refused]) -> list[Item]:
         """Wait for the outcomes of `items`: done, or dead letters; returns those failed for an outage."""
         return await settle_outcomes(
             items,

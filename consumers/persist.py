@@ -25,7 +25,7 @@ from functools import partial
 from typing import Protocol, runtime_checkable
 
 from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_batch
-from consumers.contract import Ack, Record, ack_after
+from consumers.contract import Ack, Done, Record, Refused, Result, ack_after
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
 from consumers.runtime.containment import contain, containable, decode_each
@@ -132,17 +132,13 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         # another thread holds refuses its turn, as an id a client chose does
         self._id_keys = tuple(id_keys)
 
-    async def _handle(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
         """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
         whose own stored copy is one of them is refused (`PersistBuffer.copies_now`), naming the row."""
         with unreadable.collecting(PATH):
             return await self._handle_batch(records, spans)
 
-    async def _handle_batch(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle_batch(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
         started = time.perf_counter()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
@@ -283,7 +279,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
 
     async def _emit(
         self,
-        results: list[Ack | InvalidInputError | None],
+        results: list[Result | None],
         items: Sequence[tuple[int, _Item]],
         outcomes: Sequence[_Done | Failed],
         forgotten: Sequence[tuple[int, _Item]],
@@ -294,12 +290,12 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         every outcome: a retried batch sends them once."""
         for index, item in forgotten:
             ack = await self._answer_forgotten(index, item, spans)
-            results[index] = ack if marks is None else ack_after(marks, ack)
+            results[index] = Done(ack if marks is None else ack_after(marks, ack))
         labels: list[str] = []
         for (index, item), outcome in zip(items, outcomes, strict=True):
             result = _failed(outcome) if isinstance(outcome, Failed) else _outcome(outcome)
             if isinstance(result, InvalidInputError):
-                results[index] = result
+                results[index] = Refused(result)
                 spans.fail(index, result)
                 continue
             response, (saved_ids, skipped, updated_at) = item.response, result
@@ -310,7 +306,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             headers = spans.headers(index, item.record)
             ack = await self.publisher.publish_value(response.threadId, value, headers=headers)
             spans.end_when_done(index, ack)
-            results[index] = ack if marks is None else ack_after(marks, ack)
+            results[index] = Done(ack if marks is None else ack_after(marks, ack))
             labels.append("persisted" if skipped is None else f"skipped-{skipped}")
         _count_outcomes(labels)
 

@@ -12,7 +12,7 @@ Each request's thread row (prefetched) is checked first: a request of another re
 (`ThreadOwnershipError`) before any gate, wait or look-up of the owner's turns. With a `TurnGate` (the turn
 barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups run beside the prefetch; a
 request that must wait, and every later request of a thread that has one parked, is parked in its thread's
-lane (`consumers.parking`) and answered with a `Deferred` the loop settles in the background: there it waits,
+lane (`consumers.parking`) and answered with a `Parked` the loop settles in the background: there it waits,
 is recalled from MongoDB (the prefetch may predate the turn it waited for; its thread's boundary recorded
 earlier in the batch is written first, and its own is written directly) and sent. The others pass `admit` at
 once; a refused one is a dead letter. A thread is marked busy while its enriched event is sent (the mark is
@@ -30,10 +30,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.contract import Ack, Record
+from consumers.contract import Ack, Done, Parked, Record, Refused, Result
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
-from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
+from consumers.parking import Lane, LaneKey, ParkedLanes
 from consumers.prefetch import PrefetchedHistory, RawRecallStorage
 from consumers.runtime.containment import decode_each
 from consumers.runtime.retry import Backoff
@@ -111,9 +111,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         needs = plan_recall(request.threadId, request.resourceId, memory, echo, max_rows=self.max_rows)
         return _Item(record, request, memory, echo, needs)
 
-    async def _handle(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
         """decode -> load -> per thread (decide, send) -> write (the boundaries) -> the results.
 
         The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`; its tasks,
@@ -121,9 +119,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         with unreadable.collecting(PATH):
             return await self._handle_batch(records, spans)
 
-    async def _handle_batch(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle_batch(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
         started = time.perf_counter()
         self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)
@@ -151,17 +147,17 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
     def _results(
         self,
         records: Sequence[Record],
-        results: list[Ack | InvalidInputError | None],
+        results: list[Result | None],
         items: Sequence[tuple[int, _Item]],
-        outcomes: Sequence[Ack | Failed],
+        outcomes: Sequence[Done | Parked | Failed],
         spans: tracing.BatchSpans,
         history: PrefetchedHistory,
-    ) -> list[Ack | InvalidInputError]:
-        """Each record's acknowledgement or its dead-letter error, in record order."""
+    ) -> list[Result]:
+        """Each record's result, in record order."""
         for (index, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
-                results[index] = outcome.error
+                results[index] = Refused(outcome.error)
                 spans.fail(index, outcome.error)
             else:
                 results[index] = outcome
@@ -172,7 +168,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
 
-    async def _enrich(self, batch: _Batch, entry: tuple[int, _Item]) -> Ack:
+    async def _enrich(self, batch: _Batch, entry: tuple[int, _Item]) -> Done | Parked:
         """One request, in its thread's order: ownership, the gate (park, refuse, retry or go), the
         decision (a plain page from its bytes, else the processor), the busy mark, the send."""
         index, item = entry
@@ -186,14 +182,14 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             key = (item.record.partition, request.threadId)
             if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
                 headers = spans.headers(index, item.record)
-                deferred = self._park(key, item, batch_gate, batch.fresh, headers, batch.flushed)
-                spans.end_when_done(index, deferred)
-                return deferred
+                parked = self._park(key, item, batch_gate, batch.fresh, headers, batch.flushed)
+                spans.end_when_done(index, parked.settled)
+                return parked
             admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
             if admission.refused is not None:
                 raise admission.refused
             if admission.retry is not None:
-                return _failed(admission.retry)
+                return Done(_failed(admission.retry))
         enriched = await self._decide(batch, item, admission)
         mark = (
             batch_gate.enriched(request.threadId, request.requestId, request.resourceId)
@@ -202,7 +198,9 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         )
         ack = await self._publish(request, enriched, spans.headers(index, item.record))
         spans.end_when_done(index, ack)
-        return ack if batch_gate is None else batch_gate.sent(request.threadId, request.requestId, mark, ack)
+        return Done(
+            ack if batch_gate is None else batch_gate.sent(request.threadId, request.requestId, mark, ack)
+        )
 
     async def _decide(self, batch: _Batch, item: _Item, admission: Admission) -> EnrichedRequest | bytes:
         """The request's enriched event, from what the batch loaded (or, after a wait, from MongoDB)."""
@@ -225,10 +223,10 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
     async def _enrich_all(
         self,
         items: Sequence[tuple[int, _Item]],
-        enrich: Callable[[tuple[int, _Item]], Awaitable[Ack]],
+        enrich: Callable[[tuple[int, _Item]], Awaitable[Done | Parked]],
         history: PrefetchedHistory,
         flushed: asyncio.Event,
-    ) -> list[Ack | Failed]:
+    ) -> list[Done | Parked | Failed]:
         """`enrich` per thread, then the batch's boundary writes (one round trip, before any offset commits);
         `flushed` is set after them. When either fails the loop tries the whole batch again, so what it parked
         is dropped first (it is parked again)."""
@@ -265,7 +263,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         fresh: MessageHistory,
         headers: Headers,
         flushed: asyncio.Event,
-    ) -> Deferred:
+    ) -> Parked:
         """Park a request that must wait behind its thread's parked work; the loop settles it later.
 
         When its lane reaches it, it waits (its partition's barrier target as its batch saw it, its thread's
@@ -414,7 +412,7 @@ class _Batch:
         self.flushed = asyncio.Event()  # the boundary writes are done: a parked recall reads after them
         self._handler = handler
 
-    async def enrich(self, entry: tuple[int, _Item]) -> Ack:
+    async def enrich(self, entry: tuple[int, _Item]) -> Done | Parked:
         return await self._handler._enrich(self, entry)
 
 
@@ -427,9 +425,10 @@ def _skipped(thread_id: str, limit: int | None) -> int:
     return ledger.skipped(thread_id, limit) if ledger is not None else 0
 
 
-def _count_enriched(outcomes: Sequence[object]) -> None:
-    """OUTCOMES for a batch's enriched events: one label look-up per batch, not per record."""
-    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, (Failed, Deferred)))
+def _count_enriched(outcomes: Sequence[Done | Parked | Failed]) -> None:
+    """OUTCOMES for a batch's enriched events (a parked one counts when sent): one label look-up per
+    batch, not per record."""
+    enriched = sum(1 for outcome in outcomes if isinstance(outcome, Done))
     if enriched:
         metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc(enriched)
 

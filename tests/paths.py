@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumers.contract import Record
+from consumers.contract import Done, Record, Refused, settled
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from message_history.app.capabilities import storage_capabilities
@@ -308,11 +308,11 @@ class Paths:
         """`handler.handle(records)` and its acknowledgements settled, as the loop does; each output event is
         matched to its input by `requestId` (every output of these paths carries its input's)."""
         first = len(self.producer.sent)
-        results = await handler.handle(records)
+        results = [await settled(result) for result in await handler.handle(records)]
         assert len(results) == len(records)
         for result in results:
-            if not isinstance(result, InvalidInputError):
-                await result
+            if isinstance(result, Done):
+                await result.sent
         sent = self.producer.sent[first:]
         for output in sent:  # every output must be what a worker (or a persisted-event reader) can decode
             assert output.value is not None
@@ -323,8 +323,8 @@ class Paths:
         by_request = {s.event()["requestId"]: s.event() for s in sent}
         outcomes: list[dict[str, Any] | InvalidInputError] = []
         for record, result in zip(records, results, strict=True):
-            if isinstance(result, InvalidInputError):
-                outcomes.append(result)
+            if isinstance(result, Refused):
+                outcomes.append(result.error)
                 continue
             assert record.value is not None
             outcomes.append(by_request[json.loads(record.value)["requestId"]])

@@ -17,7 +17,7 @@ import pytest_asyncio
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.database import AsyncDatabase
 
-from consumers.contract import Record
+from consumers.contract import Done, Record
 from consumers.persist import PersistHandler
 from message_history import metrics
 from message_history.settings import Settings
@@ -110,7 +110,7 @@ async def _handle(storage: MongoHistoryStorage, records: Sequence[_Record]) -> l
     publisher = _Recording()
     handler = PersistHandler(Settings(), storage, cast(PersistedPublisher, publisher), save_reads=storage)
     acks = await handler.handle(cast(Sequence[Record], records))
-    assert all(isinstance(a, asyncio.Future) for a in acks), acks
+    assert all(isinstance(a, Done) for a in acks), acks
     return publisher.events
 
 

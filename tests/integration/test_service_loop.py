@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from consumers.consumer import LoopOptions, build_consumer
-from consumers.contract import Ack
+from consumers.contract import Ack, Done, Refused, Result
 from consumers.lanes import Failed, run_lanes
 from consumers.loop import StreamLoop
 from message_history.errors import EventValidationError, InvalidInputError, StorageUnavailableError
@@ -52,7 +52,7 @@ class _EchoHandler:
         self.outages = outages
         self.calls = 0
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Any]) -> list[Result]:
         self.calls += 1
         if self.outages > 0:
             self.outages -= 1
@@ -67,13 +67,13 @@ class _EchoHandler:
         results = await run_lanes(
             records, key=lambda r: r.key, work=one, max_concurrent=4, item_errors=(InvalidInputError,)
         )
-        out: list[Ack | InvalidInputError] = []
+        out: list[Result] = []
         for result in results:
             if isinstance(result, Failed):
                 assert isinstance(result.error, InvalidInputError)
-                out.append(result.error)
+                out.append(Refused(result.error))
             else:
-                out.append(result)
+                out.append(Done(result))
         return out
 
 

@@ -17,7 +17,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from consumers.commands import CommandsHandler
-from consumers.contract import Ack, Record
+from consumers.contract import Done, Record, Refused, Result
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
 from consumers.runtime import containment
@@ -37,7 +37,6 @@ from message_history import metrics, tracing
 from message_history.errors import (
     EventValidationError,
     FatalStorageError,
-    InvalidInputError,
     StartupError,
     StorageUnavailableError,
     UnexpectedRecordError,
@@ -73,11 +72,11 @@ class RaisesForPoison:
         self.error = error or ZeroDivisionError("division by zero")
         self.calls: list[list[int]] = []
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record]) -> list[Result]:
         self.calls.append([r.offset for r in records])
         if any(r.value == POISON for r in records):
             raise self.error
-        return [_done(f"ok-{r.offset}") for r in records]
+        return [Done(_done(f"ok-{r.offset}")) for r in records]
 
 
 # --- the split ----------------------------------------------------------------------------------------------
@@ -103,15 +102,16 @@ async def test_a_batch_that_raises_is_split_until_the_record_is_alone(
     assert len(results) == len(values)
     for offset, result in enumerate(results):
         if offset in poison_at:
-            assert isinstance(result, UnexpectedRecordError)
-            assert (error_type(result), str(result), result.stage) == (
+            assert isinstance(result, Refused)
+            assert isinstance(result.error, UnexpectedRecordError)
+            assert (error_type(result.error), str(result.error), result.error.stage) == (
                 "ZeroDivisionError",
                 "division by zero",
                 "batch",
             )
         else:
-            assert not isinstance(result, InvalidInputError)
-            assert await result == f"ok-{offset}"
+            assert isinstance(result, Done)
+            assert await result.sent == f"ok-{offset}"
     # halves, in order: every record is handled exactly once by a call that did not raise
     handled = [o for call in handler.calls if not any(values[i] == POISON for i in call) for o in call]
     assert sorted(handled) == [i for i in range(len(values)) if i not in poison_at]
@@ -194,10 +194,12 @@ async def test_an_outage_retry_never_sends_a_delivered_dead_letter_again() -> No
         def __init__(self) -> None:
             self.calls: list[list[int]] = []
 
-        async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+        async def handle(self, records: Sequence[Record]) -> list[Done | Refused]:
             self.calls.append([r.offset for r in records])
             return [
-                contain(ZeroDivisionError("bug"), "process") if r.value == POISON else output(r.offset)
+                Refused(contain(ZeroDivisionError("bug"), "process"))
+                if r.value == POISON
+                else Done(output(r.offset))
                 for r in records
             ]
 
@@ -251,14 +253,15 @@ async def test_decode_each_contains_any_exception_of_one_record() -> None:
     with tracing.batch_spans("recall", records) as spans:
         results, items = decode_each(records, spans, _decode)
     assert items == [(0, "a"), (3, "b")]
-    assert [type(r).__name__ for r in results] == [
+    errors = [r.error if isinstance(r, Refused) else r for r in results]
+    assert [type(r).__name__ for r in errors] == [
         "NoneType",
         "UnexpectedRecordError",
         "EventValidationError",
         "NoneType",
         "EventValidationError",
     ]
-    bug = results[1]
+    bug = errors[1]
     assert isinstance(bug, UnexpectedRecordError)
     assert (bug.error_type, bug.stage, str(bug)) == ("KeyError", "decode", "'no such field'")
 
@@ -327,7 +330,9 @@ async def test_the_commands_path_contains_a_bug_in_one_command() -> None:
         publisher=SimpleNamespace(),  # type: ignore[arg-type]
         limits=Limits(),
     )
-    [result] = await handler.handle([record(0, _command("c-1"))])
+    [refused] = await handler.handle([record(0, _command("c-1"))])
+    assert isinstance(refused, Refused)
+    result = refused.error
     assert isinstance(result, UnexpectedRecordError)
     assert (result.error_type, str(result)) == ("TypeError", "unsupported operand")
 

@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from consumers import recall
+from consumers.contract import Refused, settled
 from consumers.recall import RecallHandler
 from message_history.app.capabilities import storage_capabilities
 from message_history.core import recall_plan
@@ -135,10 +136,11 @@ async def _published(storage: Any, records: Sequence[Any], *, fast: bool) -> lis
     )
     refused: list[str] = []
     for ack in await handler.handle(records):
-        if isinstance(ack, Exception):
-            refused.append(f"{type(ack).__name__}: {ack}")
+        outcome = await settled(ack)
+        if isinstance(outcome, Refused):
+            refused.append(f"{type(outcome.error).__name__}: {outcome.error}")
         else:
-            await ack
+            await outcome.sent
     return [*publisher.values, *refused]
 
 

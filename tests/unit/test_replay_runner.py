@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
-from consumers.contract import Ack
+from consumers.contract import Done, Refused, Result
 from message_history.app.replay.plan import Counts
 from message_history.app.replay.runner import BatchRunner, PartitionState, ReplayAbortedError
 from message_history.app.replay.sinks import InvalidReport
-from message_history.errors import EventValidationError, InvalidInputError, StorageUnavailableError
+from message_history.errors import EventValidationError, StorageUnavailableError
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher, SourceRecord
 from producers.output import OutputProducer
@@ -58,24 +58,24 @@ class ScriptedHandler:
         self.script = list(script)
         self.calls: list[list[int]] = []
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Any]) -> list[Result]:
         self.calls.append([r.offset for r in records])
         step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(step, BaseException):
             raise step
-        out: list[Ack | InvalidInputError] = []
+        out: list[Result] = []
         loop = asyncio.get_running_loop()
         for rec in records:
             outcome = step.get(rec.offset, "ok")
             if outcome == "invalid":
-                out.append(EventValidationError("not valid JSON", "input.0"))
+                out.append(Refused(EventValidationError("not valid JSON", "input.0")))
                 continue
             future: asyncio.Future[Any] = loop.create_future()
             if isinstance(outcome, BaseException):
                 future.set_exception(outcome)
             else:
                 future.set_result(persisted(rec.offset))
-            out.append(future)
+            out.append(Done(future))
         return out
 
 

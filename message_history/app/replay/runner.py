@@ -16,7 +16,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.consumer import build_reader
-from consumers.contract import BatchHandler
+from consumers.contract import BatchHandler, settled
 from consumers.runtime.containment import report_unexpected, settle_outcomes
 from consumers.runtime.retry import Backoff, Failure, is_outage, retry_batch, retry_call
 from consumers.unreadable import is_unreadable, read_carefully
@@ -96,7 +96,7 @@ class BatchRunner:
     """Runs one partition's batch through the handler to the end: every record settled, or an outage too long.
 
     The live loop's own retry loop and outcome sorting (`consumers.runtime`): the handler's result per record
-    is an acknowledgement or an `InvalidInputError` (reported / dead-lettered); records whose outputs failed
+    is a `Done` or a `Refused` (reported / dead-lettered); records whose outputs failed
     for an outage are retried with the live backoff; a record whose output Kafka refuses for size is treated
     as bad input.
     """
@@ -192,9 +192,10 @@ class BatchRunner:
 
     async def _attempt(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
         """One try; returns the records whose outputs failed for an outage (to retry), in order."""
+        results = await self.handler.handle(records)
         failed = await settle_outcomes(
             records,
-            await self.handler.handle(records),
+            await asyncio.gather(*(settled(result) for result in results)),  # a replay parks nothing
             reject=self._invalid,
             explain=lambda error: error,  # the report and the dead letter name Kafka's own error
             done=self._settle,
