@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
-from consumers.contract import Done, Record, Refused, Result, record_headers
+from consumers.contract import Done, Emit, Record, Refused, Result, record_headers
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
 from message_history.errors import EventValidationError
@@ -132,7 +132,7 @@ class CommandsHandler:
         self._publisher = publisher
         self._limits = limits
 
-    async def handle(self, records: Sequence[Record]) -> list[Result]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         results: list[Result] = []
         for record in records:
             if record.value is None:
@@ -166,7 +166,7 @@ class CommandsHandler:
                 results.append(Refused(contain(exc, "output")))
                 continue
             sent = await self._publisher.publish(
-                event, key=command_key(command), headers=record_headers(record)
+                emit, record, event, key=command_key(command), headers=record_headers(record)
             )
             results.append(Done(sent))
             metrics.OUTCOMES.labels(path=PATH, outcome=f"forgot-{outcome.scope}").inc()

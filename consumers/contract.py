@@ -3,7 +3,10 @@ small helpers both sides use on them. Types only otherwise: containment is `cons
 the paths' base classes are `consumers.handler`.
 
 A path (`consumers.recall`, `consumers.persist`, `consumers.commands`, the replay) implements
-`BatchHandler`: per record, in order, one `Result`, a closed union the loop reads by its type alone:
+`BatchHandler`: `handle(records, emit)` sends each record's output through `emit`, the channel the loop's
+checkpoint hands the batch (`consumers.runtime.emit`: sent at once, or filed under the record's offset for
+its transaction; a path holds no producer), and returns per record, in order, one `Result`, a closed union
+the loop reads by its type alone:
 
 - `Done(sent)`: the record's work is done; `sent` resolves once its outputs (and the writes it caused) are
   durable, and raises when one could not be written (an outage: the record is retried).
@@ -20,6 +23,23 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from message_history.errors import InvalidInputError
+from producers.output import Emit
+
+__all__ = [
+    "Ack",
+    "BatchHandler",
+    "Done",
+    "Emit",
+    "Lanes",
+    "Parked",
+    "Record",
+    "Refused",
+    "Result",
+    "ack_after",
+    "delivered",
+    "record_headers",
+    "settled",
+]
 
 Ack = Awaitable[object]
 """Resolves when every output of one record is durable; raises when one could not be written."""
@@ -88,8 +108,8 @@ class Record(Protocol):
 class BatchHandler(Protocol):
     """One path's work on a batch of records (the recall or the persist path)."""
 
-    async def handle(self, records: Sequence[Record]) -> list[Result]:
-        """Process `records`; one `Result` per record, in order.
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
+        """Process `records`, their outputs through `emit`; one `Result` per record, in order.
 
         Raises `RetriableError` (or a Kafka error) when a dependency is down: the loop retries the same
         records later.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from consumers.contract import Record, Result
+from consumers.contract import Emit, Record, Result
 from consumers.lanes import Failed, run_lanes
 from consumers.runtime.containment import contain, containable
 from message_history import tracing
@@ -30,17 +30,18 @@ class SpannedPath:
 
     path: str
 
-    async def handle(self, records: Sequence[Record]) -> list[Result]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         with tracing.batch_spans(self.path, records) as spans:
-            return await self._handle(records, spans)
+            return await self._handle(records, spans, emit)
 
-    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
         raise NotImplementedError
 
 
 class PathHandler(SpannedPath, Generic[P]):
-    """What the recall and the persist path both hold: the storage, the publisher of their outputs, the input
-    limits and the cap on threads worked on at once, the last two from the settings."""
+    """What the recall and the persist path both hold: the storage, the publisher of their outputs (how an
+    event is keyed and encoded: it goes through the batch's `Emit`), the input limits and the cap on threads
+    worked on at once, the last two from the settings."""
 
     def __init__(self, settings: Settings, storage: BatchHistoryStorage, publisher: P) -> None:
         self.storage = storage

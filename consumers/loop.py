@@ -33,6 +33,7 @@ from consumers.offsets import OffsetTracker
 from consumers.runtime.checkpoint import Checked, checkpoint_for
 from consumers.runtime.containment import Contained, settle_outcomes
 from consumers.runtime.dead_letters import DeadLetters
+from consumers.runtime.emit import Sender
 from consumers.runtime.intake import HELD, PARKED, Intake, Listener, partition_of, positions
 from consumers.runtime.outages import Outages
 from consumers.runtime.retry import Backoff, ChunkLimit, retry_batch
@@ -64,8 +65,10 @@ class StreamLoop:
         dead_letters: DeadLetterPublisher,
         health: Health,
         options: LoopOptions,
-        transactions: PartitionTransactions | None = None,
+        output: Sender | PartitionTransactions,
     ) -> None:
+        """`output`: where the path's outputs go, the shared producer (at-least-once) or one transaction per
+        partition (exactly-once); the checkpoint hands each batch its channel (`runtime.emit`)."""
         self.path = path
         self.topic = topic
         self._consumer = consumer
@@ -93,7 +96,7 @@ class StreamLoop:
         )
         # what is done becomes committed: the consumer's commits, or transactions (`producers.transactions`)
         self._checkpoint = checkpoint_for(
-            transactions,
+            output,
             Checked(path, consumer, self._tracker, health, options),
             refused=self._dead_letters.refused_output,
             backoff=self._backoff,
@@ -218,7 +221,7 @@ class StreamLoop:
 
     async def _attempt(self, pending: list[Item]) -> list[Item]:
         """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
-        results = await self._handler.handle([rec for rec, _ in pending])
+        results = await self._handler.handle([rec for rec, _ in pending], self._checkpoint.emit)
         pending, now = self._settlement.take_parked(pending, results)
         started = time.perf_counter()
         failed = await self._settle_now(pending, now)
@@ -233,7 +236,7 @@ class StreamLoop:
         return await settle_outcomes(
             items,
             results,
-            reject=lambda item, error: self._dead_letters.send(item[0], error),
+            reject=lambda item, error: self._dead_letters.send(item[0], error, self._checkpoint.emit),
             explain=self._dead_letters.explain,  # an output too large: the input is the dead letter
             done=self._done,
         )
@@ -246,7 +249,7 @@ class StreamLoop:
         """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
         record, part = item
         if self._tracker.owns(partition_of(record), part):
-            self._checkpoint.hold(partition_of(record), record, outcome)
+            self._checkpoint.hold(partition_of(record), record)
         part.done(record.offset)
 
     # --- waits and commits ----------------------------------------------------------------------------------

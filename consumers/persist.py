@@ -25,7 +25,7 @@ from functools import partial
 from typing import Protocol, runtime_checkable
 
 from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_batch
-from consumers.contract import Ack, Done, Record, Refused, Result, ack_after
+from consumers.contract import Ack, Done, Emit, Record, Refused, Result, ack_after
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
 from consumers.runtime.containment import contain, containable, decode_each
@@ -132,13 +132,15 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         # another thread holds refuses its turn, as an id a client chose does
         self._id_keys = tuple(id_keys)
 
-    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
         """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
         whose own stored copy is one of them is refused (`PersistBuffer.copies_now`), naming the row."""
         with unreadable.collecting(PATH):
-            return await self._handle_batch(records, spans)
+            return await self._handle_batch(records, spans, emit)
 
-    async def _handle_batch(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
+    async def _handle_batch(
+        self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit
+    ) -> list[Result]:
         started = time.perf_counter()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
@@ -154,7 +156,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         marks = self._mark_answered(items, outcomes, forgotten)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(time.perf_counter() - decoded)
 
-        await self._emit(results, items, outcomes, forgotten, marks, spans)
+        await self._answer(emit, results, items, outcomes, forgotten, marks, spans)
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
@@ -277,8 +279,9 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         for response, swap in swapped:
             replace_ids(response, kept_alternates(swap, keys, partial(_in_thread, stored, response.threadId)))
 
-    async def _emit(
+    async def _answer(
         self,
+        emit: Emit,
         results: list[Result | None],
         items: Sequence[tuple[int, _Item]],
         outcomes: Sequence[_Done | Failed],
@@ -289,7 +292,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         """One `HistoryPersisted` per response (or its dead letter), into `results`; after the write, as
         every outcome: a retried batch sends them once."""
         for index, item in forgotten:
-            ack = await self._answer_forgotten(index, item, spans)
+            ack = await self._answer_forgotten(emit, index, item, spans)
             results[index] = Done(ack if marks is None else ack_after(marks, ack))
         labels: list[str] = []
         for (index, item), outcome in zip(items, outcomes, strict=True):
@@ -304,7 +307,9 @@ class PersistHandler(PathHandler[PersistedPublisher]):
                 response, saved_ids=saved_ids, skipped=skipped, thread_updated_at=updated_at
             )
             headers = spans.headers(index, item.record)
-            ack = await self.publisher.publish_value(response.threadId, value, headers=headers)
+            ack = await self.publisher.publish_value(
+                emit, item.record, response.threadId, value, headers=headers
+            )
             spans.end_when_done(index, ack)
             results[index] = Done(ack if marks is None else ack_after(marks, ack))
             labels.append("persisted" if skipped is None else f"skipped-{skipped}")
@@ -349,11 +354,13 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             )
         return _Item(record, response)
 
-    async def _answer_forgotten(self, index: int, item: _Item, spans: tracing.BatchSpans) -> Ack:
+    async def _answer_forgotten(self, emit: Emit, index: int, item: _Item, spans: tracing.BatchSpans) -> Ack:
         response = item.response
         skipped = persisted_value(response, saved_ids=[], skipped="forgotten", thread_updated_at=None)
         headers = spans.headers(index, item.record)
-        ack = await self.publisher.publish_value(response.threadId, skipped, headers=headers)
+        ack = await self.publisher.publish_value(
+            emit, item.record, response.threadId, skipped, headers=headers
+        )
         spans.end_when_done(index, ack)
         metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
         return ack

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.contract import Ack, Done, Parked, Record, Refused, Result
+from consumers.contract import Ack, Done, Emit, Parked, Record, Refused, Result
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
 from consumers.parking import Lane, LaneKey, ParkedLanes
@@ -111,28 +111,32 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         needs = plan_recall(request.threadId, request.resourceId, memory, echo, max_rows=self.max_rows)
         return _Item(record, request, memory, echo, needs)
 
-    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
         """decode -> load -> per thread (decide, send) -> write (the boundaries) -> the results.
 
         The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`; its tasks,
         parked ones included, share it): each enriched event says how many of its thread's it skipped."""
         with unreadable.collecting(PATH):
-            return await self._handle_batch(records, spans)
+            return await self._handle_batch(records, spans, emit)
 
-    async def _handle_batch(self, records: Sequence[Record], spans: tracing.BatchSpans) -> list[Result]:
+    async def _handle_batch(
+        self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit
+    ) -> list[Result]:
         started = time.perf_counter()
         self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
-        batch = await self._load(items, spans)
+        batch = await self._load(items, spans, emit)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
         sent_from = time.perf_counter()
         outcomes = await self._enrich_all(items, batch.enrich, batch.history, batch.flushed)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         return self._results(records, results, items, outcomes, spans, batch.history)
 
-    async def _load(self, items: Sequence[tuple[int, _Item]], spans: tracing.BatchSpans) -> _Batch:
+    async def _load(
+        self, items: Sequence[tuple[int, _Item]], spans: tracing.BatchSpans, emit: Emit
+    ) -> _Batch:
         """The batch's reads, once: threads, pages and echo look-ups, beside the turn gate's look-ups."""
         history, batch_gate = await asyncio.gather(
             PrefetchedHistory.load(
@@ -142,7 +146,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             ),
             self._open_gate(items),
         )
-        return _Batch(self, spans, history, batch_gate)
+        return _Batch(self, spans, history, batch_gate, emit)
 
     def _results(
         self,
@@ -182,7 +186,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             key = (item.record.partition, request.threadId)
             if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
                 headers = spans.headers(index, item.record)
-                parked = self._park(key, item, batch_gate, batch.fresh, headers, batch.flushed)
+                parked = self._park(key, item, batch_gate, batch, headers)
                 spans.end_when_done(index, parked.settled)
                 return parked
             admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
@@ -196,7 +200,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             if batch_gate
             else None
         )
-        ack = await self._publish(request, enriched, spans.headers(index, item.record))
+        ack = await self._publish(batch.emit, item, enriched, spans.headers(index, item.record))
         spans.end_when_done(index, ack)
         return Done(
             ack if batch_gate is None else batch_gate.sent(request.threadId, request.requestId, mark, ack)
@@ -260,9 +264,8 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         key: LaneKey,
         item: _Item,
         batch_gate: BatchGate,
-        fresh: MessageHistory,
+        batch: _Batch,
         headers: Headers,
-        flushed: asyncio.Event,
     ) -> Parked:
         """Park a request that must wait behind its thread's parked work; the loop settles it later.
 
@@ -277,6 +280,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         target = batch_gate.behind.get(partition)
         parked_at = time.monotonic()
         gate = batch_gate.gate
+        fresh, flushed, emit = batch.fresh, batch.flushed, batch.emit
 
         async def work(lane: Lane[TurnMarker | None]) -> Ack:
             own = gate.for_parked(partition, target, thread_id, lane.state)
@@ -295,7 +299,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             mark = own.enriched(thread_id, request.requestId, request.resourceId)
             lane.state = own.markers.get(thread_id, lane.state)
-            ack = await self._publish(request, enriched, headers)
+            ack = await self._publish(emit, item, enriched, headers)
             metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
             return own.sent(thread_id, request.requestId, mark, ack)
 
@@ -371,11 +375,14 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         return EnrichedRequest.from_request(request, materialized(outcome.context), **summary)
 
     async def _publish(
-        self, request: AgentRequest, enriched: EnrichedRequest | bytes, headers: Headers
+        self, emit: Emit, item: _Item, enriched: EnrichedRequest | bytes, headers: Headers
     ) -> asyncio.Future[Any]:
+        """The request's enriched event, through its batch's `emit`."""
+        record, publisher = item.record, self.publisher
         if isinstance(enriched, bytes):
-            return await self.publisher.publish_encoded(request.threadId, enriched, headers=headers)
-        return await self.publisher.publish(enriched, headers=headers)
+            thread_id = item.request.threadId
+            return await publisher.publish_encoded(emit, record, thread_id, enriched, headers=headers)
+        return await publisher.publish(emit, record, enriched, headers=headers)
 
     async def _open_gate(self, items: Sequence[tuple[int, _Item]]) -> BatchGate | None:
         if self._gate is None or not items:
@@ -403,8 +410,10 @@ class _Batch:
         spans: tracing.BatchSpans,
         history: PrefetchedHistory,
         gate: BatchGate | None,
+        emit: Emit,
     ) -> None:
         last = handler._defaults.last_messages
+        self.emit = emit  # where its outputs go (the loop's checkpoint's channel)
         self.spans = spans
         self.history = history
         self.gate = gate

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Final
 
-from consumers.contract import BatchHandler, Record, Refused, Result
+from consumers.contract import BatchHandler, Emit, Record, Refused, Result
 from message_history.errors import OperationTimedOutError, StorageTimeoutError
 
 log = logging.getLogger(__name__)
@@ -88,9 +88,9 @@ class TimeoutStrikes:
         """`key`'s work is done (or dropped): its strikes go."""
         self._strikes.pop(key, None)
 
-    async def handle(self, records: Sequence[Record]) -> list[Result]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         try:
-            results = await self.inner.handle(records)
+            results = await self.inner.handle(records, emit)
         except OperationTimedOutError as exc:
             if len(records) != 1:
                 raise

@@ -148,7 +148,7 @@ async def _play(case: dict[str, Any], storage: BatchHistoryStorage | None = None
         first = len(paths.producer.sent)
         out: dict[str, Any] = {}
         try:
-            results = [await settled(result) for result in await handler.handle(records)]
+            results = [await settled(result) for result in await handler.handle(records, paths.emit)]
         except Exception as exc:  # a record meeting a bug: pinned too, so a rewrite cannot change it unseen
             out["raised"] = _dead(exc)
         else:

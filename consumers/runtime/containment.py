@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from aiokafka.errors import KafkaError
 
-from consumers.contract import Ack, BatchHandler, Done, Record, Refused, Result
+from consumers.contract import Ack, BatchHandler, Done, Emit, Record, Refused, Result
 from consumers.runtime.retry import is_outage
 from message_history import metrics, tracing
 from message_history.errors import (
@@ -134,9 +134,9 @@ class Contained:
         self.inner = inner
         self.path = path
 
-    async def handle(self, records: Sequence[Record]) -> list[Result]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         try:
-            return await self.inner.handle(records)
+            return await self.inner.handle(records, emit)
         except Exception as exc:
             if not records or not containable(exc):
                 raise
@@ -152,7 +152,7 @@ class Contained:
                 },
             )
         middle = len(records) // 2
-        return [*await self.handle(records[:middle]), *await self.handle(records[middle:])]
+        return [*await self.handle(records[:middle], emit), *await self.handle(records[middle:], emit)]
 
 
 def decode_each(

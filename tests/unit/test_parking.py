@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.contract import Done, Parked, Refused, delivered
+from consumers.contract import Done, Emit, Parked, Refused, delivered
 from consumers.parking import Lane, ParkedLanes
 from consumers.recall import RecallHandler
 from consumers.runtime.retry import Backoff
@@ -27,7 +27,8 @@ from consumers.turn_gate import TurnGate
 from message_history.core.turn_rules import BusyPolicy, TurnMarker
 from message_history.errors import EventValidationError, StorageUnavailableError, ThreadOwnershipError
 from message_history.settings import Settings
-from producers.output import Headers
+from producers.output import Headers, Positioned
+from tests.paths import no_emit
 from tests.unit.test_batch_stand_ins import T0, _CountingPages, _message, _seed
 from tests.unit.test_recall_once import _Sent
 from tests.unit.test_turn_gate import FakeBarrier, FakeMarkers
@@ -87,13 +88,13 @@ async def test_a_busy_thread_holds_its_lane_only_and_later_batches_are_not_held(
     markers = FakeMarkers({"t": TurnMarker(pending="t-old")})
     handler, publisher = _handler(markers)
     first = await asyncio.wait_for(
-        handler.handle([_record(0, "t"), _record(1, "u"), _record(2, "v", partition=1)]), BOUND_S
+        handler.handle([_record(0, "t"), _record(1, "u"), _record(2, "v", partition=1)], no_emit), BOUND_S
     )
     assert isinstance(first[0], Parked)
     await _settle(first[1:])
     assert [e["requestId"] for e in _sent(publisher)] == ["u-r1", "v-r2"]
 
-    second = await asyncio.wait_for(handler.handle([_record(3, "t"), _record(4, "w")]), BOUND_S)
+    second = await asyncio.wait_for(handler.handle([_record(3, "t"), _record(4, "w")], no_emit), BOUND_S)
     assert isinstance(second[0], Parked)
     await _settle(second[1:])
     assert [e["requestId"] for e in _sent(publisher)] == ["u-r1", "v-r2", "w-r4"]
@@ -123,7 +124,7 @@ async def test_a_partition_behind_the_barrier_parks_its_requests_only() -> None:
     barrier = FakeBarrier({0: 10})
     handler, publisher = _handler(FakeMarkers(), barrier=barrier)
     results = await asyncio.wait_for(
-        handler.handle([_record(0, "a"), _record(1, "b"), _record(2, "c", partition=1)]), BOUND_S
+        handler.handle([_record(0, "a"), _record(1, "b"), _record(2, "c", partition=1)], no_emit), BOUND_S
     )
     assert [isinstance(r, Parked) for r in results] == [True, True, False]
     await _settle(results[2:])
@@ -145,7 +146,7 @@ async def test_a_foreign_request_is_refused_before_any_busy_gate(policy: BusyPol
     await _seed(storage, "t", "u", 1)
     markers = FakeMarkers({"t": TurnMarker(pending="u-secret-pending")})
     handler, publisher = _handler(markers, policy=policy, storage=storage)
-    [refused] = await asyncio.wait_for(handler.handle([_record(0, "t", resource="x")]), BOUND_S)
+    [refused] = await asyncio.wait_for(handler.handle([_record(0, "t", resource="x")], no_emit), BOUND_S)
     assert isinstance(refused, Refused)
     result = refused.error
     assert isinstance(result, ThreadOwnershipError)
@@ -160,7 +161,7 @@ async def test_a_foreign_request_on_a_thread_not_saved_yet_is_refused_before_the
     markers = FakeMarkers({"t": TurnMarker(pending="u-secret-pending", resource_id="u")})
     handler, _ = _handler(markers)
     foreign, own = await asyncio.wait_for(
-        handler.handle([_record(0, "t", resource="x"), _record(1, "t")]), BOUND_S
+        handler.handle([_record(0, "t", resource="x"), _record(1, "t")], no_emit), BOUND_S
     )
     assert isinstance(foreign, Refused)
     assert isinstance(foreign.error, ThreadOwnershipError)
@@ -176,10 +177,12 @@ class _FailingFor(_Sent):
         super().__init__()
         self.thread = thread.encode()
 
-    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+    async def _send(
+        self, emit: Emit, record: Positioned, key: bytes, value: bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
         if key == self.thread:
             raise KafkaConnectionError("down")
-        return await super()._send(key, value, headers)
+        return await super()._send(emit, record, key, value, headers)
 
 
 async def test_a_batch_that_fails_drops_what_it_parked_so_its_retry_parks_it_once() -> None:
@@ -191,10 +194,10 @@ async def test_a_batch_that_fails_drops_what_it_parked_so_its_retry_parks_it_onc
     handler = RecallHandler(Settings(), _CountingPages(), publisher, gate=gate)
     batch = [_record(0, "t"), _record(1, "u")]
     with pytest.raises(KafkaConnectionError):
-        await asyncio.wait_for(handler.handle(batch), BOUND_S)
+        await asyncio.wait_for(handler.handle(batch, no_emit), BOUND_S)
     assert len(handler.parking) == 0
     publisher.thread = b"nobody"  # Kafka is back
-    again = await asyncio.wait_for(handler.handle(batch), BOUND_S)
+    again = await asyncio.wait_for(handler.handle(batch, no_emit), BOUND_S)
     assert isinstance(again[0], Parked)
     await _settle(again[1:])
     await asyncio.sleep(0.01)  # parked a while: waitedMs counts it

@@ -13,15 +13,15 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
-from consumers.contract import Done, Refused, Result
+from consumers.contract import Done, Emit, Refused, Result
+from consumers.runtime.emit import SendNow
 from message_history.app.replay.plan import Counts
 from message_history.app.replay.runner import BatchRunner, PartitionState, ReplayAbortedError
 from message_history.app.replay.sinks import InvalidReport
 from message_history.errors import EventValidationError, StorageUnavailableError
-from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher, SourceRecord
-from producers.output import OutputProducer
 from schemas.events import HistoryPersisted
+from tests.paths import RecordingProducer
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -58,7 +58,7 @@ class ScriptedHandler:
         self.script = list(script)
         self.calls: list[list[int]] = []
 
-    async def handle(self, records: Sequence[Any]) -> list[Result]:
+    async def handle(self, records: Sequence[Any], emit: Emit) -> list[Result]:
         self.calls.append([r.offset for r in records])
         step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(step, BaseException):
@@ -95,11 +95,12 @@ class FakeTime:
 
 class RecordingDeadLetters(DeadLetterPublisher):
     def __init__(self) -> None:
-        super().__init__(OutputProducer(Settings()), "rs.dlq")  # the producer is never started nor used
+        super().__init__("rs.dlq")
         self.sent: list[tuple[int, str]] = []
 
     async def publish(
         self,
+        emit: Emit,
         record: SourceRecord,
         error: BaseException,
         *,
@@ -128,6 +129,7 @@ def runner(
             counts=counts,
             report=report or InvalidReport(None),
             dead_letters=dead_letters,
+            emit=SendNow(RecordingProducer()),
             max_retry_s=max_retry_s,
             retry_initial_s=1.0,
             retry_max_s=8.0,

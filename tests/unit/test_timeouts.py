@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from consumers.contract import Ack, Done, Record, Refused, Result
+from consumers.contract import Ack, Done, Emit, Record, Refused, Result
 from consumers.parking import Lane, ParkedLanes
 from consumers.runtime.retry import Backoff, ChunkLimit, Failure, retry_batch
 from consumers.timeouts import TimeoutStrikes, counts_against_record
@@ -18,7 +18,7 @@ from message_history.errors import (
     StorageTimeoutError,
     StorageUnavailableError,
 )
-from tests.paths import FakeRecord
+from tests.paths import FakeRecord, no_emit
 
 TIMED_OUT = OperationTimedOutError("MongoDB timed out during list_messages_many: NetworkTimeout")
 UNREACHABLE = StorageUnavailableError(
@@ -54,7 +54,7 @@ class SlowStore:
         self.handled: list[int] = []
         self.calls = 0
 
-    async def handle(self, records: Sequence[Record]) -> list[Result]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         self.calls += 1
         if any(r.offset in self.slow for r in records):
             raise self.error
@@ -85,9 +85,9 @@ async def test_a_lone_record_is_dead_lettered_on_its_nth_timeout() -> None:
     record = Rec("in", 0, 7)
     for n in (1, 2):
         with pytest.raises(OperationTimedOutError):
-            await strikes.handle([record])
+            await strikes.handle([record], no_emit)
         assert strikes.strikes(record) == n
-    [refused] = await strikes.handle([record])
+    [refused] = await strikes.handle([record], no_emit)
     assert isinstance(refused, Refused)
     letter = refused.error
     assert isinstance(letter, StorageTimeoutError)
@@ -101,14 +101,14 @@ async def test_a_chunk_never_strikes_and_a_handled_record_is_forgiven() -> None:
     store, ping = SlowStore({7}), Ping(answers=True)
     strikes = TimeoutStrikes(store, ping=ping, tries=2, path="recall")
     with pytest.raises(OperationTimedOutError):
-        await strikes.handle([Rec("in", 0, 6), Rec("in", 0, 7)])
+        await strikes.handle([Rec("in", 0, 6), Rec("in", 0, 7)], no_emit)
     assert ping.calls == 0  # a chunk's timeout is no record's yet
     record = Rec("in", 0, 7)
     with pytest.raises(OperationTimedOutError):
-        await strikes.handle([record])
+        await strikes.handle([record], no_emit)
     assert strikes.strikes(record) == 1
     store.slow.clear()  # the read fits again (a smaller history, a faster server)
-    await strikes.handle([record])
+    await strikes.handle([record], no_emit)
     assert strikes.strikes(record) == 0
 
 
@@ -124,7 +124,7 @@ async def test_an_outage_never_strikes(error: BaseException, answers: bool) -> N
     strikes = TimeoutStrikes(store, ping=Ping(answers), tries=1, path="recall")
     for _ in range(5):
         with pytest.raises(StorageUnavailableError):
-            await strikes.handle([Rec("in", 0, 7)])
+            await strikes.handle([Rec("in", 0, 7)], no_emit)
     assert strikes.strikes(Rec("in", 0, 7)) == 0
 
 
@@ -141,7 +141,7 @@ async def _run_like_the_loop(store: SlowStore, *, answers: bool, tries: int, giv
     dead: list[int] = []
 
     async def attempt(records: list[FakeRecord]) -> list[FakeRecord]:
-        results = await strikes.handle(records)
+        results = await strikes.handle(records, no_emit)
         dead.extend(
             r.offset for r, result in zip(records, results, strict=True) if isinstance(result, Refused)
         )
