@@ -1,13 +1,13 @@
 """The worker SDK's exactly-once side (`processing_guarantee="exactly-once"`), as `worker-ts`'s
 `src/transactions.ts` is the TypeScript worker's.
 
-Each response is held (`HoldingProducer`), filed under its enriched record's offset, and at the end of the
-batch the answered responses of each partition go out with that partition's consumed offset in one Kafka
-transaction (`producers.transactions.PartitionTransactions`: a producer per owned partition, transactional
-id `{group}:{enriched topic}:{partition}`, as the service's). A partition is read only once its producer is
-open (its previous holder fenced) and it is positioned at the offset committed after that (`open`): records
-fetched before are handed back (`only_ready`). A commit whose answer does not come in time is settled on the
-same producer before anything is sent again, never taken for an abort (`commit`).
+Each response is filed under its enriched record's offset (`consumers.runtime.emit.FileUnderOffset`), and at
+the end of the batch the answered responses of each partition go out with that partition's consumed offset in
+one Kafka transaction (`producers.transactions.PartitionTransactions`: a producer per owned partition,
+transactional id `{group}:{enriched topic}:{partition}`, as the service's). A partition is read only once its
+producer is open (its previous holder fenced) and it is positioned at the offset committed after that
+(`open`): records fetched before are handed back (`only_ready`). A commit whose answer does not come in time
+is settled on the same producer before anything is sent again, never taken for an abort (`commit`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from aiokafka.errors import KafkaError
 
 from consumers.runtime.retry import is_outage
 from message_history.errors import RetriableError
-from producers.transactional import commit_failure, held_outputs
+from producers.transactional import HeldOutput, commit_failure
 from producers.transactions import PartitionTransactions, Refused
 
 log = logging.getLogger(__name__)
@@ -96,10 +96,11 @@ class WorkerTransactions:
                 self._consumer.seek(tp, recs[0].offset)
         return ready
 
-    def hold(self, record: ConsumerRecord, sent: object, source: object) -> None:
-        """File what answering `record` sent (held) under its offset, until the transaction committing it."""
+    def hold(self, record: ConsumerRecord, outputs: list[HeldOutput], source: object) -> None:
+        """File the outputs of answering `record` (its response, filed by `consumers.runtime.emit`) under its
+        offset, until the transaction committing it."""
         tp = TopicPartition(record.topic, record.partition)
-        self.partitions.hold(tp, record.offset, held_outputs(sent), source)
+        self.partitions.hold(tp, record.offset, outputs, source)
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Each partition's held responses and its offset in one transaction, retried while Kafka is down

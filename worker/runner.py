@@ -50,13 +50,14 @@ from aiokafka.errors import (
 
 from consumers.lanes import run_lanes
 from consumers.offsets import OffsetTracker
+from consumers.runtime.emit import FileUnderOffset, SendNow
 from consumers.runtime.retry import backoff_delay, is_outage
 from message_history import tracing
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import OUTPUT_TOO_LARGE
-from producers.transactional import HeldOutput, HoldingProducer
+from producers.transactional import HeldOutput
 from schemas.codec import decode_enriched, encode
 from schemas.events import AgentResponse
 from worker.exactly_once import WorkerTransactions
@@ -147,7 +148,9 @@ class AgentWorker:
         self._idle = asyncio.Event()
         self._idle.set()
         self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: AIOKafkaProducer | None = None  # at-least-once only
+        # where responses go (`consumers.runtime.emit`): sent at once, or filed under their turn's offset
+        self._emit: SendNow | FileUnderOffset | None = None
         self._signals: list[signal.Signals] = []
         self.stats = WorkerStats()
         # exactly-once: responses held per (partition, offset), committed with the offsets
@@ -183,8 +186,8 @@ class AgentWorker:
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> AgentWorker:
-        producer: AIOKafkaProducer | HoldingProducer = (
-            HoldingProducer()
+        producer = (
+            None
             if self._transactions is not None
             else AIOKafkaProducer(**self._options, acks="all", enable_idempotence=True, linger_ms=5)
         )
@@ -196,18 +199,19 @@ class AgentWorker:
             isolation_level="read_committed",
             max_poll_records=self._max_batch,
         )
-        if isinstance(producer, AIOKafkaProducer):
+        if producer is not None:
             await producer.start()
         try:
             await consumer.start()
         except BaseException:
-            if isinstance(producer, AIOKafkaProducer):
+            if producer is not None:
                 await producer.stop()
             raise
         consumer.subscribe([self._enriched_topic], listener=_Listener(self))
         if self._transactions is not None:
             self._transactions.attach(consumer)
         self._producer, self._consumer = producer, consumer
+        self._emit = FileUnderOffset() if producer is None else SendNow(producer)
         if self._handle_signals:
             self._install_signals()
         return self
@@ -218,14 +222,14 @@ class AgentWorker:
         self.stop()
         self._remove_signals()
         consumer, producer = self._consumer, self._producer
-        self._consumer = self._producer = None
+        self._consumer = self._producer = self._emit = None
         try:
             if consumer is not None:
                 await consumer.stop()  # leaves the group
         finally:
             if self._transactions is not None:
                 await self._transactions.close()
-            if isinstance(producer, AIOKafkaProducer):
+            if producer is not None:
                 await producer.stop()  # flushes
 
     def stop(self) -> None:
@@ -377,9 +381,10 @@ class AgentWorker:
         with tracing.output_span("agent turn", record, **{"messaging.message.id": event.requestId}) as span:
             response = await self._respond(turn, ids)
             headers = tracing.output_headers([(k, v or b"") for k, v in record.headers or ()], span)
-            sent = await self._send(turn, response, headers)
-        if self._transactions is not None:
-            self._transactions.hold(record, sent, turn)
+            emit = self._require(self._emit)
+            await self._send(emit, record, turn, response, headers)
+        if isinstance(emit, FileUnderOffset) and self._transactions is not None:
+            self._transactions.hold(record, emit.take(record), turn)
         self._seen.add(record.partition, event.eventId)
         self.stats.answered += 1
 
@@ -397,14 +402,21 @@ class AgentWorker:
             log.exception("handler failed: answering a failed turn", extra=ids)
             return failed_response(turn, now=self._clock())
 
-    async def _send(self, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]) -> object:
-        """Send the response and wait for Kafka's acknowledgement, retrying while Kafka is unavailable;
-        returns what the acknowledgement resolved with (under exactly-once: the held response)."""
-        producer = self._require(self._producer)
+    async def _send(
+        self,
+        emit: SendNow | FileUnderOffset,
+        record: ConsumerRecord,
+        turn: Turn,
+        response: AgentResponse,
+        headers: list[tuple[str, bytes]],
+    ) -> object:
+        """Emit the response and wait until it is durable (Kafka's acknowledgement, or filed under the turn's
+        offset for its transaction), retrying while Kafka is unavailable."""
         attempt = 0
         while True:
             try:
-                ack = await producer.send(
+                ack = await emit(
+                    record,
                     self._responses_topic,
                     value=encode(response),
                     key=turn.thread_id.encode(),

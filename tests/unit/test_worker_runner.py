@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -16,6 +18,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
+from consumers.runtime.emit import SendNow
 from tests.unit.test_worker_turn import _turn
 from worker import AgentWorker, Reply, Turn
 
@@ -92,6 +95,15 @@ class _FlakyProducer:
         return done
 
 
+_AT: Any = SimpleNamespace(topic="agent.requests.enriched", partition=0, offset=0)  # the turn's record
+
+
+def _emit(producer: _FlakyProducer) -> SendNow:
+    """The at-least-once channel over the fake producer (`consumers.runtime.emit`)."""
+    sender: Any = producer
+    return SendNow(sender)
+
+
 @pytest.mark.parametrize(
     "error",
     [KafkaUnavailableError(), KafkaConnectionError(), KafkaTimeoutError(), NotLeaderForPartitionError()],
@@ -105,9 +117,8 @@ async def test_a_response_is_sent_again_while_kafka_is_out(
     monkeypatch.setattr("worker.runner.RETRY_INITIAL_S", 0.001)
     worker = _worker(_hi)
     producer = _FlakyProducer([error, error])
-    worker._producer = producer
     turn = _turn()
-    await worker._send(turn, await worker._respond(turn, {}), [])
+    await worker._send(_emit(producer), _AT, turn, await worker._respond(turn, {}), [])
     assert (producer.errors, len(producer.sent)) == ([], 1)
 
 
@@ -115,10 +126,9 @@ async def test_a_refusal_that_is_not_an_outage_is_raised() -> None:
     """A Kafka error that is no outage (here: not authorized) is not retried forever."""
     worker = _worker(_hi)
     producer = _FlakyProducer([TopicAuthorizationFailedError()])
-    worker._producer = producer
     turn = _turn()
     with pytest.raises(TopicAuthorizationFailedError):
-        await worker._send(turn, await worker._respond(turn, {}), [])
+        await worker._send(_emit(producer), _AT, turn, await worker._respond(turn, {}), [])
     assert producer.sent == []
 
 
