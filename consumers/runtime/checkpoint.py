@@ -43,7 +43,7 @@ from producers.transactions import (
 
 log = logging.getLogger(__name__)
 
-Refused = Callable[[ConsumerRecord, BaseException, Emit], Awaitable[object]]
+RefusedOutput = Callable[[ConsumerRecord, BaseException, Emit], Awaitable[object]]
 """Exactly-once: the dead letter (through the `Emit` given) of a record one of whose outputs the broker
 refused for its size."""
 
@@ -63,7 +63,7 @@ def checkpoint_for(
     output: Sender | PartitionTransactions,
     checked: Checked,
     *,
-    refused: Refused,
+    refused: RefusedOutput,
     backoff: Backoff,
     stopping: Callable[[], bool],
 ) -> Checkpoint:
@@ -196,7 +196,7 @@ class ExactlyOnce(Checkpoint):
         checked: Checked,
         transactions: PartitionTransactions,
         *,
-        refused: Refused,
+        refused: RefusedOutput,
         backoff: Backoff,
         stopping: Callable[[], bool],
     ) -> None:
