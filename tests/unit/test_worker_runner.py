@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -131,11 +132,24 @@ class _Record:
 
 
 class _CommittingConsumer:
-    def __init__(self) -> None:
+    """Commits offsets; the first `failures` commits raise it (an outage)."""
+
+    def __init__(self, failures: list[BaseException] | None = None) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
+        self.failures = failures or []
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
         self.commits.append(dict(offsets))
+
+    def assignment(self) -> set[TopicPartition]:
+        return set()
+
+
+def _attached(worker: AgentWorker, consumer: _CommittingConsumer) -> None:
+    fake: Any = consumer
+    worker._attach(fake, _FlakyProducer([]))
 
 
 async def test_a_batch_commits_each_partition_past_its_answered_run_only(
@@ -146,7 +160,7 @@ async def test_a_batch_commits_each_partition_past_its_answered_run_only(
     other threads were answered: those go to the next owner again, never lost."""
     worker = _worker(_hi, shutdown_grace_s=0)
     consumer = _CommittingConsumer()
-    worker._consumer = consumer
+    _attached(worker, consumer)
     stuck = (0, 2)
     records = [_Record("t", 0, o, f"k{o}".encode()) for o in range(5)]
     records += [_Record("t", 1, o, f"k{o}".encode()) for o in (10, 11, 13)]  # offsets need not be contiguous
@@ -165,3 +179,21 @@ async def test_a_batch_commits_each_partition_past_its_answered_run_only(
     monkeypatch.setattr(worker, "_answer", answer)
     await worker._run_batch(records)
     assert consumer.commits == [{TopicPartition("t", 0): 2, TopicPartition("t", 1): 14}]
+
+
+async def test_a_commit_failing_for_an_outage_is_retried_by_the_next_commit_not_raised() -> None:
+    """The worker's commit policy is the service's (`consumers.runtime.checkpoint`): a commit that fails for
+    an outage neither stops the worker (the worker before the shared checkpoint raised it out of `run`) nor
+    blocks it retrying; the next batch's commit takes the first batch's offsets with its own."""
+    worker = _worker(_hi)
+    consumer = _CommittingConsumer([KafkaConnectionError()])
+    _attached(worker, consumer)
+
+    async def answer(record: _Record) -> None:
+        return None
+
+    worker._answer = answer  # type: ignore[assignment,method-assign]
+    await worker._run_batch([_Record("t", 0, o, b"k") for o in range(3)])
+    assert (consumer.failures, consumer.commits) == ([], [])  # tried once, failed, not retried inline
+    await worker._run_batch([_Record("t", 0, o, b"k") for o in range(3, 5)])
+    assert consumer.commits == [{TopicPartition("t", 0): 5}]
