@@ -12,8 +12,6 @@ from functools import partial
 from pathlib import Path
 from typing import IO, Any, ClassVar, TypeVar
 
-from aiokafka.errors import KafkaError
-
 from message_history.app.replay.options import CLIENT_ID
 from message_history.app.replay.plan import Counts, distinct
 from message_history.errors import InvalidInputError, error_type
@@ -21,14 +19,7 @@ from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, OutputProducer, TopicPublisher
 from producers.persisted import PersistedPublisher
-from producers.transactions import (
-    HeldOutput,
-    Transactional,
-    held_outputs,
-    open_transactional,
-    producer_options,
-    transactional_id,
-)
+from producers.transactions import HeldOutput, held_outputs
 from schemas.dead_letters import error_message
 from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
@@ -119,57 +110,6 @@ class EnrichedOutcomes(_Recording, EnrichedPublisher):
 
 async def _as_outcome(event: T) -> T | Held:
     return event
-
-
-class ReplayTransactions:
-    """Exactly-once replay: each batch's outputs (emitted events, dead letters) in one transaction, produced
-    by a transactional producer per source partition (`transactional_id(group, topic, partition,
-    replay=True)`: a second replay of the same partition fences the first). A replay has no group, so no
-    offset joins the transaction: its resume point (`--from-offsets`) moves only past batches whose
-    transaction committed. A commit whose answer did not come is settled on the same producer by the next
-    try of the same outputs (`producers.transactions.Transactional`): never sent twice."""
-
-    def __init__(self, settings: Settings, topic: str) -> None:
-        self._settings = settings
-        self._topic = topic
-        self._producers: dict[int, Transactional] = {}
-        self._doubt: dict[int, Sequence[HeldOutput]] = {}  # the outputs of a commit in doubt, per partition
-
-    async def produce(self, partition: int, outputs: Sequence[HeldOutput]) -> None:
-        """Commit `outputs` in one transaction; raises when it failed (a try of the same outputs again first
-        settles a commit left in doubt: when it committed, nothing is sent again)."""
-        for _ in range(3):  # a broken producer is replaced at most twice per call
-            tx = self._producers.get(partition)
-            if tx is not None and tx.broken and not tx.pending:
-                self._producers.pop(partition, None)
-                await tx.stop()
-                tx = None
-            if tx is None:
-                producer = await open_transactional(
-                    producer_options(self._settings, client_id=CLIENT_ID),
-                    transactional_id(self._settings.group_id, self._topic, partition, replay=True),
-                )
-                tx = self._producers[partition] = Transactional(producer)
-            doubted = self._doubt.pop(partition, None)
-            if await tx.settle() and doubted is outputs:
-                return  # the last try of these very outputs committed after all
-            if tx.broken:
-                continue
-            try:
-                await tx.run(outputs)
-            except BaseException:
-                if tx.in_doubt:
-                    self._doubt[partition] = outputs
-                raise
-            return
-        raise KafkaError(f"replay transactions of partition {partition}: the producer keeps failing")
-
-    async def __aenter__(self) -> ReplayTransactions:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        producers, self._producers = list(self._producers.values()), {}
-        await asyncio.gather(*(p.stop() for p in producers))
 
 
 # --- the storage, counted (and, for a dry run, not written) ------------------------------------------------
