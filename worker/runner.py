@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import signal
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Literal
@@ -80,7 +80,7 @@ _JITTER = random.Random()  # noqa: S311 -- retry jitter, not security
 Item = tuple[Fetched, PartitionOffsets]  # a record and its partition's assignment, which it is done in
 
 
-@dataclass(slots=True)
+@dataclasses.dataclass(slots=True)
 class WorkerStats:
     """What the worker did since it started (for logs, tests, a metrics exporter of the user's)."""
 
@@ -108,6 +108,16 @@ class _NoProbe:
         return None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Runtime:
+    """What a worker runs on inside `async with`: its clients and the runtime around them."""
+
+    consumer: AIOKafkaConsumer
+    producer: AIOKafkaProducer | HoldingProducer
+    intake: Intake
+    checkpoint: Checkpoint
+
+
 class AgentWorker:
     """Consumes enriched requests, calls `handler` per turn, produces responses; an async context manager."""
 
@@ -132,30 +142,29 @@ class AgentWorker:
     ) -> None:
         if max_concurrent_turns < 1:
             raise ValueError("max_concurrent_turns must be at least 1")
-        self._handler = handler
-        self._enriched_topic = enriched_topic
-        self._responses_topic = responses_topic
-        self._group_id = group_id
-        options = {"bootstrap_servers": bootstrap_servers, **(client_options or {})}
-        options.setdefault("client_id", f"agent-worker-{group_id}")
-        self._options = options
-        self._max_concurrent = max_concurrent_turns
-        self._max_batch = max_batch_records
-        self._poll_timeout_ms = poll_timeout_ms
-        self._handler_timeout_s = handler_timeout_s
-        self._grace_s = shutdown_grace_s
+        self._handler, self._handler_timeout_s, self._clock = handler, handler_timeout_s, clock
+        self._enriched_topic, self._responses_topic = enriched_topic, responses_topic
+        self._group_id, self._max_concurrent = group_id, max_concurrent_turns
+        self._options = {"bootstrap_servers": bootstrap_servers, **(client_options or {})}
+        self._options.setdefault("client_id", f"agent-worker-{group_id}")
+        # the runtime's knobs (`consumers.runtime`): the worker's batches, retry and commit bounds, grace
+        self._opts = LoopOptions(
+            max_batch_records=max_batch_records,
+            poll_timeout_ms=poll_timeout_ms,
+            commit_interval_s=COMMIT_RETRY_S,
+            retry_initial_s=RETRY_INITIAL_S,
+            retry_max_s=RETRY_MAX_S,
+            revoke_drain_s=shutdown_grace_s,
+            commit_timeout_s=COMMIT_TIMEOUT_S,
+            exit_timeout_s=shutdown_grace_s,
+        )
         self._handle_signals = handle_signals
-        self._clock = clock
         self._exactly_once = processing_guarantee == "exactly-once"
         self._seen = SeenEvents(seen_per_partition)
-        self._stop = asyncio.Event()
-        self._idle = asyncio.Event()
+        self._stop, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()  # answered offsets, per assignment
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | HoldingProducer | None = None
-        self._intake: Intake | None = None
-        self._checkpoint: Checkpoint | None = None
+        self._attached: _Runtime | None = None  # inside `async with`
         self._signals: list[signal.Signals] = []
         self.stats = WorkerStats()
 
@@ -189,7 +198,7 @@ class AgentWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
-            max_poll_records=self._max_batch,
+            max_poll_records=self._opts.max_batch_records,
         )
         if isinstance(producer, AIOKafkaProducer):
             await producer.start()
@@ -207,49 +216,46 @@ class AgentWorker:
 
     def _attach(self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer | HoldingProducer) -> None:
         """The runtime around the clients: the intake fetching, the checkpoint committing."""
-        options = LoopOptions(
-            max_batch_records=self._max_batch,
-            poll_timeout_ms=self._poll_timeout_ms,
-            commit_interval_s=COMMIT_RETRY_S,
-            retry_initial_s=RETRY_INITIAL_S,
-            retry_max_s=RETRY_MAX_S,
-            revoke_drain_s=self._grace_s,
-            commit_timeout_s=COMMIT_TIMEOUT_S,
-            exit_timeout_s=self._grace_s,
-        )
         probe = _NoProbe()
         transactions = (
             PartitionTransactions.for_client(self._options, group_id=self._group_id, path=PATH)
             if self._exactly_once
             else None
         )
-        self._consumer, self._producer = consumer, producer
-        self._intake = Intake(
-            path=PATH, topic=self._enriched_topic, consumer=consumer, health=probe, options=options
-        )
-        self._checkpoint = checkpoint_for(
+        checkpoint = checkpoint_for(
             transactions,
-            Checked(PATH, consumer, self._tracker, probe, options),
+            Checked(PATH, consumer, self._tracker, probe, self._opts),
             refused=self._refused_response,
             backoff=_backoff(),
             stopping=self._stop.is_set,
         )
+        intake = Intake(
+            path=PATH, topic=self._enriched_topic, consumer=consumer, health=probe, options=self._opts
+        )
+        self._attached = _Runtime(consumer, producer, intake, checkpoint)
+
+    @property
+    def _runtime(self) -> _Runtime:
+        runtime = self._attached
+        if runtime is None:
+            raise RuntimeError("AgentWorker used outside its `async with`")
+        return runtime
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
         self._remove_signals()
-        consumer, producer, checkpoint = self._consumer, self._producer, self._checkpoint
-        self._consumer = self._producer = self._intake = self._checkpoint = None
+        runtime = self._attached
+        if runtime is None:
+            return
         try:
-            if consumer is not None:
-                await consumer.stop()  # leaves the group
+            await runtime.consumer.stop()  # leaves the group
         finally:
-            if checkpoint is not None:
-                await checkpoint.close()
-            if isinstance(producer, AIOKafkaProducer):
-                await producer.stop()  # flushes
+            self._attached = None
+            await runtime.checkpoint.close()
+            if isinstance(runtime.producer, AIOKafkaProducer):
+                await runtime.producer.stop()  # flushes
 
     def stop(self) -> None:
         """Stop fetching; `run` returns once the batch in flight is answered (or the grace is over)."""
@@ -259,8 +265,8 @@ class AgentWorker:
         """The batch in flight commits what it answered (within the grace), then the partitions' last
         commit; what they held is dropped (the next owner answers it again)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self._grace_s)
-        intake, checkpoint = self._require(self._intake), self._require(self._checkpoint)
+            await asyncio.wait_for(self._idle.wait(), self._opts.revoke_drain_s)
+        intake, checkpoint = self._runtime.intake, self._runtime.checkpoint
         await checkpoint.commit_now(
             intake.owned(sorted(revoked, key=lambda tp: tp.partition)), reason="revoke"
         )
@@ -271,8 +277,8 @@ class AgentWorker:
     async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
         """Exactly-once: the new partitions' producers opened (fencing), each read from its committed
         offset."""
-        await self._require(self._checkpoint).assigned(assigned)
-        self._require(self._intake).take(assigned)
+        await self._runtime.checkpoint.assigned(assigned)
+        self._runtime.intake.take(assigned)
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -297,7 +303,7 @@ class AgentWorker:
 
     async def run(self) -> WorkerStats:
         """Answer enriched requests until stopped; returns the stats. Inside `async with` only."""
-        intake, checkpoint = self._require(self._intake), self._require(self._checkpoint)
+        intake, checkpoint = self._runtime.intake, self._runtime.checkpoint
         log.info(
             "agent worker started",
             extra={"topic": self._enriched_topic, "responses_topic": self._responses_topic},
@@ -315,12 +321,8 @@ class AgentWorker:
                 await self._run_batch(records)
             checkpoint.maybe_commit()
         await checkpoint.commit_now(intake.owned(self._tracker.keys()), reason="shutdown")
-        log.info("agent worker stopped", extra={"stats": self._stats_dict()})
+        log.info("agent worker stopped", extra={"stats": dataclasses.asdict(self.stats)})
         return self.stats
-
-    def _stats_dict(self) -> dict[str, int]:
-        s = self.stats
-        return {"answered": s.answered, "failed": s.failed, "duplicates": s.duplicates, "invalid": s.invalid}
 
     async def _run_batch(self, records: Sequence[Fetched]) -> None:
         """Answer the batch (threads concurrently, each in order), then commit what was answered.
@@ -337,7 +339,7 @@ class AgentWorker:
         try:
             await asyncio.wait({batch, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if not batch.done():  # stopping: the grace period, then what is left goes to the next owner
-                await asyncio.wait({batch}, timeout=self._grace_s)
+                await asyncio.wait({batch}, timeout=self._opts.exit_timeout_s)
                 if not batch.done():
                     log.warning("shutdown grace over: unanswered turns left for the next owner")
                     batch.cancel()
@@ -346,7 +348,7 @@ class AgentWorker:
             stopper.cancel()
             try:  # per partition, past its answered run
                 partitions = sorted({partition_of(r) for r in records}, key=lambda tp: tp.partition)
-                await self._require(self._checkpoint).commit_now(partitions, reason="batch")
+                await self._runtime.checkpoint.commit_now(partitions, reason="batch")
             finally:
                 self._idle.set()
         if not batch.cancelled() and batch.exception() is not None:
@@ -361,7 +363,7 @@ class AgentWorker:
             sent = await self._answer(record)
             tp = partition_of(record)
             if self._tracker.owns(tp, part):  # not revoked meanwhile: its held response is ours to commit
-                self._require(self._checkpoint).hold(tp, record, sent)
+                self._runtime.checkpoint.hold(tp, record, sent)
             part.done(record.offset)
 
         await run_lanes(
@@ -427,7 +429,7 @@ class AgentWorker:
         """Send the response and wait for Kafka's acknowledgement, retried while Kafka is out (the service's
         outage policy, `consumers.runtime.retry`); returns what the acknowledgement resolved with (under
         exactly-once: the held response). A response too large for Kafka is answered as a failed turn."""
-        producer = self._require(self._producer)
+        producer = self._runtime.producer
         sending = [response]  # a retry after an outage sends what the last try sent
 
         async def send() -> object:
@@ -459,9 +461,3 @@ class AgentWorker:
             return False
 
         return await retry_call(send, backoff=_backoff(), wait=wait)
-
-    @staticmethod
-    def _require(client: Any) -> Any:
-        if client is None:
-            raise RuntimeError("AgentWorker used outside its `async with`")
-        return client

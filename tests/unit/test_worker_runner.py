@@ -106,7 +106,7 @@ async def test_a_response_is_sent_again_while_kafka_is_out(
     monkeypatch.setattr("worker.runner.RETRY_INITIAL_S", 0.001)
     worker = _worker(_hi)
     producer = _FlakyProducer([error, error])
-    worker._producer = producer
+    _attached(worker, _CommittingConsumer(), producer)
     turn = _turn()
     await worker._send(turn, await worker._respond(turn, {}), [])
     assert (producer.errors, len(producer.sent)) == ([], 1)
@@ -116,7 +116,7 @@ async def test_a_refusal_that_is_not_an_outage_is_raised() -> None:
     """A Kafka error that is no outage (here: not authorized) is not retried forever."""
     worker = _worker(_hi)
     producer = _FlakyProducer([TopicAuthorizationFailedError()])
-    worker._producer = producer
+    _attached(worker, _CommittingConsumer(), producer)
     turn = _turn()
     with pytest.raises(TopicAuthorizationFailedError):
         await worker._send(turn, await worker._respond(turn, {}), [])
@@ -147,9 +147,13 @@ class _CommittingConsumer:
         return set()
 
 
-def _attached(worker: AgentWorker, consumer: _CommittingConsumer) -> None:
-    fake: Any = consumer
-    worker._attach(fake, _FlakyProducer([]))
+def _attached(
+    worker: AgentWorker, consumer: _CommittingConsumer, producer: _FlakyProducer | None = None
+) -> None:
+    """The worker's runtime on fakes: `consumer` commits, `producer` sends."""
+    fake_consumer: Any = consumer
+    fake_producer: Any = producer or _FlakyProducer([])
+    worker._attach(fake_consumer, fake_producer)
 
 
 async def test_a_batch_commits_each_partition_past_its_answered_run_only(

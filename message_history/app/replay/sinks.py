@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -137,11 +137,7 @@ class ReplayStorage:
 
     async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
         found = await self._mongo.get_threads(thread_ids)
-        if self.dry_run:
-            for thread_id in thread_ids:
-                if thread_id not in found and thread_id in self._virtual:
-                    found[thread_id] = self._virtual[thread_id]
-        return found
+        return self._with_planned(found, thread_ids, self._virtual)
 
     async def list_messages(
         self, thread_id: str, *, resource_id: str | None, limit: int | None
@@ -160,11 +156,15 @@ class ReplayStorage:
         """The thread each stored id is in (a dry run: and the ids it would have saved), for the persist
         path's derived ids held by another thread (`PersistHandler._yield_taken_ids`)."""
         homes = await self._mongo.message_homes(message_ids)
+        return self._with_planned(homes, message_ids, self._planned_homes)
+
+    def _with_planned(
+        self, found: dict[str, T], keys: Iterable[str], planned: Mapping[str, T]
+    ) -> dict[str, T]:
+        """`found`; in a dry run, with what it planned (and MongoDB lacks) for `keys` added."""
         if self.dry_run:
-            for message_id in message_ids:
-                if message_id not in homes and message_id in self._planned_homes:
-                    homes[message_id] = self._planned_homes[message_id]
-        return homes
+            found.update({key: planned[key] for key in keys if key not in found and key in planned})
+        return found
 
     async def list_page(self, query: PageQuery) -> Page:
         return await self._mongo.list_page(query)
