@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,10 +14,13 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaTimeoutError,
     KafkaUnavailableError,
+    MessageSizeTooLargeError,
     NotLeaderForPartitionError,
     TopicAuthorizationFailedError,
 )
 
+from schemas.codec import encode
+from schemas.events import AgentResponse
 from tests.unit.test_worker_turn import _turn
 from worker import AgentWorker, Reply, Turn
 
@@ -201,3 +205,15 @@ async def test_a_commit_failing_for_an_outage_is_retried_by_the_next_commit_not_
     assert (consumer.failures, consumer.commits) == ([], [])  # tried once, failed, not retried inline
     await worker._run_batch([_Record("t", 0, o, b"k") for o in range(3, 5)])
     assert consumer.commits == [{TopicPartition("t", 0): 5}]
+
+
+async def test_under_exactly_once_a_response_the_broker_refuses_for_size_becomes_a_failed_turn() -> None:
+    """The checkpoint hands back the enriched record whose held response the broker refused: the worker
+    answers that turn as failed, in the same transaction (one output, on the responses topic)."""
+    worker = _worker(_hi, processing_guarantee="exactly-once")
+    turn = _turn()
+    record: Any = SimpleNamespace(topic="t", partition=0, offset=7, value=encode(turn.event))
+    outputs = await worker._refused_response(record, MessageSizeTooLargeError())
+    assert [(o.topic, o.key) for o in outputs] == [("agent.responses", turn.thread_id.encode())]
+    assert AgentResponse.model_validate_json(outputs[0].value or b"").finishReason == "error"
+    assert worker.stats.failed == 1
