@@ -7,13 +7,14 @@
         await worker.run()  # until SIGTERM/SIGINT or worker.stop()
 
 Per batch of enriched requests: one thread's turns in order, different threads concurrently (at most
-`max_concurrent_turns`). Per turn, the handler is called with the `Turn`; its `Reply` becomes the
-`AgentResponse` (see `worker.turn`), sent with the enriched record's headers (the `traceparent` replaced by
-the turn's span when tracing is on) and waited for. A handler that raises (or times out) answers a failed
-turn, `finishReason: "error"`, logged with the traceback. Offsets are committed once the batch's responses
-are acknowledged by Kafka: a crash redelivers, never loses (at-least-once), and copies of an `eventId`
-already answered are dropped (`worker.turn.SeenEvents` says how far that goes). An enriched record that does
-not decode is logged and skipped (the service never writes one; the worker has no dead-letter topic).
+`max_concurrent_turns`). Per turn (`worker.answer`), the handler is called with the `Turn`; its `Reply`
+becomes the `AgentResponse` (see `worker.turn`), sent with the enriched record's headers (the `traceparent`
+replaced by the turn's span when tracing is on) and waited for. A handler that raises (or times out) answers a
+failed turn, `finishReason: "error"`, logged with the traceback. Offsets are committed once the batch's
+responses are acknowledged by Kafka: a crash redelivers, never loses (at-least-once), and copies of an
+`eventId` already answered are dropped (`worker.turn.SeenEvents` says how far that goes). An enriched record
+that does not decode is logged and skipped (the service never writes one; the worker has no dead-letter
+topic).
 
 With `processing_guarantee="exactly-once"` (the service's `MESSAGE_HISTORY_PROCESSING_GUARANTEE`, which
 `from_settings` follows) each response is held, and at the end of the batch the answered responses of each
@@ -39,63 +40,45 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import random
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from consumers.consumer import LoopOptions
 from consumers.lanes import run_lanes
 from consumers.offsets import OffsetTracker, PartitionOffsets
 from consumers.runtime.checkpoint import Checked, Checkpoint, checkpoint_for
 from consumers.runtime.intake import HELD, Fetched, Intake, Listener, partition_of
-from consumers.runtime.retry import Backoff, Failure, retry_call, wait_to_retry
-from message_history import tracing
-from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.connection import kafka_options
-from producers.output import OUTPUT_TOO_LARGE
-from producers.transactional import HeldOutput, HoldingProducer
+from producers.transactional import HoldingProducer
 from producers.transactions import PartitionTransactions
-from schemas.codec import decode_enriched, encode
-from schemas.events import AgentResponse
-from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
+from worker.answer import (
+    PATH,
+    RETRY_INITIAL_S,
+    RETRY_MAX_S,
+    Answerer,
+    Handler,
+    Producer,
+    WorkerStats,
+    backoff,
+)
+from worker.turn import SeenEvents
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Turn], Awaitable[Reply | str]]
-"""The user's code: one turn in, its reply out (a string is one assistant text message)."""
-
-PATH: Final = "worker"  # the runtime's name for this loop (metrics, logs)
-RETRY_INITIAL_S: Final = 0.2
-RETRY_MAX_S: Final = 5.0
 COMMIT_TIMEOUT_S: Final = 10.0  # one try at a commit; past it a transaction is in doubt, settled next try
 COMMIT_RETRY_S: Final = 1.0  # how often a commit that failed is tried again while no batch comes
-_JITTER = random.Random()  # noqa: S311 -- retry jitter, not security
 
 Item = tuple[Fetched, PartitionOffsets]  # a record and its partition's assignment, which it is done in
 
 
-@dataclasses.dataclass(slots=True)
-class WorkerStats:
-    """What the worker did since it started (for logs, tests, a metrics exporter of the user's)."""
-
-    answered: int = 0
-    failed: int = 0  # answered as failed turns (the handler raised or timed out)
-    duplicates: int = 0  # dropped: the eventId was already answered
-    invalid: int = 0  # skipped: not a valid EnrichedRequest
-
-
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def _backoff() -> Backoff:
-    return Backoff(RETRY_INITIAL_S, RETRY_MAX_S, _JITTER.random)
 
 
 class _NoProbe:
@@ -113,7 +96,7 @@ class _Runtime:
     """What a worker runs on inside `async with`: its clients and the runtime around them."""
 
     consumer: AIOKafkaConsumer
-    producer: AIOKafkaProducer | HoldingProducer
+    producer: Producer
     intake: Intake
     checkpoint: Checkpoint
 
@@ -142,7 +125,10 @@ class AgentWorker:
     ) -> None:
         if max_concurrent_turns < 1:
             raise ValueError("max_concurrent_turns must be at least 1")
-        self._handler, self._handler_timeout_s, self._clock = handler, handler_timeout_s, clock
+        self._turns = Answerer(
+            handler, responses_topic, clock, handler_timeout_s, SeenEvents(seen_per_partition)
+        )
+        self.stats = self._turns.stats
         self._enriched_topic, self._responses_topic = enriched_topic, responses_topic
         self._group_id, self._max_concurrent = group_id, max_concurrent_turns
         self._options = {"bootstrap_servers": bootstrap_servers, **(client_options or {})}
@@ -160,13 +146,11 @@ class AgentWorker:
         )
         self._handle_signals = handle_signals
         self._exactly_once = processing_guarantee == "exactly-once"
-        self._seen = SeenEvents(seen_per_partition)
         self._stop, self._idle = asyncio.Event(), asyncio.Event()
         self._idle.set()
         self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()  # answered offsets, per assignment
         self._attached: _Runtime | None = None  # inside `async with`
         self._signals: list[signal.Signals] = []
-        self.stats = WorkerStats()
 
     @classmethod
     def from_settings(
@@ -187,7 +171,7 @@ class AgentWorker:
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> AgentWorker:
-        producer: AIOKafkaProducer | HoldingProducer = (
+        producer: Producer = (
             HoldingProducer()
             if self._exactly_once
             else AIOKafkaProducer(**self._options, acks="all", enable_idempotence=True, linger_ms=5)
@@ -214,7 +198,7 @@ class AgentWorker:
             self._install_signals()
         return self
 
-    def _attach(self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer | HoldingProducer) -> None:
+    def _attach(self, consumer: AIOKafkaConsumer, producer: Producer) -> None:
         """The runtime around the clients: the intake fetching, the checkpoint committing."""
         probe = _NoProbe()
         transactions = (
@@ -225,8 +209,8 @@ class AgentWorker:
         checkpoint = checkpoint_for(
             transactions,
             Checked(PATH, consumer, self._tracker, probe, self._opts),
-            refused=self._refused_response,
-            backoff=_backoff(),
+            refused=self._turns.refused,
+            backoff=backoff(),
             stopping=self._stop.is_set,
         )
         intake = Intake(
@@ -360,7 +344,7 @@ class AgentWorker:
 
         async def answer(item: Item) -> None:
             record, part = item
-            sent = await self._answer(record)
+            sent = await self._turns.answer(record, self._runtime.producer)
             tp = partition_of(record)
             if self._tracker.owns(tp, part):  # not revoked meanwhile: its held response is ours to commit
                 self._runtime.checkpoint.hold(tp, record, sent)
@@ -372,92 +356,3 @@ class AgentWorker:
             work=answer,
             max_concurrent=self._max_concurrent,
         )
-
-    async def _refused_response(self, record: ConsumerRecord, error: BaseException) -> list[HeldOutput]:
-        """Exactly-once: the broker refused a response for its size (the topic's `max.message.bytes`): the
-        turn is answered as failed instead, in the same transaction (as `_send` does at-least-once)."""
-        turn = Turn(decode_enriched(record.value or b""), record.partition, record.offset)
-        log.error(
-            "response refused by the broker for its size: answering a failed turn",
-            extra={"request_id": turn.request_id, "partition": record.partition, "offset": record.offset},
-        )
-        self.stats.failed += 1
-        failed = failed_response(turn, now=self._clock())
-        return [HeldOutput(self._responses_topic, turn.thread_id.encode(), encode(failed), ())]
-
-    # --- one turn -------------------------------------------------------------------------------------------
-
-    async def _answer(self, record: Fetched) -> object:
-        """Answer `record`; returns what its response's acknowledgement resolved with (under exactly-once:
-        the held response; None when nothing was sent)."""
-        where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
-        try:
-            event = decode_enriched(record.value if record.value is not None else b"")
-        except InvalidInputError as exc:
-            self.stats.invalid += 1
-            log.error("not an EnrichedRequest: skipped", extra={**where, "reason": str(exc)})  # noqa: TRY400
-            return None
-        if (record.partition, event.eventId) in self._seen:
-            self.stats.duplicates += 1
-            log.info("duplicate enriched request dropped", extra={**where, "event_id": event.eventId})
-            return None
-        turn = Turn(event, record.partition, record.offset)
-        ids = {"request_id": event.requestId, "thread_id": event.threadId}
-        with tracing.output_span("agent turn", record, **{"messaging.message.id": event.requestId}) as span:
-            response = await self._respond(turn, ids)
-            headers = tracing.output_headers([(k, v or b"") for k, v in record.headers or ()], span)
-            sent = await self._send(turn, response, headers)
-        self._seen.add(record.partition, event.eventId)
-        self.stats.answered += 1
-        return sent
-
-    async def _respond(self, turn: Turn, ids: dict[str, str]) -> AgentResponse:
-        try:
-            if self._handler_timeout_s is None:
-                reply = await self._handler(turn)
-            else:
-                reply = await asyncio.wait_for(self._handler(turn), self._handler_timeout_s)
-            return build_response(turn, reply, now=self._clock())
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the user's code: whatever it raises is a failed turn, never a stopped worker
-            self.stats.failed += 1
-            log.exception("handler failed: answering a failed turn", extra=ids)
-            return failed_response(turn, now=self._clock())
-
-    async def _send(self, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]) -> object:
-        """Send the response and wait for Kafka's acknowledgement, retried while Kafka is out (the service's
-        outage policy, `consumers.runtime.retry`); returns what the acknowledgement resolved with (under
-        exactly-once: the held response). A response too large for Kafka is answered as a failed turn."""
-        producer = self._runtime.producer
-        sending = [response]  # a retry after an outage sends what the last try sent
-
-        async def send() -> object:
-            while True:
-                try:
-                    ack = await producer.send(
-                        self._responses_topic,
-                        value=encode(sending[0]),
-                        key=turn.thread_id.encode(),
-                        headers=headers,
-                    )
-                    return await ack
-                except OUTPUT_TOO_LARGE:
-                    ids = {"request_id": turn.request_id}
-                    if sending[0].finishReason == FAILED and not sending[0].response:
-                        # even the bare input does not fit: nothing to say for this turn; the stream goes on
-                        log.error("failed-turn response too large for Kafka: turn dropped", extra=ids)  # noqa: TRY400
-                        return None
-                    log.error("response too large for Kafka: answering a failed turn", extra=ids)  # noqa: TRY400
-                    self.stats.failed += 1
-                    sending[0] = failed_response(turn, now=self._clock())
-
-        async def wait(failure: Failure[None]) -> bool:
-            said = "response not acknowledged, retrying"
-            extra = {"request_id": turn.request_id, "attempt": failure.attempt}
-            await wait_to_retry(
-                PATH, "kafka", failure.delay, said, extra={**extra, "error": type(failure.error).__name__}
-            )
-            return False
-
-        return await retry_call(send, backoff=_backoff(), wait=wait)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -44,7 +45,7 @@ async def test_a_reply_becomes_the_response() -> None:
     async def handler(turn: Turn) -> Reply:
         return Reply.text(f"{len(turn.memory)} remembered")
 
-    response = await _worker(handler)._respond(_turn(), {})
+    response = await _worker(handler)._turns.respond(_turn(), {})
     assert (response.finishReason, [m.content.parts[0].text for m in response.response]) == (  # type: ignore[union-attr]
         "stop",
         ["2 remembered"],
@@ -70,7 +71,7 @@ async def test_a_failing_handler_answers_a_failed_turn(
 ) -> None:
     """Raising, running past the timeout and an invalid reply all give finishReason "error", no response."""
     worker = _worker(handler, handler_timeout_s=0.05)
-    response = await worker._respond(_turn(), {"request_id": "r2"})
+    response = await worker._turns.respond(_turn(), {"request_id": "r2"})
     assert (response.finishReason, response.response, len(response.input)) == ("error", [], 3)
     assert worker.stats.failed == 1
     assert [r.message for r in caplog.records] == ["handler failed: answering a failed turn"]
@@ -107,12 +108,11 @@ async def test_a_response_is_sent_again_while_kafka_is_out(
 ) -> None:
     """Every error the service counts as an outage is retried by the worker too (one policy,
     `consumers.runtime.retry.is_outage`); `KafkaUnavailableError` used to crash the worker."""
-    monkeypatch.setattr("worker.runner.RETRY_INITIAL_S", 0.001)
+    monkeypatch.setattr("worker.answer.RETRY_INITIAL_S", 0.001)
     worker = _worker(_hi)
     producer = _FlakyProducer([error, error])
-    _attached(worker, _CommittingConsumer(), producer)
     turn = _turn()
-    await worker._send(turn, await worker._respond(turn, {}), [])
+    await worker._turns.send(producer, turn, await worker._turns.respond(turn, {}), [])
     assert (producer.errors, len(producer.sent)) == ([], 1)
 
 
@@ -120,10 +120,9 @@ async def test_a_refusal_that_is_not_an_outage_is_raised() -> None:
     """A Kafka error that is no outage (here: not authorized) is not retried forever."""
     worker = _worker(_hi)
     producer = _FlakyProducer([TopicAuthorizationFailedError()])
-    _attached(worker, _CommittingConsumer(), producer)
     turn = _turn()
     with pytest.raises(TopicAuthorizationFailedError):
-        await worker._send(turn, await worker._respond(turn, {}), [])
+        await worker._turns.send(producer, turn, await worker._turns.respond(turn, {}), [])
     assert producer.sent == []
 
 
@@ -149,6 +148,17 @@ class _CommittingConsumer:
 
     def assignment(self) -> set[TopicPartition]:
         return set()
+
+
+class _ScriptedTurns:
+    """Stands in for the worker's `Answerer`: answering a record runs `script` on it."""
+
+    def __init__(self, script: Callable[[_Record], Awaitable[None]]) -> None:
+        self.script = script
+
+    async def answer(self, record: _Record, producer: object) -> object:
+        await self.script(record)
+        return None
 
 
 def _attached(
@@ -184,7 +194,7 @@ async def test_a_batch_commits_each_partition_past_its_answered_run_only(
         if len(answered) == len(records) - 1:
             others_answered.set()
 
-    monkeypatch.setattr(worker, "_answer", answer)
+    worker._turns = _ScriptedTurns(answer)  # type: ignore[assignment]
     await worker._run_batch(records)
     assert consumer.commits == [{TopicPartition("t", 0): 2, TopicPartition("t", 1): 14}]
 
@@ -200,7 +210,7 @@ async def test_a_commit_failing_for_an_outage_is_retried_by_the_next_commit_not_
     async def answer(record: _Record) -> None:
         return None
 
-    worker._answer = answer  # type: ignore[assignment,method-assign]
+    worker._turns = _ScriptedTurns(answer)  # type: ignore[assignment]
     await worker._run_batch([_Record("t", 0, o, b"k") for o in range(3)])
     assert (consumer.failures, consumer.commits) == ([], [])  # tried once, failed, not retried inline
     await worker._run_batch([_Record("t", 0, o, b"k") for o in range(3, 5)])
@@ -213,7 +223,7 @@ async def test_under_exactly_once_a_response_the_broker_refuses_for_size_becomes
     worker = _worker(_hi, processing_guarantee="exactly-once")
     turn = _turn()
     record: Any = SimpleNamespace(topic="t", partition=0, offset=7, value=encode(turn.event))
-    outputs = await worker._refused_response(record, MessageSizeTooLargeError())
+    outputs = await worker._turns.refused(record, MessageSizeTooLargeError())
     assert [(o.topic, o.key) for o in outputs] == [("agent.responses", turn.thread_id.encode())]
     assert AgentResponse.model_validate_json(outputs[0].value or b"").finishReason == "error"
     assert worker.stats.failed == 1
