@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiokafka import TopicPartition
@@ -12,10 +15,13 @@ from aiokafka.errors import (
     KafkaConnectionError,
     KafkaTimeoutError,
     KafkaUnavailableError,
+    MessageSizeTooLargeError,
     NotLeaderForPartitionError,
     TopicAuthorizationFailedError,
 )
 
+from schemas.codec import encode
+from schemas.events import AgentResponse
 from tests.unit.test_worker_turn import _turn
 from worker import AgentWorker, Reply, Turn
 
@@ -39,7 +45,7 @@ async def test_a_reply_becomes_the_response() -> None:
     async def handler(turn: Turn) -> Reply:
         return Reply.text(f"{len(turn.memory)} remembered")
 
-    response = await _worker(handler)._respond(_turn(), {})
+    response = await _worker(handler)._turns.respond(_turn(), {})
     assert (response.finishReason, [m.content.parts[0].text for m in response.response]) == (  # type: ignore[union-attr]
         "stop",
         ["2 remembered"],
@@ -65,7 +71,7 @@ async def test_a_failing_handler_answers_a_failed_turn(
 ) -> None:
     """Raising, running past the timeout and an invalid reply all give finishReason "error", no response."""
     worker = _worker(handler, handler_timeout_s=0.05)
-    response = await worker._respond(_turn(), {"request_id": "r2"})
+    response = await worker._turns.respond(_turn(), {"request_id": "r2"})
     assert (response.finishReason, response.response, len(response.input)) == ("error", [], 3)
     assert worker.stats.failed == 1
     assert [r.message for r in caplog.records] == ["handler failed: answering a failed turn"]
@@ -102,12 +108,11 @@ async def test_a_response_is_sent_again_while_kafka_is_out(
 ) -> None:
     """Every error the service counts as an outage is retried by the worker too (one policy,
     `consumers.runtime.retry.is_outage`); `KafkaUnavailableError` used to crash the worker."""
-    monkeypatch.setattr("worker.runner.RETRY_INITIAL_S", 0.001)
+    monkeypatch.setattr("worker.answer.RETRY_INITIAL_S", 0.001)
     worker = _worker(_hi)
     producer = _FlakyProducer([error, error])
-    worker._producer = producer
     turn = _turn()
-    await worker._send(turn, await worker._respond(turn, {}), [])
+    await worker._turns.send(producer, turn, await worker._turns.respond(turn, {}), [])
     assert (producer.errors, len(producer.sent)) == ([], 1)
 
 
@@ -115,10 +120,9 @@ async def test_a_refusal_that_is_not_an_outage_is_raised() -> None:
     """A Kafka error that is no outage (here: not authorized) is not retried forever."""
     worker = _worker(_hi)
     producer = _FlakyProducer([TopicAuthorizationFailedError()])
-    worker._producer = producer
     turn = _turn()
     with pytest.raises(TopicAuthorizationFailedError):
-        await worker._send(turn, await worker._respond(turn, {}), [])
+        await worker._turns.send(producer, turn, await worker._turns.respond(turn, {}), [])
     assert producer.sent == []
 
 
@@ -131,11 +135,39 @@ class _Record:
 
 
 class _CommittingConsumer:
-    def __init__(self) -> None:
+    """Commits offsets; the first `failures` commits raise it (an outage)."""
+
+    def __init__(self, failures: list[BaseException] | None = None) -> None:
         self.commits: list[dict[TopicPartition, int]] = []
+        self.failures = failures or []
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
         self.commits.append(dict(offsets))
+
+    def assignment(self) -> set[TopicPartition]:
+        return set()
+
+
+class _ScriptedTurns:
+    """Stands in for the worker's `Answerer`: answering a record runs `script` on it."""
+
+    def __init__(self, script: Callable[[_Record], Awaitable[None]]) -> None:
+        self.script = script
+
+    async def answer(self, record: _Record, producer: object) -> object:
+        await self.script(record)
+        return None
+
+
+def _attached(
+    worker: AgentWorker, consumer: _CommittingConsumer, producer: _FlakyProducer | None = None
+) -> None:
+    """The worker's runtime on fakes: `consumer` commits, `producer` sends."""
+    fake_consumer: Any = consumer
+    fake_producer: Any = producer or _FlakyProducer([])
+    worker._attach(fake_consumer, fake_producer)
 
 
 async def test_a_batch_commits_each_partition_past_its_answered_run_only(
@@ -146,7 +178,7 @@ async def test_a_batch_commits_each_partition_past_its_answered_run_only(
     other threads were answered: those go to the next owner again, never lost."""
     worker = _worker(_hi, shutdown_grace_s=0)
     consumer = _CommittingConsumer()
-    worker._consumer = consumer
+    _attached(worker, consumer)
     stuck = (0, 2)
     records = [_Record("t", 0, o, f"k{o}".encode()) for o in range(5)]
     records += [_Record("t", 1, o, f"k{o}".encode()) for o in (10, 11, 13)]  # offsets need not be contiguous
@@ -162,6 +194,36 @@ async def test_a_batch_commits_each_partition_past_its_answered_run_only(
         if len(answered) == len(records) - 1:
             others_answered.set()
 
-    monkeypatch.setattr(worker, "_answer", answer)
+    worker._turns = _ScriptedTurns(answer)  # type: ignore[assignment]
     await worker._run_batch(records)
     assert consumer.commits == [{TopicPartition("t", 0): 2, TopicPartition("t", 1): 14}]
+
+
+async def test_a_commit_failing_for_an_outage_is_retried_by_the_next_commit_not_raised() -> None:
+    """The worker's commit policy is the service's (`consumers.runtime.checkpoint`): a commit that fails for
+    an outage neither stops the worker (the worker before the shared checkpoint raised it out of `run`) nor
+    blocks it retrying; the next batch's commit takes the first batch's offsets with its own."""
+    worker = _worker(_hi)
+    consumer = _CommittingConsumer([KafkaConnectionError()])
+    _attached(worker, consumer)
+
+    async def answer(record: _Record) -> None:
+        return None
+
+    worker._turns = _ScriptedTurns(answer)  # type: ignore[assignment]
+    await worker._run_batch([_Record("t", 0, o, b"k") for o in range(3)])
+    assert (consumer.failures, consumer.commits) == ([], [])  # tried once, failed, not retried inline
+    await worker._run_batch([_Record("t", 0, o, b"k") for o in range(3, 5)])
+    assert consumer.commits == [{TopicPartition("t", 0): 5}]
+
+
+async def test_under_exactly_once_a_response_the_broker_refuses_for_size_becomes_a_failed_turn() -> None:
+    """The checkpoint hands back the enriched record whose held response the broker refused: the worker
+    answers that turn as failed, in the same transaction (one output, on the responses topic)."""
+    worker = _worker(_hi, processing_guarantee="exactly-once")
+    turn = _turn()
+    record: Any = SimpleNamespace(topic="t", partition=0, offset=7, value=encode(turn.event))
+    outputs = await worker._turns.refused(record, MessageSizeTooLargeError())
+    assert [(o.topic, o.key) for o in outputs] == [("agent.responses", turn.thread_id.encode())]
+    assert AgentResponse.model_validate_json(outputs[0].value or b"").finishReason == "error"
+    assert worker.stats.failed == 1
