@@ -18,6 +18,7 @@ from types import ModuleType
 import pytest
 
 from tests.infra import skip_or_fail
+from tests.integration.ports import restartable_ports
 from tests.integration.service_harness import ROOT
 
 
@@ -37,7 +38,7 @@ class PrivateKafka:
     def __init__(self, stack: ModuleType, home: Path) -> None:
         self.stack = stack
         self.home = home
-        self.port, self.controller_port = stack.free_ports(2)
+        self.port, self.controller_port = restartable_ports(2)
         self.config = home / "server.properties"
         self.log = home / "kafka.log"
         self.java = stack.java_executable()
