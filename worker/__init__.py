@@ -11,13 +11,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from worker.runner import AgentWorker, Handler, WorkerStats
-    from worker.turn import Reply, SeenEvents, Turn, assistant_text, build_response, failed_response
+    from worker.turn import (
+        Reply,
+        RetryLater,
+        SeenEvents,
+        Turn,
+        assistant_text,
+        build_response,
+        failed_response,
+    )
 
 _WHERE = {
     "AgentWorker": "worker.runner",
     "Handler": "worker.runner",
     "WorkerStats": "worker.runner",
     "Reply": "worker.turn",
+    "RetryLater": "worker.turn",
     "SeenEvents": "worker.turn",
     "Turn": "worker.turn",
     "assistant_text": "worker.turn",
@@ -29,6 +38,7 @@ __all__ = [
     "AgentWorker",
     "Handler",
     "Reply",
+    "RetryLater",
     "SeenEvents",
     "Turn",
     "WorkerStats",

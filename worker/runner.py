@@ -60,7 +60,15 @@ from producers.transactional import HeldOutput, HoldingProducer
 from schemas.codec import decode_enriched, encode
 from schemas.events import AgentResponse
 from worker.exactly_once import WorkerTransactions
-from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
+from worker.turn import (
+    FAILED,
+    Reply,
+    SeenEvents,
+    Turn,
+    build_response,
+    failed_response,
+    is_retry_later,
+)
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +89,7 @@ class WorkerStats:
     failed: int = 0  # answered as failed turns (the handler raised or timed out)
     duplicates: int = 0  # dropped: the eventId was already answered
     invalid: int = 0  # skipped: not a valid EnrichedRequest
+    retried: int = 0  # attempts the handler asked to redo later (RetryLater, or `retriable = True`)
 
 
 def _utc_now() -> datetime:
@@ -121,6 +130,8 @@ class AgentWorker:
         poll_timeout_ms: int = 500,
         seen_per_partition: int = 10_000,
         handler_timeout_s: float | None = None,
+        retry_later_initial_s: float = 1.0,
+        retry_later_max_s: float = 60.0,
         shutdown_grace_s: float = 25.0,
         handle_signals: bool = True,
         clock: Callable[[], datetime] = _utc_now,
@@ -139,6 +150,7 @@ class AgentWorker:
         self._max_batch = max_batch_records
         self._poll_timeout_ms = poll_timeout_ms
         self._handler_timeout_s = handler_timeout_s
+        self._retry_later = (retry_later_initial_s, retry_later_max_s)
         self._grace_s = shutdown_grace_s
         self._handle_signals = handle_signals
         self._clock = clock
@@ -286,7 +298,13 @@ class AgentWorker:
 
     def _stats_dict(self) -> dict[str, int]:
         s = self.stats
-        return {"answered": s.answered, "failed": s.failed, "duplicates": s.duplicates, "invalid": s.invalid}
+        return {
+            "answered": s.answered,
+            "failed": s.failed,
+            "duplicates": s.duplicates,
+            "invalid": s.invalid,
+            "retried": s.retried,
+        }
 
     async def _run_batch(self, records: Sequence[ConsumerRecord]) -> None:
         """Answer the batch (threads concurrently, each in order), then commit what was answered."""
@@ -384,18 +402,41 @@ class AgentWorker:
         self.stats.answered += 1
 
     async def _respond(self, turn: Turn, ids: dict[str, str]) -> AgentResponse:
-        try:
-            if self._handler_timeout_s is None:
-                reply = await self._handler(turn)
-            else:
-                reply = await asyncio.wait_for(self._handler(turn), self._handler_timeout_s)
-            return build_response(turn, reply, now=self._clock())
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the user's code: whatever it raises is a failed turn, never a stopped worker
-            self.stats.failed += 1
-            log.exception("handler failed: answering a failed turn", extra=ids)
-            return failed_response(turn, now=self._clock())
+        """The handler's response, or a failed turn; a `RetryLater` (or `retriable = True`) backs off and
+        calls the handler again for the same turn (the shutdown grace's end cancels the wait: left
+        uncommitted)."""
+        attempt = 0
+        while True:
+            try:
+                if self._handler_timeout_s is None:
+                    reply = await self._handler(turn)
+                else:
+                    reply = await asyncio.wait_for(self._handler(turn), self._handler_timeout_s)
+                return build_response(turn, reply, now=self._clock())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the user's code: a failed turn (or a retry), never a stopped worker
+                if not is_retry_later(exc):
+                    self.stats.failed += 1
+                    log.exception("handler failed: answering a failed turn", extra=ids)
+                    return failed_response(turn, now=self._clock())
+                attempt += 1
+                delay = self._retry_later_delay(attempt, exc)
+                self.stats.retried += 1
+                log.warning(
+                    "the handler asked to retry later: backing off, then the same turn again",
+                    extra={**ids, "attempt": attempt, "delay_s": round(delay, 3), "error": repr(exc)},
+                )
+                await asyncio.sleep(delay)
+
+    def _retry_later_delay(self, attempt: int, error: BaseException) -> float:
+        """Doubling from `retry_later_initial_s` up to `retry_later_max_s`, equal jitter (as the TypeScript
+        SDK's), and at least the error's `after_s`."""
+        initial, maximum = self._retry_later
+        ceiling = min(maximum, initial * 2 ** (attempt - 1))
+        floor = float(getattr(error, "after_s", None) or 0.0)
+        jittered: float = ceiling / 2 + _JITTER.random() * ceiling / 2
+        return max(floor, jittered)
 
     async def _send(self, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]) -> object:
         """Send the response and wait for Kafka's acknowledgement, retrying while Kafka is unavailable;
