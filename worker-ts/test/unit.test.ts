@@ -695,6 +695,27 @@ describe('the worker on the in-memory Kafka: turns per thread at once, commits p
     assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 4n);
   });
 
+  it('a rebalance does not wait for the turns in flight (no client lets it): a revoked partition\'s late turn is sent, commits nothing, and is dropped as answered when the partition comes back', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler);
+    const committed = (): bigint | undefined => harness.broker.committed('test-harness', 'agent.requests.enriched').get(0);
+    const sent = harness.send({ threadId: 'a', text: 'a1' });
+    await g.waitFor(1);
+    await harness.broker.assign('test-harness', []); // the partition moves away in the middle of a1
+    g.open('a1');
+    await sent;
+    assert.equal(harness.responses.length, 1, 'the late answer is still sent (at-least-once)');
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(committed(), undefined, 'nothing of a revoked partition is committed: its new owner reads from there');
+    await harness.broker.assign('test-harness', [0]); // given back: read again from the committed offset
+    for (let i = 0; i < 100 && harness.duplicates.length === 0; i += 1) await settle();
+    assert.equal(harness.duplicates.length, 1, 'a1 again: dropped as answered (same process)');
+    assert.deepEqual(g.started, ['a1'], 'the handler ran once');
+    for (let i = 0; i < 20 && committed() === undefined; i += 1) await settle();
+    assert.equal(committed(), 1n);
+    await harness.close();
+  });
+
   it('exactly-once: answers sent in offset order, each with its offset in one transaction', async () => {
     const g = gated();
     const harness = new TestHarness(g.handler, { processingGuarantee: 'exactly-once' });
