@@ -44,8 +44,8 @@ export interface WorkerOptions extends ConnectionOptions {
    * as the Python SDK's `max_batch_records`): past it the partition's next record waits (heartbeating). The
    * memory bound on what queues behind a hung turn. */
   maxPendingRecordsPerPartition?: number;
-  /** The Kafka client: `kafkajsClient` (default), `platformaticClient` (`@message-history/worker/platformatic`,
-   * at-least-once only) or `memoryClient(broker)` (`@message-history/worker/testing`). */
+  /** The Kafka client: `kafkajsClient` (default), `platformaticClient` (`@message-history/worker/platformatic`)
+   * or `memoryClient(broker)` (`@message-history/worker/testing`). */
   client?: KafkaClientFactory;
   /** The backoff before a RetryLater turn's next attempt: doubling from this (default 1 s) ... */
   retryLaterInitialMs?: number;
@@ -213,7 +213,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     }
     this.exactlyOnce = options.processingGuarantee === 'exactly-once';
     if (this.exactlyOnce && this.client.transactional === undefined) {
-      throw new Error("processingGuarantee 'exactly-once' needs a client with transactions (kafkajsClient, the default)");
+      throw new Error("processingGuarantee 'exactly-once' needs a client with transactions (kafkajsClient, platformaticClient)");
     }
   }
 
