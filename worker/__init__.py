@@ -13,13 +13,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from worker.answer import Handler, WorkerStats
     from worker.runner import AgentWorker
-    from worker.turn import Reply, SeenEvents, Turn, assistant_text, build_response, failed_response
+    from worker.turn import (
+        Reply,
+        RetryLater,
+        SeenEvents,
+        Turn,
+        assistant_text,
+        build_response,
+        failed_response,
+    )
 
 _WHERE = {
     "AgentWorker": "worker.runner",
     "Handler": "worker.answer",
     "WorkerStats": "worker.answer",
     "Reply": "worker.turn",
+    "RetryLater": "worker.turn",
     "SeenEvents": "worker.turn",
     "Turn": "worker.turn",
     "assistant_text": "worker.turn",
@@ -31,6 +40,7 @@ __all__ = [
     "AgentWorker",
     "Handler",
     "Reply",
+    "RetryLater",
     "SeenEvents",
     "Turn",
     "WorkerStats",

@@ -24,7 +24,15 @@ from producers.output import OUTPUT_TOO_LARGE
 from producers.transactional import HeldOutput, HoldingProducer
 from schemas.codec import decode_enriched, encode
 from schemas.events import AgentResponse
-from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
+from worker.turn import (
+    FAILED,
+    Reply,
+    SeenEvents,
+    Turn,
+    build_response,
+    failed_response,
+    is_retry_later,
+)
 
 log = logging.getLogger("worker.runner")  # one logger for the worker's lines, as before the split
 
@@ -54,6 +62,7 @@ class WorkerStats:
     failed: int = 0  # answered as failed turns (the handler raised or timed out)
     duplicates: int = 0  # dropped: the eventId was already answered
     invalid: int = 0  # skipped: not a valid EnrichedRequest
+    retried: int = 0  # attempts the handler asked to redo later (RetryLater, or `retriable = True`)
 
 
 @dataclasses.dataclass(slots=True)
@@ -66,6 +75,7 @@ class Answerer:
     handler_timeout_s: float | None = None
     seen: SeenEvents = dataclasses.field(default_factory=SeenEvents)
     stats: WorkerStats = dataclasses.field(default_factory=WorkerStats)
+    retry_later: tuple[float, float] = (1.0, 60.0)  # RetryLater's first and longest wait
 
     async def answer(self, record: Fetched, producer: Producer) -> object:
         """Answer `record`; returns what its response's acknowledgement resolved with (under exactly-once:
@@ -92,19 +102,41 @@ class Answerer:
         return sent
 
     async def respond(self, turn: Turn, ids: dict[str, str]) -> AgentResponse:
-        """The handler's reply as the response; a failed turn's when the handler fails."""
-        try:
-            if self.handler_timeout_s is None:
-                reply = await self.handler(turn)
-            else:
-                reply = await asyncio.wait_for(self.handler(turn), self.handler_timeout_s)
-            return build_response(turn, reply, now=self.clock())
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the user's code: whatever it raises is a failed turn, never a stopped worker
-            self.stats.failed += 1
-            log.exception("handler failed: answering a failed turn", extra=ids)
-            return failed_response(turn, now=self.clock())
+        """The handler's reply as the response, or a failed turn's; a `RetryLater` (or `retriable = True`)
+        backs off and calls the handler again for the same turn (the shutdown grace's end cancels the wait:
+        left uncommitted)."""
+        attempt = 0
+        while True:
+            try:
+                if self.handler_timeout_s is None:
+                    reply = await self.handler(turn)
+                else:
+                    reply = await asyncio.wait_for(self.handler(turn), self.handler_timeout_s)
+                return build_response(turn, reply, now=self.clock())
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the user's code: a failed turn (or a retry), never a stopped worker
+                if not is_retry_later(exc):
+                    self.stats.failed += 1
+                    log.exception("handler failed: answering a failed turn", extra=ids)
+                    return failed_response(turn, now=self.clock())
+                attempt += 1
+                delay = self._retry_later_delay(attempt, exc)
+                self.stats.retried += 1
+                log.warning(
+                    "the handler asked to retry later: backing off, then the same turn again",
+                    extra={**ids, "attempt": attempt, "delay_s": round(delay, 3), "error": repr(exc)},
+                )
+                await asyncio.sleep(delay)
+
+    def _retry_later_delay(self, attempt: int, error: BaseException) -> float:
+        """Doubling from the first wait up to the longest, equal jitter (as the TypeScript SDK's), and at
+        least the error's `after_s`."""
+        initial, maximum = self.retry_later
+        ceiling = min(maximum, initial * 2 ** (attempt - 1))
+        floor = float(getattr(error, "after_s", None) or 0.0)
+        jittered: float = ceiling / 2 + _JITTER.random() * ceiling / 2
+        return max(floor, jittered)
 
     async def send(
         self, producer: Producer, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]

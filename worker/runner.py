@@ -118,6 +118,8 @@ class AgentWorker:
         poll_timeout_ms: int = 500,
         seen_per_partition: int = 10_000,
         handler_timeout_s: float | None = None,
+        retry_later_initial_s: float = 1.0,
+        retry_later_max_s: float = 60.0,
         shutdown_grace_s: float = 25.0,
         handle_signals: bool = True,
         clock: Callable[[], datetime] = _utc_now,
@@ -126,7 +128,12 @@ class AgentWorker:
         if max_concurrent_turns < 1:
             raise ValueError("max_concurrent_turns must be at least 1")
         self._turns = Answerer(
-            handler, responses_topic, clock, handler_timeout_s, SeenEvents(seen_per_partition)
+            handler,
+            responses_topic,
+            clock,
+            handler_timeout_s,
+            SeenEvents(seen_per_partition),
+            retry_later=(retry_later_initial_s, retry_later_max_s),
         )
         self.stats = self._turns.stats
         self._enriched_topic, self._responses_topic = enriched_topic, responses_topic

@@ -34,6 +34,26 @@ FAILED: Final = "error"
 DEFAULT_SEEN_PER_PARTITION: Final = 10_000
 
 
+class RetryLater(Exception):  # noqa: N818 -- the TypeScript SDK's name: what the handler asks for
+    """Raised by a handler (or any exception with `retriable = True`): the turn cannot be answered NOW (a
+    provider's rate limit, an overloaded model); not a failed turn, which would save nothing of the user's
+    message. The worker backs off (doubling from `retry_later_initial_s`, jittered, at least `after_s`) and
+    calls the handler again for the same turn (the thread's next turns wait behind it), until it answers or
+    fails, or the shutdown grace is over (the turn is then left uncommitted for the next owner)."""
+
+    retriable: Final = True
+
+    def __init__(self, message: str = "retry later", *, after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.after_s = after_s
+        """Wait at least this long before the next attempt (e.g. the provider's Retry-After)."""
+
+
+def is_retry_later(error: BaseException) -> bool:
+    """A `RetryLater`, or any exception marked `retriable = True` (the TypeScript SDK's `retriable: true`)."""
+    return getattr(error, "retriable", False) is True
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One enriched request, as the handler sees it: the context to give the model and the turn's ids."""

@@ -23,7 +23,7 @@ from aiokafka.errors import (
 from schemas.codec import encode
 from schemas.events import AgentResponse
 from tests.unit.test_worker_turn import _turn
-from worker import AgentWorker, Reply, Turn
+from worker import AgentWorker, Reply, RetryLater, Turn
 
 NOW = datetime(2025, 3, 1, 10, 5, tzinfo=UTC)
 
@@ -76,6 +76,49 @@ async def test_a_failing_handler_answers_a_failed_turn(
     assert worker.stats.failed == 1
     assert [r.message for r in caplog.records] == ["handler failed: answering a failed turn"]
     assert caplog.records[0].exc_info is not None
+
+
+class _RateLimitedError(Exception):
+    """A provider's own error marked retriable (as `retriable: true` in the TypeScript SDK)."""
+
+    retriable = True
+
+
+@pytest.mark.parametrize(
+    "limit", [RetryLater("429"), _RateLimitedError("429")], ids=["RetryLater", "retriable-attribute"]
+)
+async def test_a_rate_limited_turn_is_retried_then_answered_not_failed(
+    limit: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler that asks to retry later is called again for the same turn after a backoff, and its answer
+    is the response: no failed turn (which would save nothing of the user's message)."""
+    calls: list[str] = []
+
+    async def handler(turn: Turn) -> str:
+        calls.append(turn.request_id)
+        if len(calls) <= 2:
+            raise limit
+        return "answered"
+
+    worker = _worker(handler, retry_later_initial_s=0.001, retry_later_max_s=0.001)
+    response = await worker._turns.respond(_turn(), {"request_id": "r2"})
+    assert response.finishReason == "stop"
+    assert calls == [calls[0]] * 3
+    assert (worker.stats.retried, worker.stats.failed) == (2, 0)
+    assert [r.message for r in caplog.records] == [
+        "the handler asked to retry later: backing off, then the same turn again"
+    ] * 2
+
+
+def test_the_retry_later_backoff_doubles_to_its_ceiling_and_keeps_the_errors_floor() -> None:
+    """Equal jitter under a ceiling doubling from `retry_later_initial_s` to `retry_later_max_s`; a
+    RetryLater's `after_s` (a provider's Retry-After) is the floor."""
+    worker = _worker(_hi, retry_later_initial_s=1.0, retry_later_max_s=4.0)
+    plain = RetryLater("429")
+    for attempt, ceiling in [(1, 1.0), (2, 2.0), (3, 4.0), (9, 4.0)]:
+        delay = worker._turns._retry_later_delay(attempt, plain)
+        assert ceiling / 2 <= delay <= ceiling
+    assert worker._turns._retry_later_delay(1, RetryLater("429", after_s=30.0)) == 30.0
 
 
 async def _hi(turn: Turn) -> str:

@@ -17,6 +17,7 @@ export const CAPABILITIES = [
   'exactly-once',
   'zombie-fencing',
   'shutdown',
+  'rebalance',
   'security',
   'tracing',
   'testing',

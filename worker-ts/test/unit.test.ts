@@ -645,6 +645,77 @@ describe('the worker on the in-memory Kafka: turns per thread at once, commits p
     await harness.close();
   });
 
+  it('a hung turn holds its own thread and the commit only: the turns queued behind it take no room from another thread', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler, { maxConcurrentTurnsPerPartition: 2 });
+    const sent = harness.send(
+      ...['a1', 'a2', 'a3'].map((t) => ({ threadId: 'a', text: t })), // a1 and 2 (the cap) behind it
+      { threadId: 'b', text: 'b1' },
+      { threadId: 'c', text: 'c1' },
+    );
+    await g.waitFor(1);
+    for (let i = 0; i < 50; i += 1) await settle();
+    assert.deepEqual([...g.started].sort(), ['a1', 'b1'], 'a2, a3 wait behind a1 without a turn\'s room; b1 runs');
+    g.open('b1');
+    await g.waitFor(3);
+    assert.equal(g.started[2], 'c1');
+    g.open('c1');
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(harness.responses.length, 2, 'b1 and c1 answered while a1 hangs');
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), undefined, 'the commit waits for a1');
+    for (const t of ['a1', 'a2', 'a3']) {
+      await g.waitFor(g.started.length);
+      g.open(t);
+      for (let i = 0; i < 20; i += 1) await settle();
+    }
+    assert.equal((await sent).length, 5);
+    assert.equal(g.most(), 2);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 5n);
+  });
+
+  it('what queues behind a hung turn is bounded: past maxPendingRecordsPerPartition the next record waits', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler, { maxPendingRecordsPerPartition: 3 });
+    const sent = harness.send(
+      ...['a1', 'a2', 'a3'].map((t) => ({ threadId: 'a', text: t })), // the bound: a1 running, a2 and a3 queued
+      { threadId: 'b', text: 'b1' },
+    );
+    await g.waitFor(1);
+    for (let i = 0; i < 50; i += 1) await settle();
+    assert.deepEqual(g.started, ['a1'], 'b1 is not read while three records of the partition are pending');
+    g.open('a1');
+    await g.waitFor(3);
+    assert.deepEqual([...g.started].sort(), ['a1', 'a2', 'b1'], 'a1 done: b1 read, and runs beside a2');
+    for (const t of ['b1', 'a2']) g.open(t);
+    await g.waitFor(4);
+    g.open('a3');
+    assert.equal((await sent).length, 4);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 4n);
+  });
+
+  it('a rebalance does not wait for the turns in flight (no client lets it): a revoked partition\'s late turn is sent, commits nothing, and is dropped as answered when the partition comes back', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler);
+    const committed = (): bigint | undefined => harness.broker.committed('test-harness', 'agent.requests.enriched').get(0);
+    const sent = harness.send({ threadId: 'a', text: 'a1' });
+    await g.waitFor(1);
+    await harness.broker.assign('test-harness', []); // the partition moves away in the middle of a1
+    g.open('a1');
+    await sent;
+    assert.equal(harness.responses.length, 1, 'the late answer is still sent (at-least-once)');
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(committed(), undefined, 'nothing of a revoked partition is committed: its new owner reads from there');
+    await harness.broker.assign('test-harness', [0]); // given back: read again from the committed offset
+    for (let i = 0; i < 100 && harness.duplicates.length === 0; i += 1) await settle();
+    assert.equal(harness.duplicates.length, 1, 'a1 again: dropped as answered (same process)');
+    assert.deepEqual(g.started, ['a1'], 'the handler ran once');
+    for (let i = 0; i < 20 && committed() === undefined; i += 1) await settle();
+    assert.equal(committed(), 1n);
+    await harness.close();
+  });
+
   it('exactly-once: answers sent in offset order, each with its offset in one transaction', async () => {
     const g = gated();
     const harness = new TestHarness(g.handler, { processingGuarantee: 'exactly-once' });
