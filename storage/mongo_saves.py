@@ -4,16 +4,14 @@
 concurrently (or none: the persist batch reads them with its load, `read_with_copies`); one unordered
 `bulk_write` creating the new threads (only when the batch has any), then one of message upserts and one
 touching the existing threads, issued together (one round trip). The returned threads are computed, not
-read back. The
-documents' mapping is `storage.documents`, the plan `storage.save_plan`, the bulk writes
+read back. The documents' mapping is `storage.documents`, the plan `storage.save_plan`, the bulk writes
 `storage.mongo_upserts`.
 
 A save uses no transaction (it must work on a standalone server, which has none), so it is not atomic across
 the two collections: a new thread is created (owner and all) first, then the messages are written and the
 existing threads touched, concurrently (why that is safe: at the write, in `save_many`); every write is an
-idempotent upsert, so a retried save converges. A write MongoDB
-refuses for one document refuses the turns writing it (`DocumentRefusedError`); the rest of the unordered
-bulk is written.
+idempotent upsert, so a retried save converges. A write MongoDB refuses for one document refuses the turns
+writing it (`DocumentRefusedError`); the rest of the unordered bulk is written.
 """
 
 from __future__ import annotations
@@ -116,20 +114,20 @@ class MongoSaves(MongoThreads):
         messages, threads = list(plan.messages), list(touched)
         # The messages' bulk and the existing threads' (`updatedAt` moved forward) in one round trip, issued
         # together (issue 33), not one after the other. Safe because neither write depends on the other's
-        # outcome, and what a reader can see in between was already possible: (1) `updatedAt` is computed
-        # from the turns' message times by the plan (never read back) and only moves forward (`$max`), so
-        # the thread ends the same whichever lands first, and `save_many`'s results are the plan's; (2) a
-        # thread this batch creates is still created, owner and all, before any message is written into it
-        # (above), and only existing threads are touched here, whose owner the plan already checked; (3) a
-        # refused message does not stop its thread's touch, as before; (4) a crash or an outage between or
+        # outcome, and what a reader can see in between was already possible: (1) `updatedAt` is computed from
+        # the turns' message times by the plan (never read back) and only moves forward (`$max`), so the
+        # thread ends the same whichever lands first, and `save_many`'s results are the plan's; (2) a thread
+        # this batch creates is still created, owner and all, before any message is written into it (above),
+        # and only existing threads are touched here, whose owner the plan already checked; (3) a refused
+        # message does not stop its thread's touch, as before (a turn that ends as a dead letter may leave its
+        # thread's `updatedAt` moved, as a refused message's turn did); (4) a crash or an outage between or
         # during the two leaves one of them written: the batch's offsets are not committed (`save_many`
-        # raises, or the process is gone), so the batch is written again and both idempotent upserts
-        # converge, as after a crash between the two sequential writes; we wait for both before raising,
-        # so no write of a failed attempt is still running when the batch is retried. The only new
-        # in-between state, a thread touched a millisecond before its new messages are readable, is
-        # within what the contract allows (no transaction spans the two collections: an effectively-once
-        # end state, not an atomic one), and per-thread order is kept: the thread's next batch starts
-        # after both writes are acknowledged.
+        # raises, or the process is gone), so the batch is written again and both idempotent upserts converge,
+        # as after a crash between the two sequential writes; we wait for both before raising, so no write of
+        # a failed attempt is still running when the batch is retried. The only new in-between state, a thread
+        # touched a millisecond before its new messages are readable, is within what the contract allows (no
+        # transaction spans the two collections: an effectively-once end state, not an atomic one), and
+        # per-thread order is kept: the thread's next batch starts after both writes are acknowledged.
         outcomes = await asyncio.gather(
             self._record_bulk_write(
                 self.messages,
