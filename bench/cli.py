@@ -45,6 +45,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
         "bench.extra.steps",
         "where an idle recall's and persist's milliseconds go, per step (fetch, MongoDB commands, produce)",
     ),
+    "persist-batch": (
+        "bench.extra.persist_batch",
+        "one persist batch's wall time in process (MongoDB, no Kafka), per storage step",
+    ),
     "failover": (
         "bench.extra.failover",
         "one of three instances SIGKILLed under fast turns: send-to-answer of its threads and the others'",
