@@ -23,8 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the service: recall and persist paths")
     run.add_argument(
         "--only",
-        choices=["recall", "persist", "commands"],
-        help="run a single path (persist also runs the commands path)",
+        choices=["recall", "persist", "commands", "observed"],
+        help="run a single path (persist also runs the commands and observed paths)",
     )
 
     check = sub.add_parser("check", help="check that Kafka and MongoDB answer (a real round trip on each)")

@@ -3,10 +3,13 @@ and how a request's `memory.observationalMemory` resolves over them (docs/observ
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
 from consumers.observational import observation_defaults, request_settings
+from message_history.app.service import selected_paths
 from message_history.app.topics import service_topics
 from message_history.core.observation import DEFAULT_MESSAGE_TOKENS, DEFAULT_OBSERVATION_TOKENS, Threshold
 from message_history.settings import Settings
@@ -82,3 +85,21 @@ def test_request_settings(service_on: bool, option: object, expected: Threshold 
     memory = None if option is None else {"observationalMemory": option}
     resolved = request_settings(memory, Settings(observational_memory=service_on))
     assert (resolved.message_tokens if resolved else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("only", "results_topic", "expected"),
+    [
+        (None, "agent.memory.observed", ("recall", "persist", "commands", "observed")),
+        ("persist", "agent.memory.observed", ("persist", "commands", "observed")),
+        ("observed", "agent.memory.observed", ("observed",)),
+        ("recall", "agent.memory.observed", ("recall",)),
+        (None, "", ("recall", "persist", "commands")),
+    ],
+)
+def test_the_observed_path_runs_with_the_persist_path(
+    only: Any, results_topic: str, expected: tuple[str, ...]
+) -> None:
+    """`run` and `run --only persist` include the observed path (the persist path sends its work), unless its
+    topic is set empty."""
+    assert selected_paths(Settings(observe_results_topic=results_topic), only) == expected

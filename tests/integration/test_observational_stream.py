@@ -1,0 +1,192 @@
+"""Observational Memory end to end on the real broker and the MongoDB-wire server, with a stub observer.
+
+A long conversation's saved turns pass the observation threshold: the persist path claims the thread's
+`mastra_observational_memory` row and sends one `ObserveRequest`; the observer answers (the Python SDK's
+`observer_handler`, and its `ObserverWorker`); the observed path applies the answer once; the next recall
+carries the log. Answering twice applies once; an answer that comes after its claim timed out (and the work
+was sent again) is dropped, and the new answer applies; a bad answer is a dead letter.
+
+"After the timeout" is the claim's time moved back in MongoDB, never a wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+from message_history.core.om_tokens import count_observations
+from message_history.settings import Settings
+from schemas.observational import ObserveRequest, decode_work
+from storage.observational import OBSERVATIONAL
+from tests.conftest import MakeTopic
+from tests.integration.service_harness import (
+    drop_database,
+    encoded,
+    fresh_settings,
+    response_event,
+    running_service,
+    text_message,
+)
+from tests.integration.stream_helpers import Record, produce, read_topic, wait_committed
+from worker.observer import ObserverWorker, observer_handler
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+THREAD = "om-thread"
+OWNER = "om-user"
+WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
+
+
+async def _settings(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, **extra: Any) -> Settings:
+    settings = fresh_settings(
+        kafka_bootstrap,
+        mongo_uri,
+        observational_memory=True,
+        observation_message_tokens=1000,
+        barrier="off",
+        busy_thread="allow",
+        **extra,
+    )
+    for topic in (
+        settings.requests_topic,
+        settings.responses_topic,
+        settings.observe_requests_topic,
+        settings.observe_results_topic,
+    ):
+        await make_topic(partitions=1, name=topic)
+    return settings
+
+
+def _turn(turn: int) -> tuple[bytes, bytes]:
+    """A saved turn of about 250 OM tokens: a long question and a long answer."""
+    question = text_message("user", f"turn {turn}: {WORDS * 4}", id=f"q{turn}")
+    event = response_event(
+        THREAD, OWNER, turn, [{**question, "source": "input"}], f"answer {turn}: {WORDS * 4}"
+    )
+    return encoded(event)
+
+
+def _work(records: list[Record]) -> list[ObserveRequest]:
+    found = [decode_work(r.value) for r in records]
+    return [w for w in found if isinstance(w, ObserveRequest)]
+
+
+def _has_work(count: int) -> Any:
+    return lambda records: len(_work(records)) >= count
+
+
+async def _row(settings: Settings) -> dict[str, Any]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        rows = await client[settings.mongodb_database][OBSERVATIONAL].find({}, {"_id": 0}).to_list()
+    finally:
+        await client.close()
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+async def _age_claim(settings: Settings) -> None:
+    """The claim as if `OBSERVATION_TIMEOUT_S` had passed since it was made (its times moved back)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    past = datetime.now(UTC) - timedelta(seconds=settings.observation_timeout_s + 60)
+    try:
+        await client[settings.mongodb_database][OBSERVATIONAL].update_many(
+            {}, {"$set": {"_mh_claimed_at": past, "updatedAt": past}}
+        )
+    finally:
+        await client.close()
+
+
+async def test_observed_once(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic) -> None:
+    """Six long turns → one ObserveRequest (the others wait for it); the stub's answer, sent twice, is applied
+    once; a bad answer is a dead letter."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    handler = observer_handler(lambda work: _text(f"OBS: {len(work.messages)} messages about trains"))
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+            request = work[0]
+            assert (request.threadId, request.generation, request.cycle) == (THREAD, 0, 1)
+            assert request.pendingTokens >= request.messageTokens == 1000
+            assert request.activeObservations == ""
+            observed_ids = [m.id for m in request.messages]
+            assert observed_ids[0] == "q1"
+
+            answer = await handler(request)
+            key = THREAD.encode()
+            await produce(
+                bootstrap,
+                settings.observe_results_topic,
+                [(key, _encode(answer)), (key, _encode(answer)), (key, b"{not json")],
+            )
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 3})
+            dead = await read_topic(bootstrap, settings.observe_results_dlq, until=lambda r: len(r) >= 1)
+            assert [r.value for r in dead] == [b"{not json"]
+
+            row = await _row(settings)
+            text = f"OBS: {len(request.messages)} messages about trains"
+            assert row["activeObservations"] == text  # once: a second apply would append it again
+            assert row["totalTokensObserved"] == row["observationTokenCount"] == count_observations(text)
+            assert row["isObserving"] is False
+            assert row["observedMessageIds"] == observed_ids
+            assert row["generationCount"] == 0
+
+    finally:
+        await drop_database(settings)
+
+
+async def test_late_answer_after_timeout_applies_once(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The observer does not answer in time: the thread's next turn sends the work again (cycle 2); the
+    SDK's worker then answers both; the late answer to cycle 1 is dropped, cycle 2's is applied."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1))
+            await produce(bootstrap, settings.responses_topic, [_turn(7)])  # in flight: nothing sent
+            await _age_claim(settings)
+            await produce(bootstrap, settings.responses_topic, [_turn(8)])  # timed out: sent again
+            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(2)))
+            assert [w.cycle for w in work] == [1, 2]
+            assert len(work[1].messages) > len(work[0].messages)  # the later turns too
+
+            observer = ObserverWorker.from_settings(
+                observer_handler(lambda w: _text(f"cycle {w.cycle}")),
+                settings,
+                group_id=f"{settings.group_id}-obs",
+            )
+            async with observer:
+                running = asyncio.create_task(observer.run())
+                await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
+                observer.stop()
+                assert await running == 2
+
+            row = await _row(settings)
+            assert row["activeObservations"] == "cycle 2"
+            assert row["totalTokensObserved"] == count_observations("cycle 2")
+            assert row["isObserving"] is False
+            assert row["_mh_cycle"] == 2
+    finally:
+        await drop_database(settings)
+
+
+async def _text(value: str) -> str:
+    return value
+
+
+def _encode(event: Any) -> bytes:
+    from schemas.codec import encode  # noqa: PLC0415
+
+    raw = encode(event)
+    json.loads(raw)  # well-formed
+    return raw
