@@ -52,6 +52,7 @@ __all__ = [
 ]
 
 OBSERVATIONAL: Final = "mastra_observational_memory"
+MESSAGES: Final = "mastra_messages"
 CLAIM_TIMEOUT: Final = timedelta(minutes=5)
 """How long a claim holds before another may take it (an observer answers well within it, or is retried)."""
 CYCLE: Final = "_mh_cycle"
@@ -389,6 +390,20 @@ class MongoObservationalStore:
             await self._rows.update_one(
                 {"id": record_id}, {"$set": {"pendingMessageTokens": tokens, "updatedAt": now}}
             )
+
+    async def covered(self, record: ObservationalRecord) -> int:
+        """How many stored messages the record's log covers: its thread's (its resource's, with resource
+        scope) up to `lastObservedAt`, and the last cycle's `observedMessageIds` after it (one count)."""
+        if record.last_observed_at is None and not record.observed_message_ids:
+            return 0
+        owner: dict[str, Any] = (
+            {"thread_id": record.thread_id} if record.thread_id else {"resourceId": record.resource_id}
+        )
+        either: list[dict[str, Any]] = [{"id": {"$in": list(record.observed_message_ids)}}]
+        if record.last_observed_at is not None:
+            either.append({"createdAt": {"$lte": record.last_observed_at}})
+        with storage_errors("om read"):
+            return await self._rows.database[MESSAGES].count_documents({**owner, "$or": either})
 
     async def clear(self, thread_id: str | None, resource_id: str) -> int:
         """`clearObservationalMemory`: every generation of the key deleted (forget)."""

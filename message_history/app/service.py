@@ -29,6 +29,7 @@ from consumers.consumer import LoopOptions, build_consumer
 from consumers.contract import BatchHandler
 from consumers.loop import StreamLoop
 from consumers.observe_emit import ObservationEmitter
+from consumers.observe_recall import ObservationRecall
 from consumers.observe_results import ObserveResultsHandler
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
@@ -167,6 +168,11 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             publisher,
             gate=opened.gate,
             raw_rows=capabilities.raw_rows,
+            observation=(
+                ObservationRecall(settings, opened.observational)
+                if opened.observational is not None
+                else None
+            ),
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq

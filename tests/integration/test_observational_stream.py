@@ -28,9 +28,11 @@ from tests.integration.service_harness import (
     drop_database,
     encoded,
     fresh_settings,
+    request_event,
     response_event,
     running_service,
     text_message,
+    values,
 )
 from tests.integration.stream_helpers import Record, produce, read_topic, wait_committed
 from worker.observer import ObserverWorker, observer_handler
@@ -102,9 +104,11 @@ async def _age_claim(settings: Settings) -> None:
         await client.close()
 
 
-async def test_observed_once(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic) -> None:
+async def test_observed_once_and_recalled(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
     """Six long turns → one ObserveRequest (the others wait for it); the stub's answer, sent twice, is applied
-    once; a bad answer is a dead letter."""
+    once; a bad answer is a dead letter; the next request is recalled with the log and the unobserved turn."""
     settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
     handler = observer_handler(lambda work: _text(f"OBS: {len(work.messages)} messages about trains"))
@@ -137,6 +141,24 @@ async def test_observed_once(kafka_bootstrap: str, mongo_uri: str, make_topic: M
             assert row["isObserving"] is False
             assert row["observedMessageIds"] == observed_ids
             assert row["generationCount"] == 0
+
+            # the next turn: the log, then only what it does not cover, then the input
+            ask = request_event(THREAD, OWNER, 7, "so which day is cheapest?")
+            await produce(bootstrap, settings.requests_topic, [encoded(ask)])
+            enriched = values(
+                await read_topic(bootstrap, settings.enriched_topic, until=lambda r: len(r) >= 1)
+            )
+            event = enriched[0]
+            history = event["history"]
+            assert history["observed"] == len(observed_ids)
+            assert history["observationTokens"] == count_observations(text)
+            texts = [
+                p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"
+            ]
+            assert any(text in t for t in texts)  # the log, in Mastra's context wording
+            recalled = [m["id"] for m in event["messages"] if m["source"] == "memory"]
+            assert not set(observed_ids) & set(recalled)  # observed messages are not sent again
+            assert event["messages"][-1]["content"]["parts"][0]["text"] == "so which day is cheapest?"
 
     finally:
         await drop_database(settings)

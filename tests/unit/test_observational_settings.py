@@ -103,3 +103,31 @@ def test_the_observed_path_runs_with_the_persist_path(
     """`run` and `run --only persist` include the observed path (the persist path sends its work), unless its
     topic is set empty."""
     assert selected_paths(Settings(observe_results_topic=results_topic), only) == expected
+
+
+def test_the_worker_echoes_the_option() -> None:
+    """The Python SDK's response carries the request's `memory.observationalMemory`, so the persist path
+    sees the turn's OM settings (a service with OM off by default observes a thread that asks for it)."""
+    from datetime import UTC, datetime  # noqa: PLC0415
+
+    from schemas.events import EnrichedRequest  # noqa: PLC0415
+    from worker.turn import Reply, Turn, build_response  # noqa: PLC0415
+
+    option = {"observation": {"messageTokens": 500}}
+    event = EnrichedRequest.model_validate(
+        {
+            "schemaVersion": 1,
+            "requestId": "r1",
+            "threadId": "t1",
+            "resourceId": "u1",
+            "createdAt": "2025-01-01T00:00:00.000Z",
+            "messages": [],
+            "memory": {"observationalMemory": option},
+            "history": {"recalled": 0, "limit": 40},
+            "eventId": "r1",
+        }
+    )
+    response = build_response(Turn(event), Reply.text("ok"), now=datetime(2025, 1, 1, tzinfo=UTC))
+    resolved = request_settings(response.memory, Settings())
+    assert resolved is not None
+    assert resolved.message_tokens == Threshold(500, 500)

@@ -62,6 +62,14 @@ export interface HistoryInfo {
    */
   limit: number | null;
   /**
+   * Observational Memory: the log's tokens (Mastra OM's count); absent without OM
+   */
+  observationTokens?: number | null;
+  /**
+   * Observational Memory: the messages the observation log covers (left out of `messages`, the log is there instead); absent without OM
+   */
+  observed?: number | null;
+  /**
    * messages taken from memory (source 'memory')
    */
   recalled: number;
