@@ -99,6 +99,8 @@ class ObserveResultsHandler:
         row = await self._rows.get(thread_id, result.resourceId)
         if row is None or row.id != result.recordId or row.generation != result.generation:
             return _stale(result, "not the row's current generation")
+        if row.resource_id != result.resourceId:  # the key is the thread's: its owner must match too
+            return _stale(result, "another resource's row")
         if row.cycle != result.cycle or not (row.is_observing if kind == "observe" else row.is_reflecting):
             return _stale(result, "not the row's current claim")
         claim = Claim(result.recordId, result.generation, result.cycle, kind)
