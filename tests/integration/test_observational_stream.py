@@ -104,18 +104,27 @@ async def _age_claim(settings: Settings) -> None:
         await client.close()
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_observed_once_and_recalled(
-    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
 ) -> None:
     """Six long turns → one ObserveRequest (the others wait for it); the stub's answer, sent twice, is applied
-    once; a bad answer is a dead letter; the next request is recalled with the log and the unobserved turn."""
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    once; a bad answer is a dead letter; the next request is recalled with the log and the unobserved turn.
+    Exactly once, the ObserveRequest goes out in the persist record's transaction (read `read_committed`)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee)
     bootstrap = settings.kafka_bootstrap_servers
     handler = observer_handler(lambda work: _text(f"OBS: {len(work.messages)} messages about trains"))
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+            work = _work(
+                await read_topic(
+                    bootstrap,
+                    settings.observe_requests_topic,
+                    until=_has_work(1),
+                    isolation_level="read_committed",
+                )
+            )
             request = work[0]
             assert (request.threadId, request.generation, request.cycle) == (THREAD, 0, 1)
             assert request.pendingTokens >= request.messageTokens == 1000
