@@ -47,6 +47,7 @@ __all__ = [
     "Claim",
     "MongoObservationalStore",
     "ObservationalRecord",
+    "forget_observations",
     "lookup_key",
     "record_from_doc",
 ]
@@ -445,3 +446,16 @@ def _readable(raw: RawBSONDocument) -> ObservationalRecord | None:
     except UnreadableRowError as exc:
         skip(exc)
         return None
+
+
+async def forget_observations(
+    db: AsyncDatabase[Any], *, thread_id: str | None = None, resource_id: str | None = None
+) -> int:
+    """Forget's erasure of Observational Memory (`storage.forgetting`): a thread's rows (Mastra's
+    `clearObservationalMemory`), or a resource's: its resource-scoped rows and every row it owns."""
+    store = MongoObservationalStore(db)
+    if thread_id is not None:
+        return await store.clear(thread_id, "")
+    if resource_id is None:
+        raise ValueError("forget_observations needs a thread_id or a resource_id")
+    return await store.clear_resource(resource_id)
