@@ -21,7 +21,7 @@ from pymongo import AsyncMongoClient
 
 from message_history.core.om_tokens import count_observations
 from message_history.settings import Settings
-from schemas.observational import ObserveRequest, decode_work
+from schemas.observational import ObserveRequest, ReflectRequest, decode_work
 from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
@@ -221,3 +221,73 @@ def _encode(event: Any) -> bytes:
     raw = encode(event)
     json.loads(raw)  # well-formed
     return raw
+
+
+async def test_a_long_log_is_reflected_into_the_next_generation(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The log passes `REFLECTION_OBSERVATION_TOKENS`: the thread's next saved turn sends a ReflectRequest
+    (the whole log); the answer starts generation 1 (`originType: "reflection"`), once though sent twice;
+    the next recall carries the condensed log."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, reflection_observation_tokens=50)
+    bootstrap = settings.kafka_bootstrap_servers
+    long_log = "- the user plans a spring trip from Lyon to Turin by train, cheapest days wanted\n" * 8
+
+    async def reflect(work: ReflectRequest) -> str:
+        assert work.activeObservations == long_log
+        return "- user: Lyon to Turin by train in spring, cheap"
+
+    handler = observer_handler(lambda work: _text(long_log), reflect)
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+            await produce(
+                bootstrap,
+                settings.observe_results_topic,
+                [(THREAD.encode(), _encode(await handler(work[0])))],
+            )
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 1})
+
+            await produce(bootstrap, settings.responses_topic, [_turn(7)])  # the log is long: reflect
+            records = await read_topic(
+                bootstrap, settings.observe_requests_topic, until=lambda r: len(r) >= 2
+            )
+            reflect_work = decode_work(records[-1].value)
+            assert isinstance(reflect_work, ReflectRequest)
+            assert reflect_work.observationTokens == 50
+            answer = _encode(await handler(reflect_work))
+            await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), answer)] * 2)
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 3})
+
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                settings.mongodb_uri.get_secret_value()
+            )
+            try:
+                rows = (
+                    await client[settings.mongodb_database][OBSERVATIONAL]
+                    .find({}, {"_id": 0})
+                    .sort("generationCount", 1)
+                    .to_list()
+                )
+            finally:
+                await client.close()
+            assert [(r["generationCount"], r["originType"]) for r in rows] == [
+                (0, "initial"),
+                (1, "reflection"),
+            ]
+            assert rows[0]["isReflecting"] is False
+            assert rows[1]["activeObservations"] == "- user: Lyon to Turin by train in spring, cheap"
+
+            ask = request_event(THREAD, OWNER, 8, "remind me?")
+            await produce(bootstrap, settings.requests_topic, [encoded(ask)])
+            event = values(await read_topic(bootstrap, settings.enriched_topic, until=lambda r: len(r) >= 1))[
+                0
+            ]
+            texts = [
+                p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"
+            ]
+            assert any("Lyon to Turin by train in spring, cheap" in t for t in texts)
+            assert not any("cheapest days wanted" in t for t in texts)  # the condensed log, not the long one
+    finally:
+        await drop_database(settings)
