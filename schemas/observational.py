@@ -11,7 +11,7 @@ repeated answer changes nothing. Design: docs/observational-memory.md. The persi
 # ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
@@ -34,8 +34,15 @@ Scope = Literal["thread", "resource"]
 Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
 
 
+def _require_schema_version(schema: dict[str, Any]) -> None:
+    # as the events': Python callers may omit it (it defaults to 1); on the wire it is required
+    schema["required"] = ["schemaVersion", *schema.get("required", [])]
+
+
 class WorkBase(Open):
     """What every OM event carries: who it is for and the claim it belongs to."""
+
+    model_config = ConfigDict(json_schema_extra=_require_schema_version)
 
     schemaVersion: SchemaVersion = 1
     requestId: Annotated[str, Field(description="the request's id; a result echoes it")]
