@@ -34,7 +34,7 @@ from tests.integration.service_harness import (
     text_message,
     values,
 )
-from tests.integration.stream_helpers import Record, produce, read_topic, wait_committed
+from tests.integration.stream_helpers import Record, produce, read_all, read_topic, wait_committed
 from worker.observer import ObserverWorker, observer_handler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -289,5 +289,33 @@ async def test_a_long_log_is_reflected_into_the_next_generation(
             ]
             assert any("Lyon to Turin by train in spring, cheap" in t for t in texts)
             assert not any("cheapest days wanted" in t for t in texts)  # the condensed log, not the long one
+    finally:
+        await drop_database(settings)
+
+
+async def test_an_answer_survives_a_service_restart(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The claim lives in MongoDB, the answer in Kafka: the service stops with an observation in flight, the
+    observer answers while it is down, and the next instance applies the answer (and sends nothing again)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    handler = observer_handler(lambda work: _text(f"cycle {work.cycle} while the service was down"))
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+        answer = await handler(work[0])
+        await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), _encode(answer))])
+        assert (await _row(settings))["isObserving"] is True  # nobody applied it yet
+        async with running_service(settings):
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 1})
+            await produce(bootstrap, settings.responses_topic, [_turn(7)])
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 7})
+        row = await _row(settings)
+        assert row["activeObservations"] == "cycle 1 while the service was down"
+        assert row["isObserving"] is False
+        sent = _work(await read_all(bootstrap, settings.observe_requests_topic))
+        assert [w.cycle for w in sent] == [1]  # turn 7 alone is far below the threshold: no new work
     finally:
         await drop_database(settings)
