@@ -18,8 +18,10 @@ next saved turn, and the work sent again (a crashed or slow observer never leave
 old claim is then dropped by the observed path (`consumers.observe_results`).
 
 The sends are part of the acknowledgement of the thread's last record in the batch (and, exactly once, of its
-transaction): a send that fails retries that record, whose save is idempotent. The claim made before the
-failed send is then still held, so the work is sent again only after the timeout.
+transaction): a send that fails retries that record, whose save is idempotent. The claim remembers the
+request that made it (`claimed_by`): when that same turn comes again (the retried batch, or a redelivery after
+the service died between the claim and its commit), the live claim's work is sent again, under the same
+cycle, instead of waiting out the timeout. A second copy of the work is harmless: the answer applies once.
 """
 
 from __future__ import annotations
@@ -70,7 +72,9 @@ class ObservationalRows(Protocol):
         observed_timezone: str | None = None,
     ) -> ObservationalRecord: ...
 
-    async def claim(self, record: ObservationalRecord, kind: Any, now: datetime) -> Claim | None: ...
+    async def claim(
+        self, record: ObservationalRecord, kind: Any, now: datetime, *, by: str | None = None
+    ) -> Claim | None: ...
 
 
 def om_config(settings: ObservationSettings) -> dict[str, Any]:
@@ -152,14 +156,19 @@ class ObservationEmitter:
         if should_reflect(record.observation_token_count, subject.settings):
             return await self._reflect(subject, record, now)
         if record.is_observing and not self._stale(record, now):
-            return None  # one observation in flight: no read, no claim
+            if record.claimed_by != response.requestId:
+                return None  # one observation in flight: no read, no claim
+            # the turn that made the live claim, again: its work (maybe never sent) sent again, same cycle
+            return await self._observe(
+                subject, record, now, again=Claim(record.id, record.generation, record.cycle, "observe")
+            )
         return await self._observe(subject, record, now)
 
     def _stale(self, record: ObservationalRecord, now: datetime) -> bool:
         return record.updated_at is None or record.updated_at < now - self._timeout
 
     async def _observe(
-        self, subject: _Subject, record: ObservationalRecord, now: datetime
+        self, subject: _Subject, record: ObservationalRecord, now: datetime, again: Claim | None = None
     ) -> asyncio.Future[Any] | None:
         response = subject.response
         page = await self._storage.list_page(
@@ -182,7 +191,7 @@ class ObservationEmitter:
         decision = decide_observation(messages, state, subject.settings)
         if not decision.observe:
             return None
-        claim = await self._rows.claim(record, "observe", now)
+        claim = again or await self._rows.claim(record, "observe", now, by=response.requestId)
         if claim is None:
             return None  # another instance (or a Mastra app) holds it
         event = ObserveRequest.model_validate(
@@ -212,9 +221,14 @@ class ObservationEmitter:
     async def _reflect(
         self, subject: _Subject, record: ObservationalRecord, now: datetime
     ) -> asyncio.Future[Any] | None:
+        request_id = subject.response.requestId
+        claim: Claim | None
         if record.is_reflecting and not self._stale(record, now):
-            return None
-        claim = await self._rows.claim(record, "reflect", now)
+            if record.claimed_by != request_id:
+                return None
+            claim = Claim(record.id, record.generation, record.cycle, "reflect")  # the same turn again
+        else:
+            claim = await self._rows.claim(record, "reflect", now, by=request_id)
         if claim is None:
             return None
         event = ReflectRequest.model_validate(

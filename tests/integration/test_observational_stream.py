@@ -319,3 +319,30 @@ async def test_an_answer_survives_a_service_restart(
         assert [w.cycle for w in sent] == [1]  # turn 7 alone is far below the threshold: no new work
     finally:
         await drop_database(settings)
+
+
+async def test_the_turn_that_claimed_sends_its_work_again_when_redelivered(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The service died between a claim and its commit (or the send failed and the batch was retried): the
+    same turn comes again and sends the live claim's work again, same cycle, at once; another turn sends
+    nothing while the claim lives. (Without `claimed_by` the redelivered turn would wait out the timeout.)"""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        async with running_service(settings):
+            turns = [_turn(t) for t in range(1, 7)]
+            await produce(bootstrap, settings.responses_topic, turns)
+            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1))
+            claimed_by = (await _row(settings))["_mh_claimed_by"]
+            turn = next(t for t in range(1, 7) if claimed_by == f"{THREAD}-turn{t}")
+            await produce(
+                bootstrap, settings.responses_topic, [_turn(9), turns[turn - 1]]
+            )  # another, the same
+            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(2))
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 8})
+            work = _work(await read_all(bootstrap, settings.observe_requests_topic))
+            assert [(w.cycle, w.requestId) for w in work] == [(1, claimed_by), (1, claimed_by)]
+            assert (await _row(settings))["_mh_cycle"] == 1
+    finally:
+        await drop_database(settings)
