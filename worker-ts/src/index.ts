@@ -26,7 +26,9 @@ export { CAPABILITIES, type Capability } from './capabilities.js';
 export {
   observeKey,
   observerHandler,
+  ObserverWorker,
   workProblem,
+  type ObserverWorkerOptions,
   type Observation,
   type ObserveFn,
   type ObserveRequest,

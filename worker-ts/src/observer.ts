@@ -5,8 +5,12 @@
 // Python SDK's `worker.observer.observer_handler`: the claim echoed (`recordId`, `generation`, `cycle`), the
 // observed messages' ids and the newest one's `createdAt`; a function that throws answers with `error` (the
 // service releases the claim). The service applies an answer once, to the claim it names: answering twice,
-// or late, is harmless. Key the answer as the work record (`observeKey`).
+// or late, is harmless. Key the answer as the work record (`observeKey`). `ObserverWorker` is the loop around
+// it on the package's Kafka seam (at-least-once: a record's offset committed after its answer is acknowledged).
+import type { KafkaClient, KafkaClientFactory } from './client.js';
 import type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
+import { kafkajsClient } from './kafkajs.js';
+import type { ConnectionOptions } from './settings.js';
 
 export type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
 
@@ -96,4 +100,72 @@ export function observerHandler(observe: ObserveFn, reflect?: ReflectFn): Observ
       return { ...result, error: failure(error) };
     }
   };
+}
+
+export interface ObserverWorkerOptions extends ConnectionOptions {
+  /** The observers' consumer group (default `message-history-observer`). */
+  groupId?: string;
+  /** `MESSAGE_HISTORY_OBSERVE_REQUESTS_TOPIC` (default `agent.memory.observe`). */
+  workTopic?: string;
+  /** `MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC` (default `agent.memory.observed`). */
+  resultsTopic?: string;
+  clientId?: string;
+  /** The Kafka client: `kafkajsClient` (default), or `memoryClient(broker)` in tests. */
+  client?: KafkaClientFactory;
+}
+
+/** Answers `agent.memory.observe` with `handler` on `agent.memory.observe`'s partitions, one record at a time
+ * per partition; a record that is not work is skipped (the service never writes one). */
+export class ObserverWorker {
+  private readonly client: KafkaClient;
+  private readonly workTopic: string;
+  private readonly resultsTopic: string;
+  /** Records answered since `start`. */
+  answered = 0;
+  /** Records skipped (not work) since `start`. */
+  skipped = 0;
+
+  constructor(
+    private readonly handler: ObserverHandler,
+    options: ObserverWorkerOptions,
+  ) {
+    const groupId = options.groupId ?? 'message-history-observer';
+    this.workTopic = options.workTopic ?? 'agent.memory.observe';
+    this.resultsTopic = options.resultsTopic ?? 'agent.memory.observed';
+    this.client = (options.client ?? kafkajsClient)({ ...options, groupId, clientId: options.clientId ?? groupId });
+  }
+
+  async start(): Promise<void> {
+    await this.client.connect();
+    await this.client.consume({
+      topic: this.workTopic,
+      onAssignment: () => undefined,
+      partitionsConcurrently: 1,
+      eachRecord: async (record) => {
+        let work: unknown;
+        try {
+          work = JSON.parse(record.value?.toString('utf8') ?? 'null');
+        } catch {
+          work = undefined;
+        }
+        if (workProblem(work) === undefined) {
+          const event = work as ObserveRequest | ReflectRequest;
+          const answer = await this.handler(event);
+          await this.client.send(this.resultsTopic, [
+            { key: observeKey(event), value: JSON.stringify(answer), headers: record.headers ?? {} },
+          ]);
+          this.answered += 1;
+        } else {
+          this.skipped += 1;
+        }
+        await this.client.commit(this.workTopic, record.partition, BigInt(record.offset) + 1n);
+      },
+    });
+  }
+
+  /** Leaves the group (the record in flight finishes) and closes the producer. */
+  async stop(): Promise<void> {
+    await this.client.leave();
+    await this.client.close();
+  }
 }

@@ -12,6 +12,7 @@ import {
   enrichedProblem,
   observeKey,
   observerHandler,
+  ObserverWorker,
   workProblem,
   type ObserveRequest,
   type ReflectRequest,
@@ -790,5 +791,49 @@ describe('observerHandler: Observational Memory work answered, the claim echoed'
     assert.match(workProblem({ ...observeWork, type: 'ObserveResult' }) ?? '', /not work/);
     assert.match(workProblem({ ...observeWork, cycle: 1.5 }) ?? '', /cycle/);
     assert.match(workProblem([]) ?? '', /not a JSON object/);
+  });
+});
+
+describe('ObserverWorker on the in-memory Kafka: work answered, offsets committed', () => {
+  it('answers each work record on the results topic, keyed as the work, and commits past it', { timeout: 20_000 }, async () => {
+    const broker = new MemoryKafka();
+    const work = {
+      schemaVersion: 1,
+      type: 'ObserveRequest',
+      requestId: 'req-1',
+      createdAt: '2026-01-01T00:10:00.000Z',
+      scope: 'thread',
+      threadId: 't1',
+      resourceId: 'r1',
+      recordId: 'row-1',
+      generation: 0,
+      cycle: 1,
+      messages: [{ id: 'm1', role: 'user', createdAt: '2026-01-01T00:00:00.000Z', content: { format: 2, parts: [] } }],
+      activeObservations: '',
+      observationTokenCount: 0,
+      pendingTokens: 31000,
+      messageTokens: 30000,
+    };
+    broker.append('agent.memory.observe', [
+      { key: 't1', value: JSON.stringify(work) },
+      { key: 't1', value: '{not json' },
+    ]);
+    const worker = new ObserverWorker(observerHandler(async (w) => `- ${w.messages.length} message`), {
+      brokers: ['memory'],
+      client: memoryClient(broker),
+    });
+    await worker.start();
+    const controller = new AbortController();
+    while (broker.committed('message-history-observer', 'agent.memory.observe').get(0) !== 2n) {
+      await Promise.race([broker.next(controller.signal), new Promise((resolve) => setTimeout(resolve, 10))]);
+    }
+    controller.abort();
+    await worker.stop();
+    const answers = broker.records('agent.memory.observed');
+    assert.equal(answers.length, 1);
+    assert.equal(answers[0]!.key, 't1');
+    const answer = JSON.parse(answers[0]!.value!.toString('utf8')) as Record<string, unknown>;
+    assert.deepEqual([answer.type, answer.cycle, answer.observations], ['ObserveResult', 1, '- 1 message']);
+    assert.deepEqual([worker.answered, worker.skipped], [1, 1]);
   });
 });
