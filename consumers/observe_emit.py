@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 from consumers.contract import Ack
 from consumers.observational import request_settings
+from consumers.runtime.containment import containable
 from message_history import metrics
 from message_history.core.observation import (
     ObservationSettings,
@@ -133,13 +134,29 @@ class ObservationEmitter:
             subjects[key] = _Subject(index, response, om)
         if not subjects:
             return
-        sends = await asyncio.gather(*(self._one(subject) for subject in subjects.values()))
+        sends = await asyncio.gather(*(self._guarded(subject) for subject in subjects.values()))
         for subject, send in zip(subjects.values(), sends, strict=True):
             if send is not None:
                 ack = results[subject.index]
                 assert ack is not None  # filtered above
                 assert not isinstance(ack, InvalidInputError)
                 results[subject.index] = both(send, ack)
+
+    async def _guarded(self, subject: _Subject) -> asyncio.Future[Any] | None:
+        """`_one`, whose failure never fails the saved turn: an outage or a systemic refusal raises (the batch
+        is retried; saves are idempotent), anything else (a hostile row, a bug) is logged, counted
+        (`outcome="observe-failed"`) and the turn goes on unobserved; its thread's next turn tries again."""
+        try:
+            return await self._one(subject)
+        except Exception as exc:
+            if not containable(exc):
+                raise
+            metrics.OUTCOMES.labels(path="persist", outcome="observe-failed").inc()
+            log.exception(
+                "observation work failed: the turn is saved, its thread not observed this time",
+                extra={"thread_id": subject.response.threadId, "error_type": type(exc).__name__},
+            )
+            return None
 
     async def _one(self, subject: _Subject) -> asyncio.Future[Any] | None:
         now = datetime.now(UTC)

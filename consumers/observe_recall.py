@@ -19,9 +19,12 @@ observation: it is recalled with what is observed so far.
 
 from __future__ import annotations
 
+import logging
 from typing import Protocol
 
 from consumers.observational import request_settings
+from consumers.runtime.containment import containable
+from message_history import metrics
 from message_history.core.observation_text import context_system_messages, continuation_message
 from message_history.core.om_tokens import count_observations
 from message_history.settings import Settings
@@ -30,6 +33,8 @@ from schemas.messages import Message
 from storage.observational import ObservationalRecord
 
 __all__ = ["ObservationRecall", "RecallRows"]
+
+log = logging.getLogger(__name__)
 
 CONTEXT_ID = "om-observations-{}"
 """The ids of the log's system messages in the enriched event (`om-observations-0`, ...)."""
@@ -55,8 +60,25 @@ class ObservationRecall:
         """Whether the request has OM (its option over the service default)."""
         return request_settings(request.memory, self._settings) is not None
 
-    async def enrich(self, request: AgentRequest, enriched: EnrichedRequest | bytes) -> EnrichedRequest:
-        """The enriched event with the log in place of what it covers (call only when `wants`)."""
+    async def enrich(
+        self, request: AgentRequest, enriched: EnrichedRequest | bytes
+    ) -> EnrichedRequest | bytes:
+        """The enriched event with the log in place of what it covers (call only when `wants`). A failure
+        that is neither an outage nor systemic (a bug, say) leaves the event as recalled, logged and counted
+        (`outcome="observations-failed"`): the turn is never refused for its observations."""
+        try:
+            return await self._enrich(request, enriched)
+        except Exception as exc:
+            if not containable(exc):
+                raise
+            metrics.OUTCOMES.labels(path="recall", outcome="observations-failed").inc()
+            log.exception(
+                "observations not added: the request goes out as recalled",
+                extra={"thread_id": request.threadId, "error_type": type(exc).__name__},
+            )
+            return enriched
+
+    async def _enrich(self, request: AgentRequest, enriched: EnrichedRequest | bytes) -> EnrichedRequest:
         settings = request_settings(request.memory, self._settings)
         assert settings is not None  # the caller asked `wants`
         event = (

@@ -346,3 +346,33 @@ async def test_the_turn_that_claimed_sends_its_work_again_when_redelivered(
             assert (await _row(settings))["_mh_cycle"] == 1
     finally:
         await drop_database(settings)
+
+
+async def test_a_hostile_row_never_fails_the_turn(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The thread's row is one no Mastra would read (`activeObservations` a number): its turns are saved and
+    announced as ever, none dead-lettered; only the observation is skipped (logged, counted)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        await client[settings.mongodb_database][OBSERVATIONAL].insert_one(
+            {"id": "hostile", "lookupKey": f"thread:{THREAD}", "generationCount": 0, "activeObservations": 42}
+        )
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            persisted = values(
+                await read_topic(bootstrap, settings.persisted_topic, until=lambda r: len(r) >= 6)
+            )
+            assert [p["skipped"] for p in persisted] == [None] * 6
+            ask = request_event(THREAD, OWNER, 7, "still there?")
+            await produce(bootstrap, settings.requests_topic, [encoded(ask)])
+            event = values(await read_topic(bootstrap, settings.enriched_topic, until=lambda r: len(r) >= 1))[
+                0
+            ]
+            assert event["history"]["observed"] == 0  # the unreadable row is no log
+        assert await read_all(bootstrap, settings.responses_dlq) == []
+    finally:
+        await client.close()
+        await drop_database(settings)

@@ -228,6 +228,7 @@ ENRICHED = EnrichedRequest.model_validate(
 async def test_recall_puts_the_log_in_place_of_what_it_covers() -> None:
     rows = Rows(_row(activeObservations="- user plans a trip to Turin", lastObservedAt=T0, isObserving=False))
     event = await ObservationRecall(Settings(), rows).enrich(REQUEST, ENRICHED)
+    assert isinstance(event, EnrichedRequest)
     ids = [m.id for m in event.messages]
     context = [i for i in ids if i.startswith("om-observations-")]
     assert context  # the log's system messages first, then the reminder
@@ -245,6 +246,7 @@ async def test_recall_without_a_log_says_nothing_is_observed() -> None:
     event = await ObservationRecall(Settings(), Rows(None)).enrich(
         REQUEST, ENRICHED.model_dump_json().encode()
     )
+    assert isinstance(event, EnrichedRequest)
     assert [m.id for m in event.messages] == ["m1", "m2", "m3", "m4"]
     assert (event.history.observed, event.history.observationTokens) == (0, 0)
 
@@ -256,3 +258,27 @@ def test_recall_only_for_requests_with_om() -> None:
     assert ObservationRecall(Settings(observational_memory=True), Rows(None)).wants(
         REQUEST.model_copy(update={"memory": None})
     )
+
+
+class Broken(Rows):
+    """A row read that meets a bug (or an outage)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(None)
+        self.error = error
+
+    async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
+        raise self.error
+
+
+async def test_a_failure_leaves_the_recall_as_it_was() -> None:
+    """A bug in the observations' part never refuses the turn: the event goes out as recalled."""
+    event = await ObservationRecall(Settings(), Broken(KeyError("bug"))).enrich(REQUEST, ENRICHED)
+    assert event is ENRICHED
+
+
+async def test_an_outage_is_not_swallowed() -> None:
+    from message_history.errors import RetriableError  # noqa: PLC0415
+
+    with pytest.raises(RetriableError):
+        await ObservationRecall(Settings(), Broken(RetriableError("mongodb down"))).enrich(REQUEST, ENRICHED)
