@@ -131,3 +131,10 @@ def test_the_worker_echoes_the_option() -> None:
     resolved = request_settings(response.memory, Settings())
     assert resolved is not None
     assert resolved.message_tokens == Threshold(500, 500)
+
+
+def test_the_observed_dead_letters_redrive_to_the_observed_topic() -> None:
+    from message_history.app.dlq import input_topics  # noqa: PLC0415
+
+    assert input_topics(Settings())["agent.memory.observed.dlq"] == "agent.memory.observed"
+    assert "agent.memory.observed.dlq" not in input_topics(Settings(observe_results_topic=""))
