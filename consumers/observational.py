@@ -15,10 +15,27 @@ from typing import Any
 from message_history.core.observation import ObservationSettings, Threshold, resolve_settings
 from message_history.settings import Settings
 
-__all__ = ["OPTION", "observation_defaults", "request_settings"]
+__all__ = ["OPTION", "THREAD_OM", "observation_defaults", "request_settings", "thread_hints"]
 
 OPTION = "observationalMemory"
 """The memory option's name, as Mastra's `Memory` options spell it."""
+
+THREAD_OM = "mastra.om"
+"""Where Mastra keeps a thread's OM hints in its metadata (`setThreadOMMetadata`: `metadata.mastra.om`, with
+`currentTask` and `suggestedResponse`): the service writes and reads the same, so each sees the other's."""
+
+
+def thread_hints(metadata: Mapping[str, Any] | None) -> tuple[str | None, str | None]:
+    """`getThreadOMMetadata(metadata)`'s `currentTask` and `suggestedResponse` (None: absent, or not text)."""
+    mastra = metadata.get("mastra") if isinstance(metadata, Mapping) else None
+    om = mastra.get("om") if isinstance(mastra, Mapping) else None
+    if not isinstance(om, Mapping):
+        return None, None
+    task, response = om.get("currentTask"), om.get("suggestedResponse")
+    return (
+        task if isinstance(task, str) and task else None,
+        response if isinstance(response, str) and response else None,
+    )
 
 
 def observation_defaults(settings: Settings) -> ObservationSettings:

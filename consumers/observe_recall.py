@@ -7,7 +7,8 @@ read, and the enriched event becomes, as Mastra's `ObservationalMemory` processo
 
 1. the log's system messages (`OBSERVATION_CONTEXT_PROMPT` + instructions, `<observations>` and the log's
    chunks, optimized, dates given their distance from the request's `createdAt`, then `<current-task>` /
-   `<suggested-response>`: `message_history.core.observation_text`), `source: "memory"`;
+   `<suggested-response>` from the thread's `metadata.mastra.om`, where Mastra and the observed path keep
+   them: `message_history.core.observation_text`), `source: "memory"`;
 2. the continuation reminder (Mastra's `om-continuation` user message), `source: "memory"`;
 3. the recalled messages the log does not cover (newer than `lastObservedAt`, not among the last cycle's
    `observedMessageIds`), then the input.
@@ -22,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from consumers.observational import request_settings
+from consumers.observational import request_settings, thread_hints
 from consumers.runtime.containment import containable
 from message_history import metrics
 from message_history.core.observation_text import context_system_messages, continuation_message
@@ -31,6 +32,7 @@ from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedMessage, EnrichedRequest
 from schemas.messages import Message
 from storage.observational import ObservationalRecord
+from storage.protocol import Thread
 
 __all__ = ["ObservationRecall", "RecallRows"]
 
@@ -39,6 +41,12 @@ log = logging.getLogger(__name__)
 CONTEXT_ID = "om-observations-{}"
 """The ids of the log's system messages in the enriched event (`om-observations-0`, ...)."""
 _EPOCH = "1970-01-01T00:00:00.000Z"  # as Mastra dates the continuation reminder: before every message
+
+
+class ThreadReader(Protocol):
+    """The part of the storage recall reads a thread's OM hints from (`get_thread`)."""
+
+    async def get_thread(self, thread_id: str) -> Thread | None: ...
 
 
 class RecallRows(Protocol):
@@ -52,9 +60,10 @@ class RecallRows(Protocol):
 class ObservationRecall:
     """Puts the observation log into a request's enriched event; see the module docstring."""
 
-    def __init__(self, settings: Settings, rows: RecallRows) -> None:
+    def __init__(self, settings: Settings, rows: RecallRows, threads: ThreadReader | None = None) -> None:
         self._settings = settings
         self._rows = rows
+        self._threads = threads
 
     def wants(self, request: AgentRequest) -> bool:
         """Whether the request has OM (its option over the service default)."""
@@ -97,7 +106,8 @@ class ObservationRecall:
             for m in event.messages
             if m.source != "memory" or not (m.id in covered or (cursor is not None and m.createdAt <= cursor))
         ]
-        texts = context_system_messages(record.active_observations, now=request.createdAt)
+        task, suggested = await self._hints(thread_id)
+        texts = context_system_messages(record.active_observations, task, suggested, now=request.createdAt)
         context = [_memory(request, CONTEXT_ID.format(n), "system", text) for n, text in enumerate(texts)]
         reminder = Message.model_validate(continuation_message(request.threadId, request.resourceId))
         context.append(
@@ -111,6 +121,14 @@ class ObservationRecall:
             observed=await self._rows.covered(record),
             tokens=count_observations(record.active_observations),
         )
+
+    async def _hints(self, thread_id: str | None) -> tuple[str | None, str | None]:
+        """The thread's `metadata.mastra.om` hints (Mastra's or an observer's), for `<current-task>` and
+        `<suggested-response>`; none with resource scope."""
+        if thread_id is None or self._threads is None:
+            return None, None
+        thread = await self._threads.get_thread(thread_id)
+        return thread_hints(thread.metadata if thread is not None else None)
 
 
 def _memory(request: AgentRequest, ident: str, role: str, text: str) -> EnrichedMessage:

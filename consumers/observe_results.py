@@ -12,7 +12,8 @@ dead letter; an outage raises (the loop retries the batch; applying is idempoten
 
 * `ObserveResult`: the cycle's `observations` appended to the log after a message boundary (Mastra's
   `wrapObservations`), the log's tokens counted as Mastra OM counts them, `lastObservedAt` and the cycle's
-  `observedMessageIds` set, the flag cleared (`updateActiveObservations`).
+  `observedMessageIds` set, the flag cleared (`updateActiveObservations`); its `currentTask` /
+  `suggestedResponse`, when set, go where Mastra keeps them: the thread's `metadata.mastra.om`.
 * `ReflectResult`: generation + 1 made from the `reflection` (`createReflectionGeneration`).
 * either with `error`: the claim released, nothing else written (the thread's next turn tries again).
 """
@@ -26,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from consumers.contract import Ack, Record
+from consumers.observational import THREAD_OM
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
 from message_history.core.observation_text import append_observations
@@ -65,14 +67,21 @@ class ResultRows(Protocol):
     ) -> ObservationalRecord | None: ...
 
 
+class ThreadHints(Protocol):
+    """The part of the storage that sets a thread's metadata keys (`save_thread_metadata`)."""
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None: ...
+
+
 class ObserveResultsHandler:
     """Applies a batch of observer answers in order (one thread's answers are rare and few)."""
 
     path = PATH
 
-    def __init__(self, *, rows: ResultRows, limits: Limits) -> None:
+    def __init__(self, *, rows: ResultRows, limits: Limits, threads: ThreadHints | None = None) -> None:
         self._rows = rows
         self._limits = limits
+        self._threads = threads
 
     async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
         results: list[Ack | InvalidInputError] = []
@@ -121,6 +130,8 @@ class ObserveResultsHandler:
                 observed_message_ids=result.observedMessageIds,
                 now=now,
             )
+            if applied:
+                await self._hints(result)
         else:
             applied = (
                 await self._rows.apply_reflection(
@@ -132,6 +143,14 @@ class ObserveResultsHandler:
                 is not None
             )
         return f"{kind}-applied" if applied else _stale(result, "raced")
+
+    async def _hints(self, result: ObserveResult) -> None:
+        """The answer's `currentTask` / `suggestedResponse` into the thread's `metadata.mastra.om` (thread
+        scope), where Mastra's `setThreadOMMetadata` keeps them."""
+        hints = {"currentTask": result.currentTask, "suggestedResponse": result.suggestedResponse}
+        update = {f"{THREAD_OM}.{key}": value for key, value in hints.items() if value is not None}
+        if update and self._threads is not None and result.scope == "thread" and result.threadId:
+            await self._threads.save_thread_metadata(result.threadId, update)
 
 
 def _stale(result: ObserveResult | ReflectResult, why: str) -> str:

@@ -146,7 +146,9 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             raise ValueError("the observed path needs the MongoDB storage")
         topic, dlq = settings.observe_results_topic, settings.observe_results_dlq
         handler: RecallHandler | PersistHandler | CommandsHandler | ObserveResultsHandler = (
-            ObserveResultsHandler(rows=opened.observational, limits=Limits.from_settings(settings))
+            ObserveResultsHandler(
+                rows=opened.observational, limits=Limits.from_settings(settings), threads=opened.storage
+            )
         )
         loop_health = _Advisory(opened.health)
     elif path == "commands":
@@ -169,7 +171,7 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             gate=opened.gate,
             raw_rows=capabilities.raw_rows,
             observation=(
-                ObservationRecall(settings, opened.observational)
+                ObservationRecall(settings, opened.observational, opened.storage)
                 if opened.observational is not None
                 else None
             ),

@@ -35,7 +35,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import Record, produce, read_all, read_topic, wait_committed
-from worker.observer import ObserverWorker, observer_handler
+from worker.observer import Observation, ObserverWorker, observer_handler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -113,7 +113,12 @@ async def test_observed_once_and_recalled(
     Exactly once, the ObserveRequest goes out in the persist record's transaction (read `read_committed`)."""
     settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee)
     bootstrap = settings.kafka_bootstrap_servers
-    handler = observer_handler(lambda work: _text(f"OBS: {len(work.messages)} messages about trains"))
+
+    async def observe(work: ObserveRequest) -> Observation:
+        text = f"OBS: {len(work.messages)} messages about trains"
+        return Observation(text, current_task="find the cheapest spring day")
+
+    handler = observer_handler(observe)
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
@@ -165,6 +170,8 @@ async def test_observed_once_and_recalled(
                 p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"
             ]
             assert any(text in t for t in texts)  # the log, in Mastra's context wording
+            # the observer's current task, kept where Mastra keeps it (the thread's metadata.mastra.om)
+            assert "<current-task>\nfind the cheapest spring day\n</current-task>" in texts
             recalled = [m["id"] for m in event["messages"] if m["source"] == "memory"]
             assert not set(observed_ids) & set(recalled)  # observed messages are not sent again
             assert event["messages"][-1]["content"]["parts"][0]["text"] == "so which day is cheapest?"

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from consumers.observational import thread_hints
 from consumers.observe_recall import ObservationRecall
 from consumers.observe_results import ObserveResultsHandler
 from message_history.core.om_tokens import count_observations
@@ -20,6 +21,7 @@ from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
 from storage.observational import Claim, ObservationalRecord, record_from_doc
+from storage.protocol import Thread
 
 T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
 
@@ -282,3 +284,52 @@ async def test_an_outage_is_not_swallowed() -> None:
 
     with pytest.raises(RetriableError):
         await ObservationRecall(Settings(), Broken(RetriableError("mongodb down"))).enrich(REQUEST, ENRICHED)
+
+
+class Threads:
+    def __init__(self, metadata: dict[str, Any]) -> None:
+        self.metadata = metadata
+        self.saved: list[tuple[str, dict[str, Any]]] = []
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        return Thread(id=thread_id, resourceId="u1", metadata=self.metadata)
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        self.saved.append((thread_id, update))
+
+
+async def test_recall_adds_the_threads_current_task_as_mastra_keeps_it() -> None:
+    """`metadata.mastra.om.currentTask` / `suggestedResponse` (Mastra's `setThreadOMMetadata`) follow the
+    log."""
+    rows = Rows(_row(activeObservations="- a trip", lastObservedAt=T0, isObserving=False))
+    hints = {"mastra": {"om": {"currentTask": "book the train", "suggestedResponse": "Ask for dates"}}}
+    event = await ObservationRecall(Settings(), rows, Threads(hints)).enrich(REQUEST, ENRICHED)
+    assert isinstance(event, EnrichedRequest)
+    texts = [p.text for m in event.messages if m.role == "system" for p in m.content.parts]  # type: ignore[union-attr]
+    assert "<current-task>\nbook the train\n</current-task>" in texts
+    assert "<suggested-response>\nAsk for dates\n</suggested-response>" in texts
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({}, (None, None)),
+        ({"mastra": "x"}, (None, None)),
+        ({"mastra": {"om": {"currentTask": 3, "suggestedResponse": ""}}}, (None, None)),
+        ({"mastra": {"om": {"currentTask": "t"}}}, ("t", None)),
+    ],
+)
+def test_thread_hints_read_leniently(
+    metadata: dict[str, Any], expected: tuple[str | None, str | None]
+) -> None:
+    assert thread_hints(metadata) == expected
+
+
+async def test_the_observers_current_task_goes_to_the_thread() -> None:
+    rows, threads = Rows(_row()), Threads({})
+    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    await handler.handle([Rec(_result(currentTask="book the train"))])
+    assert threads.saved == [("t1", {"mastra.om.currentTask": "book the train"})]
+    stale = ObserveResultsHandler(rows=Rows(_row(_mh_cycle=9)), limits=Limits(), threads=threads)
+    await stale.handle([Rec(_result(currentTask="late"))])  # an answer not applied writes no hint either
+    assert len(threads.saved) == 1
