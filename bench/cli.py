@@ -35,6 +35,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
     "codec": ("bench.extra.codec", "the event codec alone: decode + encode of a 40-message EnrichedRequest"),
     "rows": ("bench.extra.rows", "the recall row codec alone: raw replies to rows' bytes, native vs Python"),
     "budget": ("bench.extra.budget", "recall with a token budget vs without, in process (no Kafka)"),
+    "observational": (
+        "bench.extra.observational",
+        "tokens per request with Observational Memory vs lastMessages vs a token budget; OM's work per turn",
+    ),
     "recall-cap": (
         "bench.extra.recall_cap",
         "one request's recall of n stored 1 KB rows (the row cap)",

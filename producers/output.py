@@ -82,6 +82,8 @@ def output_topics(settings: Settings) -> list[str]:
         settings.requests_dlq,
         settings.responses_dlq,
         settings.commands_dlq,
+        settings.observe_requests_topic,
+        settings.observe_results_dlq,
     ]
 
 

@@ -14,7 +14,8 @@ The response follows docs/events.md#6-responses so the persist path saves the ri
   question even when the worker's clock is behind the client's;
 - `finishReason` is the handler's (`"stop"` by default); a failed turn is `"error"` with no response
   message, which the persist path skips as `failed-turn`, saving nothing of it (no orphaned user message);
-- `memory.readOnly` is the request's unless the reply says otherwise.
+- `memory.readOnly` is the request's unless the reply says otherwise; `memory.observationalMemory` is the
+  request's (the service's persist path decides observation by it).
 """
 
 from __future__ import annotations
@@ -153,6 +154,9 @@ def build_response(turn: Turn, reply: Reply | str, *, now: datetime) -> AgentRes
     read_only = reply.read_only if reply.read_only is not None else (event.memory and event.memory.readOnly)
     if read_only is not None:
         values["memory"] = {"readOnly": bool(read_only)}
+    observational = (event.memory.model_extra or {}).get("observationalMemory") if event.memory else None
+    if observational is not None:  # persist reads it: docs/events.md#20-observational-memory
+        values.setdefault("memory", {})["observationalMemory"] = observational
     return AgentResponse.model_validate(values)
 
 

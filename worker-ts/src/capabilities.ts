@@ -23,6 +23,7 @@ export const CAPABILITIES = [
   'testing',
   'typed-events',
   'mastra',
+  'observer',
 ] as const;
 
 export type Capability = (typeof CAPABILITIES)[number];
