@@ -35,6 +35,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
     "codec": ("bench.extra.codec", "the event codec alone: decode + encode of a 40-message EnrichedRequest"),
     "rows": ("bench.extra.rows", "the recall row codec alone: raw replies to rows' bytes, native vs Python"),
     "budget": ("bench.extra.budget", "recall with a token budget vs without, in process (no Kafka)"),
+    "observational": (
+        "bench.extra.observational",
+        "tokens per request with Observational Memory vs lastMessages vs a token budget; OM's work per turn",
+    ),
     "recall-cap": (
         "bench.extra.recall_cap",
         "one request's recall of n stored 1 KB rows (the row cap)",
@@ -44,6 +48,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
     "steps": (
         "bench.extra.steps",
         "where an idle recall's and persist's milliseconds go, per step (fetch, MongoDB commands, produce)",
+    ),
+    "persist-batch": (
+        "bench.extra.persist_batch",
+        "one persist batch's wall time in process (MongoDB, no Kafka), per storage step",
     ),
     "failover": (
         "bench.extra.failover",

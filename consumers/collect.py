@@ -3,7 +3,8 @@
 `load_batch` reads what a batch's read plan (`core.persist_plan.BatchNeeds`) says, in one round trip of
 concurrent queries: the threads, the stored copies of the ids the turns may save (in their own threads
 only), the newest row of the threads whose turns may continue it, and, on MongoDB, the homes of those ids
-(where each is stored, for the ownership check of the write), so the write reads nothing again.
+(where each is stored, for the ownership check of the write; with the copies, from one find), so the write
+reads nothing again.
 
 `PersistBuffer` takes each turn's write (or its skip) in batch order, answers the rules' reads from what was
 loaded plus what earlier turns of the batch write (read-your-writes: the second turn of a thread sees the
@@ -51,6 +52,10 @@ class ReadsForSaves(Protocol):
         self, thread_ids: Collection[str], message_ids: Collection[str]
     ) -> SaveReads: ...
 
+    async def read_with_copies(
+        self, thread_ids: Collection[str], message_ids: Collection[str]
+    ) -> tuple[SaveReads, list[Message]]: ...
+
     async def save_many(
         self, turns: Sequence[SaveTurn], *, reads: SaveReads | None = None
     ) -> list[Thread | InvalidInputError]: ...
@@ -76,15 +81,13 @@ async def load_batch(
     storage: BatchHistoryStorage, needs: BatchNeeds, saves: ReadsForSaves | None = None
 ) -> Loaded:
     """Read `needs` with concurrent queries (one round trip): threads, stored copies, newest rows; with
-    `saves` (the same storage's), the threads come with the write's reads (`Loaded.save_reads`)."""
+    `saves` (the same storage's), the threads and the copies come with the write's reads
+    (`Loaded.save_reads`), the copies and the homes from one find."""
     lookup = list(needs.lookup_ids)
     newest_of = list(needs.latest_of)
 
-    async def threads() -> tuple[dict[str, Thread], SaveReads | None]:
-        if saves is not None:
-            reads = await saves.read_for_saves(needs.thread_ids, needs.lookup_ids)
-            return dict(reads.threads), reads
-        return (await storage.get_threads(list(needs.thread_ids)) if needs.thread_ids else {}), None
+    async def threads() -> dict[str, Thread]:
+        return await storage.get_threads(list(needs.thread_ids)) if needs.thread_ids else {}
 
     async def copies() -> list[Message]:
         if not lookup:
@@ -96,7 +99,16 @@ async def load_batch(
             return {}
         return await storage.list_messages_many([RecallQuery(t, None, 1) for t in newest_of])
 
-    (stored, save_reads), rows, newest = await asyncio.gather(threads(), copies(), latest())
+    save_reads: SaveReads | None = None
+    if saves is not None:
+        # the write's reads and the stored copies: one find on the messages for both (their homes and,
+        # in the turns' own threads, their rows), beside the threads' and the newest rows'
+        (save_reads, rows), newest = await asyncio.gather(
+            saves.read_with_copies(needs.thread_ids, needs.lookup_ids), latest()
+        )
+        stored = dict(save_reads.threads)
+    else:
+        stored, rows, newest = await asyncio.gather(threads(), copies(), latest())
     latest_rows = {t: next(iter(newest.get(t, [])), None) for t in newest_of}
     if save_reads is not None:
         save_reads = save_reads.known_homes([m for m in latest_rows.values() if m is not None])

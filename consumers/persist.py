@@ -28,6 +28,7 @@ from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_b
 from consumers.contract import Ack, Done, Emit, Record, Refused, Result, ack_after
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
+from consumers.observe_emit import ObservationEmitter
 from consumers.runtime.containment import contain, containable, decode_each
 from message_history import metrics, tracing
 from message_history.core.persist_plan import (
@@ -120,6 +121,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         id_keys: Sequence[bytes] = (),
         save_reads: ReadsForSaves | None = None,
         homes: MessageHomes | None = None,
+        observation: ObservationEmitter | None = None,
     ) -> None:
         """`save_reads`, `homes`: what the storage can do beyond `BatchHistoryStorage` (the same storage,
         decided once when wired: `message_history.app.capabilities`)."""
@@ -131,6 +133,7 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         # the deployment's message-id keys, current first (`storage.message_id_keys`); none: a derived id
         # another thread holds refuses its turn, as an id a client chose does
         self._id_keys = tuple(id_keys)
+        self._observation = observation  # Observational Memory's work after the save (None: off)
 
     async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
         """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
@@ -157,6 +160,9 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(time.perf_counter() - decoded)
 
         await self._answer(emit, results, items, outcomes, forgotten, marks, spans)
+        if self._observation is not None:  # Observational Memory: work for observers, after the save
+            work = [(i, item.record, item.response) for i, item in items]
+            await self._observation.after_save(results, work, emit)
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done

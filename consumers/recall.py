@@ -33,6 +33,7 @@ from typing import Any
 from consumers.contract import Ack, Done, Emit, Parked, Record, Refused, Result
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
+from consumers.observe_recall import ObservationRecall
 from consumers.parking import Lane, LaneKey, ParkedLanes
 from consumers.prefetch import PrefetchedHistory, RawRecallStorage
 from consumers.runtime.containment import decode_each
@@ -87,8 +88,10 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         write_boundaries: bool = True,
         fast_recall: bool = True,
         raw_rows: RawRecallStorage | None = None,
+        observation: ObservationRecall | None = None,
     ) -> None:
         super().__init__(settings, storage, publisher)
+        self._observation = observation  # Observational Memory's log in the context (None: off)
         self.fast_recall = fast_recall  # False: every request through the processor (the reference route)
         # the storage's byte reads, when it has them (`app.capabilities`): plain pages read as bytes
         self.raw_rows = raw_rows
@@ -379,6 +382,10 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
     ) -> asyncio.Future[Any]:
         """The request's enriched event, through its batch's `emit`."""
         record, publisher = item.record, self.publisher
+        if self._observation is not None and self._observation.wants(
+            item.request
+        ):  # consumers.observe_recall
+            enriched = await self._observation.enrich(item.request, enriched)
         if isinstance(enriched, bytes):
             thread_id = item.request.threadId
             return await publisher.publish_encoded(emit, record, thread_id, enriched, headers=headers)

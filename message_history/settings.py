@@ -89,6 +89,57 @@ class Settings(BaseSettings):
         None, description="Dead letters of the commands path; unset = commands topic + `.dlq`."
     )
 
+    # --- Observational Memory (docs/observational-memory.md) ---
+    observational_memory: bool = Field(
+        False,
+        description=(
+            "Observational Memory for every request that does not say (`memory.observationalMemory`): "
+            "a thread's unobserved messages past `OBSERVATION_MESSAGE_TOKENS` are sent to observer "
+            "workers on `OBSERVE_REQUESTS_TOPIC`, and recall sends the observation log plus the unobserved "
+            "messages."
+        ),
+    )
+    observation_message_tokens: int = Field(
+        30_000,
+        ge=1,
+        description=(
+            "Mastra's `observation.messageTokens`: unobserved message tokens (Mastra OM's count) that "
+            "trigger an observation, when the request does not say."
+        ),
+    )
+    reflection_observation_tokens: int = Field(
+        40_000,
+        ge=1,
+        description=(
+            "Mastra's `reflection.observationTokens`: observation log tokens that trigger a reflection, when "
+            "the request does not say."
+        ),
+    )
+    observation_timeout_s: float = Field(
+        300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description=(
+            "How long an observation (reflection) sent to an observer holds its thread's claim: past it the "
+            "next turn of the thread sends it again (a crashed or slow observer never leaves it stuck); an "
+            "answer to the old claim is then dropped."
+        ),
+    )
+    observe_requests_topic: str = Field(
+        "agent.memory.observe",
+        description="Output of the persist path for observer workers: `ObserveRequest` / `ReflectRequest`.",
+    )
+    observe_results_topic: str = Field(
+        "agent.memory.observed",
+        description=(
+            "Input of the observed path: observers' `ObserveResult` / `ReflectResult` (runs with `run` and "
+            "`run --only persist`); empty = no observed path."
+        ),
+    )
+    observe_results_dlq_topic: str | None = Field(
+        None, description="Dead letters of the observed path; unset = observe results topic + `.dlq`."
+    )
+
     # --- consumer group ---
     group_id: str = "message-history"
     group_instance_id: str | None = None  # static membership (the pod name on Kubernetes)
@@ -306,6 +357,10 @@ class Settings(BaseSettings):
     @property
     def commands_dlq(self) -> str:
         return self.commands_dlq_topic or f"{self.commands_topic}.dlq"
+
+    @property
+    def observe_results_dlq(self) -> str:
+        return self.observe_results_dlq_topic or f"{self.observe_results_topic}.dlq"
 
 
 def settings_slice(cls: type[D], settings: Settings) -> D:

@@ -82,7 +82,7 @@ class DeadLetterPublisher:
         value = b"" if omit_value else record.value
         if value is None and record.key is None:
             value = b""  # a record with neither key nor value cannot be produced as is; empty is the closest
-        return await emit(record, self.topic, key=record.key, value=value, headers=headers)
+        return await emit(record, self.topic, key=record.key, value=value, headers=headers, alone=True)
 
     async def deliver(
         self, emit: Emit, record: SourceRecord, error: BaseException, *, span: Span | None = None

@@ -53,12 +53,19 @@ class Positioned(Protocol):
 
 class Emit(Protocol):
     """The channel a batch's outputs go through (`consumers.runtime.emit`: sent at once, or filed under the
-    input record's offset for its transaction): one output of `record` to `topic`. The future resolves once
-    the output is durable (at once, when it is filed) and fails when Kafka refuses it (for its size: the
-    record is then dead-lettered)."""
+    input record's offset for its transaction): one output of `record` to `topic` (`alone`: the record's
+    only output, its dead letter). The future resolves once the output is durable (at once, when it is
+    filed) and fails when Kafka refuses it (for its size: the record is then dead-lettered)."""
 
     async def __call__(
-        self, record: Positioned, topic: str, *, key: bytes | None, value: bytes | None, headers: Headers = ()
+        self,
+        record: Positioned,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers = (),
+        alone: bool = False,
     ) -> asyncio.Future[Any]: ...
 
 
@@ -107,6 +114,8 @@ def output_topics(settings: Settings) -> list[str]:
         settings.requests_dlq,
         settings.responses_dlq,
         settings.commands_dlq,
+        settings.observe_requests_topic,
+        settings.observe_results_dlq,
     ]
 
 

@@ -74,16 +74,22 @@ class PartitionTransactions:
         self.max_held = settings.max_held_outputs
 
     @classmethod
-    def for_client(cls, options: Mapping[str, Any], *, group_id: str, path: str) -> PartitionTransactions:
-        """For a client configured by its own options (the worker SDK), not by the service's settings."""
+    def for_client(
+        cls, options: Mapping[str, Any], *, group_id: str, path: str, replay: bool = False
+    ) -> PartitionTransactions:
+        """For a client configured by its own options (the worker SDK, replay), not by the service's
+        settings. `replay`: a replay's transactions (see `transactional_id`), which commit no offset (a
+        replay has no group: its resume point moves past what committed) and fence no legacy id (the live
+        service's)."""
         self = cls.__new__(cls)
-        self._setup(dict(options), group_id, path)
+        self._setup(dict(options), group_id, path, replay=replay)
         return self
 
-    def _setup(self, options: dict[str, Any], group_id: str, path: str) -> None:
+    def _setup(self, options: dict[str, Any], group_id: str, path: str, *, replay: bool = False) -> None:
         self._options = options
         self._path = path
         self.group_id = group_id
+        self.replay = replay
         self.max_held = DEFAULT_MAX_HELD_OUTPUTS
         self.refused: Refused | None = None  # None: a refused output is raised (systemic)
         # the group's committed offset of an input partition: settles a commit whose producer failed
@@ -97,7 +103,7 @@ class PartitionTransactions:
         self._opening: dict[TopicPartition, asyncio.Future[AIOKafkaProducer]] = {}
 
     def transactional_id(self, tp: TopicPartition) -> str:
-        return transactional_id(self.group_id, tp.topic, tp.partition)
+        return transactional_id(self.group_id, tp.topic, tp.partition, replay=self.replay)
 
     def hold(self, tp: TopicPartition, offset: int, outputs: list[HeldOutput], source: object = None) -> None:
         """File the outputs of a record that is done (and the record: its dead letter if the broker
@@ -172,7 +178,8 @@ class PartitionTransactions:
         self._producers[tp] = Transactional(producer)
 
     async def _init(self, tp: TopicPartition) -> AIOKafkaProducer:
-        await fence_legacy(self._options, legacy_transactional_id(self.group_id, tp.topic, tp.partition))
+        if not self.replay:
+            await fence_legacy(self._options, legacy_transactional_id(self.group_id, tp.topic, tp.partition))
         return await open_transactional(self._options, self.transactional_id(tp))
 
     def owns(self, tp: TopicPartition) -> bool:
@@ -296,8 +303,11 @@ class PartitionTransactions:
         held = self._held.get(tp, {})
         below = self._take_below(tp, offset)  # sorted once: sent in this order, then dropped
         outputs = [output for o in below for output in held[o]]
+        if self.replay and not outputs:
+            return True  # nothing to send and no offset to commit: no transaction
+        group = None if self.replay else ({tp: offset}, self.group_id)
         try:
-            await tx.run(outputs, offsets=({tp: offset}, self.group_id), one_by_one=tp in self._careful)
+            await tx.run(outputs, offsets=group, one_by_one=tp in self._careful)
         except BaseException:
             if tx.in_doubt or tx.lost:
                 self._doubt[tp] = offset  # asked, answer not seen: the next call waits for it (or reads)

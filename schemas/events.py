@@ -277,6 +277,22 @@ class HistoryInfo(Open):
             ),
         ),
     ] = 0
+    observed: Annotated[
+        int | None,
+        Field(
+            ge=0,
+            description=(
+                "Observational Memory: the messages the observation log covers (left out of `messages`, the "
+                "log is there instead); absent without OM"
+            ),
+        ),
+    ] = None
+    observationTokens: Annotated[
+        int | None,
+        Field(
+            ge=0, description="Observational Memory: the log's tokens (Mastra OM's count); absent without OM"
+        ),
+    ] = None
 
 
 class EnrichedRequest(EventBase):

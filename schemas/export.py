@@ -59,7 +59,7 @@ OBSERVATIONAL_MODELS: Final[tuple[type[BaseModel], ...]] = (
     ReflectRequest,
     ReflectResult,
 )
-"""Observational Memory's events (docs/observational-memory.md): JSON Schemas now, AsyncAPI once on topics."""
+"""Observational Memory's events (docs/observational-memory.md), on `agent.memory.observe` / `.observed`."""
 
 # (channel id, default topic, setting, value model(s) or None for a dead letter, description)
 _Value = type[BaseModel] | tuple[type[BaseModel], ...] | None
@@ -82,6 +82,14 @@ _TOPICS: Final[tuple[tuple[str, str, str, _Value, str], ...]] = (
      "What each forget command removed (counts and ids); for auditing and the requester."),
     ("commandsDeadLetters", "agent.history.commands.dlq", "MESSAGE_HISTORY_COMMANDS_DLQ_TOPIC", None,
      "Commands the service refused: original key and value bytes, untouched; the reason in headers."),
+    ("observe", "agent.memory.observe", "MESSAGE_HISTORY_OBSERVE_REQUESTS_TOPIC",
+     (ObserveRequest, ReflectRequest),
+     "Observational Memory's work, written by the service's persist path; read by observer workers."),
+    ("observed", "agent.memory.observed", "MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC",
+     (ObserveResult, ReflectResult),
+     "Observers' answers, written by observer workers; read by the service's observed path."),
+    ("observedDeadLetters", "agent.memory.observed.dlq", "MESSAGE_HISTORY_OBSERVE_RESULTS_DLQ_TOPIC", None,
+     "Observer answers the service refused: original key and value bytes, untouched; the reason in headers."),
 )  # fmt: skip
 
 # From the service's point of view: what it receives and what it sends.
@@ -95,6 +103,9 @@ _OPERATIONS: Final = (
     ("receiveCommands", "receive", "commands", "Commands: read a forget command, erase, leave a tombstone."),
     ("sendForgotten", "send", "forgotten", "Commands: publish what was forgotten."),
     ("sendCommandDeadLetters", "send", "commandsDeadLetters", "Refuse a bad or unauthorized command."),
+    ("sendObserve", "send", "observe", "Persist: a thread's unobserved messages passed the threshold."),
+    ("receiveObserved", "receive", "observed", "Observed: apply an observer's answer once, to its claim."),
+    ("sendObservedDeadLetters", "send", "observedDeadLetters", "Refuse a bad observer answer."),
 )
 
 
@@ -166,13 +177,15 @@ def json_schemas() -> dict[str, str]:
 def asyncapi() -> dict[str, Any]:
     """The AsyncAPI 3.0 document: topics as channels, the service's operations, events as messages."""
     _, defs = models_json_schema(
-        [(model, "validation") for model in SCHEMA_MODELS], ref_template="#/components/schemas/{model}"
+        [(model, "validation") for model in (*SCHEMA_MODELS, *OBSERVATIONAL_MODELS)],
+        ref_template="#/components/schemas/{model}",
     )
     limits = Limits()
     key = {"type": "string", "description": "threadId, UTF-8: one thread always lands on one partition"}
     messages: dict[str, Any] = {}
     command_key = {"type": "string", "description": "threadId (ForgetThread) or resourceId (ForgetResource)"}
-    for model in (*SCHEMA_MODELS[:4], *COMMAND_MODELS):
+    om_key = {"type": "string", "description": "threadId (thread scope) or resourceId (resource scope)"}
+    for model in (*SCHEMA_MODELS[:4], *COMMAND_MODELS, *OBSERVATIONAL_MODELS):
         name = model.__name__
         messages[name] = {
             "name": name,
@@ -183,7 +196,13 @@ def asyncapi() -> dict[str, Any]:
             "headers": _event_headers(),
             "bindings": {
                 "kafka": {
-                    "key": command_key if model in COMMAND_MODELS else key,
+                    "key": (
+                        command_key
+                        if model in COMMAND_MODELS
+                        else om_key
+                        if model in OBSERVATIONAL_MODELS
+                        else key
+                    ),
                     "bindingVersion": KAFKA_BINDING_VERSION,
                 }
             },

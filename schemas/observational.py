@@ -4,27 +4,45 @@
 on `agent.memory.observed` (a `type` field names each), keyed by `threadId` (thread scope) or `resourceId`
 (resource scope). A request names the claim it was made under (`recordId`, `generation`, `cycle`); the result
 echoes them and is applied only if that claim is still current (`storage/observational.py`), so a late or
-repeated answer changes nothing. Design: docs/observational-memory.md. Not wired into the paths yet.
+repeated answer changes nothing. Design: docs/observational-memory.md. The persist path sends the requests
+(`consumers.observe_emit`), the observed path applies the results (`consumers.observe_results`).
 """
 
 # ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
 from __future__ import annotations
 
-from typing import Annotated, Literal, Self
+from typing import Annotated, Any, Final, Literal, Self
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
+from message_history.errors import EventValidationError
+from schemas.codec import check_id, check_raw, validation_error
 from schemas.events import MAX_SAFE_INTEGER, SchemaVersion
+from schemas.limits import Limits
 from schemas.messages import Message, Open, Timestamp
 
-__all__ = ["ObserveRequest", "ObserveResult", "ReflectRequest", "ReflectResult"]
+__all__ = [
+    "ObserveRequest",
+    "ObserveResult",
+    "ReflectRequest",
+    "ReflectResult",
+    "decode_result",
+    "decode_work",
+]
 
 Scope = Literal["thread", "resource"]
 Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
 
 
+def _require_schema_version(schema: dict[str, Any]) -> None:
+    # as the events': Python callers may omit it (it defaults to 1); on the wire it is required
+    schema["required"] = ["schemaVersion", *schema.get("required", [])]
+
+
 class WorkBase(Open):
     """What every OM event carries: who it is for and the claim it belongs to."""
+
+    model_config = ConfigDict(json_schema_extra=_require_schema_version)
 
     schemaVersion: SchemaVersion = 1
     requestId: Annotated[str, Field(description="the request's id; a result echoes it")]
@@ -101,3 +119,38 @@ class ReflectResult(WorkBase):
     error: Annotated[
         str | None, Field(description="set when the reflector failed: the claim is released")
     ] = None
+
+
+_RESULT: Final = TypeAdapter(Annotated[ObserveResult | ReflectResult, Field(discriminator="type")])
+
+
+def decode_result(raw: bytes, limits: Limits = Limits()) -> ObserveResult | ReflectResult:  # noqa: B008
+    """Decode and check an `agent.memory.observed` record value; anything wrong is one `EventValidationError`
+    (the record's dead letter)."""
+    check_raw(raw, limits, "observer result")
+    try:
+        result = _RESULT.validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
+    if "schemaVersion" not in result.model_fields_set:  # required on the wire, as for the events
+        raise EventValidationError("Field required", "schemaVersion")
+    for path, value in (("requestId", result.requestId), ("resourceId", result.resourceId),
+                        ("threadId", result.threadId), ("recordId", result.recordId)):  # fmt: skip
+        if value is not None:
+            check_id(value, path, limits)
+    if isinstance(result, ObserveResult):
+        for i, ident in enumerate(result.observedMessageIds):
+            check_id(ident, f"observedMessageIds.{i}", limits)
+    return result
+
+
+_WORK: Final = TypeAdapter(Annotated[ObserveRequest | ReflectRequest, Field(discriminator="type")])
+
+
+def decode_work(raw: bytes | str) -> ObserveRequest | ReflectRequest:
+    """An `agent.memory.observe` record value (what an observer worker reads); `EventValidationError` when it
+    is not one."""
+    try:
+        return _WORK.validate_json(raw)
+    except ValidationError as exc:
+        raise validation_error(exc) from None

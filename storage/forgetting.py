@@ -41,6 +41,7 @@ from schemas.messages import utc_now_ms
 from storage.client import CODEC
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
+from storage.observational import forget_observations
 from storage.protocol import Tombstones
 from storage.raw_rows import RAW, keys_of
 from storage.turns import TURNS
@@ -158,6 +159,8 @@ class MongoForgetting:
             resourceId=owner or resource_id,
         )
         await self._delete_chunks(self.messages, query, "forget messages", outcome, progress)
+        with self._bounded("forget the thread's observations"):  # Observational Memory's rows
+            await forget_observations(self.db, thread_id=thread_id)
         with self._bounded("forget the thread's markers"):
             await self.turns.delete_many(marker)
         with self._bounded("forget the thread"):
@@ -231,6 +234,8 @@ class MongoForgetting:
         )
         # the markers of its threads never saved (no thread row to find them through)
         await self._delete_chunks(self.turns, {"resourceId": resource_id}, "forget the resource's markers")
+        with self._bounded("forget the resource's observations"):  # Observational Memory's rows
+            await forget_observations(self.db, resource_id=resource_id)
         return outcome
 
     async def _count_resource(self, resource_id: str, outcome: ForgetOutcome) -> ForgetOutcome:

@@ -15,7 +15,10 @@ overwrites (its updates `$set` named fields only):
   changes nothing;
 * `_mh_claimed_at`: when the flag was set; a claim older than the timeout is taken again (a crashed or slow
   observer never leaves `isObserving` stuck). A flag set by a Mastra app has no claim time: its `updatedAt`
-  stands in.
+  stands in;
+* `_mh_claimed_by`: the request whose saved turn made the claim, so that the same turn redelivered (its batch
+  retried after a failed send, or the service restarted between the claim and its commit) sends the claim's
+  work again instead of waiting out the timeout.
 
 Rows are input: each is decoded alone (`storage.raw_rows`), and one no Mastra would read is skipped and
 counted (`storage.unreadable`), never a crash.
@@ -47,15 +50,18 @@ __all__ = [
     "Claim",
     "MongoObservationalStore",
     "ObservationalRecord",
+    "forget_observations",
     "lookup_key",
     "record_from_doc",
 ]
 
 OBSERVATIONAL: Final = "mastra_observational_memory"
+MESSAGES: Final = "mastra_messages"
 CLAIM_TIMEOUT: Final = timedelta(minutes=5)
 """How long a claim holds before another may take it (an observer answers well within it, or is retried)."""
 CYCLE: Final = "_mh_cycle"
 CLAIMED_AT: Final = "_mh_claimed_at"
+CLAIMED_BY: Final = "_mh_claimed_by"
 _READ_BACK: Final = 5  # newest generations read to find a readable one past unreadable rows
 
 Kind = Literal["observe", "reflect"]
@@ -91,6 +97,9 @@ class ObservationalRecord:
     created_at: datetime | None
     updated_at: datetime | None
     cycle: int
+    claimed_by: str | None = (
+        None  # the request whose turn made the live claim (None: none, or a Mastra app's)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +181,7 @@ def record_from_doc(doc: Mapping[str, Any]) -> ObservationalRecord:
             created_at=_date(doc, "createdAt"),
             updated_at=_date(doc, "updatedAt"),
             cycle=_number(doc, CYCLE, key=True),
+            claimed_by=_text(doc, CLAIMED_BY) or None,
         )
     except _Refused as exc:
         raise UnreadableRowError(OBSERVATIONAL, ident, doc.get("lookupKey"), "om", str(exc)) from None
@@ -279,8 +289,11 @@ class MongoObservationalStore:
         assert found is not None  # an upsert returning the document after it
         return _record(found)
 
-    async def claim(self, record: ObservationalRecord, kind: Kind, now: datetime) -> Claim | None:
-        """Set `isObserving` (`isReflecting`) on the row if no live claim holds it; None when one does."""
+    async def claim(
+        self, record: ObservationalRecord, kind: Kind, now: datetime, *, by: str | None = None
+    ) -> Claim | None:
+        """Set `isObserving` (`isReflecting`) on the row if no live claim holds it; None when one does. `by`:
+        the request making it (`ObservationalRecord.claimed_by` when read back)."""
         flag = _FLAGS[kind]
         cutoff = now - self._timeout
         free = [
@@ -291,7 +304,7 @@ class MongoObservationalStore:
         with storage_errors("om claim"):
             found = await self._rows.find_one_and_update(
                 {"id": record.id, "generationCount": record.generation, "$or": free},
-                {"$set": {flag: True, CLAIMED_AT: now, "updatedAt": now}, "$inc": {CYCLE: 1}},
+                {"$set": {flag: True, CLAIMED_AT: now, CLAIMED_BY: by, "updatedAt": now}, "$inc": {CYCLE: 1}},
                 projection={CYCLE: 1, "_id": 0},
                 return_document=ReturnDocument.AFTER,
             )
@@ -337,7 +350,7 @@ class MongoObservationalStore:
         with storage_errors("om reflect"):
             settled_raw = await self._raw.find_one_and_update(
                 {**_claimed(claim), "isReflecting": True},
-                {"$set": {"isReflecting": False, CLAIMED_AT: None, "updatedAt": now}},
+                {"$set": {"isReflecting": False, CLAIMED_AT: None, CLAIMED_BY: None, "updatedAt": now}},
                 return_document=ReturnDocument.AFTER,
             )
         if settled_raw is None:
@@ -390,6 +403,20 @@ class MongoObservationalStore:
                 {"id": record_id}, {"$set": {"pendingMessageTokens": tokens, "updatedAt": now}}
             )
 
+    async def covered(self, record: ObservationalRecord) -> int:
+        """How many stored messages the record's log covers: its thread's (its resource's, with resource
+        scope) up to `lastObservedAt`, and the last cycle's `observedMessageIds` after it (one count)."""
+        if record.last_observed_at is None and not record.observed_message_ids:
+            return 0
+        owner: dict[str, Any] = (
+            {"thread_id": record.thread_id} if record.thread_id else {"resourceId": record.resource_id}
+        )
+        either: list[dict[str, Any]] = [{"id": {"$in": list(record.observed_message_ids)}}]
+        if record.last_observed_at is not None:
+            either.append({"createdAt": {"$lte": record.last_observed_at}})
+        with storage_errors("om read"):
+            return await self._rows.database[MESSAGES].count_documents({**owner, "$or": either})
+
     async def clear(self, thread_id: str | None, resource_id: str) -> int:
         """`clearObservationalMemory`: every generation of the key deleted (forget)."""
         with storage_errors("om clear"):
@@ -406,7 +433,7 @@ class MongoObservationalStore:
 
     async def _settle(self, claim: Claim, fields: dict[str, Any], inc: dict[str, Any] | None = None) -> bool:
         flag = _FLAGS[claim.kind]
-        update: dict[str, Any] = {"$set": {**fields, flag: False, CLAIMED_AT: None}}
+        update: dict[str, Any] = {"$set": {**fields, flag: False, CLAIMED_AT: None, CLAIMED_BY: None}}
         if inc:
             update["$inc"] = inc
         with storage_errors("om apply"):
@@ -430,3 +457,16 @@ def _readable(raw: RawBSONDocument) -> ObservationalRecord | None:
     except UnreadableRowError as exc:
         skip(exc)
         return None
+
+
+async def forget_observations(
+    db: AsyncDatabase[Any], *, thread_id: str | None = None, resource_id: str | None = None
+) -> int:
+    """Forget's erasure of Observational Memory (`storage.forgetting`): a thread's rows (Mastra's
+    `clearObservationalMemory`), or a resource's: its resource-scoped rows and every row it owns."""
+    store = MongoObservationalStore(db)
+    if thread_id is not None:
+        return await store.clear(thread_id, "")
+    if resource_id is None:
+        raise ValueError("forget_observations needs a thread_id or a resource_id")
+    return await store.clear_resource(resource_id)

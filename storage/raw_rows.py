@@ -22,7 +22,7 @@ from message_history.errors import UnreadableRowError
 from schemas.stored_rows import THREADS
 from storage.unreadable import skip
 
-__all__ = ["RAW", "decode_row", "keys_of", "keys_row", "lenient_row"]
+__all__ = ["RAW", "decode_row", "keys_of", "keys_row", "lenient_row", "projected"]
 
 RAW: Final[CodecOptions[RawBSONDocument]] = CodecOptions(document_class=RawBSONDocument, tz_aware=False)
 """A collection's reply as raw documents: nothing decoded by the driver, each row by `decode_row`."""
@@ -94,3 +94,56 @@ def keys_of(raw: RawBSONDocument, collection: str) -> dict[str, Any] | None:
     except UnreadableRowError as exc:
         skip(exc)
         return keys_row(raw.raw)
+
+
+# The BSON element types by how their value's length is read, to step over one without decoding it: a fixed
+# size; an int32 length then that many bytes after a header (string, code, symbol: 4; binary: 4 + subtype;
+# DBPointer: a string then an ObjectId); an int32 size of the whole value (document, array, code with scope).
+_FIXED_SIZES: Final[dict[int, int]] = {
+    **{0x01: 8, 0x06: 0, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0},
+    **{0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16, 0x7F: 0, 0xFF: 0},
+}
+_LENGTH_PREFIXED: Final[dict[int, int]] = {0x02: 4, 0x0D: 4, 0x0E: 4, 0x05: 5, 0x0C: 16}
+_SIZE_PREFIXED: Final = frozenset({0x03, 0x04, 0x0F})
+
+
+def projected(raw: bytes | memoryview, names: frozenset[bytes]) -> bytes | None:
+    """The document of `raw`'s top-level elements named in `names`, their bytes copied, nothing decoded: what
+    the server's projection on those fields returns (of a key repeated, the last). None when the bytes are
+    not a well-formed document's top level.
+
+    To read a row's `id` and `thread_id` (its home) as the projection `{id: 1, thread_id: 1}` reads them when
+    the whole row is one the codec refuses for another field (its content)."""
+    data = bytes(raw)
+    end = len(data) - 1
+    if end < 4 or int.from_bytes(data[:4], "little") != len(data) or data[end] != 0:
+        return None
+    kept: dict[bytes, bytes] = {}
+    at = 4
+    while at < end:
+        key_end = data.find(b"\x00", at + 1, end)
+        after = _value_end(data, data[at], key_end + 1, end) if key_end > 0 else None
+        if after is None or after > end:
+            return None
+        key = data[at + 1 : key_end]
+        if key in names:
+            kept[key] = data[at:after]
+        at = after
+    body = b"".join(kept.values())
+    return (len(body) + 5).to_bytes(4, "little") + body + b"\x00"
+
+
+def _value_end(data: bytes, kind: int, value: int, end: int) -> int | None:
+    """Where the value of type `kind` starting at `value` ends; None for a type not known here."""
+    length = int.from_bytes(data[value : value + 4], "little")
+    if kind in _FIXED_SIZES:
+        return value + _FIXED_SIZES[kind]
+    if kind in _LENGTH_PREFIXED:
+        return value + _LENGTH_PREFIXED[kind] + length
+    if kind in _SIZE_PREFIXED:
+        return value + length
+    if kind == 0x0B:  # regex: two C strings
+        pattern_end = data.find(b"\x00", value, end)
+        flags_end = data.find(b"\x00", pattern_end + 1, end) if pattern_end >= 0 else -1
+        return flags_end + 1 if flags_end >= 0 else None
+    return None

@@ -340,7 +340,13 @@ class Paths:
 
 
 async def no_emit(
-    record: Positioned, topic: str, *, key: bytes | None, value: bytes | None, headers: Headers = ()
+    record: Positioned,
+    topic: str,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers = (),
+    alone: bool = False,
 ) -> asyncio.Future[Any]:
     """The `Emit` for a test whose publisher keeps what it sends itself (it overrides `_send`)."""
     raise AssertionError("nothing goes through the channel here: the test's publisher keeps its outputs")

@@ -1,6 +1,7 @@
 """The worker SDK: consume `EnrichedRequest`s, call an async handler per turn, produce `AgentResponse`s.
 
-`AgentWorker` (Kafka, `worker.runner`) around the pure `Turn` / `Reply` / `build_response` (`worker.turn`).
+`AgentWorker` (Kafka, `worker.runner`; one turn: `worker.answer`) around the pure `Turn` / `Reply` /
+`build_response` (`worker.turn`).
 See docs/worker.md. The names are imported on first use, so `worker.turn` alone loads no Kafka client.
 """
 
@@ -10,14 +11,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from worker.runner import AgentWorker, Handler, WorkerStats
-    from worker.turn import Reply, SeenEvents, Turn, assistant_text, build_response, failed_response
+    from worker.answer import Handler, WorkerStats
+    from worker.runner import AgentWorker
+    from worker.turn import (
+        Reply,
+        RetryLater,
+        SeenEvents,
+        Turn,
+        assistant_text,
+        build_response,
+        failed_response,
+    )
 
 _WHERE = {
     "AgentWorker": "worker.runner",
-    "Handler": "worker.runner",
-    "WorkerStats": "worker.runner",
+    "Handler": "worker.answer",
+    "WorkerStats": "worker.answer",
     "Reply": "worker.turn",
+    "RetryLater": "worker.turn",
     "SeenEvents": "worker.turn",
     "Turn": "worker.turn",
     "assistant_text": "worker.turn",
@@ -29,6 +40,7 @@ __all__ = [
     "AgentWorker",
     "Handler",
     "Reply",
+    "RetryLater",
     "SeenEvents",
     "Turn",
     "WorkerStats",

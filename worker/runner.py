@@ -7,20 +7,27 @@
         await worker.run()  # until SIGTERM/SIGINT or worker.stop()
 
 Per batch of enriched requests: one thread's turns in order, different threads concurrently (at most
-`max_concurrent_turns`). Per turn, the handler is called with the `Turn`; its `Reply` becomes the
-`AgentResponse` (see `worker.turn`), sent with the enriched record's headers (the `traceparent` replaced by
-the turn's span when tracing is on) and waited for. A handler that raises (or times out) answers a failed
-turn, `finishReason: "error"`, logged with the traceback. Offsets are committed once the batch's responses
-are acknowledged by Kafka: a crash redelivers, never loses (at-least-once), and copies of an `eventId`
-already answered are dropped (`worker.turn.SeenEvents` says how far that goes). An enriched record that does
-not decode is logged and skipped (the service never writes one; the worker has no dead-letter topic).
+`max_concurrent_turns`). Per turn (`worker.answer`), the handler is called with the `Turn`; its `Reply`
+becomes the `AgentResponse` (see `worker.turn`), sent with the enriched record's headers (the `traceparent`
+replaced by the turn's span when tracing is on) and waited for. A handler that raises (or times out) answers a
+failed turn, `finishReason: "error"`, logged with the traceback. Offsets are committed once the batch's
+responses are acknowledged by Kafka: a crash redelivers, never loses (at-least-once), and copies of an
+`eventId` already answered are dropped (`worker.turn.SeenEvents` says how far that goes). An enriched record
+that does not decode is logged and skipped (the service never writes one; the worker has no dead-letter
+topic).
 
 With `processing_guarantee="exactly-once"` (the service's `MESSAGE_HISTORY_PROCESSING_GUARANTEE`, which
 `from_settings` follows) each response is held, and at the end of the batch the answered responses of each
-partition go out with that partition's consumed offset in one Kafka transaction (`worker.exactly_once`). A
-crash, a rebalance or a zombie worker then never makes a response visible twice to `read_committed` readers
-(the service's persist path reads so). The worker always reads `read_committed`: under exactly-once the
-service's aborted enriched requests are never answered.
+partition go out with that partition's consumed offset in one Kafka transaction. A crash, a rebalance or a
+zombie worker then never makes a response visible twice to `read_committed` readers (the service's persist
+path reads so). The worker always reads `read_committed`: under exactly-once the service's aborted enriched
+requests are never answered.
+
+The Kafka side is the service's runtime (`consumers.runtime`): `Intake` fetches (a record batch that cannot
+be read is read record by record, its records skipped as invalid; records of a partition whose assignment is
+not taken yet are handed back) and `Checkpoint` commits, at-least-once or exactly-once (a transactional
+producer per partition, opened and fenced before the partition is read; a commit in doubt settled before
+anything is sent again). A commit that fails for an outage is retried by the next commit, as the service's.
 
 SIGTERM (and SIGINT) stop fetching; the batch in flight gets `shutdown_grace_s` to finish, then what is left
 is cancelled and not committed (the next owner answers it); then the offsets of what was answered are
@@ -31,78 +38,65 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
-import random
 import signal
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Literal
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.abc import ConsumerRebalanceListener
-from aiokafka.errors import (
-    CommitFailedError,
-    IllegalStateError,
-    KafkaError,
-)
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from consumers.consumer import LoopOptions
 from consumers.lanes import run_lanes
-from consumers.offsets import OffsetTracker
-from consumers.runtime.emit import FileUnderOffset, SendNow
-from consumers.runtime.retry import backoff_delay, is_outage
-from message_history import tracing
-from message_history.errors import InvalidInputError
+from consumers.offsets import OffsetTracker, PartitionOffsets
+from consumers.runtime.checkpoint import Checked, Checkpoint, checkpoint_for
+from consumers.runtime.intake import HELD, Fetched, Intake, Listener, partition_of
 from message_history.settings import Settings
 from producers.connection import kafka_options
-from producers.output import OUTPUT_TOO_LARGE
-from producers.transactional import HeldOutput
-from schemas.codec import decode_enriched, encode
-from schemas.events import AgentResponse
-from worker.exactly_once import WorkerTransactions
-from worker.turn import FAILED, Reply, SeenEvents, Turn, build_response, failed_response
+from producers.transactions import PartitionTransactions
+from worker.answer import (
+    PATH,
+    RETRY_INITIAL_S,
+    RETRY_MAX_S,
+    Answerer,
+    Handler,
+    WorkerStats,
+    backoff,
+)
+from worker.turn import SeenEvents
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[Turn], Awaitable[Reply | str]]
-"""The user's code: one turn in, its reply out (a string is one assistant text message)."""
+COMMIT_TIMEOUT_S: Final = 10.0  # one try at a commit; past it a transaction is in doubt, settled next try
+COMMIT_RETRY_S: Final = 1.0  # how often a commit that failed is tried again while no batch comes
 
-RETRY_INITIAL_S: Final = 0.2
-RETRY_MAX_S: Final = 5.0
-COMMIT_TIMEOUT_S: Final = 10.0  # one try at a transaction; past it the commit is in doubt, settled next try
-_JITTER = random.Random()  # noqa: S311 -- retry jitter, not security
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    """What the worker did since it started (for logs, tests, a metrics exporter of the user's)."""
-
-    answered: int = 0
-    failed: int = 0  # answered as failed turns (the handler raised or timed out)
-    duplicates: int = 0  # dropped: the eventId was already answered
-    invalid: int = 0  # skipped: not a valid EnrichedRequest
+Item = tuple[Fetched, PartitionOffsets]  # a record and its partition's assignment, which it is done in
 
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-def _delay(attempt: int) -> float:
-    """The wait before retry `attempt` (1, 2, ...) while Kafka is down: exponential, jittered, capped."""
-    return backoff_delay(attempt, initial=RETRY_INITIAL_S, maximum=RETRY_MAX_S, rand=_JITTER.random)
+class _NoProbe:
+    """The runtime's health reports: the worker has no readiness endpoint (the runtime logs what matters)."""
+
+    def set_ready(self, component: str, ready: bool, reason: str = "") -> None:
+        return None
+
+    def beat(self, component: str) -> None:
+        return None
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no type information
-    def __init__(self, worker: AgentWorker) -> None:
-        self._worker = worker
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Runtime:
+    """What a worker runs on inside `async with`: its clients and the runtime around them."""
 
-    async def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
-        await self._worker.wait_idle()  # the batch in flight commits what it answered before we let go
-        await self._worker.close_transactions(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
-        await self._worker.open_transactions(assigned)
+    consumer: AIOKafkaConsumer
+    producer: AIOKafkaProducer | None  # at-least-once's; exactly-once sends in its transactions
+    intake: Intake
+    checkpoint: Checkpoint
 
 
 class AgentWorker:
@@ -122,6 +116,8 @@ class AgentWorker:
         poll_timeout_ms: int = 500,
         seen_per_partition: int = 10_000,
         handler_timeout_s: float | None = None,
+        retry_later_initial_s: float = 1.0,
+        retry_later_max_s: float = 60.0,
         shutdown_grace_s: float = 25.0,
         handle_signals: bool = True,
         clock: Callable[[], datetime] = _utc_now,
@@ -129,43 +125,37 @@ class AgentWorker:
     ) -> None:
         if max_concurrent_turns < 1:
             raise ValueError("max_concurrent_turns must be at least 1")
-        self._handler = handler
-        self._enriched_topic = enriched_topic
-        self._responses_topic = responses_topic
-        self._group_id = group_id
-        options = {"bootstrap_servers": bootstrap_servers, **(client_options or {})}
-        options.setdefault("client_id", f"agent-worker-{group_id}")
-        self._options = options
-        self._max_concurrent = max_concurrent_turns
-        self._max_batch = max_batch_records
-        self._poll_timeout_ms = poll_timeout_ms
-        self._handler_timeout_s = handler_timeout_s
-        self._grace_s = shutdown_grace_s
-        self._handle_signals = handle_signals
-        self._clock = clock
-        self._seen = SeenEvents(seen_per_partition)
-        self._stop = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None  # at-least-once only
-        # where responses go (`consumers.runtime.emit`): sent at once, or filed under their turn's offset
-        self._emit: SendNow | FileUnderOffset | None = None
-        self._signals: list[signal.Signals] = []
-        self.stats = WorkerStats()
-        # exactly-once: responses held per (partition, offset), committed with the offsets
-        self._transactions = (
-            WorkerTransactions(
-                options,
-                group_id=group_id,
-                stop=self._stop,
-                delay=_delay,
-                refused=self._refused_response,
-                commit_timeout_s=COMMIT_TIMEOUT_S,
-            )
-            if processing_guarantee == "exactly-once"
-            else None
+        self._turns = Answerer(
+            handler,
+            responses_topic,
+            clock,
+            handler_timeout_s,
+            SeenEvents(seen_per_partition),
+            retry_later=(retry_later_initial_s, retry_later_max_s),
         )
+        self.stats = self._turns.stats
+        self._enriched_topic, self._responses_topic = enriched_topic, responses_topic
+        self._group_id, self._max_concurrent = group_id, max_concurrent_turns
+        self._options = {"bootstrap_servers": bootstrap_servers, **(client_options or {})}
+        self._options.setdefault("client_id", f"agent-worker-{group_id}")
+        # the runtime's knobs (`consumers.runtime`): the worker's batches, retry and commit bounds, grace
+        self._opts = LoopOptions(
+            max_batch_records=max_batch_records,
+            poll_timeout_ms=poll_timeout_ms,
+            commit_interval_s=COMMIT_RETRY_S,
+            retry_initial_s=RETRY_INITIAL_S,
+            retry_max_s=RETRY_MAX_S,
+            revoke_drain_s=shutdown_grace_s,
+            commit_timeout_s=COMMIT_TIMEOUT_S,
+            exit_timeout_s=shutdown_grace_s,
+        )
+        self._handle_signals = handle_signals
+        self._exactly_once = processing_guarantee == "exactly-once"
+        self._stop, self._idle = asyncio.Event(), asyncio.Event()
+        self._idle.set()
+        self._tracker: OffsetTracker[TopicPartition] = OffsetTracker()  # answered offsets, per assignment
+        self._attached: _Runtime | None = None  # inside `async with`
+        self._signals: list[signal.Signals] = []
 
     @classmethod
     def from_settings(
@@ -188,7 +178,7 @@ class AgentWorker:
     async def __aenter__(self) -> AgentWorker:
         producer = (
             None
-            if self._transactions is not None
+            if self._exactly_once
             else AIOKafkaProducer(**self._options, acks="all", enable_idempotence=True, linger_ms=5)
         )
         consumer = AIOKafkaConsumer(
@@ -197,7 +187,7 @@ class AgentWorker:
             enable_auto_commit=False,
             auto_offset_reset="earliest",
             isolation_level="read_committed",
-            max_poll_records=self._max_batch,
+            max_poll_records=self._opts.max_batch_records,
         )
         if producer is not None:
             await producer.start()
@@ -207,48 +197,77 @@ class AgentWorker:
             if producer is not None:
                 await producer.stop()
             raise
-        consumer.subscribe([self._enriched_topic], listener=_Listener(self))
-        if self._transactions is not None:
-            self._transactions.attach(consumer)
-        self._producer, self._consumer = producer, consumer
-        self._emit = FileUnderOffset() if producer is None else SendNow(producer)
+        self._attach(consumer, producer)
+        consumer.subscribe([self._enriched_topic], listener=Listener(self._on_revoked, self._on_assigned))
         if self._handle_signals:
             self._install_signals()
         return self
+
+    def _attach(self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer | None) -> None:
+        """The runtime around the clients: the intake fetching, the checkpoint committing."""
+        probe = _NoProbe()
+        output = (
+            PartitionTransactions.for_client(self._options, group_id=self._group_id, path=PATH)
+            if producer is None
+            else producer
+        )
+        checkpoint = checkpoint_for(
+            output,
+            Checked(PATH, consumer, self._tracker, probe, self._opts),
+            refused=self._turns.refused,
+            backoff=backoff(),
+            stopping=self._stop.is_set,
+        )
+        intake = Intake(
+            path=PATH, topic=self._enriched_topic, consumer=consumer, health=probe, options=self._opts
+        )
+        self._attached = _Runtime(consumer, producer, intake, checkpoint)
+
+    @property
+    def _runtime(self) -> _Runtime:
+        runtime = self._attached
+        if runtime is None:
+            raise RuntimeError("AgentWorker used outside its `async with`")
+        return runtime
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
         self._remove_signals()
-        consumer, producer = self._consumer, self._producer
-        self._consumer = self._producer = self._emit = None
+        runtime = self._attached
+        if runtime is None:
+            return
         try:
-            if consumer is not None:
-                await consumer.stop()  # leaves the group
+            await runtime.consumer.stop()  # leaves the group
         finally:
-            if self._transactions is not None:
-                await self._transactions.close()
-            if producer is not None:
-                await producer.stop()  # flushes
+            self._attached = None
+            await runtime.checkpoint.close()
+            if runtime.producer is not None:
+                await runtime.producer.stop()  # flushes
 
     def stop(self) -> None:
         """Stop fetching; `run` returns once the batch in flight is answered (or the grace is over)."""
         self._stop.set()
 
-    async def wait_idle(self) -> None:
-        """Until no batch is in flight (its answers sent and committed), at most the shutdown grace."""
+    async def _on_revoked(self, revoked: set[TopicPartition]) -> None:
+        """The batch in flight commits what it answered (within the grace), then the partitions' last
+        commit; what they held is dropped (the next owner answers it again)."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._idle.wait(), self._grace_s)
+            await asyncio.wait_for(self._idle.wait(), self._opts.revoke_drain_s)
+        intake, checkpoint = self._runtime.intake, self._runtime.checkpoint
+        await checkpoint.commit_now(
+            intake.owned(sorted(revoked, key=lambda tp: tp.partition)), reason="revoke"
+        )
+        await checkpoint.revoked(revoked)
+        self._tracker.forget(revoked)
+        intake.drop(revoked)
 
-    async def open_transactions(self, assigned: set[TopicPartition]) -> None:
-        """Exactly-once: the new partitions' producers opened, each read from its committed offset."""
-        if self._transactions is not None:
-            await self._transactions.open(assigned)
-
-    async def close_transactions(self, revoked: set[TopicPartition]) -> None:
-        if self._transactions is not None:
-            await self._transactions.close(revoked)
+    async def _on_assigned(self, assigned: set[TopicPartition]) -> None:
+        """Exactly-once: the new partitions' producers opened (fencing), each read from its committed
+        offset."""
+        await self._runtime.checkpoint.assigned(assigned)
+        self._runtime.intake.take(assigned)
 
     def _install_signals(self) -> None:
         loop = asyncio.get_running_loop()
@@ -273,178 +292,72 @@ class AgentWorker:
 
     async def run(self) -> WorkerStats:
         """Answer enriched requests until stopped; returns the stats. Inside `async with` only."""
-        consumer = self._require(self._consumer)
+        intake, checkpoint = self._runtime.intake, self._runtime.checkpoint
         log.info(
             "agent worker started",
             extra={"topic": self._enriched_topic, "responses_topic": self._responses_topic},
         )
         while not self._stop.is_set():
-            fetched = await consumer.getmany(timeout_ms=self._poll_timeout_ms, max_records=self._max_batch)
-            if self._transactions is not None:
-                fetched = self._transactions.only_ready(fetched)
-            records = [rec for recs in fetched.values() for rec in recs]
+            if checkpoint.failure is not None:
+                raise checkpoint.failure  # a commit (or a partition's opening) refused for good
+            if checkpoint.full():  # exactly-once, commits failing: answer no more until they drain
+                intake.hold(HELD)
+                await intake.wait_polling(0.1, self._stop, checkpoint.maybe_commit)
+                intake.release(HELD)
+                continue
+            records = await intake.fetch()
             if records:
                 await self._run_batch(records)
-        log.info("agent worker stopped", extra={"stats": self._stats_dict()})
+            checkpoint.maybe_commit()
+        await checkpoint.commit_now(intake.owned(self._tracker.keys()), reason="shutdown")
+        log.info("agent worker stopped", extra={"stats": dataclasses.asdict(self.stats)})
         return self.stats
 
-    def _stats_dict(self) -> dict[str, int]:
-        s = self.stats
-        return {"answered": s.answered, "failed": s.failed, "duplicates": s.duplicates, "invalid": s.invalid}
+    async def _run_batch(self, records: Sequence[Fetched]) -> None:
+        """Answer the batch (threads concurrently, each in order), then commit what was answered.
 
-    async def _run_batch(self, records: Sequence[ConsumerRecord]) -> None:
-        """Answer the batch (threads concurrently, each in order), then commit what was answered."""
+        The commit policy is the service's (`consumers.runtime.checkpoint`): a commit failing for an outage
+        is not retried here but by the next commit (the next batch's, or `maybe_commit` while none comes).
+        The loop then keeps polling (the consumer stays in its group past `max.poll.interval.ms`), a stop
+        is honoured at once, and the commit code is one; the offsets stay committable meanwhile, and under
+        exactly-once the held responses wait (intake pauses when they reach their cap)."""
         self._idle.clear()
-        answered: OffsetTracker[TopicPartition] = OffsetTracker()  # this batch's answered offsets
-        for rec in records:
-            answered.track(TopicPartition(rec.topic, rec.partition), rec.offset)
-        batch = asyncio.create_task(self._answer_all(records, answered))
+        items = [(rec, self._tracker.track(partition_of(rec), rec.offset)) for rec in records]
+        batch = asyncio.create_task(self._answer_all(items))
         stopper = asyncio.create_task(self._stop.wait())
         try:
             await asyncio.wait({batch, stopper}, return_when=asyncio.FIRST_COMPLETED)
             if not batch.done():  # stopping: the grace period, then what is left goes to the next owner
-                await asyncio.wait({batch}, timeout=self._grace_s)
+                await asyncio.wait({batch}, timeout=self._opts.exit_timeout_s)
                 if not batch.done():
                     log.warning("shutdown grace over: unanswered turns left for the next owner")
                     batch.cancel()
                     await asyncio.gather(batch, return_exceptions=True)
         finally:
             stopper.cancel()
-            try:
-                await self._commit(answered.committable())  # per partition, past its answered run
+            try:  # per partition, past its answered run
+                partitions = sorted({partition_of(r) for r in records}, key=lambda tp: tp.partition)
+                await self._runtime.checkpoint.commit_now(partitions, reason="batch")
             finally:
                 self._idle.set()
         if not batch.cancelled() and batch.exception() is not None:
             raise batch.exception()  # type: ignore[misc]  # checked just above
 
-    async def _answer_all(
-        self, records: Sequence[ConsumerRecord], answered: OffsetTracker[TopicPartition]
-    ) -> None:
+    async def _answer_all(self, items: Sequence[Item]) -> None:
         """Answer the batch on the service's lane runner: a lane per (partition, key = thread id), one
         thread's turns in order; an error (Kafka refused a send) cancels the other lanes and is raised."""
 
-        async def answer(rec: ConsumerRecord) -> None:
-            await self._answer(rec)
-            answered.partition(TopicPartition(rec.topic, rec.partition)).done(rec.offset)
+        async def answer(item: Item) -> None:
+            record, part = item
+            await self._turns.answer(record, self._runtime.checkpoint.emit)
+            tp = partition_of(record)
+            if self._tracker.owns(tp, part):  # not revoked meanwhile: its filed response is ours to commit
+                self._runtime.checkpoint.hold(tp, record)
+            part.done(record.offset)
 
         await run_lanes(
-            records,
-            key=lambda rec: (rec.partition, rec.key),
+            items,
+            key=lambda item: (item[0].partition, item[0].key),
             work=answer,
             max_concurrent=self._max_concurrent,
         )
-
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> None:
-        """Commit `offsets` (each partition's answered watermark): in transactions under exactly-once."""
-        if not offsets:
-            return
-        if self._transactions is not None:
-            await self._transactions.commit(offsets)
-            return
-        try:
-            await self._require(self._consumer).commit(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            # the group rebalanced meanwhile: the next owner redelivers these turns (and drops none by id)
-            log.warning("commit refused after a rebalance", extra={"error": str(exc)})
-
-    async def _refused_response(
-        self, tp: TopicPartition, offset: int, source: object, error: BaseException
-    ) -> list[HeldOutput]:
-        """Exactly-once: the broker refused a response for its size (the topic's `max.message.bytes`): the
-        turn is answered as failed instead, in the same transaction (as `_send` does at-least-once)."""
-        if not isinstance(source, Turn):
-            return []
-        log.error(
-            "response refused by the broker for its size: answering a failed turn",
-            extra={"request_id": source.request_id, "partition": tp.partition, "offset": offset},
-        )
-        self.stats.failed += 1
-        failed = failed_response(source, now=self._clock())
-        return [HeldOutput(self._responses_topic, source.thread_id.encode(), encode(failed), ())]
-
-    # --- one turn -------------------------------------------------------------------------------------------
-
-    async def _answer(self, record: ConsumerRecord) -> None:
-        where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
-        try:
-            event = decode_enriched(record.value if record.value is not None else b"")
-        except InvalidInputError as exc:
-            self.stats.invalid += 1
-            log.error("not an EnrichedRequest: skipped", extra={**where, "reason": str(exc)})  # noqa: TRY400
-            return
-        if (record.partition, event.eventId) in self._seen:
-            self.stats.duplicates += 1
-            log.info("duplicate enriched request dropped", extra={**where, "event_id": event.eventId})
-            return
-        turn = Turn(event, record.partition, record.offset)
-        ids = {"request_id": event.requestId, "thread_id": event.threadId}
-        with tracing.output_span("agent turn", record, **{"messaging.message.id": event.requestId}) as span:
-            response = await self._respond(turn, ids)
-            headers = tracing.output_headers([(k, v or b"") for k, v in record.headers or ()], span)
-            emit = self._require(self._emit)
-            await self._send(emit, record, turn, response, headers)
-        if isinstance(emit, FileUnderOffset) and self._transactions is not None:
-            self._transactions.hold(record, emit.take(record), turn)
-        self._seen.add(record.partition, event.eventId)
-        self.stats.answered += 1
-
-    async def _respond(self, turn: Turn, ids: dict[str, str]) -> AgentResponse:
-        try:
-            if self._handler_timeout_s is None:
-                reply = await self._handler(turn)
-            else:
-                reply = await asyncio.wait_for(self._handler(turn), self._handler_timeout_s)
-            return build_response(turn, reply, now=self._clock())
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # the user's code: whatever it raises is a failed turn, never a stopped worker
-            self.stats.failed += 1
-            log.exception("handler failed: answering a failed turn", extra=ids)
-            return failed_response(turn, now=self._clock())
-
-    async def _send(
-        self,
-        emit: SendNow | FileUnderOffset,
-        record: ConsumerRecord,
-        turn: Turn,
-        response: AgentResponse,
-        headers: list[tuple[str, bytes]],
-    ) -> object:
-        """Emit the response and wait until it is durable (Kafka's acknowledgement, or filed under the turn's
-        offset for its transaction), retrying while Kafka is unavailable."""
-        attempt = 0
-        while True:
-            try:
-                ack = await emit(
-                    record,
-                    self._responses_topic,
-                    value=encode(response),
-                    key=turn.thread_id.encode(),
-                    headers=headers,
-                )
-                return await ack
-            except OUTPUT_TOO_LARGE:
-                ids = {"request_id": turn.request_id}
-                if response.finishReason == FAILED and not response.response:
-                    # even the bare input does not fit: nothing can be said for this turn; the stream goes on
-                    log.error("failed-turn response too large for Kafka: turn dropped", extra=ids)  # noqa: TRY400
-                    return None
-                log.error("response too large for Kafka: answering a failed turn", extra=ids)  # noqa: TRY400
-                self.stats.failed += 1
-                response = failed_response(turn, now=self._clock())
-            except KafkaError as exc:
-                if not is_outage(exc):  # the service's outage policy: Kafka down or slow, not a refusal
-                    raise
-                attempt += 1
-                delay = _delay(attempt)
-                log.warning(
-                    "response not acknowledged, retrying",
-                    extra={"request_id": turn.request_id, "attempt": attempt, "error": type(exc).__name__},
-                )
-                await asyncio.sleep(delay)
-
-    @staticmethod
-    def _require(client: Any) -> Any:
-        if client is None:
-            raise RuntimeError("AgentWorker used outside its `async with`")
-        return client

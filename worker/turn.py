@@ -14,7 +14,8 @@ The response follows docs/events.md#6-responses so the persist path saves the ri
   question even when the worker's clock is behind the client's;
 - `finishReason` is the handler's (`"stop"` by default); a failed turn is `"error"` with no response
   message, which the persist path skips as `failed-turn`, saving nothing of it (no orphaned user message);
-- `memory.readOnly` is the request's unless the reply says otherwise.
+- `memory.readOnly` is the request's unless the reply says otherwise; `memory.observationalMemory` is the
+  request's (the service's persist path decides observation by it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,26 @@ FAILED: Final = "error"
 """The `finishReason` of a turn whose handler raised."""
 
 DEFAULT_SEEN_PER_PARTITION: Final = 10_000
+
+
+class RetryLater(Exception):  # noqa: N818 -- the TypeScript SDK's name: what the handler asks for
+    """Raised by a handler (or any exception with `retriable = True`): the turn cannot be answered NOW (a
+    provider's rate limit, an overloaded model); not a failed turn, which would save nothing of the user's
+    message. The worker backs off (doubling from `retry_later_initial_s`, jittered, at least `after_s`) and
+    calls the handler again for the same turn (the thread's next turns wait behind it), until it answers or
+    fails, or the shutdown grace is over (the turn is then left uncommitted for the next owner)."""
+
+    retriable: Final = True
+
+    def __init__(self, message: str = "retry later", *, after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.after_s = after_s
+        """Wait at least this long before the next attempt (e.g. the provider's Retry-After)."""
+
+
+def is_retry_later(error: BaseException) -> bool:
+    """A `RetryLater`, or any exception marked `retriable = True` (the TypeScript SDK's `retriable: true`)."""
+    return getattr(error, "retriable", False) is True
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +154,9 @@ def build_response(turn: Turn, reply: Reply | str, *, now: datetime) -> AgentRes
     read_only = reply.read_only if reply.read_only is not None else (event.memory and event.memory.readOnly)
     if read_only is not None:
         values["memory"] = {"readOnly": bool(read_only)}
+    observational = (event.memory.model_extra or {}).get("observationalMemory") if event.memory else None
+    if observational is not None:  # persist reads it: docs/events.md#20-observational-memory
+        values.setdefault("memory", {})["observationalMemory"] = observational
     return AgentResponse.model_validate(values)
 
 

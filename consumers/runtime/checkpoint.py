@@ -11,8 +11,9 @@ revoked / hold / commit / close` (quix-streams' `Checkpoint` is the model):
 The loop hands each batch the checkpoint's `emit`: paths hold no producer.
 
 A background commit runs at most every `commit_interval_ms` and never holds the loop up; revoke and shutdown
-commit and wait. A commit failing for an outage is retried by the next one; one failing for good is kept in
-`failure` for the loop to raise.
+commit and wait. A commit failing for an outage is retried by the next one (never inline: the loop keeps
+polling, so it stays in its group, and a stop is honoured at once); one failing for good is kept in `failure`
+for the loop to raise. The service's paths and the worker SDK (`worker.runner`) share this policy.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ each batch its channel (`Checkpoint.emit`) and the path calls it once per output
   would); once the record is done, the checkpoint takes its outputs (`take`) and holds them until the
   transaction that commits its offset.
 
-A record has one output (its event, or its dead letter): emitted again for the same record (an attempt made
-again after a split or an outage, or its dead letter instead of its event), the new one replaces the one
-filed before, so a record's outputs are produced once, as the last attempt made them.
+A record has at most one output per topic (its event, and Observational Memory's work for its thread) or its
+dead letter alone: an output emitted again for the same record and topic (an attempt made again after a split
+or an outage) replaces the one filed before, and a dead letter (`alone=True`) replaces all of them, so a
+record's outputs are produced once, as the last attempt made them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class SendNow:
         key: bytes | None,
         value: bytes | None,
         headers: Headers = (),
+        alone: bool = False,
     ) -> asyncio.Future[Any]:
         return await self._producer.send(topic, key=key, value=value, headers=headers)
 
@@ -61,7 +63,7 @@ class FileUnderOffset:
     module docstring)."""
 
     def __init__(self) -> None:
-        self._filed: dict[Position, list[HeldOutput]] = {}
+        self._filed: dict[Position, dict[str, HeldOutput]] = {}
 
     async def __call__(
         self,
@@ -71,6 +73,7 @@ class FileUnderOffset:
         key: bytes | None,
         value: bytes | None,
         headers: Headers = (),
+        alone: bool = False,
     ) -> asyncio.Future[Any]:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         pairs = tuple((k, v) for k, v in headers)
@@ -78,13 +81,16 @@ class FileUnderOffset:
         if size > MAX_REQUEST_BYTES:  # refused now, as the producer would: the input is dead-lettered
             done.set_exception(MessageSizeTooLargeError(f"the record is {size} bytes when serialized"))
             return done
-        self._filed[_position(record)] = [HeldOutput(topic, key, value, pairs)]
+        position = _position(record)
+        if alone or position not in self._filed:
+            self._filed[position] = {}
+        self._filed[position][topic] = HeldOutput(topic, key, value, pairs)
         done.set_result(None)
         return done
 
     def take(self, record: Positioned) -> list[HeldOutput]:
         """The outputs filed for `record` (none: it has none), no longer filed."""
-        return self._filed.pop(_position(record), [])
+        return list(self._filed.pop(_position(record), {}).values())
 
     def filed(self) -> int:
         """Records with outputs filed and not taken (tests)."""

@@ -23,8 +23,8 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the service: recall and persist paths")
     run.add_argument(
         "--only",
-        choices=["recall", "persist", "commands"],
-        help="run a single path (persist also runs the commands path)",
+        choices=["recall", "persist", "commands", "observed"],
+        help="run a single path (persist also runs the commands and observed paths)",
     )
 
     check = sub.add_parser("check", help="check that Kafka and MongoDB answer (a real round trip on each)")
@@ -49,6 +49,11 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="a scripted conversation through the running service, printed")
     demo.add_argument("--threads", type=int, default=2)
     demo.add_argument("--turns", type=int, default=3)
+    demo.add_argument(
+        "--observational",
+        action="store_true",
+        help="Observational Memory on, with a stub observer: the observation log grows with the conversation",
+    )
 
     from message_history.app.replay.plan import add_replay_arguments  # noqa: PLC0415 -- stdlib only, cheap
 
@@ -97,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 -- one retu
     if args.command == "demo":
         from message_history.app.demo import main as demo_main  # noqa: PLC0415
 
-        return demo_main(threads=args.threads, turns=args.turns)
+        return demo_main(threads=args.threads, turns=args.turns, observational=args.observational)
     if args.command == "replay":
         from message_history.app.replay.command import main as replay_main  # noqa: PLC0415
 

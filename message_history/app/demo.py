@@ -11,6 +11,11 @@ the service in this process, and plays three parts:
   "answers from memory" deterministically, and the SDK sends the `AgentResponse`;
 - at the end, the threads **as stored in MongoDB** (`mastra_threads` and `mastra_messages` rows).
 
+With `--observational`, Observational Memory is on (a low threshold, `DEMO_OBSERVATION_TOKENS`) and a fourth
+part runs: a **stub observer** on the Python SDK (`worker.observer`) that answers each `ObserveRequest` with
+one line per observed message; each enriched block then shows the log in the context, `history.observed` and
+the log's tokens growing as the conversation does, and the dump prints the `mastra_observational_memory` row.
+
 Every wait is bounded; the exit code is 0 on success and 1 with a message on failure. The service is stopped
 with the same stop event SIGTERM sets; the demo's topics and database are removed afterwards.
 One job, the demo (hence its length): the script, its three parts and their printing.
@@ -38,14 +43,17 @@ from message_history.settings import Settings
 from producers.connection import kafka_options as connection_options
 from schemas.codec import decode_persisted, encode
 from schemas.events import AgentRequest, EnrichedRequest, HistoryPersisted
+from schemas.observational import ObserveRequest
 from storage.client import mongo_client
 from worker import AgentWorker, Reply, Turn
+from worker.observer import ObserverWorker, observer_handler
 
 FIRST_TURN_TIMEOUT_S = 90.0  # the first turn also waits for three consumer groups to form
 TURN_TIMEOUT_S = 30.0
 SETUP_TIMEOUT_S = 30.0
 DEMO_PARTITIONS = 2
 TEXT_WIDTH = 90
+DEMO_OBSERVATION_TOKENS = 120  # Mastra's default is 30 000: the demo's short turns pass this every few turns
 
 SCRIPTS: list[tuple[str, list[str]]] = [
     (
@@ -109,13 +117,16 @@ def build_request(thread: DemoThread, turn: int, request_id: str) -> AgentReques
 
 def answer_from_memory(enriched: EnrichedRequest) -> str:
     """What the stand-in agent says: deterministic, and visibly built from the recalled history."""
-    memory = [m for m in enriched.messages if m.source == "memory"]
+    # the recalled messages (Observational Memory's log and reminder, ids `om-...`, are context, not turns)
+    memory = [m for m in enriched.messages if m.source == "memory" and not m.id.startswith("om-")]
     said_before = [_short(message_text(m.wire()), 50) for m in memory if m.role == "user"]
     now = [message_text(m.wire()) for m in enriched.messages if m.source == "input" and m.role == "user"]
     current = _short(now[-1], 50) if now else "(nothing)"
-    if not memory:
+    if not memory and not enriched.history.observed:
         return f"Nice to meet you! This thread has no history yet. You said: '{current}'"
     quoted = " / ".join(f"'{s}'" for s in said_before)
+    if enriched.history.observed:
+        quoted += f", and observations of {enriched.history.observed} older ones"
     return (
         f"I remember {len(memory)} earlier messages ({len(said_before)} from you): {quoted}. "
         f"Now you say: '{current}'"
@@ -159,9 +170,15 @@ def _short(text: str, width: int = TEXT_WIDTH) -> str:
 def render_enriched(enriched: EnrichedRequest, turn: int | None, answer: str) -> str:
     """One block per enriched event: a header, one line per message in the context, the agent's answer."""
     turn_text = f"turn {turn}" if turn is not None else "turn ?"
+    observed = enriched.history.observed
+    om = (
+        ""
+        if observed is None
+        else f" | observed {observed} (log {enriched.history.observationTokens} tokens)"
+    )
     lines = [
         f"--- {turn_text} | thread {enriched.threadId} | resource {enriched.resourceId} | "
-        f"recalled {enriched.history.recalled} (limit {enriched.history.limit}) ---"
+        f"recalled {enriched.history.recalled} (limit {enriched.history.limit}){om} ---"
     ]
     for m in enriched.messages:
         lines.append(f"  [{m.source}] {m.role}: {_short(message_text(m.wire()))}")
@@ -172,11 +189,18 @@ def render_enriched(enriched: EnrichedRequest, turn: int | None, answer: str) ->
 # --- settings and Kafka plumbing ---------------------------------------------------------------------------
 
 
-def demo_settings(base: Settings, run_id: str) -> Settings:
-    """The environment's settings with fresh topics, group and database; the HTTP server on a free port."""
+def demo_settings(base: Settings, run_id: str, *, observational: bool = False) -> Settings:
+    """The environment's settings with fresh topics, group and database; the HTTP server on a free port;
+    with `observational`, Observational Memory on at the demo's low threshold."""
     prefix = f"demo-{run_id}"
+    om: dict[str, Any] = (
+        {"observational_memory": True, "observation_message_tokens": DEMO_OBSERVATION_TOKENS}
+        if observational
+        else {}
+    )
     return base.model_copy(
         update={
+            **om,
             "requests_topic": f"{prefix}.agent.requests",
             "enriched_topic": f"{prefix}.agent.requests.enriched",
             "responses_topic": f"{prefix}.agent.responses",
@@ -187,6 +211,9 @@ def demo_settings(base: Settings, run_id: str) -> Settings:
             "commands_topic": f"{prefix}.agent.history.commands",
             "forgotten_topic": f"{prefix}.agent.history.forgotten",
             "commands_dlq_topic": None,
+            "observe_requests_topic": f"{prefix}.agent.memory.observe",
+            "observe_results_topic": f"{prefix}.agent.memory.observed",
+            "observe_results_dlq_topic": None,
             "group_id": f"message-history-{prefix}",
             "group_instance_id": None,
             "mongodb_database": f"mastra_demo_{run_id}",
@@ -269,6 +296,15 @@ class Demo:
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
+    async def observe(self, work: ObserveRequest) -> str:
+        """The stub observer: one dated line per observed message (a real one calls a model)."""
+        lines = [
+            f"- {_iso(m.createdAt)[11:19]} {m.role} said: {_short(message_text(m.wire()), 60)}"
+            for m in work.messages
+        ]
+        self.say(f"  [observer] {work.threadId}: cycle {work.cycle}, {len(work.messages)} messages observed")
+        return "\n".join(lines)
+
     def waiter(self, request_id: str) -> asyncio.Future[HistoryPersisted]:
         if request_id not in self.persisted:
             self.persisted[request_id] = asyncio.get_running_loop().create_future()
@@ -339,6 +375,17 @@ class Demo:
                         f"  {n}. {_iso(message.get('createdAt'))} {message.get('role')}: "
                         f"{_short(message_text(message))}  (id {message.get('id')})"
                     )
+                if self.settings.observational_memory:
+                    om = await db["mastra_observational_memory"].find_one(
+                        {"lookupKey": f"thread:{thread.thread_id}"}
+                    )
+                    if om is not None:
+                        self.say(
+                            f"  observations (generation {om.get('generationCount')}, "
+                            f"{om.get('observationTokenCount')} tokens, observing {om.get('isObserving')}):"
+                        )
+                        for line in str(om.get("activeObservations") or "").splitlines():
+                            self.say(f"    {_short(line)}")
         finally:
             await client.close()
 
@@ -373,18 +420,25 @@ async def wait_or_fail(
     raise DemoError(f"no answer within {timeout_s:g} s while waiting for {what}")
 
 
-async def run_demo(threads: int, turns: int, out: TextIO = sys.stdout, *, keep: bool = False) -> None:
+async def run_demo(
+    threads: int, turns: int, out: TextIO = sys.stdout, *, keep: bool = False, observational: bool = False
+) -> None:
     """The whole demo; raises DemoError on failure."""
     if threads < 1 or turns < 1:
         raise DemoError("--threads and --turns must be at least 1")
     base = Settings()
     register_settings_secrets(base)
     run_id = secrets.token_hex(3)
-    settings = demo_settings(base, run_id)
+    settings = demo_settings(base, run_id, observational=observational)
     demo = Demo(settings, run_id, script(run_id, threads, turns), out)
     demo.say(f"message-history demo {run_id}: {threads} threads x {turns} turns")
     demo.say(f"  client  -> {settings.requests_topic} -> service (recall) -> {settings.enriched_topic}")
     demo.say(f"  agent   -> {settings.responses_topic} -> service (persist) -> {settings.persisted_topic}")
+    if observational:
+        demo.say(
+            f"  observer -> {settings.observe_requests_topic} -> stub observer -> "
+            f"{settings.observe_results_topic} (observation at {settings.observation_message_tokens} tokens)"
+        )
     demo.say(f"  storage :  MongoDB database {settings.mongodb_database} (group {settings.group_id})\n")
 
     try:
@@ -409,17 +463,31 @@ async def _run_parts(demo: Demo) -> None:
         group_id=f"demo-{demo.run_id}-client",
         auto_offset_reset="earliest",
     )
-    clients = (reader_consumer, producer, agent)
+    observer = (
+        ObserverWorker.from_settings(
+            observer_handler(demo.observe), settings, group_id=f"demo-{demo.run_id}-observer"
+        )
+        if settings.observational_memory
+        else None
+    )
+    clients: tuple[AIOKafkaProducer | AIOKafkaConsumer | AgentWorker | ObserverWorker, ...] = (
+        reader_consumer,
+        producer,
+        agent,
+        *((observer,) if observer is not None else ()),
+    )
     tasks: list[asyncio.Task[Any]] = [service]
     try:
         await wait_or_fail(
-            _start_all(producer, reader_consumer, agent),
+            _start_all(*clients),
             tasks,
             SETUP_TIMEOUT_S,
             "the demo's Kafka clients to connect",
         )
         tasks.append(asyncio.create_task(agent.run(), name="the agent worker"))
         tasks.append(asyncio.create_task(demo.persisted_reader(reader_consumer), name="the persisted reader"))
+        if observer is not None:
+            tasks.append(asyncio.create_task(observer.run(), name="the stub observer"))
         await demo.drive(producer, tasks)
         await demo.dump_mongodb()
     except BaseException:
@@ -435,7 +503,7 @@ async def _shutdown(
     stop: asyncio.Event,
     service: asyncio.Task[Any],
     parts: Sequence[asyncio.Task[Any]],
-    clients: Sequence[AIOKafkaProducer | AIOKafkaConsumer | AgentWorker],
+    clients: Sequence[AIOKafkaProducer | AIOKafkaConsumer | AgentWorker | ObserverWorker],
     settings: Settings,
 ) -> DemoError | None:
     """Stop the demo's parts, then the service through its stop event; return what went wrong, if anything."""
@@ -445,7 +513,7 @@ async def _shutdown(
     await asyncio.gather(*parts, return_exceptions=True)
     for client in clients:
         with contextlib.suppress(Exception):
-            if isinstance(client, AgentWorker):
+            if isinstance(client, AgentWorker | ObserverWorker):
                 await client.__aexit__(None, None, None)
             else:
                 await client.stop()
@@ -463,19 +531,19 @@ async def _shutdown(
     return None
 
 
-async def _start_all(*clients: AIOKafkaProducer | AIOKafkaConsumer | AgentWorker) -> None:
+async def _start_all(*clients: AIOKafkaProducer | AIOKafkaConsumer | AgentWorker | ObserverWorker) -> None:
     for client in clients:
-        if isinstance(client, AgentWorker):
+        if isinstance(client, AgentWorker | ObserverWorker):
             await client.__aenter__()
         else:
             await client.start()
 
 
-def main(threads: int = 2, turns: int = 3) -> int:
+def main(threads: int = 2, turns: int = 3, *, observational: bool = False) -> int:
     """Entry of `message-history demo`: 0 on success, 1 with a message on stderr on failure."""
     configure_logging("WARNING")  # the service's own lines go to stderr as JSON; the demo prints to stdout
     try:
-        asyncio.run(run_demo(threads, turns))
+        asyncio.run(run_demo(threads, turns, observational=observational))
     except DemoError as exc:
         print(f"demo failed: {scrub(str(exc))}", file=sys.stderr)
         return 1

@@ -122,6 +122,8 @@ def input_topics(settings: Settings) -> dict[str, str]:
     pairs = {settings.requests_dlq: settings.requests_topic, settings.responses_dlq: settings.responses_topic}
     if settings.commands_topic:
         pairs[settings.commands_dlq] = settings.commands_topic
+    if settings.observe_results_topic:  # Observational Memory's observed path
+        pairs[settings.observe_results_dlq] = settings.observe_results_topic
     return pairs
 
 

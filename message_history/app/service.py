@@ -3,7 +3,7 @@
 Resources are entered in dependency order into one exit stack and unwound in reverse:
 
     MongoDB (+ turn markers)  ->  producer  ->  HTTP probes  ->  [periodic prune]  ->  turn barrier
-        ->  consumers (recall, persist, commands)
+        ->  consumers (recall, persist, commands, observed)
 
 so on the way out the consumers finish their batch, commit and leave the group first (all of them at once),
 then the probe server stops, then the producer flushes, then MongoDB closes. SIGTERM and SIGINT set one stop
@@ -20,6 +20,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from consumers.barrier import TurnBarrier, open_barrier
@@ -27,6 +28,9 @@ from consumers.commands import CommandsHandler
 from consumers.consumer import LoopOptions, build_consumer
 from consumers.contract import BatchHandler
 from consumers.loop import StreamLoop
+from consumers.observe_emit import ObservationEmitter
+from consumers.observe_recall import ObservationRecall
+from consumers.observe_results import ObserveResultsHandler
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.timeouts import TimeoutStrikes
@@ -52,6 +56,7 @@ from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.enriched import EnrichedPublisher
 from producers.forgotten import ForgottenPublisher
+from producers.observe import ObservePublisher
 from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
 from producers.transactions import PartitionTransactions
@@ -60,12 +65,14 @@ from storage.protocol import BatchHistoryStorage
 
 if TYPE_CHECKING:
     from storage.forgetting import MongoForgetting
+    from storage.observational import MongoObservationalStore
     from storage.turns import MongoTurnMarkers
 
 log = logging.getLogger(__name__)
 
-Path = Literal["recall", "persist", "commands"]
-PATHS: tuple[Path, ...] = ("recall", "persist", "commands")
+Path = Literal["recall", "persist", "commands", "observed"]
+PATHS: tuple[Path, ...] = ("recall", "persist", "commands", "observed")
+ADVISORY: tuple[Path, ...] = ("commands", "observed")  # their topics may not exist yet: never unready
 
 DRAIN_SHARE = 0.6
 """Share of the grace period given to finishing in-flight batches; the rest is for commit, leave, flush."""
@@ -125,6 +132,7 @@ class Opened:
     gate: TurnGate | None = None  # the recall path's turn guards (None: both off)
     markers: MongoTurnMarkers | None = None  # the busy-thread markers persist records answers in
     id_keys: tuple[bytes, ...] = ()  # the message-id keys, current first (`storage.message_id_keys`)
+    observational: MongoObservationalStore | None = None  # Observational Memory's rows (None: no OM)
 
 
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
@@ -132,11 +140,21 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
     settings, forgetting = opened.settings, opened.forgetting
     capabilities = storage_capabilities(opened.storage)
     loop_health: Health | _Advisory = opened.health
-    if path == "commands":
+    if path == "observed":
+        if opened.observational is None:
+            raise ValueError("the observed path needs the MongoDB storage")
+        topic, dlq = settings.observe_results_topic, settings.observe_results_dlq
+        handler: RecallHandler | PersistHandler | CommandsHandler | ObserveResultsHandler = (
+            ObserveResultsHandler(
+                rows=opened.observational, limits=Limits.from_settings(settings), threads=opened.storage
+            )
+        )
+        loop_health = _Advisory(opened.health)
+    elif path == "commands":
         if forgetting is None:
             raise ValueError("the commands path needs the MongoDB storage")
         topic, dlq = settings.commands_topic, settings.commands_dlq
-        handler: RecallHandler | PersistHandler | CommandsHandler = CommandsHandler(
+        handler = CommandsHandler(
             forgetting=forgetting,
             publisher=ForgottenPublisher(settings.forgotten_topic),
             limits=Limits.from_settings(settings),
@@ -151,6 +169,11 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             publisher,
             gate=opened.gate,
             raw_rows=capabilities.raw_rows,
+            observation=(
+                ObservationRecall(settings, opened.observational, opened.storage)
+                if opened.observational is not None
+                else None
+            ),
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
@@ -164,12 +187,13 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             id_keys=opened.id_keys,
             save_reads=capabilities.save_reads,
             homes=capabilities.homes,
+            observation=_observation(opened),
         )
     return StreamLoop(
         path=path,
         topic=topic,
         consumer=build_consumer(settings, path=path),
-        handler=handler if path == "commands" else _timeout_strikes(handler, opened.storage, settings, path),
+        handler=handler if path in ADVISORY else _timeout_strikes(handler, opened.storage, settings, path),
         dead_letters=DeadLetterPublisher(dlq),
         health=loop_health,
         options=LoopOptions.from_settings(settings),
@@ -209,6 +233,31 @@ def _timeout_strikes(
     return strikes
 
 
+def _observation(opened: Opened) -> ObservationEmitter | None:
+    """The persist path's Observational Memory hook, when the observed path's topic is set (no one would
+    apply the results otherwise) and the storage is MongoDB."""
+    settings = opened.settings
+    if opened.observational is None or not settings.observe_results_topic:
+        return None
+    publisher = ObservePublisher(settings.observe_requests_topic)
+    return ObservationEmitter(settings, opened.observational, opened.storage, publisher)
+
+
+async def _observational(
+    settings: Settings, forgetting: MongoForgetting | None
+) -> MongoObservationalStore | None:
+    """`mastra_observational_memory` on the storage's database, its indexes made; None without MongoDB."""
+    if forgetting is None:
+        return None
+    from storage.observational import MongoObservationalStore  # noqa: PLC0415 -- `--help` without pymongo
+
+    store = MongoObservationalStore(
+        forgetting.db, claim_timeout=timedelta(seconds=settings.observation_timeout_s)
+    )
+    await store.ensure_indexes()
+    return store
+
+
 def _forgetting(settings: Settings, storage: BatchHistoryStorage) -> MongoForgetting | None:
     """Forget and tombstones on the storage's database; None for a storage that is not MongoDB. A forget runs
     in chunks, each operation under the CLI's longer timeout (the tombstone reads keep the service's)."""
@@ -237,14 +286,16 @@ async def _message_id_keys(settings: Settings, forgetting: MongoForgetting | Non
 
 def selected_paths(settings: Settings, only: Path | None) -> tuple[Path, ...]:
     """The paths `run` starts: all, or one; the commands path runs with the persist path (it writes the same
-    collections) unless `MESSAGE_HISTORY_COMMANDS_TOPIC` is empty."""
+    collections) unless `MESSAGE_HISTORY_COMMANDS_TOPIC` is empty, and so does the observed path (the persist
+    path sends its work) unless `MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC` is empty."""
     if only is None:
         paths: tuple[Path, ...] = PATHS
     elif only == "persist":
-        paths = ("persist", "commands")
+        paths = ("persist", "commands", "observed")
     else:
         paths = (only,)
-    return tuple(p for p in paths if p != "commands" or settings.commands_topic)
+    off = {"commands": not settings.commands_topic, "observed": not settings.observe_results_topic}
+    return tuple(p for p in paths if not off.get(p, False))
 
 
 class _Advisory:
@@ -302,10 +353,11 @@ async def run_service(
             step("probes", serve_http(health, settings.http_host, settings.http_port), RESERVE_SERVICES)
         )
         forgetting = _forgetting(settings, batch_storage)
-        if forgetting is None:
-            paths = [p for p in paths if p != "commands"]  # forgetting needs MongoDB (embedded use, tests)
+        if forgetting is None:  # forgetting and OM need MongoDB (embedded use, tests)
+            paths = [p for p in paths if p not in ADVISORY]
         else:
             await forgetting.ensure_indexes()
+        observational = await _observational(settings, forgetting)
         if settings.prune_older_than and forgetting is not None:
             await stack.enter_async_context(
                 step("prune", periodic_prune(forgetting.db, settings), RESERVE_SERVICES)
@@ -330,6 +382,7 @@ async def run_service(
             gate=gate if gate.barrier or gate.markers else None,
             markers=markers,
             id_keys=await _message_id_keys(settings, forgetting) if "persist" in paths else (),
+            observational=observational,
         )
         loops = [build_loop(path, opened) for path in paths]
         for path, loop in zip(paths, loops, strict=True):
@@ -416,7 +469,7 @@ def main(only: str | None = None) -> int:
     if only is not None:
         if only not in PATHS:
             raise ValueError(f"unknown path {only!r}")
-        selected = "recall" if only == "recall" else "commands" if only == "commands" else "persist"
+        selected = next(p for p in PATHS if p == only)
     stop_tracing = start_tracing()
     try:
         return asyncio.run(_main(settings, selected))

@@ -3,7 +3,9 @@
 The turn barrier needs the requests and responses topics to have the same partition count (a thread's
 responses sit on the partition number of its requests). `--partitions N` creates every missing topic the
 service reads or writes (requests, responses, enriched, persisted, both path dead-letter topics, and, unless
-`MESSAGE_HISTORY_COMMANDS_TOPIC` is empty, the commands, forgotten and commands dead-letter topics) with N
+`MESSAGE_HISTORY_COMMANDS_TOPIC` is empty, the commands, forgotten and commands dead-letter topics; unless
+`MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC` is empty, Observational Memory's observe, observed and observed
+dead-letter topics) with N
 partitions; without it, nothing is created. One line per topic says whether it was created, existed or is
 missing; the input topics' counts are compared, and the exit code is 1 when they differ (or when a topic
 exists with another count than N). Existing topics are never altered: adding partitions moves threads
@@ -40,6 +42,12 @@ def service_topics(settings: Settings) -> list[str]:
     ]
     if settings.commands_topic:  # empty = no commands path (service.selected_paths)
         topics += [settings.commands_topic, settings.forgotten_topic, settings.commands_dlq]
+    if settings.observe_results_topic:  # empty = no observed path (Observational Memory's results)
+        topics += [
+            settings.observe_requests_topic,
+            settings.observe_results_topic,
+            settings.observe_results_dlq,
+        ]
     return list(dict.fromkeys(topics))
 
 

@@ -47,6 +47,8 @@ def fresh_settings(kafka_bootstrap: str, mongo_uri: str, **overrides: Any) -> Se
         "persisted_topic": f"pe-{run}",
         "commands_topic": f"cm-{run}",
         "forgotten_topic": f"fg-{run}",
+        "observe_requests_topic": f"ob-{run}",
+        "observe_results_topic": f"od-{run}",
         "group_id": f"g-{run}",
         "session_timeout_ms": 6000,
         "max_poll_interval_ms": 30_000,

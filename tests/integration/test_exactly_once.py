@@ -21,7 +21,11 @@ import pytest
 from message_history.app.health import Health
 from message_history.settings import Settings
 from tests.conftest import MakeTopic
-from tests.integration.private_kafka import PrivateKafka, private_kafka  # noqa: F401 -- the fixture
+from tests.integration.private_kafka import (  # noqa: F401 -- the fixture
+    CRASH_LEAKS,
+    PrivateKafka,
+    private_kafka,
+)
 from tests.integration.service_harness import (
     ROOT,
     ServiceProcess,
@@ -532,14 +536,21 @@ async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
     _assert_stored_once(out.rows, 2 * len(responses))
 
 
+@CRASH_LEAKS
 async def test_a_kafka_outage_mid_stream_aborts_and_retries_without_duplicates(
     private_kafka: PrivateKafka,  # noqa: F811 -- the fixture
     mongo_uri: str,
     tmp_path: Path,
 ) -> None:
-    """A private broker stopped ~10 s while a wave is in flight under exactly-once: the transactions open or
+    """A private broker down ~10 s while a wave is in flight under exactly-once: the transactions open or
     due meanwhile fail (aborted, their outputs kept) and are retried; a read_committed reader then sees every
-    output once, every row is stored once, nothing is dead-lettered, and the service stops cleanly."""
+    output once, every row is stored once, nothing is dead-lettered, and the service stops cleanly.
+
+    The broker crashes (SIGKILL) rather than shutting down: a controlled shutdown of a single-replica
+    cluster, in the milliseconds after a commit, was seen to skip that transaction's COMMIT marker on its
+    output partition (the coordinator logged CompleteCommit; the partition's log has no marker), so a later
+    abort by the same producer swept the committed outputs away. That is Kafka's, not the service's, and a
+    cluster with replicas moves leadership instead (docs/operations-stream.md, exactly-once)."""
     kafka = private_kafka
     settings = fresh_settings(
         kafka.bootstrap, mongo_uri, retry_max_backoff_s=1.0, processing_guarantee="exactly-once"
@@ -569,7 +580,7 @@ async def test_a_kafka_outage_mid_stream_aborts_and_retries_without_duplicates(
         requests, responses = wave(threads, range(4, 7))
         await produce(bootstrap, settings.responses_topic, responses)
         await produce(bootstrap, settings.requests_topic, requests)
-        await asyncio.to_thread(kafka.stop)
+        await asyncio.to_thread(kafka.crash)
         await asyncio.sleep(10)
         assert not service.done(), "the service gave up during the outage"
         await asyncio.to_thread(kafka.start)

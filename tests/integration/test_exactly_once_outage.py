@@ -26,7 +26,11 @@ from producers.transactional import HeldOutput, Transactional, open_transactiona
 from producers.transactions import PartitionTransactions
 from schemas.dead_letters import ERROR_TYPE
 from tests.conftest import MakeTopic
-from tests.integration.private_kafka import PrivateKafka, private_kafka  # noqa: F401 -- the fixture
+from tests.integration.private_kafka import (  # noqa: F401 -- the fixture
+    CRASH_LEAKS,
+    PrivateKafka,
+    private_kafka,
+)
 from tests.integration.service_harness import (
     drop_database,
     encoded,
@@ -167,6 +171,7 @@ async def _feed(bootstrap: str, settings: Settings, threads: list[str], turns: r
         await producer.stop()
 
 
+@CRASH_LEAKS
 async def test_the_service_through_a_stopped_and_a_frozen_broker_sends_every_output_once(
     private_kafka: PrivateKafka,  # noqa: F811 -- the fixture
     mongo_uri: str,
@@ -194,7 +199,8 @@ async def test_the_service_through_a_stopped_and_a_frozen_broker_sends_every_out
     async with running_service(settings) as service:
         feeding = asyncio.create_task(_feed(bootstrap, settings, threads, turns, every_s=0.3))
         await asyncio.sleep(2)
-        await asyncio.to_thread(kafka.stop)
+        # a crash, not a controlled shutdown: see test_exactly_once.py's Kafka-outage test for why
+        await asyncio.to_thread(kafka.crash)
         await asyncio.sleep(8)
         await asyncio.to_thread(kafka.start)
         await asyncio.sleep(3)
@@ -213,6 +219,7 @@ async def test_the_service_through_a_stopped_and_a_frozen_broker_sends_every_out
     assert len(out.persisted) == len(_request_ids(out.persisted)) == want
 
 
+@CRASH_LEAKS
 async def test_the_worker_sdk_through_a_frozen_and_a_stopped_broker_answers_every_turn_once(
     private_kafka: PrivateKafka,  # noqa: F811 -- the fixture
     mongo_uri: str,
@@ -250,7 +257,7 @@ async def test_the_worker_sdk_through_a_frozen_and_a_stopped_broker_answers_ever
         await asyncio.sleep(6)
         kafka.thaw()
         await asyncio.sleep(3)
-        await asyncio.to_thread(kafka.stop)
+        await asyncio.to_thread(kafka.crash)  # not a controlled shutdown (test_exactly_once.py says why)
         await asyncio.sleep(6)
         await asyncio.to_thread(kafka.start)
         try:

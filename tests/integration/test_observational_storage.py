@@ -188,6 +188,26 @@ async def test_forget_erases_every_generation(mongo_db: Db) -> None:
     assert await mongo_db[OBSERVATIONAL].distinct("lookupKey") == ["thread:c"]
 
 
+async def test_the_forget_commands_erase_observations(mongo_db: Db) -> None:
+    """`message-history forget` (and the commands path) erase the thread's, then the resource's rows."""
+    from storage.forgetting import MongoForgetting  # noqa: PLC0415
+
+    store = await _store(mongo_db)
+    for thread in ("a", "b"):
+        await store.initialize(scope="thread", thread_id=thread, resource_id="r", config={}, now=T0)
+    await store.initialize(scope="resource", thread_id=None, resource_id="r", config={}, now=T0)
+    await store.initialize(scope="thread", thread_id="c", resource_id="other", config={}, now=T0)
+    forgetting = MongoForgetting(mongo_db)
+    await forgetting.forget_thread("a")
+    assert sorted(await mongo_db[OBSERVATIONAL].distinct("lookupKey")) == [
+        "resource:r",
+        "thread:b",
+        "thread:c",
+    ]
+    await forgetting.forget_resource("r")
+    assert await mongo_db[OBSERVATIONAL].distinct("lookupKey") == ["thread:c"]
+
+
 def _counted(reason: str) -> float:
     value: float = metrics.UNREADABLE_ROWS.labels(
         path="other", collection=OBSERVATIONAL, reason=reason

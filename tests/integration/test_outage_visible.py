@@ -15,7 +15,6 @@ import asyncio
 import json
 import re
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -29,6 +28,7 @@ import yaml
 
 from message_history.settings import Settings
 from tests.conftest import MakeTopic
+from tests.integration.ports import restartable_port
 from tests.integration.private_kafka import PrivateKafka
 from tests.integration.service_harness import (
     ROOT,
@@ -53,13 +53,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420
 THREADS = [f"th{i}" for i in range(4)]
 MAX_LOUD_LINES = 40  # WARNING/ERROR lines per outage ("a few dozen"); thousands before (issue 36)
 _RETRY_RATE = re.compile(r'message_history_retries_total\{dependency="(\w+)",path="(\w+)"\} ([0-9.e+]+)')
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _alert_rate() -> float:
@@ -164,7 +157,7 @@ async def test_kafka_outage_is_not_ready_and_quiet(
 ) -> None:
     """Broker stopped ~15 s, then frozen ~10 s: not ready naming Kafka each time, ready again after,
     nothing lost or dead-lettered, Kafka retries counted above the alert's rate, few loud lines."""
-    port = _free_port()
+    port = restartable_port()
     settings = fresh_settings(
         private_kafka.bootstrap,
         mongo_uri,
@@ -228,7 +221,7 @@ async def test_mongodb_outage_is_not_ready_and_quiet(
 ) -> None:
     """MongoDB stopped ~15 s, then frozen ~10 s, under a steady stream of turns: not ready naming MongoDB
     each time, ready again after, nothing lost, retries counted above the alert's rate, few loud lines."""
-    port = _free_port()
+    port = restartable_port()
     settings = fresh_settings(
         kafka_bootstrap, mongo_server.uri, mongodb_timeout_ms=1500, retry_max_backoff_s=1.0, http_port=port
     )

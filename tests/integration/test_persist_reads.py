@@ -127,9 +127,12 @@ async def test_a_batch_reads_its_threads_once_and_the_write_reads_nothing(
         storage, [_response("a", 1), _response("b", 1), _response("a", 2), _response("c", 0)]
     )
     finds = [collection for name, collection in commands.sent if name == "find"]
-    # the load: threads, message homes, stored copies (no newest row: every turn brings its user message)
-    assert sorted(finds) == ["mastra_messages", "mastra_messages", "mastra_threads"]
-    assert [name for name, _ in commands.sent[len(finds) :]] == ["update", "update", "update"]
+    # the load: threads, and message homes with stored copies in one find (no newest row: every turn
+    # brings its user message); the write: thread c created, then the messages and threads a, b together
+    assert sorted(finds) == ["mastra_messages", "mastra_threads"]
+    writes = commands.sent[len(finds) :]
+    assert writes[0] == ("update", "mastra_threads")
+    assert sorted(writes[1:]) == [("update", "mastra_messages"), ("update", "mastra_threads")]
     assert _misses() == before
     assert [e.savedMessageIds for e in events] == [
         ["a-1-user", "a-1-assistant"],
@@ -149,6 +152,41 @@ async def test_a_turn_without_user_input_has_its_newest_row_in_the_load(
     commands.sent.clear()
     before = _misses()
     [event] = await _handle(storage, [_response("a", 1, user=False)])
-    assert [name for name, _ in commands.sent] == ["find"] * 4 + ["update", "update"]
+    assert [name for name, _ in commands.sent] == ["find"] * 3 + ["update", "update"]
     assert _misses() == before
     assert event.savedMessageIds == ["a-0-assistant"]  # folded into the stored assistant message
+
+
+class _Watched:
+    """A collection whose `bulk_write`s are noted when they start and when they end."""
+
+    def __init__(self, collection: Any, name: str, log: list[tuple[str, str]]) -> None:
+        self._collection, self._name, self._log = collection, name, log
+
+    async def bulk_write(self, ops: Any, **kwargs: Any) -> Any:
+        self._log.append(("start", self._name))
+        try:
+            return await self._collection.bulk_write(ops, **kwargs)
+        finally:
+            self._log.append(("end", self._name))
+
+
+async def test_the_messages_and_the_existing_threads_are_written_together(
+    monitored: tuple[MongoHistoryStorage, _Commands],
+) -> None:
+    """Issue 33: the write of a batch that creates no thread is one round trip, its two bulk writes in
+    flight together (one after the other, each would end before the next starts)."""
+    storage, _ = monitored
+    await _handle(storage, [_response("a", 0), _response("b", 0)])
+    log: list[tuple[str, str]] = []
+    storage.messages = cast(Any, _Watched(storage.messages, "messages", log))
+    storage.threads = cast(Any, _Watched(storage.threads, "threads", log))
+    events = await _handle(storage, [_response("a", 1), _response("b", 1)])
+    assert [kind for kind, _ in log] == ["start", "start", "end", "end"]
+    assert {name for _, name in log} == {"messages", "threads"}
+    assert [e.savedMessageIds for e in events] == [
+        ["a-1-user", "a-1-assistant"],
+        ["b-1-user", "b-1-assistant"],
+    ]
+    threads = await storage.get_threads(["a", "b"])  # the touch landed: updatedAt as the events say
+    assert [threads[e.threadId].updatedAt for e in events] == [e.threadUpdatedAt for e in events]

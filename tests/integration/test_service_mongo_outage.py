@@ -16,6 +16,7 @@ import pytest
 from message_history.app.health import Health
 from tests.conftest import MakeTopic
 from tests.infra import mongo_server_binary, skip_or_fail
+from tests.integration.ports import restartable_port
 from tests.integration.service_harness import (
     ROOT,
     dead_letters,
@@ -33,13 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 
 OUTAGE_S = 10.0
 THREADS = [f"th{i}" for i in range(6)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class _PrivateServer:
@@ -114,7 +108,7 @@ def mongo_server(tmp_path: Path) -> Iterator[_PrivateServer]:
         skip_or_fail(reason)
     data = tmp_path / "mongo-data"
     data.mkdir()
-    server = _PrivateServer(binary, _free_port(), data, tmp_path / "mongo.log")
+    server = _PrivateServer(binary, restartable_port(), data, tmp_path / "mongo.log")
     server.start()
     try:
         yield server

@@ -73,7 +73,7 @@ async def test_no_commands_topics_when_the_commands_path_is_off(
         on_broker = set(await admin.list_topics())
     finally:
         await _drop(admin, settings)
-    assert len(report.created) == 6
+    assert len(report.created) == 9  # the six of recall and persist, the three of Observational Memory
     assert settings.forgotten_topic not in report.counts
     assert settings.forgotten_topic not in on_broker
     assert settings.commands_dlq not in on_broker  # ".dlq" of the empty name

@@ -235,6 +235,28 @@ async def test_persist_refuses_the_turn_whose_own_copy_is_unreadable(
     assert await mongo_db[MESSAGES].find_one({"id": "bad-y"}) is None  # nothing of the refused turn
 
 
+async def test_a_row_of_another_thread_the_codec_refuses_still_holds_its_id(
+    storage: MongoHistoryStorage, mongo_db: Db
+) -> None:
+    """Issue 33: the batch's one find by id reads the stored copies and the ids' homes together. A row of
+    another thread that no Mastra would read (a date out of range: the whole row refused) is still the
+    home of its id: the turn saving that id in its own thread is refused (`MessageIdTakenError`), the row
+    is untouched; it is not the turn's unreadable copy (no `UnreadableRowError`), the batch's other turn is
+    saved."""
+    paths = Paths(storage=storage)
+    await _seed(paths, "mine", "good")
+    await mongo_db[MESSAGES].insert_one(odd("other", id="held", createdAt=DatetimeMS(568_971_820_800_000)))
+    batch = await paths.persist(
+        response("mine", input=[user("mine-y", "q", 50)], output=[assistant("held", "a", 51)], seconds=60),
+        response("good", input=[user("good-y", "q", 50)], output=[assistant("good-x", "a", 51)], seconds=60),
+    )
+    assert type(batch.dead[0]).__name__ == "MessageIdTakenError"
+    assert batch.event(1)["savedMessageIds"] == ["good-y", "good-x"]
+    stored = await mongo_db[MESSAGES].find_one({"id": "held"}, {"_id": 0, "thread_id": 1})
+    assert stored == {"thread_id": "other"}
+    assert await mongo_db[MESSAGES].find_one({"id": "mine-y"}) is None
+
+
 async def test_a_document_mongodb_refuses_is_the_records_dead_letter(mongo_db: Db) -> None:
     """A collection validator refuses one turn's message (code 121): that record is a dead letter, the batch's
     other turn is written (it used to be FatalStorageError: the loop stopped)."""

@@ -34,7 +34,7 @@ from tests.integration.service_harness import (
     values,
 )
 from tests.integration.stream_helpers import Record, committed_offsets, produce, read_all, read_topic
-from worker import AgentWorker, Reply, Turn
+from worker import AgentWorker, Reply, RetryLater, Turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -65,14 +65,18 @@ async def _wait_until(check: Callable[[], bool], what: str, timeout_s: float = W
 class Recorder:
     """A handler that records what it saw and answers with the number of messages it remembers."""
 
-    def __init__(self, fail_on: set[str] | None = None) -> None:
+    def __init__(self, fail_on: set[str] | None = None, limit_on: set[str] | None = None) -> None:
         self.turns: list[Turn] = []
         self.fail_on = fail_on or set()
+        self.limit_on = limit_on or set()  # rate-limited on their first attempt
 
     async def __call__(self, turn: Turn) -> Reply | str:
         self.turns.append(turn)
         if turn.request_id in self.fail_on:
             raise RuntimeError("the model is down")
+        if turn.request_id in self.limit_on:
+            self.limit_on.discard(turn.request_id)
+            raise RetryLater("429 Too Many Requests", after_s=0.2)
         return f"{turn.thread_id}: I remember {len(turn.memory)} messages"
 
 
@@ -190,6 +194,37 @@ async def test_a_handler_that_raises_is_a_failed_turn(
     stored_ids = {m["id"] for m in await stored_messages(settings)}
     assert not {message_id(thread, "u", 2, kind) for kind in ("input", "response")} & stored_ids
     assert len(stored_ids) == 4
+
+
+async def test_a_rate_limited_turn_is_retried_and_saved_not_failed(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The handler raises RetryLater (a provider's 429) on a turn's first attempt: the worker backs off and
+    calls it again for the same turn, which is answered and saved, the user's message with it (a failed
+    turn would save nothing of it); the next turn recalls it."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    thread = "t-limit"
+    handler = Recorder(limit_on={request_id(thread, 1)})
+    async with running_service(settings):
+        worker = await _worker(settings, handler)
+        async with _run_worker(worker):
+            limited = await _turn(settings, thread, 1)
+            second = await _turn(settings, thread, 2)
+
+    assert limited["skipped"] is None
+    assert limited["savedMessageIds"] == [
+        message_id(thread, "u", 1, "input"),
+        message_id(thread, "u", 1, "response"),
+    ]
+    assert [t.request_id for t in handler.turns] == [request_id(thread, 1)] * 2 + [request_id(thread, 2)]
+    assert (worker.stats.answered, worker.stats.failed, worker.stats.retried) == (2, 0, 1)
+    responses = _by_request(await read_all(kafka_bootstrap, settings.responses_topic, settle_s=0.5))
+    assert [r["finishReason"] for r in responses[request_id(thread, 1)]] == ["stop"]
+    assert second["skipped"] is None
+    assert [m.id for m in handler.turns[-1].memory] == [
+        message_id(thread, "u", 1, "input"),
+        message_id(thread, "u", 1, "response"),
+    ]
 
 
 async def test_a_duplicate_enriched_event_is_answered_once(

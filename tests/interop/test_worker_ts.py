@@ -163,7 +163,9 @@ def _text(message: dict[str, Any]) -> str:
     return " ".join(p.get("text", "") for p in content["parts"] if p["type"] == "text")
 
 
-@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once", "platformatic"])
+@pytest.mark.parametrize(
+    "guarantee", ["at-least-once", "exactly-once", "platformatic", "platformatic-exactly-once"]
+)
 async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_turn(
     node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
 ) -> None:
@@ -172,11 +174,14 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     a failed turn, nothing of it saved. Every turn is answered exactly once; SIGTERM stops the worker.
     Under exactly-once (the service and the worker) every response went out in a transaction with its offset
     (the responses topic holds a commit marker after each). "platformatic": at-least-once on the package's
-    @platformatic/kafka adapter (`platformaticClient`) instead of the default KafkaJS one."""
-    processing = "at-least-once" if guarantee == "platformatic" else guarantee
+    @platformatic/kafka adapter (`platformaticClient`) instead of the default KafkaJS one;
+    "platformatic-exactly-once": exactly-once on it."""
+    processing = {"platformatic": "at-least-once", "platformatic-exactly-once": "exactly-once"}.get(
+        guarantee, guarantee
+    )
     settings = fresh_settings(kafka_bootstrap, mongo_uri, processing_guarantee=processing)
     mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": processing}
-    if guarantee == "platformatic":
+    if guarantee.startswith("platformatic"):
         mode["KAFKA_CLIENT"] = "platformatic"
     for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
         await make_topic(partitions=2, name=name)
@@ -250,7 +255,7 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     offsets: dict[int, list[int]] = {}
     for record in records:
         offsets.setdefault(record.partition, []).append(record.offset)
-    step = 2 if guarantee == "exactly-once" else 1
+    step = 2 if processing == "exactly-once" else 1
     assert all(found == list(range(0, step * len(found), step)) for found in offsets.values()), offsets
     failed = next(r for r in responses if r["requestId"] == request_id("bob", 3))
     assert (failed["finishReason"], failed["response"]) == ("error", [])
@@ -522,8 +527,9 @@ async def test_a_rate_limited_turn_is_retried_not_failed(
     assert (stopped["answered"], stopped["failed"], stopped["retried"]) == (2, 0, 1), worker.tail()
 
 
+@pytest.mark.parametrize("client", ["kafkajs", "platformatic"])
 async def test_a_zombie_worker_cannot_publish_under_exactly_once(
-    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path
+    node: str, kafka_bootstrap: str, make_topic: MakeTopic, tmp_path: Path, client: str
 ) -> None:
     """Worker A is frozen (SIGSTOP) in the middle of a turn; its partition moves to worker B, which opens the
     partition's transactional id (fencing A) and answers the turn. A thawed (SIGCONT) finishes its handler and
@@ -534,7 +540,7 @@ async def test_a_zombie_worker_cannot_publish_under_exactly_once(
     )
     for name in (settings.enriched_topic, settings.responses_topic):
         await make_topic(partitions=1, name=name)
-    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": "exactly-once", "READ_BACK": "0"}
+    mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": "exactly-once", "READ_BACK": "0", "KAFKA_CLIENT": client}
     await produce(kafka_bootstrap, settings.enriched_topic, [encoded(_enriched("t", "t:z", "zombie?"))])
     async with node_worker(node, settings, tmp_path / "a.log", SLOW_ON="t:z", **mode) as zombie:
         await zombie.wait_for("the turn started", lambda: bool(zombie.events("turn")))

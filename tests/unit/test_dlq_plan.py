@@ -268,7 +268,7 @@ def test_since_must_precede_until() -> None:
 
 
 def test_input_pairs_come_from_the_settings() -> None:
-    """Configured dead-letter topics pair with their own input topics (the commands path's too)."""
+    """Configured dead-letter topics pair with their own input topics (the commands, observed paths' too)."""
     settings = Settings(
         requests_dlq_topic="req-refusals",
         commands_topic="cmds",
@@ -277,6 +277,7 @@ def test_input_pairs_come_from_the_settings() -> None:
         "req-refusals": settings.requests_topic,
         settings.responses_dlq: settings.responses_topic,
         "cmds.dlq": "cmds",
+        settings.observe_results_dlq: settings.observe_results_topic,
     }
 
 

@@ -1,7 +1,7 @@
-"""The emit channel (`consumers.runtime.emit`): what a path's outputs go through. Exactly-once files one
-output per record under its offset (emitted again, it replaces the one before), refuses what Kafka would
-refuse for its size, and forgets what a revoke lets go of; at-least-once sends at once and hands back
-Kafka's acknowledgement unawaited (the pipelining). Pure: fake records and producers, no broker."""
+"""The emit channel (`consumers.runtime.emit`): what a path's outputs go through. Exactly-once files a
+record's outputs under its offset, one per topic (emitted again, it replaces the one before; a dead letter
+replaces them all), refuses what Kafka would refuse for its size, and forgets what a revoke lets go of;
+at-least-once sends at once and hands back Kafka's acknowledgement unawaited (the pipelining). Pure: fake records and producers, no broker."""
 
 from __future__ import annotations
 
@@ -55,6 +55,26 @@ async def test_an_output_emitted_again_for_its_record_replaces_the_one_before() 
     await filed(_record(0, partition=1), "out", key=b"k", value=b"another partition")
     assert filed.take(_record(0)) == [HeldOutput("out", b"k", b"second try", ())]
     assert filed.take(_record(0, partition=1)) == [HeldOutput("out", b"k", b"another partition", ())]
+
+
+async def test_a_record_keeps_one_output_per_topic_and_its_dead_letter_replaces_them_all() -> None:
+    """A persisted turn has its event and Observational Memory's work for its thread (two topics): both are
+    filed, each replaced by its own next try; a dead letter (`alone`) is the record's only output after it
+    (without `alone`, the event filed by an earlier attempt would be committed beside the dead letter)."""
+    filed = FileUnderOffset()
+    await filed(_record(0), "persisted", key=b"t", value=b"event, first try")
+    await filed(_record(0), "observe", key=b"t", value=b"work")
+    await filed(_record(0), "persisted", key=b"t", value=b"event")
+    assert filed.take(_record(0)) == [
+        HeldOutput("persisted", b"t", b"event", ()),
+        HeldOutput("observe", b"t", b"work", ()),
+    ]
+    await filed(_record(1), "persisted", key=b"t", value=b"event")
+    await filed(_record(1), "dlq", key=b"t", value=b"dead letter", alone=True)
+    assert filed.take(_record(1)) == [HeldOutput("dlq", b"t", b"dead letter", ())]
+    await filed(_record(2), "persisted", key=b"t", value=b"event")
+    await filed(_record(2), "dlq", key=b"t", value=b"dead letter")  # the guard off: both would go out
+    assert len(filed.take(_record(2))) == 2
 
 
 async def test_an_output_too_large_for_kafka_is_refused_at_once_and_not_filed() -> None:

@@ -143,4 +143,7 @@ def test_the_commands_path_runs_with_the_persist_path(
     only: Any, commands_topic: str, expected: tuple[str, ...]
 ) -> None:
     """`run` and `run --only persist` include the commands path, unless its topic is set empty."""
-    assert selected_paths(Settings(commands_topic=commands_topic), only) == expected
+    settings = Settings(
+        commands_topic=commands_topic, observe_results_topic=""
+    )  # the observed path: its own test
+    assert selected_paths(settings, only) == expected

@@ -11,17 +11,20 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
+from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, ProducerFenced
 
 from consumers.contract import Done, Emit, Refused, Result
-from consumers.runtime.emit import SendNow
+from consumers.runtime.emit import FileUnderOffset, SendNow
 from message_history.app.replay.plan import Counts
 from message_history.app.replay.runner import BatchRunner, PartitionState, ReplayAbortedError
 from message_history.app.replay.sinks import InvalidReport
 from message_history.errors import EventValidationError, StorageUnavailableError
+from producers import transactions
 from producers.dead_letters import DeadLetterPublisher, SourceRecord
+from producers.transactions import PartitionTransactions
 from schemas.events import HistoryPersisted
 from tests.paths import RecordingProducer
+from tests.unit.test_transactions import FakeBroker, FakeProducer
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -256,3 +259,48 @@ def test_an_unreadable_record_goes_to_the_report_without_a_timestamp(tmp_path: P
     assert (entry["topic"], entry["partition"], entry["offset"], entry["timestamp"]) == ("rs", 3, 10, None)
     assert entry["error_type"] == "UnreadableRecordError"
     assert entry["dead_letter_topic"] == "rs.dlq"
+
+
+class FilingHandler(ScriptedHandler):
+    """Exactly-once: each record's event emitted (filed under its offset) before its `Done`."""
+
+    async def handle(self, records: Sequence[Any], emit: Emit) -> list[Result]:
+        for rec in records:
+            await emit(rec, "out", key=b"k", value=f"r{rec.offset}".encode())
+        return await super().handle(records, emit)
+
+
+async def _replay_transactions(monkeypatch: pytest.MonkeyPatch, broker: FakeBroker) -> PartitionTransactions:
+    async def open_fake(options: Any, transactional_id: str) -> FakeProducer:
+        return FakeProducer(broker)
+
+    monkeypatch.setattr(transactions, "open_transactional", open_fake)
+    return PartitionTransactions.for_client({}, group_id="g", path="replay", replay=True)
+
+
+async def test_exactly_once_a_batchs_outputs_go_in_one_transaction_then_the_partition_moves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The batch's filed outputs, in offset order, in one transaction without offsets (a replay has no
+    group); then the resume point passes the batch."""
+    broker, time, part = FakeBroker(), FakeTime(), state()
+    run, _ = runner(FilingHandler([{}]), time)
+    run.emit = FileUnderOffset()
+    run.transactions = await _replay_transactions(monkeypatch, broker)
+    await run.run([record(10), record(11)], part, asyncio.Event())
+    assert (broker.committed, part.next) == ([([b"r10", b"r11"], {})], 12)
+
+
+async def test_exactly_once_a_fenced_replay_stops_before_the_batch_not_past_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another replay of the partition fenced this one: its outputs are dropped (not ours to commit), so the
+    resume point must stay before the batch (without the guard, `commit` returning False moved it past)."""
+    broker, time, part = FakeBroker(), FakeTime(), state()
+    run, _ = runner(FilingHandler([{}]), time)
+    run.emit = FileUnderOffset()
+    run.transactions = await _replay_transactions(monkeypatch, broker)
+    broker.answer = ProducerFenced()
+    with pytest.raises(ReplayAbortedError, match="fenced"):
+        await run.run([record(10), record(11)], part, asyncio.Event())
+    assert (broker.committed, part.next) == ([], 10)

@@ -103,6 +103,9 @@ def test_asyncapi_describes_every_topic_of_the_contract() -> None:
         settings.commands_topic: {"ForgetThread", "ForgetResource"},
         settings.forgotten_topic: {"HistoryForgotten"},
         settings.commands_dlq: {"DeadLetter"},
+        settings.observe_requests_topic: {"ObserveRequest", "ReflectRequest"},
+        settings.observe_results_topic: {"ObserveResult", "ReflectResult"},
+        settings.observe_results_dlq: {"DeadLetter"},
     }
     actions = {
         (op["action"], _resolve(document, op["channel"]["$ref"])["address"])
@@ -118,6 +121,9 @@ def test_asyncapi_describes_every_topic_of_the_contract() -> None:
         ("receive", "agent.history.commands"),
         ("send", "agent.history.forgotten"),
         ("send", "agent.history.commands.dlq"),
+        ("send", "agent.memory.observe"),
+        ("receive", "agent.memory.observed"),
+        ("send", "agent.memory.observed.dlq"),
     }
 
 

@@ -36,6 +36,7 @@ from aiokafka.errors import (
 from hypothesis import given
 from hypothesis import strategies as st
 
+from consumers.runtime.retry import is_outage
 from message_history.errors import TransactionInDoubtError, TransactionNotCommittedError
 from message_history.settings import Settings
 from producers import transactions
@@ -476,3 +477,52 @@ async def test_open_at_committed_seeks_to_the_offset_read_after_the_fencing(
     assert seeks == [(TopicPartition("in", 1), 7)]
     assert tx.owns(TP)
     assert tx.owns(TopicPartition("in", 1))
+
+
+async def test_a_replays_transactions_commit_outputs_only_fence_no_live_id_and_settle_a_commit_in_doubt(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replay (`for_client(..., replay=True)`, no group): its own ids, no live legacy id fenced,
+    no offset in the transaction, no empty transaction; a commit whose answer did not come is settled on the
+    same producer, its outputs never sent again (what `ReplayTransactions` did, now the service's code)."""
+    opened: list[str] = []
+    fenced: list[str] = []
+
+    async def open_fake(options: Any, transactional_id: str) -> FakeProducer:
+        opened.append(transactional_id)
+        return FakeProducer(broker)
+
+    async def fence(options: Any, legacy_id: str) -> None:
+        fenced.append(legacy_id)
+
+    monkeypatch.setattr(transactions, "open_transactional", open_fake)
+    monkeypatch.setattr(transactions, "fence_legacy", fence)
+    tx = PartitionTransactions.for_client({}, group_id="g", path="replay", replay=True)
+    await tx.open([TP])
+    assert await tx.commit(TP, 5)  # nothing held: no transaction
+    tx.hold(TP, 5, _out("r5"))
+    broker.down = True
+    with pytest.raises(TimeoutError):
+        await _commit(tx, 6)
+    broker.back()
+    tx.hold(TP, 6, _out("r6"))
+    assert await tx.commit(TP, 7)
+    assert (opened, fenced) == (["g:in:0:replay"], [])
+    assert broker.committed == [([b"r5"], {}), ([b"r6"], {})]
+
+
+async def test_a_replays_commit_whose_producer_died_before_the_answer_is_not_sent_again(
+    broker: FakeBroker,
+) -> None:
+    """No group, so nothing to read back: the next try refuses (not an outage: the replay stops before the
+    batch, resumable) instead of sending outputs that may have landed (the broker has them once)."""
+    tx = PartitionTransactions.for_client({}, group_id="g", path="replay", replay=True)
+    await tx.open([TP])
+    tx.hold(TP, 5, _out("r5"))
+    broker.lose = "after"
+    with pytest.raises(TransactionInDoubtError):
+        await _commit(tx, 6)
+    with pytest.raises(KafkaError, match="cannot be settled") as refused:
+        await _commit(tx, 6)
+    assert not is_outage(refused.value)
+    assert _values(broker) == [b"r5"]

@@ -8,7 +8,7 @@ import { compile } from 'json-schema-to-typescript';
 
 const here = new URL('..', import.meta.url);
 const schemas = new URL('../schemas/generated/', here);
-const EVENTS = ['EnrichedRequest', 'AgentResponse'];
+const EVENTS = ['EnrichedRequest', 'AgentResponse', 'ObserveRequest', 'ObserveResult', 'ReflectRequest', 'ReflectResult'];
 const check = process.argv.includes('--check');
 
 const load = (name) => JSON.parse(readFileSync(new URL(`${name}.schema.json`, schemas), 'utf8'));

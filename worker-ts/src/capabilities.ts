@@ -17,11 +17,13 @@ export const CAPABILITIES = [
   'exactly-once',
   'zombie-fencing',
   'shutdown',
+  'rebalance',
   'security',
   'tracing',
   'testing',
   'typed-events',
   'mastra',
+  'observer',
 ] as const;
 
 export type Capability = (typeof CAPABILITIES)[number];

@@ -23,3 +23,18 @@ export { isRetryLater, respond, RetryLater, TurnGivenUp, TurnTimeout, type Outco
 export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerEvents, type WorkerStats } from './worker.js';
 export { connectionFromEnv, type ConnectionOptions, type Env, type SaslOptions, type TlsOptions } from './settings.js';
 export { CAPABILITIES, type Capability } from './capabilities.js';
+export {
+  observeKey,
+  observerHandler,
+  ObserverWorker,
+  workProblem,
+  type ObserverWorkerOptions,
+  type Observation,
+  type ObserveFn,
+  type ObserveRequest,
+  type ObserveResult,
+  type ObserverHandler,
+  type ReflectFn,
+  type ReflectRequest,
+  type ReflectResult,
+} from './observer.js';

@@ -1,7 +1,8 @@
 // An in-memory Kafka behind the client seam (src/client.ts), for handler tests without a broker: the real
 // AgentWorker runs on it (`TestHarness` in `@message-history/worker/testing`). Keys are partitioned with
 // Java's murmur2, as the service's producer (aiokafka) does, so a thread's records land where they would.
-// One consumer group member at a time per group (no rebalancing); transactions are kept until their commit
+// One consumer group member at a time per group; `assign` moves its partitions (a rebalance, as the clients
+// do it: the records in flight are awaited, then the new assignment is given); transactions are kept until their commit
 // (readers see committed records only, as read_committed); a transactional id's newest producer fences the
 // older ones.
 import type {
@@ -68,6 +69,8 @@ export class MemoryKafka {
   private readonly groups = new Map<string, Map<string, bigint>>();
   private readonly epochs = new Map<string, number>();
   private readonly listeners = new Set<() => void>();
+  /** Per group, its member (a worker's client consuming). */
+  private readonly members = new Map<string, { assign(partitions: number[]): Promise<void> }>();
 
   constructor(
     /** Partitions of a topic created on first use. */
@@ -124,6 +127,20 @@ export class MemoryKafka {
     offsets.set(`${topic}\u0000${partition}`, next);
   }
 
+  /** A rebalance of `group`: its member now owns `partitions` of the topic it consumes (others taken away,
+   * new ones read from the committed offset). Resolves once the member has its new assignment. */
+  async assign(group: string, partitions: number[]): Promise<void> {
+    const member = this.members.get(group);
+    if (member === undefined) throw new Error(`no member consumes in group ${group}`);
+    await member.assign(partitions);
+  }
+
+  /** @internal the member of `group` (the memory client, while it consumes). */
+  join(group: string, member: { assign(partitions: number[]): Promise<void> } | undefined): void {
+    if (member === undefined) this.members.delete(group);
+    else this.members.set(group, member);
+  }
+
   /** A new epoch of `transactionalId`: producers of older epochs are fenced. */
   initProducer(transactionalId: string): number {
     const epoch = (this.epochs.get(transactionalId) ?? 0) + 1;
@@ -162,7 +179,8 @@ export function memoryClient(broker: MemoryKafka): KafkaClientFactory {
 class MemoryClient implements KafkaClient {
   readonly crashed = new Promise<never>(() => undefined);
   private readonly stopping = new AbortController();
-  private readonly loops: Promise<void>[] = [];
+  /** Per owned partition: its read loop and what stops it (a rebalance taking the partition away). */
+  private readonly loops = new Map<number, { done: Promise<void>; stop: AbortController }>();
 
   constructor(
     private readonly broker: MemoryKafka,
@@ -172,15 +190,31 @@ class MemoryClient implements KafkaClient {
   async connect(): Promise<void> {}
 
   async consume(options: ConsumeOptions): Promise<void> {
-    const partitions = this.broker.partitions(options.topic).map((_, i) => i);
-    options.onAssignment(partitions);
-    for (const partition of partitions) this.loops.push(this.loop(options, partition));
+    const start = (partitions: number[]): void => {
+      options.onAssignment(partitions);
+      for (const partition of partitions) {
+        if (this.loops.has(partition)) continue;
+        const stop = new AbortController();
+        this.loops.set(partition, { done: this.loop(options, partition, AbortSignal.any([this.stopping.signal, stop.signal])), stop });
+      }
+    };
+    start(this.broker.partitions(options.topic).map((_, i) => i));
+    this.broker.join(this.config.groupId, {
+      assign: async (partitions) => {
+        // as the clients: the partitions taken away stop, their eachRecord in flight is awaited, then the
+        // new assignment is given (synchronously before any record of a partition new to the member)
+        const gone = [...this.loops].filter(([partition]) => !partitions.includes(partition));
+        for (const [, { stop }] of gone) stop.abort();
+        await Promise.all(gone.map(([, { done }]) => done));
+        for (const [partition] of gone) this.loops.delete(partition);
+        start(partitions);
+      },
+    });
   }
 
   /** One partition: from the committed offset, each record after the previous one's eachRecord resolved; an
    * eachRecord that rejects sends the partition back to the committed offset (as a client restarting). */
-  private async loop(options: ConsumeOptions, partition: number): Promise<void> {
-    const signal = this.stopping.signal;
+  private async loop(options: ConsumeOptions, partition: number, signal: AbortSignal): Promise<void> {
     const log = this.broker.partitions(options.topic)[partition]!;
     let position = this.broker.committed(this.config.groupId, options.topic).get(partition) ?? 0n;
     while (!signal.aborted) {
@@ -281,7 +315,8 @@ class MemoryClient implements KafkaClient {
 
   async leave(): Promise<void> {
     this.stopping.abort();
-    await Promise.all(this.loops);
+    await Promise.all([...this.loops.values()].map((l) => l.done));
+    this.broker.join(this.config.groupId, undefined);
   }
 
   async close(): Promise<void> {}

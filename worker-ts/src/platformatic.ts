@@ -1,6 +1,7 @@
 // The @platformatic/kafka adapter of the client seam (src/client.ts): `@message-history/worker/platformatic`.
-// at-least-once only: `transactional` is absent, so AgentWorker refuses `processingGuarantee: 'exactly-once'`
-// on it (the README's client note says why; KafkaJS keeps exactly-once). Keys go through its
+// Both modes: under exactly-once a transactional producer per owned partition (as on KafkaJS), the consumed
+// offset added to its transaction with the consumer's group metadata (TxnOffsetCommit with the generation and
+// member id: a member that lost its generation cannot commit). Keys go through its
 // `compatibilityPartitioner` (Java's murmur2): its default one hashes differently and would put half the
 // threads' responses on another partition than the service's.
 import { randomUUID } from 'node:crypto';
@@ -17,12 +18,24 @@ import {
   type MessagesStream,
 } from '@platformatic/kafka';
 
-import type { ClientConfig, ConsumeOptions, Headers, KafkaClient, PartitionOffsets } from './client.js';
+import { isOutage } from './transactions.js';
+import type {
+  ClientConfig,
+  ConsumeOptions,
+  Headers,
+  KafkaClient,
+  OutRecord,
+  PartitionOffsets,
+  TransactionalProducer,
+  Tx,
+} from './client.js';
 
 const MECHANISMS = { plain: 'PLAIN', 'scram-sha-256': 'SCRAM-SHA-256', 'scram-sha-512': 'SCRAM-SHA-512' } as const;
 
 /** A queue bound per partition: past it the stream waits (its own buffer holds 1,024 records more). */
 const QUEUED_PER_PARTITION = 64;
+/** After the stream gave up fetching (an outage): the pause before it reads again. */
+const OUTAGE_PAUSE_MS = 1_000;
 
 function connection(config: ClientConfig): Record<string, unknown> {
   const out: Record<string, unknown> = { clientId: config.clientId, bootstrapBrokers: config.brokers };
@@ -80,7 +93,25 @@ function headersOf(message: Message<Buffer, Buffer, Buffer, Buffer>): Headers | 
   return out;
 }
 
-/** The worker's client on @platformatic/kafka (at-least-once): `new AgentWorker(handler, { client:
+/** Records in @platformatic/kafka's terms (keys and values as bytes, headers as a Map). */
+function messagesOf(topic: string, records: OutRecord[]) {
+  return records.map((r) => ({
+    topic,
+    key: Buffer.from(r.key, 'utf8'),
+    value: Buffer.from(r.value, 'utf8'),
+    ...(r.headers
+      ? {
+          headers: new Map(
+            Object.entries(r.headers)
+              .filter(([, v]) => v !== undefined)
+              .map(([k, v]) => [Buffer.from(k), Buffer.from(String(Array.isArray(v) ? v[0] : v))]),
+          ),
+        }
+      : {}),
+  }));
+}
+
+/** The worker's client on @platformatic/kafka (both modes): `new AgentWorker(handler, { client:
  * platformaticClient, ... })`. */
 export function platformaticClient(config: ClientConfig): KafkaClient {
   const base = connection(config);
@@ -106,13 +137,20 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
     while (!closing) {
       const chains = new Map<number, { tail: Promise<void>; queued: number }>();
       let failed: unknown;
-      stream = await consumer.consume({
-        topics: [options.topic],
-        mode: MessagesStreamModes.COMMITTED,
-        fallbackMode: 'earliest',
-        autocommit: false,
-        isolationLevel: FetchIsolationLevels.READ_COMMITTED,
-      } as never);
+      try {
+        stream = await consumer.consume({
+          topics: [options.topic],
+          mode: MessagesStreamModes.COMMITTED,
+          fallbackMode: 'earliest',
+          autocommit: false,
+          isolationLevel: FetchIsolationLevels.READ_COMMITTED,
+        } as never);
+      } catch (error) {
+        if (closing || !isOutage(mapped(error))) throw error;
+        await new Promise((resolve) => setTimeout(resolve, OUTAGE_PAUSE_MS));
+        continue;
+      }
+      let outage = false;
       try {
         for await (const message of stream as AsyncIterable<Message<Buffer, Buffer, Buffer, Buffer>>) {
           if (closing || failed !== undefined) break;
@@ -137,9 +175,18 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
             });
           if (chain.queued >= QUEUED_PER_PARTITION) await chain.tail;
         }
+      } catch (error) {
+        // the stream gave up fetching (a broker frozen or stopped): an outage, waited out by reading again
+        // from the committed offsets (the worker takes the redelivery as after an error); else a crash
+        if (closing || !isOutage(mapped(error))) throw error;
+        outage = true;
       } finally {
         await Promise.allSettled([...chains.values()].map((c) => c.tail));
         await stream.close().catch(() => undefined);
+      }
+      if (outage) {
+        await new Promise((resolve) => setTimeout(resolve, OUTAGE_PAUSE_MS));
+        continue;
       }
       if (failed === undefined) return;
     }
@@ -159,23 +206,7 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
     },
     send: (topic, records) =>
       guarded(async () => {
-        await producer.send({
-          acks: ProduceAcks.ALL,
-          messages: records.map((r) => ({
-            topic,
-            key: Buffer.from(r.key, 'utf8'),
-            value: Buffer.from(r.value, 'utf8'),
-            ...(r.headers
-              ? {
-                  headers: new Map(
-                    Object.entries(r.headers)
-                      .filter(([, v]) => v !== undefined)
-                      .map(([k, v]) => [Buffer.from(k), Buffer.from(String(Array.isArray(v) ? v[0] : v))]),
-                  ),
-                }
-              : {}),
-          })),
-        });
+        await producer.send({ acks: ProduceAcks.ALL, messages: messagesOf(topic, records) });
       }),
     commit: (topic, partition, next) =>
       guarded(() => consumer.commit({ offsets: [{ topic, partition, offset: next, leaderEpoch: 0 }] } as never)),
@@ -229,6 +260,56 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
         await admin.deleteGroups({ groups: [groupId] }).catch(() => undefined);
         await admin.close().catch(() => undefined);
       }
+    },
+    transactional(transactionalId): TransactionalProducer {
+      // producerId/producerEpoch -1: InitProducerId as a new producer of the id (the client's default, 0/0,
+      // is refused PRODUCER_FENCED once the id has a producer), fencing the previous holder and completing
+      // its open transaction (the broker finishes a commit it received, aborts one it did not).
+      const txProducer = new Producer({
+        ...base,
+        idempotent: true,
+        transactionalId,
+        producerId: -1n,
+        producerEpoch: -1,
+        partitioner: compatibilityPartitioner,
+      } as never) as Producer<Buffer, Buffer, Buffer, Buffer>;
+      return {
+        connect: async () => undefined, // InitProducerId comes with the first transaction (the worker opens one)
+        disconnect: () => txProducer.close().catch(() => undefined),
+        transaction: () =>
+          guarded(async (): Promise<Tx> => {
+            const txn = await txProducer.beginTransaction();
+            let touched = false; // EndTxn of an empty transaction is refused: it is only cancelled locally
+            return {
+              send: (record) =>
+                guarded(async () => {
+                  touched = true;
+                  await txn.send({ acks: ProduceAcks.ALL, messages: messagesOf(record.topic, record.messages as OutRecord[]) } as never);
+                }),
+              sendOffsets: ({ consumerGroupId, topics }) =>
+                guarded(async () => {
+                  touched = true;
+                  await txn.addConsumer(consumer as never);
+                  for (const { topic, partitions } of topics) {
+                    for (const { partition, offset } of partitions) {
+                      // addOffset commits the message's offset + 1 with its group metadata: the consumer's now
+                      const metadata = {
+                        consumer: {
+                          groupId: consumerGroupId,
+                          generationId: consumer.generationId,
+                          memberId: consumer.memberId,
+                          coordinatorId: consumer.coordinatorId,
+                        },
+                      };
+                      await txn.addOffset({ topic, partition, offset: BigInt(offset) - 1n, metadata } as never);
+                    }
+                  }
+                }),
+              commit: () => guarded(async () => void (await txn.commit())),
+              abort: () => guarded(async () => void (await (touched ? txn.abort() : txn.cancel()))),
+            };
+          }),
+      };
     },
     async leave() {
       closing = true;

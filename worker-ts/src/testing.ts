@@ -85,8 +85,10 @@ export interface HarnessOptions {
   retryMaxMs?: number;
   /** Partitions of the in-memory topics (default 1). */
   partitions?: number;
-  /** Turns in flight per partition (the worker's `maxConcurrentTurnsPerPartition`, default 32). */
+  /** Threads with turns in flight per partition (the worker's `maxConcurrentTurnsPerPartition`, default 32). */
   maxConcurrentTurnsPerPartition?: number;
+  /** Records read and not done per partition (the worker's `maxPendingRecordsPerPartition`, default 100). */
+  maxPendingRecordsPerPartition?: number;
   /** The in-memory broker's record size limit (default 1 MiB): a larger reply is a failed turn. */
   maxRecordBytes?: number;
   processingGuarantee?: 'at-least-once' | 'exactly-once';
@@ -134,6 +136,7 @@ export class TestHarness {
       retryLaterMaxMs: options.retryMaxMs ?? 1,
       ...(options.handlerTimeoutMs === undefined ? {} : { handlerTimeoutMs: options.handlerTimeoutMs }),
       ...(options.maxConcurrentTurnsPerPartition === undefined ? {} : { maxConcurrentTurnsPerPartition: options.maxConcurrentTurnsPerPartition }),
+      ...(options.maxPendingRecordsPerPartition === undefined ? {} : { maxPendingRecordsPerPartition: options.maxPendingRecordsPerPartition }),
       ...(options.processingGuarantee === undefined ? {} : { processingGuarantee: options.processingGuarantee }),
       logger: (level, message, fields) => {
         this.logs.push(fields === undefined ? { level, message } : { level, message, fields });

@@ -34,12 +34,18 @@ export interface WorkerOptions extends ConnectionOptions {
   heartbeatIntervalMs?: number;
   /** Partitions read at the same time (default 4). */
   partitionsConsumedConcurrently?: number;
-  /** Turns in flight per partition (default 32, as the Python SDK's `max_concurrent_turns`): different threads
-   * at the same time, one thread's turns in order. The enriched offset is committed only past the prefix of
-   * turns done; under exactly-once the answers are sent (each in its transaction) in offset order. */
+  /** Threads with turns in flight per partition (default 32, as the Python SDK's `max_concurrent_turns`, which
+   * counts threads): different threads at the same time, one thread's turns in order. A thread holds its room
+   * until its last queued turn ends, so the turns waiting behind a hung turn take no room from other threads.
+   * The enriched offset is committed only past the prefix of turns done; under exactly-once the answers are
+   * sent (each in its transaction) in offset order. */
   maxConcurrentTurnsPerPartition?: number;
-  /** The Kafka client: `kafkajsClient` (default), `platformaticClient` (`@message-history/worker/platformatic`,
-   * at-least-once only) or `memoryClient(broker)` (`@message-history/worker/testing`). */
+  /** Records read and not yet done per partition (running, or queued behind their thread's turn; default 100,
+   * as the Python SDK's `max_batch_records`): past it the partition's next record waits (heartbeating). The
+   * memory bound on what queues behind a hung turn. */
+  maxPendingRecordsPerPartition?: number;
+  /** The Kafka client: `kafkajsClient` (default), `platformaticClient` (`@message-history/worker/platformatic`)
+   * or `memoryClient(broker)` (`@message-history/worker/testing`). */
   client?: KafkaClientFactory;
   /** The backoff before a RetryLater turn's next attempt: doubling from this (default 1 s) ... */
   retryLaterInitialMs?: number;
@@ -154,10 +160,12 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
 
   private readonly client: KafkaClient;
   private readonly maxInFlight: number;
+  private readonly maxPending: number;
   /** Per owned partition: its turns in flight and what is committed (see Lane). */
   private readonly lanes = new Map<number, Lane>();
-  /** Per partition and thread: the tail of the thread's turns (one thread's turns in order). */
-  private readonly threads = new Map<string, Promise<void>>();
+  /** Per partition and thread: the tail of the thread's turns (one thread's turns in order) and the Lane whose
+   * room the thread holds (released when the tail ends with nothing queued behind it). */
+  private readonly threads = new Map<string, { tail: Promise<void>; lane: Lane }>();
   private readonly inFlight = new Set<Promise<void>>();
   private delivering = true;
   private readonly seen: SeenEvents;
@@ -199,9 +207,13 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     if (!Number.isInteger(this.maxInFlight) || this.maxInFlight < 1) {
       throw new RangeError('maxConcurrentTurnsPerPartition must be at least 1');
     }
+    this.maxPending = options.maxPendingRecordsPerPartition ?? 100;
+    if (!Number.isInteger(this.maxPending) || this.maxPending < 1) {
+      throw new RangeError('maxPendingRecordsPerPartition must be at least 1');
+    }
     this.exactlyOnce = options.processingGuarantee === 'exactly-once';
     if (this.exactlyOnce && this.client.transactional === undefined) {
-      throw new Error("processingGuarantee 'exactly-once' needs a client with transactions (kafkajsClient, the default)");
+      throw new Error("processingGuarantee 'exactly-once' needs a client with transactions (kafkajsClient, platformaticClient)");
     }
   }
 
@@ -440,8 +452,10 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     }
   }
 
-  /** One record of the enriched topic: its turn is scheduled (behind the turns of its thread, within the
-   * partition's cap) and this resolves, so the next record of the partition comes while it runs. */
+  /** One record of the enriched topic: its turn is scheduled (behind the turns of its thread; a thread new to
+   * the partition waits for one of its `maxConcurrentTurnsPerPartition` rooms, any record for one of its
+   * `maxPendingRecordsPerPartition` places) and this resolves, so the next record of the partition comes while
+   * it runs. */
   private async onRecord(record: InRecord, heartbeat: () => Promise<void>): Promise<void> {
     const { partition, offset } = record;
     if (!this.delivering || this.giveUp.signal.aborted) return;
@@ -458,11 +472,9 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     }
     if (lane === undefined || BigInt(offset) <= lane.last) {
       lane?.revoke(); // redelivered from the committed offset: the old lane's late turns commit nothing
-      lane = new Lane(partition, this.maxInFlight, (next) => this.commitPrefix(lane!, next));
+      lane = new Lane(partition, this.maxInFlight, this.maxPending, (next) => this.commitPrefix(lane!, next));
       this.lanes.set(partition, lane);
     }
-    await lane.room(heartbeat);
-    if (!this.delivering || lane.revoked || this.lanes.get(partition) !== lane) return;
     let event: EnrichedRequest | undefined;
     let invalid: string | undefined;
     try {
@@ -472,10 +484,24 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     } catch (error) {
       invalid = String(error);
     }
-    const slot = lane.deliver(BigInt(offset));
     const key = event === undefined ? undefined : `${partition}\u0000${event.threadId}`;
-    const previous = (key === undefined ? undefined : this.threads.get(key)) ?? Promise.resolve();
     const owner = lane;
+    await owner.pending.take(heartbeat);
+    if (!this.delivering || owner.revoked || this.lanes.get(partition) !== owner) return owner.pending.leave();
+    // A thread with a turn of this lane in flight or queued holds a room already: this record queues behind it.
+    // A thread new to the lane (or whose tail is an old lane's) takes a room, held until its queue is empty.
+    const running = key === undefined ? undefined : this.threads.get(key);
+    const holdsRoom = key !== undefined && running?.lane === owner;
+    if (key !== undefined && !holdsRoom) {
+      await owner.rooms.take(heartbeat);
+      if (!this.delivering || owner.revoked || this.lanes.get(partition) !== owner) {
+        owner.rooms.leave();
+        return owner.pending.leave();
+      }
+    }
+    const slot = owner.deliver(BigInt(offset));
+    // behind the thread's tail (an old lane's too: one thread's turns in order across a redelivery)
+    const previous = (key === undefined ? undefined : this.threads.get(key)?.tail) ?? Promise.resolve();
     const turn = previous
       .then(() => this.process(owner, slot, record, event, invalid))
       .catch((error: unknown) => {
@@ -488,11 +514,14 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
         });
       });
     const tail: Promise<void> = turn.finally(() => {
-      owner.leave();
+      owner.pending.leave();
       this.inFlight.delete(tail);
-      if (key !== undefined && this.threads.get(key) === tail) this.threads.delete(key);
+      if (key !== undefined && this.threads.get(key)?.tail === tail) {
+        this.threads.delete(key); // the thread's queue is empty: its room goes to the next thread waiting
+        owner.rooms.leave();
+      }
     });
-    if (key !== undefined) this.threads.set(key, tail);
+    if (key !== undefined) this.threads.set(key, { tail, lane: owner });
     this.inFlight.add(tail);
   }
 
@@ -757,43 +786,28 @@ class Lane {
   last = -1n;
   revoked = false;
   failure: unknown;
-  private readonly pending: bigint[] = [];
+  /** Threads with turns in flight or queued (the cap, `maxConcurrentTurnsPerPartition`). */
+  readonly rooms: Gate;
+  /** Records read and not done (`maxPendingRecordsPerPartition`). */
+  readonly pending: Gate;
+  private readonly undone: bigint[] = [];
   private readonly done = new Set<bigint>();
   private committedNext = -1n;
   private commits: Promise<void> = Promise.resolve();
   private order: Promise<boolean> = Promise.resolve(true);
-  private inFlight = 0;
-  private readonly waiting: (() => void)[] = [];
 
   constructor(
     readonly partition: number,
-    private readonly max: number,
+    maxThreads: number,
+    maxPending: number,
     private readonly commit: (next: bigint) => Promise<void>,
-  ) {}
-
-  /** Waits while the partition has `max` turns in flight (heartbeating: the group must keep this member). */
-  async room(heartbeat: () => Promise<void>): Promise<void> {
-    if (this.inFlight < this.max) {
-      this.inFlight += 1;
-      return;
-    }
-    const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
-    try {
-      await new Promise<void>((resolve) => this.waiting.push(resolve));
-    } finally {
-      clearInterval(beat);
-    }
-  }
-
-  /** A turn of this lane ended: its room goes to the next record waiting (or is freed). */
-  leave(): void {
-    const next = this.waiting.shift();
-    if (next !== undefined) next();
-    else this.inFlight -= 1;
+  ) {
+    this.rooms = new Gate(maxThreads);
+    this.pending = new Gate(maxPending);
   }
 
   deliver(offset: bigint): Slot {
-    this.pending.push(offset);
+    this.undone.push(offset);
     this.last = offset;
     const previous = this.order;
     let release!: (committed: boolean) => void;
@@ -818,8 +832,8 @@ class Lane {
   settle(offset: bigint): Promise<void> {
     this.done.add(offset);
     let next: bigint | undefined;
-    while (this.pending.length > 0 && this.done.has(this.pending[0]!)) {
-      const first = this.pending.shift()!;
+    while (this.undone.length > 0 && this.done.has(this.undone[0]!)) {
+      const first = this.undone.shift()!;
       this.done.delete(first);
       next = first + 1n;
     }
@@ -839,6 +853,43 @@ class Lane {
 
   revoke(): void {
     this.revoked = true;
-    for (const resolve of this.waiting.splice(0)) resolve();
+    this.rooms.open();
+    this.pending.open();
+  }
+}
+
+/** A counting bound: `take` waits (heartbeating: the group must keep this member) while `max` are taken;
+ * `leave` hands the place to the next waiting (or frees it); `open` lets every waiting one through (a
+ * revoked lane: they see it revoked and give their place back). */
+class Gate {
+  private taken = 0;
+  private readonly waiting: (() => void)[] = [];
+
+  constructor(private readonly max: number) {}
+
+  async take(heartbeat: () => Promise<void>): Promise<void> {
+    if (this.taken < this.max) {
+      this.taken += 1;
+      return;
+    }
+    const beat = setInterval(() => void heartbeat().catch(() => undefined), HEARTBEAT_EVERY_MS);
+    try {
+      await new Promise<void>((resolve) => this.waiting.push(resolve));
+    } finally {
+      clearInterval(beat);
+    }
+  }
+
+  leave(): void {
+    const next = this.waiting.shift();
+    if (next !== undefined) next();
+    else this.taken -= 1;
+  }
+
+  open(): void {
+    for (const resolve of this.waiting.splice(0)) {
+      this.taken += 1; // each one let through holds a place until it leaves
+      resolve();
+    }
   }
 }

@@ -10,6 +10,12 @@ import { Agent } from '@mastra/core/agent';
 import {
   buildResponse,
   enrichedProblem,
+  observeKey,
+  observerHandler,
+  ObserverWorker,
+  workProblem,
+  type ObserveRequest,
+  type ReflectRequest,
   failedResponse,
   replyProblem,
   SeenEvents,
@@ -645,6 +651,77 @@ describe('the worker on the in-memory Kafka: turns per thread at once, commits p
     await harness.close();
   });
 
+  it('a hung turn holds its own thread and the commit only: the turns queued behind it take no room from another thread', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler, { maxConcurrentTurnsPerPartition: 2 });
+    const sent = harness.send(
+      ...['a1', 'a2', 'a3'].map((t) => ({ threadId: 'a', text: t })), // a1 and 2 (the cap) behind it
+      { threadId: 'b', text: 'b1' },
+      { threadId: 'c', text: 'c1' },
+    );
+    await g.waitFor(1);
+    for (let i = 0; i < 50; i += 1) await settle();
+    assert.deepEqual([...g.started].sort(), ['a1', 'b1'], 'a2, a3 wait behind a1 without a turn\'s room; b1 runs');
+    g.open('b1');
+    await g.waitFor(3);
+    assert.equal(g.started[2], 'c1');
+    g.open('c1');
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(harness.responses.length, 2, 'b1 and c1 answered while a1 hangs');
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), undefined, 'the commit waits for a1');
+    for (const t of ['a1', 'a2', 'a3']) {
+      await g.waitFor(g.started.length);
+      g.open(t);
+      for (let i = 0; i < 20; i += 1) await settle();
+    }
+    assert.equal((await sent).length, 5);
+    assert.equal(g.most(), 2);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 5n);
+  });
+
+  it('what queues behind a hung turn is bounded: past maxPendingRecordsPerPartition the next record waits', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler, { maxPendingRecordsPerPartition: 3 });
+    const sent = harness.send(
+      ...['a1', 'a2', 'a3'].map((t) => ({ threadId: 'a', text: t })), // the bound: a1 running, a2 and a3 queued
+      { threadId: 'b', text: 'b1' },
+    );
+    await g.waitFor(1);
+    for (let i = 0; i < 50; i += 1) await settle();
+    assert.deepEqual(g.started, ['a1'], 'b1 is not read while three records of the partition are pending');
+    g.open('a1');
+    await g.waitFor(3);
+    assert.deepEqual([...g.started].sort(), ['a1', 'a2', 'b1'], 'a1 done: b1 read, and runs beside a2');
+    for (const t of ['b1', 'a2']) g.open(t);
+    await g.waitFor(4);
+    g.open('a3');
+    assert.equal((await sent).length, 4);
+    await harness.close();
+    assert.equal(harness.broker.committed('test-harness', 'agent.requests.enriched').get(0), 4n);
+  });
+
+  it('a rebalance does not wait for the turns in flight (no client lets it): a revoked partition\'s late turn is sent, commits nothing, and is dropped as answered when the partition comes back', async () => {
+    const g = gated();
+    const harness = new TestHarness(g.handler);
+    const committed = (): bigint | undefined => harness.broker.committed('test-harness', 'agent.requests.enriched').get(0);
+    const sent = harness.send({ threadId: 'a', text: 'a1' });
+    await g.waitFor(1);
+    await harness.broker.assign('test-harness', []); // the partition moves away in the middle of a1
+    g.open('a1');
+    await sent;
+    assert.equal(harness.responses.length, 1, 'the late answer is still sent (at-least-once)');
+    for (let i = 0; i < 20; i += 1) await settle();
+    assert.equal(committed(), undefined, 'nothing of a revoked partition is committed: its new owner reads from there');
+    await harness.broker.assign('test-harness', [0]); // given back: read again from the committed offset
+    for (let i = 0; i < 100 && harness.duplicates.length === 0; i += 1) await settle();
+    assert.equal(harness.duplicates.length, 1, 'a1 again: dropped as answered (same process)');
+    assert.deepEqual(g.started, ['a1'], 'the handler ran once');
+    for (let i = 0; i < 20 && committed() === undefined; i += 1) await settle();
+    assert.equal(committed(), 1n);
+    await harness.close();
+  });
+
   it('exactly-once: answers sent in offset order, each with its offset in one transaction', async () => {
     const g = gated();
     const harness = new TestHarness(g.handler, { processingGuarantee: 'exactly-once' });
@@ -718,5 +795,116 @@ describe('the worker on the in-memory Kafka: turns per thread at once, commits p
     await again;
     assert.deepEqual(calls, ['r1', 'r2', 'r3']);
     assert.equal(broker.records('agent.responses').length, 3);
+  });
+});
+
+describe('observerHandler: Observational Memory work answered, the claim echoed', () => {
+  const claim = {
+    schemaVersion: 1 as const,
+    requestId: 'req-9',
+    createdAt: '2026-01-01T00:10:00.000Z',
+    scope: 'thread' as const,
+    threadId: 't1',
+    resourceId: 'r1',
+    recordId: 'row-1',
+    generation: 2,
+    cycle: 5,
+  };
+  const observeWork: ObserveRequest = {
+    ...claim,
+    type: 'ObserveRequest',
+    messages: [
+      { id: 'm1', role: 'user', createdAt: '2026-01-01T00:00:00.000Z', content: { format: 2, parts: [{ type: 'text', text: 'hi' }] } },
+      { id: 'm2', role: 'assistant', createdAt: '2026-01-01T00:01:00.000Z', content: { format: 2, parts: [{ type: 'text', text: 'hello' }] } },
+    ],
+    activeObservations: '',
+    observationTokenCount: 0,
+    pendingTokens: 31000,
+    messageTokens: 30000,
+  };
+
+  it('answers an observation with the ids, the newest date and the text', async () => {
+    const handler = observerHandler(async (work) => `- ${work.messages.length} messages`);
+    const result = await handler(observeWork);
+    assert.equal(result.type, 'ObserveResult');
+    assert.deepEqual(
+      { recordId: result.recordId, generation: result.generation, cycle: result.cycle, requestId: result.requestId },
+      { recordId: 'row-1', generation: 2, cycle: 5, requestId: 'req-9' },
+    );
+    if (result.type !== 'ObserveResult') throw new Error('not an ObserveResult');
+    assert.deepEqual(result.observedMessageIds, ['m1', 'm2']);
+    assert.equal(result.lastObservedAt, '2026-01-01T00:01:00.000Z');
+    assert.equal(result.observations, '- 2 messages');
+    assert.equal(result.error, undefined);
+    assert.equal(observeKey(observeWork), 't1');
+    assert.equal(observeKey({ ...observeWork, scope: 'resource', threadId: null }), 'r1');
+  });
+
+  it('answers a failed model with error (the service releases the claim)', async () => {
+    const result = await observerHandler(async () => {
+      throw new Error('model down');
+    })(observeWork);
+    assert.equal(result.error, 'Error: model down');
+  });
+
+  it('reflects, or says it does not', async () => {
+    const work: ReflectRequest = { ...claim, type: 'ReflectRequest', activeObservations: '- a\n- b', observationTokenCount: 41000, observationTokens: 40000 };
+    const reflected = await observerHandler(async () => '', async (w) => w.activeObservations.split('\n')[0] ?? '')(work);
+    assert.equal(reflected.type, 'ReflectResult');
+    if (reflected.type !== 'ReflectResult') throw new Error('not a ReflectResult');
+    assert.equal(reflected.reflection, '- a');
+    const refused = await observerHandler(async () => '')(work);
+    assert.equal(refused.error, 'this observer does not reflect');
+  });
+
+  it('tells work from other records', () => {
+    assert.equal(workProblem(observeWork), undefined);
+    assert.match(workProblem({ ...observeWork, type: 'ObserveResult' }) ?? '', /not work/);
+    assert.match(workProblem({ ...observeWork, cycle: 1.5 }) ?? '', /cycle/);
+    assert.match(workProblem([]) ?? '', /not a JSON object/);
+  });
+});
+
+describe('ObserverWorker on the in-memory Kafka: work answered, offsets committed', () => {
+  it('answers each work record on the results topic, keyed as the work, and commits past it', { timeout: 20_000 }, async () => {
+    const broker = new MemoryKafka();
+    const work = {
+      schemaVersion: 1,
+      type: 'ObserveRequest',
+      requestId: 'req-1',
+      createdAt: '2026-01-01T00:10:00.000Z',
+      scope: 'thread',
+      threadId: 't1',
+      resourceId: 'r1',
+      recordId: 'row-1',
+      generation: 0,
+      cycle: 1,
+      messages: [{ id: 'm1', role: 'user', createdAt: '2026-01-01T00:00:00.000Z', content: { format: 2, parts: [] } }],
+      activeObservations: '',
+      observationTokenCount: 0,
+      pendingTokens: 31000,
+      messageTokens: 30000,
+    };
+    broker.append('agent.memory.observe', [
+      { key: 't1', value: JSON.stringify(work) },
+      { key: 't1', value: '{not json' },
+    ]);
+    const worker = new ObserverWorker(observerHandler(async (w) => `- ${w.messages.length} message`), {
+      brokers: ['memory'],
+      client: memoryClient(broker),
+    });
+    await worker.start();
+    const controller = new AbortController();
+    while (broker.committed('message-history-observer', 'agent.memory.observe').get(0) !== 2n) {
+      await Promise.race([broker.next(controller.signal), new Promise((resolve) => setTimeout(resolve, 10))]);
+    }
+    controller.abort();
+    await worker.stop();
+    const answers = broker.records('agent.memory.observed');
+    assert.equal(answers.length, 1);
+    assert.equal(answers[0]!.key, 't1');
+    const answer = JSON.parse(answers[0]!.value!.toString('utf8')) as Record<string, unknown>;
+    assert.deepEqual([answer.type, answer.cycle, answer.observations], ['ObserveResult', 1, '- 1 message']);
+    assert.deepEqual([worker.answered, worker.skipped], [1, 1]);
   });
 });

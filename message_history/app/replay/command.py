@@ -35,13 +35,13 @@ from message_history.app.replay.sinks import (
     InvalidReport,
     PersistedOutcomes,
     ReplayStorage,
-    ReplayTransactions,
     open_mongo,
 )
 from message_history.logs import scrub, start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
+from producers.transactions import PartitionTransactions, producer_options
 from storage.message_id_keys import message_id_keys
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,21 @@ class ReplayResult:
     @property
     def ranges(self) -> list[PartitionRange]:
         return [PartitionRange(p.partition, p.start, p.end) for p in self.partitions]
+
+
+def _transactions(settings: Settings, stack: contextlib.AsyncExitStack) -> PartitionTransactions:
+    """Exactly-once: each batch's outputs (emitted events, dead letters) in one transaction per source
+    partition, on the live service's transaction code (a commit in doubt settled on the same producer,
+    never sent twice). The ids are `transactional_id(group, topic, partition, replay=True)`: a second replay
+    of the same partition fences the first. No offset joins the transaction (a replay has no group): its
+    resume point (`--from-offsets`) moves only past batches whose transaction committed. Closed with
+    `stack`."""
+    options = producer_options(settings, client_id=CLIENT_ID)
+    transactions = PartitionTransactions.for_client(
+        options, group_id=settings.group_id, path="replay", replay=True
+    )
+    stack.push_async_callback(transactions.close)
+    return transactions
 
 
 def _handler(
@@ -164,11 +179,7 @@ async def run_replay(
             # exactly-once: the handlers' outputs are filed under their records' offsets, each batch's go out
             # in one transaction; else they are sent at once on the producer (`consumers.runtime.emit`)
             producer = OutputProducer(settings, client_id=CLIENT_ID)
-            transactions = (
-                await stack.enter_async_context(ReplayTransactions(settings, options.topic))
-                if exactly_once
-                else None
-            )
+            transactions = _transactions(settings, stack) if exactly_once else None
             if sends and not exactly_once:
                 await replay.retrying(
                     "connect the Kafka producer", lambda: stack.enter_async_context(producer)

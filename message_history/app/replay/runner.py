@@ -24,12 +24,12 @@ from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
 from message_history.app.replay.progress import ProgressDisplay
-from message_history.app.replay.sinks import InvalidReport, ReplayTransactions
+from message_history.app.replay.sinks import InvalidReport
 from message_history.app.topics import existing_partitions
 from message_history.errors import MessageHistoryError, error_type
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
-from producers.transactions import HeldOutput
+from producers.transactions import HeldOutput, PartitionTransactions
 from schemas.events import EnrichedRequest, HistoryPersisted
 
 log = logging.getLogger(__name__)
@@ -114,9 +114,9 @@ class BatchRunner:
     clock: Callable[[], float] = time.monotonic
     sleep: Sleep = sleep_or_stop
     rand: Callable[[], float] = field(default_factory=lambda: random.Random().random)  # noqa: S311 -- jitter
-    transactions: ReplayTransactions | None = None  # exactly-once: a batch's outputs in one transaction
-    # exactly-once: outputs held per partition and offset until their batch's transaction
-    _held: dict[int, dict[int, list[HeldOutput]]] = field(default_factory=dict)
+    # exactly-once: a batch's outputs held per record, then in one transaction per partition (the live
+    # service's transaction code, `PartitionTransactions.for_client(..., replay=True)`)
+    transactions: PartitionTransactions | None = None
 
     async def run(
         self, records: Sequence[ConsumerRecord], state: PartitionState, stop: asyncio.Event
@@ -154,42 +154,40 @@ class BatchRunner:
             return await self.sleep(failure.delay, stop)
 
         backoff = Backoff(self.retry_initial_s, self.retry_max_s, self.rand)
+        transactions = self.transactions
+        tp = TopicPartition(records[0].topic, state.partition) if records else None
+        if transactions is not None and tp is not None and not transactions.owns(tp):
+            # a transactional producer first (fencing a replay of this partition still running)
+            opened = await self._transact(lambda: transactions.open([tp]), records[0], backoff, wait)
+            if not opened:
+                return  # stopped before it opened: `next` stays before the batch
         left = await retry_batch(records, self._attempt, backoff=backoff, wait=wait)
-        if self.transactions is not None and records:
+        if transactions is not None and tp is not None:
             # only what is done below the first record left: the rest is redone on resume
             below = left[0].offset if left else records[-1].offset + 1
-            if not await self._commit(
-                self.transactions, state.partition, records[0].offset, below, backoff, wait
-            ):
+            if not await self._transact(lambda: _commit(transactions, tp, below), records[0], backoff, wait):
                 return  # stopped before the batch's transaction committed: `next` stays before the batch
         if left:  # stopped during the backoff: the first record not done is where to resume
             state.next = left[0].offset
         elif records:
             state.next = max(state.next, records[-1].offset + 1)
 
-    async def _commit(
-        self,
-        transactions: ReplayTransactions,
-        partition: int,
-        first: int,
-        below: int,
+    @staticmethod
+    async def _transact(
+        step: Callable[[], Awaitable[None]],
+        first: ConsumerRecord,
         backoff: Backoff,
         wait: Callable[[Failure[ConsumerRecord]], Awaitable[bool]],
     ) -> bool:
-        """The held outputs of `partition` below `below`, in offset order, in one transaction, retried through
-        outages like the batch (`first`: the batch's first offset, where a replay that gives up resumes).
-        False when stopped before it committed."""
-        held = self._held.pop(partition, {})
-        outputs = [output for offset in sorted(held) if offset < below for output in held[offset]]
-        if not outputs:
-            return True
+        """`step` (a partition's producer opened, or its transaction), retried through outages like the batch
+        (a replay that gives up resumes at the batch's `first` record). False when stopped before it ended."""
 
         async def once(_: list[None]) -> list[None]:
-            await transactions.produce(partition, outputs)
+            await step()
             return []
 
         async def retry(failure: Failure[None]) -> bool:
-            return await wait(Failure(failure.attempt, failure.delay, [_FirstRecord(first)], failure.error))
+            return await wait(Failure(failure.attempt, failure.delay, [first], failure.error))
 
         return not await retry_batch([None], once, backoff=backoff, wait=retry)
 
@@ -244,15 +242,16 @@ class BatchRunner:
             raise TypeError(f"unexpected outcome {type(outcome).__name__}")
 
     def _hold(self, record: ConsumerRecord, outputs: list[HeldOutput]) -> None:
-        if outputs:
-            self._held.setdefault(record.partition, {})[record.offset] = outputs
+        if self.transactions is not None:
+            self.transactions.hold(TopicPartition(record.topic, record.partition), record.offset, outputs)
 
 
-@dataclass(frozen=True, slots=True)
-class _FirstRecord:
-    """What a failed commit's `Failure` names: the batch's first offset (where the replay resumes)."""
-
-    offset: int
+async def _commit(transactions: PartitionTransactions, tp: TopicPartition, below: int) -> None:
+    """The outputs held for `tp` below `below`, in offset order, in one transaction (none: nothing to do)."""
+    if not await transactions.commit(tp, below):
+        raise ReplayAbortedError(
+            f"partition {tp.partition}: its transactional id was taken by another replay of it (fenced)"
+        )
 
 
 # --- the partitions ----------------------------------------------------------------------------------------

@@ -6,12 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, ClassVar, TypeVar
-
-from aiokafka.errors import KafkaError
 
 from message_history.app.replay.options import CLIENT_ID
 from message_history.app.replay.plan import Counts, distinct
@@ -20,13 +18,6 @@ from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Emit, Headers, Positioned, TopicPublisher
 from producers.persisted import PersistedPublisher
-from producers.transactions import (
-    HeldOutput,
-    Transactional,
-    open_transactional,
-    producer_options,
-    transactional_id,
-)
 from schemas.dead_letters import error_message
 from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
@@ -116,57 +107,6 @@ async def _as_outcome(event: T) -> T:
     return event
 
 
-class ReplayTransactions:
-    """Exactly-once replay: each batch's outputs (emitted events, dead letters) in one transaction, produced
-    by a transactional producer per source partition (`transactional_id(group, topic, partition,
-    replay=True)`: a second replay of the same partition fences the first). A replay has no group, so no
-    offset joins the transaction: its resume point (`--from-offsets`) moves only past batches whose
-    transaction committed. A commit whose answer did not come is settled on the same producer by the next
-    try of the same outputs (`producers.transactions.Transactional`): never sent twice."""
-
-    def __init__(self, settings: Settings, topic: str) -> None:
-        self._settings = settings
-        self._topic = topic
-        self._producers: dict[int, Transactional] = {}
-        self._doubt: dict[int, Sequence[HeldOutput]] = {}  # the outputs of a commit in doubt, per partition
-
-    async def produce(self, partition: int, outputs: Sequence[HeldOutput]) -> None:
-        """Commit `outputs` in one transaction; raises when it failed (a try of the same outputs again first
-        settles a commit left in doubt: when it committed, nothing is sent again)."""
-        for _ in range(3):  # a broken producer is replaced at most twice per call
-            tx = self._producers.get(partition)
-            if tx is not None and tx.broken and not tx.pending:
-                self._producers.pop(partition, None)
-                await tx.stop()
-                tx = None
-            if tx is None:
-                producer = await open_transactional(
-                    producer_options(self._settings, client_id=CLIENT_ID),
-                    transactional_id(self._settings.group_id, self._topic, partition, replay=True),
-                )
-                tx = self._producers[partition] = Transactional(producer)
-            doubted = self._doubt.pop(partition, None)
-            if await tx.settle() and doubted is outputs:
-                return  # the last try of these very outputs committed after all
-            if tx.broken:
-                continue
-            try:
-                await tx.run(outputs)
-            except BaseException:
-                if tx.in_doubt:
-                    self._doubt[partition] = outputs
-                raise
-            return
-        raise KafkaError(f"replay transactions of partition {partition}: the producer keeps failing")
-
-    async def __aenter__(self) -> ReplayTransactions:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        producers, self._producers = list(self._producers.values()), {}
-        await asyncio.gather(*(p.stop() for p in producers))
-
-
 # --- the storage, counted (and, for a dry run, not written) ------------------------------------------------
 
 
@@ -192,11 +132,7 @@ class ReplayStorage:
 
     async def get_threads(self, thread_ids: Sequence[str]) -> dict[str, Thread]:
         found = await self._mongo.get_threads(thread_ids)
-        if self.dry_run:
-            for thread_id in thread_ids:
-                if thread_id not in found and thread_id in self._virtual:
-                    found[thread_id] = self._virtual[thread_id]
-        return found
+        return self._with_planned(found, thread_ids, self._virtual)
 
     async def list_messages(
         self, thread_id: str, *, resource_id: str | None, limit: int | None
@@ -215,11 +151,15 @@ class ReplayStorage:
         """The thread each stored id is in (a dry run: and the ids it would have saved), for the persist
         path's derived ids held by another thread (`PersistHandler._yield_taken_ids`)."""
         homes = await self._mongo.message_homes(message_ids)
+        return self._with_planned(homes, message_ids, self._planned_homes)
+
+    def _with_planned(
+        self, found: dict[str, T], keys: Iterable[str], planned: Mapping[str, T]
+    ) -> dict[str, T]:
+        """`found`; in a dry run, with what it planned (and MongoDB lacks) for `keys` added."""
         if self.dry_run:
-            for message_id in message_ids:
-                if message_id not in homes and message_id in self._planned_homes:
-                    homes[message_id] = self._planned_homes[message_id]
-        return homes
+            found.update({key: planned[key] for key in keys if key not in found and key in planned})
+        return found
 
     async def list_page(self, query: PageQuery) -> Page:
         return await self._mongo.list_page(query)

@@ -62,6 +62,14 @@ export interface HistoryInfo {
    */
   limit: number | null;
   /**
+   * Observational Memory: the log's tokens (Mastra OM's count); absent without OM
+   */
+  observationTokens?: number | null;
+  /**
+   * Observational Memory: the messages the observation log covers (left out of `messages`, the log is there instead); absent without OM
+   */
+  observed?: number | null;
+  /**
    * messages taken from memory (source 'memory')
    */
   recalled: number;
@@ -407,5 +415,241 @@ export interface Message {
   role: 'user' | 'assistant' | 'system' | 'signal';
   threadId?: string | null;
   type?: string | null;
+  [k: string]: unknown;
+}
+/**
+ * `agent.memory.observe`: observe these messages, given the log so far.
+ *
+ * This interface was referenced by `Events`'s JSON-Schema
+ * via the `definition` "ObserveRequest".
+ */
+export interface ObserveRequest {
+  /**
+   * the current observation log ('' when none)
+   */
+  activeObservations: string;
+  /**
+   * when the event was produced, ISO-8601 UTC
+   */
+  createdAt: string;
+  /**
+   * the claim's cycle: a result applies only to its own claim
+   */
+  cycle: number;
+  /**
+   * the row's generationCount
+   */
+  generation: number;
+  /**
+   * the observation threshold in force
+   */
+  messageTokens: number;
+  /**
+   * the unobserved messages, oldest first
+   */
+  messages: Message[];
+  /**
+   * the log's tokens, as Mastra OM counts them
+   */
+  observationTokenCount: number;
+  /**
+   * the unobserved messages' tokens (Mastra OM's count)
+   */
+  pendingTokens: number;
+  /**
+   * the mastra_observational_memory row (its `id`)
+   */
+  recordId: string;
+  /**
+   * the request's id; a result echoes it
+   */
+  requestId: string;
+  /**
+   * the resource; the record key with resource scope
+   */
+  resourceId: string;
+  schemaVersion: 1;
+  /**
+   * 'thread' (the default) or 'resource' (Mastra's OM scope)
+   */
+  scope: 'thread' | 'resource';
+  /**
+   * the thread (null with resource scope); the record key
+   */
+  threadId: string | null;
+  type: 'ObserveRequest';
+  [k: string]: unknown;
+}
+/**
+ * `agent.memory.observed`: the new observations for the request's messages (or why there are none).
+ *
+ * This interface was referenced by `Events`'s JSON-Schema
+ * via the `definition` "ObserveResult".
+ */
+export interface ObserveResult {
+  /**
+   * when the event was produced, ISO-8601 UTC
+   */
+  createdAt: string;
+  /**
+   * the Observer's <current-task>, if any
+   */
+  currentTask?: string | null;
+  /**
+   * the claim's cycle: a result applies only to its own claim
+   */
+  cycle: number;
+  /**
+   * set when the observer failed: the claim is released
+   */
+  error?: string | null;
+  /**
+   * the row's generationCount
+   */
+  generation: number;
+  /**
+   * the newest observed message's createdAt
+   */
+  lastObservedAt: string;
+  /**
+   * this cycle's observations, as Mastra's Observer writes them
+   */
+  observations: string;
+  /**
+   * the ids of the messages observed
+   */
+  observedMessageIds: string[];
+  /**
+   * the mastra_observational_memory row (its `id`)
+   */
+  recordId: string;
+  /**
+   * the request's id; a result echoes it
+   */
+  requestId: string;
+  /**
+   * the resource; the record key with resource scope
+   */
+  resourceId: string;
+  schemaVersion: 1;
+  /**
+   * 'thread' (the default) or 'resource' (Mastra's OM scope)
+   */
+  scope: 'thread' | 'resource';
+  /**
+   * the Observer's <suggested-response>
+   */
+  suggestedResponse?: string | null;
+  /**
+   * the thread (null with resource scope); the record key
+   */
+  threadId: string | null;
+  type: 'ObserveResult';
+  [k: string]: unknown;
+}
+/**
+ * `agent.memory.observe`: condense this observation log.
+ *
+ * This interface was referenced by `Events`'s JSON-Schema
+ * via the `definition` "ReflectRequest".
+ */
+export interface ReflectRequest {
+  /**
+   * the whole observation log to condense
+   */
+  activeObservations: string;
+  /**
+   * when the event was produced, ISO-8601 UTC
+   */
+  createdAt: string;
+  /**
+   * the claim's cycle: a result applies only to its own claim
+   */
+  cycle: number;
+  /**
+   * the row's generationCount
+   */
+  generation: number;
+  /**
+   * its tokens, as Mastra OM counts them
+   */
+  observationTokenCount: number;
+  /**
+   * the reflection threshold in force
+   */
+  observationTokens: number;
+  /**
+   * the mastra_observational_memory row (its `id`)
+   */
+  recordId: string;
+  /**
+   * the request's id; a result echoes it
+   */
+  requestId: string;
+  /**
+   * the resource; the record key with resource scope
+   */
+  resourceId: string;
+  schemaVersion: 1;
+  /**
+   * 'thread' (the default) or 'resource' (Mastra's OM scope)
+   */
+  scope: 'thread' | 'resource';
+  /**
+   * the thread (null with resource scope); the record key
+   */
+  threadId: string | null;
+  type: 'ReflectRequest';
+  [k: string]: unknown;
+}
+/**
+ * `agent.memory.observed`: the condensed log, which starts the next generation.
+ *
+ * This interface was referenced by `Events`'s JSON-Schema
+ * via the `definition` "ReflectResult".
+ */
+export interface ReflectResult {
+  /**
+   * when the event was produced, ISO-8601 UTC
+   */
+  createdAt: string;
+  /**
+   * the claim's cycle: a result applies only to its own claim
+   */
+  cycle: number;
+  /**
+   * set when the reflector failed: the claim is released
+   */
+  error?: string | null;
+  /**
+   * the row's generationCount
+   */
+  generation: number;
+  /**
+   * the mastra_observational_memory row (its `id`)
+   */
+  recordId: string;
+  /**
+   * the condensed log, as Mastra's Reflector writes it
+   */
+  reflection: string;
+  /**
+   * the request's id; a result echoes it
+   */
+  requestId: string;
+  /**
+   * the resource; the record key with resource scope
+   */
+  resourceId: string;
+  schemaVersion: 1;
+  /**
+   * 'thread' (the default) or 'resource' (Mastra's OM scope)
+   */
+  scope: 'thread' | 'resource';
+  /**
+   * the thread (null with resource scope); the record key
+   */
+  threadId: string | null;
+  type: 'ReflectResult';
   [k: string]: unknown;
 }

@@ -1,0 +1,170 @@
+"""The observed path: observers' answers (`agent.memory.observed`) applied to `mastra_observational_memory`,
+once each (issue 35; docs/observational-memory.md).
+
+A result names the claim it answers (`recordId`, `generation`, `cycle`). It is applied only if that claim is
+still the row's: the row is the newest of the result's own lookup key (`thread:<threadId>`, or
+`resource:<resourceId>` with resource scope: a result cannot reach another tenant's row by its id), at that
+generation and cycle, with its flag still set; the write itself is conditional on the same (`storage.
+observational`), so two answers racing still apply once. A late answer (its claim timed out and was taken
+again), a repeated one, or one whose row was forgotten changes nothing: it is counted
+(`message_history_outcomes_total{path="observed"}`), not dead-lettered. A record that cannot be decoded is a
+dead letter; an outage raises (the loop retries the batch; applying is idempotent).
+
+* `ObserveResult`: the cycle's `observations` appended to the log after a message boundary (Mastra's
+  `wrapObservations`), the log's tokens counted as Mastra OM counts them, `lastObservedAt` and the cycle's
+  `observedMessageIds` set, the flag cleared (`updateActiveObservations`); its `currentTask` /
+  `suggestedResponse`, when set, go where Mastra keeps them: the thread's `metadata.mastra.om`.
+* `ReflectResult`: generation + 1 made from the `reflection` (`createReflectionGeneration`).
+* either with `error`: the claim released, nothing else written (the thread's next turn tries again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, Final, Protocol
+
+from consumers.contract import Done, Emit, Record, Refused, Result
+from consumers.observational import THREAD_OM
+from consumers.runtime.containment import contain, containable
+from message_history import metrics
+from message_history.core.observation_text import append_observations
+from message_history.core.om_tokens import count_observations
+from message_history.errors import EventValidationError
+from schemas.limits import Limits
+from schemas.observational import ObserveResult, ReflectResult, decode_result
+from storage.observational import Claim, ObservationalRecord
+
+__all__ = ["PATH", "ObserveResultsHandler", "ResultRows"]
+
+log = logging.getLogger(__name__)
+
+PATH: Final = "observed"
+
+
+class ResultRows(Protocol):
+    """The part of `storage.observational.MongoObservationalStore` the observed path uses."""
+
+    async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None: ...
+
+    async def release(self, claim: Claim, now: datetime) -> bool: ...
+
+    async def apply_observation(
+        self,
+        claim: Claim,
+        *,
+        observations: str,
+        token_count: int,
+        last_observed_at: datetime,
+        observed_message_ids: Sequence[str],
+        now: datetime,
+    ) -> bool: ...
+
+    async def apply_reflection(
+        self, claim: Claim, *, reflection: str, token_count: int, now: datetime
+    ) -> ObservationalRecord | None: ...
+
+
+class ThreadHints(Protocol):
+    """The part of the storage that sets a thread's metadata keys (`save_thread_metadata`)."""
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None: ...
+
+
+class ObserveResultsHandler:
+    """Applies a batch of observer answers in order (one thread's answers are rare and few)."""
+
+    path = PATH
+
+    def __init__(self, *, rows: ResultRows, limits: Limits, threads: ThreadHints | None = None) -> None:
+        self._rows = rows
+        self._limits = limits
+        self._threads = threads
+
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
+        """Each answer applied in MongoDB; nothing is emitted (`emit` unused)."""
+        results: list[Result] = []
+        for record in records:
+            if record.value is None:
+                results.append(Refused(EventValidationError("empty record (no value)")))
+                continue
+            try:
+                result = decode_result(record.value, self._limits)
+                outcome = await self._apply(result)
+            except Exception as exc:
+                if not containable(exc):
+                    raise
+                results.append(Refused(contain(exc, "process")))
+                continue
+            metrics.OUTCOMES.labels(path=PATH, outcome=outcome).inc()
+            results.append(Done(_done()))
+        return results
+
+    async def _apply(self, result: ObserveResult | ReflectResult) -> str:
+        """What became of `result`: `applied`, `released` (the observer failed), or `stale` (not current)."""
+        kind: Any = "observe" if isinstance(result, ObserveResult) else "reflect"
+        thread_id = result.threadId if result.scope == "thread" else None
+        row = await self._rows.get(thread_id, result.resourceId)
+        if row is None or row.id != result.recordId or row.generation != result.generation:
+            return _stale(result, "not the row's current generation")
+        if row.resource_id != result.resourceId:  # the key is the thread's: its owner must match too
+            return _stale(result, "another resource's row")
+        if row.cycle != result.cycle or not (row.is_observing if kind == "observe" else row.is_reflecting):
+            return _stale(result, "not the row's current claim")
+        claim = Claim(result.recordId, result.generation, result.cycle, kind)
+        now = datetime.now(UTC)
+        if result.error is not None:
+            log.warning(
+                "observer failed: claim released",
+                extra={"thread_id": result.threadId, "request_id": result.requestId, "kind": kind},
+            )
+            return "released" if await self._rows.release(claim, now) else _stale(result, "raced")
+        if isinstance(result, ObserveResult):
+            log_text = append_observations(row.active_observations, result.observations, row.last_observed_at)
+            applied = await self._rows.apply_observation(
+                claim,
+                observations=log_text,
+                token_count=count_observations(log_text),
+                last_observed_at=result.lastObservedAt,
+                observed_message_ids=result.observedMessageIds,
+                now=now,
+            )
+            if applied:
+                await self._hints(result)
+        else:
+            applied = (
+                await self._rows.apply_reflection(
+                    claim,
+                    reflection=result.reflection,
+                    token_count=count_observations(result.reflection),
+                    now=now,
+                )
+                is not None
+            )
+        return f"{kind}-applied" if applied else _stale(result, "raced")
+
+    async def _hints(self, result: ObserveResult) -> None:
+        """The answer's `currentTask` / `suggestedResponse` into the thread's `metadata.mastra.om` (thread
+        scope), where Mastra's `setThreadOMMetadata` keeps them."""
+        hints = {"currentTask": result.currentTask, "suggestedResponse": result.suggestedResponse}
+        update = {f"{THREAD_OM}.{key}": value for key, value in hints.items() if value is not None}
+        if update and self._threads is not None and result.scope == "thread" and result.threadId:
+            await self._threads.save_thread_metadata(result.threadId, update)
+
+
+def _stale(result: ObserveResult | ReflectResult, why: str) -> str:
+    log.info(
+        "observer result not applied: %s",
+        why,
+        extra={"thread_id": result.threadId, "request_id": result.requestId, "cycle": result.cycle},
+    )
+    return "stale"
+
+
+def _done() -> asyncio.Future[object]:
+    """The acknowledgement of a record whose work is all in MongoDB (written before it is returned)."""
+    future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+    future.set_result(None)
+    return future

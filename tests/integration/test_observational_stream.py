@@ -1,0 +1,385 @@
+"""Observational Memory end to end on the real broker and the MongoDB-wire server, with a stub observer.
+
+A long conversation's saved turns pass the observation threshold: the persist path claims the thread's
+`mastra_observational_memory` row and sends one `ObserveRequest`; the observer answers (the Python SDK's
+`observer_handler`, and its `ObserverWorker`); the observed path applies the answer once; the next recall
+carries the log. Answering twice applies once; an answer that comes after its claim timed out (and the work
+was sent again) is dropped, and the new answer applies; a bad answer is a dead letter.
+
+"After the timeout" is the claim's time moved back in MongoDB, never a wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+from message_history.core.om_tokens import count_observations
+from message_history.settings import Settings
+from schemas.observational import ObserveRequest, ReflectRequest, decode_work
+from storage.observational import OBSERVATIONAL
+from tests.conftest import MakeTopic
+from tests.integration.service_harness import (
+    drop_database,
+    encoded,
+    fresh_settings,
+    request_event,
+    response_event,
+    running_service,
+    text_message,
+    values,
+)
+from tests.integration.stream_helpers import Record, produce, read_all, read_topic, wait_committed
+from worker.observer import Observation, ObserverWorker, observer_handler
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+THREAD = "om-thread"
+OWNER = "om-user"
+WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
+
+
+async def _settings(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, **extra: Any) -> Settings:
+    settings = fresh_settings(
+        kafka_bootstrap,
+        mongo_uri,
+        observational_memory=True,
+        observation_message_tokens=1000,
+        barrier="off",
+        busy_thread="allow",
+        **extra,
+    )
+    for topic in (
+        settings.requests_topic,
+        settings.responses_topic,
+        settings.observe_requests_topic,
+        settings.observe_results_topic,
+    ):
+        await make_topic(partitions=1, name=topic)
+    return settings
+
+
+def _turn(turn: int) -> tuple[bytes, bytes]:
+    """A saved turn of about 250 OM tokens: a long question and a long answer."""
+    question = text_message("user", f"turn {turn}: {WORDS * 4}", id=f"q{turn}")
+    event = response_event(
+        THREAD, OWNER, turn, [{**question, "source": "input"}], f"answer {turn}: {WORDS * 4}"
+    )
+    return encoded(event)
+
+
+def _work(records: list[Record]) -> list[ObserveRequest]:
+    found = [decode_work(r.value) for r in records]
+    return [w for w in found if isinstance(w, ObserveRequest)]
+
+
+def _has_work(count: int) -> Any:
+    return lambda records: len(_work(records)) >= count
+
+
+async def _row(settings: Settings) -> dict[str, Any]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        rows = await client[settings.mongodb_database][OBSERVATIONAL].find({}, {"_id": 0}).to_list()
+    finally:
+        await client.close()
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+async def _age_claim(settings: Settings) -> None:
+    """The claim as if `OBSERVATION_TIMEOUT_S` had passed since it was made (its times moved back)."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    past = datetime.now(UTC) - timedelta(seconds=settings.observation_timeout_s + 60)
+    try:
+        await client[settings.mongodb_database][OBSERVATIONAL].update_many(
+            {}, {"$set": {"_mh_claimed_at": past, "updatedAt": past}}
+        )
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_observed_once_and_recalled(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
+) -> None:
+    """Six long turns → one ObserveRequest (the others wait for it); the stub's answer, sent twice, is applied
+    once; a bad answer is a dead letter; the next request is recalled with the log and the unobserved turn.
+    Exactly once, the ObserveRequest goes out in the persist record's transaction (read `read_committed`)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee)
+    bootstrap = settings.kafka_bootstrap_servers
+
+    async def observe(work: ObserveRequest) -> Observation:
+        text = f"OBS: {len(work.messages)} messages about trains"
+        return Observation(text, current_task="find the cheapest spring day")
+
+    handler = observer_handler(observe)
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            work = _work(
+                await read_topic(
+                    bootstrap,
+                    settings.observe_requests_topic,
+                    until=_has_work(1),
+                    isolation_level="read_committed",
+                )
+            )
+            request = work[0]
+            assert (request.threadId, request.generation, request.cycle) == (THREAD, 0, 1)
+            assert request.pendingTokens >= request.messageTokens == 1000
+            assert request.activeObservations == ""
+            observed_ids = [m.id for m in request.messages]
+            assert observed_ids[0] == "q1"
+
+            answer = await handler(request)
+            key = THREAD.encode()
+            await produce(
+                bootstrap,
+                settings.observe_results_topic,
+                [(key, _encode(answer)), (key, _encode(answer)), (key, b"{not json")],
+            )
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 3})
+            dead = await read_topic(bootstrap, settings.observe_results_dlq, until=lambda r: len(r) >= 1)
+            assert [r.value for r in dead] == [b"{not json"]
+
+            row = await _row(settings)
+            text = f"OBS: {len(request.messages)} messages about trains"
+            assert row["activeObservations"] == text  # once: a second apply would append it again
+            assert row["totalTokensObserved"] == row["observationTokenCount"] == count_observations(text)
+            assert row["isObserving"] is False
+            assert row["observedMessageIds"] == observed_ids
+            assert row["generationCount"] == 0
+
+            # the next turn: the log, then only what it does not cover, then the input
+            ask = request_event(THREAD, OWNER, 7, "so which day is cheapest?")
+            await produce(bootstrap, settings.requests_topic, [encoded(ask)])
+            enriched = values(
+                await read_topic(bootstrap, settings.enriched_topic, until=lambda r: len(r) >= 1)
+            )
+            event = enriched[0]
+            history = event["history"]
+            assert history["observed"] == len(observed_ids)
+            assert history["observationTokens"] == count_observations(text)
+            texts = [
+                p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"
+            ]
+            assert any(text in t for t in texts)  # the log, in Mastra's context wording
+            # the observer's current task, kept where Mastra keeps it (the thread's metadata.mastra.om)
+            assert "<current-task>\nfind the cheapest spring day\n</current-task>" in texts
+            recalled = [m["id"] for m in event["messages"] if m["source"] == "memory"]
+            assert not set(observed_ids) & set(recalled)  # observed messages are not sent again
+            assert event["messages"][-1]["content"]["parts"][0]["text"] == "so which day is cheapest?"
+
+    finally:
+        await drop_database(settings)
+
+
+async def test_late_answer_after_timeout_applies_once(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The observer does not answer in time: the thread's next turn sends the work again (cycle 2); the
+    SDK's worker then answers both; the late answer to cycle 1 is dropped, cycle 2's is applied."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1))
+            await produce(bootstrap, settings.responses_topic, [_turn(7)])  # in flight: nothing sent
+            await _age_claim(settings)
+            await produce(bootstrap, settings.responses_topic, [_turn(8)])  # timed out: sent again
+            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(2)))
+            assert [w.cycle for w in work] == [1, 2]
+            assert len(work[1].messages) > len(work[0].messages)  # the later turns too
+
+            observer = ObserverWorker.from_settings(
+                observer_handler(lambda w: _text(f"cycle {w.cycle}")),
+                settings,
+                group_id=f"{settings.group_id}-obs",
+            )
+            async with observer:
+                running = asyncio.create_task(observer.run())
+                await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
+                observer.stop()
+                assert await running == 2
+
+            row = await _row(settings)
+            assert row["activeObservations"] == "cycle 2"
+            assert row["totalTokensObserved"] == count_observations("cycle 2")
+            assert row["isObserving"] is False
+            assert row["_mh_cycle"] == 2
+    finally:
+        await drop_database(settings)
+
+
+async def _text(value: str) -> str:
+    return value
+
+
+def _encode(event: Any) -> bytes:
+    from schemas.codec import encode  # noqa: PLC0415
+
+    raw = encode(event)
+    json.loads(raw)  # well-formed
+    return raw
+
+
+async def test_a_long_log_is_reflected_into_the_next_generation(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The log passes `REFLECTION_OBSERVATION_TOKENS`: the thread's next saved turn sends a ReflectRequest
+    (the whole log); the answer starts generation 1 (`originType: "reflection"`), once though sent twice;
+    the next recall carries the condensed log."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, reflection_observation_tokens=50)
+    bootstrap = settings.kafka_bootstrap_servers
+    long_log = "- the user plans a spring trip from Lyon to Turin by train, cheapest days wanted\n" * 8
+
+    async def reflect(work: ReflectRequest) -> str:
+        assert work.activeObservations == long_log
+        return "- user: Lyon to Turin by train in spring, cheap"
+
+    handler = observer_handler(lambda work: _text(long_log), reflect)
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+            await produce(
+                bootstrap,
+                settings.observe_results_topic,
+                [(THREAD.encode(), _encode(await handler(work[0])))],
+            )
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 1})
+
+            await produce(bootstrap, settings.responses_topic, [_turn(7)])  # the log is long: reflect
+            records = await read_topic(
+                bootstrap, settings.observe_requests_topic, until=lambda r: len(r) >= 2
+            )
+            reflect_work = decode_work(records[-1].value)
+            assert isinstance(reflect_work, ReflectRequest)
+            assert reflect_work.observationTokens == 50
+            answer = _encode(await handler(reflect_work))
+            await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), answer)] * 2)
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 3})
+
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                settings.mongodb_uri.get_secret_value()
+            )
+            try:
+                rows = (
+                    await client[settings.mongodb_database][OBSERVATIONAL]
+                    .find({}, {"_id": 0})
+                    .sort("generationCount", 1)
+                    .to_list()
+                )
+            finally:
+                await client.close()
+            assert [(r["generationCount"], r["originType"]) for r in rows] == [
+                (0, "initial"),
+                (1, "reflection"),
+            ]
+            assert rows[0]["isReflecting"] is False
+            assert rows[1]["activeObservations"] == "- user: Lyon to Turin by train in spring, cheap"
+
+            ask = request_event(THREAD, OWNER, 8, "remind me?")
+            await produce(bootstrap, settings.requests_topic, [encoded(ask)])
+            event = values(await read_topic(bootstrap, settings.enriched_topic, until=lambda r: len(r) >= 1))[
+                0
+            ]
+            texts = [
+                p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"
+            ]
+            assert any("Lyon to Turin by train in spring, cheap" in t for t in texts)
+            assert not any("cheapest days wanted" in t for t in texts)  # the condensed log, not the long one
+    finally:
+        await drop_database(settings)
+
+
+async def test_an_answer_survives_a_service_restart(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The claim lives in MongoDB, the answer in Kafka: the service stops with an observation in flight, the
+    observer answers while it is down, and the next instance applies the answer (and sends nothing again)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    handler = observer_handler(lambda work: _text(f"cycle {work.cycle} while the service was down"))
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+        answer = await handler(work[0])
+        await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), _encode(answer))])
+        assert (await _row(settings))["isObserving"] is True  # nobody applied it yet
+        async with running_service(settings):
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 1})
+            await produce(bootstrap, settings.responses_topic, [_turn(7)])
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 7})
+        row = await _row(settings)
+        assert row["activeObservations"] == "cycle 1 while the service was down"
+        assert row["isObserving"] is False
+        sent = _work(await read_all(bootstrap, settings.observe_requests_topic))
+        assert [w.cycle for w in sent] == [1]  # turn 7 alone is far below the threshold: no new work
+    finally:
+        await drop_database(settings)
+
+
+async def test_the_turn_that_claimed_sends_its_work_again_when_redelivered(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The service died between a claim and its commit (or the send failed and the batch was retried): the
+    same turn comes again and sends the live claim's work again, same cycle, at once; another turn sends
+    nothing while the claim lives. (Without `claimed_by` the redelivered turn would wait out the timeout.)"""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        async with running_service(settings):
+            turns = [_turn(t) for t in range(1, 7)]
+            await produce(bootstrap, settings.responses_topic, turns)
+            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1))
+            claimed_by = (await _row(settings))["_mh_claimed_by"]
+            turn = next(t for t in range(1, 7) if claimed_by == f"{THREAD}-turn{t}")
+            await produce(
+                bootstrap, settings.responses_topic, [_turn(9), turns[turn - 1]]
+            )  # another, the same
+            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(2))
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 8})
+            work = _work(await read_all(bootstrap, settings.observe_requests_topic))
+            assert [(w.cycle, w.requestId) for w in work] == [(1, claimed_by), (1, claimed_by)]
+            assert (await _row(settings))["_mh_cycle"] == 1
+    finally:
+        await drop_database(settings)
+
+
+async def test_a_hostile_row_never_fails_the_turn(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The thread's row is one no Mastra would read (`activeObservations` a number): its turns are saved and
+    announced as ever, none dead-lettered; only the observation is skipped (logged, counted)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    bootstrap = settings.kafka_bootstrap_servers
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        await client[settings.mongodb_database][OBSERVATIONAL].insert_one(
+            {"id": "hostile", "lookupKey": f"thread:{THREAD}", "generationCount": 0, "activeObservations": 42}
+        )
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            persisted = values(
+                await read_topic(bootstrap, settings.persisted_topic, until=lambda r: len(r) >= 6)
+            )
+            assert [p["skipped"] for p in persisted] == [None] * 6
+            ask = request_event(THREAD, OWNER, 7, "still there?")
+            await produce(bootstrap, settings.requests_topic, [encoded(ask)])
+            event = values(await read_topic(bootstrap, settings.enriched_topic, until=lambda r: len(r) >= 1))[
+                0
+            ]
+            assert event["history"]["observed"] == 0  # the unreadable row is no log
+        assert await read_all(bootstrap, settings.responses_dlq) == []
+    finally:
+        await client.close()
+        await drop_database(settings)

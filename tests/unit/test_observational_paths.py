@@ -1,0 +1,339 @@
+"""The OM paths' decisions on an in-memory row (the real broker and MongoDB: tests/integration/
+test_observational_stream.py): which observer answers the observed path applies, and what recall makes of
+the log."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from consumers.contract import Refused, delivered
+from consumers.observational import thread_hints
+from consumers.observe_recall import ObservationRecall
+from consumers.observe_results import ObserveResultsHandler
+from message_history.core.om_tokens import count_observations
+from message_history.errors import InvalidInputError
+from message_history.settings import Settings
+from schemas.events import AgentRequest, EnrichedRequest
+from schemas.limits import Limits
+from storage.observational import Claim, ObservationalRecord, record_from_doc
+from storage.protocol import Thread
+from tests.paths import no_emit
+
+T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
+
+
+def _row(**fields: Any) -> ObservationalRecord:
+    doc = {
+        "id": "row-1",
+        "lookupKey": "thread:t1",
+        "scope": "thread",
+        "threadId": "t1",
+        "resourceId": "u1",
+        "generationCount": 0,
+        "activeObservations": "",
+        "isObserving": True,
+        "_mh_cycle": 3,
+        **fields,
+    }
+    return record_from_doc(doc)
+
+
+class Rows:
+    """One thread's newest row, and what was written to it."""
+
+    def __init__(self, row: ObservationalRecord | None) -> None:
+        self.row = row
+        self.applied: list[dict[str, Any]] = []
+        self.released: list[Claim] = []
+
+    async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
+        key = f"thread:{thread_id}" if thread_id else f"resource:{resource_id}"
+        if self.row is None or self.row.lookup_key != key:  # as the store: by the key alone
+            return None
+        return self.row
+
+    async def covered(self, record: ObservationalRecord) -> int:
+        return 7
+
+    async def release(self, claim: Claim, now: datetime) -> bool:
+        self.released.append(claim)
+        return True
+
+    async def apply_observation(
+        self,
+        claim: Claim,
+        *,
+        observations: str,
+        token_count: int,
+        last_observed_at: datetime,
+        observed_message_ids: Sequence[str],
+        now: datetime,
+    ) -> bool:
+        self.applied.append({"claim": claim, "log": observations, "tokens": token_count})
+        return True
+
+    async def apply_reflection(
+        self, claim: Claim, *, reflection: str, token_count: int, now: datetime
+    ) -> ObservationalRecord | None:
+        self.applied.append({"claim": claim, "reflection": reflection, "tokens": token_count})
+        return self.row
+
+
+@dataclasses.dataclass
+class Rec:
+    value: bytes | None
+    topic: str = "od"
+    partition: int = 0
+    offset: int = 0
+    key: bytes | None = b"t1"
+    headers: Sequence[tuple[str, bytes | None]] | None = None
+
+
+def _result(**fields: Any) -> bytes:
+    event = {
+        "type": "ObserveResult",
+        "schemaVersion": 1,
+        "requestId": "r1",
+        "createdAt": "2025-03-01T10:05:00.000Z",
+        "scope": "thread",
+        "threadId": "t1",
+        "resourceId": "u1",
+        "recordId": "row-1",
+        "generation": 0,
+        "cycle": 3,
+        "observations": "- user plans a trip",
+        "observedMessageIds": ["m1"],
+        "lastObservedAt": "2025-03-01T10:00:00.000Z",
+        **fields,
+    }
+    return json.dumps(event).encode()
+
+
+async def _handle(rows: Rows, *values: bytes | None) -> list[object]:
+    handler = ObserveResultsHandler(rows=rows, limits=Limits())
+    outcomes: list[object] = []
+    for result in await handler.handle([Rec(v) for v in values], no_emit):
+        outcomes.append(result.error if isinstance(result, Refused) else await delivered(result))
+    return outcomes
+
+
+async def test_the_current_claims_answer_is_applied_after_a_boundary() -> None:
+    rows = Rows(_row(activeObservations="- earlier", lastObservedAt=T0))
+    await _handle(rows, _result())
+    [applied] = rows.applied
+    assert applied["claim"] == Claim("row-1", 0, 3, "observe")
+    assert applied["log"].startswith("- earlier\n\n--- message boundary (2025-03-01T10:00:00.000Z) ---")
+    assert applied["log"].endswith("- user plans a trip")
+    assert applied["tokens"] == count_observations(applied["log"])
+
+
+@pytest.mark.parametrize(
+    ("row", "result"),
+    [
+        (_row(_mh_cycle=4), {}),  # the claim timed out and was taken again: a late answer
+        (_row(isObserving=False), {}),  # already applied: a repeated answer
+        (_row(generationCount=1), {}),  # reflected since
+        (_row(id="row-2"), {}),  # another row of the key (recreated after a forget)
+        (_row(), {"threadId": "t2"}),  # another thread's key: never reaches this row by its id
+        (_row(), {"resourceId": "u2"}),  # another tenant's
+        (None, {}),  # forgotten
+    ],
+)
+async def test_an_answer_to_no_current_claim_writes_nothing(
+    row: ObservationalRecord | None, result: dict[str, Any]
+) -> None:
+    rows = Rows(row)
+    assert await _handle(rows, _result(**result)) == [None]  # acknowledged: not a dead letter
+    assert rows.applied == []
+    assert rows.released == []
+
+
+async def test_an_observer_error_releases_the_claim() -> None:
+    rows = Rows(_row())
+    await _handle(rows, _result(error="model timed out"))
+    assert rows.released == [Claim("row-1", 0, 3, "observe")]
+    assert rows.applied == []
+
+
+async def test_a_reflection_answers_its_own_claim() -> None:
+    rows = Rows(_row(isObserving=False, isReflecting=True))
+    reflect = {"type": "ReflectResult", "reflection": "- condensed"}
+    value = json.loads(_result())
+    for name in ("observations", "observedMessageIds", "lastObservedAt"):
+        value.pop(name)
+    await _handle(rows, json.dumps({**value, **reflect}).encode())
+    [applied] = rows.applied
+    assert applied["claim"] == Claim("row-1", 0, 3, "reflect")
+    assert applied["tokens"] == count_observations("- condensed")
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        b"{not json",
+        _result(cycle=-1),
+        _result(type="Other"),
+        _result(scope="resource"),  # a thread with resource scope
+        json.dumps({k: v for k, v in json.loads(_result()).items() if k != "schemaVersion"}).encode(),
+    ],
+)
+async def test_a_bad_answer_is_a_dead_letter(value: bytes | None) -> None:
+    rows = Rows(_row())
+    [outcome] = await _handle(rows, value)
+    assert isinstance(outcome, InvalidInputError)
+    assert rows.applied == []
+
+
+def _message(ident: str, role: str, at: str, source: str, text: str) -> dict[str, Any]:
+    return {
+        "id": ident,
+        "role": role,
+        "createdAt": at,
+        "threadId": "t1",
+        "resourceId": "u1",
+        "source": source,
+        "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
+    }
+
+
+REQUEST = AgentRequest.model_validate(
+    {
+        "schemaVersion": 1,
+        "requestId": "r9",
+        "threadId": "t1",
+        "resourceId": "u1",
+        "createdAt": "2025-03-01T11:00:00.000Z",
+        "messages": [{"role": "user", "content": "and now?"}],
+        "memory": {"observationalMemory": True},
+    }
+)
+ENRICHED = EnrichedRequest.model_validate(
+    {
+        **REQUEST.model_dump(mode="json"),
+        "messages": [
+            _message("m1", "user", "2025-03-01T09:59:00.000Z", "memory", "old question"),
+            _message("m2", "assistant", "2025-03-01T10:00:00.000Z", "memory", "old answer"),
+            _message("m3", "user", "2025-03-01T10:30:00.000Z", "memory", "newer question"),
+            _message("m4", "user", "2025-03-01T11:00:00.000Z", "input", "and now?"),
+        ],
+        "history": {"recalled": 3, "limit": 40},
+        "eventId": "r9",
+    }
+)
+
+
+async def test_recall_puts_the_log_in_place_of_what_it_covers() -> None:
+    rows = Rows(_row(activeObservations="- user plans a trip to Turin", lastObservedAt=T0, isObserving=False))
+    event = await ObservationRecall(Settings(), rows).enrich(REQUEST, ENRICHED)
+    assert isinstance(event, EnrichedRequest)
+    ids = [m.id for m in event.messages]
+    context = [i for i in ids if i.startswith("om-observations-")]
+    assert context  # the log's system messages first, then the reminder
+    assert ids == [*context, "om-continuation", "m3", "m4"]  # m1, m2: at or before lastObservedAt
+    assert {m.role for m in event.messages if m.id in context} == {"system"}
+    assert any("- user plans a trip to Turin" in p.text for m in event.messages for p in m.content.parts)  # type: ignore[union-attr]
+    assert event.history.observed == 7
+    assert event.history.observationTokens == count_observations("- user plans a trip to Turin")
+    assert event.history.recalled == len(ids) - 1
+    wire = json.loads(event.model_dump_json(exclude_unset=True))
+    assert wire["history"]["observed"] == 7  # written on the wire
+
+
+async def test_recall_without_a_log_says_nothing_is_observed() -> None:
+    event = await ObservationRecall(Settings(), Rows(None)).enrich(
+        REQUEST, ENRICHED.model_dump_json().encode()
+    )
+    assert isinstance(event, EnrichedRequest)
+    assert [m.id for m in event.messages] == ["m1", "m2", "m3", "m4"]
+    assert (event.history.observed, event.history.observationTokens) == (0, 0)
+
+
+def test_recall_only_for_requests_with_om() -> None:
+    recall = ObservationRecall(Settings(), Rows(None))
+    assert recall.wants(REQUEST)
+    assert not recall.wants(REQUEST.model_copy(update={"memory": None}))
+    assert ObservationRecall(Settings(observational_memory=True), Rows(None)).wants(
+        REQUEST.model_copy(update={"memory": None})
+    )
+
+
+class Broken(Rows):
+    """A row read that meets a bug (or an outage)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(None)
+        self.error = error
+
+    async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
+        raise self.error
+
+
+async def test_a_failure_leaves_the_recall_as_it_was() -> None:
+    """A bug in the observations' part never refuses the turn: the event goes out as recalled."""
+    event = await ObservationRecall(Settings(), Broken(KeyError("bug"))).enrich(REQUEST, ENRICHED)
+    assert event is ENRICHED
+
+
+async def test_an_outage_is_not_swallowed() -> None:
+    from message_history.errors import RetriableError  # noqa: PLC0415
+
+    with pytest.raises(RetriableError):
+        await ObservationRecall(Settings(), Broken(RetriableError("mongodb down"))).enrich(REQUEST, ENRICHED)
+
+
+class Threads:
+    def __init__(self, metadata: dict[str, Any]) -> None:
+        self.metadata = metadata
+        self.saved: list[tuple[str, dict[str, Any]]] = []
+
+    async def get_thread(self, thread_id: str) -> Thread | None:
+        return Thread(id=thread_id, resourceId="u1", metadata=self.metadata)
+
+    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None:
+        self.saved.append((thread_id, update))
+
+
+async def test_recall_adds_the_threads_current_task_as_mastra_keeps_it() -> None:
+    """`metadata.mastra.om.currentTask` / `suggestedResponse` (Mastra's `setThreadOMMetadata`) follow the
+    log."""
+    rows = Rows(_row(activeObservations="- a trip", lastObservedAt=T0, isObserving=False))
+    hints = {"mastra": {"om": {"currentTask": "book the train", "suggestedResponse": "Ask for dates"}}}
+    event = await ObservationRecall(Settings(), rows, Threads(hints)).enrich(REQUEST, ENRICHED)
+    assert isinstance(event, EnrichedRequest)
+    texts = [p.text for m in event.messages if m.role == "system" for p in m.content.parts]  # type: ignore[union-attr]
+    assert "<current-task>\nbook the train\n</current-task>" in texts
+    assert "<suggested-response>\nAsk for dates\n</suggested-response>" in texts
+
+
+@pytest.mark.parametrize(
+    ("metadata", "expected"),
+    [
+        ({}, (None, None)),
+        ({"mastra": "x"}, (None, None)),
+        ({"mastra": {"om": {"currentTask": 3, "suggestedResponse": ""}}}, (None, None)),
+        ({"mastra": {"om": {"currentTask": "t"}}}, ("t", None)),
+    ],
+)
+def test_thread_hints_read_leniently(
+    metadata: dict[str, Any], expected: tuple[str | None, str | None]
+) -> None:
+    assert thread_hints(metadata) == expected
+
+
+async def test_the_observers_current_task_goes_to_the_thread() -> None:
+    rows, threads = Rows(_row()), Threads({})
+    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    await handler.handle([Rec(_result(currentTask="book the train"))], no_emit)
+    assert threads.saved == [("t1", {"mastra.om.currentTask": "book the train"})]
+    stale = ObserveResultsHandler(rows=Rows(_row(_mh_cycle=9)), limits=Limits(), threads=threads)
+    await stale.handle(
+        [Rec(_result(currentTask="late"))], no_emit
+    )  # an answer not applied writes no hint either
+    assert len(threads.saved) == 1

@@ -1,0 +1,171 @@
+// An observer for Observational Memory (docs/observational-memory.md): the service's persist path writes an
+// ObserveRequest (or a ReflectRequest) on `agent.memory.observe` when a thread's unobserved messages pass the
+// threshold; an observer answers on `agent.memory.observed`. `observerHandler(observe, reflect)` turns the
+// user's model calls into the answer to one work event (pure of Kafka: run it in any consumer loop), as the
+// Python SDK's `worker.observer.observer_handler`: the claim echoed (`recordId`, `generation`, `cycle`), the
+// observed messages' ids and the newest one's `createdAt`; a function that throws answers with `error` (the
+// service releases the claim). The service applies an answer once, to the claim it names: answering twice,
+// or late, is harmless. Key the answer as the work record (`observeKey`). `ObserverWorker` is the loop around
+// it on the package's Kafka seam (at-least-once: a record's offset committed after its answer is acknowledged).
+import type { KafkaClient, KafkaClientFactory } from './client.js';
+import type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
+import { kafkajsClient } from './kafkajs.js';
+import type { ConnectionOptions } from './settings.js';
+
+export type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
+
+/** What `observe` may return beside the text: Mastra's `<current-task>` and `<suggested-response>`. */
+export interface Observation {
+  observations: string;
+  currentTask?: string;
+  suggestedResponse?: string;
+}
+
+export type ObserveFn = (work: ObserveRequest) => Promise<Observation | string>;
+export type ReflectFn = (work: ReflectRequest) => Promise<string>;
+export type ObserverHandler = (work: ObserveRequest | ReflectRequest) => Promise<ObserveResult | ReflectResult>;
+
+/** The record key of a work event and of its answer: the thread (thread scope) or the resource. */
+export function observeKey(work: ObserveRequest | ReflectRequest): string {
+  return work.scope === 'thread' && work.threadId ? work.threadId : work.resourceId;
+}
+
+/** Why a record is not a work event, or undefined when it is one (checked as far as an observer relies on). */
+export function workProblem(value: unknown): string | undefined {
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return 'not a JSON object';
+  const v = value as Record<string, unknown>;
+  if (v.type !== 'ObserveRequest' && v.type !== 'ReflectRequest') return `type ${JSON.stringify(v.type)} is not work`;
+  if (v.schemaVersion !== 1) return `schemaVersion ${JSON.stringify(v.schemaVersion)} is not 1`;
+  for (const name of ['requestId', 'resourceId', 'recordId', 'createdAt', 'activeObservations'] as const) {
+    if (typeof v[name] !== 'string') return `${name} is missing or not a string`;
+  }
+  for (const name of ['generation', 'cycle'] as const) {
+    if (!Number.isSafeInteger(v[name])) return `${name} is not a whole number`;
+  }
+  if (v.type === 'ObserveRequest' && !Array.isArray(v.messages)) return 'messages is not a list';
+  return undefined;
+}
+
+function echo(work: ObserveRequest | ReflectRequest) {
+  return {
+    schemaVersion: 1 as const,
+    requestId: work.requestId,
+    createdAt: new Date().toISOString(),
+    scope: work.scope,
+    threadId: work.threadId,
+    resourceId: work.resourceId,
+    recordId: work.recordId,
+    generation: work.generation,
+    cycle: work.cycle,
+  };
+}
+
+function failure(error: unknown): string {
+  const text = error instanceof Error ? `${error.name}: ${error.message}` : String(error);
+  return text.slice(0, 1000);
+}
+
+/** The answer to one work event from the user's `observe` (and `reflect`); see the module comment. */
+export function observerHandler(observe: ObserveFn, reflect?: ReflectFn): ObserverHandler {
+  return async (work) => {
+    if (work.type === 'ReflectRequest') {
+      const result: ReflectResult = { ...echo(work), type: 'ReflectResult', reflection: '' };
+      if (reflect === undefined) return { ...result, error: 'this observer does not reflect' };
+      try {
+        return { ...result, reflection: await reflect(work) };
+      } catch (error) {
+        return { ...result, error: failure(error) };
+      }
+    }
+    const dates = work.messages.map((m) => m.createdAt).filter((d): d is string => typeof d === 'string');
+    // the newest observed message's date (the work's own time only when no message has one)
+    const newest = dates.length > 0 ? dates.reduce((a, b) => (Date.parse(b) > Date.parse(a) ? b : a)) : work.createdAt;
+    const result: ObserveResult = {
+      ...echo(work),
+      type: 'ObserveResult',
+      observations: '',
+      observedMessageIds: work.messages.map((m) => m.id).filter((id): id is string => typeof id === 'string'),
+      lastObservedAt: new Date(Date.parse(newest)).toISOString(),
+    };
+    try {
+      const answer = await observe(work);
+      const found = typeof answer === 'string' ? { observations: answer } : answer;
+      return {
+        ...result,
+        observations: found.observations,
+        ...(found.currentTask !== undefined ? { currentTask: found.currentTask } : {}),
+        ...(found.suggestedResponse !== undefined ? { suggestedResponse: found.suggestedResponse } : {}),
+      };
+    } catch (error) {
+      return { ...result, error: failure(error) };
+    }
+  };
+}
+
+export interface ObserverWorkerOptions extends ConnectionOptions {
+  /** The observers' consumer group (default `message-history-observer`). */
+  groupId?: string;
+  /** `MESSAGE_HISTORY_OBSERVE_REQUESTS_TOPIC` (default `agent.memory.observe`). */
+  workTopic?: string;
+  /** `MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC` (default `agent.memory.observed`). */
+  resultsTopic?: string;
+  clientId?: string;
+  /** The Kafka client: `kafkajsClient` (default), or `memoryClient(broker)` in tests. */
+  client?: KafkaClientFactory;
+}
+
+/** Answers `agent.memory.observe` with `handler` on `agent.memory.observe`'s partitions, one record at a time
+ * per partition; a record that is not work is skipped (the service never writes one). */
+export class ObserverWorker {
+  private readonly client: KafkaClient;
+  private readonly workTopic: string;
+  private readonly resultsTopic: string;
+  /** Records answered since `start`. */
+  answered = 0;
+  /** Records skipped (not work) since `start`. */
+  skipped = 0;
+
+  constructor(
+    private readonly handler: ObserverHandler,
+    options: ObserverWorkerOptions,
+  ) {
+    const groupId = options.groupId ?? 'message-history-observer';
+    this.workTopic = options.workTopic ?? 'agent.memory.observe';
+    this.resultsTopic = options.resultsTopic ?? 'agent.memory.observed';
+    this.client = (options.client ?? kafkajsClient)({ ...options, groupId, clientId: options.clientId ?? groupId });
+  }
+
+  async start(): Promise<void> {
+    await this.client.connect();
+    await this.client.consume({
+      topic: this.workTopic,
+      onAssignment: () => undefined,
+      partitionsConcurrently: 1,
+      eachRecord: async (record) => {
+        let work: unknown;
+        try {
+          work = JSON.parse(record.value?.toString('utf8') ?? 'null');
+        } catch {
+          work = undefined;
+        }
+        if (workProblem(work) === undefined) {
+          const event = work as ObserveRequest | ReflectRequest;
+          const answer = await this.handler(event);
+          await this.client.send(this.resultsTopic, [
+            { key: observeKey(event), value: JSON.stringify(answer), headers: record.headers ?? {} },
+          ]);
+          this.answered += 1;
+        } else {
+          this.skipped += 1;
+        }
+        await this.client.commit(this.workTopic, record.partition, BigInt(record.offset) + 1n);
+      },
+    });
+  }
+
+  /** Leaves the group (the record in flight finishes) and closes the producer. */
+  async stop(): Promise<void> {
+    await this.client.leave();
+    await this.client.close();
+  }
+}
