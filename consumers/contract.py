@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from message_history.errors import InvalidInputError
-from producers.output import Emit
+from producers.output import Emit, Positioned
 
 __all__ = [
     "Ack",
@@ -82,18 +82,9 @@ Result = Done | Refused | Parked
 """What a path returns for one record (see the module docstring)."""
 
 
-class Record(Protocol):
-    """The fields of a consumed record the paths read: aiokafka's `ConsumerRecord` has them, and so does
-    `consumers.unreadable.UnreadableRecord` (a record whose batch could not be read)."""
-
-    @property
-    def topic(self) -> str: ...
-
-    @property
-    def partition(self) -> int: ...
-
-    @property
-    def offset(self) -> int: ...
+class Record(Positioned, Protocol):
+    """The fields of a consumed record the paths read (where it is, and these): aiokafka's `ConsumerRecord`
+    has them, and so does `consumers.unreadable.UnreadableRecord` (a record whose batch could not be read)."""
 
     @property
     def key(self) -> bytes | None: ...

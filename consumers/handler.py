@@ -18,6 +18,7 @@ from message_history import tracing
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from schemas.limits import Limits
+from storage import unreadable
 from storage.protocol import BatchHistoryStorage
 
 T = TypeVar("T")
@@ -48,6 +49,12 @@ class PathHandler(SpannedPath, Generic[P]):
         self.publisher = publisher
         self.limits = Limits.from_settings(settings)
         self.max_in_flight = settings.max_in_flight_threads
+
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
+        """`SpannedPath.handle`, the batch's reads noting the stored rows they skip in one ledger
+        (`storage.unreadable`; the batch's tasks, parked ones included, share it)."""
+        with unreadable.collecting(self.path):
+            return await super().handle(records, emit)
 
     async def per_thread(
         self,

@@ -54,7 +54,6 @@ from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response, keyed_by_thread, persisted_value
 from schemas.events import AgentResponse, Skipped
-from storage import unreadable
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
 
@@ -136,14 +135,8 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         self._observation = observation  # Observational Memory's work after the save (None: off)
 
     async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
-        """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
-        whose own stored copy is one of them is refused (`PersistBuffer.copies_now`), naming the row."""
-        with unreadable.collecting(PATH):
-            return await self._handle_batch(records, spans, emit)
-
-    async def _handle_batch(
-        self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit
-    ) -> list[Result]:
+        """A turn whose own stored copy is a row the batch's reads skipped (`storage.unreadable`) is refused
+        (`PersistBuffer.copies_now`), naming the row."""
         started = time.perf_counter()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()

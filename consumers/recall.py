@@ -117,14 +117,8 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
     async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
         """decode -> load -> per thread (decide, send) -> write (the boundaries) -> the results.
 
-        The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`; its tasks,
-        parked ones included, share it): each enriched event says how many of its thread's it skipped."""
-        with unreadable.collecting(PATH):
-            return await self._handle_batch(records, spans, emit)
-
-    async def _handle_batch(
-        self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit
-    ) -> list[Result]:
+        Each enriched event says how many of its thread's stored rows the batch's reads skipped (the
+        ledger `PathHandler.handle` opens, `storage.unreadable`)."""
         started = time.perf_counter()
         self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)

@@ -39,11 +39,8 @@ class Sender(Protocol):
     ) -> asyncio.Future[Any]: ...
 
 
-class SendNow:
-    """At-least-once: each output sent at once on the shared producer (see the module docstring)."""
-
-    def __init__(self, producer: Sender) -> None:
-        self._producer = producer
+class _Channel:
+    """What both channels share: the `producers.output.Emit` call, each output handed to `_put`."""
 
     async def __call__(
         self,
@@ -55,36 +52,43 @@ class SendNow:
         headers: Headers = (),
         alone: bool = False,
     ) -> asyncio.Future[Any]:
-        return await self._producer.send(topic, key=key, value=value, headers=headers)
+        pairs = tuple((k, v) for k, v in headers)
+        return await self._put(record, HeldOutput(topic, key, value, pairs), alone=alone)
+
+    async def _put(self, record: Positioned, output: HeldOutput, *, alone: bool) -> asyncio.Future[Any]:
+        raise NotImplementedError
 
 
-class FileUnderOffset:
+class SendNow(_Channel):
+    """At-least-once: each output sent at once on the shared producer (see the module docstring)."""
+
+    def __init__(self, producer: Sender) -> None:
+        self._producer = producer
+
+    async def _put(self, record: Positioned, output: HeldOutput, *, alone: bool) -> asyncio.Future[Any]:
+        o = output
+        return await self._producer.send(o.topic, key=o.key, value=o.value, headers=o.headers)
+
+
+class FileUnderOffset(_Channel):
     """Exactly-once: each output filed under its record's offset, taken when the record is done (see the
     module docstring)."""
 
     def __init__(self) -> None:
         self._filed: dict[Position, dict[str, HeldOutput]] = {}
 
-    async def __call__(
-        self,
-        record: Positioned,
-        topic: str,
-        *,
-        key: bytes | None,
-        value: bytes | None,
-        headers: Headers = (),
-        alone: bool = False,
-    ) -> asyncio.Future[Any]:
+    async def _put(self, record: Positioned, output: HeldOutput, *, alone: bool) -> asyncio.Future[Any]:
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pairs = tuple((k, v) for k, v in headers)
-        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(pairs))
+        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(
+            output.key, output.value, list(output.headers)
+        )
         if size > MAX_REQUEST_BYTES:  # refused now, as the producer would: the input is dead-lettered
             done.set_exception(MessageSizeTooLargeError(f"the record is {size} bytes when serialized"))
             return done
         position = _position(record)
         if alone or position not in self._filed:
             self._filed[position] = {}
-        self._filed[position][topic] = HeldOutput(topic, key, value, pairs)
+        self._filed[position][output.topic] = output
         done.set_result(None)
         return done
 

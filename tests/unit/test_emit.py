@@ -1,7 +1,8 @@
 """The emit channel (`consumers.runtime.emit`): what a path's outputs go through. Exactly-once files a
 record's outputs under its offset, one per topic (emitted again, it replaces the one before; a dead letter
 replaces them all), refuses what Kafka would refuse for its size, and forgets what a revoke lets go of;
-at-least-once sends at once and hands back Kafka's acknowledgement unawaited (the pipelining). Pure: fake records and producers, no broker."""
+at-least-once sends at once and hands back Kafka's acknowledgement unawaited (the pipelining). Pure: fake
+records and producers, no broker."""
 
 from __future__ import annotations
 
