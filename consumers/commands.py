@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol
 
-from consumers.contract import Ack, Record, record_headers
+from consumers.contract import Done, Emit, Record, Refused, Result, record_headers
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
-from message_history.errors import EventValidationError, InvalidInputError
+from message_history.errors import EventValidationError
 from producers.forgotten import ForgottenPublisher
 from schemas.commands import ForgetOutcome, ForgetThread, command_key, decode_command, forgotten_event
 from schemas.limits import Limits
@@ -132,11 +132,11 @@ class CommandsHandler:
         self._publisher = publisher
         self._limits = limits
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
-        results: list[Ack | InvalidInputError] = []
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
+        results: list[Result] = []
         for record in records:
             if record.value is None:
-                results.append(EventValidationError("empty record (no value)"))
+                results.append(Refused(EventValidationError("empty record (no value)")))
                 continue
             try:
                 command = decode_command(record.value, self._limits)
@@ -155,7 +155,7 @@ class CommandsHandler:
             except Exception as exc:
                 if not containable(exc):
                     raise
-                results.append(contain(exc, "process"))
+                results.append(Refused(contain(exc, "process")))
                 continue
             audit(outcome, request_id=command.requestId, via="commands-topic")
             try:
@@ -163,10 +163,11 @@ class CommandsHandler:
             except Exception as exc:  # the forget is done (and idempotent): only this answer cannot be built
                 if not containable(exc):
                     raise
-                results.append(contain(exc, "output"))
+                results.append(Refused(contain(exc, "output")))
                 continue
-            results.append(
-                await self._publisher.publish(event, key=command_key(command), headers=record_headers(record))
+            sent = await self._publisher.publish(
+                emit, record, event, key=command_key(command), headers=record_headers(record)
             )
+            results.append(Done(sent))
             metrics.OUTCOMES.labels(path=PATH, outcome=f"forgot-{outcome.scope}").inc()
         return results

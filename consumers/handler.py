@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar
 
-from consumers.contract import Ack, Record
+from consumers.contract import Emit, Record, Result
 from consumers.lanes import Failed, run_lanes
 from consumers.runtime.containment import contain, containable
 from message_history import tracing
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from schemas.limits import Limits
+from storage import unreadable
 from storage.protocol import BatchHistoryStorage
 
 T = TypeVar("T")
@@ -30,25 +31,30 @@ class SpannedPath:
 
     path: str
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         with tracing.batch_spans(self.path, records) as spans:
-            return await self._handle(records, spans)
+            return await self._handle(records, spans, emit)
 
-    async def _handle(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
         raise NotImplementedError
 
 
 class PathHandler(SpannedPath, Generic[P]):
-    """What the recall and the persist path both hold: the storage, the publisher of their outputs, the input
-    limits and the cap on threads worked on at once, the last two from the settings."""
+    """What the recall and the persist path both hold: the storage, the publisher of their outputs (how an
+    event is keyed and encoded: it goes through the batch's `Emit`), the input limits and the cap on threads
+    worked on at once, the last two from the settings."""
 
     def __init__(self, settings: Settings, storage: BatchHistoryStorage, publisher: P) -> None:
         self.storage = storage
         self.publisher = publisher
         self.limits = Limits.from_settings(settings)
         self.max_in_flight = settings.max_in_flight_threads
+
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
+        """`SpannedPath.handle`, the batch's reads noting the stored rows they skip in one ledger
+        (`storage.unreadable`; the batch's tasks, parked ones included, share it)."""
+        with unreadable.collecting(self.path):
+            return await super().handle(records, emit)
 
     async def per_thread(
         self,

@@ -3,8 +3,8 @@
 One `StreamLoop` per path, each with its own `AIOKafkaConsumer` in the service's consumer group. Per batch:
 the intake fetches it (`runtime.intake`: careful reads of unreadable batches, pausing held by named reasons);
 each record is tracked in its partition's done watermark (`consumers.offsets`); the path's `BatchHandler`
-returns an acknowledgement or an `InvalidInputError` per record, a batch it raises for being halved down to
-the record that raises (`runtime.containment`); the outcomes are settled: done, or dead letters
+returns a `Done`, `Refused` or `Parked` per record (`consumers.contract`), a batch it raises for being halved
+down to the record that raises (`runtime.containment`); the outcomes are settled: done, or dead letters
 (`runtime.dead_letters`), a parked record in the background (`runtime.settlement`); what is done is committed
 by the checkpoint (`runtime.checkpoint`: at-least-once, or exactly-once with the outputs in one transaction
 per partition), in the background at most every `commit_interval_ms`, and at revoke and shutdown.
@@ -23,17 +23,17 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import Any
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from consumers.consumer import Health, LoopOptions, stop_consumer
-from consumers.contract import BatchHandler
+from consumers.contract import BatchHandler, Done, Refused
 from consumers.kafka_watch import KafkaWatch
 from consumers.offsets import OffsetTracker
 from consumers.runtime.checkpoint import Checked, checkpoint_for
 from consumers.runtime.containment import Contained, settle_outcomes
 from consumers.runtime.dead_letters import DeadLetters
+from consumers.runtime.emit import Sender
 from consumers.runtime.intake import HELD, PARKED, Intake, Listener, partition_of, positions
 from consumers.runtime.outages import Outages
 from consumers.runtime.retry import Backoff, ChunkLimit, retry_batch
@@ -65,8 +65,10 @@ class StreamLoop:
         dead_letters: DeadLetterPublisher,
         health: Health,
         options: LoopOptions,
-        transactions: PartitionTransactions | None = None,
+        output: Sender | PartitionTransactions,
     ) -> None:
+        """`output`: where the path's outputs go, the shared producer (at-least-once) or one transaction per
+        partition (exactly-once); the checkpoint hands each batch its channel (`runtime.emit`)."""
         self.path = path
         self.topic = topic
         self._consumer = consumer
@@ -94,7 +96,7 @@ class StreamLoop:
         )
         # what is done becomes committed: the consumer's commits, or transactions (`producers.transactions`)
         self._checkpoint = checkpoint_for(
-            transactions,
+            output,
             Checked(path, consumer, self._tracker, health, options),
             refused=self._dead_letters.refused_output,
             backoff=self._backoff,
@@ -219,22 +221,22 @@ class StreamLoop:
 
     async def _attempt(self, pending: list[Item]) -> list[Item]:
         """One try at `pending`; returns the records whose outputs failed for an outage (to retry)."""
-        results = await self._handler.handle([rec for rec, _ in pending])
-        pending, results = self._settlement.take_parked(pending, results)
+        results = await self._handler.handle([rec for rec, _ in pending], self._checkpoint.emit)
+        pending, now = self._settlement.take_parked(pending, results)
         started = time.perf_counter()
-        failed = await self._settle_now(pending, results)
+        failed = await self._settle_now(pending, now)
         metrics.STAGE_SECONDS.labels(path=self.path, stage="produce").observe(time.perf_counter() - started)
         if failed:
             failed.sort(key=lambda item: (item[0].partition, item[0].offset))
             log.warning("%d outputs not acknowledged, will retry", len(failed), extra={"path": self.path})
         return failed
 
-    async def _settle_now(self, items: list[Item], results: Sequence[Any]) -> list[Item]:
+    async def _settle_now(self, items: list[Item], results: Sequence[Done | Refused]) -> list[Item]:
         """Wait for the outcomes of `items`: done, or dead letters; returns those failed for an outage."""
         return await settle_outcomes(
             items,
             results,
-            reject=lambda item, error: self._dead_letters.send(item[0], error),
+            reject=lambda item, error: self._dead_letters.send(item[0], error, self._checkpoint.emit),
             explain=self._dead_letters.explain,  # an output too large: the input is the dead letter
             done=self._done,
         )
@@ -247,7 +249,7 @@ class StreamLoop:
         """A record's outputs are acknowledged (under exactly-once: held, filed under its offset)."""
         record, part = item
         if self._tracker.owns(partition_of(record), part):
-            self._checkpoint.hold(partition_of(record), record, outcome)
+            self._checkpoint.hold(partition_of(record), record)
         part.done(record.offset)
 
     # --- waits and commits ----------------------------------------------------------------------------------

@@ -17,11 +17,12 @@ sent: at most one observation (reflection) in flight. A claim older than that is
 next saved turn, and the work sent again (a crashed or slow observer never leaves it stuck); an answer to the
 old claim is then dropped by the observed path (`consumers.observe_results`).
 
-The sends are part of the acknowledgement of the thread's last record in the batch (and, exactly once, of its
-transaction): a send that fails retries that record, whose save is idempotent. The claim remembers the
-request that made it (`claimed_by`): when that same turn comes again (the retried batch, or a redelivery after
-the service died between the claim and its commit), the live claim's work is sent again, under the same
-cycle, instead of waiting out the timeout. A second copy of the work is harmless: the answer applies once.
+The sends go through the batch's `emit` under the thread's last record in the batch and are part of that
+record's acknowledgement (exactly once: filed under its offset, so in its transaction): a send that fails
+retries that record, whose save is idempotent. The claim remembers the request that made it (`claimed_by`):
+when that same turn comes again (the retried batch, or a redelivery after the service died between the claim
+and its commit), the live claim's work is sent again, under the same cycle, instead of waiting out the
+timeout. A second copy of the work is harmless: the answer applies once.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from consumers.contract import Ack
+from consumers.contract import Ack, Done, Emit, Result
 from consumers.observational import request_settings
 from consumers.runtime.containment import containable
 from message_history import metrics
@@ -43,9 +44,9 @@ from message_history.core.observation import (
     decide_observation,
     should_reflect,
 )
-from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.observe import ObservePublisher
+from producers.output import Positioned
 from schemas.events import AgentResponse
 from schemas.messages import format_timestamp
 from schemas.observational import ObserveRequest, ReflectRequest
@@ -93,6 +94,7 @@ class _Subject:
     """One lookup key's work in the batch: its settings, and the last saved turn of it (whose ack waits)."""
 
     index: int
+    record: Positioned
     response: AgentResponse
     settings: ObservationSettings
 
@@ -119,35 +121,36 @@ class ObservationEmitter:
         self._max_rows = settings.max_rows_per_request
 
     async def after_save(
-        self, results: list[Ack | InvalidInputError | None], items: Sequence[tuple[int, AgentResponse]]
+        self,
+        results: list[Result | None],
+        items: Sequence[tuple[int, Positioned, AgentResponse]],
+        emit: Emit,
     ) -> None:
-        """The work for the batch's saved turns with OM; each send joins the ack of its subject's last record
-        in `results` (a dead-lettered record has no work)."""
+        """The work for the batch's saved turns with OM, through `emit`; each send joins the `Done` of its
+        subject's last record in `results` (a refused record has no work)."""
         subjects: dict[str, _Subject] = {}
-        for index, response in items:
-            if results[index] is None or isinstance(results[index], InvalidInputError):
+        for index, record, response in items:
+            if not isinstance(results[index], Done):
                 continue
             om = request_settings(response.memory, self._settings)
             if om is None:
                 continue
             key = f"thread:{response.threadId}" if om.scope == "thread" else f"resource:{response.resourceId}"
-            subjects[key] = _Subject(index, response, om)
+            subjects[key] = _Subject(index, record, response, om)
         if not subjects:
             return
-        sends = await asyncio.gather(*(self._guarded(subject) for subject in subjects.values()))
+        sends = await asyncio.gather(*(self._guarded(subject, emit) for subject in subjects.values()))
         for subject, send in zip(subjects.values(), sends, strict=True):
-            if send is not None:
-                ack = results[subject.index]
-                assert ack is not None  # filtered above
-                assert not isinstance(ack, InvalidInputError)
-                results[subject.index] = both(send, ack)
+            done = results[subject.index]
+            if send is not None and isinstance(done, Done):
+                results[subject.index] = Done(both(send, done.sent))
 
-    async def _guarded(self, subject: _Subject) -> asyncio.Future[Any] | None:
+    async def _guarded(self, subject: _Subject, emit: Emit) -> asyncio.Future[Any] | None:
         """`_one`, whose failure never fails the saved turn: an outage or a systemic refusal raises (the batch
         is retried; saves are idempotent), anything else (a hostile row, a bug) is logged, counted
         (`outcome="observe-failed"`) and the turn goes on unobserved; its thread's next turn tries again."""
         try:
-            return await self._one(subject)
+            return await self._one(subject, emit)
         except Exception as exc:
             if not containable(exc):
                 raise
@@ -158,7 +161,7 @@ class ObservationEmitter:
             )
             return None
 
-    async def _one(self, subject: _Subject) -> asyncio.Future[Any] | None:
+    async def _one(self, subject: _Subject, emit: Emit) -> asyncio.Future[Any] | None:
         now = datetime.now(UTC)
         response = subject.response
         record = await self._rows.get(subject.thread_id, response.resourceId)
@@ -171,21 +174,25 @@ class ObservationEmitter:
                 now=now,
             )
         if should_reflect(record.observation_token_count, subject.settings):
-            return await self._reflect(subject, record, now)
+            return await self._reflect(subject, record, now, emit)
         if record.is_observing and not self._stale(record, now):
             if record.claimed_by != response.requestId:
                 return None  # one observation in flight: no read, no claim
             # the turn that made the live claim, again: its work (maybe never sent) sent again, same cycle
-            return await self._observe(
-                subject, record, now, again=Claim(record.id, record.generation, record.cycle, "observe")
-            )
-        return await self._observe(subject, record, now)
+            again = Claim(record.id, record.generation, record.cycle, "observe")
+            return await self._observe(subject, record, now, emit, again=again)
+        return await self._observe(subject, record, now, emit)
 
     def _stale(self, record: ObservationalRecord, now: datetime) -> bool:
         return record.updated_at is None or record.updated_at < now - self._timeout
 
     async def _observe(
-        self, subject: _Subject, record: ObservationalRecord, now: datetime, again: Claim | None = None
+        self,
+        subject: _Subject,
+        record: ObservationalRecord,
+        now: datetime,
+        emit: Emit,
+        again: Claim | None = None,
     ) -> asyncio.Future[Any] | None:
         response = subject.response
         page = await self._storage.list_page(
@@ -233,10 +240,10 @@ class ObservationEmitter:
                 "cycle": claim.cycle,
             },
         )
-        return await self._publisher.publish(event)
+        return await self._publisher.publish(emit, subject.record, event)
 
     async def _reflect(
-        self, subject: _Subject, record: ObservationalRecord, now: datetime
+        self, subject: _Subject, record: ObservationalRecord, now: datetime, emit: Emit
     ) -> asyncio.Future[Any] | None:
         request_id = subject.response.requestId
         claim: Claim | None
@@ -258,7 +265,7 @@ class ObservationEmitter:
             }
         )
         metrics.OUTCOMES.labels(path="persist", outcome="reflect-requested").inc()
-        return await self._publisher.publish(event)
+        return await self._publisher.publish(emit, subject.record, event)
 
 
 def _work(subject: _Subject, claim: Claim, now: datetime) -> dict[str, Any]:
@@ -277,13 +284,10 @@ def _work(subject: _Subject, claim: Claim, now: datetime) -> dict[str, Any]:
 
 
 def both(first: Awaitable[object], ack: Ack) -> Ack:
-    """`ack`, resolved once `first` is durable too, with both results (so exactly-once's held outputs of
-    both are filed under the record: `producers.transactional.held_outputs` reads a list)."""
+    """`ack`, resolved once `first` is durable too (either failing fails it: the record is retried)."""
     return asyncio.ensure_future(_both(first, ack))
 
 
-async def _both(first: Awaitable[object], ack: Ack) -> list[object]:
-    results: list[object] = []
-    for outcome in (await first, await ack):
-        results.extend(outcome if isinstance(outcome, list | tuple) else [outcome])
-    return results
+async def _both(first: Awaitable[object], ack: Ack) -> object:
+    await first
+    return await ack

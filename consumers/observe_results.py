@@ -26,13 +26,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
-from consumers.contract import Ack, Record
+from consumers.contract import Done, Emit, Record, Refused, Result
 from consumers.observational import THREAD_OM
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
 from message_history.core.observation_text import append_observations
 from message_history.core.om_tokens import count_observations
-from message_history.errors import EventValidationError, InvalidInputError
+from message_history.errors import EventValidationError
 from schemas.limits import Limits
 from schemas.observational import ObserveResult, ReflectResult, decode_result
 from storage.observational import Claim, ObservationalRecord
@@ -83,11 +83,12 @@ class ObserveResultsHandler:
         self._limits = limits
         self._threads = threads
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
-        results: list[Ack | InvalidInputError] = []
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
+        """Each answer applied in MongoDB; nothing is emitted (`emit` unused)."""
+        results: list[Result] = []
         for record in records:
             if record.value is None:
-                results.append(EventValidationError("empty record (no value)"))
+                results.append(Refused(EventValidationError("empty record (no value)")))
                 continue
             try:
                 result = decode_result(record.value, self._limits)
@@ -95,10 +96,10 @@ class ObserveResultsHandler:
             except Exception as exc:
                 if not containable(exc):
                     raise
-                results.append(contain(exc, "process"))
+                results.append(Refused(contain(exc, "process")))
                 continue
             metrics.OUTCOMES.labels(path=PATH, outcome=outcome).inc()
-            results.append(_done())
+            results.append(Done(_done()))
         return results
 
     async def _apply(self, result: ObserveResult | ReflectResult) -> str:

@@ -3,10 +3,11 @@
 The recall path *parks* a request that has to wait (the barrier, a busy thread under `enqueue`), and every
 later request of that thread, in its batch or a later one, behind it. Parked work runs in one task per lane (a
 partition and a thread): its entries one after the other, each to the end (waited, recalled, sent, and its
-outputs acknowledged) before the next starts, so a thread's order is kept. The handler answers a parked record
-with a `Deferred`: the loop does not wait for it before fetching on, and settles it in the background when it
-resolves (done: the watermark moves; bad input: a dead letter). Until then the partition's commit stops below
-the record (`consumers.offsets`), so a crash or a revoke leaves it for the partition's next owner.
+outputs acknowledged) before the next starts, so a thread's order is kept. The handler answers a parked
+record with a `Parked` (`consumers.contract`): the loop does not wait for it before fetching on, and settles
+it in the background when it resolves (`Done`: the watermark moves; `Refused`: a dead letter). Until then
+the partition's commit stops below the record (`consumers.offsets`), so a crash or a revoke leaves it for
+the partition's next owner.
 
 An entry that fails for an outage is tried again in its lane by the one retry loop (`runtime.retry`),
 before anything behind it runs; when stopping, it is left unsettled. `cancel` drops the lanes of revoked
@@ -22,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
-from consumers.contract import Ack
+from consumers.contract import Ack, Done, Parked, Refused
 from consumers.outage_log import OutageLog
 from consumers.runtime.retry import Backoff, Failure, is_outage, outage_dependency, retry_batch, wait_to_retry
 from consumers.timeouts import TimeoutStrikes
@@ -38,8 +39,11 @@ S = TypeVar("S")
 LaneKey = tuple[int, str]
 """(partition, threadId): a mis-keyed thread's records on two partitions are two lanes, each revoked apart."""
 
-Outcome = Ack | InvalidInputError
-"""A parked record's result: an acknowledgement already resolved (or failed), or the reason to refuse it."""
+Outcome = Done | Refused
+"""A parked record's result: `Done` with its acknowledgement already resolved (or failed), or `Refused`."""
+
+Work = Callable[["Lane[S]"], Awaitable[Ack | InvalidInputError]]
+"""A parked record's work: waits, recalls and sends; returns the output's acknowledgement or a refusal."""
 
 
 @dataclass(slots=True)
@@ -53,38 +57,8 @@ class Lane(Generic[S]):
 
 @dataclass(slots=True, eq=False)
 class _Entry(Generic[S]):
-    work: Callable[[Lane[S]], Awaitable[Outcome]]
+    work: Work[S]
     outcome: asyncio.Future[Outcome]
-
-
-class Deferred:
-    """A parked record's acknowledgement, which the loop settles in the background (see the module docstring).
-
-    Awaited directly (by a caller that does not know parking), it behaves as a plain `Ack`: it raises the
-    refusal, or resolves with the output's acknowledgement.
-    """
-
-    __slots__ = ("_outcome", "lanes")
-
-    def __init__(self, lanes: ParkedLanes[Any], outcome: asyncio.Future[Outcome]) -> None:
-        self.lanes = lanes  # the loop drops them on revoke and shutdown, and stops fetching when full
-        self._outcome = outcome
-
-    async def outcome(self) -> Outcome:
-        """The record's outcome once its parked work ran; raises `CancelledError` if its lane was dropped."""
-        return await asyncio.shield(self._outcome)
-
-    def add_done_callback(self, callback: Callable[[asyncio.Future[Outcome]], object]) -> None:
-        self._outcome.add_done_callback(callback)
-
-    async def _resolve(self) -> object:
-        outcome = await self.outcome()
-        if isinstance(outcome, InvalidInputError):
-            raise outcome
-        return await outcome
-
-    def __await__(self) -> Generator[Any, None, object]:
-        return self._resolve().__await__()
 
 
 class ParkedLanes(Generic[S]):
@@ -161,7 +135,7 @@ class ParkedLanes(Generic[S]):
             return lane.state
         return self._ended.get(key, default)
 
-    def park(self, key: LaneKey, work: Callable[[Lane[S]], Awaitable[Outcome]], state: S) -> Deferred:
+    def park(self, key: LaneKey, work: Work[S], state: S) -> Parked:
         """Queue `work` behind the lane's parked work (`state` starts a new lane: the batch's view, unless
         the lane ended during this batch). `work` waits, recalls and sends; it returns the output's
         acknowledgement or a refusal, and raises for an outage (tried again) or a bug (the loop raises it)."""
@@ -176,7 +150,7 @@ class ParkedLanes(Generic[S]):
         metrics.PARKED.labels(path=self.path).set(self._parked)
         if lane.task is None:
             lane.task = asyncio.ensure_future(self._run(key, lane))
-        return Deferred(self, outcome)
+        return Parked(outcome, self)
 
     async def cancel(self, partitions: Iterable[int] | None = None) -> int:
         """Drop the lanes of `partitions` (None: every lane): their work stops, their records stay unsettled
@@ -225,18 +199,24 @@ class ParkedLanes(Generic[S]):
             outcome: Outcome
             try:
                 result = await entry.work(lane)
-                outcome = result if isinstance(result, InvalidInputError) else _resolved(await result)
+                outcome = (
+                    Refused(result)
+                    if isinstance(result, InvalidInputError)
+                    else Done(_resolved(await result))
+                )
             except InvalidInputError as exc:
-                outcome = exc
+                outcome = Refused(exc)
             except Exception as exc:
                 if not is_outage(exc):
-                    outcome = _raising(exc)  # too large for Kafka, or a bug: the loop's settlement decides
+                    outcome = Done(
+                        _raising(exc)
+                    )  # too large for Kafka, or a bug: the loop's settlement decides
                 else:
                     name = f"parked in partition {key[0]}, thread {key[1]!r}"
                     verdict = None if self.timeouts is None else await self.timeouts.judge(entry, exc, name)
                     if verdict is None:
                         raise  # tried again, in this lane, before anything behind it
-                    outcome = verdict  # its own operation keeps timing out: a dead letter
+                    outcome = Refused(verdict)  # its own operation keeps timing out: a dead letter
             if not entry.outcome.done():
                 entry.outcome.set_result(outcome)
             return []

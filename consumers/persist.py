@@ -25,7 +25,7 @@ from functools import partial
 from typing import Protocol, runtime_checkable
 
 from consumers.collect import Loaded, PersistBuffer, ReadsForSaves, Slot, load_batch
-from consumers.contract import Ack, Record, ack_after
+from consumers.contract import Ack, Done, Emit, Record, Refused, Result, ack_after
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
 from consumers.observe_emit import ObservationEmitter
@@ -54,7 +54,6 @@ from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_response, keyed_by_thread, persisted_value
 from schemas.events import AgentResponse, Skipped
-from storage import unreadable
 from storage.document_size import check_document_sizes, may_exceed
 from storage.protocol import BatchHistoryStorage, Thread, TombstoneReader
 
@@ -135,17 +134,9 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         self._id_keys = tuple(id_keys)
         self._observation = observation  # Observational Memory's work after the save (None: off)
 
-    async def _handle(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
-        """The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`): a turn
-        whose own stored copy is one of them is refused (`PersistBuffer.copies_now`), naming the row."""
-        with unreadable.collecting(PATH):
-            return await self._handle_batch(records, spans)
-
-    async def _handle_batch(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
+        """A turn whose own stored copy is a row the batch's reads skipped (`storage.unreadable`) is refused
+        (`PersistBuffer.copies_now`), naming the row."""
         started = time.perf_counter()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
@@ -161,9 +152,10 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         marks = self._mark_answered(items, outcomes, forgotten)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="persist").observe(time.perf_counter() - decoded)
 
-        await self._emit(results, items, outcomes, forgotten, marks, spans)
+        await self._answer(emit, results, items, outcomes, forgotten, marks, spans)
         if self._observation is not None:  # Observational Memory: work for observers, after the save
-            await self._observation.after_save(results, [(i, item.response) for i, item in items])
+            work = [(i, item.record, item.response) for i, item in items]
+            await self._observation.after_save(results, work, emit)
         done = [r for r in results if r is not None]
         assert len(done) == len(records)  # every record persisted, skipped or refused
         return done
@@ -286,9 +278,10 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         for response, swap in swapped:
             replace_ids(response, kept_alternates(swap, keys, partial(_in_thread, stored, response.threadId)))
 
-    async def _emit(
+    async def _answer(
         self,
-        results: list[Ack | InvalidInputError | None],
+        emit: Emit,
+        results: list[Result | None],
         items: Sequence[tuple[int, _Item]],
         outcomes: Sequence[_Done | Failed],
         forgotten: Sequence[tuple[int, _Item]],
@@ -298,13 +291,13 @@ class PersistHandler(PathHandler[PersistedPublisher]):
         """One `HistoryPersisted` per response (or its dead letter), into `results`; after the write, as
         every outcome: a retried batch sends them once."""
         for index, item in forgotten:
-            ack = await self._answer_forgotten(index, item, spans)
-            results[index] = ack if marks is None else ack_after(marks, ack)
+            ack = await self._answer_forgotten(emit, index, item, spans)
+            results[index] = Done(ack if marks is None else ack_after(marks, ack))
         labels: list[str] = []
         for (index, item), outcome in zip(items, outcomes, strict=True):
             result = _failed(outcome) if isinstance(outcome, Failed) else _outcome(outcome)
             if isinstance(result, InvalidInputError):
-                results[index] = result
+                results[index] = Refused(result)
                 spans.fail(index, result)
                 continue
             response, (saved_ids, skipped, updated_at) = item.response, result
@@ -313,9 +306,11 @@ class PersistHandler(PathHandler[PersistedPublisher]):
                 response, saved_ids=saved_ids, skipped=skipped, thread_updated_at=updated_at
             )
             headers = spans.headers(index, item.record)
-            ack = await self.publisher.publish_value(response.threadId, value, headers=headers)
+            ack = await self.publisher.publish_value(
+                emit, item.record, response.threadId, value, headers=headers
+            )
             spans.end_when_done(index, ack)
-            results[index] = ack if marks is None else ack_after(marks, ack)
+            results[index] = Done(ack if marks is None else ack_after(marks, ack))
             labels.append("persisted" if skipped is None else f"skipped-{skipped}")
         _count_outcomes(labels)
 
@@ -358,11 +353,13 @@ class PersistHandler(PathHandler[PersistedPublisher]):
             )
         return _Item(record, response)
 
-    async def _answer_forgotten(self, index: int, item: _Item, spans: tracing.BatchSpans) -> Ack:
+    async def _answer_forgotten(self, emit: Emit, index: int, item: _Item, spans: tracing.BatchSpans) -> Ack:
         response = item.response
         skipped = persisted_value(response, saved_ids=[], skipped="forgotten", thread_updated_at=None)
         headers = spans.headers(index, item.record)
-        ack = await self.publisher.publish_value(response.threadId, skipped, headers=headers)
+        ack = await self.publisher.publish_value(
+            emit, item.record, response.threadId, skipped, headers=headers
+        )
         spans.end_when_done(index, ack)
         metrics.OUTCOMES.labels(path=PATH, outcome="skipped-forgotten").inc()
         return ack

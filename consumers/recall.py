@@ -12,7 +12,7 @@ Each request's thread row (prefetched) is checked first: a request of another re
 (`ThreadOwnershipError`) before any gate, wait or look-up of the owner's turns. With a `TurnGate` (the turn
 barrier, the busy-thread policy; `consumers/turn_gate.py`), its per-batch look-ups run beside the prefetch; a
 request that must wait, and every later request of a thread that has one parked, is parked in its thread's
-lane (`consumers.parking`) and answered with a `Deferred` the loop settles in the background: there it waits,
+lane (`consumers.parking`) and answered with a `Parked` the loop settles in the background: there it waits,
 is recalled from MongoDB (the prefetch may predate the turn it waited for; its thread's boundary recorded
 earlier in the batch is written first, and its own is written directly) and sent. The others pass `admit` at
 once; a refused one is a dead letter. A thread is marked busy while its enriched event is sent (the mark is
@@ -30,11 +30,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from consumers.contract import Ack, Record
+from consumers.contract import Ack, Done, Emit, Parked, Record, Refused, Result
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
 from consumers.observe_recall import ObservationRecall
-from consumers.parking import Deferred, Lane, LaneKey, ParkedLanes
+from consumers.parking import Lane, LaneKey, ParkedLanes
 from consumers.prefetch import PrefetchedHistory, RawRecallStorage
 from consumers.runtime.containment import decode_each
 from consumers.runtime.retry import Backoff
@@ -114,32 +114,26 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         needs = plan_recall(request.threadId, request.resourceId, memory, echo, max_rows=self.max_rows)
         return _Item(record, request, memory, echo, needs)
 
-    async def _handle(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+    async def _handle(self, records: Sequence[Record], spans: tracing.BatchSpans, emit: Emit) -> list[Result]:
         """decode -> load -> per thread (decide, send) -> write (the boundaries) -> the results.
 
-        The batch's reads note the stored rows they skip in one ledger (`storage.unreadable`; its tasks,
-        parked ones included, share it): each enriched event says how many of its thread's it skipped."""
-        with unreadable.collecting(PATH):
-            return await self._handle_batch(records, spans)
-
-    async def _handle_batch(
-        self, records: Sequence[Record], spans: tracing.BatchSpans
-    ) -> list[Ack | InvalidInputError]:
+        Each enriched event says how many of its thread's stored rows the batch's reads skipped (the
+        ledger `PathHandler.handle` opens, `storage.unreadable`)."""
         started = time.perf_counter()
         self.parking.begin_batch()
         results, items = decode_each(records, spans, self._decode)
         decoded = time.perf_counter()
         metrics.STAGE_SECONDS.labels(path=PATH, stage="decode").observe(decoded - started)
-        batch = await self._load(items, spans)
+        batch = await self._load(items, spans, emit)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
         sent_from = time.perf_counter()
         outcomes = await self._enrich_all(items, batch.enrich, batch.history, batch.flushed)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         return self._results(records, results, items, outcomes, spans, batch.history)
 
-    async def _load(self, items: Sequence[tuple[int, _Item]], spans: tracing.BatchSpans) -> _Batch:
+    async def _load(
+        self, items: Sequence[tuple[int, _Item]], spans: tracing.BatchSpans, emit: Emit
+    ) -> _Batch:
         """The batch's reads, once: threads, pages and echo look-ups, beside the turn gate's look-ups."""
         history, batch_gate = await asyncio.gather(
             PrefetchedHistory.load(
@@ -149,22 +143,22 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             ),
             self._open_gate(items),
         )
-        return _Batch(self, spans, history, batch_gate)
+        return _Batch(self, spans, history, batch_gate, emit)
 
     def _results(
         self,
         records: Sequence[Record],
-        results: list[Ack | InvalidInputError | None],
+        results: list[Result | None],
         items: Sequence[tuple[int, _Item]],
-        outcomes: Sequence[Ack | Failed],
+        outcomes: Sequence[Done | Parked | Failed],
         spans: tracing.BatchSpans,
         history: PrefetchedHistory,
-    ) -> list[Ack | InvalidInputError]:
-        """Each record's acknowledgement or its dead-letter error, in record order."""
+    ) -> list[Result]:
+        """Each record's result, in record order."""
         for (index, _), outcome in zip(items, outcomes, strict=True):
             if isinstance(outcome, Failed):
                 assert isinstance(outcome.error, InvalidInputError)
-                results[index] = outcome.error
+                results[index] = Refused(outcome.error)
                 spans.fail(index, outcome.error)
             else:
                 results[index] = outcome
@@ -175,7 +169,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         assert len(done) == len(records)  # every record decoded-and-enriched or refused
         return done
 
-    async def _enrich(self, batch: _Batch, entry: tuple[int, _Item]) -> Ack:
+    async def _enrich(self, batch: _Batch, entry: tuple[int, _Item]) -> Done | Parked:
         """One request, in its thread's order: ownership, the gate (park, refuse, retry or go), the
         decision (a plain page from its bytes, else the processor), the busy mark, the send."""
         index, item = entry
@@ -189,23 +183,25 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             key = (item.record.partition, request.threadId)
             if self.parking.holds(key) or batch_gate.must_wait(*key, request.requestId):
                 headers = spans.headers(index, item.record)
-                deferred = self._park(key, item, batch_gate, batch.fresh, headers, batch.flushed)
-                spans.end_when_done(index, deferred)
-                return deferred
+                parked = self._park(key, item, batch_gate, batch, headers)
+                spans.end_when_done(index, parked.settled)
+                return parked
             admission = await batch_gate.admit(item.record.partition, request.threadId, request.requestId)
             if admission.refused is not None:
                 raise admission.refused
             if admission.retry is not None:
-                return _failed(admission.retry)
+                return Done(_failed(admission.retry))
         enriched = await self._decide(batch, item, admission)
         mark = (
             batch_gate.enriched(request.threadId, request.requestId, request.resourceId)
             if batch_gate
             else None
         )
-        ack = await self._publish(request, enriched, spans.headers(index, item.record))
+        ack = await self._publish(batch.emit, item, enriched, spans.headers(index, item.record))
         spans.end_when_done(index, ack)
-        return ack if batch_gate is None else batch_gate.sent(request.threadId, request.requestId, mark, ack)
+        return Done(
+            ack if batch_gate is None else batch_gate.sent(request.threadId, request.requestId, mark, ack)
+        )
 
     async def _decide(self, batch: _Batch, item: _Item, admission: Admission) -> EnrichedRequest | bytes:
         """The request's enriched event, from what the batch loaded (or, after a wait, from MongoDB)."""
@@ -228,10 +224,10 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
     async def _enrich_all(
         self,
         items: Sequence[tuple[int, _Item]],
-        enrich: Callable[[tuple[int, _Item]], Awaitable[Ack]],
+        enrich: Callable[[tuple[int, _Item]], Awaitable[Done | Parked]],
         history: PrefetchedHistory,
         flushed: asyncio.Event,
-    ) -> list[Ack | Failed]:
+    ) -> list[Done | Parked | Failed]:
         """`enrich` per thread, then the batch's boundary writes (one round trip, before any offset commits);
         `flushed` is set after them. When either fails the loop tries the whole batch again, so what it parked
         is dropped first (it is parked again)."""
@@ -265,10 +261,9 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         key: LaneKey,
         item: _Item,
         batch_gate: BatchGate,
-        fresh: MessageHistory,
+        batch: _Batch,
         headers: Headers,
-        flushed: asyncio.Event,
-    ) -> Deferred:
+    ) -> Parked:
         """Park a request that must wait behind its thread's parked work; the loop settles it later.
 
         When its lane reaches it, it waits (its partition's barrier target as its batch saw it, its thread's
@@ -282,6 +277,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         target = batch_gate.behind.get(partition)
         parked_at = time.monotonic()
         gate = batch_gate.gate
+        fresh, flushed, emit = batch.fresh, batch.flushed, batch.emit
 
         async def work(lane: Lane[TurnMarker | None]) -> Ack:
             own = gate.for_parked(partition, target, thread_id, lane.state)
@@ -300,7 +296,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             metrics.RECALLED_MESSAGES.observe(outcome.recalled)
             mark = own.enriched(thread_id, request.requestId, request.resourceId)
             lane.state = own.markers.get(thread_id, lane.state)
-            ack = await self._publish(request, enriched, headers)
+            ack = await self._publish(emit, item, enriched, headers)
             metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc()
             return own.sent(thread_id, request.requestId, mark, ack)
 
@@ -376,13 +372,18 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         return EnrichedRequest.from_request(request, materialized(outcome.context), **summary)
 
     async def _publish(
-        self, request: AgentRequest, enriched: EnrichedRequest | bytes, headers: Headers
+        self, emit: Emit, item: _Item, enriched: EnrichedRequest | bytes, headers: Headers
     ) -> asyncio.Future[Any]:
-        if self._observation is not None and self._observation.wants(request):  # consumers.observe_recall
-            enriched = await self._observation.enrich(request, enriched)
+        """The request's enriched event, through its batch's `emit`."""
+        record, publisher = item.record, self.publisher
+        if self._observation is not None and self._observation.wants(
+            item.request
+        ):  # consumers.observe_recall
+            enriched = await self._observation.enrich(item.request, enriched)
         if isinstance(enriched, bytes):
-            return await self.publisher.publish_encoded(request.threadId, enriched, headers=headers)
-        return await self.publisher.publish(enriched, headers=headers)
+            thread_id = item.request.threadId
+            return await publisher.publish_encoded(emit, record, thread_id, enriched, headers=headers)
+        return await publisher.publish(emit, record, enriched, headers=headers)
 
     async def _open_gate(self, items: Sequence[tuple[int, _Item]]) -> BatchGate | None:
         if self._gate is None or not items:
@@ -410,8 +411,10 @@ class _Batch:
         spans: tracing.BatchSpans,
         history: PrefetchedHistory,
         gate: BatchGate | None,
+        emit: Emit,
     ) -> None:
         last = handler._defaults.last_messages
+        self.emit = emit  # where its outputs go (the loop's checkpoint's channel)
         self.spans = spans
         self.history = history
         self.gate = gate
@@ -419,7 +422,7 @@ class _Batch:
         self.flushed = asyncio.Event()  # the boundary writes are done: a parked recall reads after them
         self._handler = handler
 
-    async def enrich(self, entry: tuple[int, _Item]) -> Ack:
+    async def enrich(self, entry: tuple[int, _Item]) -> Done | Parked:
         return await self._handler._enrich(self, entry)
 
 
@@ -432,9 +435,10 @@ def _skipped(thread_id: str, limit: int | None) -> int:
     return ledger.skipped(thread_id, limit) if ledger is not None else 0
 
 
-def _count_enriched(outcomes: Sequence[object]) -> None:
-    """OUTCOMES for a batch's enriched events: one label look-up per batch, not per record."""
-    enriched = sum(1 for outcome in outcomes if not isinstance(outcome, (Failed, Deferred)))
+def _count_enriched(outcomes: Sequence[Done | Parked | Failed]) -> None:
+    """OUTCOMES for a batch's enriched events (a parked one counts when sent): one label look-up per
+    batch, not per record."""
+    enriched = sum(1 for outcome in outcomes if isinstance(outcome, Done))
     if enriched:
         metrics.OUTCOMES.labels(path=PATH, outcome="enriched").inc(enriched)
 

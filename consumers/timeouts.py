@@ -24,8 +24,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Final
 
-from consumers.contract import Ack, BatchHandler, Record
-from message_history.errors import InvalidInputError, OperationTimedOutError, StorageTimeoutError
+from consumers.contract import BatchHandler, Emit, Record, Refused, Result
+from message_history.errors import OperationTimedOutError, StorageTimeoutError
 
 log = logging.getLogger(__name__)
 
@@ -88,16 +88,16 @@ class TimeoutStrikes:
         """`key`'s work is done (or dropped): its strikes go."""
         self._strikes.pop(key, None)
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         try:
-            results = await self.inner.handle(records)
+            results = await self.inner.handle(records, emit)
         except OperationTimedOutError as exc:
             if len(records) != 1:
                 raise
             verdict = await self.judge(_key(records[0]), exc)
             if verdict is None:
                 raise
-            return [verdict]
+            return [Refused(verdict)]
         for record in records:
             self.forget(_key(record))
         return results

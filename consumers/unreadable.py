@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -31,6 +31,7 @@ import cramjam
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import CorruptRecordException, KafkaError, UnsupportedCodecError
 
+from consumers.contract import Emit, Refused, Result
 from message_history.errors import InvalidInputError
 
 _UNREADABLE_KAFKA_ERRORS = (UnsupportedCodecError, CorruptRecordException)
@@ -142,7 +143,7 @@ async def read_carefully(
 
 
 class _Handler(Protocol):
-    async def handle(self, records: Sequence[Any]) -> list[Any]: ...
+    async def handle(self, records: Sequence[Any], emit: Emit) -> list[Result]: ...
 
 
 class SkippingUnreadable:
@@ -151,9 +152,9 @@ class SkippingUnreadable:
     def __init__(self, inner: _Handler) -> None:
         self.inner = inner
 
-    async def handle(self, records: Sequence[Any]) -> list[Awaitable[object] | InvalidInputError]:
+    async def handle(self, records: Sequence[Any], emit: Emit) -> list[Result]:
         readable = [rec for rec in records if not isinstance(rec, UnreadableRecord)]
         if len(readable) == len(records):
-            return await self.inner.handle(records)
-        answers = iter(await self.inner.handle(readable) if readable else [])
-        return [rec.error if isinstance(rec, UnreadableRecord) else next(answers) for rec in records]
+            return await self.inner.handle(records, emit)
+        answers = iter(await self.inner.handle(readable, emit) if readable else [])
+        return [Refused(rec.error) if isinstance(rec, UnreadableRecord) else next(answers) for rec in records]

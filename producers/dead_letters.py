@@ -11,7 +11,7 @@ from opentelemetry.trace import Span
 from message_history import __version__
 from message_history.errors import MessageHistoryError, error_type
 from message_history.tracing import output_headers
-from producers.output import OUTPUT_TOO_LARGE, OutputProducer
+from producers.output import OUTPUT_TOO_LARGE, Emit
 from schemas.dead_letters import dead_letter_headers
 
 
@@ -43,14 +43,15 @@ class SourceRecord(Protocol):
 
 
 class DeadLetterPublisher:
-    """Sends one path's refused records to its dead-letter topic."""
+    """Sends one path's refused records to its dead-letter topic, through the `Emit` channel of the record's
+    batch (it holds no producer)."""
 
-    def __init__(self, producer: OutputProducer, topic: str) -> None:
-        self._producer = producer
+    def __init__(self, topic: str) -> None:
         self.topic = topic
 
     async def publish(
         self,
+        emit: Emit,
         record: SourceRecord,
         error: BaseException,
         *,
@@ -58,7 +59,7 @@ class DeadLetterPublisher:
         omit_value: bool = False,
         omit_headers: bool = False,
     ) -> asyncio.Future[Any]:
-        """Buffer the dead letter for `record`; the future resolves when Kafka acknowledged it.
+        """Emit the dead letter for `record`; the future resolves once it is durable.
 
         With a `span`, the dead letter carries its trace context instead of the record's (one `traceparent`).
         `omit_value` sends it with an empty value (for a record too large to be sent again), saying so;
@@ -81,18 +82,22 @@ class DeadLetterPublisher:
         value = b"" if omit_value else record.value
         if value is None and record.key is None:
             value = b""  # a record with neither key nor value cannot be produced as is; empty is the closest
-        return await self._producer.send(self.topic, key=record.key, value=value, headers=headers)
+        return await emit(record, self.topic, key=record.key, value=value, headers=headers, alone=True)
 
-    async def deliver(self, record: SourceRecord, error: BaseException, *, span: Span | None = None) -> Any:
+    async def deliver(
+        self, emit: Emit, record: SourceRecord, error: BaseException, *, span: Span | None = None
+    ) -> Any:
         """`publish` and wait for Kafka's acknowledgement. A dead letter over Kafka's record size limit goes
         again without the value (a record as large as the limit allows), then without the record's own
         headers too (hostile headers near the limit), each time saying so: a record is never left without its
         dead letter, which would stop the loop."""
         try:
-            return await (await self.publish(record, error, span=span))
+            return await (await self.publish(emit, record, error, span=span))
         except OUTPUT_TOO_LARGE:
             pass
         try:
-            return await (await self.publish(record, error, span=span, omit_value=True))
+            return await (await self.publish(emit, record, error, span=span, omit_value=True))
         except OUTPUT_TOO_LARGE:
-            return await (await self.publish(record, error, span=span, omit_value=True, omit_headers=True))
+            return await (
+                await self.publish(emit, record, error, span=span, omit_value=True, omit_headers=True)
+            )

@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from producers.output import Headers, TopicPublisher
+from producers.output import Emit, Headers, Positioned, TopicPublisher
 from schemas.commands import HistoryForgotten, encode_answer
 
 
 class ForgottenPublisher(TopicPublisher):
     """Sends the answers to forget commands; the key is the command's (thread or resource id)."""
 
-    async def publish(self, event: HistoryForgotten, *, key: bytes, headers: Headers) -> asyncio.Future[Any]:
-        """Buffer the answer; the future resolves when Kafka acknowledged it."""
-        return await self._send(key, encode_answer(event), headers)
+    async def publish(
+        self, emit: Emit, record: Positioned, event: HistoryForgotten, *, key: bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
+        """Emit the answer to the command `record`; the future resolves once it is durable."""
+        return await self._send(emit, record, key, encode_answer(event), headers)

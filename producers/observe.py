@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from producers.output import Headers, TopicPublisher
+from producers.output import Emit, Headers, Positioned, TopicPublisher
 from schemas.codec import encode
 from schemas.observational import ObserveRequest, ReflectRequest
 
@@ -15,8 +15,13 @@ class ObservePublisher(TopicPublisher):
     """Sends observation and reflection work; one thread's (resource's) work stays on one partition."""
 
     async def publish(
-        self, event: ObserveRequest | ReflectRequest, *, headers: Headers = ()
+        self,
+        emit: Emit,
+        record: Positioned,
+        event: ObserveRequest | ReflectRequest,
+        *,
+        headers: Headers = (),
     ) -> asyncio.Future[Any]:
-        """Buffer the event; the future resolves when Kafka acknowledged it."""
+        """`record`'s work event, through `emit`; the future resolves when it is durable."""
         key = event.threadId if event.scope == "thread" and event.threadId else event.resourceId
-        return await self._send(key.encode(), encode(event), headers)
+        return await self._send(emit, record, key.encode(), encode(event), headers)

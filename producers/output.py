@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
@@ -36,6 +36,38 @@ from producers.connection import kafka_options
 log = logging.getLogger(__name__)
 
 Headers = Sequence[tuple[str, bytes]]
+
+
+class Positioned(Protocol):
+    """Where an input record is (aiokafka's `ConsumerRecord` says): what its outputs are filed under."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+
+class Emit(Protocol):
+    """The channel a batch's outputs go through (`consumers.runtime.emit`: sent at once, or filed under the
+    input record's offset for its transaction): one output of `record` to `topic` (`alone`: the record's
+    only output, its dead letter). The future resolves once the output is durable (at once, when it is
+    filed) and fails when Kafka refuses it (for its size: the record is then dead-lettered)."""
+
+    async def __call__(
+        self,
+        record: Positioned,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers = (),
+        alone: bool = False,
+    ) -> asyncio.Future[Any]: ...
+
 
 MAX_BATCH_BYTES = 512 * 1024
 """Per-partition batch size. aiokafka keeps one open batch per partition and makes `send` wait while it is
@@ -231,14 +263,16 @@ _PRODUCED: dict[str, Any] = {}  # RECORDS_PRODUCED's child per topic: no label l
 
 
 class TopicPublisher:
-    """One output topic on the shared producer; a subclass says how its event is keyed and encoded."""
+    """One output topic; a subclass says how its event is keyed and encoded. It holds no producer: each
+    output goes through the `Emit` channel its batch was handed."""
 
-    def __init__(self, producer: OutputProducer, topic: str) -> None:
-        self._producer = producer
+    def __init__(self, topic: str) -> None:
         self.topic = topic
 
-    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
-        return await self._producer.send(self.topic, key=key, value=value, headers=headers)
+    async def _send(
+        self, emit: Emit, record: Positioned, key: bytes, value: bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
+        return await emit(record, self.topic, key=key, value=value, headers=headers)
 
 
 def _count(topic: str, future: asyncio.Future[Any]) -> None:

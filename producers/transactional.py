@@ -1,9 +1,8 @@
 """One transactional producer and what exactly-once holds: the machinery `producers.transactions`
 (`PartitionTransactions`), the worker SDK and replay all run their transactions through.
 
-* `HoldingProducer` stands in for the shared `OutputProducer`: `send` keeps the record (a `HeldOutput`) and
-  returns a future already resolved with it, so a path's acknowledgement of a record resolves with the
-  outputs it caused; the loop files them under the record's offset (`held_outputs`).
+* `HeldOutput`: one output held until its input's offset is committed with it (exactly-once outputs are
+  filed by `consumers.runtime.emit.FileUnderOffset`, then held per offset by `producers.transactions`).
 * `Transactional`: one transactional producer and how its last transaction ended. The one place where a
   transaction is run. A commit whose answer did not come in time (broker restarting, connection lost) is
   *in doubt*, never taken for an abort: the same producer keeps asking (aiokafka's sender retries EndTxn
@@ -33,12 +32,10 @@ from aiokafka.errors import (
     KafkaError,
     KafkaTimeoutError,
     KafkaUnavailableError,
-    MessageSizeTooLargeError,
     ProducerFenced,
     TopicAuthorizationFailedError,
     TransactionalIdAuthorizationFailed,
 )
-from aiokafka.record.default_records import DefaultRecordBatchBuilder
 
 from message_history.errors import (
     RetriableError,
@@ -49,10 +46,7 @@ from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import (
     MAX_BATCH_BYTES,
-    MAX_REQUEST_BYTES,
     OUTPUT_TOO_LARGE,
-    Headers,
-    OutputProducer,
     compression_type,
 )
 
@@ -69,43 +63,6 @@ class HeldOutput:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
-
-
-class HoldingProducer(OutputProducer):
-    """`OutputProducer` whose `send` holds the record instead of sending it (see the module docstring)."""
-
-    def __init__(self, settings: Settings | None = None, *, client_id: str = "") -> None:
-        """No client: nothing is sent from here (the arguments only mirror `OutputProducer`'s)."""
-
-    async def __aenter__(self) -> HoldingProducer:
-        return self
-
-    async def __aexit__(self, *_: object) -> None:
-        return None
-
-    async def send(
-        self, topic: str, *, key: bytes | None, value: bytes | None, headers: Headers = ()
-    ) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        pairs = tuple((k, v) for k, v in headers)
-        size = DefaultRecordBatchBuilder.estimate_size_in_bytes(key, value, list(pairs))
-        if size > MAX_REQUEST_BYTES:  # refused now, as the real producer would: the input is dead-lettered
-            future.set_exception(MessageSizeTooLargeError(f"the record is {size} bytes when serialized"))
-        else:
-            future.set_result(HeldOutput(topic, key, value, pairs))
-        return future
-
-    async def flush(self) -> None:
-        return None
-
-
-def held_outputs(outcome: object) -> list[HeldOutput]:
-    """The outputs an acknowledgement resolved with (a path's ack resolves with its last send's result)."""
-    if isinstance(outcome, HeldOutput):
-        return [outcome]
-    if isinstance(outcome, (list, tuple)):
-        return [o for o in outcome if isinstance(o, HeldOutput)]
-    return []
 
 
 FENCED = (ProducerFenced, InvalidProducerEpoch)

@@ -37,7 +37,8 @@ from typing import Any
 from unittest import mock
 
 import schemas.messages
-from message_history.errors import InvalidInputError, MessageHistoryError
+from consumers.contract import Refused, settled
+from message_history.errors import MessageHistoryError
 from message_history.settings import Settings
 from schemas.messages import Message, format_timestamp
 from storage.protocol import BatchHistoryStorage
@@ -147,16 +148,16 @@ async def _play(case: dict[str, Any], storage: BatchHistoryStorage | None = None
         first = len(paths.producer.sent)
         out: dict[str, Any] = {}
         try:
-            results = await handler.handle(records)
+            results = [await settled(result) for result in await handler.handle(records, paths.emit)]
         except Exception as exc:  # a record meeting a bug: pinned too, so a rewrite cannot change it unseen
             out["raised"] = _dead(exc)
         else:
             dead: dict[str, Any] = {}
             for index, result in enumerate(results):
-                if isinstance(result, InvalidInputError):
-                    dead[str(index)] = _dead(result)
+                if isinstance(result, Refused):
+                    dead[str(index)] = _dead(result.error)
                 else:
-                    await result
+                    await result.sent
             out["dead"] = dead
         out["sent"] = [
             {

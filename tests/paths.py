@@ -2,9 +2,10 @@
 
 Modelled on faststream's `TestKafkaBroker` / `FakeProducer` (a broker whose producer hands records to the
 handlers in process): events become `FakeRecord`s (`consumers.contract.Record`), the real publishers
-(`EnrichedPublisher`, `PersistedPublisher`) send to a `RecordingProducer`, the storage is the in-memory one
-(`storage.memory.InMemoryHistoryStorage`, batch forms by `SequentialBatches`), tombstones and busy-marker
-writes are recorded, and `RecallHandler` / `PersistHandler` are driven through `handle(records)` as the loop
+(`EnrichedPublisher`, `PersistedPublisher`) send through the at-least-once channel (`SendNow`) to a
+`RecordingProducer`, the storage is the in-memory one (`storage.memory.InMemoryHistoryStorage`, batch forms
+by `SequentialBatches`), tombstones and busy-marker writes are recorded, and `RecallHandler` /
+`PersistHandler` are driven through `handle(records, emit)` as the loop
 drives them: a refused record is a dead letter, every other acknowledgement is awaited.
 
 Only the handlers' contract is used (their constructors and `handle`), never their internals, so the tests
@@ -28,14 +29,15 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from consumers.contract import Record
+from consumers.contract import Done, Record, Refused, settled
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
+from consumers.runtime.emit import SendNow
 from message_history.app.capabilities import storage_capabilities
 from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
-from producers.output import Headers, OutputProducer
+from producers.output import Headers, OutputProducer, Positioned
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_enriched, decode_persisted
 from storage.memory import InMemoryHistoryStorage
@@ -256,6 +258,7 @@ class Paths:
         self.settings = settings or Settings()
         self.storage: HistoryStorage = storage or InMemoryHistoryStorage()
         self.producer = RecordingProducer()
+        self.emit = SendNow(self.producer)  # the at-least-once channel the loop hands each batch
         self.tombstones = RecordedTombstones()
         self.markers = RecordedMarkers()
         batches = storage or SequentialBatches(self.storage)
@@ -263,13 +266,13 @@ class Paths:
         self.recall_handler = RecallHandler(
             self.settings,
             batches,
-            EnrichedPublisher(self.producer, self.settings.enriched_topic),
+            EnrichedPublisher(self.settings.enriched_topic),
             raw_rows=capabilities.raw_rows,
         )
         self.persist_handler = PersistHandler(
             self.settings,
             batches,
-            PersistedPublisher(self.producer, self.settings.persisted_topic),
+            PersistedPublisher(self.settings.persisted_topic),
             tombstones=self.tombstones,
             markers=self.markers,
             id_keys=id_keys,
@@ -308,11 +311,11 @@ class Paths:
         """`handler.handle(records)` and its acknowledgements settled, as the loop does; each output event is
         matched to its input by `requestId` (every output of these paths carries its input's)."""
         first = len(self.producer.sent)
-        results = await handler.handle(records)
+        results = [await settled(result) for result in await handler.handle(records, self.emit)]
         assert len(results) == len(records)
         for result in results:
-            if not isinstance(result, InvalidInputError):
-                await result
+            if isinstance(result, Done):
+                await result.sent
         sent = self.producer.sent[first:]
         for output in sent:  # every output must be what a worker (or a persisted-event reader) can decode
             assert output.value is not None
@@ -323,8 +326,8 @@ class Paths:
         by_request = {s.event()["requestId"]: s.event() for s in sent}
         outcomes: list[dict[str, Any] | InvalidInputError] = []
         for record, result in zip(records, results, strict=True):
-            if isinstance(result, InvalidInputError):
-                outcomes.append(result)
+            if isinstance(result, Refused):
+                outcomes.append(result.error)
                 continue
             assert record.value is not None
             outcomes.append(by_request[json.loads(record.value)["requestId"]])
@@ -334,3 +337,16 @@ class Paths:
         """The thread's stored message ids, oldest first."""
         rows = await self.storage.list_messages(thread_id, resource_id=None, limit=None)
         return [m.id or "" for m in reversed(rows)]
+
+
+async def no_emit(
+    record: Positioned,
+    topic: str,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Headers = (),
+    alone: bool = False,
+) -> asyncio.Future[Any]:
+    """The `Emit` for a test whose publisher keeps what it sends itself (it overrides `_send`)."""
+    raise AssertionError("nothing goes through the channel here: the test's publisher keeps its outputs")

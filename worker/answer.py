@@ -12,16 +12,15 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Final, TypeAlias
+from typing import Final
 
-from aiokafka import AIOKafkaProducer, ConsumerRecord
+from aiokafka import ConsumerRecord
 
 from consumers.runtime.intake import Fetched
 from consumers.runtime.retry import Backoff, Failure, retry_call, wait_to_retry
 from message_history import tracing
 from message_history.errors import InvalidInputError
-from producers.output import OUTPUT_TOO_LARGE
-from producers.transactional import HeldOutput, HoldingProducer
+from producers.output import OUTPUT_TOO_LARGE, Emit
 from schemas.codec import decode_enriched, encode
 from schemas.events import AgentResponse
 from worker.turn import (
@@ -38,10 +37,6 @@ log = logging.getLogger("worker.runner")  # one logger for the worker's lines, a
 
 Handler = Callable[[Turn], Awaitable[Reply | str]]
 """The user's code: one turn in, its reply out (a string is one assistant text message)."""
-
-Producer: TypeAlias = (
-    "AIOKafkaProducer | HoldingProducer"  # sends now (at-least-once) or holds (exactly-once)
-)
 
 PATH: Final = "worker"  # the runtime's name for the worker (metrics, logs)
 RETRY_INITIAL_S: Final = 0.2
@@ -77,29 +72,28 @@ class Answerer:
     stats: WorkerStats = dataclasses.field(default_factory=WorkerStats)
     retry_later: tuple[float, float] = (1.0, 60.0)  # RetryLater's first and longest wait
 
-    async def answer(self, record: Fetched, producer: Producer) -> object:
-        """Answer `record`; returns what its response's acknowledgement resolved with (under exactly-once:
-        the held response; None when nothing was sent)."""
+    async def answer(self, record: Fetched, emit: Emit) -> None:
+        """Answer `record`, its response through `emit` (`consumers.runtime.emit`: sent and acknowledged, or
+        filed under the record's offset for its transaction)."""
         where = {"topic": record.topic, "partition": record.partition, "offset": record.offset}
         try:
             event = decode_enriched(record.value if record.value is not None else b"")
         except InvalidInputError as exc:
             self.stats.invalid += 1
             log.error("not an EnrichedRequest: skipped", extra={**where, "reason": str(exc)})  # noqa: TRY400
-            return None
+            return
         if (record.partition, event.eventId) in self.seen:
             self.stats.duplicates += 1
             log.info("duplicate enriched request dropped", extra={**where, "event_id": event.eventId})
-            return None
+            return
         turn = Turn(event, record.partition, record.offset)
         ids = {"request_id": event.requestId, "thread_id": event.threadId}
         with tracing.output_span("agent turn", record, **{"messaging.message.id": event.requestId}) as span:
             response = await self.respond(turn, ids)
             headers = tracing.output_headers([(k, v or b"") for k, v in record.headers or ()], span)
-            sent = await self.send(producer, turn, response, headers)
+            await self.send(emit, record, turn, response, headers)
         self.seen.add(record.partition, event.eventId)
         self.stats.answered += 1
-        return sent
 
     async def respond(self, turn: Turn, ids: dict[str, str]) -> AgentResponse:
         """The handler's reply as the response, or a failed turn's; a `RetryLater` (or `retriable = True`)
@@ -139,28 +133,35 @@ class Answerer:
         return max(floor, jittered)
 
     async def send(
-        self, producer: Producer, turn: Turn, response: AgentResponse, headers: list[tuple[str, bytes]]
-    ) -> object:
-        """Send the response and wait for Kafka's acknowledgement, retried while Kafka is out; returns what
-        the acknowledgement resolved with. A response too large for Kafka is answered as a failed turn."""
+        self,
+        emit: Emit,
+        record: Fetched,
+        turn: Turn,
+        response: AgentResponse,
+        headers: list[tuple[str, bytes]],
+    ) -> None:
+        """Emit the response and wait until it is durable (filed, exactly-once), retried while Kafka is out.
+        A response too large for Kafka is answered as a failed turn."""
         sending = [response]  # a retry after an outage sends what the last try sent
 
-        async def send() -> object:
+        async def send() -> None:
             while True:
                 try:
-                    ack = await producer.send(
+                    ack = await emit(
+                        record,
                         self.responses_topic,
                         value=encode(sending[0]),
                         key=turn.thread_id.encode(),
                         headers=headers,
                     )
-                    return await ack
+                    await ack
+                    return  # noqa: TRY300 -- the loop's exit; the except redoes the send
                 except OUTPUT_TOO_LARGE:
                     ids = {"request_id": turn.request_id}
                     if sending[0].finishReason == FAILED and not sending[0].response:
                         # even the bare input does not fit: nothing to say for this turn; the stream goes on
                         log.error("failed-turn response too large for Kafka: turn dropped", extra=ids)  # noqa: TRY400
-                        return None
+                        return
                     log.error("response too large for Kafka: answering a failed turn", extra=ids)  # noqa: TRY400
                     self.stats.failed += 1
                     sending[0] = failed_response(turn, now=self.clock())
@@ -173,11 +174,12 @@ class Answerer:
             )
             return False
 
-        return await retry_call(send, backoff=backoff(), wait=wait)
+        await retry_call(send, backoff=backoff(), wait=wait)
 
-    async def refused(self, record: ConsumerRecord, error: BaseException) -> list[HeldOutput]:
+    async def refused(self, record: ConsumerRecord, error: BaseException, emit: Emit) -> object:
         """Exactly-once: the broker refused a response for its size (the topic's `max.message.bytes`): the
-        turn is answered as failed instead, in the same transaction (as `send` does at-least-once)."""
+        turn is answered as failed instead, through `emit`, in the same transaction (as `send` does
+        at-least-once)."""
         turn = Turn(decode_enriched(record.value or b""), record.partition, record.offset)
         log.error(
             "response refused by the broker for its size: answering a failed turn",
@@ -185,4 +187,5 @@ class Answerer:
         )
         self.stats.failed += 1
         failed = failed_response(turn, now=self.clock())
-        return [HeldOutput(self.responses_topic, turn.thread_id.encode(), encode(failed), ())]
+        key, value = turn.thread_id.encode(), encode(failed)
+        return await emit(record, self.responses_topic, key=key, value=value, alone=True)

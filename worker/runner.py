@@ -55,7 +55,6 @@ from consumers.runtime.checkpoint import Checked, Checkpoint, checkpoint_for
 from consumers.runtime.intake import HELD, Fetched, Intake, Listener, partition_of
 from message_history.settings import Settings
 from producers.connection import kafka_options
-from producers.transactional import HoldingProducer
 from producers.transactions import PartitionTransactions
 from worker.answer import (
     PATH,
@@ -63,7 +62,6 @@ from worker.answer import (
     RETRY_MAX_S,
     Answerer,
     Handler,
-    Producer,
     WorkerStats,
     backoff,
 )
@@ -96,7 +94,7 @@ class _Runtime:
     """What a worker runs on inside `async with`: its clients and the runtime around them."""
 
     consumer: AIOKafkaConsumer
-    producer: Producer
+    producer: AIOKafkaProducer | None  # at-least-once's; exactly-once sends in its transactions
     intake: Intake
     checkpoint: Checkpoint
 
@@ -178,8 +176,8 @@ class AgentWorker:
     # --- lifecycle ------------------------------------------------------------------------------------------
 
     async def __aenter__(self) -> AgentWorker:
-        producer: Producer = (
-            HoldingProducer()
+        producer = (
+            None
             if self._exactly_once
             else AIOKafkaProducer(**self._options, acks="all", enable_idempotence=True, linger_ms=5)
         )
@@ -191,12 +189,12 @@ class AgentWorker:
             isolation_level="read_committed",
             max_poll_records=self._opts.max_batch_records,
         )
-        if isinstance(producer, AIOKafkaProducer):
+        if producer is not None:
             await producer.start()
         try:
             await consumer.start()
         except BaseException:
-            if isinstance(producer, AIOKafkaProducer):
+            if producer is not None:
                 await producer.stop()
             raise
         self._attach(consumer, producer)
@@ -205,16 +203,16 @@ class AgentWorker:
             self._install_signals()
         return self
 
-    def _attach(self, consumer: AIOKafkaConsumer, producer: Producer) -> None:
+    def _attach(self, consumer: AIOKafkaConsumer, producer: AIOKafkaProducer | None) -> None:
         """The runtime around the clients: the intake fetching, the checkpoint committing."""
         probe = _NoProbe()
-        transactions = (
+        output = (
             PartitionTransactions.for_client(self._options, group_id=self._group_id, path=PATH)
-            if self._exactly_once
-            else None
+            if producer is None
+            else producer
         )
         checkpoint = checkpoint_for(
-            transactions,
+            output,
             Checked(PATH, consumer, self._tracker, probe, self._opts),
             refused=self._turns.refused,
             backoff=backoff(),
@@ -245,7 +243,7 @@ class AgentWorker:
         finally:
             self._attached = None
             await runtime.checkpoint.close()
-            if isinstance(runtime.producer, AIOKafkaProducer):
+            if runtime.producer is not None:
                 await runtime.producer.stop()  # flushes
 
     def stop(self) -> None:
@@ -351,10 +349,10 @@ class AgentWorker:
 
         async def answer(item: Item) -> None:
             record, part = item
-            sent = await self._turns.answer(record, self._runtime.producer)
+            await self._turns.answer(record, self._runtime.checkpoint.emit)
             tp = partition_of(record)
-            if self._tracker.owns(tp, part):  # not revoked meanwhile: its held response is ours to commit
-                self._runtime.checkpoint.hold(tp, record, sent)
+            if self._tracker.owns(tp, part):  # not revoked meanwhile: its filed response is ours to commit
+                self._runtime.checkpoint.hold(tp, record)
             part.done(record.offset)
 
         await run_lanes(

@@ -1,10 +1,14 @@
 """A loop's checkpoint: what is done becomes committed. Two implementations with one shape, `assigned /
 revoked / hold / commit / close` (quix-streams' `Checkpoint` is the model):
 
-- `AtLeastOnce`: outputs are sent as they are made; a commit is the consumer's offset commit.
-- `ExactlyOnce`: outputs are held per record (`producers.transactions`); a partition's commit is one
-  transaction producing the held outputs below its done watermark, then committing the watermark. Newly
-  assigned partitions get their transactional producer (fencing zombies) before they are read.
+- `AtLeastOnce`: outputs are sent as they are made (its `emit` is `runtime.emit.SendNow`); a commit is the
+  consumer's offset commit.
+- `ExactlyOnce`: outputs are filed under their record's offset (its `emit` is `runtime.emit.FileUnderOffset`)
+  and held once the record is done (`producers.transactions`); a partition's commit is one transaction
+  producing the held outputs below its done watermark, then committing the watermark. Newly assigned
+  partitions get their transactional producer (fencing zombies) before they are read.
+
+The loop hands each batch the checkpoint's `emit`: paths hold no producer.
 
 A background commit runs at most every `commit_interval_ms` and never holds the loop up; revoke and shutdown
 commit and wait. A commit failing for an outage is retried by the next one (never inline: the loop keeps
@@ -26,21 +30,23 @@ from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaConnectio
 
 from consumers.consumer import Health, LoopOptions
 from consumers.offsets import OffsetTracker
+from consumers.runtime.emit import FileUnderOffset, Sender, SendNow
 from consumers.runtime.retry import Backoff, Failure, is_outage, retry_call, wait_to_retry
 from message_history import metrics
 from message_history.errors import RetriableError
+from producers.output import Emit
 from producers.transactions import (
     UNAUTHORIZED,
     HeldOutput,
     PartitionTransactions,
     commit_failure,
-    held_outputs,
 )
 
 log = logging.getLogger(__name__)
 
-Refused = Callable[[ConsumerRecord, BaseException], Awaitable[object]]
-"""Exactly-once: the dead letter of a record one of whose outputs the broker refused for its size."""
+RefusedOutput = Callable[[ConsumerRecord, BaseException, Emit], Awaitable[object]]
+"""Exactly-once: the dead letter (through the `Emit` given) of a record one of whose outputs the broker
+refused for its size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,21 +61,23 @@ class Checked:
 
 
 def checkpoint_for(
-    transactions: PartitionTransactions | None,
+    output: Sender | PartitionTransactions,
     checked: Checked,
     *,
-    refused: Refused,
+    refused: RefusedOutput,
     backoff: Backoff,
     stopping: Callable[[], bool],
 ) -> Checkpoint:
-    """Exactly-once when the loop has transactions, else at-least-once."""
-    if transactions is None:
-        return AtLeastOnce(checked)
-    return ExactlyOnce(checked, transactions, refused=refused, backoff=backoff, stopping=stopping)
+    """Exactly-once when the loop's outputs go through transactions, else at-least-once on the producer."""
+    if not isinstance(output, PartitionTransactions):
+        return AtLeastOnce(checked, output)
+    return ExactlyOnce(checked, output, refused=refused, backoff=backoff, stopping=stopping)
 
 
 class Checkpoint:
     """What both implementations share: the commit schedule and what a commit records."""
+
+    emit: Emit  # the channel each batch's outputs go through
 
     def __init__(self, checked: Checked) -> None:
         self.path = checked.path
@@ -89,8 +97,8 @@ class Checkpoint:
     async def revoked(self, partitions: set[TopicPartition]) -> None:
         """After the revoked partitions' last commit."""
 
-    def hold(self, tp: TopicPartition, record: ConsumerRecord, outcome: object) -> None:
-        """A record is done; `outcome` is what its acknowledgement resolved with."""
+    def hold(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        """A record is done (its outputs emitted and acknowledged)."""
 
     def owns(self, tp: TopicPartition) -> bool:
         return True
@@ -160,6 +168,10 @@ class Checkpoint:
 class AtLeastOnce(Checkpoint):
     """Outputs go at once; a commit is the consumer's."""
 
+    def __init__(self, checked: Checked, producer: Sender) -> None:
+        super().__init__(checked)
+        self.emit = SendNow(producer)
+
     async def _write(self, offsets: dict[TopicPartition, int], reason: str) -> dict[TopicPartition, int]:
         try:
             await asyncio.wait_for(self._consumer.commit(offsets), self._opts.commit_timeout_s)
@@ -185,12 +197,13 @@ class ExactlyOnce(Checkpoint):
         checked: Checked,
         transactions: PartitionTransactions,
         *,
-        refused: Refused,
+        refused: RefusedOutput,
         backoff: Backoff,
         stopping: Callable[[], bool],
     ) -> None:
         super().__init__(checked)
         self.transactions = transactions
+        self.emit = self._filed = FileUnderOffset()
         self._refused = refused
         self._backoff = backoff
         self._stopping = stopping
@@ -199,8 +212,8 @@ class ExactlyOnce(Checkpoint):
         transactions.refused = self._refused_output
         transactions.read_committed = checked.consumer.committed
 
-    def hold(self, tp: TopicPartition, record: ConsumerRecord, outcome: object) -> None:
-        self.transactions.hold(tp, record.offset, held_outputs(outcome), record)
+    def hold(self, tp: TopicPartition, record: ConsumerRecord) -> None:
+        self.transactions.hold(tp, record.offset, self._filed.take(record), record)
 
     def owns(self, tp: TopicPartition) -> bool:
         return self.transactions.owns(tp)
@@ -212,9 +225,11 @@ class ExactlyOnce(Checkpoint):
         return self.transactions.held()
 
     async def revoked(self, partitions: set[TopicPartition]) -> None:
+        self._filed.drop(partitions)
         await self.transactions.close(partitions)  # held outputs not committed: the next owner redoes them
 
     async def close(self) -> None:
+        self._filed.drop()
         await self.transactions.close()
 
     async def _write(self, offsets: dict[TopicPartition, int], reason: str) -> dict[TopicPartition, int]:
@@ -298,7 +313,9 @@ class ExactlyOnce(Checkpoint):
         `max.message.bytes`): the record's dead letter replaces its outputs, in the same transaction."""
         if not isinstance(source, ConsumerRecord):
             return []
-        return held_outputs(await self._refused(source, error))
+        letter = FileUnderOffset()  # its own channel: what is filed there replaces the record's outputs
+        await self._refused(source, error, letter)
+        return letter.take(source)
 
     async def assigned(self, partitions: set[TopicPartition]) -> None:
         """Before the new partitions are read, a transactional producer for each (fencing any zombie holding

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from aiokafka.errors import KafkaError
 
-from consumers.contract import Ack, BatchHandler, Record
+from consumers.contract import Ack, BatchHandler, Done, Emit, Record, Refused, Result
 from consumers.runtime.retry import is_outage
 from message_history import metrics, tracing
 from message_history.errors import (
@@ -134,14 +134,14 @@ class Contained:
         self.inner = inner
         self.path = path
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         try:
-            return await self.inner.handle(records)
+            return await self.inner.handle(records, emit)
         except Exception as exc:
             if not records or not containable(exc):
                 raise
             if len(records) == 1:
-                return [contain(exc, "batch")]
+                return [Refused(contain(exc, "batch"))]
             log.warning(
                 "a batch failed and no record was named: splitting it to find the record",
                 extra={
@@ -152,16 +152,16 @@ class Contained:
                 },
             )
         middle = len(records) // 2
-        return [*await self.handle(records[:middle]), *await self.handle(records[middle:])]
+        return [*await self.handle(records[:middle], emit), *await self.handle(records[middle:], emit)]
 
 
 def decode_each(
     records: Sequence[Record], spans: tracing.BatchSpans, decode: Callable[[Record, bytes], T]
-) -> tuple[list[Ack | InvalidInputError | None], list[tuple[int, T]]]:
+) -> tuple[list[Result | None], list[tuple[int, T]]]:
     """Each record decoded (`decode(record, value)`), its span started: (per-record results with the refused
     ones' errors filled in, the decoded ones with their index). An empty record is refused here, and so is
     one whose decode raises anything `containable` (a bug met on it included)."""
-    results: list[Ack | InvalidInputError | None] = [None] * len(records)
+    results: list[Result | None] = [None] * len(records)
     items: list[tuple[int, T]] = []
     for index, record in enumerate(records):
         spans.start(index, record)
@@ -174,14 +174,14 @@ def decode_each(
                 if not containable(exc):
                     raise
                 error = contain(exc, "decode")
-        results[index] = error
+        results[index] = Refused(error)
         spans.fail(index, error)
     return results, items
 
 
 async def settle_outcomes(
     items: Sequence[T],
-    results: Sequence[Ack | InvalidInputError],
+    results: Sequence[Done | Refused],
     *,
     reject: Callable[[T, BaseException], Ack],
     explain: Callable[[BaseException], BaseException],
@@ -189,18 +189,16 @@ async def settle_outcomes(
 ) -> list[T]:
     """Wait for one attempt's outcomes; returns the items whose outputs failed for an outage, in order.
 
-    `results` are a handler's, one per item. An `InvalidInputError` goes to `reject` (a dead letter, or a
-    report); each item whose acknowledgement resolved goes to `done` with what it resolved with. An output
+    `results` are a handler's, one per item (the parked ones taken out). A `Refused` goes to `reject` (a dead
+    letter, or a report); each item whose `Done` acknowledgement resolved goes to `done` with what it
+    resolved with. An output
     Kafka refused for its size makes its input bad input: `reject(item, explain(error))`; any other failure of
     a record's output that is neither an outage nor systemic is contained the same way (`contain`). A
     systemic failure, or a `reject` that fails for anything but an outage, is raised (after the items before
     it are done).
     """
-    acks = [
-        reject(item, result) if isinstance(result, InvalidInputError) else result
-        for item, result in zip(items, results, strict=True)
-    ]
-    rejected = [isinstance(result, InvalidInputError) for result in results]
+    acks = [_ack(item, result, reject) for item, result in zip(items, results, strict=True)]
+    rejected = [isinstance(result, Refused) for result in results]
     outcomes = await asyncio.gather(*acks, return_exceptions=True)
     failed, refused = _sort(items, outcomes, rejected, done)
     if refused:
@@ -216,6 +214,14 @@ async def settle_outcomes(
         )
         failed += again
     return failed
+
+
+def _ack(item: T, result: Done | Refused, reject: Callable[[T, BaseException], Ack]) -> Ack:
+    match result:
+        case Refused(error=error):
+            return reject(item, error)
+        case Done(sent=sent):
+            return sent
 
 
 def _sort(

@@ -11,19 +11,18 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 from aiokafka import ConsumerRecord, TopicPartition
 
+from consumers.contract import Done, Lanes, Parked, Refused, Result
 from consumers.offsets import PartitionOffsets
-from consumers.parking import Deferred, ParkedLanes
 from consumers.runtime.intake import partition_of
 from consumers.runtime.retry import Backoff, Failure, retry_batch, wait_to_retry
 
 log = logging.getLogger(__name__)
 
 Item = tuple[ConsumerRecord, PartitionOffsets]
-Settle = Callable[[list[Item], Sequence[Any]], Awaitable[list[Item]]]
+Settle = Callable[[list[Item], Sequence[Done | Refused]], Awaitable[list[Item]]]
 """One try at settling items with their outcomes; returns those whose outputs failed for an outage."""
 
 
@@ -47,7 +46,7 @@ class Settlement:
         self._backoff = backoff
         self._stopping = stopping
         self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
-        self._parkings: set[ParkedLanes[Any]] = set()  # the lanes those records wait in
+        self._parkings: set[Lanes] = set()  # the lanes those records wait in
         self.failure: BaseException | None = None  # a bug met while settling one: the loop raises it
 
     def full(self) -> bool:
@@ -57,28 +56,34 @@ class Settlement:
     def parked(self) -> int:
         return sum(len(parking) for parking in self._parkings)
 
-    def take_parked(self, pending: list[Item], results: Sequence[object]) -> tuple[list[Item], list[Any]]:
-        """Take the parked records (`Deferred` results) out of an attempt: each settles in the background.
+    def take_parked(
+        self, pending: list[Item], results: Sequence[Result]
+    ) -> tuple[list[Item], list[Done | Refused]]:
+        """Take the parked records (`Parked` results) out of an attempt: each settles in the background.
         Returns the rest, to settle now."""
         now: list[Item] = []
-        answers: list[Any] = []
+        answers: list[Done | Refused] = []
         for item, result in zip(pending, results, strict=True):
-            if not isinstance(result, Deferred):
-                now.append(item)
-                answers.append(result)
-                continue
-            self._parkings.add(result.lanes)
-            tp = partition_of(item[0])
-            task = asyncio.ensure_future(self._settle_parked(item, result))
-            self._settling.setdefault(tp, set()).add(task)
-            task.add_done_callback(functools.partial(self._parked_settled, tp))
+            match result:
+                case Parked():
+                    self._park(item, result)
+                case Done() | Refused():
+                    now.append(item)
+                    answers.append(result)
         return now, answers
 
-    async def _settle_parked(self, item: Item, deferred: Deferred) -> None:
+    def _park(self, item: Item, parked: Parked) -> None:
+        self._parkings.add(parked.lanes)
+        tp = partition_of(item[0])
+        task = asyncio.ensure_future(self._settle_parked(item, parked))
+        self._settling.setdefault(tp, set()).add(task)
+        task.add_done_callback(functools.partial(self._parked_settled, tp))
+
+    async def _settle_parked(self, item: Item, parked: Parked) -> None:
         """Once a parked record's work ran: done (the watermark moves) or a dead letter; a dead letter Kafka
         does not acknowledge is tried again by the retry loop. A dropped lane leaves the record unsettled."""
         try:
-            outcome = await deferred.outcome()
+            outcome = await asyncio.shield(parked.settled)
         except asyncio.CancelledError:
             return  # its lane was dropped (revoke, shutdown): the next owner reads it again
         await retry_batch(

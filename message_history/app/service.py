@@ -59,7 +59,6 @@ from producers.forgotten import ForgottenPublisher
 from producers.observe import ObservePublisher
 from producers.output import OutputProducer
 from producers.persisted import PersistedPublisher
-from producers.transactional import HoldingProducer
 from producers.transactions import PartitionTransactions
 from schemas.limits import Limits
 from storage.protocol import BatchHistoryStorage
@@ -127,7 +126,7 @@ class Opened:
 
     settings: Settings
     storage: BatchHistoryStorage
-    producer: OutputProducer
+    producer: OutputProducer | None  # the shared producer (at-least-once); None: exactly-once's transactions
     health: Health
     forgetting: MongoForgetting | None  # forget and tombstones; None on a storage that is not MongoDB
     gate: TurnGate | None = None  # the recall path's turn guards (None: both off)
@@ -138,7 +137,7 @@ class Opened:
 
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
-    settings, producer, forgetting = opened.settings, opened.producer, opened.forgetting
+    settings, forgetting = opened.settings, opened.forgetting
     capabilities = storage_capabilities(opened.storage)
     loop_health: Health | _Advisory = opened.health
     if path == "observed":
@@ -157,13 +156,13 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         topic, dlq = settings.commands_topic, settings.commands_dlq
         handler = CommandsHandler(
             forgetting=forgetting,
-            publisher=ForgottenPublisher(producer, settings.forgotten_topic),
+            publisher=ForgottenPublisher(settings.forgotten_topic),
             limits=Limits.from_settings(settings),
         )
         loop_health = _Advisory(opened.health)
     elif path == "recall":
         topic, dlq = settings.requests_topic, settings.requests_dlq
-        publisher = EnrichedPublisher(producer, settings.enriched_topic)
+        publisher = EnrichedPublisher(settings.enriched_topic)
         handler = RecallHandler(
             settings,
             opened.storage,
@@ -178,7 +177,7 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         )
     else:
         topic, dlq = settings.responses_topic, settings.responses_dlq
-        persisted = PersistedPublisher(producer, settings.persisted_topic)
+        persisted = PersistedPublisher(settings.persisted_topic)
         handler = PersistHandler(
             settings,
             opened.storage,
@@ -195,15 +194,21 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         topic=topic,
         consumer=build_consumer(settings, path=path),
         handler=handler if path in ADVISORY else _timeout_strikes(handler, opened.storage, settings, path),
-        dead_letters=DeadLetterPublisher(producer, dlq),
+        dead_letters=DeadLetterPublisher(dlq),
         health=loop_health,
         options=LoopOptions.from_settings(settings),
-        transactions=(
-            PartitionTransactions(settings, path=path)
-            if settings.processing_guarantee == "exactly-once"
-            else None
-        ),
+        output=_output(opened, path),
     )
+
+
+def _output(opened: Opened, path: Path) -> OutputProducer | PartitionTransactions:
+    """Where a path's outputs go: one transaction per input partition (exactly-once), else the shared
+    producer; the loop's checkpoint hands each batch its channel (`consumers.runtime.emit`)."""
+    if opened.settings.processing_guarantee == "exactly-once":
+        return PartitionTransactions(opened.settings, path=path)
+    if opened.producer is None:
+        raise ValueError("at-least-once needs the shared producer")
+    return opened.producer
 
 
 def _timeout_strikes(
@@ -234,7 +239,7 @@ def _observation(opened: Opened) -> ObservationEmitter | None:
     settings = opened.settings
     if opened.observational is None or not settings.observe_results_topic:
         return None
-    publisher = ObservePublisher(opened.producer, settings.observe_requests_topic)
+    publisher = ObservePublisher(settings.observe_requests_topic)
     return ObservationEmitter(settings, opened.observational, opened.storage, publisher)
 
 
@@ -338,10 +343,11 @@ async def run_service(
             else await stack.enter_async_context(step("mongodb", open_storage(settings)))
         )
         markers = await stack.enter_async_context(step("turn markers", open_markers(settings)))
-        # exactly-once: the paths' outputs are held, and each loop produces them in its transactions
-        output = HoldingProducer(settings) if settings.processing_guarantee == "exactly-once" else None
-        producer = await stack.enter_async_context(
-            step("producer", output or OutputProducer(settings), RESERVE_PRODUCER)
+        # exactly-once: no shared producer, each loop produces its outputs in its transactions
+        producer = (
+            None
+            if settings.processing_guarantee == "exactly-once"
+            else await stack.enter_async_context(step("producer", OutputProducer(settings), RESERVE_PRODUCER))
         )
         await stack.enter_async_context(
             step("probes", serve_http(health, settings.http_host, settings.http_port), RESERVE_SERVICES)

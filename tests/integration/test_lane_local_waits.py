@@ -143,10 +143,10 @@ async def persist_held_for(thread: str, monkeypatch: pytest.MonkeyPatch) -> Asyn
     release = asyncio.Event()
     handle = PersistHandler.handle
 
-    async def held(self: PersistHandler, records: Sequence[Any]) -> list[Any]:
+    async def held(self: PersistHandler, records: Sequence[Any], emit: Any) -> list[Any]:
         if any(r.key == thread.encode() for r in records):
             await release.wait()
-        return await handle(self, records)
+        return await handle(self, records, emit)
 
     monkeypatch.setattr(PersistHandler, "handle", held)
     try:

@@ -17,7 +17,7 @@ import pytest_asyncio
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.database import AsyncDatabase
 
-from consumers.contract import Record
+from consumers.contract import Done, Emit, Record
 from consumers.persist import PersistHandler
 from message_history import metrics
 from message_history.settings import Settings
@@ -60,7 +60,9 @@ class _Recording:
     def __init__(self) -> None:
         self.events: list[HistoryPersisted] = []
 
-    async def publish_value(self, thread_id: str, value: bytes, *, headers: Any) -> asyncio.Future[Any]:
+    async def publish_value(
+        self, emit: Any, record: Any, thread_id: str, value: bytes, *, headers: Any
+    ) -> asyncio.Future[Any]:
         self.events.append(decode_persisted(value))
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -109,8 +111,8 @@ def _misses() -> float:
 async def _handle(storage: MongoHistoryStorage, records: Sequence[_Record]) -> list[HistoryPersisted]:
     publisher = _Recording()
     handler = PersistHandler(Settings(), storage, cast(PersistedPublisher, publisher), save_reads=storage)
-    acks = await handler.handle(cast(Sequence[Record], records))
-    assert all(isinstance(a, asyncio.Future) for a in acks), acks
+    acks = await handler.handle(cast(Sequence[Record], records), cast(Emit, None))  # the publisher sends
+    assert all(isinstance(a, Done) for a in acks), acks
     return publisher.events
 
 

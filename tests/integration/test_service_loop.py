@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from consumers.consumer import LoopOptions, build_consumer
-from consumers.contract import Ack
+from consumers.contract import Ack, Done, Emit, Refused, Result
 from consumers.lanes import Failed, run_lanes
 from consumers.loop import StreamLoop
 from message_history.errors import EventValidationError, InvalidInputError, StorageUnavailableError
@@ -46,13 +46,12 @@ class _EchoHandler:
     `outages` makes the first N calls raise `StorageUnavailableError`, as a MongoDB outage would.
     """
 
-    def __init__(self, producer: OutputProducer, out_topic: str, *, outages: int = 0) -> None:
-        self._producer = producer
+    def __init__(self, out_topic: str, *, outages: int = 0) -> None:
         self._out = out_topic
         self.outages = outages
         self.calls = 0
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Any], emit: Emit) -> list[Result]:
         self.calls += 1
         if self.outages > 0:
             self.outages -= 1
@@ -62,18 +61,18 @@ class _EchoHandler:
             body = json.loads(record.value)
             if body.get("bad"):
                 raise EventValidationError("bad record", "bad")
-            return await self._producer.send(self._out, key=record.key, value=record.value)
+            return await emit(record, self._out, key=record.key, value=record.value)
 
         results = await run_lanes(
             records, key=lambda r: r.key, work=one, max_concurrent=4, item_errors=(InvalidInputError,)
         )
-        out: list[Ack | InvalidInputError] = []
+        out: list[Result] = []
         for result in results:
             if isinstance(result, Failed):
                 assert isinstance(result.error, InvalidInputError)
-                out.append(result.error)
+                out.append(Refused(result.error))
             else:
-                out.append(result)
+                out.append(Done(result))
         return out
 
 
@@ -101,9 +100,10 @@ async def _run_loop(
         topic=settings.requests_topic,
         consumer=build_consumer(settings, path="recall"),
         handler=handler,
-        dead_letters=DeadLetterPublisher(producer, settings.requests_dlq),
+        dead_letters=DeadLetterPublisher(settings.requests_dlq),
         health=health,
         options=LoopOptions.from_settings(settings),
+        output=producer,
     )
     async with loop:
         task = asyncio.create_task(loop.run(stop))
@@ -136,7 +136,7 @@ async def test_loop_outputs_in_key_order_dead_letters_and_commits(
 
     health = _Health()
     async with OutputProducer(settings) as producer:
-        handler = _EchoHandler(producer, out)
+        handler = _EchoHandler(out)
         async with _run_loop(settings, handler, producer, health):
             outputs = await read_topic(kafka_bootstrap, out, until=lambda rs: len(rs) >= 29)
             letters = await read_topic(kafka_bootstrap, settings.requests_dlq, until=lambda rs: len(rs) >= 1)
@@ -171,7 +171,7 @@ async def test_loop_retries_an_outage_without_dead_letters(
 
     health = _Health()
     async with OutputProducer(settings) as producer:
-        handler = _EchoHandler(producer, out, outages=3)
+        handler = _EchoHandler(out, outages=3)
         async with _run_loop(settings, handler, producer, health):
             outputs = await read_topic(kafka_bootstrap, out, until=lambda rs: len(rs) >= 10)
             await wait_committed(kafka_bootstrap, group_id, topic, {0: 10})
@@ -195,7 +195,7 @@ async def test_loop_waits_for_a_missing_input_topic_then_consumes_it(
     settings = _settings(kafka_bootstrap, group_id, topic)
     health = _Health()
     async with OutputProducer(settings) as producer:
-        handler = _EchoHandler(producer, out)
+        handler = _EchoHandler(out)
         async with _run_loop(settings, handler, producer, health):
             await asyncio.wait_for(health.not_ready.wait(), 30)
             await make_topic(partitions=1, name=topic)

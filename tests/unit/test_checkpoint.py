@@ -37,7 +37,7 @@ async def test_a_background_commit_that_raises_is_the_loops_failure_not_lost() -
     consumer = BuggyConsumer()
     options = dataclasses.replace(LoopOptions.from_settings(Settings()), commit_interval_s=0.0)
     fake: Any = consumer
-    checkpoint = AtLeastOnce(Checked("recall", fake, tracker, Health(), options))
+    checkpoint = AtLeastOnce(Checked("recall", fake, tracker, Health(), options), fake)
     checkpoint.maybe_commit()
     assert checkpoint._task is not None
     await asyncio.wait([checkpoint._task])

@@ -17,7 +17,7 @@ import pytest
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from consumers.commands import CommandsHandler
-from consumers.contract import Ack, Record
+from consumers.contract import Done, Emit, Record, Refused, Result
 from consumers.handler import PathHandler
 from consumers.lanes import Failed
 from consumers.runtime import containment
@@ -37,7 +37,6 @@ from message_history import metrics, tracing
 from message_history.errors import (
     EventValidationError,
     FatalStorageError,
-    InvalidInputError,
     StartupError,
     StorageUnavailableError,
     UnexpectedRecordError,
@@ -46,6 +45,7 @@ from message_history.errors import (
 from message_history.settings import Settings
 from schemas.dead_letters import ERROR_MESSAGE, ERROR_TYPE, MAX_MESSAGE_BYTES, dead_letter_headers
 from schemas.limits import Limits
+from tests.paths import no_emit
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -73,11 +73,11 @@ class RaisesForPoison:
         self.error = error or ZeroDivisionError("division by zero")
         self.calls: list[list[int]] = []
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         self.calls.append([r.offset for r in records])
         if any(r.value == POISON for r in records):
             raise self.error
-        return [_done(f"ok-{r.offset}") for r in records]
+        return [Done(_done(f"ok-{r.offset}")) for r in records]
 
 
 # --- the split ----------------------------------------------------------------------------------------------
@@ -99,19 +99,20 @@ async def test_a_batch_that_raises_is_split_until_the_record_is_alone(
 ) -> None:
     """Each poison record's result is its error (class and message kept), every other record is handled."""
     handler = RaisesForPoison()
-    results = await Contained(handler, "recall").handle(batch(*values))
+    results = await Contained(handler, "recall").handle(batch(*values), no_emit)
     assert len(results) == len(values)
     for offset, result in enumerate(results):
         if offset in poison_at:
-            assert isinstance(result, UnexpectedRecordError)
-            assert (error_type(result), str(result), result.stage) == (
+            assert isinstance(result, Refused)
+            assert isinstance(result.error, UnexpectedRecordError)
+            assert (error_type(result.error), str(result.error), result.error.stage) == (
                 "ZeroDivisionError",
                 "division by zero",
                 "batch",
             )
         else:
-            assert not isinstance(result, InvalidInputError)
-            assert await result == f"ok-{offset}"
+            assert isinstance(result, Done)
+            assert await result.sent == f"ok-{offset}"
     # halves, in order: every record is handled exactly once by a call that did not raise
     handled = [o for call in handler.calls if not any(values[i] == POISON for i in call) for o in call]
     assert sorted(handled) == [i for i in range(len(values)) if i not in poison_at]
@@ -120,7 +121,7 @@ async def test_a_batch_that_raises_is_split_until_the_record_is_alone(
 async def test_one_poison_record_in_a_large_batch_costs_a_logarithmic_number_of_calls() -> None:
     values = [b"x"] * 500 + [POISON] + [b"x"] * 11
     handler = RaisesForPoison()
-    await Contained(handler, "recall").handle(batch(*values))
+    await Contained(handler, "recall").handle(batch(*values), no_emit)
     assert len(handler.calls) <= 2 * 10 + 1  # 2·log2(512) + the first
 
 
@@ -139,7 +140,7 @@ async def test_outages_and_systemic_refusals_are_raised_for_the_batch_not_split(
     """No record's fault: retried (an outage) or stopping the loop (systemic), never dead-lettering all."""
     handler = RaisesForPoison(error)
     with pytest.raises(type(error)):
-        await Contained(handler, "persist").handle(batch(b"a", POISON, b"b"))
+        await Contained(handler, "persist").handle(batch(b"a", POISON, b"b"), no_emit)
     assert handler.calls == [[0, 1, 2]]
 
 
@@ -156,7 +157,7 @@ async def _mini_loop(handler: Any, records: list[Any]) -> tuple[list[int], list[
     async def attempt(items: list[Any]) -> list[Any]:
         return await settle_outcomes(
             items,
-            await handler.handle(items),
+            await handler.handle(items, no_emit),
             reject=reject,
             explain=lambda error: error,
             done=lambda item, outcome: done.append(item.offset) if outcome != "dead-lettered" else None,
@@ -194,10 +195,12 @@ async def test_an_outage_retry_never_sends_a_delivered_dead_letter_again() -> No
         def __init__(self) -> None:
             self.calls: list[list[int]] = []
 
-        async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+        async def handle(self, records: Sequence[Record], emit: Emit) -> list[Done | Refused]:
             self.calls.append([r.offset for r in records])
             return [
-                contain(ZeroDivisionError("bug"), "process") if r.value == POISON else output(r.offset)
+                Refused(contain(ZeroDivisionError("bug"), "process"))
+                if r.value == POISON
+                else Done(output(r.offset))
                 for r in records
             ]
 
@@ -213,7 +216,7 @@ async def test_an_outage_retry_never_sends_a_delivered_dead_letter_again() -> No
     async def attempt(items: list[Any]) -> list[Any]:
         return await settle_outcomes(
             items,
-            await handler.handle(items),
+            await handler.handle(items, no_emit),
             reject=reject,
             explain=lambda error: error,
             done=lambda item, outcome: done.append(item.offset),
@@ -251,14 +254,15 @@ async def test_decode_each_contains_any_exception_of_one_record() -> None:
     with tracing.batch_spans("recall", records) as spans:
         results, items = decode_each(records, spans, _decode)
     assert items == [(0, "a"), (3, "b")]
-    assert [type(r).__name__ for r in results] == [
+    errors = [r.error if isinstance(r, Refused) else r for r in results]
+    assert [type(r).__name__ for r in errors] == [
         "NoneType",
         "UnexpectedRecordError",
         "EventValidationError",
         "NoneType",
         "EventValidationError",
     ]
-    bug = results[1]
+    bug = errors[1]
     assert isinstance(bug, UnexpectedRecordError)
     assert (bug.error_type, bug.stage, str(bug)) == ("KeyError", "decode", "'no such field'")
 
@@ -327,7 +331,9 @@ async def test_the_commands_path_contains_a_bug_in_one_command() -> None:
         publisher=SimpleNamespace(),  # type: ignore[arg-type]
         limits=Limits(),
     )
-    [result] = await handler.handle([record(0, _command("c-1"))])
+    [refused] = await handler.handle([record(0, _command("c-1"))], no_emit)
+    assert isinstance(refused, Refused)
+    result = refused.error
     assert isinstance(result, UnexpectedRecordError)
     assert (result.error_type, str(result)) == ("TypeError", "unsupported operand")
 
@@ -342,7 +348,7 @@ async def test_the_commands_path_raises_what_is_no_commands_fault(error: BaseExc
         limits=Limits(),
     )
     with pytest.raises(type(error)):
-        await handler.handle([record(0, _command("c-1"))])
+        await handler.handle([record(0, _command("c-1"))], no_emit)
 
 
 # --- the rules, the report, the dead letter -----------------------------------------------------------------
@@ -447,7 +453,7 @@ async def test_a_record_dead_lettered_twice_for_one_bug_counts_one_bug_and_two_d
     class Publisher:
         topic = "rq.dlq"
 
-        async def deliver(self, record: Any, error: BaseException, *, span: Any = None) -> object:
+        async def deliver(self, emit: Any, record: Any, error: BaseException, *, span: Any = None) -> object:
             sent.append(record.offset)
             return None
 
@@ -458,7 +464,7 @@ async def test_a_record_dead_lettered_twice_for_one_bug_counts_one_bug_and_two_d
     publisher: Any = Publisher()
     dead_letters = DeadLetters("dl-once", publisher, logging.getLogger("consumers.loop"))
     for _ in range(2):
-        await dead_letters.send(record(7), contain(ZeroDivisionError("division by zero"), "process"))
+        await dead_letters.send(record(7), contain(ZeroDivisionError("division by zero"), "process"), no_emit)
     assert sent == [7, 7]
     assert metrics.REGISTRY.get_sample_value("message_history_unexpected_errors_total", bugs) == before + 1
     dead = metrics.REGISTRY.get_sample_value("message_history_dead_letters_total", letters)

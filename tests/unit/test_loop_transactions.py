@@ -50,7 +50,7 @@ async def _loop(health: RecordingHealth) -> tuple[StreamLoop, PartitionTransacti
         dead_letters=stub,
         health=health,
         options=LoopOptions.from_settings(Settings()),
-        transactions=transactions,
+        output=transactions,
     )
     return loop, transactions
 
@@ -125,7 +125,7 @@ async def test_producers_that_cannot_be_opened_stop_the_loop_not_stall_its_parti
         dead_letters=stub,
         health=health,
         options=LoopOptions.from_settings(Settings()),
-        transactions=PartitionTransactions(Settings(), path="recall"),
+        output=PartitionTransactions(Settings(), path="recall"),
     )
     with pytest.raises(UnsupportedVersionError):
         await loop._checkpoint.assigned({TP})
@@ -174,7 +174,7 @@ async def test_held_outputs_at_their_cap_pause_intake_until_commits_drain_them(
         dead_letters=stub,
         health=RecordingHealth(),
         options=LoopOptions.from_settings(Settings()),
-        transactions=transactions,
+        output=transactions,
     )
     transactions.hold(TP, 0, [HeldOutput("out", b"k", b"a", ())])
     transactions.hold(TP, 1, [HeldOutput("out", b"k", b"b", ())])

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from consumers.contract import Refused, delivered
 from consumers.observational import thread_hints
 from consumers.observe_recall import ObservationRecall
 from consumers.observe_results import ObserveResultsHandler
@@ -22,6 +23,7 @@ from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
 from storage.observational import Claim, ObservationalRecord, record_from_doc
 from storage.protocol import Thread
+from tests.paths import no_emit
 
 T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
 
@@ -116,8 +118,8 @@ def _result(**fields: Any) -> bytes:
 async def _handle(rows: Rows, *values: bytes | None) -> list[object]:
     handler = ObserveResultsHandler(rows=rows, limits=Limits())
     outcomes: list[object] = []
-    for result in await handler.handle([Rec(v) for v in values]):
-        outcomes.append(result if isinstance(result, InvalidInputError) else await result)
+    for result in await handler.handle([Rec(v) for v in values], no_emit):
+        outcomes.append(result.error if isinstance(result, Refused) else await delivered(result))
     return outcomes
 
 
@@ -328,8 +330,10 @@ def test_thread_hints_read_leniently(
 async def test_the_observers_current_task_goes_to_the_thread() -> None:
     rows, threads = Rows(_row()), Threads({})
     handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
-    await handler.handle([Rec(_result(currentTask="book the train"))])
+    await handler.handle([Rec(_result(currentTask="book the train"))], no_emit)
     assert threads.saved == [("t1", {"mastra.om.currentTask": "book the train"})]
     stale = ObserveResultsHandler(rows=Rows(_row(_mh_cycle=9)), limits=Limits(), threads=threads)
-    await stale.handle([Rec(_result(currentTask="late"))])  # an answer not applied writes no hint either
+    await stale.handle(
+        [Rec(_result(currentTask="late"))], no_emit
+    )  # an answer not applied writes no hint either
     assert len(threads.saved) == 1

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, TopicAuthorizationFailedError
 
-from consumers.contract import Ack, Record, record_headers
+from consumers.contract import Done, Record, Refused, record_headers
 from consumers.runtime.containment import settle_outcomes
 from consumers.runtime.retry import Backoff, ChunkLimit, Failure, retry_batch, retry_call
 from consumers.unreadable import UnreadableRecord, UnreadableRecordError
@@ -176,11 +176,11 @@ async def test_outcomes_are_sorted_into_done_rejected_and_retried() -> None:
         rejected.append((item, str(error)))
         return "dead-lettered"
 
-    results: list[Ack | InvalidInputError] = [
-        _resolved("ok"),
-        EventValidationError("not valid JSON", "input.0"),
-        _resolved(MessageSizeTooLargeError()),
-        _resolved(KafkaConnectionError()),
+    results: list[Done | Refused] = [
+        Done(_resolved("ok")),
+        Refused(EventValidationError("not valid JSON", "input.0")),
+        Done(_resolved(MessageSizeTooLargeError())),
+        Done(_resolved(KafkaConnectionError())),
     ]
     failed = await settle_outcomes(
         ["a", "b", "c", "d"],
@@ -201,10 +201,10 @@ async def test_a_systemic_outcome_is_raised_after_the_ones_before_it_are_done() 
     async def reject(item: str, error: BaseException) -> object:
         raise AssertionError("not called")
 
-    results: list[Ack | InvalidInputError] = [
-        _resolved("ok"),
-        _resolved(FatalStorageError("MongoDB refused the write: Unauthorized")),
-        _resolved("ok"),
+    results: list[Done | Refused] = [
+        Done(_resolved("ok")),
+        Done(_resolved(FatalStorageError("MongoDB refused the write: Unauthorized"))),
+        Done(_resolved("ok")),
     ]
     with pytest.raises(FatalStorageError, match="Unauthorized"):
         await settle_outcomes(
@@ -223,10 +223,10 @@ async def test_an_unexpected_outcome_is_contained_as_that_records_dead_letter() 
         rejected.append((item, error_type(error), str(error)))
         return "dead-lettered"
 
-    results: list[Ack | InvalidInputError] = [
-        _resolved("ok"),
-        _resolved(KeyError("boom")),
-        _resolved("ok"),
+    results: list[Done | Refused] = [
+        Done(_resolved("ok")),
+        Done(_resolved(KeyError("boom"))),
+        Done(_resolved("ok")),
     ]
     failed = await settle_outcomes(
         ["a", "b", "c"], results, reject=reject, explain=lambda e: e, done=lambda i, o: done.append((i, o))
@@ -244,7 +244,11 @@ async def test_a_dead_letter_that_fails_for_good_is_raised() -> None:
 
     with pytest.raises(TopicAuthorizationFailedError):
         await settle_outcomes(
-            ["a"], [EventValidationError("bad")], reject=reject, explain=lambda e: e, done=lambda i, o: None
+            ["a"],
+            [Refused(EventValidationError("bad"))],
+            reject=reject,
+            explain=lambda e: e,
+            done=lambda i, o: None,
         )
 
 

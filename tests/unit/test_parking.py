@@ -1,7 +1,7 @@
 """Parked requests without Kafka: a request that must wait holds its own thread's lane, not its batch.
 
 Fake records, the in-memory storage and the fake barrier and markers of `test_turn_gate`: the recall handler
-returns a batch at once with a `Deferred` for the waiting request, later requests of that thread (in the
+returns a batch at once with a `Parked` for the waiting request, later requests of that thread (in the
 same batch or a later one) are parked behind it in order, and the lanes themselves run in order, retry an
 outage in place, and drop a revoked partition's work.
 """
@@ -19,14 +19,16 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError
 
-from consumers.parking import Deferred, Lane, ParkedLanes
+from consumers.contract import Done, Emit, Parked, Refused, delivered
+from consumers.parking import Lane, ParkedLanes
 from consumers.recall import RecallHandler
 from consumers.runtime.retry import Backoff
 from consumers.turn_gate import TurnGate
 from message_history.core.turn_rules import BusyPolicy, TurnMarker
 from message_history.errors import EventValidationError, StorageUnavailableError, ThreadOwnershipError
 from message_history.settings import Settings
-from producers.output import Headers
+from producers.output import Headers, Positioned
+from tests.paths import no_emit
 from tests.unit.test_batch_stand_ins import T0, _CountingPages, _message, _seed
 from tests.unit.test_recall_once import _Sent
 from tests.unit.test_turn_gate import FakeBarrier, FakeMarkers
@@ -71,11 +73,11 @@ def _sent(publisher: _Sent) -> list[dict[str, Any]]:
 
 
 async def _settle(results: Sequence[object]) -> list[object]:
-    """Every result awaited the way a caller that knows no parking would (a `Deferred` is an `Ack`)."""
+    """Every result awaited the way a caller that knows no parking would (`delivered`)."""
     out: list[object] = []
     for result in results:
-        assert not isinstance(result, Exception), result
-        out.append(await asyncio.wait_for(result, BOUND_S))  # type: ignore[arg-type]
+        assert isinstance(result, (Done, Parked)), result
+        out.append(await asyncio.wait_for(delivered(result), BOUND_S))
     return out
 
 
@@ -86,14 +88,14 @@ async def test_a_busy_thread_holds_its_lane_only_and_later_batches_are_not_held(
     markers = FakeMarkers({"t": TurnMarker(pending="t-old")})
     handler, publisher = _handler(markers)
     first = await asyncio.wait_for(
-        handler.handle([_record(0, "t"), _record(1, "u"), _record(2, "v", partition=1)]), BOUND_S
+        handler.handle([_record(0, "t"), _record(1, "u"), _record(2, "v", partition=1)], no_emit), BOUND_S
     )
-    assert isinstance(first[0], Deferred)
+    assert isinstance(first[0], Parked)
     await _settle(first[1:])
     assert [e["requestId"] for e in _sent(publisher)] == ["u-r1", "v-r2"]
 
-    second = await asyncio.wait_for(handler.handle([_record(3, "t"), _record(4, "w")]), BOUND_S)
-    assert isinstance(second[0], Deferred)
+    second = await asyncio.wait_for(handler.handle([_record(3, "t"), _record(4, "w")], no_emit), BOUND_S)
+    assert isinstance(second[0], Parked)
     await _settle(second[1:])
     assert [e["requestId"] for e in _sent(publisher)] == ["u-r1", "v-r2", "w-r4"]
     assert len(handler.parking) == 2
@@ -101,7 +103,7 @@ async def test_a_busy_thread_holds_its_lane_only_and_later_batches_are_not_held(
     await asyncio.sleep(0.01)  # parked a while: waitedMs counts it
     markers.answer("t")  # t-old answered: t-r0 goes, and marks t busy with itself
     await _settle(first[:1])
-    assert not asyncio.ensure_future(second[0].outcome()).done()
+    assert not second[0].settled.done()
     await asyncio.sleep(0.05)
     assert [e["requestId"] for e in _sent(publisher)][-1] == "t-r0"  # t-r3 waits for t-r0's answer
     markers.answer("t")
@@ -122,9 +124,9 @@ async def test_a_partition_behind_the_barrier_parks_its_requests_only() -> None:
     barrier = FakeBarrier({0: 10})
     handler, publisher = _handler(FakeMarkers(), barrier=barrier)
     results = await asyncio.wait_for(
-        handler.handle([_record(0, "a"), _record(1, "b"), _record(2, "c", partition=1)]), BOUND_S
+        handler.handle([_record(0, "a"), _record(1, "b"), _record(2, "c", partition=1)], no_emit), BOUND_S
     )
-    assert [isinstance(r, Deferred) for r in results] == [True, True, False]
+    assert [isinstance(r, Parked) for r in results] == [True, True, False]
     await _settle(results[2:])
     assert [e["requestId"] for e in _sent(publisher)] == ["c-r2"]
     await asyncio.sleep(0.01)  # parked a while: waitedMs counts it
@@ -144,7 +146,9 @@ async def test_a_foreign_request_is_refused_before_any_busy_gate(policy: BusyPol
     await _seed(storage, "t", "u", 1)
     markers = FakeMarkers({"t": TurnMarker(pending="u-secret-pending")})
     handler, publisher = _handler(markers, policy=policy, storage=storage)
-    [result] = await asyncio.wait_for(handler.handle([_record(0, "t", resource="x")]), BOUND_S)
+    [refused] = await asyncio.wait_for(handler.handle([_record(0, "t", resource="x")], no_emit), BOUND_S)
+    assert isinstance(refused, Refused)
+    result = refused.error
     assert isinstance(result, ThreadOwnershipError)
     assert "u-secret-pending" not in str(result)
     assert len(handler.parking) == 0
@@ -157,11 +161,12 @@ async def test_a_foreign_request_on_a_thread_not_saved_yet_is_refused_before_the
     markers = FakeMarkers({"t": TurnMarker(pending="u-secret-pending", resource_id="u")})
     handler, _ = _handler(markers)
     foreign, own = await asyncio.wait_for(
-        handler.handle([_record(0, "t", resource="x"), _record(1, "t")]), BOUND_S
+        handler.handle([_record(0, "t", resource="x"), _record(1, "t")], no_emit), BOUND_S
     )
-    assert isinstance(foreign, ThreadOwnershipError)
-    assert "u-secret-pending" not in str(foreign)
-    assert isinstance(own, Deferred)
+    assert isinstance(foreign, Refused)
+    assert isinstance(foreign.error, ThreadOwnershipError)
+    assert "u-secret-pending" not in str(foreign.error)
+    assert isinstance(own, Parked)
     await handler.parking.cancel()
 
 
@@ -172,10 +177,12 @@ class _FailingFor(_Sent):
         super().__init__()
         self.thread = thread.encode()
 
-    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+    async def _send(
+        self, emit: Emit, record: Positioned, key: bytes, value: bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
         if key == self.thread:
             raise KafkaConnectionError("down")
-        return await super()._send(key, value, headers)
+        return await super()._send(emit, record, key, value, headers)
 
 
 async def test_a_batch_that_fails_drops_what_it_parked_so_its_retry_parks_it_once() -> None:
@@ -187,11 +194,11 @@ async def test_a_batch_that_fails_drops_what_it_parked_so_its_retry_parks_it_onc
     handler = RecallHandler(Settings(), _CountingPages(), publisher, gate=gate)
     batch = [_record(0, "t"), _record(1, "u")]
     with pytest.raises(KafkaConnectionError):
-        await asyncio.wait_for(handler.handle(batch), BOUND_S)
+        await asyncio.wait_for(handler.handle(batch, no_emit), BOUND_S)
     assert len(handler.parking) == 0
     publisher.thread = b"nobody"  # Kafka is back
-    again = await asyncio.wait_for(handler.handle(batch), BOUND_S)
-    assert isinstance(again[0], Deferred)
+    again = await asyncio.wait_for(handler.handle(batch, no_emit), BOUND_S)
+    assert isinstance(again[0], Parked)
     await _settle(again[1:])
     await asyncio.sleep(0.01)  # parked a while: waitedMs counts it
     markers.answer("t")
@@ -230,17 +237,19 @@ async def test_lanes_keep_order_retry_an_outage_in_place_and_drop_revoked_work()
     a2 = lanes.park((0, "a"), work("a2"), [])
     b1 = lanes.park((1, "b"), work("b1"), [])
     assert lanes.full()
-    assert await asyncio.wait_for(b1, BOUND_S) == "b1"  # lane b is not behind lane a
+    assert await asyncio.wait_for(delivered(b1), BOUND_S) == "b1"  # lane b is not behind lane a
     a3 = lanes.park((0, "a"), work("a3"), [])
     c1 = lanes.park((2, "c"), work("c1", hold=never), [])
     release.set()
-    assert await asyncio.wait_for(a2, BOUND_S) == "a2"
-    assert await a1 == "a1"
-    assert isinstance(await a3.outcome(), EventValidationError)
+    assert await asyncio.wait_for(delivered(a2), BOUND_S) == "a2"
+    assert await delivered(a1) == "a1"
+    a3_outcome = await a3.settled
+    assert isinstance(a3_outcome, Refused)
+    assert isinstance(a3_outcome.error, EventValidationError)
     assert order == ["b1", "a1", "a2"]  # a1's outage was retried before a2 ran
     assert await lanes.cancel([2]) == 1  # c1, still waiting: dropped, never run
     with pytest.raises(asyncio.CancelledError):
-        await c1.outcome()
+        await c1.settled
     assert order == ["b1", "a1", "a2"]
     assert len(lanes) == 0
     assert not lanes.full()
@@ -267,5 +276,5 @@ async def test_a_lane_dropped_while_its_work_swallows_the_cancel_ends_quietly() 
     await asyncio.wait_for(started.wait(), BOUND_S)
     assert await asyncio.wait_for(lanes.cancel([0]), BOUND_S) == 1
     with pytest.raises(asyncio.CancelledError):
-        await parked.outcome()
+        await parked.settled
     assert len(lanes) == 0

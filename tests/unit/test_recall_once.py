@@ -8,10 +8,11 @@ import json
 from collections.abc import Sequence
 from datetime import timedelta
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
+from consumers.contract import Emit, delivered
 from consumers.recall import RecallHandler
 from consumers.turn_gate import TurnGate
 from message_history.core import echo
@@ -20,8 +21,9 @@ from message_history.core.turn_rules import TurnMarker
 from message_history.processor import MessageHistory
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
-from producers.output import Headers, OutputProducer
+from producers.output import Headers, Positioned
 from schemas.messages import Message
+from tests.paths import no_emit
 from tests.unit.test_batch_stand_ins import T0, _CountingPages, _message, _seed
 
 
@@ -29,10 +31,12 @@ class _Sent(EnrichedPublisher):
     """Keeps what the handler sends; every send is acknowledged at once."""
 
     def __init__(self) -> None:
-        super().__init__(cast(OutputProducer, None), "enriched")
+        super().__init__("enriched")
         self.values: list[bytes] = []
 
-    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+    async def _send(
+        self, emit: Emit, record: Positioned, key: bytes, value: bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
         self.values.append(value)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -59,9 +63,8 @@ async def _handle(
 ) -> list[dict[str, Any]]:
     publisher = _Sent()
     handler = RecallHandler(Settings(), storage, publisher, write_boundaries=write_boundaries)
-    for ack in await handler.handle(records):
-        assert not isinstance(ack, Exception), ack
-        await ack
+    for ack in await handler.handle(records, no_emit):
+        await delivered(ack)
     return [json.loads(value) for value in publisher.values]
 
 
@@ -206,9 +209,8 @@ async def test_a_request_recalled_after_its_wait_keeps_the_boundary_it_moved() -
     gate = TurnGate(barrier=None, markers=_AnsweringMarkers(storage), policy="enqueue", timeout_s=5.0)
     publisher = _Sent()
     handler = RecallHandler(Settings(), storage, publisher, gate=gate)
-    for ack in await handler.handle(records):
-        assert not isinstance(ack, Exception), ack
-        await ack
+    for ack in await handler.handle(records, no_emit):
+        await delivered(ack)
     first, second = (json.loads(v)["history"] for v in publisher.values)
     assert (first["waitedMs"], second["complete"]) == (0, True)
     assert second["boundary"] is not None
@@ -231,7 +233,6 @@ async def test_a_mark_names_the_requests_resource() -> None:
     markers.mark = mark  # type: ignore[method-assign]
     gate = TurnGate(barrier=None, markers=markers, policy="enqueue", timeout_s=5.0)
     handler = RecallHandler(Settings(), storage, _Sent(), gate=gate)
-    for ack in await handler.handle([_record(0, "a", [_message("in0", "user", "hi", 1000)], {})]):
-        assert not isinstance(ack, Exception), ack
-        await ack
+    for ack in await handler.handle([_record(0, "a", [_message("in0", "user", "hi", 1000)], {})], no_emit):
+        await delivered(ack)
     assert marked == [("a", "r0", "u")]

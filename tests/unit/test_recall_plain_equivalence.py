@@ -16,26 +16,28 @@ import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import bson
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from consumers import recall
+from consumers.contract import Emit, Refused, settled
 from consumers.recall import RecallHandler
 from message_history.app.capabilities import storage_capabilities
 from message_history.core import recall_plan
 from message_history.core.recall_plan import PlainRow
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
-from producers.output import Headers, OutputProducer
+from producers.output import Headers, Positioned
 from schemas.messages import Message
 from storage.memory import InMemoryHistoryStorage
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery
 from storage.save_plan import message_write
 from storage.sequential import SequentialBatches
+from tests.paths import no_emit
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 THREAD = "t"
@@ -46,10 +48,12 @@ class _Sent(EnrichedPublisher):
     """Keeps what the handler sends; every send is acknowledged at once."""
 
     def __init__(self) -> None:
-        super().__init__(cast(OutputProducer, None), "enriched")
+        super().__init__("enriched")
         self.values: list[bytes] = []
 
-    async def _send(self, key: bytes, value: bytes, headers: Headers) -> asyncio.Future[Any]:
+    async def _send(
+        self, emit: Emit, record: Positioned, key: bytes, value: bytes, headers: Headers
+    ) -> asyncio.Future[Any]:
         self.values.append(value)
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -134,11 +138,12 @@ async def _published(storage: Any, records: Sequence[Any], *, fast: bool) -> lis
         raw_rows=storage_capabilities(storage).raw_rows,
     )
     refused: list[str] = []
-    for ack in await handler.handle(records):
-        if isinstance(ack, Exception):
-            refused.append(f"{type(ack).__name__}: {ack}")
+    for ack in await handler.handle(records, no_emit):
+        outcome = await settled(ack)
+        if isinstance(outcome, Refused):
+            refused.append(f"{type(outcome.error).__name__}: {outcome.error}")
         else:
-            await ack
+            await outcome.sent
     return [*publisher.values, *refused]
 
 

@@ -13,17 +13,17 @@ from typing import Any
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError, ProducerFenced
 
-from consumers.contract import Ack
+from consumers.contract import Done, Emit, Refused, Result
+from consumers.runtime.emit import FileUnderOffset, SendNow
 from message_history.app.replay.plan import Counts
 from message_history.app.replay.runner import BatchRunner, PartitionState, ReplayAbortedError
-from message_history.app.replay.sinks import Held, InvalidReport
-from message_history.errors import EventValidationError, InvalidInputError, StorageUnavailableError
-from message_history.settings import Settings
+from message_history.app.replay.sinks import InvalidReport
+from message_history.errors import EventValidationError, StorageUnavailableError
 from producers import transactions
 from producers.dead_letters import DeadLetterPublisher, SourceRecord
-from producers.output import OutputProducer
-from producers.transactions import HeldOutput, PartitionTransactions
+from producers.transactions import PartitionTransactions
 from schemas.events import HistoryPersisted
+from tests.paths import RecordingProducer
 from tests.unit.test_transactions import FakeBroker, FakeProducer
 
 pytestmark = pytest.mark.timeout(20)
@@ -61,24 +61,24 @@ class ScriptedHandler:
         self.script = list(script)
         self.calls: list[list[int]] = []
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Any], emit: Emit) -> list[Result]:
         self.calls.append([r.offset for r in records])
         step = self.script.pop(0) if len(self.script) > 1 else self.script[0]
         if isinstance(step, BaseException):
             raise step
-        out: list[Ack | InvalidInputError] = []
+        out: list[Result] = []
         loop = asyncio.get_running_loop()
         for rec in records:
             outcome = step.get(rec.offset, "ok")
             if outcome == "invalid":
-                out.append(EventValidationError("not valid JSON", "input.0"))
+                out.append(Refused(EventValidationError("not valid JSON", "input.0")))
                 continue
             future: asyncio.Future[Any] = loop.create_future()
             if isinstance(outcome, BaseException):
                 future.set_exception(outcome)
             else:
                 future.set_result(persisted(rec.offset))
-            out.append(future)
+            out.append(Done(future))
         return out
 
 
@@ -98,11 +98,12 @@ class FakeTime:
 
 class RecordingDeadLetters(DeadLetterPublisher):
     def __init__(self) -> None:
-        super().__init__(OutputProducer(Settings()), "rs.dlq")  # the producer is never started nor used
+        super().__init__("rs.dlq")
         self.sent: list[tuple[int, str]] = []
 
     async def publish(
         self,
+        emit: Emit,
         record: SourceRecord,
         error: BaseException,
         *,
@@ -131,6 +132,7 @@ def runner(
             counts=counts,
             report=report or InvalidReport(None),
             dead_letters=dead_letters,
+            emit=SendNow(RecordingProducer()),
             max_retry_s=max_retry_s,
             retry_initial_s=1.0,
             retry_max_s=8.0,
@@ -259,19 +261,13 @@ def test_an_unreadable_record_goes_to_the_report_without_a_timestamp(tmp_path: P
     assert entry["dead_letter_topic"] == "rs.dlq"
 
 
-class HoldingHandler(ScriptedHandler):
-    """Exactly-once: each record's ack resolves with its event and the output held for it."""
+class FilingHandler(ScriptedHandler):
+    """Exactly-once: each record's event emitted (filed under its offset) before its `Done`."""
 
-    async def handle(self, records: Sequence[Any]) -> list[Ack | InvalidInputError]:
-        loop = asyncio.get_running_loop()
-        out: list[Ack | InvalidInputError] = []
-        for rec in await super().handle(records):
-            assert isinstance(rec, asyncio.Future)
-            event = rec.result()
-            held: asyncio.Future[Any] = loop.create_future()
-            held.set_result(Held(event, [HeldOutput("out", b"k", event.requestId.encode(), ())]))
-            out.append(held)
-        return out
+    async def handle(self, records: Sequence[Any], emit: Emit) -> list[Result]:
+        for rec in records:
+            await emit(rec, "out", key=b"k", value=f"r{rec.offset}".encode())
+        return await super().handle(records, emit)
 
 
 async def _replay_transactions(monkeypatch: pytest.MonkeyPatch, broker: FakeBroker) -> PartitionTransactions:
@@ -285,10 +281,11 @@ async def _replay_transactions(monkeypatch: pytest.MonkeyPatch, broker: FakeBrok
 async def test_exactly_once_a_batchs_outputs_go_in_one_transaction_then_the_partition_moves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The batch's held outputs, in offset order, in one transaction without offsets (a replay has no
+    """The batch's filed outputs, in offset order, in one transaction without offsets (a replay has no
     group); then the resume point passes the batch."""
     broker, time, part = FakeBroker(), FakeTime(), state()
-    run, _ = runner(HoldingHandler([{}]), time)
+    run, _ = runner(FilingHandler([{}]), time)
+    run.emit = FileUnderOffset()
     run.transactions = await _replay_transactions(monkeypatch, broker)
     await run.run([record(10), record(11)], part, asyncio.Event())
     assert (broker.committed, part.next) == ([([b"r10", b"r11"], {})], 12)
@@ -300,7 +297,8 @@ async def test_exactly_once_a_fenced_replay_stops_before_the_batch_not_past_it(
     """Another replay of the partition fenced this one: its outputs are dropped (not ours to commit), so the
     resume point must stay before the batch (without the guard, `commit` returning False moved it past)."""
     broker, time, part = FakeBroker(), FakeTime(), state()
-    run, _ = runner(HoldingHandler([{}]), time)
+    run, _ = runner(FilingHandler([{}]), time)
+    run.emit = FileUnderOffset()
     run.transactions = await _replay_transactions(monkeypatch, broker)
     broker.answer = ProducerFenced()
     with pytest.raises(ReplayAbortedError, match="fenced"):

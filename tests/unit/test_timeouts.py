@@ -9,17 +9,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from consumers.contract import Ack, Record
+from consumers.contract import Ack, Done, Emit, Record, Refused, Result
 from consumers.parking import Lane, ParkedLanes
 from consumers.runtime.retry import Backoff, ChunkLimit, Failure, retry_batch
 from consumers.timeouts import TimeoutStrikes, counts_against_record
 from message_history.errors import (
-    InvalidInputError,
     OperationTimedOutError,
     StorageTimeoutError,
     StorageUnavailableError,
 )
-from tests.paths import FakeRecord
+from tests.paths import FakeRecord, no_emit
 
 TIMED_OUT = OperationTimedOutError("MongoDB timed out during list_messages_many: NetworkTimeout")
 UNREACHABLE = StorageUnavailableError(
@@ -55,12 +54,12 @@ class SlowStore:
         self.handled: list[int] = []
         self.calls = 0
 
-    async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
+    async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         self.calls += 1
         if any(r.offset in self.slow for r in records):
             raise self.error
         self.handled += [r.offset for r in records]
-        return [_acknowledged() for _ in records]
+        return [Done(_acknowledged()) for _ in records]
 
 
 def _acknowledged() -> Ack:
@@ -86,9 +85,11 @@ async def test_a_lone_record_is_dead_lettered_on_its_nth_timeout() -> None:
     record = Rec("in", 0, 7)
     for n in (1, 2):
         with pytest.raises(OperationTimedOutError):
-            await strikes.handle([record])
+            await strikes.handle([record], no_emit)
         assert strikes.strikes(record) == n
-    [letter] = await strikes.handle([record])
+    [refused] = await strikes.handle([record], no_emit)
+    assert isinstance(refused, Refused)
+    letter = refused.error
     assert isinstance(letter, StorageTimeoutError)
     assert letter.error_type == "StorageTimeout"
     assert "3 times" in str(letter)
@@ -100,14 +101,14 @@ async def test_a_chunk_never_strikes_and_a_handled_record_is_forgiven() -> None:
     store, ping = SlowStore({7}), Ping(answers=True)
     strikes = TimeoutStrikes(store, ping=ping, tries=2, path="recall")
     with pytest.raises(OperationTimedOutError):
-        await strikes.handle([Rec("in", 0, 6), Rec("in", 0, 7)])
+        await strikes.handle([Rec("in", 0, 6), Rec("in", 0, 7)], no_emit)
     assert ping.calls == 0  # a chunk's timeout is no record's yet
     record = Rec("in", 0, 7)
     with pytest.raises(OperationTimedOutError):
-        await strikes.handle([record])
+        await strikes.handle([record], no_emit)
     assert strikes.strikes(record) == 1
     store.slow.clear()  # the read fits again (a smaller history, a faster server)
-    await strikes.handle([record])
+    await strikes.handle([record], no_emit)
     assert strikes.strikes(record) == 0
 
 
@@ -123,7 +124,7 @@ async def test_an_outage_never_strikes(error: BaseException, answers: bool) -> N
     strikes = TimeoutStrikes(store, ping=Ping(answers), tries=1, path="recall")
     for _ in range(5):
         with pytest.raises(StorageUnavailableError):
-            await strikes.handle([Rec("in", 0, 7)])
+            await strikes.handle([Rec("in", 0, 7)], no_emit)
     assert strikes.strikes(Rec("in", 0, 7)) == 0
 
 
@@ -140,11 +141,9 @@ async def _run_like_the_loop(store: SlowStore, *, answers: bool, tries: int, giv
     dead: list[int] = []
 
     async def attempt(records: list[FakeRecord]) -> list[FakeRecord]:
-        results = await strikes.handle(records)
+        results = await strikes.handle(records, no_emit)
         dead.extend(
-            r.offset
-            for r, result in zip(records, results, strict=True)
-            if isinstance(result, InvalidInputError)
+            r.offset for r, result in zip(records, results, strict=True) if isinstance(result, Refused)
         )
         return []
 
@@ -211,13 +210,15 @@ async def test_a_parked_request_whose_read_keeps_timing_out(answers: bool, dead:
 
     parked = lanes.park((0, "big"), slow, None)
     if dead:
-        outcome = await asyncio.wait_for(parked.outcome(), 5)
-        assert isinstance(outcome, StorageTimeoutError)
+        outcome = await asyncio.wait_for(parked.settled, 5)
+        assert isinstance(outcome, Refused)
+        assert isinstance(outcome.error, StorageTimeoutError)
         assert tries == 3
         assert len(lanes) == 0
     else:
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(parked.outcome(), 0.5)  # a bounded wait: still retried, nothing decided
+            # a bounded wait: still retried, nothing decided
+            await asyncio.wait_for(asyncio.shield(parked.settled), 0.5)
         assert tries > 3
         assert len(lanes) == 1
         await lanes.cancel()

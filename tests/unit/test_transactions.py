@@ -40,12 +40,9 @@ from consumers.runtime.retry import is_outage
 from message_history.errors import TransactionInDoubtError, TransactionNotCommittedError
 from message_history.settings import Settings
 from producers import transactions
-from producers.output import MAX_REQUEST_BYTES
 from producers.transactional import (
     HeldOutput,
-    HoldingProducer,
     commit_failure,
-    held_outputs,
     parse_transactional_id,
     transactional_id,
 )
@@ -383,15 +380,6 @@ async def test_held_outputs_have_a_cap(broker: FakeBroker) -> None:
     assert tx.full()  # the loop pauses intake here
     assert await _commit(tx, 2)
     assert not tx.full()
-
-
-async def test_the_holding_producer_resolves_with_the_output_and_refuses_what_kafka_would() -> None:
-    holding = HoldingProducer()
-    ack = await holding.send("out", key=b"k", value=b"v", headers=[("h", b"1")])
-    assert held_outputs(await ack) == [HeldOutput("out", b"k", b"v", (("h", b"1"),))]
-    too_large = await holding.send("out", key=b"k", value=b"x" * (MAX_REQUEST_BYTES + 1))
-    with pytest.raises(MessageSizeTooLargeError):
-        await too_large
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ from aiokafka.errors import (
     TopicAuthorizationFailedError,
 )
 
+from consumers.runtime.emit import FileUnderOffset, SendNow
 from schemas.codec import encode
 from schemas.events import AgentResponse
 from tests.unit.test_worker_turn import _turn
@@ -125,6 +126,9 @@ async def _hi(turn: Turn) -> str:
     return "hi"
 
 
+_AT: Any = SimpleNamespace(topic="t", partition=0, offset=1)  # the enriched record a response answers
+
+
 class _FlakyProducer:
     """Refuses the first sends with `errors`, then acknowledges; records what was sent."""
 
@@ -132,10 +136,12 @@ class _FlakyProducer:
         self.errors = errors
         self.sent: list[bytes] = []
 
-    async def send(self, topic: str, *, value: bytes, key: bytes, headers: object) -> asyncio.Future[None]:
+    async def send(
+        self, topic: str, *, value: bytes | None, key: bytes | None, headers: object = ()
+    ) -> asyncio.Future[None]:
         if self.errors:
             raise self.errors.pop(0)
-        self.sent.append(value)
+        self.sent.append(value or b"")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
         return done
@@ -155,7 +161,8 @@ async def test_a_response_is_sent_again_while_kafka_is_out(
     worker = _worker(_hi)
     producer = _FlakyProducer([error, error])
     turn = _turn()
-    await worker._turns.send(producer, turn, await worker._turns.respond(turn, {}), [])
+    response = await worker._turns.respond(turn, {})
+    await worker._turns.send(SendNow(producer), _AT, turn, response, [])
     assert (producer.errors, len(producer.sent)) == ([], 1)
 
 
@@ -164,8 +171,9 @@ async def test_a_refusal_that_is_not_an_outage_is_raised() -> None:
     worker = _worker(_hi)
     producer = _FlakyProducer([TopicAuthorizationFailedError()])
     turn = _turn()
+    response = await worker._turns.respond(turn, {})
     with pytest.raises(TopicAuthorizationFailedError):
-        await worker._turns.send(producer, turn, await worker._turns.respond(turn, {}), [])
+        await worker._turns.send(SendNow(producer), _AT, turn, response, [])
     assert producer.sent == []
 
 
@@ -266,7 +274,9 @@ async def test_under_exactly_once_a_response_the_broker_refuses_for_size_becomes
     worker = _worker(_hi, processing_guarantee="exactly-once")
     turn = _turn()
     record: Any = SimpleNamespace(topic="t", partition=0, offset=7, value=encode(turn.event))
-    outputs = await worker._turns.refused(record, MessageSizeTooLargeError())
+    letter = FileUnderOffset()
+    await worker._turns.refused(record, MessageSizeTooLargeError(), letter)
+    outputs = letter.take(record)
     assert [(o.topic, o.key) for o in outputs] == [("agent.responses", turn.thread_id.encode())]
     assert AgentResponse.model_validate_json(outputs[0].value or b"").finishReason == "error"
     assert worker.stats.failed == 1

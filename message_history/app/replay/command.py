@@ -16,6 +16,7 @@ from consumers.contract import BatchHandler
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.runtime.containment import Contained
+from consumers.runtime.emit import FileUnderOffset, SendNow
 from consumers.unreadable import SkippingUnreadable
 from message_history.app.capabilities import storage_capabilities
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions, options_from_args
@@ -40,7 +41,7 @@ from message_history.logs import scrub, start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
 from producers.output import OutputProducer
-from producers.transactions import HoldingProducer, PartitionTransactions, producer_options
+from producers.transactions import PartitionTransactions, producer_options
 from storage.message_id_keys import message_id_keys
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,6 @@ def _handler(
     options: ReplayOptions,
     settings: Settings,
     storage: ReplayStorage,
-    producer: OutputProducer,
     id_keys: tuple[bytes, ...] = (),
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
@@ -101,7 +101,7 @@ def _handler(
         path = RecallHandler(
             settings,
             storage,
-            EnrichedOutcomes(producer, options.emit_to, emit=not options.dry_run),
+            EnrichedOutcomes(options.emit_to, emit=not options.dry_run),
             write_boundaries=not options.dry_run,
             raw_rows=capabilities.raw_rows,
         )
@@ -109,7 +109,7 @@ def _handler(
         path = PersistHandler(
             settings,
             storage,
-            PersistedOutcomes(producer, settings.persisted_topic, emit=options.emits),
+            PersistedOutcomes(settings.persisted_topic, emit=options.emits),
             tombstones=storage.tombstones,
             id_keys=id_keys,  # the service's: a turn that yielded to alternates replays onto them
             save_reads=capabilities.save_reads,
@@ -176,10 +176,11 @@ async def run_replay(
             )
             sends = options.emits or options.dead_letters
             exactly_once = sends and settings.processing_guarantee == "exactly-once"
-            # exactly-once: the handlers' outputs are held, each batch's go out in one transaction
-            producer = (HoldingProducer if exactly_once else OutputProducer)(settings, client_id=CLIENT_ID)
+            # exactly-once: the handlers' outputs are filed under their records' offsets, each batch's go out
+            # in one transaction; else they are sent at once on the producer (`consumers.runtime.emit`)
+            producer = OutputProducer(settings, client_id=CLIENT_ID)
             transactions = _transactions(settings, stack) if exactly_once else None
-            if sends:
+            if sends and not exactly_once:
                 await replay.retrying(
                     "connect the Kafka producer", lambda: stack.enter_async_context(producer)
                 )
@@ -193,12 +194,11 @@ async def run_replay(
                 else ()
             )
             runner = BatchRunner(
-                handler=_handler(options, settings, storage, producer, id_keys),
+                handler=_handler(options, settings, storage, id_keys),
                 counts=replay.counts,
                 report=report,
-                dead_letters=DeadLetterPublisher(producer, options.dead_letter_topic)
-                if options.dead_letters
-                else None,
+                dead_letters=DeadLetterPublisher(options.dead_letter_topic) if options.dead_letters else None,
+                emit=FileUnderOffset() if exactly_once else SendNow(producer),
                 max_retry_s=options.max_retry_s,
                 retry_initial_s=settings.retry_initial_backoff_s,
                 retry_max_s=settings.retry_max_backoff_s,

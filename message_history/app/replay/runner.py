@@ -16,19 +16,20 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from aiokafka.errors import OffsetOutOfRangeError
 
 from consumers.consumer import build_reader
-from consumers.contract import BatchHandler
+from consumers.contract import BatchHandler, settled
 from consumers.runtime.containment import report_unexpected, settle_outcomes
+from consumers.runtime.emit import FileUnderOffset, SendNow
 from consumers.runtime.retry import Backoff, Failure, is_outage, retry_batch, retry_call
 from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
 from message_history.app.replay.progress import ProgressDisplay
-from message_history.app.replay.sinks import Held, InvalidReport
+from message_history.app.replay.sinks import InvalidReport
 from message_history.app.topics import existing_partitions
 from message_history.errors import MessageHistoryError, error_type
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
-from producers.transactions import HeldOutput, PartitionTransactions, held_outputs
+from producers.transactions import HeldOutput, PartitionTransactions
 from schemas.events import EnrichedRequest, HistoryPersisted
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,6 @@ class _Invalid:
 
     error: BaseException
     dead_lettered: bool
-    outputs: list[HeldOutput] = field(default_factory=list)  # exactly-once: the dead letter, held
 
 
 # --- one batch, with the live loop's retry policy ----------------------------------------------------------
@@ -96,7 +96,7 @@ class BatchRunner:
     """Runs one partition's batch through the handler to the end: every record settled, or an outage too long.
 
     The live loop's own retry loop and outcome sorting (`consumers.runtime`): the handler's result per record
-    is an acknowledgement or an `InvalidInputError` (reported / dead-lettered); records whose outputs failed
+    is a `Done` or a `Refused` (reported / dead-lettered); records whose outputs failed
     for an outage are retried with the live backoff; a record whose output Kafka refuses for size is treated
     as bad input.
     """
@@ -105,6 +105,9 @@ class BatchRunner:
     counts: Counts
     report: InvalidReport
     dead_letters: DeadLetterPublisher | None
+    # where the outputs go: sent at once, or (exactly-once) filed under their record's offset for the batch's
+    # transaction (`consumers.runtime.emit`)
+    emit: SendNow | FileUnderOffset
     max_retry_s: float
     retry_initial_s: float
     retry_max_s: float
@@ -190,9 +193,10 @@ class BatchRunner:
 
     async def _attempt(self, records: list[ConsumerRecord]) -> list[ConsumerRecord]:
         """One try; returns the records whose outputs failed for an outage (to retry), in order."""
+        results = await self.handler.handle(records, self.emit)
         failed = await settle_outcomes(
             records,
-            await self.handler.handle(records),
+            await asyncio.gather(*(settled(result) for result in results)),  # a replay parks nothing
             reject=self._invalid,
             explain=lambda error: error,  # the report and the dead letter name Kafka's own error
             done=self._settle,
@@ -202,15 +206,12 @@ class BatchRunner:
     async def _invalid(self, record: ConsumerRecord, error: BaseException) -> _Invalid:
         if self.dead_letters is None:
             return _Invalid(error, dead_lettered=False)
-        sent = await self.dead_letters.deliver(record, error)  # as the live loop: one that fits Kafka's limit
-        return _Invalid(error, dead_lettered=True, outputs=held_outputs(sent))
+        await self.dead_letters.deliver(self.emit, record, error)  # as the live loop: one that fits the limit
+        return _Invalid(error, dead_lettered=True)
 
     def _settle(self, record: ConsumerRecord, outcome: object) -> None:
-        if isinstance(outcome, Held):
-            self._hold(record, outcome.outputs)
-            outcome = outcome.value
-        elif isinstance(outcome, _Invalid) and outcome.outputs:
-            self._hold(record, outcome.outputs)
+        if isinstance(self.emit, FileUnderOffset):
+            self._hold(record, self.emit.take(record))  # its event, or its dead letter
         if isinstance(outcome, HistoryPersisted):
             self.counts.add_persisted(outcome.skipped)
         elif isinstance(outcome, EnrichedRequest):

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import IO, Any, ClassVar, TypeVar
@@ -17,9 +16,8 @@ from message_history.app.replay.plan import Counts, distinct
 from message_history.errors import InvalidInputError, error_type
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
-from producers.output import Headers, OutputProducer, TopicPublisher
+from producers.output import Emit, Headers, Positioned, TopicPublisher
 from producers.persisted import PersistedPublisher
-from producers.transactions import HeldOutput, held_outputs
 from schemas.dead_letters import error_message
 from schemas.events import EnrichedRequest, HistoryPersisted
 from schemas.messages import Message
@@ -43,18 +41,9 @@ def _resolved(value: T) -> asyncio.Future[T]:
     return future
 
 
-@dataclass(frozen=True, slots=True)
-class Held:
-    """Under exactly-once: a recorded event and the outputs held for it, produced when its batch commits."""
-
-    value: object
-    outputs: list[HeldOutput]
-
-
-def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T | Held]:
-    """A future resolving with `value` once `inner` succeeded (or failing as it failed); with the outputs
-    `inner` held (exactly-once), as a `Held`."""
-    out: asyncio.Future[T | Held] = asyncio.get_running_loop().create_future()
+def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T]:
+    """A future resolving with `value` once `inner` succeeded (or failing as it failed)."""
+    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
 
     def settle(done: asyncio.Future[Any]) -> None:
         if out.done():
@@ -64,24 +53,23 @@ def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T | Held]:
         elif (error := done.exception()) is not None:
             out.set_exception(error)
         else:
-            held = held_outputs(done.result())
-            out.set_result(Held(value, held) if held else value)
+            out.set_result(value)
 
     inner.add_done_callback(settle)
     return out
 
 
 class _Recording(TopicPublisher):
-    """A replay publisher: each acknowledgement resolves with its event, which is sent on only with `emit`
-    (otherwise the producer is never used)."""
+    """A replay publisher: each acknowledgement resolves with its event, which is sent on (through the
+    batch's `Emit`) only with `emit` (otherwise nothing is sent)."""
 
-    def __init__(self, producer: OutputProducer, topic: str, *, emit: bool) -> None:
-        super().__init__(producer, topic)
+    def __init__(self, topic: str, *, emit: bool) -> None:
+        super().__init__(topic)
         self.emit = emit
 
     async def _recorded(
         self, event: T, send: Callable[[], Awaitable[asyncio.Future[Any]]]
-    ) -> asyncio.Future[T | Held]:
+    ) -> asyncio.Future[T]:
         if not self.emit:
             return asyncio.ensure_future(_as_outcome(event))
         return _then(await send(), event)
@@ -90,13 +78,18 @@ class _Recording(TopicPublisher):
 class PersistedOutcomes(_Recording, PersistedPublisher):
     """The persist handler's publisher: the acknowledgement resolves with the `HistoryPersisted` event."""
 
-    async def publish(self, event: HistoryPersisted, *, headers: Headers) -> asyncio.Future[Any]:
-        return await self._recorded(event, partial(super().publish, event, headers=headers))
+    async def publish(
+        self, emit: Emit, record: Positioned, event: HistoryPersisted, *, headers: Headers
+    ) -> asyncio.Future[Any]:
+        return await self._recorded(event, partial(super().publish, emit, record, event, headers=headers))
 
-    async def publish_value(self, thread_id: str, value: bytes, *, headers: Headers) -> asyncio.Future[Any]:
+    async def publish_value(
+        self, emit: Emit, record: Positioned, thread_id: str, value: bytes, *, headers: Headers
+    ) -> asyncio.Future[Any]:
         # the handler sends its outcomes encoded; a replay tallies them as events
         event = HistoryPersisted.model_validate_json(value)
-        return await self._recorded(event, partial(super().publish_value, thread_id, value, headers=headers))
+        send = partial(super().publish_value, emit, record, thread_id, value, headers=headers)
+        return await self._recorded(event, send)
 
 
 class EnrichedOutcomes(_Recording, EnrichedPublisher):
@@ -104,11 +97,13 @@ class EnrichedOutcomes(_Recording, EnrichedPublisher):
 
     sends_encoded: ClassVar[bool] = False
 
-    async def publish(self, event: EnrichedRequest, *, headers: Headers) -> asyncio.Future[Any]:
-        return await self._recorded(event, partial(super().publish, event, headers=headers))
+    async def publish(
+        self, emit: Emit, record: Positioned, event: EnrichedRequest, *, headers: Headers
+    ) -> asyncio.Future[Any]:
+        return await self._recorded(event, partial(super().publish, emit, record, event, headers=headers))
 
 
-async def _as_outcome(event: T) -> T | Held:
+async def _as_outcome(event: T) -> T:
     return event
 
 
