@@ -84,22 +84,20 @@ class ObserveResultsHandler:
         self._threads = threads
 
     async def handle(self, records: Sequence[Record]) -> list[Ack | InvalidInputError]:
-        results: list[Ack | InvalidInputError] = []
-        for record in records:
-            if record.value is None:
-                results.append(EventValidationError("empty record (no value)"))
-                continue
-            try:
-                result = decode_result(record.value, self._limits)
-                outcome = await self._apply(result)
-            except Exception as exc:
-                if not containable(exc):
-                    raise
-                results.append(contain(exc, "process"))
-                continue
-            metrics.OUTCOMES.labels(path=PATH, outcome=outcome).inc()
-            results.append(_done())
-        return results
+        return [await self._one(record) for record in records]
+
+    async def _one(self, record: Record) -> Ack | InvalidInputError:
+        """One answer applied (its acknowledgement), or why it is a dead letter."""
+        if record.value is None:
+            return EventValidationError("empty record (no value)")
+        try:
+            outcome = await self._apply(decode_result(record.value, self._limits))
+        except Exception as exc:
+            if not containable(exc):
+                raise
+            return contain(exc, "process")
+        metrics.OUTCOMES.labels(path=PATH, outcome=outcome).inc()
+        return _done()
 
     async def _apply(self, result: ObserveResult | ReflectResult) -> str:
         """What became of `result`: `applied`, `released` (the observer failed), or `stale` (not current)."""
