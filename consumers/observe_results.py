@@ -35,7 +35,7 @@ from message_history.core.om_tokens import count_observations
 from message_history.errors import EventValidationError, InvalidInputError
 from schemas.limits import Limits
 from schemas.observational import ObserveResult, ReflectResult, decode_result
-from storage.observational import Claim, ObservationalRecord
+from storage.observational import Claim, ObservationalRecord, ObservationUpdate
 
 __all__ = ["PATH", "ObserveResultsHandler", "ResultRows"]
 
@@ -51,16 +51,7 @@ class ResultRows(Protocol):
 
     async def release(self, claim: Claim, now: datetime) -> bool: ...
 
-    async def apply_observation(
-        self,
-        claim: Claim,
-        *,
-        observations: str,
-        token_count: int,
-        last_observed_at: datetime,
-        observed_message_ids: Sequence[str],
-        now: datetime,
-    ) -> bool: ...
+    async def apply_observation(self, claim: Claim, update: ObservationUpdate, now: datetime) -> bool: ...
 
     async def apply_reflection(
         self, claim: Claim, *, reflection: str, token_count: int, now: datetime
@@ -120,14 +111,10 @@ class ObserveResultsHandler:
             return "released" if await self._rows.release(claim, now) else _stale(result, "raced")
         if isinstance(result, ObserveResult):
             log_text = append_observations(row.active_observations, result.observations, row.last_observed_at)
-            applied = await self._rows.apply_observation(
-                claim,
-                observations=log_text,
-                token_count=count_observations(log_text),
-                last_observed_at=result.lastObservedAt,
-                observed_message_ids=result.observedMessageIds,
-                now=now,
+            update = ObservationUpdate(
+                log_text, count_observations(log_text), result.lastObservedAt, result.observedMessageIds
             )
+            applied = await self._rows.apply_observation(claim, update, now)
             if applied:
                 await self._hints(result)
         else:

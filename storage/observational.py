@@ -49,6 +49,7 @@ __all__ = [
     "OBSERVATIONAL",
     "Claim",
     "MongoObservationalStore",
+    "ObservationUpdate",
     "ObservationalRecord",
     "forget_observations",
     "lookup_key",
@@ -110,6 +111,16 @@ class Claim:
     generation: int
     cycle: int
     kind: Kind
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationUpdate:
+    """What an observation writes: Mastra's `UpdateActiveObservationsInput` (the row is the claim's)."""
+
+    observations: str  # the whole log after this cycle
+    token_count: int  # the log's tokens, as Mastra OM counts them
+    last_observed_at: datetime
+    observed_message_ids: Sequence[str]
 
 
 class _Refused(Exception):  # noqa: N818 -- internal: a field no Mastra would read, said in words
@@ -283,28 +294,19 @@ class MongoObservationalStore:
         """Give a claim back unused (the observer failed for good): the flag cleared if still this claim's."""
         return await self._settle(claim, {"updatedAt": now})
 
-    async def apply_observation(
-        self,
-        claim: Claim,
-        *,
-        observations: str,
-        token_count: int,
-        last_observed_at: datetime,
-        observed_message_ids: Sequence[str],
-        now: datetime,
-    ) -> bool:
+    async def apply_observation(self, claim: Claim, update: ObservationUpdate, now: datetime) -> bool:
         """`updateActiveObservations` for the claim it answers (False and nothing written if not current).
 
         As Mastra: the log and its token count replaced, `lastObservedAt` and `observedMessageIds` set,
         `pendingMessageTokens` zeroed, `totalTokensObserved` increased by the log's token count.
         """
-        count = token_count if token_count >= 0 else 0
+        count = update.token_count if update.token_count >= 0 else 0
         fields = {
-            "activeObservations": observations,
-            "lastObservedAt": last_observed_at,
+            "activeObservations": update.observations,
+            "lastObservedAt": update.last_observed_at,
             "pendingMessageTokens": 0,
             "observationTokenCount": count,
-            "observedMessageIds": list(observed_message_ids),
+            "observedMessageIds": list(update.observed_message_ids),
             "updatedAt": now,
         }
         return await self._settle(claim, fields, {"totalTokensObserved": count})

@@ -22,7 +22,7 @@ from message_history.errors import FatalStorageError, InvalidInputError, Retriab
 from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
-from storage.observational import Claim, ObservationalRecord, record_from_doc
+from storage.observational import Claim, ObservationalRecord, ObservationUpdate, record_from_doc
 from storage.protocol import Thread
 
 T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
@@ -65,17 +65,8 @@ class Rows:
         self.released.append(claim)
         return True
 
-    async def apply_observation(
-        self,
-        claim: Claim,
-        *,
-        observations: str,
-        token_count: int,
-        last_observed_at: datetime,
-        observed_message_ids: Sequence[str],
-        now: datetime,
-    ) -> bool:
-        self.applied.append({"claim": claim, "log": observations, "tokens": token_count})
+    async def apply_observation(self, claim: Claim, update: ObservationUpdate, now: datetime) -> bool:
+        self.applied.append({"claim": claim, "log": update.observations, "tokens": update.token_count})
         return True
 
     async def apply_reflection(
