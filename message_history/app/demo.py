@@ -228,7 +228,7 @@ class Demo:
             self.say("")
 
     async def dump_mongodb(self) -> None:
-        """Print each demo thread as stored: its mastra_threads, mastra_messages and observational memory rows."""
+        """Print each demo thread as stored: its mastra_threads, mastra_messages and OM rows."""
         client = mongo_client(self.settings, appname="message-history-demo")
         try:
             db = client[self.settings.mongodb_database]
