@@ -4,18 +4,25 @@ The persist path's hook (`consumers.observe_emit`), the observed path (`consumer
 recall path's hook (`consumers.observe_recall`) all resolve a turn's OM settings here: the request's (or
 response's) `memory.observationalMemory` over the service default (`MESSAGE_HISTORY_OBSERVATIONAL_MEMORY`,
 the thresholds `MESSAGE_HISTORY_OBSERVATION_MESSAGE_TOKENS` / `..._REFLECTION_OBSERVATION_TOKENS`). Design:
-docs/observational-memory.md.
+docs/observational-memory.md. The two hooks keep a failure of OM's own work from failing the turn they serve
+in the same way (`Unobserved`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import logging
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
+from consumers.runtime.containment import containable
+from message_history import metrics
 from message_history.core.observation import ObservationSettings, Threshold, resolve_settings
 from message_history.settings import Settings
 
-__all__ = ["OPTION", "THREAD_OM", "observation_defaults", "request_settings", "thread_hints"]
+__all__ = ["OPTION", "THREAD_OM", "Unobserved", "observation_defaults", "request_settings", "thread_hints"]
+
+T = TypeVar("T")
 
 OPTION = "observationalMemory"
 """The memory option's name, as Mastra's `Memory` options spell it."""
@@ -71,3 +78,27 @@ def request_settings(memory: object, settings: Settings) -> ObservationSettings 
         # `lastObservedAt` past the other threads' unobserved messages, and recall would drop them
         return None
     return resolved
+
+
+@dataclass(frozen=True, slots=True)
+class Unobserved:
+    """How a hook's OM work fails without failing the turn: a failure that is neither an outage nor systemic
+    (a hostile row, a bug) is logged with its traceback (`message`, on the hook's `log`), counted
+    (`message_history_outcomes_total{path, outcome}`) and the turn goes on as without OM; an outage or a
+    systemic refusal raises (the batch is retried, or the service stops)."""
+
+    path: str
+    outcome: str
+    message: str
+    log: logging.Logger
+
+    async def unless_failed(self, work: Awaitable[T], fallback: T, thread_id: str | None) -> T:
+        """`work`'s result, or `fallback` when it fails containably."""
+        try:
+            return await work
+        except Exception as exc:
+            if not containable(exc):
+                raise
+            metrics.OUTCOMES.labels(path=self.path, outcome=self.outcome).inc()
+            self.log.exception(self.message, extra={"thread_id": thread_id, "error_type": type(exc).__name__})
+            return fallback

@@ -35,8 +35,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 from consumers.contract import Ack, Done, Emit, Result
-from consumers.observational import request_settings
-from consumers.runtime.containment import containable
+from consumers.observational import Unobserved, request_settings
 from message_history import metrics
 from message_history.core.observation import (
     ObservationSettings,
@@ -56,6 +55,13 @@ from storage.protocol import BatchHistoryStorage, PageQuery
 __all__ = ["ObservationEmitter", "ObservationalRows", "om_config"]
 
 log = logging.getLogger(__name__)
+
+_UNOBSERVED = Unobserved(
+    "persist",
+    "observe-failed",
+    "observation work failed: the turn is saved, its thread not observed this time",
+    log,
+)
 
 
 class ObservationalRows(Protocol):
@@ -149,17 +155,7 @@ class ObservationEmitter:
         """`_one`, whose failure never fails the saved turn: an outage or a systemic refusal raises (the batch
         is retried; saves are idempotent), anything else (a hostile row, a bug) is logged, counted
         (`outcome="observe-failed"`) and the turn goes on unobserved; its thread's next turn tries again."""
-        try:
-            return await self._one(subject, emit)
-        except Exception as exc:
-            if not containable(exc):
-                raise
-            metrics.OUTCOMES.labels(path="persist", outcome="observe-failed").inc()
-            log.exception(
-                "observation work failed: the turn is saved, its thread not observed this time",
-                extra={"thread_id": subject.response.threadId, "error_type": type(exc).__name__},
-            )
-            return None
+        return await _UNOBSERVED.unless_failed(self._one(subject, emit), None, subject.response.threadId)
 
     async def _one(self, subject: _Subject, emit: Emit) -> asyncio.Future[Any] | None:
         now = datetime.now(UTC)

@@ -23,9 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from consumers.observational import request_settings, thread_hints
-from consumers.runtime.containment import containable
-from message_history import metrics
+from consumers.observational import Unobserved, request_settings, thread_hints
 from message_history.core.observation_text import context_system_messages, continuation_message
 from message_history.core.om_tokens import count_observations
 from message_history.settings import Settings
@@ -37,6 +35,10 @@ from storage.protocol import Thread
 __all__ = ["ObservationRecall", "RecallRows"]
 
 log = logging.getLogger(__name__)
+
+_UNOBSERVED = Unobserved(
+    "recall", "observations-failed", "observations not added: the request goes out as recalled", log
+)
 
 CONTEXT_ID = "om-observations-{}"
 """The ids of the log's system messages in the enriched event (`om-observations-0`, ...)."""
@@ -75,17 +77,7 @@ class ObservationRecall:
         """The enriched event with the log in place of what it covers (call only when `wants`). A failure
         that is neither an outage nor systemic (a bug, say) leaves the event as recalled, logged and counted
         (`outcome="observations-failed"`): the turn is never refused for its observations."""
-        try:
-            return await self._enrich(request, enriched)
-        except Exception as exc:
-            if not containable(exc):
-                raise
-            metrics.OUTCOMES.labels(path="recall", outcome="observations-failed").inc()
-            log.exception(
-                "observations not added: the request goes out as recalled",
-                extra={"thread_id": request.threadId, "error_type": type(exc).__name__},
-            )
-            return enriched
+        return await _UNOBSERVED.unless_failed(self._enrich(request, enriched), enriched, request.threadId)
 
     async def _enrich(self, request: AgentRequest, enriched: EnrichedRequest | bytes) -> EnrichedRequest:
         settings = request_settings(request.memory, self._settings)

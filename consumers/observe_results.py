@@ -35,7 +35,7 @@ from message_history.core.om_tokens import count_observations
 from message_history.errors import EventValidationError
 from schemas.limits import Limits
 from schemas.observational import ObserveResult, ReflectResult, decode_result
-from storage.observational import Claim, ObservationalRecord
+from storage.observational import Claim, ObservationalRecord, ObservationUpdate
 
 __all__ = ["PATH", "ObserveResultsHandler", "ResultRows"]
 
@@ -51,16 +51,7 @@ class ResultRows(Protocol):
 
     async def release(self, claim: Claim, now: datetime) -> bool: ...
 
-    async def apply_observation(
-        self,
-        claim: Claim,
-        *,
-        observations: str,
-        token_count: int,
-        last_observed_at: datetime,
-        observed_message_ids: Sequence[str],
-        now: datetime,
-    ) -> bool: ...
+    async def apply_observation(self, claim: Claim, update: ObservationUpdate, now: datetime) -> bool: ...
 
     async def apply_reflection(
         self, claim: Claim, *, reflection: str, token_count: int, now: datetime
@@ -85,22 +76,20 @@ class ObserveResultsHandler:
 
     async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         """Each answer applied in MongoDB; nothing is emitted (`emit` unused)."""
-        results: list[Result] = []
-        for record in records:
-            if record.value is None:
-                results.append(Refused(EventValidationError("empty record (no value)")))
-                continue
-            try:
-                result = decode_result(record.value, self._limits)
-                outcome = await self._apply(result)
-            except Exception as exc:
-                if not containable(exc):
-                    raise
-                results.append(Refused(contain(exc, "process")))
-                continue
-            metrics.OUTCOMES.labels(path=PATH, outcome=outcome).inc()
-            results.append(Done(_done()))
-        return results
+        return [await self._one(record) for record in records]
+
+    async def _one(self, record: Record) -> Result:
+        """One answer applied (done), or why it is a dead letter."""
+        if record.value is None:
+            return Refused(EventValidationError("empty record (no value)"))
+        try:
+            outcome = await self._apply(decode_result(record.value, self._limits))
+        except Exception as exc:
+            if not containable(exc):
+                raise
+            return Refused(contain(exc, "process"))
+        metrics.OUTCOMES.labels(path=PATH, outcome=outcome).inc()
+        return Done(_done())
 
     async def _apply(self, result: ObserveResult | ReflectResult) -> str:
         """What became of `result`: `applied`, `released` (the observer failed), or `stale` (not current)."""
@@ -123,14 +112,10 @@ class ObserveResultsHandler:
             return "released" if await self._rows.release(claim, now) else _stale(result, "raced")
         if isinstance(result, ObserveResult):
             log_text = append_observations(row.active_observations, result.observations, row.last_observed_at)
-            applied = await self._rows.apply_observation(
-                claim,
-                observations=log_text,
-                token_count=count_observations(log_text),
-                last_observed_at=result.lastObservedAt,
-                observed_message_ids=result.observedMessageIds,
-                now=now,
+            update = ObservationUpdate(
+                log_text, count_observations(log_text), result.lastObservedAt, result.observedMessageIds
             )
+            applied = await self._rows.apply_observation(claim, update, now)
             if applied:
                 await self._hints(result)
         else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -85,10 +85,7 @@ def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:
     `decode_request_reference`, which words every refusal. tests/unit/test_decode_request_differential.py
     holds the two routes equal.
     """
-    event = _one_parse(raw, AgentRequest, limits)
-    if event is None:
-        return decode_request_reference(raw, limits)
-    return _checked_request(event, limits)
+    return _parsed_once(raw, AgentRequest, limits, _checked_request)
 
 
 def decode_request_reference(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:  # noqa: B008
@@ -115,10 +112,7 @@ def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentRespons
     validation words a few errors differently from the JSON mode's); both routes then run the same checks.
     tests/unit/test_decode_response_differential.py holds the two routes equal.
     """
-    event = _one_parse(raw, AgentResponse, limits)
-    if event is None:
-        return decode_response_reference(raw, limits)
-    return _checked_response(event, limits)
+    return _parsed_once(raw, AgentResponse, limits, _checked_response)
 
 
 def decode_response_reference(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008
@@ -136,6 +130,13 @@ def _checked_response(event: AgentResponse, limits: Limits) -> AgentResponse:
     event.input = _normalize(event, event.input, "input", 0)
     event.response = _normalize(event, event.response, "response", len(event.input))
     return event
+
+
+def _parsed_once(raw: bytes | str, model: type[E], limits: Limits, checked: Callable[[E, Limits], E]) -> E:
+    """`raw` through one JSON parse (`_one_parse`), or, when that route does not accept it outright, through
+    the models' JSON parser (`_decode`, the reference route: it words every refusal); then `checked`."""
+    event = _one_parse(raw, model, limits)
+    return checked(event if event is not None else _decode(raw, model, limits), limits)
 
 
 def _one_parse(raw: bytes | str, model: type[E], limits: Limits) -> E | None:

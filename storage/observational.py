@@ -49,6 +49,7 @@ __all__ = [
     "OBSERVATIONAL",
     "Claim",
     "MongoObservationalStore",
+    "ObservationUpdate",
     "ObservationalRecord",
     "forget_observations",
     "lookup_key",
@@ -110,6 +111,16 @@ class Claim:
     generation: int
     cycle: int
     kind: Kind
+
+
+@dataclass(frozen=True, slots=True)
+class ObservationUpdate:
+    """What an observation writes: Mastra's `UpdateActiveObservationsInput` (the row is the claim's)."""
+
+    observations: str  # the whole log after this cycle
+    token_count: int  # the log's tokens, as Mastra OM counts them
+    last_observed_at: datetime
+    observed_message_ids: Sequence[str]
 
 
 class _Refused(Exception):  # noqa: N818 -- internal: a field no Mastra would read, said in words
@@ -253,41 +264,8 @@ class MongoObservationalStore:
         """`initializeObservationalMemory`: generation 0, Mastra's document field for field (idempotent: an
         existing generation 0 of the key is kept and returned)."""
         key = lookup_key(thread_id, resource_id)
-        document = {
-            "id": str(uuid.uuid4()),
-            "lookupKey": key,
-            "scope": scope,
-            "resourceId": resource_id,
-            "threadId": thread_id or None,
-            "activeObservations": "",
-            "activeObservationsPendingUpdate": None,
-            "originType": "initial",
-            "config": dict(config),
-            "generationCount": 0,
-            "lastObservedAt": None,
-            "lastReflectionAt": None,
-            "pendingMessageTokens": 0,
-            "totalTokensObserved": 0,
-            "observationTokenCount": 0,
-            "isObserving": False,
-            "isReflecting": False,
-            "isBufferingObservation": False,
-            "isBufferingReflection": False,
-            "lastBufferedAtTokens": 0,
-            "lastBufferedAtTime": None,
-            "observedTimezone": observed_timezone,
-            "createdAt": now,
-            "updatedAt": now,
-        }
-        with storage_errors("om initialize"):
-            found = await self._raw.find_one_and_update(
-                {"lookupKey": key, "generationCount": 0},
-                {"$setOnInsert": document},
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
-            )
-        assert found is not None  # an upsert returning the document after it
-        return _record(found)
+        first = _first_generation(key, scope, resource_id, thread_id or None, config, observed_timezone, now)
+        return await self._insert_once(first, "om initialize")
 
     async def claim(
         self, record: ObservationalRecord, kind: Kind, now: datetime, *, by: str | None = None
@@ -316,28 +294,19 @@ class MongoObservationalStore:
         """Give a claim back unused (the observer failed for good): the flag cleared if still this claim's."""
         return await self._settle(claim, {"updatedAt": now})
 
-    async def apply_observation(
-        self,
-        claim: Claim,
-        *,
-        observations: str,
-        token_count: int,
-        last_observed_at: datetime,
-        observed_message_ids: Sequence[str],
-        now: datetime,
-    ) -> bool:
+    async def apply_observation(self, claim: Claim, update: ObservationUpdate, now: datetime) -> bool:
         """`updateActiveObservations` for the claim it answers (False and nothing written if not current).
 
         As Mastra: the log and its token count replaced, `lastObservedAt` and `observedMessageIds` set,
         `pendingMessageTokens` zeroed, `totalTokensObserved` increased by the log's token count.
         """
-        count = token_count if token_count >= 0 else 0
+        count = update.token_count if update.token_count >= 0 else 0
         fields = {
-            "activeObservations": observations,
-            "lastObservedAt": last_observed_at,
+            "activeObservations": update.observations,
+            "lastObservedAt": update.last_observed_at,
             "pendingMessageTokens": 0,
             "observationTokenCount": count,
-            "observedMessageIds": list(observed_message_ids),
+            "observedMessageIds": list(update.observed_message_ids),
             "updatedAt": now,
         }
         return await self._settle(claim, fields, {"totalTokensObserved": count})
@@ -357,42 +326,27 @@ class MongoObservationalStore:
             return None
         settled = decode_row(settled_raw.raw, OBSERVATIONAL)
         current = record_from_doc(settled)
+        first = _first_generation(
+            current.lookup_key,
+            current.scope,
+            current.resource_id,
+            current.thread_id,
+            current.config,
+            settled.get("observedTimezone"),
+            now,
+        )
         document = {
-            "id": str(uuid.uuid4()),
-            "lookupKey": current.lookup_key,
-            "scope": current.scope,
-            "resourceId": current.resource_id,
-            "threadId": current.thread_id,
+            **first,  # the keys keep Mastra's order; these are the reflection's own values
             "activeObservations": reflection,
-            "activeObservationsPendingUpdate": None,
             "originType": "reflection",
-            "config": current.config,
             "generationCount": current.generation + 1,
             "lastObservedAt": current.last_observed_at,
             "lastReflectionAt": now,
-            "pendingMessageTokens": 0,
             "totalTokensObserved": current.total_tokens_observed,
             "observationTokenCount": token_count,
-            "isObserving": False,
-            "isReflecting": False,
-            "isBufferingObservation": False,
-            "isBufferingReflection": False,
-            "lastBufferedAtTokens": 0,
-            "lastBufferedAtTime": None,
-            "observedTimezone": settled.get("observedTimezone"),
-            "createdAt": now,
-            "updatedAt": now,
             "metadata": current.metadata,
         }
-        with storage_errors("om reflect"):
-            inserted = await self._raw.find_one_and_update(
-                {"lookupKey": current.lookup_key, "generationCount": current.generation + 1},
-                {"$setOnInsert": document},
-                upsert=True,
-                return_document=ReturnDocument.AFTER,
-            )
-        assert inserted is not None  # an upsert returning the document after it
-        return _record(inserted)
+        return await self._insert_once(document, "om reflect")
 
     async def set_pending_tokens(self, record_id: str, tokens: int, now: datetime) -> None:
         """`setPendingMessageTokens`: the unobserved tokens counted so far (a finite, non-negative count)."""
@@ -431,6 +385,19 @@ class MongoObservationalStore:
             )
         return result.deleted_count
 
+    async def _insert_once(self, document: dict[str, Any], what: str) -> ObservationalRecord:
+        """The document's generation of its key, inserted unless it exists (an upsert: a repeated insert
+        returns the stored row unchanged), read back."""
+        with storage_errors(what):
+            found = await self._raw.find_one_and_update(
+                {"lookupKey": document["lookupKey"], "generationCount": document["generationCount"]},
+                {"$setOnInsert": document},
+                upsert=True,
+                return_document=ReturnDocument.AFTER,
+            )
+        assert found is not None  # an upsert returning the document after it
+        return _record(found)
+
     async def _settle(self, claim: Claim, fields: dict[str, Any], inc: dict[str, Any] | None = None) -> bool:
         flag = _FLAGS[claim.kind]
         update: dict[str, Any] = {"$set": {**fields, flag: False, CLAIMED_AT: None, CLAIMED_BY: None}}
@@ -439,6 +406,44 @@ class MongoObservationalStore:
         with storage_errors("om apply"):
             result = await self._rows.update_one({**_claimed(claim), flag: True}, update)
         return result.matched_count == 1
+
+
+def _first_generation(
+    key: str,
+    scope: str,
+    resource_id: str,
+    thread_id: str | None,
+    config: Mapping[str, Any],
+    observed_timezone: str | None,
+    now: datetime,
+) -> dict[str, Any]:
+    """Generation 0 of a key as `initializeObservationalMemory` writes it (Mastra's fields, in its order)."""
+    return {
+        "id": str(uuid.uuid4()),
+        "lookupKey": key,
+        "scope": scope,
+        "resourceId": resource_id,
+        "threadId": thread_id,
+        "activeObservations": "",
+        "activeObservationsPendingUpdate": None,
+        "originType": "initial",
+        "config": dict(config),
+        "generationCount": 0,
+        "lastObservedAt": None,
+        "lastReflectionAt": None,
+        "pendingMessageTokens": 0,
+        "totalTokensObserved": 0,
+        "observationTokenCount": 0,
+        "isObserving": False,
+        "isReflecting": False,
+        "isBufferingObservation": False,
+        "isBufferingReflection": False,
+        "lastBufferedAtTokens": 0,
+        "lastBufferedAtTime": None,
+        "observedTimezone": observed_timezone,
+        "createdAt": now,
+        "updatedAt": now,
+    }
 
 
 def _claimed(claim: Claim) -> dict[str, Any]:

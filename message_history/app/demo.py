@@ -18,31 +18,38 @@ the log's tokens growing as the conversation does, and the dump prints the `mast
 
 Every wait is bounded; the exit code is 0 on success and 1 with a message on failure. The service is stopped
 with the same stop event SIGTERM sets; the demo's topics and database are removed afterwards.
-One job, the demo (hence its length): the script, its three parts and their printing.
+This module runs the parts against the stack; what they say and print is `demo_script.py` (pure).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import sys
 from collections.abc import Awaitable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
+from message_history.app.demo_script import (
+    DemoThread,
+    answer_from_memory,
+    build_request,
+    observations_of,
+    render_enriched,
+    render_stored_thread,
+    script,
+)
 from message_history.app.topics import ensure_topics, service_topics
 from message_history.logs import configure_logging, register_settings_secrets, scrub
 from message_history.settings import Settings
 from producers.connection import kafka_options as connection_options
 from schemas.codec import decode_persisted, encode
-from schemas.events import AgentRequest, EnrichedRequest, HistoryPersisted
+from schemas.events import HistoryPersisted
 from schemas.observational import ObserveRequest
 from storage.client import mongo_client
 from worker import AgentWorker, Reply, Turn
@@ -52,138 +59,11 @@ FIRST_TURN_TIMEOUT_S = 90.0  # the first turn also waits for three consumer grou
 TURN_TIMEOUT_S = 30.0
 SETUP_TIMEOUT_S = 30.0
 DEMO_PARTITIONS = 2
-TEXT_WIDTH = 90
 DEMO_OBSERVATION_TOKENS = 120  # Mastra's default is 30 000: the demo's short turns pass this every few turns
-
-SCRIPTS: list[tuple[str, list[str]]] = [
-    (
-        "ada",
-        [
-            "Hi, I'm Ada. I write programs for the Analytical Engine.",
-            "My favourite number is 1843.",
-            "What do you remember about me?",
-        ],
-    ),
-    (
-        "bob",
-        [
-            "Hello, Bob here. I'm planning a trip to Lisbon.",
-            "I'll travel by night train from Paris.",
-            "Remind me: where am I going, and how?",
-        ],
-    ),
-]
 
 
 class DemoError(Exception):
     """The demo could not complete; the message says which step and why."""
-
-
-# --- the scripted conversation -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DemoThread:
-    thread_id: str
-    resource_id: str
-    lines: list[str]
-
-
-def script(run_id: str, threads: int, turns: int) -> list[DemoThread]:
-    """`threads` conversations of `turns` user lines each (the two scripted ones first, then generic ones)."""
-    out = []
-    for t in range(threads):
-        name, lines = SCRIPTS[t] if t < len(SCRIPTS) else (f"user{t + 1}", [])
-        said = [lines[k] if k < len(lines) else f"This is message {k + 1} from {name}." for k in range(turns)]
-        out.append(DemoThread(f"demo-{run_id}-{name}", f"{name}@demo", said))
-    return out
-
-
-def build_request(thread: DemoThread, turn: int, request_id: str) -> AgentRequest:
-    """The turn's `AgentRequest`: one user message (its id and createdAt are filled in by the service)."""
-    text = thread.lines[turn - 1]
-    return AgentRequest.model_validate(
-        {
-            "schemaVersion": 1,
-            "requestId": request_id,
-            "threadId": thread.thread_id,
-            "resourceId": thread.resource_id,
-            "createdAt": _now(),
-            "metadata": {"demo": True, "turn": turn},
-            "messages": [{"role": "user", "content": _content(text)}],
-        }
-    )
-
-
-def answer_from_memory(enriched: EnrichedRequest) -> str:
-    """What the stand-in agent says: deterministic, and visibly built from the recalled history."""
-    # the recalled messages (Observational Memory's log and reminder, ids `om-...`, are context, not turns)
-    memory = [m for m in enriched.messages if m.source == "memory" and not m.id.startswith("om-")]
-    said_before = [_short(message_text(m.wire()), 50) for m in memory if m.role == "user"]
-    now = [message_text(m.wire()) for m in enriched.messages if m.source == "input" and m.role == "user"]
-    current = _short(now[-1], 50) if now else "(nothing)"
-    if not memory and not enriched.history.observed:
-        return f"Nice to meet you! This thread has no history yet. You said: '{current}'"
-    quoted = " / ".join(f"'{s}'" for s in said_before)
-    if enriched.history.observed:
-        quoted += f", and observations of {enriched.history.observed} older ones"
-    return (
-        f"I remember {len(memory)} earlier messages ({len(said_before)} from you): {quoted}. "
-        f"Now you say: '{current}'"
-    )
-
-
-def message_text(message: dict[str, Any]) -> str:
-    """The text of a format-2 message (its text parts), or the legacy `content` string."""
-    content = message.get("content")
-    if isinstance(content, str):
-        try:
-            content = json.loads(content)  # mastra_messages stores content as a JSON string
-        except ValueError:
-            return content
-    if not isinstance(content, dict):
-        return ""
-    parts = content.get("parts", [])
-    texts = [str(p.get("text", "")) for p in parts if isinstance(p, dict) and p.get("type") == "text"]
-    if texts:
-        return " ".join(texts)
-    return str(content.get("content") or "")
-
-
-def _content(text: str) -> dict[str, Any]:
-    return {"format": 2, "parts": [{"type": "text", "text": text}], "content": text}
-
-
-def _now() -> str:
-    now = datetime.now(UTC)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-
-
-def _short(text: str, width: int = TEXT_WIDTH) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-# --- printing ----------------------------------------------------------------------------------------------
-
-
-def render_enriched(enriched: EnrichedRequest, turn: int | None, answer: str) -> str:
-    """One block per enriched event: a header, one line per message in the context, the agent's answer."""
-    turn_text = f"turn {turn}" if turn is not None else "turn ?"
-    observed = enriched.history.observed
-    om = (
-        ""
-        if observed is None
-        else f" | observed {observed} (log {enriched.history.observationTokens} tokens)"
-    )
-    lines = [
-        f"--- {turn_text} | thread {enriched.threadId} | resource {enriched.resourceId} | "
-        f"recalled {enriched.history.recalled} (limit {enriched.history.limit}){om} ---"
-    ]
-    for m in enriched.messages:
-        lines.append(f"  [{m.source}] {m.role}: {_short(message_text(m.wire()))}")
-    lines.append(f"  [agent] assistant: {_short(answer, 160)}")
-    return "\n".join(lines)
 
 
 # --- settings and Kafka plumbing ---------------------------------------------------------------------------
@@ -297,13 +177,9 @@ class Demo:
         print(text, file=self.out, flush=True)
 
     async def observe(self, work: ObserveRequest) -> str:
-        """The stub observer: one dated line per observed message (a real one calls a model)."""
-        lines = [
-            f"- {_iso(m.createdAt)[11:19]} {m.role} said: {_short(message_text(m.wire()), 60)}"
-            for m in work.messages
-        ]
+        """The stub observer, as the observer SDK's handler: prints what it saw, answers its observations."""
         self.say(f"  [observer] {work.threadId}: cycle {work.cycle}, {len(work.messages)} messages observed")
-        return "\n".join(lines)
+        return observations_of(work)
 
     def waiter(self, request_id: str) -> asyncio.Future[HistoryPersisted]:
         if request_id not in self.persisted:
@@ -352,7 +228,7 @@ class Demo:
             self.say("")
 
     async def dump_mongodb(self) -> None:
-        """Print each demo thread as stored: its mastra_threads row, then its mastra_messages rows."""
+        """Print each demo thread as stored: its mastra_threads, mastra_messages and OM rows."""
         client = mongo_client(self.settings, appname="message-history-demo")
         try:
             db = client[self.settings.mongodb_database]
@@ -361,40 +237,23 @@ class Demo:
                 row = await db["mastra_threads"].find_one({"id": thread.thread_id})
                 if row is None:
                     raise DemoError(f"thread {thread.thread_id} is not in mastra_threads")
-                self.say(
-                    f"thread {row['id']} | resourceId {row.get('resourceId')} | title {row.get('title')!r} | "
-                    f"createdAt {_iso(row.get('createdAt'))} | updatedAt {_iso(row.get('updatedAt'))}"
-                )
                 cursor = (
                     db["mastra_messages"]
                     .find({"thread_id": thread.thread_id})
                     .sort([("createdAt", 1), ("id", 1)])
                 )
-                for n, message in enumerate(await cursor.to_list(None), start=1):
-                    self.say(
-                        f"  {n}. {_iso(message.get('createdAt'))} {message.get('role')}: "
-                        f"{_short(message_text(message))}  (id {message.get('id')})"
-                    )
-                if self.settings.observational_memory:
-                    om = await db["mastra_observational_memory"].find_one(
+                messages = await cursor.to_list(None)
+                om = (
+                    await db["mastra_observational_memory"].find_one(
                         {"lookupKey": f"thread:{thread.thread_id}"}
                     )
-                    if om is not None:
-                        self.say(
-                            f"  observations (generation {om.get('generationCount')}, "
-                            f"{om.get('observationTokenCount')} tokens, observing {om.get('isObserving')}):"
-                        )
-                        for line in str(om.get("activeObservations") or "").splitlines():
-                            self.say(f"    {_short(line)}")
+                    if self.settings.observational_memory
+                    else None
+                )
+                for line in render_stored_thread(row, messages, om):
+                    self.say(line)
         finally:
             await client.close()
-
-
-def _iso(value: Any) -> str:
-    if isinstance(value, datetime):
-        moment: datetime = value if value.tzinfo else value.replace(tzinfo=UTC)  # pymongo reads naive UTC
-        return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-    return str(value)
 
 
 def _consume_outcome(future: asyncio.Future[Any]) -> None:

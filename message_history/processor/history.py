@@ -58,7 +58,7 @@ from message_history.core.persist_plan import (
     with_ids,
 )
 from message_history.core.recall_plan import plan_recall
-from message_history.core.request_context import RequestContext, parse_memory_context
+from message_history.core.request_context import MemoryContext, RequestContext, parse_memory_context
 from message_history.core.rules import (
     LastMessages,
     SkipReason,
@@ -158,6 +158,16 @@ class OutputProcessor(Protocol):
     ) -> MessageList: ...
 
 
+def _thread_and_resource(
+    memory: MemoryContext | None, message_list: MessageList
+) -> tuple[str | None, str | None]:
+    """The turn's thread and resource: the request context's `MastraMemory` when it names a thread, else the
+    list's own (as Mastra 1.71)."""
+    if memory is not None and memory.thread_id:
+        return memory.thread_id, memory.resource_id
+    return message_list.thread_id, message_list.resource_id
+
+
 def _finish_reason(result: OutputResult | Mapping[str, Any] | None) -> str | None:
     if result is None:
         return None
@@ -217,10 +227,9 @@ class MessageHistory:
         """
         del messages, abort, tracing_context  # part of the step's signature; not needed to recall
         memory = parse_memory_context(request_context)
-        thread_id = memory.thread_id if memory and memory.thread_id else message_list.thread_id
+        thread_id, resource_id = _thread_and_resource(memory, message_list)
         if thread_id is None:
             return message_list
-        resource_id = memory.resource_id if memory and memory.thread_id else message_list.resource_id
         last: LastMessages | _UseDefault = (
             memory.last_messages if memory is not None and memory.last_messages_set else USE_DEFAULT
         )
@@ -251,8 +260,7 @@ class MessageHistory:
         """
         del messages, abort, tracing_context
         memory = parse_memory_context(request_context)
-        thread_id = memory.thread_id if memory and memory.thread_id else message_list.thread_id
-        resource_id = memory.resource_id if memory and memory.thread_id else message_list.resource_id
+        thread_id, resource_id = _thread_and_resource(memory, message_list)
         outcome = await self.persist_turn(
             thread_id=thread_id,
             resource_id=resource_id,

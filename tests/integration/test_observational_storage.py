@@ -27,6 +27,7 @@ from storage.observational import (
     OBSERVATIONAL,
     Claim,
     MongoObservationalStore,
+    ObservationUpdate,
     lookup_key,
     record_from_doc,
 )
@@ -55,9 +56,7 @@ async def _store(db: Db) -> MongoObservationalStore:
 async def _apply(
     store: MongoObservationalStore, claim: Claim, text: str, tokens: int, ids: list[str], now: datetime = T0
 ) -> bool:
-    return await store.apply_observation(
-        claim, observations=text, token_count=tokens, last_observed_at=T0, observed_message_ids=ids, now=now
-    )
+    return await store.apply_observation(claim, ObservationUpdate(text, tokens, T0, ids), now)
 
 
 async def _raw(db: Db, key: str) -> list[dict[str, Any]]:
@@ -142,14 +141,7 @@ async def test_reflection_starts_the_next_generation_once(mongo_db: Db) -> None:
     record = await store.initialize(scope="thread", thread_id="t", resource_id="r", config={"k": 1}, now=T0)
     observe = await store.claim(record, "observe", T0)
     assert observe is not None
-    await store.apply_observation(
-        observe,
-        observations="long log",
-        token_count=50,
-        last_observed_at=T0,
-        observed_message_ids=["m"],
-        now=T0,
-    )
+    await store.apply_observation(observe, ObservationUpdate("long log", 50, T0, ["m"]), T0)
     current = await store.get("t", "r")
     assert current is not None
     claim = await store.claim(current, "reflect", T0)

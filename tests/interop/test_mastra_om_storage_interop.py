@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
-from storage.observational import CLAIM_TIMEOUT, OBSERVATIONAL, MongoObservationalStore
+from storage.observational import CLAIM_TIMEOUT, OBSERVATIONAL, MongoObservationalStore, ObservationUpdate
 from tests.infra import skip_or_fail
 from tests.om_cases import NODE_DIR
 
@@ -115,9 +115,7 @@ async def test_a_record_the_service_wrote_is_read_by_mastra(mongo_uri: str, mong
     record = await store.initialize(scope="thread", thread_id="t3", resource_id="r3", config={"k": 1}, now=T0)
     claim = await store.claim(record, "observe", T0)
     assert claim is not None
-    assert await store.apply_observation(
-        claim, observations="* obs", token_count=9, last_observed_at=T0, observed_message_ids=["a"], now=T0
-    )
+    assert await store.apply_observation(claim, ObservationUpdate("* obs", 9, T0, ["a"]), T0)
     current = await store.get("t3", "r3")
     assert current is not None
     reflect = await store.claim(current, "reflect", T0)

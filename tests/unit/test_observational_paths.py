@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -13,15 +14,16 @@ from typing import Any
 import pytest
 
 from consumers.contract import Refused, delivered
-from consumers.observational import thread_hints
+from consumers.observational import Unobserved, thread_hints
 from consumers.observe_recall import ObservationRecall
 from consumers.observe_results import ObserveResultsHandler
+from message_history import metrics
 from message_history.core.om_tokens import count_observations
-from message_history.errors import InvalidInputError
+from message_history.errors import FatalStorageError, InvalidInputError, RetriableError
 from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
-from storage.observational import Claim, ObservationalRecord, record_from_doc
+from storage.observational import Claim, ObservationalRecord, ObservationUpdate, record_from_doc
 from storage.protocol import Thread
 from tests.paths import no_emit
 
@@ -65,17 +67,8 @@ class Rows:
         self.released.append(claim)
         return True
 
-    async def apply_observation(
-        self,
-        claim: Claim,
-        *,
-        observations: str,
-        token_count: int,
-        last_observed_at: datetime,
-        observed_message_ids: Sequence[str],
-        now: datetime,
-    ) -> bool:
-        self.applied.append({"claim": claim, "log": observations, "tokens": token_count})
+    async def apply_observation(self, claim: Claim, update: ObservationUpdate, now: datetime) -> bool:
+        self.applied.append({"claim": claim, "log": update.observations, "tokens": update.token_count})
         return True
 
     async def apply_reflection(
@@ -337,3 +330,45 @@ async def test_the_observers_current_task_goes_to_the_thread() -> None:
         [Rec(_result(currentTask="late"))], no_emit
     )  # an answer not applied writes no hint either
     assert len(threads.saved) == 1
+
+
+async def _fails(error: Exception) -> str:
+    raise error
+
+
+def _outcomes(outcome: str) -> float:
+    labels = {"path": "persist", "outcome": outcome}
+    return metrics.REGISTRY.get_sample_value("message_history_outcomes_total", labels) or 0.0
+
+
+async def test_om_work_that_fails_containably_is_logged_counted_and_replaced(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Both hooks' guard (`Unobserved`): a bug gives the fallback, one count and one ERROR line naming the
+    thread on the hook's own logger; the work's own result passes through untouched."""
+    guard = Unobserved("persist", "test-unobserved", "om failed", logging.getLogger("test.hook"))
+    before = _outcomes("test-unobserved")
+    assert await guard.unless_failed(_answer("done"), "fallback", "t1") == "done"
+    assert _outcomes("test-unobserved") == before
+    with caplog.at_level(logging.ERROR, logger="test.hook"):
+        assert await guard.unless_failed(_fails(KeyError("bug")), "fallback", "t1") == "fallback"
+    assert _outcomes("test-unobserved") == before + 1
+    [line] = [r for r in caplog.records if r.name == "test.hook"]
+    assert (line.getMessage(), getattr(line, "thread_id", None), line.exc_info is not None) == (
+        "om failed",
+        "t1",
+        True,
+    )
+
+
+@pytest.mark.parametrize("error", [RetriableError("mongodb down"), FatalStorageError("not authorized")])
+async def test_om_work_that_meets_an_outage_or_a_systemic_refusal_raises(error: Exception) -> None:
+    """An outage (the batch is retried) or a systemic refusal (the service stops) is never swallowed."""
+    guard = Unobserved("persist", "test-unobserved-raise", "om failed", logging.getLogger("test.hook"))
+    with pytest.raises(type(error)):
+        await guard.unless_failed(_fails(error), "fallback", "t1")
+    assert _outcomes("test-unobserved-raise") == 0.0
+
+
+async def _answer(value: str) -> str:
+    return value
