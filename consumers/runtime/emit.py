@@ -67,7 +67,8 @@ class SendNow(_Channel):
 
     async def _put(self, record: Positioned, output: HeldOutput, *, alone: bool) -> asyncio.Future[Any]:
         o = output
-        return await self._producer.send(o.topic, key=o.key, value=o.value, headers=o.headers)
+        # a list: aiokafka's C record builder refuses a tuple of headers (the worker's sends meet it)
+        return await self._producer.send(o.topic, key=o.key, value=o.value, headers=list(o.headers))
 
 
 class FileUnderOffset(_Channel):
