@@ -383,3 +383,42 @@ async def test_a_hostile_row_never_fails_the_turn(
     finally:
         await client.close()
         await drop_database(settings)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
+) -> None:
+    """A backfill (`replay --from-beginning`) of six long turns: without `--observe` it rebuilds the history
+    and sends no observation work (the thread would stay unobserved until it speaks again); with it, the
+    thread is claimed and one ObserveRequest sent, as the live persist path sends it (exactly once: in the
+    replay batch's transaction, read `read_committed`). The observed path applies the answer as usual."""
+    from tests.integration.test_replay import replay  # noqa: PLC0415 -- the replay tests' runner
+
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee)
+    bootstrap = settings.kafka_bootstrap_servers
+    try:
+        await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+        result, _ = await replay(settings, "--from-beginning")
+        assert result.exit_code == 0
+        none = await read_all(
+            bootstrap, settings.observe_requests_topic, settle_s=1.0, isolation_level="read_committed"
+        )
+        assert _work(none) == []  # a replay sends no work unless asked
+
+        result, _ = await replay(settings, "--from-beginning", "--observe")
+        assert result.exit_code == 0
+        work = _work(
+            await read_topic(
+                bootstrap,
+                settings.observe_requests_topic,
+                until=_has_work(1),
+                isolation_level="read_committed",
+            )
+        )
+        assert [(w.threadId, w.generation, w.cycle) for w in work] == [(THREAD, 0, 1)]
+        assert work[0].messages[0].id == "q1"
+        row = await _row(settings)
+        assert row["isObserving"] is True  # claimed: the live service's next turn waits for the answer
+    finally:
+        await drop_database(settings)

@@ -84,6 +84,7 @@ def test_defaults_replay_the_responses_topic_quietly_with_dead_letters() -> None
             lambda o: (o.rate, o.concurrency, o.batch_size, o.max_retry_s) == (2.5, 8, 50, 9.0),
         ),
         (["--from-beginning", "--progress", "none"], lambda o: o.progress == "none"),
+        (["--from-beginning", "--observe"], lambda o: o.observes and o.path == "persist"),
     ],
     ids=[
         "from-offsets",
@@ -97,6 +98,7 @@ def test_defaults_replay_the_responses_topic_quietly_with_dead_letters() -> None
         "report",
         "knobs",
         "progress-none",
+        "observe",
     ],
 )
 def test_accepted_combinations(argv: list[str], check: object) -> None:
@@ -115,6 +117,8 @@ def test_auto_progress_is_a_bar_on_a_terminal_only(tty: bool, mode: str) -> None
     ("argv", "complaint"),
     [
         (["--from-beginning", "--emit-to", "en"], "live enriched topic"),
+        (["--from-beginning", "--emit-to", "side", "--observe"], "--observe is for the responses topic"),
+        (["--from-beginning", "--observe", "--dry-run"], "not with --dry-run"),
         (["--from-beginning", "--emit-to", "rq"], "must not be the topic being replayed"),
         (["--from-beginning", "--emit-to", "side", "--topic", "rs"], "rs is the responses topic"),
         (
@@ -135,6 +139,8 @@ def test_auto_progress_is_a_bar_on_a_terminal_only(tty: bool, mode: str) -> None
     ],
     ids=[
         "emit-to-live-enriched",
+        "observe-with-emit-to",
+        "observe-dry-run",
         "emit-to-source",
         "emit-to-from-responses",
         "emit-both",
@@ -200,3 +206,12 @@ def test_the_replay_jobs_under_deploy_pass_flags_replay_accepts(where: str, argv
     """The plain Job and the chart's replay args are a valid `message-history replay` command line."""
     assert argv[0] == "replay", where
     parse(*argv[1:])
+
+
+def test_observe_needs_the_observed_path() -> None:
+    """`--observe` without the observed path's topic would claim threads no one answers for: refused."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_replay_arguments(parser)
+    no_observed = SETTINGS.model_copy(update={"observe_results_topic": ""})
+    with pytest.raises(UsageError, match="MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC"):
+        options_from_args(parser.parse_args(["--from-beginning", "--observe"]), no_observed, tty=False)

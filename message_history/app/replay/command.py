@@ -10,9 +10,11 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TextIO
 
 from consumers.contract import BatchHandler
+from consumers.observe_emit import ObservationEmitter
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.runtime.containment import Contained
@@ -40,9 +42,12 @@ from message_history.app.replay.sinks import (
 from message_history.logs import scrub, start_command
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
+from producers.observe import ObservePublisher
 from producers.output import OutputProducer
 from producers.transactions import PartitionTransactions, producer_options
 from storage.message_id_keys import message_id_keys
+from storage.mongodb import MongoHistoryStorage
+from storage.observational import MongoObservationalStore
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,7 @@ def _handler(
     settings: Settings,
     storage: ReplayStorage,
     id_keys: tuple[bytes, ...] = (),
+    observation: ObservationEmitter | None = None,
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
     path: BatchHandler
@@ -114,9 +120,23 @@ def _handler(
             id_keys=id_keys,  # the service's: a turn that yielded to alternates replays onto them
             save_reads=capabilities.save_reads,
             homes=capabilities.homes,
+            observation=observation,  # `--observe`: OM's work, as the live persist path sends it
         )
     # as the live loop: an unreadable record is refused first; a batch the path raises for is split
     return Contained(SkippingUnreadable(path), options.path)
+
+
+async def _observation(
+    settings: Settings, options: ReplayOptions, mongo: MongoHistoryStorage, storage: ReplayStorage
+) -> ObservationEmitter | None:
+    """`--observe`: the live persist path's Observational Memory hook on the replay's storage (its claims in
+    `mastra_observational_memory`, its work through the replay's channel: in the batch's transaction under
+    exactly-once)."""
+    if not options.observes:
+        return None
+    rows = MongoObservationalStore(mongo.db, claim_timeout=timedelta(seconds=settings.observation_timeout_s))
+    await rows.ensure_indexes()
+    return ObservationEmitter(settings, rows, storage, ObservePublisher(settings.observe_requests_topic))
 
 
 async def run_replay(
@@ -174,7 +194,7 @@ async def run_replay(
                 "connect to MongoDB",
                 lambda: stack.enter_async_context(open_mongo(settings, dry_run=options.dry_run)),
             )
-            sends = options.emits or options.dead_letters
+            sends = options.emits or options.dead_letters or options.observes
             exactly_once = sends and settings.processing_guarantee == "exactly-once"
             # exactly-once: the handlers' outputs are filed under their records' offsets, each batch's go out
             # in one transaction; else they are sent at once on the producer (`consumers.runtime.emit`)
@@ -194,7 +214,9 @@ async def run_replay(
                 else ()
             )
             runner = BatchRunner(
-                handler=_handler(options, settings, storage, id_keys),
+                handler=_handler(
+                    options, settings, storage, id_keys, await _observation(settings, options, mongo, storage)
+                ),
                 counts=replay.counts,
                 report=report,
                 dead_letters=DeadLetterPublisher(options.dead_letter_topic) if options.dead_letters else None,

@@ -38,6 +38,7 @@ class ReplayOptions:
     dry_run: bool = False
     emit_persisted: bool = False
     emit_to: str | None = None
+    observe: bool = False  # Observational Memory's work sent for replayed threads (persist path)
     rate: float | None = None
     concurrency: int = 4
     batch_size: int = 500
@@ -50,6 +51,10 @@ class ReplayOptions:
     @property
     def emits(self) -> bool:
         return not self.dry_run and (self.emit_persisted or self.emit_to is not None)
+
+    @property
+    def observes(self) -> bool:
+        return self.observe and not self.dry_run
 
     @property
     def dead_letters(self) -> bool:
@@ -115,6 +120,16 @@ def options_from_args(args: argparse.Namespace, settings: Settings, *, tty: bool
     for name, count in (("--concurrency", args.concurrency), ("--batch-size", args.batch_size)):
         if count is not None and count < 1:
             raise UsageError(f"{name} must be at least 1, got {count}")
+    observe = bool(getattr(args, "observe", False))
+    if observe and path != "persist":
+        raise UsageError("--observe is for the responses topic (the persist path), not with --emit-to")
+    if observe and args.dry_run:
+        raise UsageError("--observe claims threads for observation and sends work: not with --dry-run")
+    if observe and not settings.observe_results_topic:
+        raise UsageError(
+            "--observe needs the observed path's topic (MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC): "
+            "no one would apply the observers' answers"
+        )
     progress: Mode = args.progress if args.progress != "auto" else ("bar" if tty else "log")
     return ReplayOptions(
         topic=topic,
@@ -125,6 +140,7 @@ def options_from_args(args: argparse.Namespace, settings: Settings, *, tty: bool
         dry_run=bool(args.dry_run),
         emit_persisted=bool(args.emit_persisted),
         emit_to=args.emit_to,
+        observe=observe,
         rate=args.rate,
         concurrency=args.concurrency,
         batch_size=args.batch_size or settings.max_batch_records,

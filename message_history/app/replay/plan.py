@@ -266,6 +266,15 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         help="also send a HistoryPersisted per response (default: none)",
     )
     parser.add_argument(
+        "--observe",
+        action="store_true",
+        help=(
+            "responses only: send Observational Memory's work (ObserveRequest / ReflectRequest) for replayed "
+            "threads whose unobserved messages pass their threshold, as the live persist path does; the "
+            "live service's observed path applies the observers' answers (default: none)"
+        ),
+    )
+    parser.add_argument(
         "--emit-to",
         metavar="TOPIC",
         help="re-enrich requests (recall path) into TOPIC; the source defaults to the requests topic",
