@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from consumers.contract import Ack, Done, Emit, Result
+from consumers.contract import Done, Emit, Result, ack_after
 from consumers.observational import Unobserved, request_settings
 from message_history import metrics
 from message_history.core.observation import (
@@ -149,7 +149,7 @@ class ObservationEmitter:
         for subject, send in zip(subjects.values(), sends, strict=True):
             done = results[subject.index]
             if send is not None and isinstance(done, Done):
-                results[subject.index] = Done(both(send, done.sent))
+                results[subject.index] = Done(ack_after(send, done.sent))
 
     async def _guarded(self, subject: _Subject, emit: Emit) -> asyncio.Future[Any] | None:
         """`_one`, whose failure never fails the saved turn: an outage or a systemic refusal raises (the batch
@@ -277,13 +277,3 @@ def _work(subject: _Subject, claim: Claim, now: datetime) -> dict[str, Any]:
         "generation": claim.generation,
         "cycle": claim.cycle,
     }
-
-
-def both(first: Awaitable[object], ack: Ack) -> Ack:
-    """`ack`, resolved once `first` is durable too (either failing fails it: the record is retried)."""
-    return asyncio.ensure_future(_both(first, ack))
-
-
-async def _both(first: Awaitable[object], ack: Ack) -> object:
-    await first
-    return await ack
