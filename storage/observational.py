@@ -475,3 +475,10 @@ async def forget_observations(
     if resource_id is None:
         raise ValueError("forget_observations needs a thread_id or a resource_id")
     return await store.clear_resource(resource_id)
+
+
+async def open_observational(db: Any, claim_timeout_s: float) -> MongoObservationalStore:
+    """`mastra_observational_memory` on `db`, its indexes made (the service's and replay's one way in)."""
+    store = MongoObservationalStore(db, claim_timeout=timedelta(seconds=claim_timeout_s))
+    await store.ensure_indexes()
+    return store

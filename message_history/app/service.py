@@ -20,7 +20,6 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import TYPE_CHECKING, Literal, TypeVar
 
 from consumers.barrier import TurnBarrier, open_barrier
@@ -249,13 +248,9 @@ async def _observational(
     """`mastra_observational_memory` on the storage's database, its indexes made; None without MongoDB."""
     if forgetting is None:
         return None
-    from storage.observational import MongoObservationalStore  # noqa: PLC0415 -- `--help` without pymongo
+    from storage.observational import open_observational  # noqa: PLC0415 -- `--help` without pymongo
 
-    store = MongoObservationalStore(
-        forgetting.db, claim_timeout=timedelta(seconds=settings.observation_timeout_s)
-    )
-    await store.ensure_indexes()
-    return store
+    return await open_observational(forgetting.db, settings.observation_timeout_s)
 
 
 def _forgetting(settings: Settings, storage: BatchHistoryStorage) -> MongoForgetting | None:

@@ -10,7 +10,6 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, TextIO
 
 from consumers.contract import BatchHandler
@@ -47,7 +46,7 @@ from producers.output import OutputProducer
 from producers.transactions import PartitionTransactions, producer_options
 from storage.message_id_keys import message_id_keys
 from storage.mongodb import MongoHistoryStorage
-from storage.observational import MongoObservationalStore
+from storage.observational import open_observational
 
 log = logging.getLogger(__name__)
 
@@ -134,8 +133,7 @@ async def _observation(
     exactly-once)."""
     if not options.observes:
         return None
-    rows = MongoObservationalStore(mongo.db, claim_timeout=timedelta(seconds=settings.observation_timeout_s))
-    await rows.ensure_indexes()
+    rows = await open_observational(mongo.db, settings.observation_timeout_s)
     return ObservationEmitter(settings, rows, storage, ObservePublisher(settings.observe_requests_topic))
 
 
