@@ -564,10 +564,12 @@ async def test_a_zombie_worker_cannot_publish_under_exactly_once(
     assert [r["requestId"] for r in committed] == ["t:z"]
 
 
+@pytest.mark.parametrize("client", ["kafkajs", "platformatic"])
 async def test_exactly_once_through_a_frozen_and_a_stopped_broker_answers_every_turn_once(
     node: str,
     private_kafka: PrivateKafka,  # noqa: F811 -- the fixture
     tmp_path: Path,
+    client: str,
 ) -> None:
     """A backlog answered under exactly-once on a test-owned broker frozen 3 s four times (longer than the
     worker's 1 s request timeout: a commit asked then goes unanswered, in doubt), then stopped 6 s. A commit
@@ -590,6 +592,7 @@ async def test_exactly_once_through_a_frozen_and_a_stopped_broker_answers_every_
         "READ_BACK": "0",  # nothing masks a duplicate: the transactions alone keep it out
         "TURN_MS": "5",
         "REQUEST_TIMEOUT_MS": "1000",
+        "KAFKA_CLIENT": client,
     }
     async with node_worker(node, settings, tmp_path / "worker.log", **mode) as worker:
         await worker.wait_for("a first answer", lambda: bool(worker.events("answered")))
