@@ -36,6 +36,20 @@ const MECHANISMS = { plain: 'PLAIN', 'scram-sha-256': 'SCRAM-SHA-256', 'scram-sh
 const QUEUED_PER_PARTITION = 64;
 /** After the stream gave up fetching (an outage): the pause before it reads again. */
 const OUTAGE_PAUSE_MS = 1_000;
+/** A transactional producer's own retries of one request, then the error is the worker's (runTransaction's
+ * outage loop, a commit in doubt settled). The client's default for an idempotent producer is
+ * Number.MAX_SAFE_INTEGER (any value <= 1 is replaced by it): a request that could not succeed after a frozen
+ * broker (seen: the offsets of a transaction, TxnOffsetCommit) was retried for ever, neither answered nor
+ * failed, and the turn and its partition stalled. */
+const TX_RETRIES = 5;
+
+/** The pause before a transactional request's retry `attempt`: CONCURRENT_TRANSACTIONS (the previous
+ * transaction's markers still being written, after every commit) is over in milliseconds, an outage is not.
+ * (The client's default, 1 s for any error, made each transaction after the first wait a second.) */
+function txRetryDelay(_client: unknown, _operation: string, attempt: number, _retries: number, error: unknown): number {
+  const concurrent = [...tree(error)].some((e) => e.apiId === 'CONCURRENT_TRANSACTIONS');
+  return concurrent ? Math.min(10 * attempt, 100) : Math.min(200 * 2 ** (attempt - 1), 2_000);
+}
 
 function connection(config: ClientConfig): Record<string, unknown> {
   const out: Record<string, unknown> = { clientId: config.clientId, bootstrapBrokers: config.brokers };
@@ -64,13 +78,25 @@ function* tree(error: unknown, depth = 0): Generator<Found> {
   if (e.cause !== undefined && e.cause !== error) yield* tree(e.cause, depth + 1);
 }
 
+/** A producer's state the broker no longer accepts (its sequence numbers out of step after a batch lost in an
+ * outage, its producer id forgotten): the client does not recover it by itself (it resends the same state for
+ * ever), a new producer does (a new producer id and epoch, sequences from zero). */
+const RESET = new Set(['OUT_OF_ORDER_SEQUENCE_NUMBER', 'UNKNOWN_PRODUCER_ID', 'INVALID_PRODUCER_ID_MAPPING']);
+
+function needsReset(error: unknown): boolean {
+  return [...tree(error)].some((e) => e.apiId !== undefined && RESET.has(e.apiId));
+}
+
 /** The client's error in the seam's terms: `type` MESSAGE_TOO_LARGE or PRODUCER_FENCED, `retriable` for an
  * outage (a network error, a timeout, or a protocol error the client says can be retried). */
 function mapped(error: unknown): Error {
   const all = [...tree(error)];
   const too = all.find((e) => e.apiId === 'MESSAGE_TOO_LARGE');
   const fenced = all.find((e) => e.apiId === 'INVALID_PRODUCER_EPOCH' || e.apiId === 'PRODUCER_FENCED');
-  const outage = all.some((e) => e.canRetry === true || e.code === 'PLT_KFK_NETWORK' || e.code === 'PLT_KFK_TIMEOUT');
+  // a producer reset (needsReset) counts as an outage: the adapter replaces the producer, the worker retries
+  const outage = all.some(
+    (e) => e.canRetry === true || e.code === 'PLT_KFK_NETWORK' || e.code === 'PLT_KFK_TIMEOUT' || (e.apiId !== undefined && RESET.has(e.apiId)),
+  );
   const out = error instanceof Error ? error : new Error(String(error));
   return Object.assign(out, {
     ...(too ? { type: 'MESSAGE_TOO_LARGE' } : fenced ? { type: fenced.apiId } : {}),
@@ -115,7 +141,9 @@ function messagesOf(topic: string, records: OutRecord[]) {
  * platformaticClient, ... })`. */
 export function platformaticClient(config: ClientConfig): KafkaClient {
   const base = connection(config);
-  const producer = new Producer({ ...base, idempotent: true, partitioner: compatibilityPartitioner } as never) as Producer<Buffer, Buffer, Buffer, Buffer>;
+  const newProducer = () =>
+    new Producer({ ...base, idempotent: true, partitioner: compatibilityPartitioner } as never) as Producer<Buffer, Buffer, Buffer, Buffer>;
+  let producer = newProducer();
   const consumer = new Consumer({
     ...base,
     groupId: config.groupId,
@@ -131,12 +159,18 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
   let closing = false;
   let running: Promise<void> = Promise.resolve();
 
+  /** Set when the consumer lost its group membership for good (a rejoin that failed: the client then stops
+   * heartbeating): the stream is closed and consumed again, which joins the group anew. */
+  let lost = false;
+
   /** Reads the stream: one chain per partition (a record after the previous one's eachRecord), each bounded;
-   * an eachRecord that rejects closes the stream and consumes again from the committed offsets. */
+   * an eachRecord that rejects closes the stream (at once: the stream may have nothing more to deliver, and a
+   * loop waiting on its next record would wait for ever) and consumes again from the committed offsets. */
   async function pump(options: ConsumeOptions): Promise<void> {
     while (!closing) {
       const chains = new Map<number, { tail: Promise<void>; queued: number }>();
       let failed: unknown;
+      lost = false;
       try {
         stream = await consumer.consume({
           topics: [options.topic],
@@ -150,7 +184,9 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
         await new Promise((resolve) => setTimeout(resolve, OUTAGE_PAUSE_MS));
         continue;
       }
+      if (lost) void stream.close().catch(() => undefined); // lost while joining: join again
       let outage = false;
+      const current = stream;
       try {
         for await (const message of stream as AsyncIterable<Message<Buffer, Buffer, Buffer, Buffer>>) {
           if (closing || failed !== undefined) break;
@@ -168,7 +204,9 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
           chain.tail = chain.tail
             .then(() => (failed === undefined && !closing ? options.eachRecord(record, async () => undefined) : undefined))
             .catch((error: unknown) => {
-              failed ??= error;
+              if (failed !== undefined) return;
+              failed = error;
+              void current.close().catch(() => undefined);
             })
             .finally(() => {
               chain.queued -= 1;
@@ -182,9 +220,9 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
         outage = true;
       } finally {
         await Promise.allSettled([...chains.values()].map((c) => c.tail));
-        await stream.close().catch(() => undefined);
+        await current.close().catch(() => undefined);
       }
-      if (outage) {
+      if (outage || lost) {
         await new Promise((resolve) => setTimeout(resolve, OUTAGE_PAUSE_MS));
         continue;
       }
@@ -196,6 +234,13 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
     crashed,
     connect: async () => undefined,
     async consume(options) {
+      // a rejoin the client gave up (its retries spent in an outage): no more heartbeats, the member is gone;
+      // unlistened, this 'error' would be thrown (an EventEmitter's) and end the process
+      consumer.on('error', () => {
+        if (closing) return;
+        lost = true;
+        void stream?.close().catch(() => undefined);
+      });
       consumer.on('consumer:group:join', (payload) => {
         const mine = payload.assignments?.find((a) => a.topic === options.topic);
         options.onAssignment(mine?.partitions ?? []);
@@ -206,7 +251,16 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
     },
     send: (topic, records) =>
       guarded(async () => {
-        await producer.send({ acks: ProduceAcks.ALL, messages: messagesOf(topic, records) });
+        const used = producer;
+        try {
+          await used.send({ acks: ProduceAcks.ALL, messages: messagesOf(topic, records) });
+        } catch (error) {
+          if (needsReset(error) && producer === used) {
+            producer = newProducer(); // the worker sends again (an outage): on a new producer
+            void used.close().catch(() => undefined);
+          }
+          throw error;
+        }
       }),
     commit: (topic, partition, next) =>
       guarded(() => consumer.commit({ offsets: [{ topic, partition, offset: next, leaderEpoch: 0 }] } as never)),
@@ -265,31 +319,55 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
       // producerId/producerEpoch -1: InitProducerId as a new producer of the id (the client's default, 0/0,
       // is refused PRODUCER_FENCED once the id has a producer), fencing the previous holder and completing
       // its open transaction (the broker finishes a commit it received, aborts one it did not).
-      const txProducer = new Producer({
+      const newTxProducer = () => new Producer({
         ...base,
         idempotent: true,
         transactionalId,
+        retries: TX_RETRIES,
+        retryDelay: txRetryDelay,
         producerId: -1n,
         producerEpoch: -1,
         partitioner: compatibilityPartitioner,
       } as never) as Producer<Buffer, Buffer, Buffer, Buffer>;
+      let txProducer = newTxProducer();
+      /** Set by an error that needs a new producer (needsReset): replaced before the next transaction (the
+       * current one is still aborted on the old producer). Its InitProducerId fences the old one's epoch and
+       * aborts a transaction it left open. */
+      let reset = false;
+      const noting = async <T>(fn: () => Promise<T>): Promise<T> => {
+        try {
+          return await fn();
+        } catch (error) {
+          if (needsReset(error)) reset = true;
+          throw error;
+        }
+      };
       return {
         connect: async () => undefined, // InitProducerId comes with the first transaction (the worker opens one)
         disconnect: () => txProducer.close().catch(() => undefined),
         transaction: () =>
           guarded(async (): Promise<Tx> => {
-            const txn = await txProducer.beginTransaction();
+            if (reset) {
+              reset = false;
+              const old = txProducer;
+              txProducer = newTxProducer();
+              await old.close().catch(() => undefined);
+            }
+            const txn = await noting(() => txProducer.beginTransaction());
             let touched = false; // EndTxn of an empty transaction is refused: it is only cancelled locally
             return {
               send: (record) =>
                 guarded(async () => {
                   touched = true;
-                  await txn.send({ acks: ProduceAcks.ALL, messages: messagesOf(record.topic, record.messages as OutRecord[]) } as never);
+                  await noting(() => txn.send({ acks: ProduceAcks.ALL, messages: messagesOf(record.topic, record.messages as OutRecord[]) } as never));
                 }),
               sendOffsets: ({ consumerGroupId, topics }) =>
                 guarded(async () => {
                   touched = true;
                   await txn.addConsumer(consumer as never);
+                  // the consumer forgets its coordinator on a network error (until its next group request):
+                  // TxnOffsetCommit goes to the coordinator found again, not to no broker at all
+                  const coordinatorId = consumer.coordinatorId ?? (await consumer.findGroupCoordinator());
                   for (const { topic, partitions } of topics) {
                     for (const { partition, offset } of partitions) {
                       // addOffset commits the message's offset + 1 with its group metadata: the consumer's now
@@ -298,14 +376,14 @@ export function platformaticClient(config: ClientConfig): KafkaClient {
                           groupId: consumerGroupId,
                           generationId: consumer.generationId,
                           memberId: consumer.memberId,
-                          coordinatorId: consumer.coordinatorId,
+                          coordinatorId,
                         },
                       };
-                      await txn.addOffset({ topic, partition, offset: BigInt(offset) - 1n, metadata } as never);
+                      await noting(() => txn.addOffset({ topic, partition, offset: BigInt(offset) - 1n, metadata } as never));
                     }
                   }
                 }),
-              commit: () => guarded(async () => void (await txn.commit())),
+              commit: () => guarded(async () => void (await noting(() => txn.commit()))),
               abort: () => guarded(async () => void (await (touched ? txn.abort() : txn.cancel()))),
             };
           }),
