@@ -40,6 +40,7 @@ from tests.integration.service_harness import (
     encoded,
     fresh_settings,
     response_event,
+    running_service,
     settings_env,
     text_message,
 )
@@ -198,3 +199,53 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
 
 async def _text(value: str) -> str:
     return value
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_a_stale_claim_is_sent_again_while_the_thread_is_silent(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
+) -> None:
+    """The work went out and no answer ever comes; the thread says nothing more. Past the timeout the sweep
+    takes the claim again and sends the work again (a new cycle), with no new turn; the late answer to the
+    old cycle is dropped, the new one applies. (Without the sweep no work would ever follow: every turn is
+    saved and acknowledged before the claim is aged.) Exactly once, the sweep sends on its own plain
+    producer: its work is read `read_committed` too."""
+    settings = _settings(
+        kafka_bootstrap, mongo_uri, observation_timeout_s=4.0, processing_guarantee=guarantee
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+    await _topics(settings, make_topic)
+
+    async def work_until(ready: Any) -> list[ObserveRequest]:
+        records = await read_topic(
+            bootstrap,
+            settings.observe_requests_topic,
+            until=lambda rs: ready(_work(rs)),
+            isolation_level="read_committed",
+        )
+        return _work(records)
+
+    try:
+        async with running_service(settings):
+            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 6})
+            sent = await work_until(lambda work: len(work) >= 1)
+            last = max(w.cycle for w in sent)
+            await _age_claim(settings)  # no turn will come: only the sweep can send it again
+            work = await work_until(lambda work: any(w.cycle > last for w in work))
+            old = next(w for w in work if w.cycle == last)
+            new = next(w for w in work if w.cycle == last + 1)
+            assert (new.recordId, new.generation) == (old.recordId, old.generation)
+            assert new.requestId == old.requestId  # the claim's maker, kept
+            assert [m.id for m in new.messages] == [m.id for m in old.messages]  # nothing new was said
+
+            handler = observer_handler(lambda w: _text(f"cycle {w.cycle}"))
+            answers = [(THREAD.encode(), encode(await handler(w))) for w in (old, new)]  # the late one first
+            await produce(bootstrap, settings.observe_results_topic, answers)
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
+            row = await _row_when(settings, lambda row: row.get("isObserving") is False)
+            assert row["activeObservations"] == f"cycle {last + 1}"  # once: the late answer dropped
+            assert row["_mh_cycle"] == last + 1
+            assert row["_mh_claimed_at"] is None
+    finally:
+        await drop_database(settings)
