@@ -20,8 +20,11 @@ old claim is then dropped by the observed path (`consumers.observe_results`).
 The sends are part of the acknowledgement of the thread's last record in the batch (and, exactly once, of its
 transaction): a send that fails retries that record, whose save is idempotent. The claim remembers the
 request that made it (`claimed_by`): when that same turn comes again (the retried batch, or a redelivery after
-the service died between the claim and its commit), the live claim's work is sent again, under the same
-cycle, instead of waiting out the timeout. A second copy of the work is harmless: the answer applies once.
+the service died between the claim and its commit), among any of its thread's turns in the batch (a later
+turn may have arrived meanwhile: the batch's work is decided on its last), the live claim's work is sent
+again, under the same cycle and the claiming request's id, instead of waiting out the timeout. A second copy
+of the work is harmless: the answer applies once. A claim whose turn never comes again is the observed path's
+sweep's (`consumers.observe_sweep`).
 """
 
 from __future__ import annotations
@@ -90,11 +93,13 @@ def om_config(settings: ObservationSettings) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Subject:
-    """One lookup key's work in the batch: its settings, and the last saved turn of it (whose ack waits)."""
+    """One lookup key's work in the batch: its settings, and the last saved turn of it (whose ack waits);
+    `requests`: the request ids of all its saved turns in the batch (the claiming turn may be among them)."""
 
     index: int
     response: AgentResponse
     settings: ObservationSettings
+    requests: frozenset[str] = frozenset()
 
     @property
     def thread_id(self) -> str | None:
@@ -131,7 +136,8 @@ class ObservationEmitter:
             if om is None:
                 continue
             key = f"thread:{response.threadId}" if om.scope == "thread" else f"resource:{response.resourceId}"
-            subjects[key] = _Subject(index, response, om)
+            earlier = subjects[key].requests if key in subjects else frozenset()
+            subjects[key] = _Subject(index, response, om, earlier | {response.requestId})
         if not subjects:
             return
         sends = await asyncio.gather(*(self._guarded(subject) for subject in subjects.values()))
@@ -173,9 +179,10 @@ class ObservationEmitter:
         if should_reflect(record.observation_token_count, subject.settings):
             return await self._reflect(subject, record, now)
         if record.is_observing and not self._stale(record, now):
-            if record.claimed_by != response.requestId:
+            if record.claimed_by not in subject.requests:
                 return None  # one observation in flight: no read, no claim
-            # the turn that made the live claim, again: its work (maybe never sent) sent again, same cycle
+            # the turn that made the live claim, again (maybe with later turns of its thread): its work (maybe
+            # never sent) sent again, same cycle
             return await self._observe(
                 subject, record, now, again=Claim(record.id, record.generation, record.cycle, "observe")
             )
@@ -213,7 +220,7 @@ class ObservationEmitter:
             return None  # another instance (or a Mastra app) holds it
         event = ObserveRequest.model_validate(
             {
-                **_work(subject, claim, now),
+                **_work(subject, claim, now, by=record.claimed_by if again else None),
                 "type": "ObserveRequest",
                 "messages": decision.messages,
                 "activeObservations": record.active_observations,
@@ -240,17 +247,19 @@ class ObservationEmitter:
     ) -> asyncio.Future[Any] | None:
         request_id = subject.response.requestId
         claim: Claim | None
+        by: str | None = None
         if record.is_reflecting and not self._stale(record, now):
-            if record.claimed_by != request_id:
+            if record.claimed_by not in subject.requests:
                 return None
             claim = Claim(record.id, record.generation, record.cycle, "reflect")  # the same turn again
+            by = record.claimed_by
         else:
             claim = await self._rows.claim(record, "reflect", now, by=request_id)
         if claim is None:
             return None
         event = ReflectRequest.model_validate(
             {
-                **_work(subject, claim, now),
+                **_work(subject, claim, now, by=by),
                 "type": "ReflectRequest",
                 "activeObservations": record.active_observations,
                 "observationTokenCount": record.observation_token_count,
@@ -261,11 +270,12 @@ class ObservationEmitter:
         return await self._publisher.publish(event)
 
 
-def _work(subject: _Subject, claim: Claim, now: datetime) -> dict[str, Any]:
-    """The fields every OM event carries (`schemas.observational.WorkBase`), for `claim`."""
+def _work(subject: _Subject, claim: Claim, now: datetime, by: str | None = None) -> dict[str, Any]:
+    """The fields every OM event carries (`schemas.observational.WorkBase`), for `claim`; `by`: the request
+    that made it, when the work is a live claim's sent again (default: the subject's last turn)."""
     return {
         "schemaVersion": 1,
-        "requestId": subject.response.requestId,
+        "requestId": by or subject.response.requestId,
         "createdAt": format_timestamp(now),
         "scope": subject.settings.scope,
         "threadId": subject.thread_id,

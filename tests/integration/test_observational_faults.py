@@ -159,15 +159,30 @@ def _start_never_sending(settings: Settings, log_path: Path) -> ServiceProcess:
     return proc
 
 
+@pytest.mark.parametrize(
+    ("guarantee", "spoke_again"),
+    [("at-least-once", False), ("at-least-once", True), ("exactly-once", True)],
+    ids=["silent", "spoke-again", "spoke-again-exactly-once"],
+)
 async def test_service_killed_between_claim_and_work_observes_after_restart(
-    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, service: list[ServiceProcess]
+    kafka_bootstrap: str,
+    mongo_uri: str,
+    make_topic: MakeTopic,
+    tmp_path: Path,
+    service: list[ServiceProcess],
+    guarantee: str,
+    spoke_again: bool,
 ) -> None:
     """SIGKILL after the claim is in MongoDB and before its ObserveRequest is durable: the restarted service
-    sends the claim's work (the unacknowledged turn comes again and owns the claim), the answer applies, the
-    flag clears. The claim timeout stays at its default (300 s): nothing here waits for it."""
-    settings = _settings(kafka_bootstrap, mongo_uri)
+    sends the claim's work (the unacknowledged claiming turn comes again), the answer applies, the flag
+    clears. `spoke_again`: the thread's next turn arrived while the service was down, so the claiming turn
+    comes back in one batch with a later one of its thread (the batch's work is decided on its last turn:
+    without looking at every turn of the batch, the claim would wait out its timeout). The claim timeout stays
+    at its default (300 s): nothing here waits for it."""
+    settings = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
     bootstrap = settings.kafka_bootstrap_servers
     await _topics(settings, make_topic)
+    turns = 7 if spoke_again else 6
     try:
         await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
         first = _start_never_sending(settings, tmp_path / "first.log")
@@ -178,11 +193,18 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
         # the window: claimed in MongoDB, no work in Kafka, the claiming turn not acknowledged
         assert await read_all(bootstrap, settings.observe_requests_topic, settle_s=0.5) == []
         assert (await _rows(settings))[0]["_mh_cycle"] == claimed["_mh_cycle"] == 1
+        if spoke_again:
+            await produce(bootstrap, settings.responses_topic, [_turn(7)])
 
         second = ServiceProcess(settings, tmp_path / "second.log")
         second.start()
         service.append(second)
-        work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+        committed = "read_committed"  # exactly once: the work is in the redelivered turn's transaction
+        work = _work(
+            await read_topic(
+                bootstrap, settings.observe_requests_topic, until=_has_work(1), isolation_level=committed
+            )
+        )
         assert (work[0].cycle, work[0].requestId) == (1, claimed["_mh_claimed_by"])  # the same claim's work
         answer = await observer_handler(lambda w: _text(f"seen {len(w.messages)} after the crash"))(work[0])
         await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), encode(answer))])
@@ -190,7 +212,7 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
         assert row["activeObservations"] == f"seen {len(work[0].messages)} after the crash"
         assert row["_mh_cycle"] == 1
         assert row["observedMessageIds"][0] == "q1"
-        await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 6})
+        await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: turns})
         second.signal(signal.SIGTERM)
         assert await second.wait(settings.shutdown_grace_s + 5) == 0, second.log()[-3000:]
     finally:
