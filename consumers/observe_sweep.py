@@ -43,6 +43,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
 from consumers.observational import observation_defaults
+from consumers.runtime.containment import containable
 from message_history import metrics
 from message_history.core.observation import (
     ObservationSettings,
@@ -113,13 +114,16 @@ class ObservationSweep:
         return self._settings.observation_timeout_s / 2
 
     async def run(self) -> None:
-        """Sweep every `interval_s` until cancelled; a failed round (an outage) is logged, the next tries."""
+        """Sweep every `interval_s` until cancelled; a failed round is logged (an outage as a warning,
+        anything else with its traceback) and the next round tries again: it never stops the service."""
         while True:
             await asyncio.sleep(self.interval_s)
             try:
                 await self.round()
             except MessageHistoryError as exc:
                 log.warning("observation sweep failed", extra={"error": str(exc), "retriable": exc.retriable})
+            except Exception:
+                log.exception("observation sweep failed")
 
     async def round(self, now: datetime | None = None) -> int:
         """One sweep: the stale claims' work sent again (released when there is none); how many were sent.
@@ -128,12 +132,27 @@ class ObservationSweep:
         stale = await self._rows.stale_claims(now - self._timeout, self._page)
         sent: list[asyncio.Future[Any]] = []
         for record in stale:
-            future = await self._one(record, now)
+            future = await self._guarded(record, now)
             if future is not None:
                 sent.append(future)
         if sent:
             await asyncio.gather(*sent)
         return len(sent)
+
+    async def _guarded(self, record: ObservationalRecord, now: datetime) -> asyncio.Future[Any] | None:
+        """`_one`, whose failure on one row (a hostile stored message, a bug) is logged and counted
+        (`swept-failed`) while the round goes on; an outage or a systemic refusal ends the round."""
+        try:
+            return await self._one(record, now)
+        except Exception as exc:
+            if not containable(exc):
+                raise
+            _count("swept-failed")
+            log.exception(
+                "observation sweep: a stale claim's work not sent again",
+                extra={"thread_id": record.thread_id, "error_type": type(exc).__name__},
+            )
+            return None
 
     async def _one(self, record: ObservationalRecord, now: datetime) -> asyncio.Future[Any] | None:
         if not (record.is_observing or record.is_reflecting):

@@ -170,3 +170,22 @@ async def test_a_claim_taken_first_elsewhere_sends_nothing() -> None:
     rows.taken = True
     assert await _sweep(rows, Messages([_message("m1", 0)]), sent).round(NOW) == 0
     assert sent.events == []
+
+
+async def test_a_row_that_fails_is_counted_and_the_round_goes_on() -> None:
+    class Failing(Messages):
+        async def list_page(self, query: PageQuery) -> Page:
+            if query.thread_id == "t1":
+                raise KeyError("a bug on this row")
+            return await super().list_page(query)
+
+    second = _row(id="row-2", lookupKey="thread:t2", threadId="t2")
+    rows, sent = Rows([_row(), second]), Sent()
+    newest = {"t1": rows.stale[0], "t2": second}
+
+    async def get(thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
+        return newest[thread_id or ""]
+
+    rows.get = get  # type: ignore[method-assign]
+    assert await _sweep(rows, Failing([_message("m1", 0)]), sent).round(NOW) == 1
+    assert [e.threadId for e in sent.events] == ["t2"]
