@@ -278,12 +278,30 @@ async def observation_sweep(
 ) -> AsyncIterator[ObservationSweep]:
     """The sweep of `run`, in the background while the block runs, sending on the service's `producer`; in
     exactly-once mode (`producer` holds its records for the paths' transactions) on a plain producer of its
-    own, opened here (see the module docstring: why a plain send is safe)."""
+    own, opened at its first send and closed with the block (see the module docstring: why a plain send is
+    safe)."""
     async with contextlib.AsyncExitStack() as stack:
         if isinstance(producer, HoldingProducer):
-            producer = await stack.enter_async_context(
-                OutputProducer(settings, client_id="message-history-om-sweep")
-            )
-        publisher = ObservePublisher(producer, settings.observe_requests_topic)
-        async with sweeping(ObservationSweep(settings, rows, storage, publisher.publish)) as sweep:
+            send: SendWork = _OwnProducer(settings, stack).publish
+        else:
+            send = ObservePublisher(producer, settings.observe_requests_topic).publish
+        async with sweeping(ObservationSweep(settings, rows, storage, send)) as sweep:
             yield sweep
+
+
+class _OwnProducer:
+    """The sweep's plain producer under exactly-once: opened when it first has work to send (most rounds
+    find nothing stale: no connection is held for them), entered into `stack`."""
+
+    def __init__(self, settings: Settings, stack: contextlib.AsyncExitStack) -> None:
+        self._settings = settings
+        self._stack = stack
+        self._publisher: ObservePublisher | None = None
+
+    async def publish(self, event: ObserveRequest | ReflectRequest) -> asyncio.Future[Any]:
+        if self._publisher is None:
+            producer = await self._stack.enter_async_context(
+                OutputProducer(self._settings, client_id="message-history-om-sweep")
+            )
+            self._publisher = ObservePublisher(producer, self._settings.observe_requests_topic)
+        return await self._publisher.publish(event)
