@@ -21,8 +21,10 @@ The sends go through the batch's `emit` under the thread's last record in the ba
 record's acknowledgement (exactly once: filed under its offset, so in its transaction): a send that fails
 retries that record, whose save is idempotent. The claim remembers the request that made it (`claimed_by`):
 when that same turn comes again (the retried batch, or a redelivery after the service died between the claim
-and its commit), the live claim's work is sent again, under the same cycle, instead of waiting out the
-timeout. A second copy of the work is harmless: the answer applies once.
+and its commit), among any of its thread's turns in the batch (a later turn may have arrived meanwhile: the
+batch's work is decided on its last), the live claim's work is sent again, under the same cycle and the
+claiming request's id, instead of waiting out the timeout. A second copy of the work is harmless: the answer
+applies once. A claim whose turn never comes again is the observed path's sweep's (`consumers.observe_sweep`).
 """
 
 from __future__ import annotations
@@ -97,12 +99,14 @@ def om_config(settings: ObservationSettings) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class _Subject:
-    """One lookup key's work in the batch: its settings, and the last saved turn of it (whose ack waits)."""
+    """One lookup key's work in the batch: its settings, and the last saved turn of it (whose ack waits);
+    `requests`: the request ids of all its saved turns in the batch (the claiming turn may be among them)."""
 
     index: int
     record: Positioned
     response: AgentResponse
     settings: ObservationSettings
+    requests: frozenset[str] = frozenset()
 
     @property
     def thread_id(self) -> str | None:
@@ -142,7 +146,8 @@ class ObservationEmitter:
             if om is None:
                 continue
             key = f"thread:{response.threadId}" if om.scope == "thread" else f"resource:{response.resourceId}"
-            subjects[key] = _Subject(index, record, response, om)
+            earlier = subjects[key].requests if key in subjects else frozenset()
+            subjects[key] = _Subject(index, record, response, om, earlier | {response.requestId})
         if not subjects:
             return
         sends = await asyncio.gather(*(self._guarded(subject, emit) for subject in subjects.values()))
@@ -172,9 +177,10 @@ class ObservationEmitter:
         if should_reflect(record.observation_token_count, subject.settings):
             return await self._reflect(subject, record, now, emit)
         if record.is_observing and not self._stale(record, now):
-            if record.claimed_by != response.requestId:
+            if record.claimed_by not in subject.requests:
                 return None  # one observation in flight: no read, no claim
-            # the turn that made the live claim, again: its work (maybe never sent) sent again, same cycle
+            # the turn that made the live claim, again (maybe with later turns of its thread): its work (maybe
+            # never sent) sent again, same cycle
             again = Claim(record.id, record.generation, record.cycle, "observe")
             return await self._observe(subject, record, now, emit, again=again)
         return await self._observe(subject, record, now, emit)
@@ -216,7 +222,7 @@ class ObservationEmitter:
             return None  # another instance (or a Mastra app) holds it
         event = ObserveRequest.model_validate(
             {
-                **_work(subject, claim, now),
+                **_work(subject, claim, now, by=record.claimed_by if again else None),
                 "type": "ObserveRequest",
                 "messages": decision.messages,
                 "activeObservations": record.active_observations,
@@ -243,17 +249,19 @@ class ObservationEmitter:
     ) -> asyncio.Future[Any] | None:
         request_id = subject.response.requestId
         claim: Claim | None
+        by: str | None = None
         if record.is_reflecting and not self._stale(record, now):
-            if record.claimed_by != request_id:
+            if record.claimed_by not in subject.requests:
                 return None
             claim = Claim(record.id, record.generation, record.cycle, "reflect")  # the same turn again
+            by = record.claimed_by
         else:
             claim = await self._rows.claim(record, "reflect", now, by=request_id)
         if claim is None:
             return None
         event = ReflectRequest.model_validate(
             {
-                **_work(subject, claim, now),
+                **_work(subject, claim, now, by=by),
                 "type": "ReflectRequest",
                 "activeObservations": record.active_observations,
                 "observationTokenCount": record.observation_token_count,
@@ -264,11 +272,12 @@ class ObservationEmitter:
         return await self._publisher.publish(emit, subject.record, event)
 
 
-def _work(subject: _Subject, claim: Claim, now: datetime) -> dict[str, Any]:
-    """The fields every OM event carries (`schemas.observational.WorkBase`), for `claim`."""
+def _work(subject: _Subject, claim: Claim, now: datetime, by: str | None = None) -> dict[str, Any]:
+    """The fields every OM event carries (`schemas.observational.WorkBase`), for `claim`; `by`: the request
+    that made it, when the work is a live claim's sent again (default: the subject's last turn)."""
     return {
         "schemaVersion": 1,
-        "requestId": subject.response.requestId,
+        "requestId": by or subject.response.requestId,
         "createdAt": format_timestamp(now),
         "scope": subject.settings.scope,
         "threadId": subject.thread_id,

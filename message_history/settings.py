@@ -121,8 +121,8 @@ class Settings(BaseSettings):
         allow_inf_nan=False,
         description=(
             "How long an observation (reflection) sent to an observer holds its thread's claim: past it the "
-            "next turn of the thread sends it again (a crashed or slow observer never leaves it stuck); an "
-            "answer to the old claim is then dropped."
+            "next turn of the thread, or the observed path's sweep (every half of it), sends it again (a "
+            "crashed or slow observer never leaves it stuck); an answer to the old claim is then dropped."
         ),
     )
     observe_requests_topic: str = Field(

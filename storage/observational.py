@@ -220,10 +220,25 @@ class MongoObservationalStore:
         self._timeout = claim_timeout
 
     async def ensure_indexes(self) -> None:
-        """@mastra/mongodb's own two indexes: `id` unique, `(lookupKey, generationCount desc)`."""
+        """@mastra/mongodb's own two indexes: `id` unique, `(lookupKey, generationCount desc)`; and the
+        service's `_mh_claimed_at` (the stale-claim sweep's range; Mastra neither reads nor minds it)."""
         with storage_errors("om indexes"):
             await self._rows.create_index([("id", ASCENDING)], unique=True)
             await self._rows.create_index([("lookupKey", ASCENDING), ("generationCount", DESCENDING)])
+            await self._rows.create_index([(CLAIMED_AT, ASCENDING)])
+
+    async def stale_claims(self, cutoff: datetime, limit: int) -> list[ObservationalRecord]:
+        """The rows whose claim the service made before `cutoff` and still holds, oldest claim first, at
+        most `limit` (a range on the `_mh_claimed_at` index: a settled claim has it null, a Mastra app's
+        flag has none, so neither is in the range). Unreadable rows are skipped (and counted)."""
+        with storage_errors("om read"):
+            rows = (
+                await self._raw.find({CLAIMED_AT: {"$lt": cutoff}})
+                .sort(CLAIMED_AT, ASCENDING)
+                .limit(limit)
+                .to_list()
+            )
+        return [record for raw in rows if (record := _readable(raw)) is not None]
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
         """`getObservationalMemory`: the newest readable generation of the key (unreadable ones skipped)."""
@@ -293,6 +308,16 @@ class MongoObservationalStore:
     async def release(self, claim: Claim, now: datetime) -> bool:
         """Give a claim back unused (the observer failed for good): the flag cleared if still this claim's."""
         return await self._settle(claim, {"updatedAt": now})
+
+    async def drop_claim_time(self, record_id: str, cycle: int) -> bool:
+        """The claim time (and maker) of a row whose flags someone else cleared (a Mastra app's own write
+        `$set`s the flag, not the service's fields), if still that cycle's: off the stale-claim sweep."""
+        with storage_errors("om apply"):
+            result = await self._rows.update_one(
+                {"id": record_id, CYCLE: cycle, "isObserving": {"$ne": True}, "isReflecting": {"$ne": True}},
+                {"$set": {CLAIMED_AT: None, CLAIMED_BY: None}},
+            )
+        return result.matched_count == 1
 
     async def apply_observation(self, claim: Claim, update: ObservationUpdate, now: datetime) -> bool:
         """`updateActiveObservations` for the claim it answers (False and nothing written if not current).

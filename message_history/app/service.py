@@ -30,6 +30,7 @@ from consumers.loop import StreamLoop
 from consumers.observe_emit import ObservationEmitter
 from consumers.observe_recall import ObservationRecall
 from consumers.observe_results import ObserveResultsHandler
+from consumers.observe_sweep import observation_sweep
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.timeouts import TimeoutStrikes
@@ -353,6 +354,9 @@ async def run_service(
         else:
             await forgetting.ensure_indexes()
         observational = await _observational(settings, forgetting)
+        if observational is not None and "observed" in paths:  # stale OM claims' work sent again
+            sweep = observation_sweep(settings, observational, batch_storage, producer)
+            await stack.enter_async_context(step("om sweep", sweep, RESERVE_SERVICES))
         if settings.prune_older_than and forgetting is not None:
             await stack.enter_async_context(
                 step("prune", periodic_prune(forgetting.db, settings), RESERVE_SERVICES)

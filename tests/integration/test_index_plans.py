@@ -33,6 +33,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from schemas.messages import Message
 from storage.documents import MESSAGES, THREADS
 from storage.mongodb import MongoHistoryStorage
+from storage.observational import OBSERVATIONAL, MongoObservationalStore
 from storage.protocol import RecallQuery, SaveTurn
 from tests import infra
 
@@ -260,3 +261,35 @@ async def test_the_proof_fails_when_the_recall_index_is_missing(
     plan = await explain(storage.db, find)
     with pytest.raises(AssertionError, match=r"collection scan|blocking sort|examined too many"):
         assert_index_walk(plan, index="thread_id_1_createdAt_1_id_1", returned=RECALL_LIMIT)
+
+
+async def test_the_stale_claim_sweep_walks_the_claim_time_index(mongo_uri: str) -> None:
+    """`stale_claims`: 3,000 Observational Memory rows, 2,990 settled (claim time null) or still young, 10
+    whose claim is past the cutoff: the sweep's page reads those 10 from `_mh_claimed_at_1`, oldest first."""
+
+    captured = Captured()
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+        mongo_uri, tz_aware=True, event_listeners=[captured]
+    )
+    name = infra.unique_name("t_")
+    try:
+        store = MongoObservationalStore(client[name])
+        await store.ensure_indexes()
+        cutoff = T0 + timedelta(hours=1)
+
+        def row(n: int) -> dict[str, Any]:
+            claimed = n % 300 == 0  # 10 stale claims, the rest settled or young
+            at = T0 + timedelta(seconds=n) if claimed else (None if n % 2 else cutoff + timedelta(seconds=n))
+            return {"id": f"om-{n}", "lookupKey": f"thread:t{n}", "threadId": f"t{n}", "resourceId": "u",
+                    "scope": "thread", "generationCount": 0, "isObserving": at is not None,
+                    "_mh_cycle": 1, "_mh_claimed_at": at}  # fmt: skip
+
+        await client[name][OBSERVATIONAL].insert_many([row(n) for n in range(3000)])
+        captured.commands.clear()
+        stale = await store.stale_claims(cutoff, 100)
+        assert [r.id for r in stale] == [f"om-{n}" for n in range(0, 3000, 300)]
+        [find] = captured.take("find")
+        assert_index_walk(await explain(client[name], find), index="_mh_claimed_at_1", returned=10)
+    finally:
+        await client.drop_database(name)
+        await client.close()

@@ -24,10 +24,13 @@ export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptio
 export { connectionFromEnv, type ConnectionOptions, type Env, type SaslOptions, type TlsOptions } from './settings.js';
 export { CAPABILITIES, type Capability } from './capabilities.js';
 export {
+  mastraObserverHandler,
   observeKey,
   observerHandler,
   ObserverWorker,
   workProblem,
+  type MastraObservationalMemoryLike,
+  type MastraObserverOptions,
   type ObserverWorkerOptions,
   type Observation,
   type ObserveFn,

@@ -7,6 +7,7 @@
 // service releases the claim). The service applies an answer once, to the claim it names: answering twice,
 // or late, is harmless. Key the answer as the work record (`observeKey`). `ObserverWorker` is the loop around
 // it on the package's Kafka seam (at-least-once: a record's offset committed after its answer is acknowledged).
+// `mastraObserverHandler({ model })` is the handler running Mastra's own Observer and Reflector agents.
 import type { KafkaClient, KafkaClientFactory } from './client.js';
 import type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
 import { kafkajsClient } from './kafkajs.js';
@@ -100,6 +101,91 @@ export function observerHandler(observe: ObserveFn, reflect?: ReflectFn): Observ
       return { ...result, error: failure(error) };
     }
   };
+}
+
+/** What the adapter uses of `@mastra/memory`'s `ObservationalMemory` (1.31): its `observer` and `reflector`
+ * runners, public members of the exported class, which run Mastra's own Observer and Reflector agents
+ * (their system prompts, the degenerate-output retry, the reflector's escalating compression). */
+export interface MastraObservationalMemoryLike {
+  observer: {
+    call(
+      existingObservations: string | undefined,
+      messagesToObserve: never[],
+      abortSignal?: AbortSignal,
+      options?: { priorCurrentTask?: string; priorSuggestedResponse?: string; threadId?: string; resourceId?: string },
+    ): Promise<{ observations: string; currentTask?: string; suggestedContinuation?: string }>;
+  };
+  reflector: {
+    call(observations: string, manualPrompt?: string, streamContext?: undefined, observationTokensThreshold?: number): Promise<{
+      observations: string;
+    }>;
+  };
+}
+
+export interface MastraObserverOptions {
+  /** The model both agents run on: what `new ObservationalMemory({ model })` takes (a model router id such as
+   * `'openai/gpt-4o-mini'`, or an AI SDK language model). Ignored when `memory` is given. */
+  model?: unknown;
+  /** Your own `ObservationalMemory` (its models, `observation` / `reflection` options and instructions); by
+   * default one is made on `model`, thread scope, over an in-memory store (it stores nothing: the service
+   * does). */
+  memory?: MastraObservationalMemoryLike;
+}
+
+// a variable specifier: the optional peers are loaded only when the adapter is used (and the CommonJS build
+// needs no resolution of their subpath exports at compile time)
+const MEMORY_PROCESSORS = '@mastra/memory/processors';
+const CORE_STORAGE = '@mastra/core/storage';
+
+async function defaultMemory(model: unknown): Promise<MastraObservationalMemoryLike> {
+  if (model === undefined) throw new Error('mastraObserverHandler needs `model` (or your own `memory`)');
+  const { ObservationalMemory } = (await import(MEMORY_PROCESSORS)) as {
+    ObservationalMemory: new (config: Record<string, unknown>) => MastraObservationalMemoryLike;
+  };
+  const { InMemoryStore } = (await import(CORE_STORAGE)) as {
+    InMemoryStore: new () => { getStore(name: 'memory'): Promise<unknown> };
+  };
+  const storage = await new InMemoryStore().getStore('memory');
+  return new ObservationalMemory({ storage, scope: 'thread', model });
+}
+
+/**
+ * An observer running Mastra's own Observer and Reflector (`@mastra/memory` ≥ 1.31, an optional peer, with
+ * `@mastra/core`): each ObserveRequest is the Observer agent's call on the work's messages and log (its
+ * `<observations>`, `<current-task>` and `<suggested-response>` parsed by Mastra; the service appends the
+ * observations to the log as Mastra's `wrapObservations` does), each ReflectRequest the Reflector's on the
+ * whole log with the request's `observationTokens` as its target. A model error answers with `error`.
+ */
+export function mastraObserverHandler(options: MastraObserverOptions): ObserverHandler {
+  let memory: Promise<MastraObservationalMemoryLike> | undefined;
+  const om = () => (memory ??= options.memory ? Promise.resolve(options.memory) : defaultMemory(options.model));
+  return observerHandler(
+    async (work) => {
+      // Mastra's messages: its stored shape, with `createdAt` a Date
+      const messages = work.messages.map((m) => ({
+        ...m,
+        ...(typeof m.createdAt === 'string' ? { createdAt: new Date(m.createdAt) } : {}),
+      }));
+      const found = await (await om()).observer.call(work.activeObservations || undefined, messages as never[], undefined, {
+        ...(work.threadId ? { threadId: work.threadId } : {}),
+        resourceId: work.resourceId,
+      });
+      return {
+        observations: found.observations,
+        ...(found.currentTask ? { currentTask: found.currentTask } : {}),
+        ...(found.suggestedContinuation ? { suggestedResponse: found.suggestedContinuation } : {}),
+      };
+    },
+    async (work) => {
+      const found = await (await om()).reflector.call(
+        work.activeObservations,
+        undefined,
+        undefined,
+        work.observationTokens,
+      );
+      return found.observations;
+    },
+  );
 }
 
 export interface ObserverWorkerOptions extends ConnectionOptions {

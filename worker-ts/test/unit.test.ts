@@ -11,6 +11,7 @@ import {
   buildResponse,
   enrichedProblem,
   observeKey,
+  mastraObserverHandler,
   observerHandler,
   ObserverWorker,
   workProblem,
@@ -31,6 +32,7 @@ import { enrichedRequest, javaPartition, MemoryKafka, memoryClient, murmur2, Tes
 import { AgentWorker } from '../src/worker.js';
 import { isOutage, runTransaction, type Tx, type TxPartition, type TxProducer } from '../src/transactions.js';
 import { prompts, signals, stubModel } from './stub-model.js';
+import { omPrompts, promptText, stubObserverModel } from './stub-om-model.js';
 
 function message(id: string, role: EnrichedMessage['role'], text: string, createdAt: string, source: 'memory' | 'input'): EnrichedMessage {
   return { id, role, createdAt, source, threadId: 't1', resourceId: 'r1', type: 'v2', content: { format: 2, parts: [{ type: 'text', text }] } };
@@ -862,6 +864,81 @@ describe('observerHandler: Observational Memory work answered, the claim echoed'
     assert.match(workProblem({ ...observeWork, type: 'ObserveResult' }) ?? '', /not work/);
     assert.match(workProblem({ ...observeWork, cycle: 1.5 }) ?? '', /cycle/);
     assert.match(workProblem([]) ?? '', /not a JSON object/);
+  });
+});
+
+describe('mastraObserverHandler: the Observer and Reflector agents of Mastra answer the work', () => {
+  const claim = {
+    schemaVersion: 1 as const,
+    requestId: 'req-7',
+    createdAt: '2026-01-01T00:10:00.000Z',
+    scope: 'thread' as const,
+    threadId: 't1',
+    resourceId: 'r1',
+    recordId: 'row-1',
+    generation: 0,
+    cycle: 3,
+  };
+  const said = (id: string, role: 'user' | 'assistant', minute: number, text: string) => ({
+    id,
+    role,
+    createdAt: `2026-01-01T00:0${minute}:00.000Z`,
+    content: { format: 2 as const, parts: [{ type: 'text', text }] },
+  });
+  const observeWork = (activeObservations: string, text = 'trains from Lyon to Turin?'): ObserveRequest => ({
+    ...claim,
+    type: 'ObserveRequest',
+    messages: [said('m1', 'user', 0, text), said('m2', 'assistant', 1, 'Spring has the cheapest days.')],
+    activeObservations,
+    observationTokenCount: 0,
+    pendingTokens: 31000,
+    messageTokens: 30000,
+  });
+  const system = (prompt: { role: string }[]) => prompt.filter((m) => m.role === 'system').map((m) => promptText(m as never)).join('\n');
+  const shown = (prompt: { role: string }[]) => prompt.filter((m) => m.role !== 'system').map((m) => promptText(m as never)).join('\n');
+
+  it("observes with Mastra's Observer prompt: its observations, current task and suggested response", async () => {
+    omPrompts.length = 0;
+    const result = await mastraObserverHandler({ model: stubObserverModel })(observeWork('* 🟡 (09:00) User greeted'));
+    if (result.type !== 'ObserveResult') throw new Error('not an ObserveResult');
+    assert.equal(result.error, undefined);
+    assert.equal(result.observations, '* 🔴 (10:00) User asked about trains from Lyon to Turin');
+    assert.equal(result.currentTask, 'find the cheapest spring day');
+    assert.equal(result.suggestedResponse, 'Ask which week suits them');
+    assert.deepEqual([result.cycle, result.observedMessageIds, result.lastObservedAt], [3, ['m1', 'm2'], '2026-01-01T00:01:00.000Z']);
+    const [prompt] = omPrompts;
+    assert.ok(prompt);
+    const { OBSERVER_SYSTEM_PROMPT } = await import('@mastra/memory/processors');
+    assert.ok(system(prompt).includes(OBSERVER_SYSTEM_PROMPT.slice(0, 200)), system(prompt).slice(0, 300));
+    assert.match(shown(prompt), /trains from Lyon to Turin\?/); // the work's messages
+    assert.match(shown(prompt), /Spring has the cheapest days/);
+    assert.match(shown(prompt), /User greeted/); // the log so far
+  });
+
+  it("reflects with Mastra's Reflector prompt on the whole log", async () => {
+    omPrompts.length = 0;
+    const work: ReflectRequest = {
+      ...claim,
+      type: 'ReflectRequest',
+      activeObservations: '* 🔴 (10:00) User asked about trains\n* 🔴 (10:05) User wants the cheapest spring day',
+      observationTokenCount: 41000,
+      observationTokens: 40000,
+    };
+    const result = await mastraObserverHandler({ model: stubObserverModel })(work);
+    if (result.type !== 'ReflectResult') throw new Error('not a ReflectResult');
+    assert.equal(result.error, undefined);
+    assert.equal(result.reflection, '* 🔴 (10:00) User plans a spring train trip, cheap days wanted');
+    const [prompt] = omPrompts;
+    assert.ok(prompt);
+    assert.match(system(prompt), /observation reflections/);
+    assert.match(shown(prompt), /User wants the cheapest spring day/);
+  });
+
+  it('answers a failed model with error, and needs a model', async () => {
+    const result = await mastraObserverHandler({ model: stubObserverModel })(observeWork('', 'FAIL please'));
+    assert.match(result.error ?? '', /failed/);
+    const none = await mastraObserverHandler({})(observeWork(''));
+    assert.match(none.error ?? '', /needs `model`/);
   });
 });
 

@@ -1,0 +1,191 @@
+"""The stale-claim sweep's decisions on in-memory rows (the real broker and MongoDB: tests/integration/
+test_observational_faults.py): what is sent again, what is released, what is left alone."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from consumers.observe_sweep import ObservationSweep
+from message_history.settings import Settings
+from schemas.messages import Message
+from schemas.observational import ObserveRequest, ReflectRequest
+from storage.observational import Claim, Kind, ObservationalRecord, record_from_doc
+from storage.protocol import Page, PageQuery
+
+NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
+OLD = NOW - timedelta(hours=1)
+
+
+def _row(**fields: Any) -> ObservationalRecord:
+    doc = {
+        "id": "row-1",
+        "lookupKey": "thread:t1",
+        "scope": "thread",
+        "threadId": "t1",
+        "resourceId": "u1",
+        "generationCount": 0,
+        "activeObservations": "- earlier",
+        "observationTokenCount": 3,
+        "isObserving": True,
+        "config": {"observation": {"messageTokens": 500}, "reflection": {"observationTokens": 900}},
+        "_mh_cycle": 2,
+        "_mh_claimed_at": OLD,
+        "_mh_claimed_by": "turn-6",
+        **fields,
+    }
+    return record_from_doc(doc)
+
+
+class Rows:
+    """Stale rows, each key's newest row, and what the sweep wrote."""
+
+    def __init__(self, stale: list[ObservationalRecord], newest: ObservationalRecord | None = None) -> None:
+        self.stale = stale
+        self.newest = newest if newest is not None else (stale[0] if stale else None)
+        self.claims: list[tuple[str, Kind, str | None]] = []
+        self.released: list[Claim] = []
+        self.dropped: list[tuple[str, int]] = []
+        self.cutoffs: list[datetime] = []
+        self.taken = False  # another replica took the claim first
+
+    async def stale_claims(self, cutoff: datetime, limit: int) -> list[ObservationalRecord]:
+        self.cutoffs.append(cutoff)
+        return self.stale[:limit]
+
+    async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
+        return self.newest
+
+    async def claim(
+        self, record: ObservationalRecord, kind: Kind, now: datetime, *, by: str | None = None
+    ) -> Claim | None:
+        if self.taken:
+            return None
+        self.claims.append((record.id, kind, by))
+        return Claim(record.id, record.generation, record.cycle + 1, kind)
+
+    async def release(self, claim: Claim, now: datetime) -> bool:
+        self.released.append(claim)
+        return True
+
+    async def drop_claim_time(self, record_id: str, cycle: int) -> bool:
+        self.dropped.append((record_id, cycle))
+        return True
+
+
+@dataclasses.dataclass
+class Messages:
+    """The thread's stored messages (newest first, as a page is)."""
+
+    rows: list[Message]
+    queries: list[PageQuery] = dataclasses.field(default_factory=list)
+
+    async def list_page(self, query: PageQuery) -> Page:
+        self.queries.append(query)
+        return Page(self.rows, has_more=False)
+
+
+def _message(ident: str, minute: int) -> Message:
+    return Message.model_validate(
+        {
+            "id": ident,
+            "role": "user",
+            "createdAt": f"2025-03-01T10:{minute:02d}:00.000Z",
+            "threadId": "t1",
+            "resourceId": "u1",
+            "content": {"format": 2, "parts": [{"type": "text", "text": f"message {ident} " * 20}]},
+        }
+    )
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.events: list[ObserveRequest | ReflectRequest] = []
+
+    async def __call__(self, event: ObserveRequest | ReflectRequest) -> asyncio.Future[Any]:
+        self.events.append(event)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+
+def _sweep(rows: Rows, messages: Messages, sent: Sent) -> ObservationSweep:
+    settings = Settings(observation_timeout_s=60.0)
+    return ObservationSweep(settings, rows, messages, sent)  # type: ignore[arg-type]
+
+
+async def test_a_stale_observation_is_claimed_again_and_its_unobserved_messages_sent() -> None:
+    row = _row(lastObservedAt=datetime(2025, 3, 1, 10, 1, tzinfo=UTC), observedMessageIds=["m2"])
+    rows, sent = Rows([row]), Sent()
+    messages = Messages([_message("m4", 4), _message("m3", 3), _message("m2", 2), _message("m1", 0)])
+    assert await _sweep(rows, messages, sent).round(NOW) == 1
+    assert rows.cutoffs == [NOW - timedelta(seconds=60)]
+    assert rows.claims == [("row-1", "observe", "turn-6")]  # the maker kept: its turn redelivered resends
+    assert messages.queries[0].start == row.last_observed_at
+    [event] = sent.events
+    assert isinstance(event, ObserveRequest)
+    assert [m.id for m in event.messages] == ["m3", "m4"]  # oldest first; observed ones left out
+    assert (event.requestId, event.recordId, event.generation, event.cycle) == ("turn-6", "row-1", 0, 3)
+    assert event.messageTokens == 500  # the row's own threshold, not the service default
+    assert event.activeObservations == "- earlier"
+
+
+async def test_a_stale_reflection_is_sent_again_with_the_whole_log() -> None:
+    rows, sent = Rows([_row(isObserving=False, isReflecting=True)]), Sent()
+    assert await _sweep(rows, Messages([]), sent).round(NOW) == 1
+    [event] = sent.events
+    assert isinstance(event, ReflectRequest)
+    assert (event.activeObservations, event.observationTokens, event.cycle) == ("- earlier", 900, 3)
+    assert rows.claims == [("row-1", "reflect", "turn-6")]
+
+
+async def test_nothing_left_to_observe_releases_the_claim() -> None:
+    rows, sent = Rows([_row()]), Sent()
+    assert await _sweep(rows, Messages([]), sent).round(NOW) == 0
+    assert sent.events == []
+    assert rows.released == [Claim("row-1", 0, 2, "observe")]
+    assert rows.claims == []
+
+
+async def test_an_old_generations_flag_is_released_not_sent() -> None:
+    newer = _row(id="row-2", generationCount=1, isObserving=False, _mh_claimed_at=None)
+    rows, sent = Rows([_row()], newest=newer), Sent()
+    assert await _sweep(rows, Messages([_message("m1", 0)]), sent).round(NOW) == 0
+    assert rows.released == [Claim("row-1", 0, 2, "observe")]
+    assert sent.events == []
+
+
+async def test_a_flag_cleared_by_another_writer_only_drops_the_claim_time() -> None:
+    rows, sent = Rows([_row(isObserving=False)]), Sent()
+    assert await _sweep(rows, Messages([_message("m1", 0)]), sent).round(NOW) == 0
+    assert rows.dropped == [("row-1", 2)]
+    assert rows.released == []
+    assert sent.events == []
+
+
+async def test_a_claim_taken_first_elsewhere_sends_nothing() -> None:
+    rows, sent = Rows([_row()]), Sent()
+    rows.taken = True
+    assert await _sweep(rows, Messages([_message("m1", 0)]), sent).round(NOW) == 0
+    assert sent.events == []
+
+
+async def test_a_row_that_fails_is_counted_and_the_round_goes_on() -> None:
+    class Failing(Messages):
+        async def list_page(self, query: PageQuery) -> Page:
+            if query.thread_id == "t1":
+                raise KeyError("a bug on this row")
+            return await super().list_page(query)
+
+    second = _row(id="row-2", lookupKey="thread:t2", threadId="t2")
+    rows, sent = Rows([_row(), second]), Sent()
+    newest = {"t1": rows.stale[0], "t2": second}
+
+    async def get(thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
+        return newest[thread_id or ""]
+
+    rows.get = get  # type: ignore[method-assign]
+    assert await _sweep(rows, Failing([_message("m1", 0)]), sent).round(NOW) == 1
+    assert [e.threadId for e in sent.events] == ["t2"]
