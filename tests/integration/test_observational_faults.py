@@ -139,7 +139,7 @@ _NEVER_SENT = """
 import asyncio, sys
 from producers.observe import ObservePublisher
 
-async def never(self, event, *, headers=()):
+async def never(self, emit, record, event, *, headers=()):
     return asyncio.get_running_loop().create_future()
 
 ObservePublisher.publish = never
