@@ -38,21 +38,21 @@ from typing import Any, Protocol
 
 from consumers.contract import Done, Emit, Result, ack_after
 from consumers.observational import Unobserved, request_settings
-from message_history import metrics
-from message_history.core.observation import (
-    ObservationSettings,
-    ObservedState,
-    decide_observation,
-    should_reflect,
+from consumers.observe_work import (
+    observe_request,
+    observed_state,
+    reflect_request,
+    since_observed,
+    work_fields,
 )
+from message_history import metrics
+from message_history.core.observation import ObservationSettings, decide_observation, should_reflect
 from message_history.settings import Settings
 from producers.observe import ObservePublisher
 from producers.output import Positioned
 from schemas.events import AgentResponse
-from schemas.messages import format_timestamp
-from schemas.observational import ObserveRequest, ReflectRequest
 from storage.observational import Claim, ObservationalRecord
-from storage.protocol import BatchHistoryStorage, PageQuery
+from storage.protocol import BatchHistoryStorage
 
 __all__ = ["ObservationEmitter", "ObservationalRows", "om_config"]
 
@@ -197,39 +197,16 @@ class ObservationEmitter:
         again: Claim | None = None,
     ) -> asyncio.Future[Any] | None:
         response = subject.response
-        page = await self._storage.list_page(
-            PageQuery(
-                thread_id=response.threadId,
-                resource_id=None,
-                start=record.last_observed_at,
-                end=None,
-                page=0,
-                per_page=self._max_rows,
-            )
-        )
-        messages = [m.wire() for m in reversed(page.messages)]  # oldest first
-        state = ObservedState(
-            last_observed_at=record.last_observed_at,
-            observed_message_ids=frozenset(record.observed_message_ids),
-            pending_message_tokens=record.pending_message_tokens,
-            observation_token_count=record.observation_token_count,
-        )
-        decision = decide_observation(messages, state, subject.settings)
+        messages = await since_observed(self._storage, response.threadId, record, self._max_rows)
+        decision = decide_observation(messages, observed_state(record), subject.settings)
         if not decision.observe:
             return None
         claim = again or await self._rows.claim(record, "observe", now, by=response.requestId)
         if claim is None:
             return None  # another instance (or a Mastra app) holds it
-        event = ObserveRequest.model_validate(
-            {
-                **_work(subject, claim, now, by=record.claimed_by if again else None),
-                "type": "ObserveRequest",
-                "messages": decision.messages,
-                "activeObservations": record.active_observations,
-                "observationTokenCount": record.observation_token_count,
-                "pendingTokens": decision.pending_tokens,
-                "messageTokens": decision.threshold,
-            }
+        work = _work(subject, claim, now, by=record.claimed_by if again else None)
+        event = observe_request(
+            work, record, decision.messages, pending=decision.pending_tokens, threshold=decision.threshold
         )
         metrics.OUTCOMES.labels(path="persist", outcome="observe-requested").inc()
         log.info(
@@ -259,14 +236,8 @@ class ObservationEmitter:
             claim = await self._rows.claim(record, "reflect", now, by=request_id)
         if claim is None:
             return None
-        event = ReflectRequest.model_validate(
-            {
-                **_work(subject, claim, now, by=by),
-                "type": "ReflectRequest",
-                "activeObservations": record.active_observations,
-                "observationTokenCount": record.observation_token_count,
-                "observationTokens": subject.settings.observation_tokens,
-            }
+        event = reflect_request(
+            _work(subject, claim, now, by=by), record, subject.settings.observation_tokens
         )
         metrics.OUTCOMES.labels(path="persist", outcome="reflect-requested").inc()
         return await self._publisher.publish(emit, subject.record, event)
@@ -275,14 +246,11 @@ class ObservationEmitter:
 def _work(subject: _Subject, claim: Claim, now: datetime, by: str | None = None) -> dict[str, Any]:
     """The fields every OM event carries (`schemas.observational.WorkBase`), for `claim`; `by`: the request
     that made it, when the work is a live claim's sent again (default: the subject's last turn)."""
-    return {
-        "schemaVersion": 1,
-        "requestId": by or subject.response.requestId,
-        "createdAt": format_timestamp(now),
-        "scope": subject.settings.scope,
-        "threadId": subject.thread_id,
-        "resourceId": subject.response.resourceId,
-        "recordId": claim.record_id,
-        "generation": claim.generation,
-        "cycle": claim.cycle,
-    }
+    return work_fields(
+        claim,
+        now,
+        request_id=by or subject.response.requestId,
+        scope=subject.settings.scope,
+        thread_id=subject.thread_id,
+        resource_id=subject.response.resourceId,
+    )

@@ -44,12 +44,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
 from consumers.observational import observation_defaults
+from consumers.observe_work import (
+    observe_request,
+    observed_state,
+    reflect_request,
+    since_observed,
+    work_fields,
+)
 from consumers.runtime.containment import containable
 from consumers.runtime.emit import SendNow
 from message_history import metrics
 from message_history.core.observation import (
     ObservationSettings,
-    ObservedState,
     dynamic_threshold,
     resolve_settings,
     unobserved_messages,
@@ -59,10 +65,9 @@ from message_history.errors import MessageHistoryError
 from message_history.settings import Settings
 from producers.observe import ObservePublisher
 from producers.output import OutputProducer
-from schemas.messages import format_timestamp
 from schemas.observational import ObserveRequest, ReflectRequest
 from storage.observational import Claim, Kind, ObservationalRecord
-from storage.protocol import BatchHistoryStorage, PageQuery
+from storage.protocol import BatchHistoryStorage
 
 __all__ = ["SWEEP_PAGE", "ObservationSweep", "SendWork", "SweepRows", "observation_sweep", "sweeping"]
 
@@ -175,30 +180,18 @@ class ObservationSweep:
         if claim is None:
             return None  # another replica's sweep, or a turn, took it first
         _count("reflect-reissued")
-        return await self._send(self._reflect_request(record, claim, now))
+        tokens = self._settings_of(record).observation_tokens
+        return await self._send(reflect_request(_work(record, claim, now), record, tokens))
 
     async def _observe(
         self, record: ObservationalRecord, held: Claim, now: datetime
     ) -> asyncio.Future[Any] | None:
         assert record.thread_id is not None  # checked by `_one`
         settings = self._settings_of(record)
-        page = await self._storage.list_page(
-            PageQuery(
-                thread_id=record.thread_id,
-                resource_id=None,
-                start=record.last_observed_at,
-                end=None,
-                page=0,
-                per_page=self._settings.max_rows_per_request,
-            )
+        recent = await since_observed(
+            self._storage, record.thread_id, record, self._settings.max_rows_per_request
         )
-        state = ObservedState(
-            last_observed_at=record.last_observed_at,
-            observed_message_ids=frozenset(record.observed_message_ids),
-            pending_message_tokens=record.pending_message_tokens,
-            observation_token_count=record.observation_token_count,
-        )
-        messages = unobserved_messages([m.wire() for m in reversed(page.messages)], state)
+        messages = unobserved_messages(recent, observed_state(record))
         if not messages:
             await self._rows.release(held, now)  # nothing left to observe (forgotten, pruned)
             _count("swept-released")
@@ -207,16 +200,9 @@ class ObservationSweep:
         if claim is None:
             return None
         pending = record.pending_message_tokens + count_om_messages(messages)
-        event = ObserveRequest.model_validate(
-            {
-                **_work(record, claim, now),
-                "type": "ObserveRequest",
-                "messages": messages,
-                "activeObservations": record.active_observations,
-                "observationTokenCount": record.observation_token_count,
-                "pendingTokens": pending,
-                "messageTokens": dynamic_threshold(settings.message_tokens, record.observation_token_count),
-            }
+        threshold = dynamic_threshold(settings.message_tokens, record.observation_token_count)
+        event = observe_request(
+            _work(record, claim, now), record, messages, pending=pending, threshold=threshold
         )
         _count("observe-reissued")
         log.info(
@@ -224,17 +210,6 @@ class ObservationSweep:
             extra={"thread_id": record.thread_id, "cycle": claim.cycle, "messages": len(messages)},
         )
         return await self._send(event)
-
-    def _reflect_request(self, record: ObservationalRecord, claim: Claim, now: datetime) -> ReflectRequest:
-        return ReflectRequest.model_validate(
-            {
-                **_work(record, claim, now),
-                "type": "ReflectRequest",
-                "activeObservations": record.active_observations,
-                "observationTokenCount": record.observation_token_count,
-                "observationTokens": self._settings_of(record).observation_tokens,
-            }
-        )
 
     def _settings_of(self, record: ObservationalRecord) -> ObservationSettings:
         """The thresholds the row was made with (`config`), over the service's defaults."""
@@ -244,17 +219,14 @@ class ObservationSweep:
 
 def _work(record: ObservationalRecord, claim: Claim, now: datetime) -> dict[str, Any]:
     """The fields every OM event carries, for a row's claim (`schemas.observational.WorkBase`)."""
-    return {
-        "schemaVersion": 1,
-        "requestId": record.claimed_by or f"om-sweep:{record.id}:{claim.cycle}",
-        "createdAt": format_timestamp(now),
-        "scope": "thread",
-        "threadId": record.thread_id,
-        "resourceId": record.resource_id,
-        "recordId": claim.record_id,
-        "generation": claim.generation,
-        "cycle": claim.cycle,
-    }
+    return work_fields(
+        claim,
+        now,
+        request_id=record.claimed_by or f"om-sweep:{record.id}:{claim.cycle}",
+        scope="thread",
+        thread_id=record.thread_id,
+        resource_id=record.resource_id,
+    )
 
 
 def _count(outcome: str) -> None:

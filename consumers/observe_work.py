@@ -1,0 +1,103 @@
+"""Observation (reflection) work built from an OM row: what the persist path's hook (`consumers.observe_emit`)
+and the observed path's sweep (`consumers.observe_sweep`) both send (issue 35; docs/observational-memory.md).
+
+The thread's messages since the row's `lastObservedAt` (one page, the newest `per_page`, oldest first), the
+row's observed state, the fields every OM event carries (`schemas.observational.WorkBase`) and the two work
+events: each in one place, so the two senders cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from message_history.core.observation import ObservedState
+from schemas.messages import format_timestamp
+from schemas.observational import ObserveRequest, ReflectRequest
+from storage.observational import Claim, ObservationalRecord
+from storage.protocol import HistoryStorage, PageQuery
+
+__all__ = ["observe_request", "observed_state", "reflect_request", "since_observed", "work_fields"]
+
+
+async def since_observed(
+    storage: HistoryStorage, thread_id: str, record: ObservationalRecord, per_page: int
+) -> list[dict[str, Any]]:
+    """`thread_id`'s messages from `record`'s `lastObservedAt` on, in wire form, oldest first (one page: the
+    newest `per_page`)."""
+    page = await storage.list_page(
+        PageQuery(
+            thread_id=thread_id,
+            resource_id=None,
+            start=record.last_observed_at,
+            end=None,
+            page=0,
+            per_page=per_page,
+        )
+    )
+    return [m.wire() for m in reversed(page.messages)]
+
+
+def observed_state(record: ObservationalRecord) -> ObservedState:
+    """What `record` says is observed already (Mastra OM's counting reads it)."""
+    return ObservedState(
+        last_observed_at=record.last_observed_at,
+        observed_message_ids=frozenset(record.observed_message_ids),
+        pending_message_tokens=record.pending_message_tokens,
+        observation_token_count=record.observation_token_count,
+    )
+
+
+def work_fields(
+    claim: Claim, now: datetime, *, request_id: str, scope: str, thread_id: str | None, resource_id: str
+) -> dict[str, Any]:
+    """The fields every OM event carries (`schemas.observational.WorkBase`), for `claim`."""
+    return {
+        "schemaVersion": 1,
+        "requestId": request_id,
+        "createdAt": format_timestamp(now),
+        "scope": scope,
+        "threadId": thread_id,
+        "resourceId": resource_id,
+        "recordId": claim.record_id,
+        "generation": claim.generation,
+        "cycle": claim.cycle,
+    }
+
+
+def observe_request(
+    work: Mapping[str, Any],
+    record: ObservationalRecord,
+    messages: list[dict[str, Any]],
+    *,
+    pending: int,
+    threshold: int,
+) -> ObserveRequest:
+    """The `ObserveRequest` of `work` (`work_fields`): `messages` to observe over `record`'s log."""
+    return ObserveRequest.model_validate(
+        {
+            **work,
+            "type": "ObserveRequest",
+            "messages": messages,
+            "activeObservations": record.active_observations,
+            "observationTokenCount": record.observation_token_count,
+            "pendingTokens": pending,
+            "messageTokens": threshold,
+        }
+    )
+
+
+def reflect_request(
+    work: Mapping[str, Any], record: ObservationalRecord, observation_tokens: int
+) -> ReflectRequest:
+    """The `ReflectRequest` of `work` (`work_fields`): `record`'s whole log, to condense."""
+    return ReflectRequest.model_validate(
+        {
+            **work,
+            "type": "ReflectRequest",
+            "activeObservations": record.active_observations,
+            "observationTokenCount": record.observation_token_count,
+            "observationTokens": observation_tokens,
+        }
+    )
