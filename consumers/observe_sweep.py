@@ -39,7 +39,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 
@@ -96,28 +96,19 @@ class SweepRows(Protocol):
     async def drop_claim_time(self, record_id: str, cycle: int) -> bool: ...
 
 
+@dataclass(slots=True, eq=False)
 class ObservationSweep:
     """One round at a time (`round`); `run` repeats it every half timeout. See the module docstring."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        rows: SweepRows,
-        storage: BatchHistoryStorage,
-        send: SendWork,
-        *,
-        page: int = SWEEP_PAGE,
-    ) -> None:
-        self._settings = settings
-        self._rows = rows
-        self._storage = storage
-        self._send = send
-        self._page = page
-        self._timeout = timedelta(seconds=settings.observation_timeout_s)
+    settings: Settings
+    rows: SweepRows
+    storage: BatchHistoryStorage
+    send: SendWork
+    page: int = field(default=SWEEP_PAGE, kw_only=True)
 
     @property
     def interval_s(self) -> float:
-        return self._settings.observation_timeout_s / 2
+        return self.settings.observation_timeout_s / 2
 
     async def run(self) -> None:
         """Sweep every `interval_s` until cancelled; a failed round is logged (an outage as a warning,
@@ -135,7 +126,8 @@ class ObservationSweep:
         """One sweep: the stale claims' work sent again (released when there is none); how many were sent.
         Returns once Kafka has every work sent."""
         now = now or datetime.now(UTC)
-        stale = await self._rows.stale_claims(now - self._timeout, self._page)
+        timeout = timedelta(seconds=self.settings.observation_timeout_s)
+        stale = await self.rows.stale_claims(now - timeout, self.page)
         sent: list[asyncio.Future[Any]] = []
         for record in stale:
             future = await self._guarded(record, now)
@@ -163,25 +155,25 @@ class ObservationSweep:
     async def _one(self, record: ObservationalRecord, now: datetime) -> asyncio.Future[Any] | None:
         if not (record.is_observing or record.is_reflecting):
             # the flag was cleared by someone else (a Mastra app's own write): only the claim time is left
-            await self._rows.drop_claim_time(record.id, record.cycle)
+            await self.rows.drop_claim_time(record.id, record.cycle)
             _count("swept-released")
             return None
         kind: Kind = "reflect" if record.is_reflecting else "observe"
         held = Claim(record.id, record.generation, record.cycle, kind)
-        current = await self._rows.get(record.thread_id, record.resource_id)
+        current = await self.rows.get(record.thread_id, record.resource_id)
         if record.thread_id is None or current is None or current.id != record.id:
             # an old generation's flag (nobody reads it), or a scope the service does not observe: cleared
-            await self._rows.release(held, now)
+            await self.rows.release(held, now)
             _count("swept-released")
             return None
         if kind == "observe":
             return await self._observe(record, held, now)
-        claim = await self._rows.claim(record, kind, now, by=record.claimed_by)
+        claim = await self.rows.claim(record, kind, now, by=record.claimed_by)
         if claim is None:
             return None  # another replica's sweep, or a turn, took it first
         _count("reflect-reissued")
         tokens = self._settings_of(record).observation_tokens
-        return await self._send(reflect_request(_work(record, claim, now), record, tokens))
+        return await self.send(reflect_request(_work(record, claim, now), record, tokens))
 
     async def _observe(
         self, record: ObservationalRecord, held: Claim, now: datetime
@@ -189,14 +181,14 @@ class ObservationSweep:
         assert record.thread_id is not None  # checked by `_one`
         settings = self._settings_of(record)
         recent = await since_observed(
-            self._storage, record.thread_id, record, self._settings.max_rows_per_request
+            self.storage, record.thread_id, record, self.settings.max_rows_per_request
         )
         messages = unobserved_messages(recent, observed_state(record))
         if not messages:
-            await self._rows.release(held, now)  # nothing left to observe (forgotten, pruned)
+            await self.rows.release(held, now)  # nothing left to observe (forgotten, pruned)
             _count("swept-released")
             return None
-        claim = await self._rows.claim(record, "observe", now, by=record.claimed_by)
+        claim = await self.rows.claim(record, "observe", now, by=record.claimed_by)
         if claim is None:
             return None
         pending = record.pending_message_tokens + count_om_messages(messages)
@@ -209,11 +201,11 @@ class ObservationSweep:
             "observation sent again: its claim timed out",
             extra={"thread_id": record.thread_id, "cycle": claim.cycle, "messages": len(messages)},
         )
-        return await self._send(event)
+        return await self.send(event)
 
     def _settings_of(self, record: ObservationalRecord) -> ObservationSettings:
         """The thresholds the row was made with (`config`), over the service's defaults."""
-        defaults = observation_defaults(self._settings)
+        defaults = observation_defaults(self.settings)
         return resolve_settings(record.config, defaults) or defaults
 
 

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import TypeAlias
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -56,20 +57,19 @@ class Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka shi
         await self._assigned(set(assigned))
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Intake:
     """One loop's consumer as a source of batches: what is assigned, what was handed out, what holds it."""
 
-    def __init__(
-        self, *, path: str, topic: str, consumer: AIOKafkaConsumer, health: Health, options: LoopOptions
-    ) -> None:
-        self.path = path
-        self.topic = topic
-        self.consumer = consumer
-        self._health = health
-        self._opts = options
-        self.assigned: set[TopicPartition] = set()
-        self._handed_out: dict[TopicPartition, int] = {}  # one past the last record fetched, per partition
-        self._holds: set[str] = set()  # the reasons intake is paused
+    path: str
+    topic: str
+    consumer: AIOKafkaConsumer
+    health: Health
+    options: LoopOptions
+    assigned: set[TopicPartition] = field(default_factory=set, init=False)
+    # one past the last record fetched, per partition
+    _handed_out: dict[TopicPartition, int] = field(default_factory=dict, init=False)
+    _holds: set[str] = field(default_factory=set, init=False)  # the reasons intake is paused
 
     # --- pausing --------------------------------------------------------------------------------------------
 
@@ -143,22 +143,22 @@ class Intake:
                     "input topic does not exist yet (or this principal may not describe it); waiting for it",
                     extra={"path": self.path, "topic": self.topic, "waited_s": waited},
                 )
-                self._health.set_ready(self.path, False, f"input topic {self.topic!r} does not exist")
+                self.health.set_ready(self.path, False, f"input topic {self.topic!r} does not exist")
                 next_report = now + _TOPIC_REPORT_EVERY_S
-            self._health.beat(self.path)
+            self.health.beat(self.path)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), _TOPIC_POLL_S)
         if stop.is_set():
             return False
         self.consumer.subscribe([self.topic], listener=listener)
-        self._health.set_ready(self.path, True)
+        self.health.set_ready(self.path, True)
         return True
 
     async def fetch(self) -> list[Fetched]:
         """The next batch of the assigned partitions ([] after a fetch that failed for an outage)."""
         try:
             fetched = await self.consumer.getmany(
-                timeout_ms=self._opts.poll_timeout_ms, max_records=self._opts.max_batch_records
+                timeout_ms=self.options.poll_timeout_ms, max_records=self.options.max_batch_records
             )
         except KafkaError as exc:
             if not is_outage(exc):
@@ -168,7 +168,7 @@ class Intake:
             await wait_to_retry(
                 self.path,
                 "kafka",
-                self._opts.retry_initial_s,
+                self.options.retry_initial_s,
                 "fetch failed, retrying",
                 extra={"error": type(exc).__name__},
                 logger=log,
@@ -205,8 +205,8 @@ class Intake:
         records, found = await read_carefully(
             self.consumer,
             owned,
-            max_records=self._opts.max_batch_records,
-            timeout_ms=self._opts.poll_timeout_ms,
+            max_records=self.options.max_batch_records,
+            timeout_ms=self.options.poll_timeout_ms,
         )
         for record in records:
             self._handed_out[partition_of(record)] = record.offset + 1
@@ -223,7 +223,7 @@ class Intake:
             if remaining <= 0:
                 return
             self._pause_all()
-            self._health.beat(self.path)
+            self.health.beat(self.path)
             try:
                 fetched = await self.consumer.getmany(timeout_ms=max(1, int(min(remaining, 1.0) * 1000)))
             except Exception as exc:
@@ -231,7 +231,7 @@ class Intake:
                     raise
                 if not is_outage(exc):  # read again (and dead-lettered) once the wait is over
                     await rewind(self.consumer, self.consumer.assignment(), self._handed_out)
-                await asyncio.sleep(min(remaining, self._opts.poll_timeout_ms / 1000))
+                await asyncio.sleep(min(remaining, self.options.poll_timeout_ms / 1000))
                 continue
             owned = self.consumer.assignment()
             for tp, recs in fetched.items():

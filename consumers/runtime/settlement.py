@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 from aiokafka import ConsumerRecord, TopicPartition
 
@@ -26,28 +27,20 @@ Settle = Callable[[list[Item], Sequence[Done | Refused]], Awaitable[list[Item]]]
 """One try at settling items with their outcomes; returns those whose outputs failed for an outage."""
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class Settlement:
     """The parked records of one loop, settling in the background, per partition."""
 
-    def __init__(
-        self,
-        *,
-        path: str,
-        topic: str,
-        settle: Settle,
-        still_ours: Callable[[list[Item]], list[Item]],
-        backoff: Backoff,
-        stopping: Callable[[], bool],
-    ) -> None:
-        self.path = path
-        self.topic = topic
-        self._settle = settle
-        self._still_ours = still_ours
-        self._backoff = backoff
-        self._stopping = stopping
-        self._settling: dict[TopicPartition, set[asyncio.Task[None]]] = {}
-        self._parkings: set[Lanes] = set()  # the lanes those records wait in
-        self.failure: BaseException | None = None  # a bug met while settling one: the loop raises it
+    path: str
+    topic: str
+    settle: Settle
+    still_ours: Callable[[list[Item]], list[Item]]
+    backoff: Backoff
+    stopping: Callable[[], bool]
+    _settling: dict[TopicPartition, set[asyncio.Task[None]]] = field(default_factory=dict, init=False)
+    _parkings: set[Lanes] = field(default_factory=set, init=False)  # the lanes those records wait in
+    # a bug met while settling one: the loop raises it
+    failure: BaseException | None = field(default=None, init=False)
 
     def full(self) -> bool:
         """True when the lanes hold as many parked requests as they may."""
@@ -88,15 +81,15 @@ class Settlement:
             return  # its lane was dropped (revoke, shutdown): the next owner reads it again
         await retry_batch(
             [item],
-            lambda items: self._settle(items, [outcome]),
-            backoff=self._backoff,
+            lambda items: self.settle(items, [outcome]),
+            backoff=self.backoff,
             wait=self._wait,
-            keep=self._still_ours,
+            keep=self.still_ours,
         )
 
     async def _wait(self, failure: Failure[Item]) -> bool:
         await wait_to_retry(self.path, "kafka", failure.delay)
-        return self._stopping()
+        return self.stopping()
 
     def _parked_settled(self, tp: TopicPartition, task: asyncio.Task[None]) -> None:
         tasks = self._settling.get(tp)

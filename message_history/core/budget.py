@@ -294,6 +294,7 @@ def _desc_key(message: Message) -> tuple[datetime, str]:
     return _instant(message), message.id or ""
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
 class HistoryLoader:
     """Mastra's `loadMessageHistory` as a state machine: `next_page` says what to fetch, `feed` takes it.
 
@@ -306,31 +307,25 @@ class HistoryLoader:
     rows say, would otherwise be paged to its end).
     """
 
-    def __init__(
-        self,
-        *,
-        boundary: Boundary | None,
-        max_messages: int | None,
-        budget: TokenBudget | None,
-        count: Counter = count_message,
-        max_rows: int | None = None,
-    ) -> None:
-        self._boundary = boundary
-        self._max_messages = max_messages
-        self._budget = budget
-        self._count = count
-        self._max_rows = max_rows
-        self.rows_read = 0
-        self.truncated = False
-        self._loaded: dict[str, Message] = {}
-        self._end: datetime | None = None
-        self._cutoff: datetime | None = None
-        self._partition = Partition([], [], None)
-        self.pages = 0
-        self.next_page: PageRequest | None = self._request(0)
+    boundary: Boundary | None
+    max_messages: int | None
+    budget: TokenBudget | None
+    count: Counter = count_message
+    max_rows: int | None = None
+    rows_read: int = field(default=0, init=False)
+    truncated: bool = field(default=False, init=False)
+    pages: int = field(default=0, init=False)
+    next_page: PageRequest | None = field(init=False)
+    _loaded: dict[str, Message] = field(default_factory=dict, init=False)
+    _end: datetime | None = field(default=None, init=False)
+    _cutoff: datetime | None = field(default=None, init=False)
+    _partition: Partition = field(default_factory=lambda: Partition([], [], None), init=False)
+
+    def __post_init__(self) -> None:
+        self.next_page = self._request(0)
 
     def _request(self, page: int) -> PageRequest:
-        start = self._boundary.instant if self._boundary is not None else None
+        start = self.boundary.instant if self.boundary is not None else None
         return PageRequest(start=start, end=self._end, page=page)
 
     def feed(self, rows: Sequence[Message], *, has_more: bool) -> PageRequest | None:
@@ -343,7 +338,7 @@ class HistoryLoader:
             if (
                 message.role == "system"
                 or is_transient_signal(message)
-                or (self._boundary is not None and not is_after(message, self._boundary))
+                or (self.boundary is not None and not is_after(message, self.boundary))
             ):
                 continue
             key = message.id or ""
@@ -352,13 +347,13 @@ class HistoryLoader:
                 added += 1
         ordered = sorted(self._loaded.values(), key=_desc_key, reverse=True)
         self._partition = partition(
-            ordered, max_messages=self._max_messages, budget=self._budget, count=self._count
+            ordered, max_messages=self.max_messages, budget=self.budget, count=self.count
         )
         if self._partition.overflow:
             self._cutoff = _instant(self._partition.overflow[-1])
         oldest = _instant(rows[-1]) if rows else None
         crossed = self._cutoff is not None and oldest is not None and oldest < self._cutoff
-        at_boundary = self._boundary is not None and oldest is not None and oldest < self._boundary.instant
+        at_boundary = self.boundary is not None and oldest is not None and oldest < self.boundary.instant
         if not has_more or crossed or at_boundary or oldest is None:
             self.next_page = None
         elif self._end == oldest and added == 0:
@@ -366,7 +361,7 @@ class HistoryLoader:
         else:
             self._end = oldest
             self.next_page = self._request(0)
-        cap = self._max_rows
+        cap = self.max_rows
         if self.next_page is not None and cap is not None and self.rows_read + self.next_page.per_page > cap:
             self.next_page = None
             self.truncated = True
