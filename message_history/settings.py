@@ -348,19 +348,24 @@ class Settings(BaseSettings):
 
     @property
     def requests_dlq(self) -> str:
-        return self.requests_dlq_topic or f"{self.requests_topic}.dlq"
+        return _dead_letter_topic(self.requests_dlq_topic, self.requests_topic)
 
     @property
     def responses_dlq(self) -> str:
-        return self.responses_dlq_topic or f"{self.responses_topic}.dlq"
+        return _dead_letter_topic(self.responses_dlq_topic, self.responses_topic)
 
     @property
     def commands_dlq(self) -> str:
-        return self.commands_dlq_topic or f"{self.commands_topic}.dlq"
+        return _dead_letter_topic(self.commands_dlq_topic, self.commands_topic)
 
     @property
     def observe_results_dlq(self) -> str:
-        return self.observe_results_dlq_topic or f"{self.observe_results_topic}.dlq"
+        return _dead_letter_topic(self.observe_results_dlq_topic, self.observe_results_topic)
+
+
+def _dead_letter_topic(override: str | None, input_topic: str) -> str:
+    """An input topic's dead-letter topic: its override, else `<input topic>.dlq`."""
+    return override or f"{input_topic}.dlq"
 
 
 def settings_slice(cls: type[D], settings: Settings) -> D:
