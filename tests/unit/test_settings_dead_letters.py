@@ -2,20 +2,41 @@
 
 from __future__ import annotations
 
-import pytest
-
 from message_history.settings import Settings
 
-INPUTS = ("requests", "responses", "commands", "observe_results")
+
+def _dead_letter_topics(settings: Settings) -> list[str]:
+    return [
+        settings.requests_dlq,
+        settings.responses_dlq,
+        settings.commands_dlq,
+        settings.observe_results_dlq,
+    ]
 
 
-@pytest.mark.parametrize("name", INPUTS)
-def test_a_dead_letter_topic_defaults_to_its_input_topic_dot_dlq(name: str) -> None:
-    settings = Settings(**{f"{name}_topic": f"in.{name}"})
-    assert getattr(settings, f"{name}_dlq") == f"in.{name}.dlq"
+def test_a_dead_letter_topic_defaults_to_its_input_topic_dot_dlq() -> None:
+    settings = Settings(
+        requests_topic="in.rq",
+        responses_topic="in.rs",
+        commands_topic="in.cmd",
+        observe_results_topic="in.obs",
+        requests_dlq_topic=None,
+        responses_dlq_topic=None,
+        commands_dlq_topic=None,
+        observe_results_dlq_topic=None,
+    )
+    assert _dead_letter_topics(settings) == ["in.rq.dlq", "in.rs.dlq", "in.cmd.dlq", "in.obs.dlq"]
 
 
-@pytest.mark.parametrize("name", INPUTS)
-def test_a_dead_letter_topic_set_is_used_as_set(name: str) -> None:
-    settings = Settings(**{f"{name}_topic": f"in.{name}", f"{name}_dlq_topic": f"dead.{name}"})
-    assert getattr(settings, f"{name}_dlq") == f"dead.{name}"
+def test_a_dead_letter_topic_set_is_used_as_set() -> None:
+    settings = Settings(
+        requests_topic="in.rq",
+        responses_topic="in.rs",
+        commands_topic="in.cmd",
+        observe_results_topic="in.obs",
+        requests_dlq_topic="dead.rq",
+        responses_dlq_topic="dead.rs",
+        commands_dlq_topic="dead.cmd",
+        observe_results_dlq_topic="dead.obs",
+    )
+    assert _dead_letter_topics(settings) == ["dead.rq", "dead.rs", "dead.cmd", "dead.obs"]
