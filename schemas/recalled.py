@@ -4,9 +4,10 @@ The recall path's output is mostly stored history: 40 rows of ~1 KB each per eve
 path validates every row into a `Message`, tags it as an `EnrichedMessage` and dumps it again. For a row
 whose stored form is already what the models would write (`schemas.canonical`), a `RecalledRow` carries the
 enriched message's bytes instead: its header fields encoded once, and the stored `content` spliced as it is.
-It is a `Message` for the rules (`id`, `role`, `createdAt`, `threadId`, `resourceId`, `type` are set, so
-ordering and dedupe read it as usual) but it has no `content`: anything that needs the content calls
-`materialize()`, which is the model path for that row (so the result is the same, only slower).
+It is a whole `Message`: `id`, `role`, `createdAt`, `threadId`, `resourceId` and `type` are set (ordering
+and dedupe read them as usual), and its `content`, `wire()` and `model_dump*()` are those of `materialize()`,
+the model path for that row, built when first asked for (the same result, only slower): the recall path
+never asks, it splices the stored bytes (`enriched_json`).
 
 `encode_enriched` gives exactly the bytes of `encode(EnrichedRequest.from_request(...))`: the event is
 dumped by pydantic with a marker in place of `messages`, and the messages array is written where the marker
@@ -18,7 +19,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from pydantic import PrivateAttr
 from pydantic_core import to_json
@@ -35,11 +36,20 @@ _HEAD_FIELDS_TYPED: Final = _HEAD_FIELDS | {"type"}
 
 
 class RecalledRow(Message):
-    """A stored message the rules can order and dedupe, with its enriched form as bytes (no `content`)."""
+    """A stored message the rules can order and dedupe, with its enriched form as bytes; its content is read
+    through the model path when first asked for (`materialize`)."""
 
     # `{"id":…,…,"content":<stored content>`: the enriched message up to its `source`
     _prefix: bytes = PrivateAttr(b"")
     _load: Callable[[], Message] | None = PrivateAttr(None)  # the model path for this row
+    _model: Message | None = PrivateAttr(None)  # what `_load` gave, once asked for
+
+    if not TYPE_CHECKING:  # typed as `Message.content`; only the value is missing from the view
+
+        def __getattr__(self, name: str) -> Any:
+            if name == "content":
+                return self.materialize().content
+            return super().__getattr__(name)
 
     def enriched_json(self, source: Source) -> bytes:
         """The `EnrichedMessage` JSON of this row tagged `source` (its thread/resource are always set)."""
@@ -48,10 +58,22 @@ class RecalledRow(Message):
     def wire(self) -> dict[str, Any]:
         return self.materialize().wire()
 
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        return self.materialize().model_dump(**kwargs)
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        return self.materialize().model_dump_json(**kwargs)
+
     def materialize(self) -> Message:
-        """The row as the model path reads it (validated `Message`, content included)."""
-        assert self._load is not None
-        return self._load()
+        """The row as the model path reads it (validated `Message`, content included), built once."""
+        private = self.__pydantic_private__
+        assert private is not None
+        model = private["_model"]
+        if model is None:
+            load = private["_load"]
+            assert load is not None
+            model = private["_model"] = load()
+        return cast(Message, model)
 
 
 def _prefix(row: RecalledRow) -> bytes:
@@ -93,7 +115,7 @@ def recalled_row(
     object.__setattr__(row, "__dict__", values)
     object.__setattr__(row, "__pydantic_fields_set__", fields_set)
     object.__setattr__(row, "__pydantic_extra__", {})
-    object.__setattr__(row, "__pydantic_private__", {"_prefix": prefix, "_load": load})
+    object.__setattr__(row, "__pydantic_private__", {"_prefix": prefix, "_load": load, "_model": None})
     return row
 
 

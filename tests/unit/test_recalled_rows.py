@@ -169,11 +169,28 @@ def test_materialized_gives_the_models() -> None:
     assert models == build_context([message_from_doc(d) for d in docs], [])
 
 
-def test_a_row_has_no_content_to_misuse() -> None:
+def test_a_row_is_a_whole_message_its_content_read_once_when_asked() -> None:
+    """A `RecalledRow` is typed as a `Message`: its content, dump and wire form are the model path's (read
+    once, on first use), so code given a row as a `Message` is never wrong, only slower."""
     docs = readable(stored_docs(5, 30, THREAD, OWNER), THREAD, OWNER)
-    row = next(r for r in map(_recalled_or_model, docs) if isinstance(r, RecalledRow))
+    doc = next(d for d in docs if isinstance(_recalled_or_model(d), RecalledRow))
+    loads: list[Mapping[str, Any]] = []
+
+    def load(d: Mapping[str, Any]) -> Message:
+        loads.append(d)
+        return message_from_doc(d)
+
+    row = row_from_doc(doc, load)
+    assert isinstance(row, RecalledRow)
+    model = message_from_doc(doc)
+    assert loads == []  # built without its content
+    assert row.content == model.content
+    assert row.model_dump() == model.model_dump()
+    assert row.model_dump_json(exclude_unset=True) == model.model_dump_json(exclude_unset=True)
+    assert row.wire() == model.wire()
+    assert len(loads) == 1
     with pytest.raises(AttributeError):
-        _ = row.content
+        _ = row.no_such_field  # type: ignore[attr-defined]  # only `content` is read through the model
 
 
 # --- the rule tables, recalled through MessageHistory over documents ---------------------------------------

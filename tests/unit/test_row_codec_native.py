@@ -333,12 +333,14 @@ def test_the_generator_reaches_both_answers(native: Any) -> None:
     """The property above is not vacuous: generated documents the native codec takes and ones it refuses.
 
     The counts are a statistic of the generator, not a property of each input: over seeds 0-39 the documents
-    answered went as low as 16 of 300, so they are counted on one fixed sample (the seed, no database).
+    answered went as low as 16 of 300, so they are counted on one fixed sample (the seed, no database) of
+    1,000. Even with the seed the sample depends on what ran before in the process (17 of 300 answered after
+    the other row-codec test files), hence the larger sample against the same bound.
     """
     answered = refused = 0
 
     @seed(COVERAGE_SEED)
-    @settings(max_examples=300, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=1000, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(documents())
     def count(raw: bytes) -> None:
         nonlocal answered, refused
