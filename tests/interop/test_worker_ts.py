@@ -635,8 +635,18 @@ async def test_exactly_once_through_a_frozen_and_a_stopped_broker_answers_every_
     print(f"commits in doubt settled: {len(doubts)}")
 
 
-# KafkaJS not here yet: on it 2 of 480 answered turns were missing from the topic (under investigation)
-@pytest.mark.parametrize("client", ["platformatic"])
+# KafkaJS 2.2.4 loses acknowledged answers here (runs and figures: worker-ts/README.md, "The Kafka client"):
+# a produce request timed out in the frozen broker is counted as not written (its sequence number
+# rolled back) while the broker writes it after the thaw; the next send reuses that sequence number with
+# another turn's answer, which the broker takes for a duplicate and acknowledges without writing it.
+KAFKAJS_LOSES_ANSWERS = pytest.mark.xfail(
+    strict=True,
+    reason="KafkaJS 2.2.4: a timed-out idempotent send rolls its sequence back; the next send's answer is "
+    "acknowledged as a duplicate and lost (tulios/kafkajs, no release since 2023)",
+)
+
+
+@pytest.mark.parametrize("client", [pytest.param("kafkajs", marks=KAFKAJS_LOSES_ANSWERS), "platformatic"])
 async def test_at_least_once_through_a_frozen_and_a_stopped_broker_answers_every_turn(
     node: str,
     private_kafka: PrivateKafka,  # noqa: F811 -- the fixture
