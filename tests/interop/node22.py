@@ -1,6 +1,7 @@
 """Node 22 for the TypeScript worker package's tests: `deploy/local/stack install --all` installs it under
-.cache/node22 from the npm registry (the `node` package), whatever the machine's own Node is (the package and
-Mastra need >= 22.13). Missing, the tests skip with the reason (they fail under CI)."""
+.cache/node22 from the npm registry (the `node` package), whatever the machine's own Node is (Mastra needs
+>= 22.13, the package's default Kafka client @platformatic/kafka >= 22.22). Missing, the tests skip with the
+reason (they fail under CI)."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ WAIT_S = 90.0
 def node() -> str:
     """Node 22, once the package's npm packages are installed and its tests compiled by its TypeScript."""
     node = node22()
-    for package in ("kafkajs", "@mastra/core", "typescript"):
+    for package in ("@platformatic/kafka", "kafkajs", "@mastra/core", "typescript"):
         if not (PACKAGE / "node_modules" / package).is_dir():
             skip_or_fail(
                 f"worker-ts/node_modules/{package} is missing (run `deploy/local/stack install --all`)"
@@ -163,9 +163,7 @@ def _text(message: dict[str, Any]) -> str:
     return " ".join(p.get("text", "") for p in content["parts"] if p["type"] == "text")
 
 
-@pytest.mark.parametrize(
-    "guarantee", ["at-least-once", "exactly-once", "platformatic", "platformatic-exactly-once"]
-)
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once", "kafkajs", "kafkajs-exactly-once"])
 async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_turn(
     node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path, guarantee: str
 ) -> None:
@@ -173,16 +171,15 @@ async def test_mastra_agent_conversation_survives_a_killed_worker_and_fails_a_tu
     turn and restarted: that turn is answered once, by the new worker. Bob's third turn fails in the model:
     a failed turn, nothing of it saved. Every turn is answered exactly once; SIGTERM stops the worker.
     Under exactly-once (the service and the worker) every response went out in a transaction with its offset
-    (the responses topic holds a commit marker after each). "platformatic": at-least-once on the package's
-    @platformatic/kafka adapter (`platformaticClient`) instead of the default KafkaJS one;
-    "platformatic-exactly-once": exactly-once on it."""
-    processing = {"platformatic": "at-least-once", "platformatic-exactly-once": "exactly-once"}.get(
-        guarantee, guarantee
-    )
+    (the responses topic holds a commit marker after each). On the default client (@platformatic/kafka);
+    "kafkajs": at-least-once on the package's KafkaJS adapter (`kafkajsClient`), "kafkajs-exactly-once":
+    exactly-once on it."""
+    modes = {"kafkajs": "at-least-once", "kafkajs-exactly-once": "exactly-once"}
+    processing = modes.get(guarantee, guarantee)
     settings = fresh_settings(kafka_bootstrap, mongo_uri, processing_guarantee=processing)
     mode = {"MESSAGE_HISTORY_PROCESSING_GUARANTEE": processing}
-    if guarantee.startswith("platformatic"):
-        mode["KAFKA_CLIENT"] = "platformatic"
+    if guarantee.startswith("kafkajs"):
+        mode["KAFKA_CLIENT"] = "kafkajs"
     for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
         await make_topic(partitions=2, name=name)
     bootstrap = settings.kafka_bootstrap_servers
@@ -311,7 +308,7 @@ def _enriched(thread: str, rid: str, text: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize(
     ("read_back", "answers_of_the_first", "client"),
-    [("1000", 1, "kafkajs"), ("0", 2, "kafkajs"), ("1000", 1, "platformatic")],
+    [("1000", 1, "platformatic"), ("0", 2, "platformatic"), ("1000", 1, "kafkajs")],
 )
 async def test_a_restart_does_not_answer_again_what_the_responses_topic_holds(
     node: str,
@@ -635,8 +632,18 @@ async def test_exactly_once_through_a_frozen_and_a_stopped_broker_answers_every_
     print(f"commits in doubt settled: {len(doubts)}")
 
 
-# KafkaJS not here yet: on it 2 of 480 answered turns were missing from the topic (under investigation)
-@pytest.mark.parametrize("client", ["platformatic"])
+# KafkaJS 2.2.4 loses acknowledged answers here (runs and figures: worker-ts/README.md, "The Kafka client"):
+# a produce request timed out in the frozen broker is counted as not written (its sequence number
+# rolled back) while the broker writes it after the thaw; the next send reuses that sequence number with
+# another turn's answer, which the broker takes for a duplicate and acknowledges without writing it.
+KAFKAJS_LOSES_ANSWERS = pytest.mark.xfail(
+    strict=True,
+    reason="KafkaJS 2.2.4: a timed-out idempotent send rolls its sequence back; the next send's answer is "
+    "acknowledged as a duplicate and lost (tulios/kafkajs, no release since 2023)",
+)
+
+
+@pytest.mark.parametrize("client", [pytest.param("kafkajs", marks=KAFKAJS_LOSES_ANSWERS), "platformatic"])
 async def test_at_least_once_through_a_frozen_and_a_stopped_broker_answers_every_turn(
     node: str,
     private_kafka: PrivateKafka,  # noqa: F811 -- the fixture

@@ -1,6 +1,6 @@
 // The SDK's own small Kafka interface: everything AgentWorker asks of a Kafka client, in the package's terms
-// (no client library's types). Adapters: KafkaJS (`src/kafkajs.ts`, the default), @platformatic/kafka
-// (`src/platformatic.ts`, `@message-history/worker/platformatic`), and an in-memory one for tests
+// (no client library's types). Adapters: @platformatic/kafka (`src/platformatic.ts`, the default),
+// KafkaJS (`src/kafkajs.ts`, `kafkajsClient`), both exported from the package index, and an in-memory one for tests
 // (`src/memory.ts`, `@message-history/worker/testing`).
 //
 // Errors an adapter throws are told apart by `isOutage` (retry: Kafka unavailable), `isFenced` (another
@@ -95,5 +95,5 @@ export interface ClientConfig extends ConnectionOptions {
   requestTimeoutMs?: number;
 }
 
-/** Makes the worker's client: `kafkajsClient` (the default), `platformaticClient`, or `memoryClient(broker)`. */
+/** Makes the worker's client: `platformaticClient` (the default), `kafkajsClient`, or `memoryClient(broker)`. */
 export type KafkaClientFactory = (config: ClientConfig) => KafkaClient;

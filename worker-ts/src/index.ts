@@ -21,6 +21,8 @@ export {
 } from './turn.js';
 export { isRetryLater, respond, RetryLater, TurnGivenUp, TurnTimeout, type Outcome, type RespondOptions } from './respond.js';
 export { AgentWorker, type Handler, type Logger, type LogLevel, type WorkerOptions, type WorkerEvents, type WorkerStats } from './worker.js';
+export { platformaticClient } from './platformatic.js';
+export { kafkajsClient } from './kafkajs.js';
 export { connectionFromEnv, type ConnectionOptions, type Env, type SaslOptions, type TlsOptions } from './settings.js';
 export { CAPABILITIES, type Capability } from './capabilities.js';
 export {

@@ -1,5 +1,6 @@
-// The KafkaJS 2.2.4 adapter of the client seam (src/client.ts): the default client, and the one exactly-once
-// runs on (see the README's client note). The only file that imports kafkajs.
+// The KafkaJS 2.2.4 adapter of the client seam (src/client.ts): `kafkajsClient`, no longer the worker's default
+// (the ObserverWorker's still). Under at-least-once a send that times out can lose an acknowledged answer (see
+// the README's client note). The only file that imports kafkajs.
 import { randomUUID } from 'node:crypto';
 
 import { Kafka, logLevel, Partitioners, type Consumer, type KafkaConfig, type Producer } from 'kafkajs';

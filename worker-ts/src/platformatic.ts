@@ -1,4 +1,5 @@
-// The @platformatic/kafka adapter of the client seam (src/client.ts): `@message-history/worker/platformatic`.
+// The @platformatic/kafka adapter of the client seam (src/client.ts): the worker's default client (also
+// exported from `@message-history/worker/platformatic`).
 // Both modes: under exactly-once a transactional producer per owned partition (as on KafkaJS), the consumed
 // offset added to its transaction with the consumer's group metadata (TxnOffsetCommit with the generation and
 // member id: a member that lost its generation cannot commit). Keys go through its

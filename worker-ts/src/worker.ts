@@ -1,11 +1,12 @@
 // AgentWorker: agent.requests.enriched in, agent.responses out, around the user's async handler. The same
-// behaviour as the Python SDK's worker.AgentWorker (docs/worker.md, "What a worker must get right"), on KafkaJS.
+// behaviour as the Python SDK's worker.AgentWorker (docs/worker.md, "What a worker must get right"), on any client of
+// the seam (src/client.ts; @platformatic/kafka by default).
 import { EventEmitter } from 'node:events';
 import { readFileSync } from 'node:fs';
 
 import type { InRecord, KafkaClient, KafkaClientFactory, TransactionalProducer } from './client.js';
 import { enrichedProblem, type AgentResponse, type EnrichedRequest } from './events.js';
-import { kafkajsClient } from './kafkajs.js';
+import { platformaticClient } from './platformatic.js';
 import { respond, type Handler } from './respond.js';
 import { connectionFromEnv, type ConnectionOptions, type Env } from './settings.js';
 import { loadTracing, tracingOff, type Tracing, type TurnSpan } from './tracing.js';
@@ -25,9 +26,11 @@ export interface WorkerOptions extends ConnectionOptions {
   enrichedTopic?: string;
   responsesTopic?: string;
   clientId?: string;
-  /** The group's session timeout: a killed worker's partitions move on after this long (default 30 s). */
+  /** The group's session timeout: a killed worker's partitions move on after this long (default: the client's,
+   * 60 s on @platformatic/kafka, 30 s on KafkaJS). */
   sessionTimeoutMs?: number;
-  /** How long a Kafka request waits for its answer before it counts as an outage (default 30 s, KafkaJS').
+  /** How long a Kafka request waits for its answer before it counts as an outage (default 30 s, both
+   * clients').
    * Under exactly-once a commit left unanswered is settled before anything is sent again. */
   requestTimeoutMs?: number;
   /** How often the worker heartbeats to its group (default 3 s). */
@@ -44,8 +47,9 @@ export interface WorkerOptions extends ConnectionOptions {
    * as the Python SDK's `max_batch_records`): past it the partition's next record waits (heartbeating). The
    * memory bound on what queues behind a hung turn. */
   maxPendingRecordsPerPartition?: number;
-  /** The Kafka client: `kafkajsClient` (default), `platformaticClient` (`@message-history/worker/platformatic`)
-   * or `memoryClient(broker)` (`@message-history/worker/testing`). */
+  /** The Kafka client: `platformaticClient` (default, @platformatic/kafka), `kafkajsClient` (KafkaJS 2.2.4; it can
+   * lose an acknowledged answer under at-least-once when a send times out: see the README's client note) or
+   * `memoryClient(broker)` (`@message-history/worker/testing`). */
   client?: KafkaClientFactory;
   /** The backoff before a RetryLater turn's next attempt: doubling from this (default 1 s) ... */
   retryLaterInitialMs?: number;
@@ -193,7 +197,7 @@ export class AgentWorker extends EventEmitter<WorkerEvents> {
     this.groupId = options.groupId;
     this.log = options.logger ?? jsonLogger;
     this.seen = new SeenEvents(options.seenPerPartition ?? DEFAULT_SEEN_PER_PARTITION);
-    this.client = (options.client ?? kafkajsClient)({
+    this.client = (options.client ?? platformaticClient)({
       brokers: options.brokers,
       ...(options.ssl === undefined ? {} : { ssl: options.ssl }),
       ...(options.sasl === undefined ? {} : { sasl: options.sasl }),
