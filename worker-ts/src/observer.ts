@@ -10,7 +10,7 @@
 // `mastraObserverHandler({ model })` is the handler running Mastra's own Observer and Reflector agents.
 import type { KafkaClient, KafkaClientFactory } from './client.js';
 import type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
-import { kafkajsClient } from './kafkajs.js';
+import { platformaticClient } from './platformatic.js';
 import type { ConnectionOptions } from './settings.js';
 
 export type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
@@ -196,7 +196,8 @@ export interface ObserverWorkerOptions extends ConnectionOptions {
   /** `MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC` (default `agent.memory.observed`). */
   resultsTopic?: string;
   clientId?: string;
-  /** The Kafka client: `kafkajsClient` (default), or `memoryClient(broker)` in tests. */
+  /** The Kafka client: `platformaticClient` (default, as the AgentWorker's), `kafkajsClient`, or
+   * `memoryClient(broker)` in tests. */
   client?: KafkaClientFactory;
 }
 
@@ -218,7 +219,7 @@ export class ObserverWorker {
     const groupId = options.groupId ?? 'message-history-observer';
     this.workTopic = options.workTopic ?? 'agent.memory.observe';
     this.resultsTopic = options.resultsTopic ?? 'agent.memory.observed';
-    this.client = (options.client ?? kafkajsClient)({ ...options, groupId, clientId: options.clientId ?? groupId });
+    this.client = (options.client ?? platformaticClient)({ ...options, groupId, clientId: options.clientId ?? groupId });
   }
 
   async start(): Promise<void> {
