@@ -637,7 +637,7 @@ async def test_exactly_once_through_a_frozen_and_a_stopped_broker_answers_every_
 # rolled back) while the broker writes it after the thaw; the next send reuses that sequence number with
 # another turn's answer, which the broker takes for a duplicate and acknowledges without writing it.
 KAFKAJS_LOSES_ANSWERS = pytest.mark.xfail(
-    strict=True,
+    strict=False,  # the loss needs a send to time out while answers are in flight: a run may not meet it
     reason="KafkaJS 2.2.4: a timed-out idempotent send rolls its sequence back; the next send's answer is "
     "acknowledged as a duplicate and lost (tulios/kafkajs, no release since 2023)",
 )
