@@ -147,9 +147,15 @@ class ObservationSweep:
                 raise
             _count("swept-failed")
             log.exception(
-                "observation sweep: a stale claim's work not sent again",
+                "observation sweep: a stale claim's work not sent again; its claim released",
                 extra={"thread_id": record.thread_id, "error_type": type(exc).__name__},
             )
+            # released, so the row leaves the oldest-first stale page: a row that always fails would
+            # otherwise come back every round and, a page of them, starve every other stale claim; the
+            # thread's next turn tries again (as the persist hook does with a failed observation)
+            kind: Kind = "reflect" if record.is_reflecting else "observe"
+            with contextlib.suppress(Exception):
+                await self.rows.release(Claim(record.id, record.generation, record.cycle, kind), now)
             return None
 
     async def _one(self, record: ObservationalRecord, now: datetime) -> asyncio.Future[Any] | None:

@@ -189,3 +189,4 @@ async def test_a_row_that_fails_is_counted_and_the_round_goes_on() -> None:
     rows.get = get  # type: ignore[method-assign]
     assert await _sweep(rows, Failing([_message("m1", 0)]), sent).round(NOW) == 1
     assert [e.threadId for e in sent.events] == ["t2"]
+    assert [c.record_id for c in rows.released] == ["row-1"]  # off the stale page: it cannot starve others
