@@ -61,8 +61,8 @@ OBSERVATIONAL_MODELS: Final[tuple[type[BaseModel], ...]] = (
 )
 """Observational Memory's events (docs/observational-memory.md), on `agent.memory.observe` / `.observed`."""
 
-# (channel id, default topic, setting, value model(s) or None for a dead letter, description)
-_Value = type[BaseModel] | tuple[type[BaseModel], ...] | None
+# (channel id, default topic, setting, value model(s), description)
+_Value = type[BaseModel] | tuple[type[BaseModel], ...]
 _TOPICS: Final[tuple[tuple[str, str, str, _Value, str], ...]] = (
     ("requests", "agent.requests", "MESSAGE_HISTORY_REQUESTS_TOPIC", AgentRequest,
      "New turns, written by clients or an API gateway; read by the service's recall path."),
@@ -72,40 +72,39 @@ _TOPICS: Final[tuple[tuple[str, str, str, _Value, str], ...]] = (
      "Finished turns, written by agent workers; read by the service's persist path."),
     ("persisted", "agent.history.persisted", "MESSAGE_HISTORY_PERSISTED_TOPIC", HistoryPersisted,
      "What the persist path saved for each response; for UI sync, analytics, auditing."),
-    ("requestsDeadLetters", "agent.requests.dlq", "MESSAGE_HISTORY_REQUESTS_DLQ_TOPIC", None,
-     "Requests the service refused: original key and value bytes, untouched; the reason in headers."),
-    ("responsesDeadLetters", "agent.responses.dlq", "MESSAGE_HISTORY_RESPONSES_DLQ_TOPIC", None,
-     "Responses the service refused: original key and value bytes, untouched; the reason in headers."),
     ("commands", "agent.history.commands", "MESSAGE_HISTORY_COMMANDS_TOPIC", (ForgetThread, ForgetResource),
      "Forget commands (erasure), written by applications or operators; read by the service's commands path."),
     ("forgotten", "agent.history.forgotten", "MESSAGE_HISTORY_FORGOTTEN_TOPIC", HistoryForgotten,
      "What each forget command removed (counts and ids); for auditing and the requester."),
-    ("commandsDeadLetters", "agent.history.commands.dlq", "MESSAGE_HISTORY_COMMANDS_DLQ_TOPIC", None,
-     "Commands the service refused: original key and value bytes, untouched; the reason in headers."),
     ("observe", "agent.memory.observe", "MESSAGE_HISTORY_OBSERVE_REQUESTS_TOPIC",
      (ObserveRequest, ReflectRequest),
      "Observational Memory's work, written by the service's persist path; read by observer workers."),
     ("observed", "agent.memory.observed", "MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC",
      (ObserveResult, ReflectResult),
      "Observers' answers, written by observer workers; read by the service's observed path."),
-    ("observedDeadLetters", "agent.memory.observed.dlq", "MESSAGE_HISTORY_OBSERVE_RESULTS_DLQ_TOPIC", None,
-     "Observer answers the service refused: original key and value bytes, untouched; the reason in headers."),
 )  # fmt: skip
 
-# From the service's point of view: what it receives and what it sends.
+# The input topics with a dead-letter topic: (input channel, what its dead letters are, the operation that
+# sends them, its summary). The dead-letter channel follows from its input's row as the settings name it:
+# `<input topic>.dlq`, `MESSAGE_HISTORY_<INPUT>_DLQ_TOPIC` (`message_history.settings`).
+_DEAD_LETTERS: Final = (
+    ("requests", "Requests", "sendRequestDeadLetters", "Refuse a bad request."),
+    ("responses", "Responses", "sendResponseDeadLetters", "Refuse a bad response."),
+    ("commands", "Commands", "sendCommandDeadLetters", "Refuse a bad or unauthorized command."),
+    ("observed", "Observer answers", "sendObservedDeadLetters", "Refuse a bad observer answer."),
+)
+
+# From the service's point of view: what it receives and what it sends (and the dead letters above).
 _OPERATIONS: Final = (
     ("receiveRequests", "receive", "requests", "Recall: read a request, load the thread's history."),
     ("sendEnriched", "send", "enriched", "Recall: publish the request with its context."),
     ("receiveResponses", "receive", "responses", "Persist: read a finished turn."),
     ("sendPersisted", "send", "persisted", "Persist: publish what was saved."),
-    ("sendRequestDeadLetters", "send", "requestsDeadLetters", "Refuse a bad request."),
-    ("sendResponseDeadLetters", "send", "responsesDeadLetters", "Refuse a bad response."),
     ("receiveCommands", "receive", "commands", "Commands: read a forget command, erase, leave a tombstone."),
     ("sendForgotten", "send", "forgotten", "Commands: publish what was forgotten."),
-    ("sendCommandDeadLetters", "send", "commandsDeadLetters", "Refuse a bad or unauthorized command."),
     ("sendObserve", "send", "observe", "Persist: a thread's unobserved messages passed the threshold."),
     ("receiveObserved", "receive", "observed", "Observed: apply an observer's answer once, to its claim."),
-    ("sendObservedDeadLetters", "send", "observedDeadLetters", "Refuse a bad observer answer."),
+    *((op_id, "send", f"{channel}DeadLetters", summary) for channel, _, op_id, summary in _DEAD_LETTERS),
 )
 
 
@@ -161,6 +160,15 @@ def _dead_letter_headers() -> dict[str, Any]:
                      SERVICE_VERSION],
         "additionalProperties": True,
     }  # fmt: skip
+
+
+def _channel(topic: str, setting: str, description: str, names: list[str]) -> dict[str, Any]:
+    return {
+        "address": topic,
+        "description": f"{description} Topic name: `{setting}` (default `{topic}`).",
+        "messages": {name: {"$ref": f"#/components/messages/{name}"} for name in names},
+        "bindings": {"kafka": {"topic": topic, "bindingVersion": KAFKA_BINDING_VERSION}},
+    }
 
 
 def json_schemas() -> dict[str, str]:
@@ -221,15 +229,19 @@ def asyncapi() -> dict[str, Any]:
         },
     }
     channels: dict[str, Any] = {}
+    inputs: dict[str, tuple[str, str]] = {}
     for channel, topic, setting, value_model, description in _TOPICS:
-        models = value_model if isinstance(value_model, tuple) else (value_model,) if value_model else ()
-        names = [m.__name__ for m in models] or ["DeadLetter"]
-        channels[channel] = {
-            "address": topic,
-            "description": f"{description} Topic name: `{setting}` (default `{topic}`).",
-            "messages": {name: {"$ref": f"#/components/messages/{name}"} for name in names},
-            "bindings": {"kafka": {"topic": topic, "bindingVersion": KAFKA_BINDING_VERSION}},
-        }
+        models = value_model if isinstance(value_model, tuple) else (value_model,)
+        channels[channel] = _channel(topic, setting, description, [m.__name__ for m in models])
+        inputs[channel] = topic, setting
+    for channel, what, _, _ in _DEAD_LETTERS:
+        topic, setting = inputs[channel]
+        channels[f"{channel}DeadLetters"] = _channel(
+            f"{topic}.dlq",
+            setting.removesuffix("_TOPIC") + "_DLQ_TOPIC",
+            f"{what} the service refused: original key and value bytes, untouched; the reason in headers.",
+            ["DeadLetter"],
+        )
     operations: dict[str, Any] = {}
     for op_id, action, channel, summary in _OPERATIONS:
         operation: dict[str, Any] = {
