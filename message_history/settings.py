@@ -8,7 +8,7 @@ as `**********` in logs, reprs and `message-history config`.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar, overload
 
 from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -17,6 +17,24 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 D = TypeVar("D", bound="DataclassInstance")
+
+
+class _DeadLetterTopic:
+    """`settings.<input>_dlq`: an input topic's dead-letter topic, its override `<input>_dlq_topic`, else
+    `<input>_topic` + `.dlq`. A descriptor: the rule once, one line per input topic in `Settings`."""
+
+    def __set_name__(self, owner: type[Settings], name: str) -> None:
+        self._input = name.removesuffix("_dlq")
+
+    @overload
+    def __get__(self, settings: None, owner: type[Settings]) -> Self: ...
+    @overload
+    def __get__(self, settings: Settings, owner: type[Settings]) -> str: ...
+    def __get__(self, settings: Settings | None, owner: type[Settings]) -> str | Self:
+        if settings is None:
+            return self
+        override: str | None = getattr(settings, f"{self._input}_dlq_topic")
+        return override or f"{getattr(settings, f'{self._input}_topic')}.dlq"
 
 
 class Settings(BaseSettings):
@@ -346,26 +364,11 @@ class Settings(BaseSettings):
         """The wait bound in seconds; at most half the poll interval, so a waiting batch keeps its group."""
         return min(self.turn_timeout_ms, self.max_poll_interval_ms // 2) / 1000
 
-    @property
-    def requests_dlq(self) -> str:
-        return _dead_letter_topic(self.requests_dlq_topic, self.requests_topic)
-
-    @property
-    def responses_dlq(self) -> str:
-        return _dead_letter_topic(self.responses_dlq_topic, self.responses_topic)
-
-    @property
-    def commands_dlq(self) -> str:
-        return _dead_letter_topic(self.commands_dlq_topic, self.commands_topic)
-
-    @property
-    def observe_results_dlq(self) -> str:
-        return _dead_letter_topic(self.observe_results_dlq_topic, self.observe_results_topic)
-
-
-def _dead_letter_topic(override: str | None, input_topic: str) -> str:
-    """An input topic's dead-letter topic: its override, else `<input topic>.dlq`."""
-    return override or f"{input_topic}.dlq"
+    # each input topic's dead-letter topic, one rule for all (`_DeadLetterTopic`)
+    requests_dlq: ClassVar[_DeadLetterTopic] = _DeadLetterTopic()
+    responses_dlq: ClassVar[_DeadLetterTopic] = _DeadLetterTopic()
+    commands_dlq: ClassVar[_DeadLetterTopic] = _DeadLetterTopic()
+    observe_results_dlq: ClassVar[_DeadLetterTopic] = _DeadLetterTopic()
 
 
 def settings_slice(cls: type[D], settings: Settings) -> D:
