@@ -21,18 +21,20 @@ The response follows docs/events.md#6-responses so the persist path saves the ri
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import Any, Final, Generic, Self, TypeVar, overload
 
-from schemas.events import AgentResponse, EnrichedMessage, EnrichedRequest, HistoryInfo
+from schemas.events import AgentResponse, EnrichedMessage, EnrichedRequest
 from schemas.messages import Message, format_timestamp
 
 FAILED: Final = "error"
 """The `finishReason` of a turn whose handler raised."""
 
 DEFAULT_SEEN_PER_PARTITION: Final = 10_000
+
+_T = TypeVar("_T")
 
 
 class RetryLater(Exception):  # noqa: N818 -- the TypeScript SDK's name: what the handler asks for
@@ -55,6 +57,20 @@ def is_retry_later(error: BaseException) -> bool:
     return getattr(error, "retriable", False) is True
 
 
+class _FromEvent(Generic[_T]):
+    """A `Turn` attribute that is its enriched request's field, typed as the field (read-only)."""
+
+    def __init__(self, read: Callable[[EnrichedRequest], _T]) -> None:
+        self._read = read
+
+    @overload
+    def __get__(self, turn: None, owner: type[Turn]) -> Self: ...
+    @overload
+    def __get__(self, turn: Turn, owner: type[Turn]) -> _T: ...
+    def __get__(self, turn: Turn | None, owner: type[Turn]) -> _T | Self:
+        return self if turn is None else self._read(turn.event)
+
+
 @dataclass(frozen=True, slots=True)
 class Turn:
     """One enriched request, as the handler sees it: the context to give the model and the turn's ids."""
@@ -63,35 +79,16 @@ class Turn:
     partition: int = 0
     offset: int = 0
 
-    @property
-    def request_id(self) -> str:
-        return self.event.requestId
-
-    @property
-    def event_id(self) -> str:
-        return self.event.eventId
-
-    @property
-    def thread_id(self) -> str:
-        return self.event.threadId
-
-    @property
-    def resource_id(self) -> str:
-        return self.event.resourceId
-
-    @property
-    def metadata(self) -> dict[str, Any] | None:
-        return self.event.metadata
-
-    @property
-    def history(self) -> HistoryInfo:
-        """How many messages were recalled (`recalled`) under which `lastMessages` limit (`limit`)."""
-        return self.event.history
-
-    @property
-    def messages(self) -> list[EnrichedMessage]:
-        """The whole context, oldest first: recalled history then the turn's input (each with `source`)."""
-        return self.event.messages
+    # the request's own fields, read through (`_FromEvent`)
+    request_id = _FromEvent(lambda event: event.requestId)
+    event_id = _FromEvent(lambda event: event.eventId)
+    thread_id = _FromEvent(lambda event: event.threadId)
+    resource_id = _FromEvent(lambda event: event.resourceId)
+    metadata = _FromEvent(lambda event: event.metadata)
+    history = _FromEvent(lambda event: event.history)
+    """How many messages were recalled (`recalled`) under which `lastMessages` limit (`limit`)."""
+    messages = _FromEvent(lambda event: event.messages)
+    """The whole context, oldest first: recalled history then the turn's input (each with `source`)."""
 
     @property
     def memory(self) -> list[EnrichedMessage]:

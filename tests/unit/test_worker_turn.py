@@ -55,6 +55,14 @@ def test_turn_splits_memory_and_input() -> None:
     assert (turn.request_id, turn.event_id, turn.thread_id, turn.resource_id) == ("r2", "r2", "t", "u")
 
 
+def test_turn_reads_each_of_its_request_fields() -> None:
+    """Each delegating attribute reads its own field of the enriched request (not a neighbour's)."""
+    turn = _turn(eventId="e2", metadata={"k": 1})
+    assert (turn.request_id, turn.event_id, turn.thread_id, turn.resource_id) == ("r2", "e2", "t", "u")
+    assert turn.metadata == {"k": 1}
+    assert (turn.history.recalled, turn.history.limit) == (2, 40)
+
+
 def test_response_echoes_ids_input_with_sources_and_the_reply() -> None:
     """The response has the turn's ids, its whole context tagged by source, and the reply's message."""
     response = build_response(_turn(metadata={"k": 1}), "hello", now=NOW)
