@@ -135,15 +135,25 @@ class Opened:
     observational: MongoObservationalStore | None = None  # Observational Memory's rows (None: no OM)
 
 
+def _path_topics(settings: Settings, path: Path) -> tuple[str, str]:
+    """The topic a path reads and its dead-letter topic."""
+    return {
+        "recall": (settings.requests_topic, settings.requests_dlq),
+        "persist": (settings.responses_topic, settings.responses_dlq),
+        "commands": (settings.commands_topic, settings.commands_dlq),
+        "observed": (settings.observe_results_topic, settings.observe_results_dlq),
+    }[path]
+
+
 def build_loop(path: Path, opened: Opened) -> StreamLoop:
     """One path's consumer loop with its handler and dead-letter topic."""
     settings, forgetting = opened.settings, opened.forgetting
     capabilities = storage_capabilities(opened.storage)
     loop_health: Health | _Advisory = opened.health
+    topic, dlq = _path_topics(settings, path)
     if path == "observed":
         if opened.observational is None:
             raise ValueError("the observed path needs the MongoDB storage")
-        topic, dlq = settings.observe_results_topic, settings.observe_results_dlq
         handler: RecallHandler | PersistHandler | CommandsHandler | ObserveResultsHandler = (
             ObserveResultsHandler(
                 rows=opened.observational, limits=Limits.from_settings(settings), threads=opened.storage
@@ -153,7 +163,6 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
     elif path == "commands":
         if forgetting is None:
             raise ValueError("the commands path needs the MongoDB storage")
-        topic, dlq = settings.commands_topic, settings.commands_dlq
         handler = CommandsHandler(
             forgetting=forgetting,
             publisher=ForgottenPublisher(settings.forgotten_topic),
@@ -161,12 +170,10 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         )
         loop_health = _Advisory(opened.health)
     elif path == "recall":
-        topic, dlq = settings.requests_topic, settings.requests_dlq
-        publisher = EnrichedPublisher(settings.enriched_topic)
         handler = RecallHandler(
             settings,
             opened.storage,
-            publisher,
+            EnrichedPublisher(settings.enriched_topic),
             gate=opened.gate,
             raw_rows=capabilities.raw_rows,
             observation=(
@@ -176,12 +183,10 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
             ),
         )
     else:
-        topic, dlq = settings.responses_topic, settings.responses_dlq
-        persisted = PersistedPublisher(settings.persisted_topic)
         handler = PersistHandler(
             settings,
             opened.storage,
-            persisted,
+            PersistedPublisher(settings.persisted_topic),
             tombstones=forgetting,
             markers=opened.markers,
             id_keys=opened.id_keys,
