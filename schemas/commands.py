@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, TypeAdapter, ValidationError
+from pydantic import BaseModel, Field, StrictBool, TypeAdapter, ValidationError
 
 from message_history.errors import EventValidationError
 from schemas.codec import check_id, check_raw, encode, validation_error
@@ -61,8 +61,6 @@ _COMMAND: TypeAdapter[ForgetThread | ForgetResource] = TypeAdapter(Command)
 
 class HistoryForgotten(Open):
     """The answer to a forget command: what was removed (or, for a dry run, would be)."""
-
-    model_config = ConfigDict(title="HistoryForgotten")
 
     schemaVersion: SchemaVersion = 1
     requestId: str

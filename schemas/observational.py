@@ -39,6 +39,11 @@ def _require_schema_version(schema: dict[str, Any]) -> None:
     schema["required"] = ["schemaVersion", *schema.get("required", [])]
 
 
+def _failed(worker: str) -> Any:
+    # a result's `error`: the same meaning in both results, so the same words
+    return Field(description=f"set when the {worker} failed: the claim is released")
+
+
 class WorkBase(Open):
     """What every OM event carries: who it is for and the claim it belongs to."""
 
@@ -70,8 +75,6 @@ class WorkBase(Open):
 class ObserveRequest(WorkBase):
     """`agent.memory.observe`: observe these messages, given the log so far."""
 
-    model_config = ConfigDict(title="ObserveRequest")
-
     type: Literal["ObserveRequest"]
     messages: Annotated[list[Message], Field(description="the unobserved messages, oldest first")]
     activeObservations: Annotated[str, Field(description="the current observation log ('' when none)")]
@@ -83,8 +86,6 @@ class ObserveRequest(WorkBase):
 class ObserveResult(WorkBase):
     """`agent.memory.observed`: the new observations for the request's messages (or why there are none)."""
 
-    model_config = ConfigDict(title="ObserveResult")
-
     type: Literal["ObserveResult"]
     observations: Annotated[
         str, Field(description="this cycle's observations, as Mastra's Observer writes them")
@@ -93,15 +94,11 @@ class ObserveResult(WorkBase):
     lastObservedAt: Annotated[Timestamp, Field(description="the newest observed message's createdAt")]
     currentTask: Annotated[str | None, Field(description="the Observer's <current-task>, if any")] = None
     suggestedResponse: Annotated[str | None, Field(description="the Observer's <suggested-response>")] = None
-    error: Annotated[str | None, Field(description="set when the observer failed: the claim is released")] = (
-        None
-    )
+    error: Annotated[str | None, _failed("observer")] = None
 
 
 class ReflectRequest(WorkBase):
     """`agent.memory.observe`: condense this observation log."""
-
-    model_config = ConfigDict(title="ReflectRequest")
 
     type: Literal["ReflectRequest"]
     activeObservations: Annotated[str, Field(description="the whole observation log to condense")]
@@ -112,13 +109,9 @@ class ReflectRequest(WorkBase):
 class ReflectResult(WorkBase):
     """`agent.memory.observed`: the condensed log, which starts the next generation."""
 
-    model_config = ConfigDict(title="ReflectResult")
-
     type: Literal["ReflectResult"]
     reflection: Annotated[str, Field(description="the condensed log, as Mastra's Reflector writes it")]
-    error: Annotated[
-        str | None, Field(description="set when the reflector failed: the claim is released")
-    ] = None
+    error: Annotated[str | None, _failed("reflector")] = None
 
 
 _RESULT: Final = TypeAdapter(Annotated[ObserveResult | ReflectResult, Field(discriminator="type")])
