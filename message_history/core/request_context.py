@@ -19,7 +19,14 @@ from typing import Any, Final
 from message_history.core.rules import LastMessages
 from message_history.errors import EventValidationError
 
-__all__ = ["MASTRA_MEMORY", "MemoryContext", "RequestContext", "parse_memory_context"]
+__all__ = [
+    "MASTRA_MEMORY",
+    "USE_DEFAULT",
+    "MemoryContext",
+    "RequestContext",
+    "UseDefault",
+    "parse_memory_context",
+]
 
 MASTRA_MEMORY: Final = "MastraMemory"
 """The request-context key holding the turn's memory context (Mastra's name)."""
@@ -73,19 +80,37 @@ class RequestContext:
 _MISSING: Final = object()
 
 
+class UseDefault:
+    """Sentinel type: "take the processor's own `last_messages`"."""
+
+    _instance: UseDefault | None = None
+
+    def __new__(cls) -> UseDefault:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "USE_DEFAULT"
+
+
+USE_DEFAULT: Final = UseDefault()
+"""Pass as `last_messages` to `MessageHistory.recall` to use the processor's configured value; a turn's
+`MemoryContext.last_messages` when its `memoryConfig` has no `lastMessages`."""
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryContext:
     """The validated `MastraMemory` entry.
 
-    `last_messages_set` tells a per-turn `memoryConfig.lastMessages` (which overrides the processor's own,
-    `None` meaning the default 40) apart from an absent one.
+    `last_messages` is a per-turn `memoryConfig.lastMessages` (which overrides the processor's own, `None`
+    meaning the default 40), or `USE_DEFAULT` when the turn has none.
     """
 
     thread_id: str | None
     resource_id: str | None
     read_only: bool = False
-    last_messages: LastMessages = None
-    last_messages_set: bool = False
+    last_messages: LastMessages | UseDefault = USE_DEFAULT
     thread: Mapping[str, Any] | None = None
 
 
@@ -129,8 +154,7 @@ def parse_memory_context(request_context: RequestContext | Mapping[str, Any] | N
 
     config = raw.get("memoryConfig")
     read_only = False
-    last_messages: LastMessages = None
-    last_messages_set = False
+    last_messages: LastMessages | UseDefault = USE_DEFAULT
     if config is not None:
         if not isinstance(config, Mapping):
             raise EventValidationError(
@@ -155,13 +179,11 @@ def parse_memory_context(request_context: RequestContext | Mapping[str, Any] | N
                     f"{MASTRA_MEMORY}.memoryConfig.lastMessages",
                 )
             last_messages = value
-            last_messages_set = True
 
     return MemoryContext(
         thread_id=thread_id,
         resource_id=resource_id,
         read_only=read_only,
         last_messages=last_messages,
-        last_messages_set=last_messages_set,
         thread=thread_map,
     )

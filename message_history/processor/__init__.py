@@ -6,9 +6,8 @@ Kafka paths (`consumers`), which drive it with batch stand-ins.
 """
 
 from message_history.core.message_list import MessageList
-from message_history.core.request_context import MASTRA_MEMORY, RequestContext
+from message_history.core.request_context import MASTRA_MEMORY, USE_DEFAULT, RequestContext
 from message_history.processor.history import (
-    USE_DEFAULT,
     Abort,
     InputProcessor,
     MessageHistory,

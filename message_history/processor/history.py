@@ -58,7 +58,13 @@ from message_history.core.persist_plan import (
     with_ids,
 )
 from message_history.core.recall_plan import plan_recall
-from message_history.core.request_context import MemoryContext, RequestContext, parse_memory_context
+from message_history.core.request_context import (
+    USE_DEFAULT,
+    MemoryContext,
+    RequestContext,
+    UseDefault,
+    parse_memory_context,
+)
 from message_history.core.rules import (
     LastMessages,
     SkipReason,
@@ -86,24 +92,6 @@ Abort = Callable[[str | None], NoReturn]
 def abort(reason: str | None = None) -> NoReturn:
     """Stop the turn: raises `AbortError(reason)`. Whatever has not been written by then is not written."""
     raise AbortError(reason)
-
-
-class _UseDefault:
-    """Sentinel type: "take the processor's own `last_messages`"."""
-
-    _instance: _UseDefault | None = None
-
-    def __new__(cls) -> _UseDefault:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "USE_DEFAULT"
-
-
-USE_DEFAULT: Final = _UseDefault()
-"""Pass as `last_messages` to `recall` to use the processor's configured value."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,9 +218,7 @@ class MessageHistory:
         thread_id, resource_id = _thread_and_resource(memory, message_list)
         if thread_id is None:
             return message_list
-        last: LastMessages | _UseDefault = (
-            memory.last_messages if memory is not None and memory.last_messages_set else USE_DEFAULT
-        )
+        last = memory.last_messages if memory is not None else USE_DEFAULT
         outcome = await self.recall(
             thread_id=thread_id,
             resource_id=resource_id,
@@ -283,7 +269,7 @@ class MessageHistory:
         thread_id: str | None,
         resource_id: str | None,
         incoming: Sequence[Message],
-        last_messages: LastMessages | _UseDefault = USE_DEFAULT,
+        last_messages: LastMessages | UseDefault = USE_DEFAULT,
         budget: TokenBudget | None = None,
         system: Sequence[str] = (),
         read_only: bool = False,
@@ -307,7 +293,7 @@ class MessageHistory:
         by thread and resource. The plan (`plan_recall`) and the decision (`recall_from`) are the recall
         path's, which loads a whole batch's reads at once; here they are read from the storage per turn.
         """
-        last = self.last_messages if isinstance(last_messages, _UseDefault) else last_messages
+        last = self.last_messages if isinstance(last_messages, UseDefault) else last_messages
         limit = normalize_limit(last)
         if not thread_id:
             return RecallOutcome(context=build_context((), incoming), recalled=0, limit=limit)
