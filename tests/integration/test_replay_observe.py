@@ -142,13 +142,18 @@ async def _rebuild(settings: Settings, *argv: str) -> list[dict[str, Any]]:
     return await _rows(settings)
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_replay_observe_rebuilds_the_same_log_whatever_the_batches(
-    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
 ) -> None:
     """Batch size 1 on one partition at a time, and 500 on three at once: the same rows (several cycles and
-    a reflection per thread); each thread's log is settled (no claim left)."""
-    one = _settings(kafka_bootstrap, mongo_uri)
-    other = _settings(kafka_bootstrap, mongo_uri).model_copy(update={"responses_topic": one.responses_topic})
+    a reflection per thread); each thread's log is settled (no claim left). Exactly once, each claim's work
+    goes out in its record's transaction, committed before the wait (else the observer, reading
+    `read_committed`, would never see it and the wait would time out)."""
+    one = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
+    other = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee).model_copy(
+        update={"responses_topic": one.responses_topic}
+    )
     await make_topic(partitions=3, name=one.responses_topic)
     await _topics(one, make_topic)
     await _topics(other, make_topic)
