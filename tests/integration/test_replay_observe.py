@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -32,11 +33,12 @@ from tests.integration.service_harness import (
     drop_database,
     encoded,
     fresh_settings,
+    request_event,
     response_event,
     running_service,
     text_message,
 )
-from tests.integration.stream_helpers import produce
+from tests.integration.stream_helpers import produce, read_topic
 from worker.observer import ObserverWorker, observer_handler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -57,16 +59,14 @@ UNSTABLE = {
 
 
 def _settings(kafka_bootstrap: str, mongo_uri: str, **extra: Any) -> Settings:
-    return fresh_settings(
-        kafka_bootstrap,
-        mongo_uri,
-        observational_memory=True,
-        observation_message_tokens=600,  # about every three turns
-        reflection_observation_tokens=50,  # two cycles. log
-        barrier="off",
-        busy_thread="allow",
-        **extra,
-    )
+    values: dict[str, Any] = {
+        "observational_memory": True,
+        "observation_message_tokens": 600,  # about every three turns
+        "reflection_observation_tokens": 50,  # two cycles' log
+        "barrier": "off",
+        "busy_thread": "allow",
+    }
+    return fresh_settings(kafka_bootstrap, mongo_uri, **{**values, **extra})
 
 
 async def _topics(settings: Settings, make_topic: MakeTopic) -> None:
@@ -214,5 +214,38 @@ async def test_replay_observe_stops_within_the_bound_when_no_one_answers(
         rows = await _rows(settings)
         assert [(r["lookupKey"], r["isObserving"]) for r in rows] == [(f"thread:{t}", False) for t in THREADS]
         assert all(r["activeObservations"].startswith("- 8 messages") for r in rows)
+    finally:
+        await drop_database(settings)
+
+
+async def test_a_re_enrichment_is_recalled_with_the_log(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """`replay --emit-to` of a request with OM: the thread's log in the context and `history.observed`, the
+    messages it covers left out, as the live recall sends it."""
+    from tests.integration.test_replay import replay  # noqa: PLC0415
+
+    settings = _settings(kafka_bootstrap, mongo_uri, reflection_observation_tokens=10_000)
+    side = f"{settings.enriched_topic}-side"
+    await make_topic(partitions=1, name=settings.responses_topic)
+    await make_topic(partitions=1, name=settings.requests_topic)
+    await make_topic(partitions=1, name=side)
+    await _topics(settings, make_topic)
+    try:
+        turns = [t for t in _turns() if t[0] == b"omr-a"][:4]  # one cycle: turns 1 to 4
+        await produce(settings.kafka_bootstrap_servers, settings.responses_topic, turns)
+        rows = await _rebuild(settings)
+        (log,) = [r["activeObservations"] for r in rows]
+        ask = request_event("omr-a", "omr-a-owner", 5, "so which day is cheapest?")
+        await produce(settings.kafka_bootstrap_servers, settings.requests_topic, [encoded(ask)])
+        result, out = await replay(settings, "--from-beginning", "--emit-to", side)
+        assert result.exit_code == 0, out
+        (record,) = await read_topic(settings.kafka_bootstrap_servers, side, until=lambda r: len(r) >= 1)
+        event = json.loads(record.value)
+        assert event["history"]["observed"] == 8
+        texts = [p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"]
+        assert any(log in text for text in texts)  # the log, in Mastra's context wording
+        recalled = [m["id"] for m in event["messages"] if m["source"] == "memory"]
+        assert not any(i.startswith("omr-a-q") for i in recalled)  # what the log covers is not sent again
     finally:
         await drop_database(settings)

@@ -10,10 +10,12 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TextIO
 
 from consumers.contract import BatchHandler
 from consumers.observe_emit import ObservationEmitter
+from consumers.observe_recall import ObservationRecall
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.runtime.containment import Contained
@@ -48,7 +50,7 @@ from producers.output import OutputProducer
 from producers.transactions import PartitionTransactions, producer_options
 from storage.message_id_keys import message_id_keys
 from storage.mongodb import MongoHistoryStorage
-from storage.observational import open_observational
+from storage.observational import MongoObservationalStore, open_observational
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +101,7 @@ def _handler(
     storage: ReplayStorage,
     id_keys: tuple[bytes, ...] = (),
     observation: ObservationEmitter | None = None,
+    recalled_observations: ObservationRecall | None = None,
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
     path: BatchHandler
@@ -111,6 +114,8 @@ def _handler(
             EnrichedOutcomes(options.emit_to, emit=not options.dry_run),
             write_boundaries=not options.dry_run,
             raw_rows=capabilities.raw_rows,
+            # a request with OM is recalled with the thread's log, as the live recall does
+            observation=recalled_observations,
         )
     else:
         path = PersistHandler(
@@ -143,6 +148,15 @@ async def _observation(
     waits = ObservationWaits(rows, counts, wait_s=options.observe_wait_s, sleep=sleep_or_stop)
     publisher = ObservePublisher(settings.observe_requests_topic)
     return ObservationEmitter(settings, rows, storage, publisher, on_work=waits.noted), waits
+
+
+def _recalled_observations(
+    settings: Settings, mongo: MongoHistoryStorage, storage: ReplayStorage
+) -> ObservationRecall:
+    """Re-enrichment's Observational Memory: the rows read as the live recall reads them (reads only: no
+    index is made, so a dry run changes nothing either)."""
+    rows = MongoObservationalStore(mongo.db, claim_timeout=timedelta(seconds=settings.observation_timeout_s))
+    return ObservationRecall(settings, rows, storage)
 
 
 async def run_replay(
@@ -210,7 +224,14 @@ async def run_replay(
             )
             emitter, waits = await _observation(settings, options, mongo, storage, replay.counts)
             runner = BatchRunner(
-                handler=_handler(options, settings, storage, id_keys, emitter),
+                handler=_handler(
+                    options,
+                    settings,
+                    storage,
+                    id_keys,
+                    emitter,
+                    _recalled_observations(settings, mongo, storage),
+                ),
                 observations=waits,
                 counts=replay.counts,
                 report=report,
