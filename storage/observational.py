@@ -195,14 +195,16 @@ class MongoObservationalStore:
 
     async def claim_outcome(self, claim: Claim) -> ClaimOutcome:
         """Where `claim` stands (a replay with `--observe` waits for it): `held` while its flag is set under
-        its cycle; `reflected` once a reflection's next generation exists (its answer settles the claim, then
-        inserts that row: both are waited for); else `settled` (applied, released, taken again, forgotten)."""
+        its cycle or a later one (a claim that timed out and was taken again, by the sweep say: the same
+        work, re-sent); `reflected` once a reflection's next generation exists (its answer settles the claim,
+        then inserts that row: both are waited for); else `settled` (applied, released, forgotten)."""
         flag = _FLAGS[claim.kind]
         with storage_errors("om read"):
             row = await self._rows.find_one(
                 {"id": claim.record_id}, {flag: 1, CYCLE: 1, "lookupKey": 1, "_id": 0}
             )
-            if row is not None and row.get(flag) is True and row.get(CYCLE) == claim.cycle:
+            cycle = row.get(CYCLE) if row is not None else None
+            if row is not None and row.get(flag) is True and isinstance(cycle, int) and cycle >= claim.cycle:
                 return "held"
             if claim.kind == "reflect" and row is not None:
                 newer = await self._rows.find_one(
