@@ -2,12 +2,15 @@
 MongoDB-wire server.
 
 Three long threads on a three-partition responses topic, each passing a small observation threshold several
-times (and its log the reflection threshold): replayed into two fresh databases, each with the service's
-observed path and a deterministic stub observer (the Python SDK's `ObserverWorker`) beside it, once one
-record per batch on one partition at a time and once 500 per batch on all three at once. The
-`mastra_observational_memory` rows the two leave are equal but for their times, ids and claim bookkeeping.
+times (and its log the reflection threshold): replayed into three fresh databases, each with the service's
+observed path and a deterministic stub observer (the Python SDK's `ObserverWorker`) beside it: one record
+per batch on one partition at a time, 500 per batch on all three at once, 7 on two. The
+`mastra_observational_memory` rows they leave are equal but for their times, ids and claim bookkeeping.
 Without the wait (the replay of before: work sent, not waited for) they differ: the batch decides where a
-cycle starts, the observer's speed what it covers.
+cycle starts, the observer's speed what it covers (batch 500: one cycle of 24 messages per thread and no
+reflection, against three cycles of 8 and a reflection).
+
+And a re-enrichment (`--emit-to`) of a request with OM is recalled with the log, as the live recall.
 
 And the bound: with no observer running, the replay stops within `--observe-wait-s` with an error naming
 the thread and the claim, resumable at the record that claimed.
@@ -146,22 +149,26 @@ async def _rebuild(settings: Settings, *argv: str) -> list[dict[str, Any]]:
 async def test_replay_observe_rebuilds_the_same_log_whatever_the_batches(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
 ) -> None:
-    """Batch size 1 on one partition at a time, and 500 on three at once: the same rows (several cycles and
-    a reflection per thread); each thread's log is settled (no claim left). Exactly once, each claim's work
-    goes out in its record's transaction, committed before the wait (else the observer, reading
+    """Batch size 1 on one partition at a time, 500 on three at once, 7 on two: the same rows (several
+    cycles and a reflection per thread); each thread's log is settled (no claim left). Exactly once, each
+    claim's work goes out in its record's transaction, committed before the wait (else the observer, reading
     `read_committed`, would never see it and the wait would time out)."""
     one = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
-    other = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee).model_copy(
-        update={"responses_topic": one.responses_topic}
+    other, third = (
+        _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee).model_copy(
+            update={"responses_topic": one.responses_topic}
+        )
+        for _ in range(2)
     )
     await make_topic(partitions=3, name=one.responses_topic)
-    await _topics(one, make_topic)
-    await _topics(other, make_topic)
+    for settings in (one, other, third):
+        await _topics(settings, make_topic)
     try:
         await produce(one.kafka_bootstrap_servers, one.responses_topic, _turns())
         small = await _rebuild(one, "--batch-size", "1", "--concurrency", "1")
         large = await _rebuild(other, "--batch-size", "500", "--concurrency", "3")
-        assert small == large
+        odd = await _rebuild(third, "--batch-size", "7", "--concurrency", "2")  # cuts inside the cycles
+        assert small == large == odd
         keys = {row["lookupKey"] for row in small}
         assert keys == {f"thread:{t}" for t in THREADS}
         assert any(row["generationCount"] >= 1 for row in small)  # reflected too
@@ -169,8 +176,8 @@ async def test_replay_observe_rebuilds_the_same_log_whatever_the_batches(
         assert all(row["activeObservations"] for row in newest.values())
         assert not any(row["isObserving"] or row["isReflecting"] for row in small)
     finally:
-        await drop_database(one)
-        await drop_database(other)
+        for settings in (one, other, third):
+            await drop_database(settings)
 
 
 async def test_replay_observe_stops_within_the_bound_when_no_one_answers(
