@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -54,7 +54,7 @@ from schemas.events import AgentResponse
 from storage.observational import Claim, ObservationalRecord
 from storage.protocol import BatchHistoryStorage
 
-__all__ = ["ObservationEmitter", "ObservationalRows", "om_config"]
+__all__ = ["ObservationEmitter", "ObservationalRows", "WorkSent", "om_config"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,11 @@ _UNOBSERVED = Unobserved(
     "observation work failed: the turn is saved, its thread not observed this time",
     log,
 )
+
+
+WorkSent = Callable[[Positioned, Claim, str], None]
+"""Told of each claim whose work is sent: the record it is filed under, the claim, the thread id (a replay
+with `--observe` waits for those claims to be settled: `message_history.app.replay.observe_wait`)."""
 
 
 class ObservationalRows(Protocol):
@@ -122,8 +127,11 @@ class ObservationEmitter:
         rows: ObservationalRows,
         storage: BatchHistoryStorage,
         publisher: ObservePublisher,
+        *,
+        on_work: WorkSent | None = None,
     ) -> None:
         self._settings = settings
+        self._on_work = on_work
         self._rows = rows
         self._storage = storage
         self._publisher = publisher
@@ -209,6 +217,7 @@ class ObservationEmitter:
             work, record, decision.messages, pending=decision.pending_tokens, threshold=decision.threshold
         )
         metrics.OUTCOMES.labels(path="persist", outcome="observe-requested").inc()
+        self._sent(subject, claim)
         log.info(
             "observation requested",
             extra={
@@ -240,7 +249,12 @@ class ObservationEmitter:
             _work(subject, claim, now, by=by), record, subject.settings.observation_tokens
         )
         metrics.OUTCOMES.labels(path="persist", outcome="reflect-requested").inc()
+        self._sent(subject, claim)
         return await self._publisher.publish(emit, subject.record, event)
+
+    def _sent(self, subject: _Subject, claim: Claim) -> None:
+        if self._on_work is not None:
+            self._on_work(subject.record, claim, subject.response.threadId)
 
 
 def _work(subject: _Subject, claim: Claim, now: datetime, by: str | None = None) -> dict[str, Any]:

@@ -55,6 +55,7 @@ __all__ = [
     "CLAIM_TIMEOUT",
     "OBSERVATIONAL",
     "Claim",
+    "ClaimOutcome",
     "MongoObservationalStore",
     "ObservationUpdate",
     "ObservationalRecord",
@@ -69,6 +70,7 @@ CLAIM_TIMEOUT: Final = timedelta(minutes=5)
 _READ_BACK: Final = 5  # newest generations read to find a readable one past unreadable rows
 
 Kind = Literal["observe", "reflect"]
+ClaimOutcome = Literal["held", "settled", "reflected"]
 _FLAGS: Final[dict[str, str]] = {"observe": "isObserving", "reflect": "isReflecting"}
 
 
@@ -190,6 +192,27 @@ class MongoObservationalStore:
         if found is None:
             return None
         return Claim(record.id, record.generation, int(found[CYCLE]), kind)
+
+    async def claim_outcome(self, claim: Claim) -> ClaimOutcome:
+        """Where `claim` stands (a replay with `--observe` waits for it): `held` while its flag is set under
+        its cycle or a later one (a claim that timed out and was taken again, by the sweep say: the same
+        work, re-sent); `reflected` once a reflection's next generation exists (its answer settles the claim,
+        then inserts that row: both are waited for); else `settled` (applied, released, forgotten)."""
+        flag = _FLAGS[claim.kind]
+        with storage_errors("om read"):
+            row = await self._rows.find_one(
+                {"id": claim.record_id}, {flag: 1, CYCLE: 1, "lookupKey": 1, "_id": 0}
+            )
+            cycle = row.get(CYCLE) if row is not None else None
+            if row is not None and row.get(flag) is True and isinstance(cycle, int) and cycle >= claim.cycle:
+                return "held"
+            if claim.kind == "reflect" and row is not None:
+                newer = await self._rows.find_one(
+                    {"lookupKey": row.get("lookupKey"), "generationCount": claim.generation + 1}, {"_id": 1}
+                )
+                if newer is not None:
+                    return "reflected"
+        return "settled"
 
     async def release(self, claim: Claim, now: datetime) -> bool:
         """Give a claim back unused (the observer failed for good): the flag cleared if still this claim's."""

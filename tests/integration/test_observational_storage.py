@@ -167,6 +167,33 @@ async def test_reflection_starts_the_next_generation_once(mongo_db: Db) -> None:
     assert len(await store.history("t", "r")) == 2
 
 
+async def test_claim_outcome_says_what_a_replay_waits_for(mongo_db: Db) -> None:
+    """`held` while the claim (or its re-take after the timeout: the same work) holds; an observation
+    `settled` once applied or released; a reflection `reflected` only once its next generation exists."""
+    store = await _store(mongo_db)
+    record = await store.initialize(scope="thread", thread_id="t", resource_id="r", config={}, now=T0)
+    first = await store.claim(record, "observe", T0)
+    assert first is not None
+    assert await store.claim_outcome(first) == "held"
+    again = await store.claim(record, "observe", LATER)  # timed out, taken again (cycle + 1)
+    assert again is not None
+    assert await store.claim_outcome(first) == "held"  # its work re-sent: still to wait for
+    assert await _apply(store, again, "x", 50, ["m"], LATER)
+    assert await store.claim_outcome(first) == await store.claim_outcome(again) == "settled"
+
+    current = await store.get("t", "r")
+    assert current is not None
+    reflect = await store.claim(current, "reflect", LATER)
+    assert reflect is not None
+    assert await store.claim_outcome(reflect) == "held"
+    await mongo_db[OBSERVATIONAL].update_one({"id": reflect.record_id}, {"$set": {"isReflecting": False}})
+    assert await store.claim_outcome(reflect) == "settled"  # settled, no next generation (yet)
+    await mongo_db[OBSERVATIONAL].update_one({"id": reflect.record_id}, {"$set": {"isReflecting": True}})
+    assert await store.apply_reflection(reflect, reflection="short", token_count=3, now=LATER) is not None
+    assert await store.claim_outcome(reflect) == "reflected"
+    assert await store.claim_outcome(Claim("gone", 0, 1, "observe")) == "settled"  # forgotten
+
+
 async def test_forget_erases_every_generation(mongo_db: Db) -> None:
     """`clearObservationalMemory` for a thread; forgetting a resource takes its row and its threads'."""
     store = await _store(mongo_db)

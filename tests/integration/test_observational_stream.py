@@ -392,7 +392,8 @@ async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
     """A backfill (`replay --from-beginning`) of six long turns: without `--observe` it rebuilds the history
     and sends no observation work (the thread would stay unobserved until it speaks again); with it, the
     thread is claimed and one ObserveRequest sent, as the live persist path sends it (exactly once: in the
-    replay batch's transaction, read `read_committed`). The observed path applies the answer as usual."""
+    replay batch's transaction, read `read_committed`), and the replay waits until the observed path beside
+    it applied the observer's answer (`tests/integration/test_replay_observe.py`: deterministically)."""
     from tests.integration.test_replay import replay  # noqa: PLC0415 -- the replay tests' runner
 
     settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee)
@@ -406,8 +407,18 @@ async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
         )
         assert _work(none) == []  # a replay sends no work unless asked
 
-        result, _ = await replay(settings, "--from-beginning", "--observe")
-        assert result.exit_code == 0
+        observer = ObserverWorker.from_settings(
+            observer_handler(lambda w: _text(f"replayed {len(w.messages)}")),
+            settings,
+            group_id=f"{settings.group_id}-obs",
+        )
+        async with running_service(settings, only="observed"), observer:
+            running = asyncio.create_task(observer.run())
+            result, out = await replay(settings, "--from-beginning", "--observe", "--observe-wait-s", "60")
+            observer.stop()
+            assert await running == 1
+        assert result.exit_code == 0, out
+        assert result.counts.observations == 1
         work = _work(
             await read_topic(
                 bootstrap,
@@ -419,6 +430,7 @@ async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
         assert [(w.threadId, w.generation, w.cycle) for w in work] == [(THREAD, 0, 1)]
         assert work[0].messages[0].id == "q1"
         row = await _row(settings)
-        assert row["isObserving"] is True  # claimed: the live service's next turn waits for the answer
+        assert row["isObserving"] is False  # the replay waited for the answer to be applied
+        assert row["activeObservations"] == f"replayed {len(work[0].messages)}"
     finally:
         await drop_database(settings)

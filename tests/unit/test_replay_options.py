@@ -85,6 +85,8 @@ def test_defaults_replay_the_responses_topic_quietly_with_dead_letters() -> None
         ),
         (["--from-beginning", "--progress", "none"], lambda o: o.progress == "none"),
         (["--from-beginning", "--observe"], lambda o: o.observes and o.path == "persist"),
+        (["--from-beginning", "--observe"], lambda o: o.observe_wait_s == SETTINGS.observation_timeout_s),
+        (["--from-beginning", "--observe", "--observe-wait-s", "7.5"], lambda o: o.observe_wait_s == 7.5),
     ],
     ids=[
         "from-offsets",
@@ -99,6 +101,8 @@ def test_defaults_replay_the_responses_topic_quietly_with_dead_letters() -> None
         "knobs",
         "progress-none",
         "observe",
+        "observe-wait-default",
+        "observe-wait",
     ],
 )
 def test_accepted_combinations(argv: list[str], check: object) -> None:
@@ -119,6 +123,8 @@ def test_auto_progress_is_a_bar_on_a_terminal_only(tty: bool, mode: str) -> None
         (["--from-beginning", "--emit-to", "en"], "live enriched topic"),
         (["--from-beginning", "--emit-to", "side", "--observe"], "--observe is for the responses topic"),
         (["--from-beginning", "--observe", "--dry-run"], "not with --dry-run"),
+        (["--from-beginning", "--observe-wait-s", "5"], "--observe-wait-s is for --observe"),
+        (["--from-beginning", "--observe", "--observe-wait-s", "0"], "--observe-wait-s must be positive"),
         (["--from-beginning", "--emit-to", "rq"], "must not be the topic being replayed"),
         (["--from-beginning", "--emit-to", "side", "--topic", "rs"], "rs is the responses topic"),
         (
@@ -141,6 +147,8 @@ def test_auto_progress_is_a_bar_on_a_terminal_only(tty: bool, mode: str) -> None
         "emit-to-live-enriched",
         "observe-with-emit-to",
         "observe-dry-run",
+        "observe-wait-without-observe",
+        "observe-wait-zero",
         "emit-to-source",
         "emit-to-from-responses",
         "emit-both",

@@ -117,6 +117,8 @@ def test_progress_fields_for_log_lines() -> None:
         "skipped": 0,
         "enriched": 0,
         "invalid": 10,
+        "observed": 0,
+        "observing": 0,
     }
 
 

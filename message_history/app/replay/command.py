@@ -10,18 +10,21 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, TextIO
 
 from consumers.contract import BatchHandler
 from consumers.observe_emit import ObservationEmitter
+from consumers.observe_recall import ObservationRecall
 from consumers.persist import PersistHandler
 from consumers.recall import RecallHandler
 from consumers.runtime.containment import Contained
 from consumers.runtime.emit import FileUnderOffset, SendNow
 from consumers.unreadable import SkippingUnreadable
 from message_history.app.capabilities import storage_capabilities
+from message_history.app.replay.observe_wait import ObservationWaitError, ObservationWaits
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions, options_from_args
-from message_history.app.replay.plan import Counts, PartitionRange, UsageError, resume_flag
+from message_history.app.replay.plan import Counts, PartitionRange, Plan, UsageError, resume_flag
 from message_history.app.replay.progress import ProgressDisplay, Status, Summary, summary_lines
 from message_history.app.replay.runner import (
     BatchRunner,
@@ -30,6 +33,7 @@ from message_history.app.replay.runner import (
     ReplayAbortedError,
     StoppedError,
     plan_replay,
+    sleep_or_stop,
 )
 from message_history.app.replay.sinks import (
     EnrichedOutcomes,
@@ -46,7 +50,7 @@ from producers.output import OutputProducer
 from producers.transactions import PartitionTransactions, producer_options
 from storage.message_id_keys import message_id_keys
 from storage.mongodb import MongoHistoryStorage
-from storage.observational import open_observational
+from storage.observational import MongoObservationalStore, open_observational
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +101,7 @@ def _handler(
     storage: ReplayStorage,
     id_keys: tuple[bytes, ...] = (),
     observation: ObservationEmitter | None = None,
+    recalled_observations: ObservationRecall | None = None,
 ) -> BatchHandler:
     """The live path's handler, publishing into a recorder (sending on only when asked to)."""
     path: BatchHandler
@@ -109,6 +114,8 @@ def _handler(
             EnrichedOutcomes(options.emit_to, emit=not options.dry_run),
             write_boundaries=not options.dry_run,
             raw_rows=capabilities.raw_rows,
+            # a request with OM is recalled with the thread's log, as the live recall does
+            observation=recalled_observations,
         )
     else:
         path = PersistHandler(
@@ -126,15 +133,30 @@ def _handler(
 
 
 async def _observation(
-    settings: Settings, options: ReplayOptions, mongo: MongoHistoryStorage, storage: ReplayStorage
-) -> ObservationEmitter | None:
+    settings: Settings,
+    options: ReplayOptions,
+    mongo: MongoHistoryStorage,
+    storage: ReplayStorage,
+    counts: Counts,
+) -> tuple[ObservationEmitter | None, ObservationWaits | None]:
     """`--observe`: the live persist path's Observational Memory hook on the replay's storage (its claims in
     `mastra_observational_memory`, its work through the replay's channel: in the batch's transaction under
-    exactly-once)."""
+    exactly-once), telling the wait for each claim's answer (`replay.observe_wait`) what it sent."""
     if not options.observes:
-        return None
+        return None, None
     rows = await open_observational(mongo.db, settings.observation_timeout_s)
-    return ObservationEmitter(settings, rows, storage, ObservePublisher(settings.observe_requests_topic))
+    waits = ObservationWaits(rows, counts, wait_s=options.observe_wait_s, sleep=sleep_or_stop)
+    publisher = ObservePublisher(settings.observe_requests_topic)
+    return ObservationEmitter(settings, rows, storage, publisher, on_work=waits.noted), waits
+
+
+def _recalled_observations(
+    settings: Settings, mongo: MongoHistoryStorage, storage: ReplayStorage
+) -> ObservationRecall:
+    """Re-enrichment's Observational Memory: the rows read as the live recall reads them (reads only: no
+    index is made, so a dry run changes nothing either)."""
+    rows = MongoObservationalStore(mongo.db, claim_timeout=timedelta(seconds=settings.observation_timeout_s))
+    return ObservationRecall(settings, rows, storage)
 
 
 async def run_replay(
@@ -175,18 +197,7 @@ async def run_replay(
             replay.partitions = [PartitionState(r.partition, r.start, r.end, r.start) for r in plan.ranges]
             replay.notes = plan.notes
             planned = True
-            for note in plan.notes:
-                log.warning(note)
-            log.info(
-                "replay starting",
-                extra={
-                    "topic": options.topic,
-                    "path": options.path,
-                    "dry_run": options.dry_run,
-                    "ranges": {str(r.partition): [r.start, r.end] for r in plan.ranges},
-                    "total": plan.total,
-                },
-            )
+            _log_start(options, plan)
             report = stack.enter_context(InvalidReport(options.invalid_report))
             mongo = await replay.retrying(
                 "connect to MongoDB",
@@ -211,10 +222,17 @@ async def run_replay(
                 if options.path == "persist"
                 else ()
             )
+            emitter, waits = await _observation(settings, options, mongo, storage, replay.counts)
             runner = BatchRunner(
                 handler=_handler(
-                    options, settings, storage, id_keys, await _observation(settings, options, mongo, storage)
+                    options,
+                    settings,
+                    storage,
+                    id_keys,
+                    emitter,
+                    _recalled_observations(settings, mongo, storage),
                 ),
+                observations=waits,
                 counts=replay.counts,
                 report=report,
                 dead_letters=DeadLetterPublisher(options.dead_letter_topic) if options.dead_letters else None,
@@ -245,6 +263,21 @@ async def run_replay(
     return _finish(replay, failure, planned=planned, started=started, out=out)
 
 
+def _log_start(options: ReplayOptions, plan: Plan) -> None:
+    for note in plan.notes:
+        log.warning(note)
+    log.info(
+        "replay starting",
+        extra={
+            "topic": options.topic,
+            "path": options.path,
+            "dry_run": options.dry_run,
+            "ranges": {str(r.partition): [r.start, r.end] for r in plan.ranges},
+            "total": plan.total,
+        },
+    )
+
+
 def _finish(
     replay: Replay, failure: BaseException | None, *, planned: bool, started: float, out: TextIO
 ) -> ReplayResult:
@@ -252,7 +285,10 @@ def _finish(
     result = ReplayResult("done", EXIT_DONE, replay.counts, replay.partitions)
     if failure is not None:
         result.status, result.exit_code = "failed", EXIT_FAILED
-        log.error("replay failed", exc_info=failure if not isinstance(failure, ReplayAbortedError) else None)
+        log.error(
+            "replay failed",
+            exc_info=failure if not isinstance(failure, ReplayAbortedError | ObservationWaitError) else None,
+        )
     elif result.resume_offsets or not planned:
         result.status, result.exit_code = "interrupted", EXIT_INTERRUPTED
     resume = resume_flag(result.resume_offsets)

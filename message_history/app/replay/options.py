@@ -39,6 +39,7 @@ class ReplayOptions:
     emit_persisted: bool = False
     emit_to: str | None = None
     observe: bool = False  # Observational Memory's work sent for replayed threads (persist path)
+    observe_wait_s: float = 300.0  # `--observe`: how long one observation may take to be settled
     rate: float | None = None
     concurrency: int = 4
     batch_size: int = 500
@@ -114,6 +115,7 @@ def options_from_args(args: argparse.Namespace, settings: Settings, *, tty: bool
         ("--rate", args.rate, 0.0),
         ("--max-retry-s", args.max_retry_s, 0.0),
         ("--progress-interval", args.progress_interval, 0.0),
+        ("--observe-wait-s", getattr(args, "observe_wait_s", None), 0.0),
     ):
         if value is not None and value <= minimum:
             raise UsageError(f"{name} must be positive, got {value}")
@@ -130,6 +132,9 @@ def options_from_args(args: argparse.Namespace, settings: Settings, *, tty: bool
             "--observe needs the observed path's topic (MESSAGE_HISTORY_OBSERVE_RESULTS_TOPIC): "
             "no one would apply the observers' answers"
         )
+    wait_s = getattr(args, "observe_wait_s", None)
+    if wait_s is not None and not observe:
+        raise UsageError("--observe-wait-s is for --observe")
     progress: Mode = args.progress if args.progress != "auto" else ("bar" if tty else "log")
     return ReplayOptions(
         topic=topic,
@@ -141,6 +146,7 @@ def options_from_args(args: argparse.Namespace, settings: Settings, *, tty: bool
         emit_persisted=bool(args.emit_persisted),
         emit_to=args.emit_to,
         observe=observe,
+        observe_wait_s=wait_s if wait_s is not None else settings.observation_timeout_s,
         rate=args.rate,
         concurrency=args.concurrency,
         batch_size=args.batch_size or settings.max_batch_records,

@@ -199,6 +199,8 @@ class Counts:
     threads: int = 0  # distinct threads written (or that would be)
     threads_new: int = 0  # of those, not in MongoDB before (dry run only)
     lost_to_retention: int = 0  # offsets deleted by retention while the replay ran
+    observations: int = 0  # `--observe`: observations (reflections) sent and waited for until settled
+    observing: int = 0  # `--observe`: of those, being waited for now
     invalid_samples: list[str] = field(default_factory=list)  # "partition/offset: error", first few
 
     SAMPLES: ClassVar[int] = 10
@@ -270,8 +272,18 @@ def add_replay_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help=(
             "responses only: send Observational Memory's work (ObserveRequest / ReflectRequest) for replayed "
-            "threads whose unobserved messages pass their threshold, as the live persist path does; the "
-            "live service's observed path applies the observers' answers (default: none)"
+            "threads whose unobserved messages pass their threshold, as the live persist path does, and wait "
+            "for each answer (applied by the live service's observed path) before the partition's next "
+            "record: the rebuilt logs do not depend on --batch-size or --concurrency (default: none)"
+        ),
+    )
+    parser.add_argument(
+        "--observe-wait-s",
+        type=float,
+        metavar="S",
+        help=(
+            "with --observe: stop (exit 1, resumable) when an observation is not settled within S seconds "
+            "(default: MESSAGE_HISTORY_OBSERVATION_TIMEOUT_S)"
         ),
     )
     parser.add_argument(

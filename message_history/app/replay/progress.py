@@ -87,8 +87,12 @@ def outcome_parts(counts: Counts) -> list[str]:
         ("skipped", sum(counts.skipped.values())),
         ("enriched", counts.enriched),
         ("invalid", counts.invalid),
+        ("observed", counts.observations),
     ]
-    return [f"{name} {format_count(value)}" for name, value in parts if value]
+    words = [f"{name} {format_count(value)}" for name, value in parts if value]
+    if counts.observing:  # `--observe`: the partitions stand still while their observers answer
+        words.append(f"waiting for {format_count(counts.observing)} observations")
+    return words
 
 
 def progress_line(snapshot: Snapshot, width: int = 120) -> str:
@@ -121,6 +125,8 @@ def progress_fields(snapshot: Snapshot) -> dict[str, Any]:
         "skipped": sum(counts.skipped.values()),
         "enriched": counts.enriched,
         "invalid": counts.invalid,
+        "observed": counts.observations,
+        "observing": counts.observing,
     }
 
 
@@ -267,6 +273,8 @@ def summary_lines(summary: Summary) -> list[str]:
         if summary.dry_run:
             threads += f"  ({format_count(c.threads_new)} new)"
         lines.append(threads)
+        if c.observations:  # `--observe`
+            lines.append(f"  observed           {format_count(c.observations)}  (claims sent and settled)")
     else:
         lines.append(
             f"  enriched           {format_count(c.enriched)}  ({format_count(c.recalled)} messages recalled)"

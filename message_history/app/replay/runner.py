@@ -21,6 +21,7 @@ from consumers.runtime.containment import report_unexpected, settle_outcomes
 from consumers.runtime.emit import FileUnderOffset, SendNow
 from consumers.runtime.retry import Backoff, Failure, is_outage, retry_batch, retry_call
 from consumers.unreadable import is_unreadable, read_carefully
+from message_history.app.replay.observe_wait import ObservationWaitError, ObservationWaits
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
 from message_history.app.replay.progress import ProgressDisplay
@@ -117,6 +118,8 @@ class BatchRunner:
     # exactly-once: a batch's outputs held per record, then in one transaction per partition (the live
     # service's transaction code, `PartitionTransactions.for_client(..., replay=True)`)
     transactions: PartitionTransactions | None = None
+    # `--observe`: the wait for the observations each record's save sent (None: no wait, batches whole)
+    observations: ObservationWaits | None = None
 
     async def run(
         self, records: Sequence[ConsumerRecord], state: PartitionState, stop: asyncio.Event
@@ -126,7 +129,35 @@ class BatchRunner:
         Raises `ReplayAbortedError` when an outage outlasts `max_retry_s` (`state.next` is then the first
         record not done), and re-raises what is neither an outage nor contained (a systemic refusal,
         `consumers.runtime.containment.is_systemic`: `state.next` stays before the batch).
+
+        With `observations` (`--observe`), one record at a time, each followed by the wait for the
+        observations its save sent (after its transaction, exactly once): `replay.observe_wait`. A wait that
+        times out raises `ObservationWaitError` with `state.next` at that record (a rerun sends the same
+        claim's work again and waits again).
         """
+        waits = self.observations
+        if waits is None:
+            await self._batch(records, state, stop)
+            return
+        for record in records:
+            if stop.is_set():
+                return  # `next` is this record: a clean stop between records
+            waits.forget(state.partition)
+            await self._batch([record], state, stop)
+            if state.next <= record.offset:
+                return  # stopped (or given up) before it was done
+            try:
+                settled = await waits.settle(state.partition, stop)
+            except ObservationWaitError:
+                state.next = record.offset
+                raise
+            if not settled:
+                state.next = record.offset  # stopped while waiting: redone (and waited for) on resume
+                return
+
+    async def _batch(
+        self, records: Sequence[ConsumerRecord], state: PartitionState, stop: asyncio.Event
+    ) -> None:
         failing_since: float | None = None
 
         async def wait(failure: Failure[ConsumerRecord]) -> bool:

@@ -1,0 +1,258 @@
+"""`replay --observe` rebuilds Observational Memory deterministically (issue 35), on the real broker and the
+MongoDB-wire server.
+
+Three long threads on a three-partition responses topic, each passing a small observation threshold several
+times (and its log the reflection threshold): replayed into three fresh databases, each with the service's
+observed path and a deterministic stub observer (the Python SDK's `ObserverWorker`) beside it: one record
+per batch on one partition at a time, 500 per batch on all three at once, 7 on two. The
+`mastra_observational_memory` rows they leave are equal but for their times, ids and claim bookkeeping.
+Without the wait (the replay of before: work sent, not waited for) they differ: the batch decides where a
+cycle starts, the observer's speed what it covers (batch 500: one cycle of 24 messages per thread and no
+reflection, against three cycles of 8 and a reflection).
+
+And a re-enrichment (`--emit-to`) of a request with OM is recalled with the log, as the live recall.
+
+And the bound: with no observer running, the replay stops within `--observe-wait-s` with an error naming
+the thread and the claim, resumable at the record that claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+from message_history.settings import Settings
+from schemas.observational import ObserveRequest, ReflectRequest
+from storage.observational import OBSERVATIONAL
+from tests.conftest import MakeTopic
+from tests.integration.service_harness import (
+    drop_database,
+    encoded,
+    fresh_settings,
+    request_event,
+    response_event,
+    running_service,
+    text_message,
+)
+from tests.integration.stream_helpers import produce, read_topic
+from worker.observer import ObserverWorker, observer_handler
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+THREADS = ("omr-a", "omr-b", "omr-c")
+TURNS = 12
+WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
+# times, ids and the claim's bookkeeping: what may differ between two rebuilds of the same log
+UNSTABLE = {
+    "id",
+    "createdAt",
+    "updatedAt",
+    "lastReflectionAt",
+    "_mh_claimed_at",
+    "_mh_claimed_by",
+    "_mh_cycle",
+}
+
+
+def _settings(kafka_bootstrap: str, mongo_uri: str, **extra: Any) -> Settings:
+    values: dict[str, Any] = {
+        "observational_memory": True,
+        "observation_message_tokens": 600,  # about every three turns
+        "reflection_observation_tokens": 50,  # two cycles' log
+        "barrier": "off",
+        "busy_thread": "allow",
+    }
+    return fresh_settings(kafka_bootstrap, mongo_uri, **{**values, **extra})
+
+
+async def _topics(settings: Settings, make_topic: MakeTopic) -> None:
+    for topic in (settings.observe_requests_topic, settings.observe_results_topic):
+        await make_topic(partitions=1, name=topic)
+
+
+def _turns() -> list[tuple[bytes, bytes]]:
+    """The threads' turns interleaved (each about 250 OM tokens), keyed by thread."""
+    out = []
+    for turn in range(1, TURNS + 1):
+        for thread in THREADS:
+            question = text_message("user", f"{thread} turn {turn}: {WORDS * 4}", id=f"{thread}-q{turn}")
+            event = response_event(
+                thread,
+                f"{thread}-owner",
+                turn,
+                [{**question, "source": "input"}],
+                f"answer {turn}: {WORDS * 4}",
+            )
+            out.append(encoded(event))
+    return out
+
+
+async def _observe(work: ObserveRequest) -> str:
+    """Deterministic: what it was given, in a line (the log grows by one line a cycle)."""
+    first, last = work.messages[0].id, work.messages[-1].id
+    return f"- {len(work.messages)} messages, {first} to {last}, after {len(work.activeObservations)} chars"
+
+
+async def _reflect(work: ReflectRequest) -> str:
+    lines = work.activeObservations.splitlines()
+    return f"- reflected {len(lines)} lines, the last: {lines[-1]}"
+
+
+@contextlib.asynccontextmanager
+async def _observer_beside(settings: Settings, *, answer: bool = True) -> AsyncIterator[None]:
+    """The service's observed path on `settings`' database and, with `answer`, a stub observer."""
+    async with running_service(settings, only="observed"):
+        if not answer:
+            yield
+            return
+        observer = ObserverWorker.from_settings(
+            observer_handler(_observe, _reflect), settings, group_id=f"{settings.group_id}-obs"
+        )
+        async with observer:
+            running = asyncio.create_task(observer.run())
+            try:
+                yield
+            finally:
+                observer.stop()
+                await running
+
+
+async def _rows(settings: Settings) -> list[dict[str, Any]]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        rows = await client[settings.mongodb_database][OBSERVATIONAL].find({}, {"_id": 0}).to_list()
+    finally:
+        await client.close()
+    stable = [{k: v for k, v in row.items() if k not in UNSTABLE} for row in rows]
+    return sorted(stable, key=lambda r: (r["lookupKey"], r["generationCount"]))
+
+
+async def _rebuild(settings: Settings, *argv: str) -> list[dict[str, Any]]:
+    from tests.integration.test_replay import replay  # noqa: PLC0415 -- the replay tests' runner
+
+    async with _observer_beside(settings):
+        result, out = await replay(settings, "--from-beginning", "--observe", "--observe-wait-s", "60", *argv)
+        assert result.exit_code == 0, out
+        assert result.counts.observations > 0
+        assert "observed " in out
+    return await _rows(settings)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_replay_observe_rebuilds_the_same_log_whatever_the_batches(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
+) -> None:
+    """Batch size 1 on one partition at a time, 500 on three at once, 7 on two: the same rows (several
+    cycles and a reflection per thread); each thread's log is settled (no claim left). Exactly once, each
+    claim's work goes out in its record's transaction, committed before the wait (else the observer, reading
+    `read_committed`, would never see it and the wait would time out)."""
+    one = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
+    other, third = (
+        _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee).model_copy(
+            update={"responses_topic": one.responses_topic}
+        )
+        for _ in range(2)
+    )
+    await make_topic(partitions=3, name=one.responses_topic)
+    for settings in (one, other, third):
+        await _topics(settings, make_topic)
+    try:
+        await produce(one.kafka_bootstrap_servers, one.responses_topic, _turns())
+        small = await _rebuild(one, "--batch-size", "1", "--concurrency", "1")
+        large = await _rebuild(other, "--batch-size", "500", "--concurrency", "3")
+        odd = await _rebuild(third, "--batch-size", "7", "--concurrency", "2")  # cuts inside the cycles
+        assert small == large == odd
+        keys = {row["lookupKey"] for row in small}
+        assert keys == {f"thread:{t}" for t in THREADS}
+        assert any(row["generationCount"] >= 1 for row in small)  # reflected too
+        newest = {row["lookupKey"]: row for row in small}  # sorted by generation: the last wins
+        assert all(row["activeObservations"] for row in newest.values())
+        assert not any(row["isObserving"] or row["isReflecting"] for row in small)
+    finally:
+        for settings in (one, other, third):
+            await drop_database(settings)
+
+
+async def test_replay_observe_stops_within_the_bound_when_no_one_answers(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """The observed path runs, no observer does: the replay fails (exit 1) within `--observe-wait-s`, the
+    error naming the thread and its claim, and the resume point is the record that claimed."""
+    from tests.integration.test_replay import replay  # noqa: PLC0415
+
+    settings = _settings(kafka_bootstrap, mongo_uri)
+    await make_topic(partitions=1, name=settings.responses_topic)
+    await _topics(settings, make_topic)
+    try:
+        await produce(
+            settings.kafka_bootstrap_servers, settings.responses_topic, _turns()[:12]
+        )  # 4 turns each
+        async with _observer_beside(settings, answer=False):
+            started = time.monotonic()
+            result, out = await replay(
+                settings, "--from-beginning", "--observe", "--observe-wait-s", "3", "--batch-size", "500"
+            )
+            elapsed = time.monotonic() - started
+        assert result.exit_code == 1, out
+        assert elapsed < 30
+        assert "ObservationWaitError" in out
+        assert "thread 'omr-" in out
+        assert "cycle 1" in out
+        assert "was not settled within 3 s" in out
+        (partition,) = result.partitions
+        assert partition.next == 9  # the first thread's 4th turn claimed: it is redone on resume
+        assert "--from-offsets 0:9" in out
+
+        async with _observer_beside(settings):  # an observer now: the same command resumes and finishes
+            result, out = await replay(
+                settings, "--from-offsets", "0:9", "--observe", "--observe-wait-s", "60"
+            )
+        assert result.exit_code == 0, out
+        # the claim's work sent again (same cycle) and waited for, or, when the new observer answered the
+        # first run's copy of it before the replay came to that record, nothing left to send for it
+        assert result.counts.observations in {2, 3}
+        rows = await _rows(settings)
+        assert [(r["lookupKey"], r["isObserving"]) for r in rows] == [(f"thread:{t}", False) for t in THREADS]
+        assert all(r["activeObservations"].startswith("- 8 messages") for r in rows)
+    finally:
+        await drop_database(settings)
+
+
+async def test_a_re_enrichment_is_recalled_with_the_log(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """`replay --emit-to` of a request with OM: the thread's log in the context and `history.observed`, the
+    messages it covers left out, as the live recall sends it."""
+    from tests.integration.test_replay import replay  # noqa: PLC0415
+
+    settings = _settings(kafka_bootstrap, mongo_uri, reflection_observation_tokens=10_000)
+    side = f"{settings.enriched_topic}-side"
+    await make_topic(partitions=1, name=settings.responses_topic)
+    await make_topic(partitions=1, name=settings.requests_topic)
+    await make_topic(partitions=1, name=side)
+    await _topics(settings, make_topic)
+    try:
+        turns = [t for t in _turns() if t[0] == b"omr-a"][:4]  # one cycle: turns 1 to 4
+        await produce(settings.kafka_bootstrap_servers, settings.responses_topic, turns)
+        rows = await _rebuild(settings)
+        (log,) = [r["activeObservations"] for r in rows]
+        ask = request_event("omr-a", "omr-a-owner", 5, "so which day is cheapest?")
+        await produce(settings.kafka_bootstrap_servers, settings.requests_topic, [encoded(ask)])
+        result, out = await replay(settings, "--from-beginning", "--emit-to", side)
+        assert result.exit_code == 0, out
+        (record,) = await read_topic(settings.kafka_bootstrap_servers, side, until=lambda r: len(r) >= 1)
+        event = json.loads(record.value)
+        assert event["history"]["observed"] == 8
+        texts = [p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"]
+        assert any(log in text for text in texts)  # the log, in Mastra's context wording
+        recalled = [m["id"] for m in event["messages"] if m["source"] == "memory"]
+        assert not any(i.startswith("omr-a-q") for i in recalled)  # what the log covers is not sent again
+    finally:
+        await drop_database(settings)
