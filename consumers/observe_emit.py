@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -39,6 +39,7 @@ from typing import Any, Protocol
 from consumers.contract import Done, Emit, Result, ack_after
 from consumers.observational import Unobserved, request_settings
 from consumers.observe_work import (
+    WorkSent,
     observe_request,
     observed_state,
     reflect_request,
@@ -54,7 +55,7 @@ from schemas.events import AgentResponse
 from storage.observational import Claim, ObservationalRecord
 from storage.protocol import BatchHistoryStorage
 
-__all__ = ["ObservationEmitter", "ObservationalRows", "WorkSent", "om_config"]
+__all__ = ["ObservationEmitter", "ObservationalRows", "om_config"]
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +65,6 @@ _UNOBSERVED = Unobserved(
     "observation work failed: the turn is saved, its thread not observed this time",
     log,
 )
-
-
-WorkSent = Callable[[Positioned, Claim, str], None]
-"""Told of each claim whose work is sent: the record it is filed under, the claim, the thread id (a replay
-with `--observe` waits for those claims to be settled: `message_history.app.replay.observe_wait`)."""
 
 
 class ObservationalRows(Protocol):

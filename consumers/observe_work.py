@@ -8,17 +8,29 @@ events: each in one place, so the two senders cannot drift apart.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from message_history.core.observation import ObservedState
+from producers.output import Positioned
 from schemas.messages import format_timestamp
 from schemas.observational import ObserveRequest, ReflectRequest
 from storage.observational import Claim, ObservationalRecord
 from storage.protocol import HistoryStorage, PageQuery
 
-__all__ = ["observe_request", "observed_state", "reflect_request", "since_observed", "work_fields"]
+__all__ = [
+    "WorkSent",
+    "observe_request",
+    "observed_state",
+    "reflect_request",
+    "since_observed",
+    "work_fields",
+]
+
+WorkSent = Callable[[Positioned, Claim, str], None]
+"""Told of each claim whose work is sent: the record it is filed under, the claim, the thread id (a replay
+with `--observe` waits for those claims to be settled: `message_history.app.replay.observe_wait`)."""
 
 
 async def since_observed(

@@ -179,7 +179,7 @@ async def test_a_stop_while_waiting_leaves_the_claiming_record_for_the_resume() 
     async def stop_now(seconds: float, event: asyncio.Event) -> bool:
         return True
 
-    wait._sleep = stop_now  # the signal comes while waiting
+    wait.sleep = stop_now  # the signal comes while waiting
     await run.run([record(10), record(11), record(12)], part, stop)
     assert handler.calls == [[10], [11]]
     assert part.next == 11

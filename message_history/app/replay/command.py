@@ -23,6 +23,7 @@ from consumers.runtime.emit import FileUnderOffset, SendNow
 from consumers.unreadable import SkippingUnreadable
 from message_history.app.capabilities import storage_capabilities
 from message_history.app.replay.observe_wait import ObservationWaitError, ObservationWaits
+from message_history.app.replay.offsets import plan_replay
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions, options_from_args
 from message_history.app.replay.plan import Counts, PartitionRange, Plan, UsageError, resume_flag
 from message_history.app.replay.progress import ProgressDisplay, Status, Summary, summary_lines
@@ -32,7 +33,6 @@ from message_history.app.replay.runner import (
     Replay,
     ReplayAbortedError,
     StoppedError,
-    plan_replay,
     sleep_or_stop,
 )
 from message_history.app.replay.sinks import (

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Protocol
 
 from message_history.app.replay.plan import Counts
@@ -57,30 +57,21 @@ class Pending:
 Sleep = Callable[[float, asyncio.Event], Awaitable[bool]]
 
 
+@dataclass(slots=True)
 class ObservationWaits:
     """The claims each partition's last record sent (`noted`, the emitter's `on_work`), and the wait for them
     (`settle`); `counts.observing` says how many are being waited for, `counts.observations` how many were
     settled."""
 
-    def __init__(
-        self,
-        rows: ClaimReader,
-        counts: Counts,
-        *,
-        wait_s: float,
-        sleep: Sleep,
-        clock: Callable[[], float] = time.monotonic,
-        poll_s: float = POLL_S,
-        grace_s: float = REFLECTION_GRACE_S,
-    ) -> None:
-        self._rows = rows
-        self._counts = counts
-        self.wait_s = wait_s
-        self._sleep = sleep
-        self._clock = clock
-        self._poll_s = poll_s
-        self._grace_s = grace_s
-        self._noted: dict[int, dict[Claim, Pending]] = {}
+    rows: ClaimReader
+    counts: Counts
+    _: KW_ONLY
+    wait_s: float
+    sleep: Sleep
+    clock: Callable[[], float] = time.monotonic
+    poll_s: float = POLL_S
+    grace_s: float = REFLECTION_GRACE_S
+    _noted: dict[int, dict[Claim, Pending]] = field(default_factory=dict, init=False)
 
     def noted(self, record: Positioned, claim: Claim, thread_id: str) -> None:
         """The emitter sent `claim`'s work under `record` (once per claim: a retried send is the same)."""
@@ -98,29 +89,29 @@ class ObservationWaits:
         pending = list(self._noted.pop(partition, {}).values())
         if not pending:
             return True
-        self._counts.observing += len(pending)
+        self.counts.observing += len(pending)
         try:
             for item in pending:
                 if not await self._one(item, stop):
                     return False
-                self._counts.observing -= 1
-                self._counts.observations += 1
+                self.counts.observing -= 1
+                self.counts.observations += 1
                 pending = pending[1:]
             return True
         finally:
-            self._counts.observing -= len(pending)
+            self.counts.observing -= len(pending)
 
     async def _one(self, item: Pending, stop: asyncio.Event) -> bool:
-        started = self._clock()
+        started = self.clock()
         released_since: float | None = None
         while True:
-            outcome = await self._rows.claim_outcome(item.claim)
-            now = self._clock()
+            outcome = await self.rows.claim_outcome(item.claim)
+            now = self.clock()
             if outcome == "reflected" or (outcome == "settled" and item.claim.kind == "observe"):
                 return True
             if outcome == "settled":  # a reflection settled: its next generation follows at once
                 released_since = released_since if released_since is not None else now
-                if now - released_since >= self._grace_s:
+                if now - released_since >= self.grace_s:
                     return True  # released: the observer gave up on it (no next generation comes)
             if now - started >= self.wait_s:
                 claim = item.claim
@@ -131,5 +122,5 @@ class ObservationWaits:
                     "service's observed path and an observer running? Run the same command again to resume "
                     "from that record"
                 )
-            if await self._sleep(self._poll_s, stop):
+            if await self.sleep(self.poll_s, stop):
                 return False

@@ -1,4 +1,4 @@
-"""The replay's work: the partitions' ranges read from Kafka, one worker per partition, each batch run
+"""The replay's work: one worker per partition over its range (`offsets.plan_replay`), each batch run
 through the live handler to the end with the live loop's retry policy."""
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any, TypeVar
 
 from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
@@ -23,10 +22,9 @@ from consumers.runtime.retry import Backoff, Failure, is_outage, retry_batch, re
 from consumers.unreadable import is_unreadable, read_carefully
 from message_history.app.replay.observe_wait import ObservationWaitError, ObservationWaits
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
-from message_history.app.replay.plan import Counts, Plan, TokenBucket, UsageError, plan_ranges, to_millis
+from message_history.app.replay.plan import Counts, TokenBucket
 from message_history.app.replay.progress import ProgressDisplay
 from message_history.app.replay.sinks import InvalidReport
-from message_history.app.topics import existing_partitions
 from message_history.errors import MessageHistoryError, error_type
 from message_history.settings import Settings
 from producers.dead_letters import DeadLetterPublisher
@@ -286,40 +284,6 @@ async def _commit(transactions: PartitionTransactions, tp: TopicPartition, below
 
 
 # --- the partitions ----------------------------------------------------------------------------------------
-
-
-async def plan_replay(settings: Settings, options: ReplayOptions) -> Plan:
-    """The partitions' ranges: the topic's partitions, start and end offsets now, the start/until lookups."""
-    found = await existing_partitions(settings, [options.topic], client_id=CLIENT_ID)
-    if options.topic not in found:
-        raise UsageError(f"topic {options.topic!r} does not exist")
-    partitions = found[options.topic]
-    tps = [TopicPartition(options.topic, p) for p in partitions]
-    consumer = build_reader(settings, client_id=CLIENT_ID, max_records=1)
-    await consumer.start()
-    try:
-        consumer.assign(tps)
-        beginning = {tp.partition: o for tp, o in (await consumer.beginning_offsets(tps)).items()}
-        end = {tp.partition: o for tp, o in (await consumer.end_offsets(tps)).items()}
-        start: dict[int, int | None]
-        if options.start.offsets is not None:
-            start = dict(options.start.offsets)
-        elif options.start.timestamp is not None:
-            start = await _offsets_at(consumer, tps, options.start.timestamp)
-        else:
-            start = dict(beginning)
-        until = await _offsets_at(consumer, tps, options.until) if options.until is not None else None
-    finally:
-        await consumer.stop()
-    return plan_ranges(beginning=beginning, end=end, start=start, until=until)
-
-
-async def _offsets_at(
-    consumer: AIOKafkaConsumer, tps: Sequence[TopicPartition], at: datetime
-) -> dict[int, int | None]:
-    """Per partition, the first offset whose timestamp is at or after `at` (None: no such record yet)."""
-    found = await consumer.offsets_for_times({tp: to_millis(at) for tp in tps})
-    return {tp.partition: (meta.offset if meta is not None else None) for tp, meta in found.items()}
 
 
 class Replay:
