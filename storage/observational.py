@@ -203,12 +203,17 @@ class MongoObservationalStore:
             row = await self._rows.find_one(
                 {"id": claim.record_id}, {flag: 1, CYCLE: 1, "lookupKey": 1, "_id": 0}
             )
-            cycle = row.get(CYCLE) if row is not None else None
-            if row is not None and row.get(flag) is True and isinstance(cycle, int) and cycle >= claim.cycle:
+            if row is None:
+                return "settled"
+            cycle = row.get(CYCLE)
+            # `type() is int`: a hand-written `true` is no cycle (bool is an int subclass)
+            if row.get(flag) is True and type(cycle) is int and cycle >= claim.cycle:
                 return "held"
-            if claim.kind == "reflect" and row is not None:
+            key = row.get("lookupKey")
+            # only a string is looked up: a row's object there would be a query operator ({"$ne": null})
+            if claim.kind == "reflect" and isinstance(key, str):
                 newer = await self._rows.find_one(
-                    {"lookupKey": row.get("lookupKey"), "generationCount": claim.generation + 1}, {"_id": 1}
+                    {"lookupKey": key, "generationCount": claim.generation + 1}, {"_id": 1}
                 )
                 if newer is not None:
                     return "reflected"

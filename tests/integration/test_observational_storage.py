@@ -194,6 +194,27 @@ async def test_claim_outcome_says_what_a_replay_waits_for(mongo_db: Db) -> None:
     assert await store.claim_outcome(Claim("gone", 0, 1, "observe")) == "settled"  # forgotten
 
 
+async def test_claim_outcome_reads_a_hand_written_row_as_data_not_a_query(mongo_db: Db) -> None:
+    """A row's `lookupKey` is looked up only when it is a string (an object there would be a query operator
+    matching another thread's next generation), and a `true` cycle is no cycle."""
+    store = await _store(mongo_db)
+    record = await store.initialize(scope="thread", thread_id="t", resource_id="r", config={}, now=T0)
+    other = await store.initialize(scope="thread", thread_id="o", resource_id="r", config={}, now=T0)
+    reflect = await store.claim(record, "reflect", T0)
+    assert reflect is not None
+    # another thread's next generation: what an operator in t's lookupKey would find
+    await mongo_db[OBSERVATIONAL].insert_one(
+        {"id": "o-next", "lookupKey": other.lookup_key, "generationCount": reflect.generation + 1}
+    )
+    rows = mongo_db[OBSERVATIONAL]
+    await rows.update_one(
+        {"id": reflect.record_id}, {"$set": {"isReflecting": False, "lookupKey": {"$ne": None}}}
+    )
+    assert await store.claim_outcome(reflect) == "settled"  # not "reflected" through o's row
+    await rows.update_one({"id": reflect.record_id}, {"$set": {"isReflecting": True, "_mh_cycle": True}})
+    assert await store.claim_outcome(Claim(reflect.record_id, reflect.generation, 1, "reflect")) == "settled"
+
+
 async def test_forget_erases_every_generation(mongo_db: Db) -> None:
     """`clearObservationalMemory` for a thread; forgetting a resource takes its row and its threads'."""
     store = await _store(mongo_db)
