@@ -89,17 +89,18 @@ class ObservationWaits:
         pending = list(self._noted.pop(partition, {}).values())
         if not pending:
             return True
-        self.counts.observing += len(pending)
+        waiting = len(pending)
+        self.counts.observing += waiting
         try:
             for item in pending:
                 if not await self._one(item, stop):
                     return False
+                waiting -= 1
                 self.counts.observing -= 1
                 self.counts.observations += 1
-                pending = pending[1:]
             return True
         finally:
-            self.counts.observing -= len(pending)
+            self.counts.observing -= waiting
 
     async def _one(self, item: Pending, stop: asyncio.Event) -> bool:
         started = self.clock()
