@@ -23,27 +23,16 @@ from message_history.errors import FatalStorageError, InvalidInputError, Retriab
 from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
-from storage.observational import Claim, ObservationalRecord, ObservationUpdate, record_from_doc
+from storage.observational import Claim, ObservationalRecord, ObservationUpdate
 from storage.protocol import Thread
+from tests.om_helpers import om_row
 from tests.paths import no_emit
 
 T0 = datetime(2025, 3, 1, 10, 0, tzinfo=UTC)
 
 
 def _row(**fields: Any) -> ObservationalRecord:
-    doc = {
-        "id": "row-1",
-        "lookupKey": "thread:t1",
-        "scope": "thread",
-        "threadId": "t1",
-        "resourceId": "u1",
-        "generationCount": 0,
-        "activeObservations": "",
-        "isObserving": True,
-        "_mh_cycle": 3,
-        **fields,
-    }
-    return record_from_doc(doc)
+    return om_row(**{"_mh_cycle": 3, **fields})
 
 
 class Rows:

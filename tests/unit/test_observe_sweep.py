@@ -12,31 +12,25 @@ from consumers.observe_sweep import ObservationSweep
 from message_history.settings import Settings
 from schemas.messages import Message
 from schemas.observational import ObserveRequest, ReflectRequest
-from storage.observational import Claim, Kind, ObservationalRecord, record_from_doc
+from storage.observational import Claim, Kind, ObservationalRecord
 from storage.protocol import Page, PageQuery
+from tests.om_helpers import om_row
 
 NOW = datetime(2025, 3, 1, 12, 0, tzinfo=UTC)
 OLD = NOW - timedelta(hours=1)
 
 
 def _row(**fields: Any) -> ObservationalRecord:
-    doc = {
-        "id": "row-1",
-        "lookupKey": "thread:t1",
-        "scope": "thread",
-        "threadId": "t1",
-        "resourceId": "u1",
-        "generationCount": 0,
+    """A row claimed an hour ago (cycle 2, by turn-6) with a log, its thresholds in its config."""
+    claimed = {
         "activeObservations": "- earlier",
         "observationTokenCount": 3,
-        "isObserving": True,
         "config": {"observation": {"messageTokens": 500}, "reflection": {"observationTokens": 900}},
         "_mh_cycle": 2,
         "_mh_claimed_at": OLD,
         "_mh_claimed_by": "turn-6",
-        **fields,
     }
-    return record_from_doc(doc)
+    return om_row(**{**claimed, **fields})
 
 
 class Rows:
