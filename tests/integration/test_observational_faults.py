@@ -14,44 +14,45 @@ between a claim and its work, and a claim whose work was lost while its thread s
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
 
 from message_history.settings import Settings
 from schemas.codec import encode
-from schemas.observational import ObserveRequest, decode_work
-from storage.observational import OBSERVATIONAL
+from schemas.observational import ObserveRequest
 from tests.conftest import MakeTopic
+from tests.integration.om_service import (
+    age_claim,
+    answer_text,
+    has_work,
+    observe_work,
+    om_row_when,
+    om_rows,
+    om_settings,
+    om_topics,
+    om_turn,
+)
 from tests.integration.service_harness import (
     ROOT,
     ServiceProcess,
     drop_database,
-    encoded,
-    fresh_settings,
-    response_event,
     running_service,
     settings_env,
-    text_message,
 )
-from tests.integration.stream_helpers import Record, produce, read_all, read_topic, wait_committed
+from tests.integration.stream_helpers import produce, read_all, read_topic, wait_committed
 from worker.observer import observer_handler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 THREAD = "om-fault-thread"
 OWNER = "om-fault-user"
-WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
 
 
 @pytest.fixture
@@ -63,74 +64,8 @@ def service(tmp_path: Path) -> Iterator[list[ServiceProcess]]:
         proc.stop_now()
 
 
-def _settings(kafka_bootstrap: str, mongo_uri: str, **extra: Any) -> Settings:
-    return fresh_settings(
-        kafka_bootstrap,
-        mongo_uri,
-        observational_memory=True,
-        observation_message_tokens=1000,
-        barrier="off",
-        busy_thread="allow",
-        **extra,
-    )
-
-
-async def _topics(settings: Settings, make_topic: MakeTopic, *, observe: bool = True) -> None:
-    topics = [settings.requests_topic, settings.responses_topic, settings.observe_results_topic]
-    if observe:
-        topics.append(settings.observe_requests_topic)
-    for topic in topics:
-        await make_topic(partitions=1, name=topic)
-
-
 def _turn(turn: int) -> tuple[bytes, bytes]:
-    """A saved turn of about 250 OM tokens: a long question and a long answer."""
-    question = text_message("user", f"turn {turn}: {WORDS * 4}", id=f"q{turn}")
-    event = response_event(
-        THREAD, OWNER, turn, [{**question, "source": "input"}], f"answer {turn}: {WORDS * 4}"
-    )
-    return encoded(event)
-
-
-def _work(records: list[Record]) -> list[ObserveRequest]:
-    found = [decode_work(r.value) for r in records]
-    return [w for w in found if isinstance(w, ObserveRequest)]
-
-
-def _has_work(count: int) -> Any:
-    return lambda records: len(_work(records)) >= count
-
-
-async def _rows(settings: Settings) -> list[dict[str, Any]]:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
-    try:
-        return await client[settings.mongodb_database][OBSERVATIONAL].find({}, {"_id": 0}).to_list()
-    finally:
-        await client.close()
-
-
-async def _row_when(settings: Settings, ready: Any, timeout_s: float = 60.0) -> dict[str, Any]:
-    """The thread's one row once `ready(row)` holds (polled); fails after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        rows = await _rows(settings)
-        if len(rows) == 1 and ready(rows[0]):
-            return rows[0]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"the row never got there: {rows}")
-        await asyncio.sleep(0.2)
-
-
-async def _age_claim(settings: Settings) -> None:
-    """The claim as if `OBSERVATION_TIMEOUT_S` had passed since it was made (its times moved back)."""
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
-    past = datetime.now(UTC) - timedelta(seconds=settings.observation_timeout_s + 60)
-    try:
-        await client[settings.mongodb_database][OBSERVATIONAL].update_many(
-            {}, {"$set": {"_mh_claimed_at": past, "updatedAt": past}}
-        )
-    finally:
-        await client.close()
+    return om_turn(THREAD, OWNER, turn)
 
 
 # `message-history run` whose observe sends never complete: the work is handed to the producer and never
@@ -179,20 +114,20 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
     comes back in one batch with a later one of its thread (the batch's work is decided on its last turn:
     without looking at every turn of the batch, the claim would wait out its timeout). The claim timeout stays
     at its default (300 s): nothing here waits for it."""
-    settings = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
+    settings = om_settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
     bootstrap = settings.kafka_bootstrap_servers
-    await _topics(settings, make_topic)
+    await om_topics(settings, make_topic)
     turns = 7 if spoke_again else 6
     try:
         await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
         first = _start_never_sending(settings, tmp_path / "first.log")
         service.append(first)
-        claimed = await _row_when(settings, lambda row: row.get("isObserving") is True)
+        claimed = await om_row_when(settings, lambda row: row.get("isObserving") is True)
         first.signal(signal.SIGKILL)
         assert await first.wait(10) == -signal.SIGKILL
         # the window: claimed in MongoDB, no work in Kafka, the claiming turn not acknowledged
         assert await read_all(bootstrap, settings.observe_requests_topic, settle_s=0.5) == []
-        assert (await _rows(settings))[0]["_mh_cycle"] == claimed["_mh_cycle"] == 1
+        assert (await om_rows(settings))[0]["_mh_cycle"] == claimed["_mh_cycle"] == 1
         if spoke_again:
             await produce(bootstrap, settings.responses_topic, [_turn(7)])
 
@@ -200,15 +135,17 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
         second.start()
         service.append(second)
         committed = "read_committed"  # exactly once: the work is in the redelivered turn's transaction
-        work = _work(
+        work = observe_work(
             await read_topic(
-                bootstrap, settings.observe_requests_topic, until=_has_work(1), isolation_level=committed
+                bootstrap, settings.observe_requests_topic, until=has_work(1), isolation_level=committed
             )
         )
         assert (work[0].cycle, work[0].requestId) == (1, claimed["_mh_claimed_by"])  # the same claim's work
-        answer = await observer_handler(lambda w: _text(f"seen {len(w.messages)} after the crash"))(work[0])
+        answer = await observer_handler(lambda w: answer_text(f"seen {len(w.messages)} after the crash"))(
+            work[0]
+        )
         await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), encode(answer))])
-        row = await _row_when(settings, lambda row: row.get("isObserving") is False)
+        row = await om_row_when(settings, lambda row: row.get("isObserving") is False)
         assert row["activeObservations"] == f"seen {len(work[0].messages)} after the crash"
         assert row["_mh_cycle"] == 1
         assert row["observedMessageIds"][0] == "q1"
@@ -217,10 +154,6 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
         assert await second.wait(settings.shutdown_grace_s + 5) == 0, second.log()[-3000:]
     finally:
         await drop_database(settings)
-
-
-async def _text(value: str) -> str:
-    return value
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
@@ -232,20 +165,20 @@ async def test_a_stale_claim_is_sent_again_while_the_thread_is_silent(
     old cycle is dropped, the new one applies. (Without the sweep no work would ever follow: every turn is
     saved and acknowledged before the claim is aged.) Exactly once, the sweep sends on its own plain
     producer: its work is read `read_committed` too."""
-    settings = _settings(
+    settings = om_settings(
         kafka_bootstrap, mongo_uri, observation_timeout_s=4.0, processing_guarantee=guarantee
     )
     bootstrap = settings.kafka_bootstrap_servers
-    await _topics(settings, make_topic)
+    await om_topics(settings, make_topic)
 
     async def work_until(ready: Any) -> list[ObserveRequest]:
         records = await read_topic(
             bootstrap,
             settings.observe_requests_topic,
-            until=lambda rs: ready(_work(rs)),
+            until=lambda rs: ready(observe_work(rs)),
             isolation_level="read_committed",
         )
-        return _work(records)
+        return observe_work(records)
 
     try:
         async with running_service(settings):
@@ -253,7 +186,7 @@ async def test_a_stale_claim_is_sent_again_while_the_thread_is_silent(
             await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 6})
             sent = await work_until(lambda work: len(work) >= 1)
             last = max(w.cycle for w in sent)
-            await _age_claim(settings)  # no turn will come: only the sweep can send it again
+            await age_claim(settings)  # no turn will come: only the sweep can send it again
             work = await work_until(lambda work: any(w.cycle > last for w in work))
             old = next(w for w in work if w.cycle == last)
             new = next(w for w in work if w.cycle == last + 1)
@@ -261,11 +194,11 @@ async def test_a_stale_claim_is_sent_again_while_the_thread_is_silent(
             assert new.requestId == old.requestId  # the claim's maker, kept
             assert [m.id for m in new.messages] == [m.id for m in old.messages]  # nothing new was said
 
-            handler = observer_handler(lambda w: _text(f"cycle {w.cycle}"))
+            handler = observer_handler(lambda w: answer_text(f"cycle {w.cycle}"))
             answers = [(THREAD.encode(), encode(await handler(w))) for w in (old, new)]  # the late one first
             await produce(bootstrap, settings.observe_results_topic, answers)
             await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
-            row = await _row_when(settings, lambda row: row.get("isObserving") is False)
+            row = await om_row_when(settings, lambda row: row.get("isObserving") is False)
             assert row["activeObservations"] == f"cycle {last + 1}"  # once: the late answer dropped
             assert row["_mh_cycle"] == last + 1
             assert row["_mh_claimed_at"] is None

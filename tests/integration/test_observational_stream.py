@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -24,84 +23,40 @@ from message_history.settings import Settings
 from schemas.observational import ObserveRequest, ReflectRequest, decode_work
 from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
+from tests.integration.om_service import (
+    age_claim,
+    answer_text,
+    has_work,
+    observe_work,
+    om_settings,
+    om_topics,
+    om_turn,
+    the_row,
+)
 from tests.integration.service_harness import (
     drop_database,
     encoded,
-    fresh_settings,
     request_event,
-    response_event,
     running_service,
-    text_message,
     values,
 )
-from tests.integration.stream_helpers import Record, produce, read_all, read_topic, wait_committed
+from tests.integration.stream_helpers import produce, read_all, read_topic, wait_committed
 from worker.observer import Observation, ObserverWorker, observer_handler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 THREAD = "om-thread"
 OWNER = "om-user"
-WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
 
 
 async def _settings(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, **extra: Any) -> Settings:
-    settings = fresh_settings(
-        kafka_bootstrap,
-        mongo_uri,
-        observational_memory=True,
-        observation_message_tokens=1000,
-        barrier="off",
-        busy_thread="allow",
-        **extra,
-    )
-    for topic in (
-        settings.requests_topic,
-        settings.responses_topic,
-        settings.observe_requests_topic,
-        settings.observe_results_topic,
-    ):
-        await make_topic(partitions=1, name=topic)
+    settings = om_settings(kafka_bootstrap, mongo_uri, **extra)
+    await om_topics(settings, make_topic)
     return settings
 
 
 def _turn(turn: int) -> tuple[bytes, bytes]:
-    """A saved turn of about 250 OM tokens: a long question and a long answer."""
-    question = text_message("user", f"turn {turn}: {WORDS * 4}", id=f"q{turn}")
-    event = response_event(
-        THREAD, OWNER, turn, [{**question, "source": "input"}], f"answer {turn}: {WORDS * 4}"
-    )
-    return encoded(event)
-
-
-def _work(records: list[Record]) -> list[ObserveRequest]:
-    found = [decode_work(r.value) for r in records]
-    return [w for w in found if isinstance(w, ObserveRequest)]
-
-
-def _has_work(count: int) -> Any:
-    return lambda records: len(_work(records)) >= count
-
-
-async def _row(settings: Settings) -> dict[str, Any]:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
-    try:
-        rows = await client[settings.mongodb_database][OBSERVATIONAL].find({}, {"_id": 0}).to_list()
-    finally:
-        await client.close()
-    assert len(rows) == 1, rows
-    return rows[0]
-
-
-async def _age_claim(settings: Settings) -> None:
-    """The claim as if `OBSERVATION_TIMEOUT_S` had passed since it was made (its times moved back)."""
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
-    past = datetime.now(UTC) - timedelta(seconds=settings.observation_timeout_s + 60)
-    try:
-        await client[settings.mongodb_database][OBSERVATIONAL].update_many(
-            {}, {"$set": {"_mh_claimed_at": past, "updatedAt": past}}
-        )
-    finally:
-        await client.close()
+    return om_turn(THREAD, OWNER, turn)
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
@@ -122,11 +77,11 @@ async def test_observed_once_and_recalled(
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = _work(
+            work = observe_work(
                 await read_topic(
                     bootstrap,
                     settings.observe_requests_topic,
-                    until=_has_work(1),
+                    until=has_work(1),
                     isolation_level="read_committed",
                 )
             )
@@ -148,7 +103,7 @@ async def test_observed_once_and_recalled(
             dead = await read_topic(bootstrap, settings.observe_results_dlq, until=lambda r: len(r) >= 1)
             assert [r.value for r in dead] == [b"{not json"]
 
-            row = await _row(settings)
+            row = await the_row(settings)
             text = f"OBS: {len(request.messages)} messages about trains"
             assert row["activeObservations"] == text  # once: a second apply would append it again
             assert row["totalTokensObserved"] == row["observationTokenCount"] == count_observations(text)
@@ -190,16 +145,18 @@ async def test_late_answer_after_timeout_applies_once(
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1))
+            await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
             await produce(bootstrap, settings.responses_topic, [_turn(7)])  # in flight: nothing sent
-            await _age_claim(settings)
+            await age_claim(settings)
             await produce(bootstrap, settings.responses_topic, [_turn(8)])  # timed out: sent again
-            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(2)))
+            work = observe_work(
+                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(2))
+            )
             assert [w.cycle for w in work] == [1, 2]
             assert len(work[1].messages) > len(work[0].messages)  # the later turns too
 
             observer = ObserverWorker.from_settings(
-                observer_handler(lambda w: _text(f"cycle {w.cycle}")),
+                observer_handler(lambda w: answer_text(f"cycle {w.cycle}")),
                 settings,
                 group_id=f"{settings.group_id}-obs",
             )
@@ -209,17 +166,13 @@ async def test_late_answer_after_timeout_applies_once(
                 observer.stop()
                 assert await running == 2
 
-            row = await _row(settings)
+            row = await the_row(settings)
             assert row["activeObservations"] == "cycle 2"
             assert row["totalTokensObserved"] == count_observations("cycle 2")
             assert row["isObserving"] is False
             assert row["_mh_cycle"] == 2
     finally:
         await drop_database(settings)
-
-
-async def _text(value: str) -> str:
-    return value
 
 
 def _encode(event: Any) -> bytes:
@@ -244,11 +197,13 @@ async def test_a_long_log_is_reflected_into_the_next_generation(
         assert work.activeObservations == long_log
         return "- user: Lyon to Turin by train in spring, cheap"
 
-    handler = observer_handler(lambda work: _text(long_log), reflect)
+    handler = observer_handler(lambda work: answer_text(long_log), reflect)
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+            work = observe_work(
+                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
+            )
             await produce(
                 bootstrap,
                 settings.observe_results_topic,
@@ -307,22 +262,24 @@ async def test_an_answer_survives_a_service_restart(
     observer answers while it is down, and the next instance applies the answer (and sends nothing again)."""
     settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
-    handler = observer_handler(lambda work: _text(f"cycle {work.cycle} while the service was down"))
+    handler = observer_handler(lambda work: answer_text(f"cycle {work.cycle} while the service was down"))
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+            work = observe_work(
+                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
+            )
         answer = await handler(work[0])
         await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), _encode(answer))])
-        assert (await _row(settings))["isObserving"] is True  # nobody applied it yet
+        assert (await the_row(settings))["isObserving"] is True  # nobody applied it yet
         async with running_service(settings):
             await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 1})
             await produce(bootstrap, settings.responses_topic, [_turn(7)])
             await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 7})
-        row = await _row(settings)
+        row = await the_row(settings)
         assert row["activeObservations"] == "cycle 1 while the service was down"
         assert row["isObserving"] is False
-        sent = _work(await read_all(bootstrap, settings.observe_requests_topic))
+        sent = observe_work(await read_all(bootstrap, settings.observe_requests_topic))
         assert [w.cycle for w in sent] == [1]  # turn 7 alone is far below the threshold: no new work
     finally:
         await drop_database(settings)
@@ -340,17 +297,17 @@ async def test_the_turn_that_claimed_sends_its_work_again_when_redelivered(
         async with running_service(settings):
             turns = [_turn(t) for t in range(1, 7)]
             await produce(bootstrap, settings.responses_topic, turns)
-            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1))
-            claimed_by = (await _row(settings))["_mh_claimed_by"]
+            await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
+            claimed_by = (await the_row(settings))["_mh_claimed_by"]
             turn = next(t for t in range(1, 7) if claimed_by == f"{THREAD}-turn{t}")
             await produce(
                 bootstrap, settings.responses_topic, [_turn(9), turns[turn - 1]]
             )  # another, the same
-            await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(2))
+            await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(2))
             await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 8})
-            work = _work(await read_all(bootstrap, settings.observe_requests_topic))
+            work = observe_work(await read_all(bootstrap, settings.observe_requests_topic))
             assert [(w.cycle, w.requestId) for w in work] == [(1, claimed_by), (1, claimed_by)]
-            assert (await _row(settings))["_mh_cycle"] == 1
+            assert (await the_row(settings))["_mh_cycle"] == 1
     finally:
         await drop_database(settings)
 
@@ -405,10 +362,10 @@ async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
         none = await read_all(
             bootstrap, settings.observe_requests_topic, settle_s=1.0, isolation_level="read_committed"
         )
-        assert _work(none) == []  # a replay sends no work unless asked
+        assert observe_work(none) == []  # a replay sends no work unless asked
 
         observer = ObserverWorker.from_settings(
-            observer_handler(lambda w: _text(f"replayed {len(w.messages)}")),
+            observer_handler(lambda w: answer_text(f"replayed {len(w.messages)}")),
             settings,
             group_id=f"{settings.group_id}-obs",
         )
@@ -419,17 +376,17 @@ async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
             assert await running == 1
         assert result.exit_code == 0, out
         assert result.counts.observations == 1
-        work = _work(
+        work = observe_work(
             await read_topic(
                 bootstrap,
                 settings.observe_requests_topic,
-                until=_has_work(1),
+                until=has_work(1),
                 isolation_level="read_committed",
             )
         )
         assert [(w.threadId, w.generation, w.cycle) for w in work] == [(THREAD, 0, 1)]
         assert work[0].messages[0].id == "q1"
-        row = await _row(settings)
+        row = await the_row(settings)
         assert row["isObserving"] is False  # the replay waited for the answer to be applied
         assert row["activeObservations"] == f"replayed {len(work[0].messages)}"
     finally:

@@ -28,11 +28,14 @@ import pytest
 from message_history import metrics
 from message_history.settings import Settings
 from tests.conftest import MakeTopic
+from tests.integration.om_service import om_row_when, om_settings, om_topics, om_turn
 from tests.integration.service_harness import ROOT, drop_database, running_service, settings_env
 from tests.integration.stream_helpers import produce, read_all, wait_committed
-from tests.integration.test_observational_faults import _row_when, _settings, _topics, _turn
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+THREAD = "om-fault-thread"
+OWNER = "om-fault-user"
 
 
 @pytest.fixture
@@ -85,6 +88,37 @@ def _outcome(outcome: str) -> float:
     return metrics.REGISTRY.get_sample_value("message_history_outcomes_total", labels) or 0.0
 
 
+def _applied_and_stale() -> tuple[float, float]:
+    return _outcome("observe-applied"), _outcome("stale")
+
+
+def _since(before: tuple[float, float]) -> tuple[float, float]:
+    """Answers applied and dropped as stale since `before` (`_applied_and_stale()` then)."""
+    applied, stale = _applied_and_stale()
+    return applied - before[0], stale - before[1]
+
+
+async def _six_turns(settings: Settings) -> None:
+    """Six long turns of one thread: past the threshold, so the service claims the row and sends work."""
+    turns = [om_turn(THREAD, OWNER, t) for t in range(1, 7)]
+    await produce(settings.kafka_bootstrap_servers, settings.responses_topic, turns)
+
+
+def _observer(
+    settings: Settings,
+    tmp_path: Path,
+    name: str,
+    mode: str,
+    text: str,
+    observers: list[subprocess.Popen[bytes]],
+) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """An observer process `name` in `mode` (kept in `observers`), its log and its marker file."""
+    log_path, marker = tmp_path / f"{name}.log", tmp_path / f"{name}.marker"
+    proc = _start_observer(settings, mode, marker, text, log_path)
+    observers.append(proc)
+    return proc, log_path, marker
+
+
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_an_observer_killed_in_its_handler_is_answered_by_the_next(
     kafka_bootstrap: str,
@@ -96,33 +130,31 @@ async def test_an_observer_killed_in_its_handler_is_answered_by_the_next(
 ) -> None:
     """SIGKILL while the observer's function runs: no answer, no commit. The second observer of the group
     gets the same work (the same claim: cycle 1, `claimed_by`), its answer applies, once."""
-    settings = _settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
+    settings = om_settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
     bootstrap = settings.kafka_bootstrap_servers
-    await _topics(settings, make_topic)
-    applied, stale = _outcome("observe-applied"), _outcome("stale")
+    await om_topics(settings, make_topic)
+    before = _applied_and_stale()
     try:
         async with running_service(settings):
-            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            first_log, marker = tmp_path / "first.log", tmp_path / "first.marker"
-            first = _start_observer(settings, "hang-in-observe", marker, "never", first_log)
-            observers.append(first)
+            await _six_turns(settings)
+            first, first_log, marker = _observer(
+                settings, tmp_path, "first", "hang-in-observe", "never", observers
+            )
             inside = await _marked(marker, first, first_log)
-            claimed = await _row_when(settings, lambda row: row.get("isObserving") is True)
+            claimed = await om_row_when(settings, lambda row: row.get("isObserving") is True)
             assert inside == f"{claimed['_mh_claimed_by']} 1"  # the first observer has the claim's work
             await _kill(first)
             assert await read_all(bootstrap, settings.observe_results_topic, settle_s=0.5) == []
 
-            second_log = tmp_path / "second.log"
             text = "- the user wants the cheapest spring train from Lyon to Turin"
-            second = _start_observer(settings, "answer", tmp_path / "second.marker", text, second_log)
-            observers.append(second)
-            row = await _row_when(settings, lambda row: row.get("isObserving") is False)
+            second, second_log, _ = _observer(settings, tmp_path, "second", "answer", text, observers)
+            row = await om_row_when(settings, lambda row: row.get("isObserving") is False)
             assert row["activeObservations"] == text
             assert row["_mh_cycle"] == claimed["_mh_cycle"] == 1  # the same claim, not a new cycle
             assert row["observedMessageIds"][0] == "q1"
             await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 1})
             assert len(await read_all(bootstrap, settings.observe_results_topic)) == 1
-            assert (_outcome("observe-applied") - applied, _outcome("stale") - stale) == (1, 0)
+            assert _since(before) == (1, 0)
             assert "answered 1" in await _stop(second, second_log)
     finally:
         await drop_database(settings)
@@ -138,33 +170,31 @@ async def test_an_observer_killed_after_answering_answers_twice_applied_once(
     """SIGKILL after the answer is acknowledged, before the offset commit: the work is redelivered to the
     second observer, which answers it again. The first answer applied; the second is dropped as stale (its
     claim is cleared), so the log holds the first answer once, not twice."""
-    settings = _settings(kafka_bootstrap, mongo_uri)
+    settings = om_settings(kafka_bootstrap, mongo_uri)
     bootstrap = settings.kafka_bootstrap_servers
-    await _topics(settings, make_topic)
-    applied, stale = _outcome("observe-applied"), _outcome("stale")
+    await om_topics(settings, make_topic)
+    before = _applied_and_stale()
     try:
         async with running_service(settings):
-            await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            first_log, marker = tmp_path / "first.log", tmp_path / "first.marker"
+            await _six_turns(settings)
             first_text = "- the first observer's answer"
-            first = _start_observer(settings, "hang-at-commit", marker, first_text, first_log)
-            observers.append(first)
+            first, first_log, marker = _observer(
+                settings, tmp_path, "first", "hang-at-commit", first_text, observers
+            )
             await _marked(marker, first, first_log)  # answered and acknowledged; its commit never comes
-            row = await _row_when(settings, lambda row: row.get("isObserving") is False)
+            row = await om_row_when(settings, lambda row: row.get("isObserving") is False)
             assert row["activeObservations"] == first_text
             await _kill(first)
 
-            second_log = tmp_path / "second.log"
             second_text = "- the second observer's answer"
-            second = _start_observer(settings, "answer", tmp_path / "second.marker", second_text, second_log)
-            observers.append(second)
+            second, second_log, _ = _observer(settings, tmp_path, "second", "answer", second_text, observers)
             await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
             answers = await read_all(bootstrap, settings.observe_results_topic)
             assert len(answers) == 2  # the same work answered twice
-            rows = await _row_when(settings, lambda row: row.get("isObserving") is False)
+            rows = await om_row_when(settings, lambda row: row.get("isObserving") is False)
             assert rows["activeObservations"] == first_text  # once: not appended again, not replaced
             assert rows["_mh_cycle"] == 1
-            assert (_outcome("observe-applied") - applied, _outcome("stale") - stale) == (1, 1)
+            assert _since(before) == (1, 1)
             assert "answered 1" in await _stop(second, second_log)
     finally:
         await drop_database(settings)

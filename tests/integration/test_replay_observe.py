@@ -26,20 +26,16 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from pymongo import AsyncMongoClient
 
 from message_history.settings import Settings
 from schemas.observational import ObserveRequest, ReflectRequest
-from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
+from tests.integration.om_service import om_rows, om_settings, om_turn
 from tests.integration.service_harness import (
     drop_database,
     encoded,
-    fresh_settings,
     request_event,
-    response_event,
     running_service,
-    text_message,
 )
 from tests.integration.stream_helpers import produce, read_topic
 from worker.observer import ObserverWorker, observer_handler
@@ -48,7 +44,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 THREADS = ("omr-a", "omr-b", "omr-c")
 TURNS = 12
-WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
 # times, ids and the claim's bookkeeping: what may differ between two rebuilds of the same log
 UNSTABLE = {
     "id",
@@ -63,13 +58,10 @@ UNSTABLE = {
 
 def _settings(kafka_bootstrap: str, mongo_uri: str, **extra: Any) -> Settings:
     values: dict[str, Any] = {
-        "observational_memory": True,
         "observation_message_tokens": 600,  # about every three turns
         "reflection_observation_tokens": 50,  # two cycles' log
-        "barrier": "off",
-        "busy_thread": "allow",
     }
-    return fresh_settings(kafka_bootstrap, mongo_uri, **{**values, **extra})
+    return om_settings(kafka_bootstrap, mongo_uri, **{**values, **extra})
 
 
 async def _topics(settings: Settings, make_topic: MakeTopic) -> None:
@@ -79,19 +71,11 @@ async def _topics(settings: Settings, make_topic: MakeTopic) -> None:
 
 def _turns() -> list[tuple[bytes, bytes]]:
     """The threads' turns interleaved (each about 250 OM tokens), keyed by thread."""
-    out = []
-    for turn in range(1, TURNS + 1):
-        for thread in THREADS:
-            question = text_message("user", f"{thread} turn {turn}: {WORDS * 4}", id=f"{thread}-q{turn}")
-            event = response_event(
-                thread,
-                f"{thread}-owner",
-                turn,
-                [{**question, "source": "input"}],
-                f"answer {turn}: {WORDS * 4}",
-            )
-            out.append(encoded(event))
-    return out
+    return [
+        om_turn(thread, f"{thread}-owner", turn, tagged=True)
+        for turn in range(1, TURNS + 1)
+        for thread in THREADS
+    ]
 
 
 async def _observe(work: ObserveRequest) -> str:
@@ -125,11 +109,8 @@ async def _observer_beside(settings: Settings, *, answer: bool = True) -> AsyncI
 
 
 async def _rows(settings: Settings) -> list[dict[str, Any]]:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
-    try:
-        rows = await client[settings.mongodb_database][OBSERVATIONAL].find({}, {"_id": 0}).to_list()
-    finally:
-        await client.close()
+    """The rows but for what may differ between two rebuilds, in a fixed order."""
+    rows = await om_rows(settings)
     stable = [{k: v for k, v in row.items() if k not in UNSTABLE} for row in rows]
     return sorted(stable, key=lambda r: (r["lookupKey"], r["generationCount"]))
 

@@ -17,9 +17,10 @@ import pytest
 
 from tests.conftest import MakeTopic
 from tests.infra import skip_or_fail
+from tests.integration.om_service import has_work, observe_work, the_row
 from tests.integration.service_harness import drop_database, running_service
 from tests.integration.stream_helpers import produce, read_topic, wait_committed
-from tests.integration.test_observational_stream import THREAD, _has_work, _row, _settings, _turn, _work
+from tests.integration.test_observational_stream import THREAD, _settings, _turn
 from tests.interop.node22 import node22
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -78,11 +79,13 @@ async def test_a_typescript_observer_answers_the_service(
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = _work(await read_topic(bootstrap, settings.observe_requests_topic, until=_has_work(1)))
+            work = observe_work(
+                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
+            )
             await wait_committed(
                 bootstrap, settings.group_id, settings.observe_results_topic, {0: 1}, timeout_s=90
             )
-        row = await _row(settings)
+        row = await the_row(settings)
         assert row["activeObservations"] == f"- ts observer: {len(work[0].messages)} messages of {THREAD}"
         assert row["isObserving"] is False
         process.send_signal(signal.SIGTERM)
