@@ -13,11 +13,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 from pydantic import SecretStr
 from pymongo import AsyncMongoClient
 
@@ -146,6 +147,26 @@ class ServiceProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+@pytest.fixture
+def service() -> Iterator[list[ServiceProcess]]:
+    """Service processes started by a test (`start_service`); any still running at the end is killed."""
+    started: list[ServiceProcess] = []
+    yield started
+    for proc in started:
+        proc.stop_now()
+
+
+def start_service(
+    settings: Settings, tmp_path: Path, started: list[ServiceProcess], name: str
+) -> ServiceProcess:
+    """A started service process logging to `tmp_path/<name>.log`, kept in `started` (the `service` fixture's
+    list, so that the test's end kills it)."""
+    proc = ServiceProcess(settings, tmp_path / f"{name}.log")
+    proc.start()
+    started.append(proc)
+    return proc
 
 
 # --- events ------------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +52,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 THREAD = "om-fault-thread"
 OWNER = "om-fault-user"
-
-
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[list[ServiceProcess]]:
-    """Service processes started by a test; any still running at the end is killed."""
-    started: list[ServiceProcess] = []
-    yield started
-    for proc in started:
-        proc.stop_now()
 
 
 def _turn(turn: int) -> tuple[bytes, bytes]:

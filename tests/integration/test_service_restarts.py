@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import signal
 from collections import Counter, defaultdict
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from tests.integration.service_harness import (
     request_event,
     request_id,
     response_event,
+    start_service,
     stored_messages,
     values,
 )
@@ -59,22 +59,6 @@ def _assert_thread_order(records: list[Record], turns: int) -> None:
         assert first_occurrences(ids) == [request_id(thread, n) for n in range(1, turns + 1)], thread
 
 
-@pytest.fixture
-def service(tmp_path: Path) -> Iterator[list[ServiceProcess]]:
-    """Service processes started by a test; any still running at the end is killed."""
-    started: list[ServiceProcess] = []
-    yield started
-    for proc in started:
-        proc.stop_now()
-
-
-def _start(settings: Settings, tmp_path: Path, started: list[ServiceProcess], name: str) -> ServiceProcess:
-    proc = ServiceProcess(settings, tmp_path / f"{name}.log")
-    proc.start()
-    started.append(proc)
-    return proc
-
-
 async def _make_topics(settings: Settings, make_topic: MakeTopic) -> None:
     await make_topic(partitions=2, name=settings.requests_topic)
     await make_topic(partitions=2, name=settings.responses_topic)
@@ -95,7 +79,7 @@ async def test_sigkill_mid_batch_then_restart_loses_nothing(
     await produce(bootstrap, settings.responses_topic, responses[:half])
     await produce(bootstrap, settings.requests_topic, requests)
 
-    first = _start(settings, tmp_path, service, "first")
+    first = start_service(settings, tmp_path, service, "first")
     try:
         await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= len(responses) // 4)
         first.signal(signal.SIGKILL)
@@ -104,7 +88,7 @@ async def test_sigkill_mid_batch_then_restart_loses_nothing(
         assert done_before < len(responses), "the kill came too late to test anything"
         await produce(bootstrap, settings.responses_topic, responses[half:])
 
-        second = _start(settings, tmp_path, service, "second")
+        second = start_service(settings, tmp_path, service, "second")
         persisted = await read_topic(
             bootstrap,
             settings.persisted_topic,
@@ -151,7 +135,7 @@ async def test_sigterm_exits_zero_commits_and_nothing_is_reprocessed(
     await produce(bootstrap, settings.requests_topic, requests[:half])
 
     try:
-        first = _start(settings, tmp_path, service, "first")
+        first = start_service(settings, tmp_path, service, "first")
         await read_topic(bootstrap, settings.persisted_topic, until=lambda rs: len(rs) >= len(responses) // 4)
         first.signal(signal.SIGTERM)
         assert await first.wait(settings.shutdown_grace_s) == 0, first.log()[-3000:]
@@ -166,7 +150,7 @@ async def test_sigterm_exits_zero_commits_and_nothing_is_reprocessed(
         await produce(bootstrap, settings.requests_topic, requests[half:])
         await produce(bootstrap, settings.responses_topic, responses[half:])
 
-        second = _start(settings, tmp_path, service, "second")
+        second = start_service(settings, tmp_path, service, "second")
         enriched = await read_topic(
             bootstrap, settings.enriched_topic, until=lambda rs: len(rs) >= len(requests), timeout_s=180
         )

@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
-from message_history.settings import Settings
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     ServiceProcess,
@@ -26,6 +24,7 @@ from tests.integration.service_harness import (
     encoded,
     fresh_settings,
     request_event,
+    start_service,
     values,
 )
 from tests.integration.stream_helpers import produce, read_topic
@@ -35,21 +34,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(240
 GRACE_S = 8.0
 SESSION_MS = 30_000  # the dead member holds the rebalance this long: well past the grace
 EXIT_MARGIN_S = 2.0  # the interpreter's own start of the exit, after the grace's last step
-
-
-@pytest.fixture
-def service() -> Iterator[list[ServiceProcess]]:
-    started: list[ServiceProcess] = []
-    yield started
-    for proc in started:
-        proc.stop_now()
-
-
-def _start(settings: Settings, tmp_path: Path, started: list[ServiceProcess], name: str) -> ServiceProcess:
-    proc = ServiceProcess(settings, tmp_path / f"{name}.log")
-    proc.start()
-    started.append(proc)
-    return proc
 
 
 async def _group(bootstrap: str, group_id: str) -> tuple[str, int]:
@@ -94,8 +78,8 @@ async def test_sigterm_during_a_rebalance_held_by_a_dead_member_ends_within_the_
         return state == "Stable" and found == members
 
     try:
-        a = _start(settings, tmp_path, service, "a")
-        b = _start(settings, tmp_path, service, "b")
+        a = start_service(settings, tmp_path, service, "a")
+        b = start_service(settings, tmp_path, service, "b")
         await _until(lambda: stable(2 * members_per_instance), "a and b in a stable group")
         await produce(bootstrap, settings.requests_topic, [encoded(request_event("t1", "u", 1, "q1"))])
         await read_topic(bootstrap, settings.enriched_topic, until=lambda rs: len(rs) >= 1)
@@ -103,7 +87,8 @@ async def test_sigterm_during_a_rebalance_held_by_a_dead_member_ends_within_the_
         b.signal(signal.SIGKILL)
         assert await b.wait(10) == -signal.SIGKILL
         revokes = a.log().count("partitions revoked")
-        _start(settings, tmp_path, service, "c")  # a join: the group rebalances and waits for b's session
+        # a join: the group rebalances and waits for b's session
+        start_service(settings, tmp_path, service, "c")
 
         async def a_rejoining() -> bool:  # a revoked all of its consumers' partitions: its joins are held
             return a.log().count("partitions revoked") >= revokes + members_per_instance
