@@ -17,7 +17,7 @@ from schemas.observational import ObserveRequest, decode_work
 from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
 from tests.integration.service_harness import encoded, fresh_settings, response_event, text_message
-from tests.integration.stream_helpers import Record
+from tests.integration.stream_helpers import Record, read_topic
 
 WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
 
@@ -65,6 +65,27 @@ def observe_work(records: list[Record]) -> list[ObserveRequest]:
 def has_work(count: int) -> Callable[[list[Record]], bool]:
     """`read_topic`'s `until`: at least `count` ObserveRequests read."""
     return lambda records: len(observe_work(records)) >= count
+
+
+async def sent_work(settings: Settings, count: int, *, committed: bool = False) -> list[ObserveRequest]:
+    """The ObserveRequests sent so far, once there are `count`; `committed`: read `read_committed` (exactly
+    once, the work goes out in a transaction)."""
+    records = await read_topic(
+        settings.kafka_bootstrap_servers,
+        settings.observe_requests_topic,
+        until=has_work(count),
+        isolation_level="read_committed" if committed else "read_uncommitted",
+    )
+    return observe_work(records)
+
+
+async def om_service_settings(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, **extra: Any
+) -> Settings:
+    """`om_settings`, their topics made (`om_topics`)."""
+    settings = om_settings(kafka_bootstrap, mongo_uri, **extra)
+    await om_topics(settings, make_topic)
+    return settings
 
 
 async def answer_text(value: str) -> str:

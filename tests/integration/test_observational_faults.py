@@ -30,13 +30,12 @@ from tests.conftest import MakeTopic
 from tests.integration.om_service import (
     age_claim,
     answer_text,
-    has_work,
     observe_work,
     om_row_when,
     om_rows,
-    om_settings,
-    om_topics,
+    om_service_settings,
     om_turn,
+    sent_work,
 )
 from tests.integration.service_harness import (
     ROOT,
@@ -104,9 +103,10 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
     comes back in one batch with a later one of its thread (the batch's work is decided on its last turn:
     without looking at every turn of the batch, the claim would wait out its timeout). The claim timeout stays
     at its default (300 s): nothing here waits for it."""
-    settings = om_settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
+    settings = await om_service_settings(
+        kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee
+    )
     bootstrap = settings.kafka_bootstrap_servers
-    await om_topics(settings, make_topic)
     turns = 7 if spoke_again else 6
     try:
         await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
@@ -124,12 +124,8 @@ async def test_service_killed_between_claim_and_work_observes_after_restart(
         second = ServiceProcess(settings, tmp_path / "second.log")
         second.start()
         service.append(second)
-        committed = "read_committed"  # exactly once: the work is in the redelivered turn's transaction
-        work = observe_work(
-            await read_topic(
-                bootstrap, settings.observe_requests_topic, until=has_work(1), isolation_level=committed
-            )
-        )
+        # exactly once: the work is in the redelivered turn's transaction (read `read_committed`)
+        work = await sent_work(settings, 1, committed=True)
         assert (work[0].cycle, work[0].requestId) == (1, claimed["_mh_claimed_by"])  # the same claim's work
         answer = await observer_handler(lambda w: answer_text(f"seen {len(w.messages)} after the crash"))(
             work[0]
@@ -155,11 +151,10 @@ async def test_a_stale_claim_is_sent_again_while_the_thread_is_silent(
     old cycle is dropped, the new one applies. (Without the sweep no work would ever follow: every turn is
     saved and acknowledged before the claim is aged.) Exactly once, the sweep sends on its own plain
     producer: its work is read `read_committed` too."""
-    settings = om_settings(
-        kafka_bootstrap, mongo_uri, observation_timeout_s=4.0, processing_guarantee=guarantee
+    settings = await om_service_settings(
+        kafka_bootstrap, mongo_uri, make_topic, observation_timeout_s=4.0, processing_guarantee=guarantee
     )
     bootstrap = settings.kafka_bootstrap_servers
-    await om_topics(settings, make_topic)
 
     async def work_until(ready: Any) -> list[ObserveRequest]:
         records = await read_topic(

@@ -19,18 +19,16 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from message_history.core.om_tokens import count_observations
-from message_history.settings import Settings
 from schemas.observational import ObserveRequest, ReflectRequest, decode_work
 from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
 from tests.integration.om_service import (
     age_claim,
     answer_text,
-    has_work,
     observe_work,
-    om_settings,
-    om_topics,
+    om_service_settings,
     om_turn,
+    sent_work,
     the_row,
 )
 from tests.integration.service_harness import (
@@ -49,12 +47,6 @@ THREAD = "om-thread"
 OWNER = "om-user"
 
 
-async def _settings(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, **extra: Any) -> Settings:
-    settings = om_settings(kafka_bootstrap, mongo_uri, **extra)
-    await om_topics(settings, make_topic)
-    return settings
-
-
 def _turn(turn: int) -> tuple[bytes, bytes]:
     return om_turn(THREAD, OWNER, turn)
 
@@ -66,7 +58,9 @@ async def test_observed_once_and_recalled(
     """Six long turns → one ObserveRequest (the others wait for it); the stub's answer, sent twice, is applied
     once; a bad answer is a dead letter; the next request is recalled with the log and the unobserved turn.
     Exactly once, the ObserveRequest goes out in the persist record's transaction (read `read_committed`)."""
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee)
+    settings = await om_service_settings(
+        kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee
+    )
     bootstrap = settings.kafka_bootstrap_servers
 
     async def observe(work: ObserveRequest) -> Observation:
@@ -77,14 +71,7 @@ async def test_observed_once_and_recalled(
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = observe_work(
-                await read_topic(
-                    bootstrap,
-                    settings.observe_requests_topic,
-                    until=has_work(1),
-                    isolation_level="read_committed",
-                )
-            )
+            work = await sent_work(settings, 1, committed=True)
             request = work[0]
             assert (request.threadId, request.generation, request.cycle) == (THREAD, 0, 1)
             assert request.pendingTokens >= request.messageTokens == 1000
@@ -140,18 +127,16 @@ async def test_late_answer_after_timeout_applies_once(
 ) -> None:
     """The observer does not answer in time: the thread's next turn sends the work again (cycle 2); the
     SDK's worker then answers both; the late answer to cycle 1 is dropped, cycle 2's is applied."""
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    settings = await om_service_settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
+            await sent_work(settings, 1)
             await produce(bootstrap, settings.responses_topic, [_turn(7)])  # in flight: nothing sent
             await age_claim(settings)
             await produce(bootstrap, settings.responses_topic, [_turn(8)])  # timed out: sent again
-            work = observe_work(
-                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(2))
-            )
+            work = await sent_work(settings, 2)
             assert [w.cycle for w in work] == [1, 2]
             assert len(work[1].messages) > len(work[0].messages)  # the later turns too
 
@@ -189,7 +174,9 @@ async def test_a_long_log_is_reflected_into_the_next_generation(
     """The log passes `REFLECTION_OBSERVATION_TOKENS`: the thread's next saved turn sends a ReflectRequest
     (the whole log); the answer starts generation 1 (`originType: "reflection"`), once though sent twice;
     the next recall carries the condensed log."""
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, reflection_observation_tokens=50)
+    settings = await om_service_settings(
+        kafka_bootstrap, mongo_uri, make_topic, reflection_observation_tokens=50
+    )
     bootstrap = settings.kafka_bootstrap_servers
     long_log = "- the user plans a spring trip from Lyon to Turin by train, cheapest days wanted\n" * 8
 
@@ -201,9 +188,7 @@ async def test_a_long_log_is_reflected_into_the_next_generation(
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = observe_work(
-                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
-            )
+            work = await sent_work(settings, 1)
             await produce(
                 bootstrap,
                 settings.observe_results_topic,
@@ -260,15 +245,13 @@ async def test_an_answer_survives_a_service_restart(
 ) -> None:
     """The claim lives in MongoDB, the answer in Kafka: the service stops with an observation in flight, the
     observer answers while it is down, and the next instance applies the answer (and sends nothing again)."""
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    settings = await om_service_settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
     handler = observer_handler(lambda work: answer_text(f"cycle {work.cycle} while the service was down"))
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = observe_work(
-                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
-            )
+            work = await sent_work(settings, 1)
         answer = await handler(work[0])
         await produce(bootstrap, settings.observe_results_topic, [(THREAD.encode(), _encode(answer))])
         assert (await the_row(settings))["isObserving"] is True  # nobody applied it yet
@@ -291,19 +274,19 @@ async def test_the_turn_that_claimed_sends_its_work_again_when_redelivered(
     """The service died between a claim and its commit (or the send failed and the batch was retried): the
     same turn comes again and sends the live claim's work again, same cycle, at once; another turn sends
     nothing while the claim lives. (Without `claimed_by` the redelivered turn would wait out the timeout.)"""
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    settings = await om_service_settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
     try:
         async with running_service(settings):
             turns = [_turn(t) for t in range(1, 7)]
             await produce(bootstrap, settings.responses_topic, turns)
-            await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
+            await sent_work(settings, 1)
             claimed_by = (await the_row(settings))["_mh_claimed_by"]
             turn = next(t for t in range(1, 7) if claimed_by == f"{THREAD}-turn{t}")
             await produce(
                 bootstrap, settings.responses_topic, [_turn(9), turns[turn - 1]]
             )  # another, the same
-            await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(2))
+            await sent_work(settings, 2)
             await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 8})
             work = observe_work(await read_all(bootstrap, settings.observe_requests_topic))
             assert [(w.cycle, w.requestId) for w in work] == [(1, claimed_by), (1, claimed_by)]
@@ -317,7 +300,7 @@ async def test_a_hostile_row_never_fails_the_turn(
 ) -> None:
     """The thread's row is one no Mastra would read (`activeObservations` a number): its turns are saved and
     announced as ever, none dead-lettered; only the observation is skipped (logged, counted)."""
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    settings = await om_service_settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
     try:
@@ -353,7 +336,9 @@ async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
     it applied the observer's answer (`tests/integration/test_replay_observe.py`: deterministically)."""
     from tests.integration.test_replay import replay  # noqa: PLC0415 -- the replay tests' runner
 
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee)
+    settings = await om_service_settings(
+        kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee
+    )
     bootstrap = settings.kafka_bootstrap_servers
     try:
         await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
@@ -376,14 +361,7 @@ async def test_a_replay_with_observe_sends_the_work_the_live_path_would(
             assert await running == 1
         assert result.exit_code == 0, out
         assert result.counts.observations == 1
-        work = observe_work(
-            await read_topic(
-                bootstrap,
-                settings.observe_requests_topic,
-                until=has_work(1),
-                isolation_level="read_committed",
-            )
-        )
+        work = await sent_work(settings, 1, committed=True)
         assert [(w.threadId, w.generation, w.cycle) for w in work] == [(THREAD, 0, 1)]
         assert work[0].messages[0].id == "q1"
         row = await the_row(settings)

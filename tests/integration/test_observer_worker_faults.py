@@ -28,7 +28,7 @@ import pytest
 from message_history import metrics
 from message_history.settings import Settings
 from tests.conftest import MakeTopic
-from tests.integration.om_service import om_row_when, om_settings, om_topics, om_turn
+from tests.integration.om_service import om_row_when, om_service_settings, om_turn
 from tests.integration.service_harness import ROOT, drop_database, running_service, settings_env
 from tests.integration.stream_helpers import produce, read_all, wait_committed
 
@@ -130,9 +130,10 @@ async def test_an_observer_killed_in_its_handler_is_answered_by_the_next(
 ) -> None:
     """SIGKILL while the observer's function runs: no answer, no commit. The second observer of the group
     gets the same work (the same claim: cycle 1, `claimed_by`), its answer applies, once."""
-    settings = om_settings(kafka_bootstrap, mongo_uri, processing_guarantee=guarantee)
+    settings = await om_service_settings(
+        kafka_bootstrap, mongo_uri, make_topic, processing_guarantee=guarantee
+    )
     bootstrap = settings.kafka_bootstrap_servers
-    await om_topics(settings, make_topic)
     before = _applied_and_stale()
     try:
         async with running_service(settings):
@@ -170,9 +171,8 @@ async def test_an_observer_killed_after_answering_answers_twice_applied_once(
     """SIGKILL after the answer is acknowledged, before the offset commit: the work is redelivered to the
     second observer, which answers it again. The first answer applied; the second is dropped as stale (its
     claim is cleared), so the log holds the first answer once, not twice."""
-    settings = om_settings(kafka_bootstrap, mongo_uri)
+    settings = await om_service_settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
-    await om_topics(settings, make_topic)
     before = _applied_and_stale()
     try:
         async with running_service(settings):

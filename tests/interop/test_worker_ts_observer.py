@@ -17,10 +17,10 @@ import pytest
 
 from tests.conftest import MakeTopic
 from tests.infra import skip_or_fail
-from tests.integration.om_service import has_work, observe_work, the_row
+from tests.integration.om_service import om_service_settings, sent_work, the_row
 from tests.integration.service_harness import drop_database, running_service
-from tests.integration.stream_helpers import produce, read_topic, wait_committed
-from tests.integration.test_observational_stream import THREAD, _settings, _turn
+from tests.integration.stream_helpers import produce, wait_committed
+from tests.integration.test_observational_stream import THREAD, _turn
 from tests.interop.node22 import node22
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(300)]
@@ -65,7 +65,7 @@ def _events(log: Path) -> list[dict[str, Any]]:
 async def test_a_typescript_observer_answers_the_service(
     node: str, kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, tmp_path: Path
 ) -> None:
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    settings = await om_service_settings(kafka_bootstrap, mongo_uri, make_topic)
     bootstrap = settings.kafka_bootstrap_servers
     log = tmp_path / "observer.log"
     env = {
@@ -79,9 +79,7 @@ async def test_a_typescript_observer_answers_the_service(
     try:
         async with running_service(settings):
             await produce(bootstrap, settings.responses_topic, [_turn(t) for t in range(1, 7)])
-            work = observe_work(
-                await read_topic(bootstrap, settings.observe_requests_topic, until=has_work(1))
-            )
+            work = await sent_work(settings, 1)
             await wait_committed(
                 bootstrap, settings.group_id, settings.observe_results_topic, {0: 1}, timeout_s=90
             )
