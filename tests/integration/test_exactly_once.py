@@ -38,6 +38,7 @@ from tests.integration.service_harness import (
     response_event,
     running_service,
     settings_env,
+    start_service,
     stored_messages,
     values,
     wave,
@@ -137,13 +138,6 @@ def service() -> Iterator[list[ServiceProcess]]:
         proc.stop_now()
 
 
-def _start(settings: Settings, tmp_path: Path, started: list[ServiceProcess], name: str) -> ServiceProcess:
-    proc = ServiceProcess(settings, tmp_path / f"{name}.log")
-    proc.start()
-    started.append(proc)
-    return proc
-
-
 async def _make_topics(settings: Settings, make_topic: MakeTopic) -> None:
     for name in (
         settings.requests_topic,
@@ -186,7 +180,7 @@ async def test_sigkill_mid_stream_duplicates_only_without_the_mode(
     await produce(bootstrap, settings.responses_topic, responses[:half])
     await produce(bootstrap, settings.requests_topic, requests)
     try:
-        first = _start(settings, tmp_path, service, "first")
+        first = start_service(settings, tmp_path, service, "first")
         # outputs are out (under exactly-once: committed ones), yet the work is far from done
         await read_topic(
             bootstrap,
@@ -200,7 +194,9 @@ async def test_sigkill_mid_stream_duplicates_only_without_the_mode(
         assert len({v["requestId"] for v in values(before)}) < len(responses), "the kill came too late"
         await produce(bootstrap, settings.responses_topic, responses[half:])
 
-        second = _start(settings.model_copy(update={"commit_interval_ms": 100}), tmp_path, service, "second")
+        second = start_service(
+            settings.model_copy(update={"commit_interval_ms": 100}), tmp_path, service, "second"
+        )
         await _await_outputs(settings, enriched=len(requests), persisted=len(responses), timeout_s=180)
         second.signal(signal.SIGTERM)
         assert await second.wait(settings.shutdown_grace_s + 5) == 0, second.log()[-3000:]
@@ -247,7 +243,7 @@ async def test_a_zombie_instance_cannot_publish(
     await produce(bootstrap, settings.responses_topic, responses)
     await produce(bootstrap, settings.requests_topic, requests)
     try:
-        zombie = _start(
+        zombie = start_service(
             settings.model_copy(update={"commit_interval_ms": 600_000}), tmp_path, service, "zombie"
         )
 
@@ -256,7 +252,7 @@ async def test_a_zombie_instance_cannot_publish(
 
         await _until(worked, 120, "the first instance stored rows")
         zombie.signal(signal.SIGSTOP)
-        taker = _start(settings, tmp_path, service, "taker")
+        taker = start_service(settings, tmp_path, service, "taker")
         # the taker gets every partition once the zombie's session expired, and redoes all of its work
         await _await_outputs(settings, enriched=len(requests), persisted=len(responses), timeout_s=180)
         zombie.signal(signal.SIGCONT)
@@ -512,14 +508,14 @@ async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
     try:
         await produce(bootstrap, settings.responses_topic, responses[:half])
         await produce(bootstrap, settings.requests_topic, requests)
-        first = _start(settings, tmp_path, service, "first")
+        first = start_service(settings, tmp_path, service, "first")
         await persisted_at_least(len(responses) // 8)
-        second = _start(settings, tmp_path, service, "second")  # joins: a rebalance
+        second = start_service(settings, tmp_path, service, "second")  # joins: a rebalance
         await persisted_at_least(len(responses) // 4)
         first.signal(signal.SIGKILL)  # dies: its partitions move after its session
         assert await first.wait(10) == -signal.SIGKILL
         await produce(bootstrap, settings.responses_topic, responses[half:])
-        third = _start(settings, tmp_path, service, "third")  # joins: another one
+        third = start_service(settings, tmp_path, service, "third")  # joins: another one
         await _await_outputs(settings, enriched=len(requests), persisted=len(responses), timeout_s=180)
         for proc in (second, third):
             proc.signal(signal.SIGTERM)
