@@ -238,6 +238,24 @@ def wave(threads: Sequence[str], turns: range) -> tuple[list[tuple[bytes, bytes]
     return requests, responses
 
 
+def owned_turns(
+    threads: Sequence[str], turns: int
+) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """Requests and responses for `turns` turns of every thread (each its own owner, `owner-<thread>`),
+    turn-major (threads interleave)."""
+    requests, responses = [], []
+    for turn in range(1, turns + 1):
+        for thread in threads:
+            request = request_event(thread, f"owner-{thread}", turn, f"question {turn}")
+            requests.append(encoded(request))
+            responses.append(
+                encoded(
+                    response_event(thread, f"owner-{thread}", turn, request["messages"], f"answer {turn}")
+                )
+            )
+    return requests, responses
+
+
 async def read_request_ids(bootstrap: str, topic: str, want: int, timeout_s: float = 120) -> list[Record]:
     """`topic`'s records once they hold `want` distinct request ids (redelivered copies count once)."""
 

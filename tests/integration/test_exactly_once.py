@@ -31,11 +31,9 @@ from tests.integration.service_harness import (
     ServiceProcess,
     dead_letters,
     drop_database,
-    encoded,
     fresh_settings,
-    request_event,
+    owned_turns,
     request_id,
-    response_event,
     running_service,
     settings_env,
     start_service,
@@ -57,21 +55,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300
 
 THREADS = [f"th{i:02d}" for i in range(8)]
 COMMITTED = "read_committed"
-
-
-def _input(turns: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
-    """Requests and responses for `turns` turns of every thread, turn-major (threads interleave)."""
-    requests, responses = [], []
-    for turn in range(1, turns + 1):
-        for thread in THREADS:
-            request = request_event(thread, f"owner-{thread}", turn, f"question {turn}")
-            requests.append(encoded(request))
-            responses.append(
-                encoded(
-                    response_event(thread, f"owner-{thread}", turn, request["messages"], f"answer {turn}")
-                )
-            )
-    return requests, responses
 
 
 def _duplicates(records: list[Record]) -> int:
@@ -175,7 +158,7 @@ async def test_sigkill_mid_stream_duplicates_only_without_the_mode(
     bootstrap = settings.kafka_bootstrap_servers
     await _make_topics(settings, make_topic)
     turns = 12
-    requests, responses = _input(turns)
+    requests, responses = owned_turns(THREADS, turns)
     half = len(responses) // 2
     await produce(bootstrap, settings.responses_topic, responses[:half])
     await produce(bootstrap, settings.requests_topic, requests)
@@ -239,7 +222,7 @@ async def test_a_zombie_instance_cannot_publish(
     bootstrap = settings.kafka_bootstrap_servers
     await _make_topics(settings, make_topic)
     turns = 8
-    requests, responses = _input(turns)
+    requests, responses = owned_turns(THREADS, turns)
     await produce(bootstrap, settings.responses_topic, responses)
     await produce(bootstrap, settings.requests_topic, requests)
     try:
@@ -437,7 +420,7 @@ async def test_a_paused_worker_answers_nothing_twice_under_exactly_once(
     bootstrap = settings.kafka_bootstrap_servers
     for name in (settings.requests_topic, settings.enriched_topic, settings.responses_topic):
         await make_topic(partitions=2, name=name)
-    requests, _ = _input(3)
+    requests, _ = owned_turns(THREADS, 3)
     workers: list[_WorkerProcess] = []
     try:
         async with running_service(settings, only="recall"):
@@ -499,7 +482,7 @@ async def test_instances_joining_and_leaving_mid_stream_duplicate_nothing(
     )
     bootstrap = settings.kafka_bootstrap_servers
     await _make_topics(settings, make_topic)
-    requests, responses = _input(12)
+    requests, responses = owned_turns(THREADS, 12)
     half = len(responses) // 2
 
     async def persisted_at_least(count: int) -> None:

@@ -13,12 +13,10 @@ from tests.conftest import MakeTopic
 from tests.integration.service_harness import (
     ServiceProcess,
     drop_database,
-    encoded,
     first_occurrences,
     fresh_settings,
-    request_event,
+    owned_turns,
     request_id,
-    response_event,
     start_service,
     stored_messages,
     values,
@@ -28,21 +26,6 @@ from tests.integration.stream_helpers import Record, committed_offsets, produce,
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 
 THREADS = [f"th{i:02d}" for i in range(8)]
-
-
-def _input(turns: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
-    """Requests and responses for `turns` turns of every thread, turn-major (threads interleave)."""
-    requests, responses = [], []
-    for turn in range(1, turns + 1):
-        for thread in THREADS:
-            request = request_event(thread, f"owner-{thread}", turn, f"question {turn}")
-            requests.append(encoded(request))
-            responses.append(
-                encoded(
-                    response_event(thread, f"owner-{thread}", turn, request["messages"], f"answer {turn}")
-                )
-            )
-    return requests, responses
 
 
 def _distinct_requests(records: list[Record]) -> set[str]:
@@ -72,7 +55,7 @@ async def test_sigkill_mid_batch_then_restart_loses_nothing(
     bootstrap = settings.kafka_bootstrap_servers
     await _make_topics(settings, make_topic)
     turns = 20
-    requests, responses = _input(turns)
+    requests, responses = owned_turns(THREADS, turns)
     # The second half of the responses arrives only after the kill: on a fast server the first instance could
     # otherwise finish everything before the kill lands, and the restart would have nothing to prove.
     half = len(responses) // 2
@@ -127,7 +110,7 @@ async def test_sigterm_exits_zero_commits_and_nothing_is_reprocessed(
     bootstrap = settings.kafka_bootstrap_servers
     await _make_topics(settings, make_topic)
     turns = 20
-    requests, responses = _input(turns)
+    requests, responses = owned_turns(THREADS, turns)
     # The second halves of the requests and of the responses arrive while the service is down (on a fast
     # server the first instance could otherwise finish every response before the stop lands).
     half = len(requests) // 2
