@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from message_history.core.observation_text import context_system_messages
 from message_history.core.om_tokens import attachment_free, count_om_message, count_om_messages
 from tests.infra import skip_or_fail
@@ -106,3 +107,37 @@ def test_context_matches_mastra_on_generated_logs(seed: int) -> None:
     for case, theirs in zip(cases, built, strict=True):
         now = datetime.fromisoformat(case["now"].replace("Z", "+00:00"))
         assert (context_system_messages(case["observations"], now=now) or None) == theirs, case
+
+
+_SECTION_BITS = [
+    "Date: Jan 1, 2025\n", "Date: Jan 2, 2025\n", "Date:Jan 1, 2025\n", "* 🔴 (09:00) User said ", "x",
+    '<thread id="t1">', "</thread>", "<THREAD>", "\n", "  ", "Date: Foo 3, 2024 ", "* done\n", "",
+]  # fmt: skip
+
+
+def _cycle(rng: random.Random) -> dict[str, Any]:
+    text = "".join(rng.choice(_SECTION_BITS) for _ in range(rng.randint(0, 8)))
+    day = rng.randint(1, 9)
+    return {"threadId": rng.choice(["t1", "t2", "t3"]), "observations": text,
+            "lastObservedAt": f"2025-01-0{day}T10:00:0{day}.123Z"}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_resource_logs_match_mastras_wrap_observations(seed: int) -> None:
+    """`merge_thread_observations` equals a resource-scoped `ObservationalMemory.wrapObservations` applied
+    cycle by cycle (thread tags, same-date merges, boundaries), on generated logs."""
+    rng = random.Random(seed)
+    cases: list[dict[str, Any]] = [
+        {"existing": "", "cycles": [_cycle(rng) for _ in range(rng.randint(1, 6))]} for _ in range(60)
+    ]
+    out: dict[str, Any] = run_mastra("wrap", {"cases": cases})
+    ours = []
+    for case in cases:
+        log = case["existing"]
+        for cycle in case["cycles"]:
+            at = datetime.fromisoformat(cycle["lastObservedAt"].replace("Z", "+00:00"))
+            cycle_obs = ThreadObservations(cycle["threadId"], cycle["observations"], at)
+            log = merge_thread_observations(log, [cycle_obs])
+        ours.append(log)
+    diffs = [(c, a, b) for c, a, b in zip(cases, ours, out["logs"], strict=True) if a != b]
+    assert not diffs, diffs[:2]

@@ -8,6 +8,9 @@
 //   node om.mjs build     reads {cases: [{observations, now}]} on stdin; prints, per case, the system messages
 //                         ObservationalMemory.buildContextSystemMessages makes of a thread-scoped record
 //                         holding `observations` at `now` (run with TZ=UTC: Mastra reads dates locally)
+//   node om.mjs wrap      reads {cases: [{existing, cycles: [{threadId, observations, lastObservedAt}]}]};
+//                         prints, per case, the log a resource-scoped ObservationalMemory's wrapObservations
+//                         makes of `existing` and each thread's cycle in turn
 import { readFileSync } from 'node:fs';
 import { InMemoryStore } from '@mastra/core/storage';
 import {
@@ -50,6 +53,18 @@ if (command === 'tokens') {
     built.push((await om.buildContextSystemMessages({ threadId: 't', record, currentDate: new Date(now) })) ?? null);
   }
   process.stdout.write(JSON.stringify({ built }));
+} else if (command === 'wrap') {
+  const memory = await new InMemoryStore().getStore('memory');
+  const om = new ObservationalMemory({ storage: memory, scope: 'resource', model: 'openai/gpt-4o-mini' });
+  const logs = [];
+  for (const { existing, cycles } of input.cases) {
+    let log = existing;
+    for (const { threadId, observations, lastObservedAt } of cycles) {
+      log = await om.wrapObservations(observations, log, threadId, new Date(lastObservedAt));
+    }
+    logs.push(log);
+  }
+  process.stdout.write(JSON.stringify({ logs }));
 } else {
   process.stderr.write(`unknown command ${command}\n`);
   process.exit(2);
