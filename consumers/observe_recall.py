@@ -21,9 +21,10 @@ observation: it is recalled with what is observed so far.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from consumers.observational import Unobserved, request_settings, thread_hints
+from message_history.core.observation_resource import thread_cursor
 from message_history.core.observation_text import context_system_messages, continuation_message
 from message_history.core.om_tokens import count_observations
 from message_history.settings import Settings
@@ -92,13 +93,16 @@ class ObservationRecall:
         if record is None or not record.active_observations:
             return _with_history(event, event.messages, observed=0, tokens=0)
         covered = set(record.observed_message_ids)
-        cursor = record.last_observed_at
+        metadata = await self._metadata(request.threadId)
+        # resource scope: this thread's own cursor (another thread's later cycle moves the row's
+        # `lastObservedAt` past this thread's unobserved messages; Mastra keeps per-thread cursors for that)
+        cursor = record.last_observed_at if thread_id is not None else thread_cursor(metadata)
         kept = [
             m
             for m in event.messages
             if m.source != "memory" or not (m.id in covered or (cursor is not None and m.createdAt <= cursor))
         ]
-        task, suggested = await self._hints(thread_id)
+        task, suggested = thread_hints(metadata)
         texts = context_system_messages(record.active_observations, task, suggested, now=request.createdAt)
         context = [_memory(request, CONTEXT_ID.format(n), "system", text) for n, text in enumerate(texts)]
         reminder = Message.model_validate(continuation_message(request.threadId, request.resourceId))
@@ -114,13 +118,14 @@ class ObservationRecall:
             tokens=count_observations(record.active_observations),
         )
 
-    async def _hints(self, thread_id: str | None) -> tuple[str | None, str | None]:
-        """The thread's `metadata.mastra.om` hints (Mastra's or an observer's), for `<current-task>` and
-        `<suggested-response>`; none with resource scope."""
-        if thread_id is None or self._threads is None:
-            return None, None
+    async def _metadata(self, thread_id: str) -> dict[str, Any] | None:
+        """The request's thread's metadata: its `metadata.mastra.om` hints (Mastra's or an observer's) for
+        `<current-task>` / `<suggested-response>` (the current thread's, in either scope, as Mastra's
+        `buildContextSystemMessages` reads them) and, with resource scope, its cursor."""
+        if self._threads is None:
+            return None
         thread = await self._threads.get_thread(thread_id)
-        return thread_hints(thread.metadata if thread is not None else None)
+        return thread.metadata if thread is not None else None
 
 
 def _memory(request: AgentRequest, ident: str, role: str, text: str) -> EnrichedMessage:

@@ -48,6 +48,7 @@ __all__ = [
     "decide_resource_observation",
     "max_created_at",
     "merge_thread_observations",
+    "oldest_first",
     "replace_or_append_thread_section",
     "strip_thread_tags",
     "thread_cursor",
@@ -144,6 +145,16 @@ def decide_resource_observation(
         accumulated += counts[thread]
     chosen.sort(key=lambda t: _oldest(by_thread[t]))
     return ResourceDecision(True, [(t, [dict(m) for m in by_thread[t]]) for t in chosen], pending, threshold)
+
+
+def oldest_first(
+    by_thread: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> list[tuple[str, list[dict[str, Any]]]]:
+    """Every thread with messages, oldest first (`sortThreadsByOldestMessage`): all that is unobserved."""
+    threads = sorted(
+        (t for t, messages in by_thread.items() if messages), key=lambda t: _oldest(by_thread[t])
+    )
+    return [(t, [dict(m) for m in by_thread[t]]) for t in threads]
 
 
 def max_created_at(messages: Iterable[Mapping[str, Any]]) -> datetime | None:

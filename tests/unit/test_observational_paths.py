@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,6 +53,7 @@ class Rows:
         self.row = row
         self.applied: list[dict[str, Any]] = []
         self.released: list[Claim] = []
+        self.cursors: list[tuple[Any, ...]] = []
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
         key = f"thread:{thread_id}" if thread_id else f"resource:{resource_id}"
@@ -76,6 +77,12 @@ class Rows:
     ) -> ObservationalRecord | None:
         self.applied.append({"claim": claim, "reflection": reflection, "tokens": token_count})
         return self.row
+
+    async def write_cursors(
+        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, str]]], now: datetime
+    ) -> int:
+        self.cursors.extend((resource_id, *cursor) for cursor in cursors)
+        return len(cursors)
 
 
 @dataclasses.dataclass
@@ -124,6 +131,69 @@ async def test_the_current_claims_answer_is_applied_after_a_boundary() -> None:
     assert applied["log"].startswith("- earlier\n\n--- message boundary (2025-03-01T10:00:00.000Z) ---")
     assert applied["log"].endswith("- user plans a trip")
     assert applied["tokens"] == count_observations(applied["log"])
+
+
+def _resource_row(**fields: Any) -> ObservationalRecord:
+    return _row(lookupKey="resource:u1", scope="resource", threadId=None, **fields)
+
+
+def _threads(*entries: tuple[str, str, str]) -> list[dict[str, Any]]:
+    return [
+        {"threadId": t, "observations": text, "lastObservedAt": at, "currentTask": f"task {t}"}
+        for t, text, at in entries
+    ]
+
+
+async def test_a_resource_answer_is_merged_per_thread_and_moves_each_threads_cursor() -> None:
+    """Each thread's observations in its `<thread>` section; each thread's cursor its own newest message's;
+    the row's `lastObservedAt` the newest of all, its observed ids the union (Mastra's resource strategy)."""
+    rows = Rows(_resource_row(activeObservations='<thread id="a">\nDate: Mar 1, 2025\n* a0\n</thread>',
+                              observedMessageIds=["old"]))  # fmt: skip
+    result = _result(
+        scope="resource",
+        threadId=None,
+        observations="",
+        observedMessageIds=["m1", "m2"],
+        threads=_threads(
+            ("a", "Date: Mar 1, 2025\n* a1", "2025-03-01T09:00:00.000Z"),
+            ("b", "* b1", "2025-03-01T09:30:00.000Z"),
+        ),
+    )
+    assert await _handle(rows, result) == [None]
+    [applied] = rows.applied
+    assert applied["log"] == (
+        '<thread id="a">\nDate: Mar 1, 2025\n* a0\n* a1\n</thread>'
+        '\n\n--- message boundary (2025-03-01T09:30:00.000Z) ---\n\n<thread id="b">\n* b1\n</thread>'
+    )
+    assert rows.cursors == [
+        ("u1", "a", datetime(2025, 3, 1, 9, 0, tzinfo=UTC), {"currentTask": "task a"}),
+        ("u1", "b", datetime(2025, 3, 1, 9, 30, tzinfo=UTC), {"currentTask": "task b"}),
+    ]
+
+
+async def test_a_stale_resource_answer_moves_no_cursor() -> None:
+    rows = Rows(_resource_row(_mh_cycle=4))
+    result = _result(
+        scope="resource", threadId=None, threads=_threads(("a", "* a1", "2025-03-01T09:00:00.000Z"))
+    )
+    await _handle(rows, result)
+    assert rows.applied == []
+    assert rows.cursors == []
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"scope": "resource", "threadId": None},  # no threads: which thread's observations?
+        {"threads": _threads(("a", "x", "2025-03-01T09:00:00.000Z"))},  # threads with thread scope
+        {"scope": "resource", "threadId": None, "threads": _threads(("", "x", "2025-03-01T09:00:00.000Z"))},
+    ],
+)
+async def test_a_resource_answer_without_its_threads_is_a_dead_letter(fields: dict[str, Any]) -> None:
+    rows = Rows(_resource_row())
+    [outcome] = await _handle(rows, _result(**fields))
+    assert isinstance(outcome, Exception)
+    assert rows.applied == []
 
 
 @pytest.mark.parametrize(
