@@ -9,9 +9,11 @@ do these:
 * `resource_cursors`: the resource's threads (the `max_threads` most recently updated: the
   `{resourceId, updatedAt}` index Mastra's storage makes) and each one's cursor
   (`core.observation_resource.thread_cursor`);
-* `resource_messages`: one page (the newest `limit`) of the resource's messages newer than their thread's
-  cursor, one `$or` branch per thread (each served by the `{thread_id, createdAt}` index), the owner in the
-  query (`resourceId`: another resource's rows never leave the server);
+* `resource_messages`: one page (the newest `limit`) of the resource's threads' messages from the oldest
+  cursor on (one `$in`, a merge of the `{thread_id, createdAt, id}` index ranges); each thread's own cursor
+  is applied after (`unobserved_by_thread`), so rows between the oldest cursor and a thread's own take
+  page slots, as Mastra's resource-wide `listMessagesByResourceId` since the row's `lastObservedAt` does;
+  only the resource's threads are named, and a row naming another owner is dropped;
 * `write_cursors`: each thread's cursor (and the Observer's hints) set, the owner in the filter, a thread
   row MongoDB refuses the keys into (its `metadata` not an object) logged and left: its messages stay
   unobserved by the cursor, and the row's `observedMessageIds` still keeps them from being observed twice.
@@ -80,14 +82,20 @@ async def resource_messages(
     oldest first: one page, the newest `limit`."""
     if not cursors or limit <= 0:
         return []
-    branches: list[dict[str, Any]] = [
-        {"thread_id": thread, "createdAt": {"$gt": cursor}} if cursor is not None else {"thread_id": thread}
-        for thread, cursor in cursors.items()
-    ]
+    # One `$in` over the resource's threads from the oldest cursor on (none when a thread has no cursor),
+    # newest first: the planner merges the threads' `(thread_id, createdAt, id)` index ranges and stops at
+    # the page. Per-thread ranges (an `$or`) or the owner in the query make it sort every unobserved row
+    # (tests/integration/test_index_plans.py). Each thread's own cursor is then applied by the caller
+    # (`core.observation_resource.unobserved_by_thread`); a row naming another owner is dropped below.
+    threads = list(cursors)
+    query: dict[str, Any] = {"thread_id": threads[0] if len(threads) == 1 else {"$in": threads}}
+    known = [cursor for cursor in cursors.values() if cursor is not None]
+    if len(known) == len(threads):
+        query["createdAt"] = {"$gt": min(known)}
     rows = db.get_collection(MESSAGES, codec_options=RAW)
     with storage_errors("om resource messages"):
         raws = await (
-            rows.find({"resourceId": resource_id, "$or": branches})
+            rows.find(query)
             .sort([("createdAt", -1), ("id", -1)])
             .limit(limit)
             .batch_size(limit + 1)
@@ -100,6 +108,8 @@ async def resource_messages(
         except UnreadableRowError as exc:
             skip(exc)
             continue
+        if message.resourceId not in (None, resource_id):
+            continue  # another owner's row in the resource's thread (written around the service): not its
         messages.append(message.wire())
     messages.reverse()
     return messages

@@ -11,6 +11,7 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history import metrics
+from message_history.core.observation_resource import unobserved_by_thread
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
 from storage.observational import MongoObservationalStore
@@ -67,8 +68,19 @@ async def test_each_thread_is_read_from_its_own_cursor(mongo_db: Db) -> None:
     cursors = await store.resource_cursors("r1", 100)
     assert cursors == {"a": T0 + timedelta(minutes=3), "b": None}
     messages = await store.resource_messages("r1", cursors, 100)
-    assert [m["id"] for m in messages] == ["b-2", "b-4", "a-5"]  # oldest first, a's from its cursor on
-    assert {m["threadId"] for m in messages} == {"a", "b"}
+    assert [m["id"] for m in messages] == [
+        "a-1",
+        "b-2",
+        "a-3",
+        "b-4",
+        "a-5",
+    ]  # b has no cursor: all, oldest first
+    by_thread = unobserved_by_thread(messages, cursors, frozenset())
+    assert {t: [m["id"] for m in ms] for t, ms in by_thread.items()} == {"a": ["a-5"], "b": ["b-2", "b-4"]}
+    # every thread with a cursor: read from the oldest one on
+    await store.write_cursors("r1", [("b", T0 + timedelta(minutes=2), {})], T0)
+    cursors = await store.resource_cursors("r1", 100)
+    assert [m["id"] for m in await store.resource_messages("r1", cursors, 100)] == ["a-3", "b-4", "a-5"]
 
 
 async def test_one_page_the_newest(mongo_db: Db) -> None:
@@ -82,6 +94,9 @@ async def test_another_resources_thread_is_neither_read_nor_written(mongo_db: Db
     """A cursor map naming r2's thread (a forged result) reads none of its messages and writes nothing."""
     _, store = await _fixture(mongo_db)
     assert await store.resource_messages("r1", {"x": None}, 100) == []
+    # a row naming another owner inside r1's thread (written around the service): not r1's work
+    await mongo_db["mastra_messages"].update_one({"id": "a-1"}, {"$set": {"resourceId": "r2"}})
+    assert "a-1" not in [m["id"] for m in await store.resource_messages("r1", {"a": None}, 100)]
     assert await store.write_cursors("r1", [("x", T0, {})], T0) == 0
     thread = await mongo_db["mastra_threads"].find_one({"id": "x"})
     assert thread is not None
