@@ -9,10 +9,10 @@
 `observer_handler(observe, reflect)` turns the user's functions into the answer to one work record (pure of
 Kafka: tests and other loops call it directly): an `ObserveResult` echoing the claim (`recordId`,
 `generation`, `cycle`) with the observations, the observed messages' ids and the newest one's `createdAt`;
-a `ReflectResult` with the condensed log. Resource-scoped work (several threads' messages) calls `observe` once
-per thread, on that thread's messages, and answers with `threads` (each thread's observations and cursor).
-A function that raises answers with `error` (the service releases
-the claim; the thread's next turn asks again). The service applies an answer once, to the claim it names, so
+a `ReflectResult` with the condensed log. Resource-scoped work (several threads' messages) calls `observe`
+once per thread, on that thread's messages, and answers with `threads` (each thread's observations and
+cursor). A function that raises answers with `error` (the service releases the claim; the thread's next
+turn asks again). The service applies an answer once, to the claim it names, so
 answering twice, or late, is harmless (docs/observational-memory.md).
 
 `ObserverWorker` is the loop around it: at-least-once (offsets committed after the answers are acknowledged),
