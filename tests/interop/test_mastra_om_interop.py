@@ -12,11 +12,12 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from message_history.core.observation_others import format_messages_for_observer, other_conversations
 from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from message_history.core.observation_text import context_system_messages
 from message_history.core.om_tokens import attachment_free, count_om_message, count_om_messages
@@ -141,3 +142,43 @@ def test_resource_logs_match_mastras_wrap_observations(seed: int) -> None:
         ours.append(log)
     diffs = [(c, a, b) for c, a, b in zip(cases, ours, out["logs"], strict=True) if a != b]
     assert not diffs, diffs[:2]
+
+
+_WORDS = ["hi", "tea", "🍵", "x" * 300, "line\nbreak", " ", "é", "ok"]
+
+
+def _text_message(rng: random.Random, n: int) -> dict[str, Any]:
+    day, hour, minute = rng.randint(1, 3), rng.randint(0, 23), rng.choice([0, 0, 5, 30])
+    parts: list[dict[str, Any]] = []
+    for _ in range(rng.randint(0, 3)):
+        text = "".join(rng.choice(_WORDS) for _ in range(rng.randint(0, 4)))
+        parts.append({"type": rng.choice(["text", "text", "reasoning"]), "text": text, "reasoning": text})
+    content: Any = {"format": 2, "parts": parts}
+    if not parts and rng.random() < 0.5:
+        content = {"format": 2, "parts": [], "content": "legacy " * rng.randint(0, 2)}
+    return {"id": f"m{n}", "role": rng.choice(["user", "assistant"]), "threadId": "t2",
+            "createdAt": f"2025-03-0{day}T{hour:02d}:{minute:02d}:00.000Z", "content": content}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_other_conversations_match_mastras_format_messages_for_observer(seed: int) -> None:
+    """`format_messages_for_observer` equals Mastra's `formatMessagesForObserver` (maxPartLength 500, UTC) on
+    generated text, reasoning and legacy messages (cuts inside surrogate pairs included); and the context with
+    the blocks is `buildContextSystemMessages`' with `unobservedContextBlocks`."""
+    rng = random.Random(seed)
+    cases = [[_text_message(rng, n) for n in range(rng.randint(0, 6))] for _ in range(80)]
+    theirs = run_mastra("observer-text", {"cases": cases})["texts"]
+    ours = [format_messages_for_observer(case) for case in cases]
+    diffs = [(c, a, b) for c, a, b in zip(cases, ours, theirs, strict=True) if a != b]
+    assert not diffs, diffs[:2]
+    shown = [case for case, text in zip(cases, ours, strict=True) if "truncated" in text and "\n" in text]
+    blocks = other_conversations({"t2": shown[0], "t3": shown[1]})
+    assert blocks.count("<other-conversation") == 2
+    case = {
+        "observations": "* 🔴 (09:00) User likes tea",
+        "now": "2025-03-05T10:00:00.000Z",
+        "others": blocks,
+    }
+    [built] = run_mastra("build", {"cases": [case]})["built"]
+    now = datetime(2025, 3, 5, 10, tzinfo=UTC)
+    assert context_system_messages(case["observations"], now=now, other_conversations=blocks) == built
