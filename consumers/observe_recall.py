@@ -13,6 +13,10 @@ read, and the enriched event becomes, as Mastra's `ObservationalMemory` processo
 3. the recalled messages the log does not cover (newer than `lastObservedAt`, not among the last cycle's
    `observedMessageIds`), then the input.
 
+With resource scope the row is the resource's, the thread's messages are cut at the thread's own cursor, and
+the other threads' unobserved messages come after the instructions as Mastra's `<other-conversation>` blocks
+(`message_history.core.observation_others`).
+
 `history.observed` says how many stored messages the log covers, `history.observationTokens` its tokens
 (Mastra OM's count); both 0 when the thread has no log yet, absent without OM. The turn never waits for an
 observation: it is recalled with what is observed so far.
@@ -24,6 +28,8 @@ import logging
 from typing import Any, Protocol
 
 from consumers.observational import Unobserved, request_settings, thread_hints
+from consumers.observe_work import ResourceRows
+from message_history.core.observation_others import other_conversations, others_unobserved
 from message_history.core.observation_resource import thread_cursor
 from message_history.core.observation_text import context_system_messages, continuation_message
 from message_history.core.om_tokens import count_observations
@@ -52,7 +58,7 @@ class ThreadReader(Protocol):
     async def get_thread(self, thread_id: str) -> Thread | None: ...
 
 
-class RecallRows(Protocol):
+class RecallRows(ResourceRows, Protocol):
     """The part of `storage.observational.MongoObservationalStore` recall uses."""
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None: ...
@@ -103,7 +109,10 @@ class ObservationRecall:
             if m.source != "memory" or not (m.id in covered or (cursor is not None and m.createdAt <= cursor))
         ]
         task, suggested = thread_hints(metadata)
-        texts = context_system_messages(record.active_observations, task, suggested, now=request.createdAt)
+        others = await self._others(request, record) if thread_id is None else None
+        texts = context_system_messages(
+            record.active_observations, task, suggested, now=request.createdAt, other_conversations=others
+        )
         context = [_memory(request, CONTEXT_ID.format(n), "system", text) for n, text in enumerate(texts)]
         reminder = Message.model_validate(continuation_message(request.threadId, request.resourceId))
         context.append(
@@ -117,6 +126,17 @@ class ObservationRecall:
             observed=await self._rows.covered(record),
             tokens=count_observations(record.active_observations),
         )
+
+    async def _others(self, request: AgentRequest, record: ObservationalRecord) -> str:
+        """Resource scope: the resource's other threads' unobserved messages (each past its own cursor, else
+        the row's `lastObservedAt`; one page), as Mastra's `<other-conversation>` blocks."""
+        per_page = self._settings.max_rows_per_request
+        cursors = await self._rows.resource_cursors(request.resourceId, per_page)
+        others = {t: c or record.last_observed_at for t, c in cursors.items() if t != request.threadId}
+        messages = await self._rows.resource_messages(request.resourceId, others, per_page)
+        ids = frozenset(record.observed_message_ids)
+        by_thread = others_unobserved(messages, others, request.threadId, record.last_observed_at, ids)
+        return other_conversations(by_thread)
 
     async def _metadata(self, thread_id: str) -> dict[str, Any] | None:
         """The request's thread's metadata: its `metadata.mastra.om` hints (Mastra's or an observer's) for

@@ -5,7 +5,8 @@ Two threads of one resource pass the threshold together: the persist path claims
 (`resource:<id>`) and sends one `ObserveRequest` keyed by the resource, with both threads' messages (each
 carrying its `threadId`) and none of another resource's; the SDK answers per thread; the observed path
 merges each thread's observations into its `<thread id=...>` section of the log and moves each thread's
-cursor (`metadata.mastra.om.lastObservedAt`); a third thread of the resource is recalled with the log.
+cursor (`metadata.mastra.om.lastObservedAt`); a third thread of the resource is recalled with the log and the
+other threads' unobserved messages (Mastra's `<other-conversation>` blocks).
 """
 
 from __future__ import annotations
@@ -147,7 +148,12 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
                 assert om["currentTask"] == f"T {thread}"
             assert "mastra" not in (threads_rows["om-res-x"].get("metadata") or {})
 
-            # a third thread of the resource: recalled with the resource's log (both threads' sections)
+            # b speaks again (under the threshold: no work): past b's cursor, so unobserved
+            await produce(bootstrap, settings.responses_topic, [_turn("om-res-b", OWNER, 6)])
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 9})
+
+            # a third thread of the resource: recalled with the resource's log (both threads' sections) and
+            # b's unobserved turn as Mastra's <other-conversation> block; a's observed turns not shown
             ask = request_event("om-res-c", OWNER, 9, "so which day is cheapest?", memory=RESOURCE_OM)
             await produce(bootstrap, settings.requests_topic, [encoded(ask)])
             [event] = values(
@@ -158,6 +164,11 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
             ]
             assert any("OBS om-res-a" in t for t in texts)
             assert any("OBS om-res-b" in t for t in texts)
+            [others] = [t for t in texts if "START_OTHER_CONVERSATIONS_BLOCK" in t]
+            assert '<other-conversation id="om-res-b">' in others
+            assert "turn 6:" in others
+            assert "om-res-a" not in others
+            assert len(_work(await read_topic(bootstrap, settings.observe_requests_topic, until=bool))) == 1
             assert event["history"]["observationTokens"] > 0
             assert event["messages"][-1]["content"]["parts"][0]["text"] == "so which day is cheapest?"
     finally:

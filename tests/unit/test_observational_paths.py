@@ -54,6 +54,9 @@ class Rows:
         self.applied: list[dict[str, Any]] = []
         self.released: list[Claim] = []
         self.cursors: list[tuple[Any, ...]] = []
+        self.threads: dict[str, datetime | None] = {}
+        self.messages: list[dict[str, Any]] = []
+        self.read_from: list[dict[str, datetime | None]] = []
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
         key = f"thread:{thread_id}" if thread_id else f"resource:{resource_id}"
@@ -63,6 +66,15 @@ class Rows:
 
     async def covered(self, record: ObservationalRecord) -> int:
         return 7
+
+    async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
+        return dict(self.threads)
+
+    async def resource_messages(
+        self, resource_id: str, cursors: Mapping[str, datetime | None], limit: int
+    ) -> list[dict[str, Any]]:
+        self.read_from.append(dict(cursors))
+        return [m for m in self.messages if m["threadId"] in cursors][-limit:]
 
     async def release(self, claim: Claim, now: datetime) -> bool:
         self.released.append(claim)
@@ -442,3 +454,41 @@ async def test_om_work_that_meets_an_outage_or_a_systemic_refusal_raises(error: 
 
 async def _answer(value: str) -> str:
     return value
+
+
+async def test_resource_recall_cuts_at_the_threads_cursor_and_shows_the_other_threads() -> None:
+    """Resource scope: the resource's row; the thread's messages cut at its own cursor (10:00), not the row's
+    `lastObservedAt` (10:45, another thread's cycle); the other threads' unobserved messages as Mastra's
+    `<other-conversation>` blocks after the instructions (a thread without a cursor from the row's
+    `lastObservedAt`; observed ids left out)."""
+    later = datetime(2025, 3, 1, 10, 45, tzinfo=UTC)
+    rows = Rows(
+        _row(lookupKey="resource:u1", scope="resource", threadId=None, activeObservations="- a trip",
+             lastObservedAt=later, observedMessageIds=["o3"], isObserving=False)
+    )  # fmt: skip
+    rows.threads = {"t1": T0, "t2": None}
+
+    def other(ident: str, minute: int, text: str) -> dict[str, Any]:
+        return {
+            **_message(ident, "user", f"2025-03-01T10:{minute:02d}:00.000Z", "memory", text),
+            "threadId": "t2",
+        }
+
+    rows.messages = [other("o1", 30, "before the row's cursor"), other("o2", 50, "plans Turin"),
+                     other("o3", 55, "observed already"), _message("m3", "user", "2025-03-01T10:30:00.000Z",
+                                                                   "memory", "newer question")]  # fmt: skip
+    request = REQUEST.model_copy(update={"memory": {"observationalMemory": {"scope": "resource"}}})
+    cursor = {"mastra": {"om": {"lastObservedAt": "2025-03-01T10:00:00.000Z"}}}
+    event = await ObservationRecall(Settings(), rows, Threads(cursor)).enrich(request, ENRICHED)
+    assert isinstance(event, EnrichedRequest)
+    ids = [m.id for m in event.messages]
+    assert ids[-3:] == ["om-continuation", "m3", "m4"]  # m3 (10:30) kept: past t1's own cursor
+    assert rows.read_from == [{"t2": later}]  # the other threads only, t2 from the row's lastObservedAt
+    texts = [p.text for m in event.messages if m.role == "system" for p in m.content.parts]  # type: ignore[union-attr]
+    assert texts[1] == (
+        "The following content is from OTHER conversations different from the current conversation, they're "
+        "here for reference,  but they're not necessarily your focus:\nSTART_OTHER_CONVERSATIONS_BLOCK\n"
+        '<other-conversation id="t2">\nMar 1 2025:\nUser (10:50 AM): plans Turin\n</other-conversation>\n'
+        "END_OTHER_CONVERSATIONS_BLOCK"
+    )
+    assert texts[2] == "<observations>"
