@@ -42,10 +42,11 @@ RESOURCE_OM = {"observationalMemory": {"scope": "resource"}}
 WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
 
 
-async def _settings(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic) -> Settings:
+async def _settings(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str) -> Settings:
     settings = fresh_settings(
         kafka_bootstrap,
         mongo_uri,
+        processing_guarantee=guarantee,
         observation_message_tokens=800,
         barrier="off",
         busy_thread="allow",
@@ -82,10 +83,13 @@ async def _docs(settings: Settings, collection: str) -> list[dict[str, Any]]:
         await client.close()
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_two_threads_observed_into_one_log_recalled_by_a_third(
-    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
 ) -> None:
-    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic)
+    """Exactly once, the resource's ObserveRequest goes out in the persist record's transaction (read
+    `read_committed`)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, guarantee)
     bootstrap = settings.kafka_bootstrap_servers
 
     async def observe(work: ObserveRequest) -> Observation:
@@ -111,7 +115,10 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
                 bootstrap, settings.responses_topic, [_turn("om-res-b", OWNER, t) for t in range(4, 6)]
             )
             records = await read_topic(
-                bootstrap, settings.observe_requests_topic, until=lambda r: len(_work(r)) >= 1
+                bootstrap,
+                settings.observe_requests_topic,
+                until=lambda r: len(_work(r)) >= 1,
+                isolation_level="read_committed",
             )
             [request] = _work(records)
             assert records[0].key == OWNER.encode()  # keyed by the resource
