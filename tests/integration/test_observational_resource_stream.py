@@ -11,6 +11,7 @@ other threads' unobserved messages (Mastra's `<other-conversation>` blocks).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -42,11 +43,14 @@ RESOURCE_OM = {"observationalMemory": {"scope": "resource"}}
 WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
 
 
-async def _settings(kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str) -> Settings:
+async def _settings(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str, **extra: Any
+) -> Settings:
     settings = fresh_settings(
         kafka_bootstrap,
         mongo_uri,
         processing_guarantee=guarantee,
+        **extra,
         observation_message_tokens=800,
         barrier="off",
         busy_thread="allow",
@@ -180,6 +184,64 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
             assert event["messages"][-1]["content"]["parts"][0]["text"] == "so which day is cheapest?"
     finally:
         await drop_database(settings)
+
+
+async def test_a_stale_resource_claim_is_sent_again_by_the_sweep(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """No answer comes and the resource's threads say nothing more: past the timeout the sweep takes the
+    resource's claim again and sends the same threads' work (a new cycle, keyed by the resource); the late
+    answer to the old cycle is dropped, the new one applies, each thread's section once."""
+    settings = await _settings(
+        kafka_bootstrap, mongo_uri, make_topic, "at-least-once", observation_timeout_s=4.0
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+
+    async def work_until(ready: Any) -> list[ObserveRequest]:
+        records = await read_topic(
+            bootstrap, settings.observe_requests_topic, until=lambda r: ready(_work(r))
+        )
+        assert {r.key for r in records} == {OWNER.encode()}
+        return _work(records)
+
+    try:
+        async with running_service(settings):
+            turns = [_turn("om-res-a", OWNER, t) for t in range(1, 4)]
+            await produce(
+                bootstrap, settings.responses_topic, [*turns, *(_turn("om-res-b", OWNER, t) for t in (4, 5))]
+            )
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 5})
+            [old] = await work_until(lambda work: len(work) >= 1)
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                settings.mongodb_uri.get_secret_value()
+            )
+            past = datetime.now(UTC) - timedelta(seconds=settings.observation_timeout_s + 60)
+            try:
+                await client[settings.mongodb_database][OBSERVATIONAL].update_many(
+                    {}, {"$set": {"_mh_claimed_at": past, "updatedAt": past}}
+                )
+            finally:
+                await client.close()
+            work = await work_until(lambda work: any(w.cycle > old.cycle for w in work))
+            new = next(w for w in work if w.cycle == old.cycle + 1)
+            assert (new.scope, new.threadId, new.recordId) == ("resource", None, old.recordId)
+            assert [m.id for m in new.messages] == [m.id for m in old.messages]  # both threads, again
+
+            handler = observer_handler(lambda w: _text(f"cycle {w.cycle} of {w.messages[0].threadId}"))
+            answers = [(OWNER.encode(), _json(await handler(w))) for w in (old, new)]  # the late one first
+            await produce(bootstrap, settings.observe_results_topic, answers)
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
+            rows = {r["lookupKey"]: r for r in await _docs(settings, OBSERVATIONAL)}
+            log = rows[f"resource:{OWNER}"]["activeObservations"]
+            assert f"cycle {new.cycle} of om-res-a" in log
+            assert f"cycle {new.cycle} of om-res-b" in log
+            assert f"cycle {old.cycle} of" not in log  # the late answer dropped
+    finally:
+        await drop_database(settings)
+
+
+async def _text(value: str) -> str:
+    return value
 
 
 def _json(event: Any) -> bytes:
