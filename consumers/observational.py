@@ -66,18 +66,13 @@ def _option(memory: object) -> Any:
 
 def request_settings(memory: object, settings: Settings) -> ObservationSettings | None:
     """A turn's OM settings, or None when it has no OM: its `memory.observationalMemory` (`true`, `false`,
-    or Mastra's object) over the service default; absent, the service default decides. Resource scope
-    (`scope: "resource"`) is not supported yet: such a turn has no OM (recalled and saved as without it)."""
+    or Mastra's object) over the service default; absent, the service default decides. `scope: "resource"`
+    keeps one log for the resource's threads (`core.observation_resource`)."""
     option = _option(memory)
     defaults = observation_defaults(settings)
     if option is None:
         return defaults if settings.observational_memory else None
-    resolved = resolve_settings(option, defaults)
-    if resolved is not None and resolved.scope == "resource":
-        # not built yet: observing one thread's messages under the resource's row would move its
-        # `lastObservedAt` past the other threads' unobserved messages, and recall would drop them
-        return None
-    return resolved
+    return resolve_settings(option, defaults)
 
 
 @dataclass(frozen=True, slots=True)

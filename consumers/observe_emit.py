@@ -39,15 +39,23 @@ from typing import Any, Protocol
 from consumers.contract import Done, Emit, Result, ack_after
 from consumers.observational import Unobserved, request_settings
 from consumers.observe_work import (
+    ResourceRows,
     WorkSent,
     observe_request,
     observed_state,
     reflect_request,
+    resource_unobserved,
     since_observed,
     work_fields,
 )
 from message_history import metrics
-from message_history.core.observation import ObservationSettings, decide_observation, should_reflect
+from message_history.core.observation import (
+    ObservationDecision,
+    ObservationSettings,
+    decide_observation,
+    should_reflect,
+)
+from message_history.core.observation_resource import ResourceDecision, decide_resource_observation
 from message_history.settings import Settings
 from producers.observe import ObservePublisher
 from producers.output import Positioned
@@ -67,7 +75,7 @@ _UNOBSERVED = Unobserved(
 )
 
 
-class ObservationalRows(Protocol):
+class ObservationalRows(ResourceRows, Protocol):
     """The part of `storage.observational.MongoObservationalStore` the OM paths use."""
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None: ...
@@ -201,8 +209,7 @@ class ObservationEmitter:
         again: Claim | None = None,
     ) -> asyncio.Future[Any] | None:
         response = subject.response
-        messages = await since_observed(self._storage, response.threadId, record, self._max_rows)
-        decision = decide_observation(messages, observed_state(record), subject.settings)
+        decision = await self._decide(subject, record)
         if not decision.observe:
             return None
         claim = again or await self._rows.claim(record, "observe", now, by=response.requestId)
@@ -225,6 +232,17 @@ class ObservationEmitter:
             },
         )
         return await self._publisher.publish(emit, subject.record, event)
+
+    async def _decide(
+        self, subject: _Subject, record: ObservationalRecord
+    ) -> ObservationDecision | ResourceDecision:
+        """Thread scope: the thread's messages since `lastObservedAt`; resource scope: the resource's threads'
+        messages, each from its own cursor (`core.observation_resource`)."""
+        if subject.settings.scope == "resource":
+            by_thread = await resource_unobserved(self._rows, record, self._max_rows)
+            return decide_resource_observation(by_thread, observed_state(record), subject.settings)
+        messages = await since_observed(self._storage, subject.response.threadId, record, self._max_rows)
+        return decide_observation(messages, observed_state(record), subject.settings)
 
     async def _reflect(
         self, subject: _Subject, record: ObservationalRecord, now: datetime, emit: Emit

@@ -13,6 +13,10 @@ read, and the enriched event becomes, as Mastra's `ObservationalMemory` processo
 3. the recalled messages the log does not cover (newer than `lastObservedAt`, not among the last cycle's
    `observedMessageIds`), then the input.
 
+With resource scope the row is the resource's, the thread's messages are cut at the thread's own cursor, and
+the other threads' unobserved messages come after the instructions as Mastra's `<other-conversation>` blocks
+(`message_history.core.observation_others`).
+
 `history.observed` says how many stored messages the log covers, `history.observationTokens` its tokens
 (Mastra OM's count); both 0 when the thread has no log yet, absent without OM. The turn never waits for an
 observation: it is recalled with what is observed so far.
@@ -21,9 +25,12 @@ observation: it is recalled with what is observed so far.
 from __future__ import annotations
 
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from consumers.observational import Unobserved, request_settings, thread_hints
+from consumers.observe_work import ResourceRows
+from message_history.core.observation_others import other_conversations, others_unobserved
+from message_history.core.observation_resource import thread_cursor
 from message_history.core.observation_text import context_system_messages, continuation_message
 from message_history.core.om_tokens import count_observations
 from message_history.settings import Settings
@@ -51,7 +58,7 @@ class ThreadReader(Protocol):
     async def get_thread(self, thread_id: str) -> Thread | None: ...
 
 
-class RecallRows(Protocol):
+class RecallRows(ResourceRows, Protocol):
     """The part of `storage.observational.MongoObservationalStore` recall uses."""
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None: ...
@@ -92,14 +99,20 @@ class ObservationRecall:
         if record is None or not record.active_observations:
             return _with_history(event, event.messages, observed=0, tokens=0)
         covered = set(record.observed_message_ids)
-        cursor = record.last_observed_at
+        metadata = await self._metadata(request.threadId)
+        # resource scope: this thread's own cursor (another thread's later cycle moves the row's
+        # `lastObservedAt` past this thread's unobserved messages; Mastra keeps per-thread cursors for that)
+        cursor = record.last_observed_at if thread_id is not None else thread_cursor(metadata)
         kept = [
             m
             for m in event.messages
             if m.source != "memory" or not (m.id in covered or (cursor is not None and m.createdAt <= cursor))
         ]
-        task, suggested = await self._hints(thread_id)
-        texts = context_system_messages(record.active_observations, task, suggested, now=request.createdAt)
+        task, suggested = thread_hints(metadata)
+        others = await self._others(request, record) if thread_id is None else None
+        texts = context_system_messages(
+            record.active_observations, task, suggested, now=request.createdAt, other_conversations=others
+        )
         context = [_memory(request, CONTEXT_ID.format(n), "system", text) for n, text in enumerate(texts)]
         reminder = Message.model_validate(continuation_message(request.threadId, request.resourceId))
         context.append(
@@ -114,13 +127,25 @@ class ObservationRecall:
             tokens=count_observations(record.active_observations),
         )
 
-    async def _hints(self, thread_id: str | None) -> tuple[str | None, str | None]:
-        """The thread's `metadata.mastra.om` hints (Mastra's or an observer's), for `<current-task>` and
-        `<suggested-response>`; none with resource scope."""
-        if thread_id is None or self._threads is None:
-            return None, None
+    async def _others(self, request: AgentRequest, record: ObservationalRecord) -> str:
+        """Resource scope: the resource's other threads' unobserved messages (each past its own cursor, else
+        the row's `lastObservedAt`; one page), as Mastra's `<other-conversation>` blocks."""
+        per_page = self._settings.max_rows_per_request
+        cursors = await self._rows.resource_cursors(request.resourceId, per_page)
+        others = {t: c or record.last_observed_at for t, c in cursors.items() if t != request.threadId}
+        messages = await self._rows.resource_messages(request.resourceId, others, per_page)
+        ids = frozenset(record.observed_message_ids)
+        by_thread = others_unobserved(messages, others, request.threadId, record.last_observed_at, ids)
+        return other_conversations(by_thread)
+
+    async def _metadata(self, thread_id: str) -> dict[str, Any] | None:
+        """The request's thread's metadata: its `metadata.mastra.om` hints (Mastra's or an observer's) for
+        `<current-task>` / `<suggested-response>` (the current thread's, in either scope, as Mastra's
+        `buildContextSystemMessages` reads them) and, with resource scope, its cursor."""
+        if self._threads is None:
+            return None
         thread = await self._threads.get_thread(thread_id)
-        return thread_hints(thread.metadata if thread is not None else None)
+        return thread.metadata if thread is not None else None
 
 
 def _memory(request: AgentRequest, ident: str, role: str, text: str) -> EnrichedMessage:

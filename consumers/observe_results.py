@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -30,6 +30,7 @@ from consumers.contract import Done, Emit, Record, Refused, Result
 from consumers.observational import THREAD_OM
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
+from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from message_history.core.observation_text import append_observations
 from message_history.core.om_tokens import count_observations
 from message_history.errors import EventValidationError
@@ -56,6 +57,10 @@ class ResultRows(Protocol):
     async def apply_reflection(
         self, claim: Claim, *, reflection: str, token_count: int, now: datetime
     ) -> ObservationalRecord | None: ...
+
+    async def write_cursors(
+        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, str]]], now: datetime
+    ) -> int: ...
 
 
 class ThreadHints(Protocol):
@@ -110,7 +115,9 @@ class ObserveResultsHandler:
                 extra={"thread_id": result.threadId, "request_id": result.requestId, "kind": kind},
             )
             return "released" if await self._rows.release(claim, now) else _stale(result, "raced")
-        if isinstance(result, ObserveResult):
+        if isinstance(result, ObserveResult) and result.scope == "resource":
+            applied = await self._apply_resource(claim, row, result, now)
+        elif isinstance(result, ObserveResult):
             log_text = append_observations(row.active_observations, result.observations, row.last_observed_at)
             update = ObservationUpdate(
                 log_text, count_observations(log_text), result.lastObservedAt, result.observedMessageIds
@@ -130,6 +137,34 @@ class ObserveResultsHandler:
             )
         return f"{kind}-applied" if applied else _stale(result, "raced")
 
+    async def _apply_resource(
+        self, claim: Claim, row: ObservationalRecord, result: ObserveResult, now: datetime
+    ) -> bool:
+        """A resource-scoped answer, as `ResourceScopedObservationStrategy` persists it: each thread's
+        observations merged into the log in its `<thread>` section, the row's `lastObservedAt` the newest
+        thread's, `observedMessageIds` the old ones and this cycle's; once applied, each thread's cursor (and
+        hints) in its `metadata.mastra.om`, the resource's threads only. A crash between the two leaves a
+        cursor behind: the row's `observedMessageIds` still keeps those messages from being observed again."""
+        threads = [
+            ThreadObservations(t.threadId, t.observations, t.lastObservedAt) for t in result.threads or []
+        ]
+        log_text = merge_thread_observations(row.active_observations, threads)
+        ids = list(dict.fromkeys([*row.observed_message_ids, *result.observedMessageIds]))
+        newest = max((t.last_observed_at for t in threads), default=result.lastObservedAt)
+        update = ObservationUpdate(log_text, count_observations(log_text), newest, ids)
+        if not await self._rows.apply_observation(claim, update, now):
+            return False
+        cursors = [
+            (
+                t.threadId,
+                t.lastObservedAt,
+                _present({"currentTask": t.currentTask, "suggestedResponse": t.suggestedResponse}),
+            )
+            for t in result.threads or []
+        ]
+        await self._rows.write_cursors(result.resourceId, cursors, now)
+        return True
+
     async def _hints(self, result: ObserveResult) -> None:
         """The answer's `currentTask` / `suggestedResponse` into the thread's `metadata.mastra.om` (thread
         scope), where Mastra's `setThreadOMMetadata` keeps them."""
@@ -137,6 +172,10 @@ class ObserveResultsHandler:
         update = {f"{THREAD_OM}.{key}": value for key, value in hints.items() if value is not None}
         if update and self._threads is not None and result.scope == "thread" and result.threadId:
             await self._threads.save_thread_metadata(result.threadId, update)
+
+
+def _present(hints: Mapping[str, str | None]) -> dict[str, str]:
+    return {key: value for key, value in hints.items() if value is not None}
 
 
 def _stale(result: ObserveResult | ReflectResult, why: str) -> str:

@@ -45,9 +45,11 @@ from typing import Any, Final, Protocol
 
 from consumers.observational import observation_defaults
 from consumers.observe_work import (
+    ResourceRows,
     observe_request,
     observed_state,
     reflect_request,
+    resource_unobserved,
     since_observed,
     work_fields,
 )
@@ -60,6 +62,7 @@ from message_history.core.observation import (
     resolve_settings,
     unobserved_messages,
 )
+from message_history.core.observation_resource import oldest_first
 from message_history.core.om_tokens import count_om_messages
 from message_history.errors import MessageHistoryError
 from message_history.settings import Settings
@@ -80,7 +83,7 @@ SendWork = Callable[[ObserveRequest | ReflectRequest], Awaitable["asyncio.Future
 """Hands one work event to Kafka; the future resolves once Kafka has it (`ObservePublisher.publish`)."""
 
 
-class SweepRows(Protocol):
+class SweepRows(ResourceRows, Protocol):
     """The part of `storage.observational.MongoObservationalStore` the sweep uses."""
 
     async def stale_claims(self, cutoff: datetime, limit: int) -> list[ObservationalRecord]: ...
@@ -167,7 +170,8 @@ class ObservationSweep:
         kind: Kind = "reflect" if record.is_reflecting else "observe"
         held = Claim(record.id, record.generation, record.cycle, kind)
         current = await self.rows.get(record.thread_id, record.resource_id)
-        if record.thread_id is None or current is None or current.id != record.id:
+        unkeyed = record.thread_id is None and record.scope != "resource"
+        if unkeyed or current is None or current.id != record.id:
             # an old generation's flag (nobody reads it), or a scope the service does not observe: cleared
             await self.rows.release(held, now)
             _count("swept-released")
@@ -184,12 +188,8 @@ class ObservationSweep:
     async def _observe(
         self, record: ObservationalRecord, held: Claim, now: datetime
     ) -> asyncio.Future[Any] | None:
-        assert record.thread_id is not None  # checked by `_one`
         settings = self._settings_of(record)
-        recent = await since_observed(
-            self.storage, record.thread_id, record, self.settings.max_rows_per_request
-        )
-        messages = unobserved_messages(recent, observed_state(record))
+        messages = await self._unobserved(record)
         if not messages:
             await self.rows.release(held, now)  # nothing left to observe (forgotten, pruned)
             _count("swept-released")
@@ -209,6 +209,17 @@ class ObservationSweep:
         )
         return await self.send(event)
 
+    async def _unobserved(self, record: ObservationalRecord) -> list[dict[str, Any]]:
+        """The claim's work again: all the thread's unobserved messages; with resource scope, all the
+        resource's threads' (each from its own cursor), oldest thread first."""
+        per_page = self.settings.max_rows_per_request
+        if record.scope == "resource":
+            by_thread = await resource_unobserved(self.rows, record, per_page)
+            return [message for _, messages in oldest_first(by_thread) for message in messages]
+        assert record.thread_id is not None  # checked by `_one`
+        recent = await since_observed(self.storage, record.thread_id, record, per_page)
+        return unobserved_messages(recent, observed_state(record))
+
     def _settings_of(self, record: ObservationalRecord) -> ObservationSettings:
         """The thresholds the row was made with (`config`), over the service's defaults."""
         defaults = observation_defaults(self.settings)
@@ -221,8 +232,8 @@ def _work(record: ObservationalRecord, claim: Claim, now: datetime) -> dict[str,
         claim,
         now,
         request_id=record.claimed_by or f"om-sweep:{record.id}:{claim.cycle}",
-        scope="thread",
-        thread_id=record.thread_id,
+        scope="resource" if record.scope == "resource" else "thread",
+        thread_id=record.thread_id if record.scope != "resource" else None,
         resource_id=record.resource_id,
     )
 

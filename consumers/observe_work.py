@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from message_history.core.observation import ObservedState
+from message_history.core.observation_resource import unobserved_by_thread
 from producers.output import Positioned
 from schemas.messages import format_timestamp
 from schemas.observational import ObserveRequest, ReflectRequest
@@ -20,10 +21,12 @@ from storage.observational import Claim, ObservationalRecord
 from storage.protocol import HistoryStorage, PageQuery
 
 __all__ = [
+    "ResourceRows",
     "WorkSent",
     "observe_request",
     "observed_state",
     "reflect_request",
+    "resource_unobserved",
     "since_observed",
     "work_fields",
 ]
@@ -49,6 +52,26 @@ async def since_observed(
         )
     )
     return [m.wire() for m in reversed(page.messages)]
+
+
+class ResourceRows(Protocol):
+    """The part of `storage.observational.MongoObservationalStore` resource scope reads."""
+
+    async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]: ...
+
+    async def resource_messages(
+        self, resource_id: str, cursors: Mapping[str, datetime | None], limit: int
+    ) -> list[dict[str, Any]]: ...
+
+
+async def resource_unobserved(
+    rows: ResourceRows, record: ObservationalRecord, per_page: int
+) -> dict[str, list[dict[str, Any]]]:
+    """The resource's unobserved messages per thread (its `per_page` most recently updated threads, one page
+    of the newest `per_page` messages past their threads' cursors), each thread's oldest first."""
+    cursors = await rows.resource_cursors(record.resource_id, per_page)
+    messages = await rows.resource_messages(record.resource_id, cursors, per_page)
+    return unobserved_by_thread(messages, cursors, frozenset(record.observed_message_ids))
 
 
 def observed_state(record: ObservationalRecord) -> ObservedState:

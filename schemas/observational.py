@@ -26,6 +26,7 @@ __all__ = [
     "ObserveResult",
     "ReflectRequest",
     "ReflectResult",
+    "ThreadObservations",
     "decode_result",
     "decode_work",
 ]
@@ -83,6 +84,20 @@ class ObserveRequest(WorkBase):
     messageTokens: Annotated[Count, Field(description="the observation threshold in force")]
 
 
+class ThreadObservations(Open):
+    """One thread's part of a resource-scoped `ObserveResult` (Mastra's multi-thread Observer output)."""
+
+    threadId: Annotated[str, Field(description="the thread these observations are of")]
+    observations: Annotated[
+        str, Field(description="its observations; the service wraps them in <thread id=...>")
+    ]
+    lastObservedAt: Annotated[
+        Timestamp, Field(description="the newest observed message's createdAt in this thread: its cursor")
+    ]
+    currentTask: Annotated[str | None, Field(description="the thread's <current-task>, if any")] = None
+    suggestedResponse: Annotated[str | None, Field(description="the thread's <suggested-response>")] = None
+
+
 class ObserveResult(WorkBase):
     """`agent.memory.observed`: the new observations for the request's messages (or why there are none)."""
 
@@ -94,7 +109,24 @@ class ObserveResult(WorkBase):
     lastObservedAt: Annotated[Timestamp, Field(description="the newest observed message's createdAt")]
     currentTask: Annotated[str | None, Field(description="the Observer's <current-task>, if any")] = None
     suggestedResponse: Annotated[str | None, Field(description="the Observer's <suggested-response>")] = None
+    threads: Annotated[
+        list[ThreadObservations] | None,
+        Field(
+            description="resource scope: the observations per thread (required unless `error`); "
+            "`observations` is then unused"
+        ),
+    ] = None
     error: Annotated[str | None, _failed("observer")] = None
+
+    @model_validator(mode="after")
+    def _threads_with_resource_scope(self) -> Self:
+        """A resource-scoped answer says which thread each observation is of (the log is kept per thread,
+        each thread's cursor moved to its own newest observed message); a thread-scoped one has none."""
+        if self.scope == "resource" and self.error is None and not self.threads:
+            raise ValueError("threads is required with resource scope (unless error)")
+        if self.scope == "thread" and self.threads is not None:
+            raise ValueError("threads is only for resource scope")
+        return self
 
 
 class ReflectRequest(WorkBase):
@@ -134,6 +166,8 @@ def decode_result(raw: bytes, limits: Limits = Limits()) -> ObserveResult | Refl
     if isinstance(result, ObserveResult):
         for i, ident in enumerate(result.observedMessageIds):
             check_id(ident, f"observedMessageIds.{i}", limits)
+        for i, thread in enumerate(result.threads or []):
+            check_id(thread.threadId, f"threads.{i}.threadId", limits)
     return result
 
 

@@ -39,6 +39,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from schemas.observational import Scope
 from storage.errors import storage_errors
+from storage.observational_resource import resource_cursors, resource_messages, write_cursors
 from storage.observational_rows import (
     CLAIMED_AT,
     CLAIMED_BY,
@@ -309,6 +310,22 @@ class MongoObservationalStore:
             either.append({"createdAt": {"$lte": record.last_observed_at}})
         with storage_errors("om read"):
             return await self._rows.database[MESSAGES].count_documents({**owner, "$or": either})
+
+    async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
+        """The resource's threads and their cursors (`storage.observational_resource`)."""
+        return await resource_cursors(self._rows.database, resource_id, max_threads)
+
+    async def resource_messages(
+        self, resource_id: str, cursors: Mapping[str, datetime | None], limit: int
+    ) -> list[dict[str, Any]]:
+        """One page of the resource's messages past their threads' cursors, oldest first."""
+        return await resource_messages(self._rows.database, resource_id, cursors, limit)
+
+    async def write_cursors(
+        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, str]]], now: datetime
+    ) -> int:
+        """The threads' cursors (and hints) set, the resource's threads only."""
+        return await write_cursors(self._rows.database, resource_id, cursors, now)
 
     async def clear(self, thread_id: str | None, resource_id: str) -> int:
         """`clearObservationalMemory`: every generation of the key deleted (forget)."""

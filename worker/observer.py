@@ -9,8 +9,10 @@
 `observer_handler(observe, reflect)` turns the user's functions into the answer to one work record (pure of
 Kafka: tests and other loops call it directly): an `ObserveResult` echoing the claim (`recordId`,
 `generation`, `cycle`) with the observations, the observed messages' ids and the newest one's `createdAt`;
-a `ReflectResult` with the condensed log. A function that raises answers with `error` (the service releases
-the claim; the thread's next turn asks again). The service applies an answer once, to the claim it names, so
+a `ReflectResult` with the condensed log. Resource-scoped work (several threads' messages) calls `observe`
+once per thread, on that thread's messages, and answers with `threads` (each thread's observations and
+cursor). A function that raises answers with `error` (the service releases the claim; the thread's next
+turn asks again). The service applies an answer once, to the claim it names, so
 answering twice, or late, is harmless (docs/observational-memory.md).
 
 `ObserverWorker` is the loop around it: at-least-once (offsets committed after the answers are acknowledged),
@@ -33,7 +35,7 @@ from message_history.errors import InvalidInputError
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from schemas.codec import encode
-from schemas.messages import format_timestamp
+from schemas.messages import Message, format_timestamp
 from schemas.observational import (
     ObserveRequest,
     ObserveResult,
@@ -75,6 +77,30 @@ def _echo(work: ObserveRequest | ReflectRequest) -> dict[str, Any]:
     }
 
 
+def _newest(messages: Sequence[Message], fallback: datetime) -> str:
+    dates = [m.createdAt for m in messages if m.createdAt is not None]
+    return format_timestamp(max(dates) if dates else fallback)
+
+
+def _by_thread(work: ObserveRequest) -> list[tuple[str, list[Message]]]:
+    """A resource's work split by thread, in the order the threads come (the service sends the oldest
+    thread first), each thread's messages in order; a message without a thread is the work's own."""
+    threads: dict[str, list[Message]] = {}
+    for message in work.messages:
+        threads.setdefault(message.threadId or work.resourceId, []).append(message)
+    return list(threads.items())
+
+
+def _found(answer: Observation | str) -> dict[str, Any]:
+    found = answer if isinstance(answer, Observation) else Observation(answer)
+    values: dict[str, Any] = {"observations": found.observations}
+    if found.current_task is not None:
+        values["currentTask"] = found.current_task
+    if found.suggested_response is not None:
+        values["suggestedResponse"] = found.suggested_response
+    return values
+
+
 def observer_handler(observe: ObserveFn, reflect: ReflectFn | None = None) -> ObserverHandler:
     """The answer to one work event from the user's `observe` (and `reflect`); see the module docstring."""
 
@@ -85,27 +111,33 @@ def observer_handler(observe: ObserveFn, reflect: ReflectFn | None = None) -> Ob
 
     async def _observe(work: ObserveRequest) -> ObserveResult:
         ids = [m.id for m in work.messages if m.id is not None]
-        dates = [m.createdAt for m in work.messages if m.createdAt is not None]
         values: dict[str, Any] = {
             **_echo(work),
             "type": "ObserveResult",
             "observedMessageIds": ids,
-            "lastObservedAt": format_timestamp(max(dates) if dates else work.createdAt),
+            "lastObservedAt": _newest(work.messages, work.createdAt),
             "observations": "",
         }
         try:
+            if work.scope == "resource":
+                values["threads"] = [
+                    await _thread(work, thread, messages) for thread, messages in _by_thread(work)
+                ]
+                return ObserveResult.model_validate(values)
             answer = await observe(work)
         except Exception as exc:  # noqa: BLE001 -- the user's model failed: the service releases the claim
             log.warning("observer failed", exc_info=True, extra={"thread_id": work.threadId})
+            values.pop("threads", None)
             values["error"] = f"{type(exc).__name__}: {exc}"[:1000]
             return ObserveResult.model_validate(values)
-        found = answer if isinstance(answer, Observation) else Observation(answer)
-        values["observations"] = found.observations
-        if found.current_task is not None:
-            values["currentTask"] = found.current_task
-        if found.suggested_response is not None:
-            values["suggestedResponse"] = found.suggested_response
+        values.update(_found(answer))
         return ObserveResult.model_validate(values)
+
+    async def _thread(work: ObserveRequest, thread: str, messages: list[Message]) -> dict[str, Any]:
+        """Resource scope: `observe` called on one thread's messages (the log as it is), its answer that
+        thread's entry of `threads` (the thread's cursor: its newest observed message)."""
+        answer = await observe(work.model_copy(update={"messages": messages}))
+        return {"threadId": thread, "lastObservedAt": _newest(messages, work.createdAt), **_found(answer)}
 
     async def _reflect(work: ReflectRequest) -> ReflectResult:
         values: dict[str, Any] = {**_echo(work), "type": "ReflectResult", "reflection": ""}

@@ -24,6 +24,7 @@ __all__ = [
     "OBSERVATION_CONTEXT_INSTRUCTIONS",
     "OBSERVATION_CONTEXT_PROMPT",
     "OBSERVATION_CONTINUATION_HINT",
+    "OTHER_CONVERSATIONS_PREFIX",
     "append_observations",
     "context_system_messages",
     "continuation_message",
@@ -71,6 +72,12 @@ OBSERVATION_CONTINUATION_HINT: Final = (
     "priority."
 )
 """The continuation reminder (`OBSERVATION_CONTINUATION_HINT`) Mastra adds as a user message."""
+
+OTHER_CONVERSATIONS_PREFIX: Final = (
+    "The following content is from OTHER conversations different from the current conversation, they're "
+    "here for reference,  but they're not necessarily your focus:\nSTART_OTHER_CONVERSATIONS_BLOCK"
+)
+"""What precedes the other threads' `<other-conversation>` blocks (resource scope), two spaces and all."""
 
 CONTINUATION_MESSAGE_ID: Final = "om-continuation"
 """The id of the continuation reminder message (`injectObservationContextMessages`)."""
@@ -195,11 +202,15 @@ def context_system_messages(
     suggested_response: str | None = None,
     *,
     now: datetime | None = None,
+    other_conversations: str | None = None,
 ) -> list[str]:
-    """The system messages Mastra adds for a thread's log at `now` (none for an empty log)."""
+    """The system messages Mastra adds for a thread's log at `now` (none for an empty log); with resource
+    scope, `other_conversations` (`core.observation_others`) after the instructions."""
     if not observations:
         return []
     messages = [f"{OBSERVATION_CONTEXT_PROMPT}\n\n{OBSERVATION_CONTEXT_INSTRUCTIONS}"]
+    if other_conversations:
+        messages.append(f"{OTHER_CONVERSATIONS_PREFIX}\n{other_conversations}\nEND_OTHER_CONVERSATIONS_BLOCK")
     optimized = optimize_for_context(observations)
     if now is not None:
         optimized = add_relative_time(optimized, now)

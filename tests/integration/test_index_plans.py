@@ -30,6 +30,7 @@ from bson import ObjectId
 from pymongo import AsyncMongoClient, monitoring
 from pymongo.asynchronous.database import AsyncDatabase
 
+from message_history.core.observation_resource import unobserved_by_thread
 from schemas.messages import Message
 from storage.documents import MESSAGES, THREADS
 from storage.mongodb import MongoHistoryStorage
@@ -293,3 +294,25 @@ async def test_the_stale_claim_sweep_walks_the_claim_time_index(mongo_uri: str) 
     finally:
         await client.drop_database(name)
         await client.close()
+
+
+async def test_a_resources_unobserved_messages_walk_the_thread_index(
+    seeded: tuple[MongoHistoryStorage, Captured],
+) -> None:
+    """Resource scope's read (`storage.observational_resource`): the resource's threads from
+    `resourceId_1_updatedAt_-1`, then one page of their messages from the oldest cursor on, the threads'
+    index ranges merged newest first: about what it returns, not the resource's 12,000 messages; each
+    thread's own cursor applied after."""
+    storage, captured = seeded
+    store = MongoObservationalStore(storage.db)
+    cursors = await store.resource_cursors("user-1", 5)
+    assert len(cursors) == 5
+    [threads] = captured.take("find")
+    assert_index_walk(await explain(storage.db, threads), index="resourceId_1_updatedAt_-1", returned=5)
+    past = {t: T0 + timedelta(seconds=int(t.split("-")[1]), milliseconds=50) for t in cursors}
+    messages = await store.resource_messages("user-1", past, 100)
+    assert len(messages) == 100  # the page: the newest 100 from the oldest cursor on
+    [find] = captured.take("find")
+    assert_index_walk(await explain(storage.db, find), index="thread_id_1_createdAt_1_id_1", returned=100)
+    unobserved = unobserved_by_thread(messages, past, frozenset())
+    assert {len(rows) for rows in unobserved.values()} == {PER_THREAD - 51}  # each from its own cursor

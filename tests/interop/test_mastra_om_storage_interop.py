@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
+from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from storage.observational import CLAIM_TIMEOUT, OBSERVATIONAL, MongoObservationalStore, ObservationUpdate
 from tests.infra import skip_or_fail
 from tests.om_cases import NODE_DIR
@@ -144,3 +145,54 @@ async def test_a_record_the_service_wrote_is_read_by_mastra(mongo_uri: str, mong
         0,
     )
     assert await mongo_db[OBSERVATIONAL].count_documents({}) == 2
+
+
+async def test_a_resource_row_the_service_wrote_is_read_by_mastra(mongo_uri: str, mongo_db: Db) -> None:
+    """Resource scope: the service's `resource:<id>` row (threadId null, the log in `<thread>` sections) is
+    Mastra's `getObservationalMemory(null, resourceId)`; the cursor the service writes into a thread's
+    metadata is Mastra's `getThreadOMMetadata(thread.metadata).lastObservedAt`."""
+    store = MongoObservationalStore(mongo_db)
+    await store.ensure_indexes()
+    _mastra(mongo_uri, mongo_db.name, "init")
+    _mastra(
+        mongo_uri, mongo_db.name, "write-thread-om", stdin={"threadId": "t5", "resourceId": "r5", "om": {}}
+    )
+    record = await store.initialize(scope="resource", thread_id=None, resource_id="r5", config={}, now=T0)
+    claim = await store.claim(record, "observe", T0)
+    assert claim is not None
+    log = merge_thread_observations("", [ThreadObservations("t5", "Date: Mar 1, 2025\n* tea", T0)])
+    assert await store.apply_observation(claim, ObservationUpdate(log, 9, T0, ["m1"]), T0)
+    assert await store.write_cursors("r5", [("t5", T0, {"currentTask": "brew"})], T0) == 1
+    mastra = _mastra(mongo_uri, mongo_db.name, "read", "-", "r5")["record"]
+    assert (mastra["scope"], mastra["threadId"], mastra["resourceId"]) == ("resource", None, "r5")
+    assert mastra["activeObservations"] == '<thread id="t5">\nDate: Mar 1, 2025\n* tea\n</thread>'
+    assert mastra["lastObservedAt"] == _iso(T0)
+    om = _mastra(mongo_uri, mongo_db.name, "thread-om", "t5")["om"]
+    assert om == {"lastObservedAt": _iso(T0), "currentTask": "brew"}
+
+
+async def test_a_resource_row_mastra_wrote_is_read_by_the_service(mongo_uri: str, mongo_db: Db) -> None:
+    """Mastra's resource-scoped row and a thread cursor it set (`setThreadOMMetadata`): the service reads
+    the row under `resource:<id>` and the thread's cursor as its own."""
+    written = _mastra(
+        mongo_uri,
+        mongo_db.name,
+        "write",
+        stdin={"threadId": None, "resourceId": "r6", "scope": "resource",
+               "observations": '<thread id="t6">\n* coffee\n</thread>', "tokenCount": 5,
+               "lastObservedAt": _iso(T0), "observedMessageIds": ["m9"]},
+    )["record"]  # fmt: skip
+    _mastra(
+        mongo_uri,
+        mongo_db.name,
+        "write-thread-om",
+        stdin={"threadId": "t6", "resourceId": "r6", "om": {"lastObservedAt": _iso(T0)}},
+    )
+    store = MongoObservationalStore(mongo_db)
+    record = await store.get(None, "r6")
+    assert record is not None
+    assert record.id == written["id"]
+    assert (record.lookup_key, record.scope, record.thread_id) == ("resource:r6", "resource", None)
+    assert record.active_observations == '<thread id="t6">\n* coffee\n</thread>'
+    assert record.observed_message_ids == ("m9",)
+    assert await store.resource_cursors("r6", 10) == {"t6": T0}

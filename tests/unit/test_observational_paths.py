@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,6 +42,10 @@ class Rows:
         self.row = row
         self.applied: list[dict[str, Any]] = []
         self.released: list[Claim] = []
+        self.cursors: list[tuple[Any, ...]] = []
+        self.threads: dict[str, datetime | None] = {}
+        self.messages: list[dict[str, Any]] = []
+        self.read_from: list[dict[str, datetime | None]] = []
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None:
         key = f"thread:{thread_id}" if thread_id else f"resource:{resource_id}"
@@ -51,6 +55,15 @@ class Rows:
 
     async def covered(self, record: ObservationalRecord) -> int:
         return 7
+
+    async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
+        return dict(self.threads)
+
+    async def resource_messages(
+        self, resource_id: str, cursors: Mapping[str, datetime | None], limit: int
+    ) -> list[dict[str, Any]]:
+        self.read_from.append(dict(cursors))
+        return [m for m in self.messages if m["threadId"] in cursors][-limit:]
 
     async def release(self, claim: Claim, now: datetime) -> bool:
         self.released.append(claim)
@@ -65,6 +78,12 @@ class Rows:
     ) -> ObservationalRecord | None:
         self.applied.append({"claim": claim, "reflection": reflection, "tokens": token_count})
         return self.row
+
+    async def write_cursors(
+        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, str]]], now: datetime
+    ) -> int:
+        self.cursors.extend((resource_id, *cursor) for cursor in cursors)
+        return len(cursors)
 
 
 @dataclasses.dataclass
@@ -113,6 +132,69 @@ async def test_the_current_claims_answer_is_applied_after_a_boundary() -> None:
     assert applied["log"].startswith("- earlier\n\n--- message boundary (2025-03-01T10:00:00.000Z) ---")
     assert applied["log"].endswith("- user plans a trip")
     assert applied["tokens"] == count_observations(applied["log"])
+
+
+def _resource_row(**fields: Any) -> ObservationalRecord:
+    return _row(lookupKey="resource:u1", scope="resource", threadId=None, **fields)
+
+
+def _threads(*entries: tuple[str, str, str]) -> list[dict[str, Any]]:
+    return [
+        {"threadId": t, "observations": text, "lastObservedAt": at, "currentTask": f"task {t}"}
+        for t, text, at in entries
+    ]
+
+
+async def test_a_resource_answer_is_merged_per_thread_and_moves_each_threads_cursor() -> None:
+    """Each thread's observations in its `<thread>` section; each thread's cursor its own newest message's;
+    the row's `lastObservedAt` the newest of all, its observed ids the union (Mastra's resource strategy)."""
+    rows = Rows(_resource_row(activeObservations='<thread id="a">\nDate: Mar 1, 2025\n* a0\n</thread>',
+                              observedMessageIds=["old"]))  # fmt: skip
+    result = _result(
+        scope="resource",
+        threadId=None,
+        observations="",
+        observedMessageIds=["m1", "m2"],
+        threads=_threads(
+            ("a", "Date: Mar 1, 2025\n* a1", "2025-03-01T09:00:00.000Z"),
+            ("b", "* b1", "2025-03-01T09:30:00.000Z"),
+        ),
+    )
+    assert await _handle(rows, result) == [None]
+    [applied] = rows.applied
+    assert applied["log"] == (
+        '<thread id="a">\nDate: Mar 1, 2025\n* a0\n* a1\n</thread>'
+        '\n\n--- message boundary (2025-03-01T09:30:00.000Z) ---\n\n<thread id="b">\n* b1\n</thread>'
+    )
+    assert rows.cursors == [
+        ("u1", "a", datetime(2025, 3, 1, 9, 0, tzinfo=UTC), {"currentTask": "task a"}),
+        ("u1", "b", datetime(2025, 3, 1, 9, 30, tzinfo=UTC), {"currentTask": "task b"}),
+    ]
+
+
+async def test_a_stale_resource_answer_moves_no_cursor() -> None:
+    rows = Rows(_resource_row(_mh_cycle=4))
+    result = _result(
+        scope="resource", threadId=None, threads=_threads(("a", "* a1", "2025-03-01T09:00:00.000Z"))
+    )
+    await _handle(rows, result)
+    assert rows.applied == []
+    assert rows.cursors == []
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"scope": "resource", "threadId": None},  # no threads: which thread's observations?
+        {"threads": _threads(("a", "x", "2025-03-01T09:00:00.000Z"))},  # threads with thread scope
+        {"scope": "resource", "threadId": None, "threads": _threads(("", "x", "2025-03-01T09:00:00.000Z"))},
+    ],
+)
+async def test_a_resource_answer_without_its_threads_is_a_dead_letter(fields: dict[str, Any]) -> None:
+    rows = Rows(_resource_row())
+    [outcome] = await _handle(rows, _result(**fields))
+    assert isinstance(outcome, Exception)
+    assert rows.applied == []
 
 
 @pytest.mark.parametrize(
@@ -361,3 +443,41 @@ async def test_om_work_that_meets_an_outage_or_a_systemic_refusal_raises(error: 
 
 async def _answer(value: str) -> str:
     return value
+
+
+async def test_resource_recall_cuts_at_the_threads_cursor_and_shows_the_other_threads() -> None:
+    """Resource scope: the resource's row; the thread's messages cut at its own cursor (10:00), not the row's
+    `lastObservedAt` (10:45, another thread's cycle); the other threads' unobserved messages as Mastra's
+    `<other-conversation>` blocks after the instructions (a thread without a cursor from the row's
+    `lastObservedAt`; observed ids left out)."""
+    later = datetime(2025, 3, 1, 10, 45, tzinfo=UTC)
+    rows = Rows(
+        _row(lookupKey="resource:u1", scope="resource", threadId=None, activeObservations="- a trip",
+             lastObservedAt=later, observedMessageIds=["o3"], isObserving=False)
+    )  # fmt: skip
+    rows.threads = {"t1": T0, "t2": None}
+
+    def other(ident: str, minute: int, text: str) -> dict[str, Any]:
+        return {
+            **_message(ident, "user", f"2025-03-01T10:{minute:02d}:00.000Z", "memory", text),
+            "threadId": "t2",
+        }
+
+    rows.messages = [other("o1", 30, "before the row's cursor"), other("o2", 50, "plans Turin"),
+                     other("o3", 55, "observed already"), _message("m3", "user", "2025-03-01T10:30:00.000Z",
+                                                                   "memory", "newer question")]  # fmt: skip
+    request = REQUEST.model_copy(update={"memory": {"observationalMemory": {"scope": "resource"}}})
+    cursor = {"mastra": {"om": {"lastObservedAt": "2025-03-01T10:00:00.000Z"}}}
+    event = await ObservationRecall(Settings(), rows, Threads(cursor)).enrich(request, ENRICHED)
+    assert isinstance(event, EnrichedRequest)
+    ids = [m.id for m in event.messages]
+    assert ids[-3:] == ["om-continuation", "m3", "m4"]  # m3 (10:30) kept: past t1's own cursor
+    assert rows.read_from == [{"t2": later}]  # the other threads only, t2 from the row's lastObservedAt
+    texts = [p.text for m in event.messages if m.role == "system" for p in m.content.parts]  # type: ignore[union-attr]
+    assert texts[1] == (
+        "The following content is from OTHER conversations different from the current conversation, they're "
+        "here for reference,  but they're not necessarily your focus:\nSTART_OTHER_CONVERSATIONS_BLOCK\n"
+        '<other-conversation id="t2">\nMar 1 2025:\nUser (10:50 AM): plans Turin\n</other-conversation>\n'
+        "END_OTHER_CONVERSATIONS_BLOCK"
+    )
+    assert texts[2] == "<observations>"

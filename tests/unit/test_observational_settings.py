@@ -77,7 +77,7 @@ def test_topics_are_created_and_checked_for_size() -> None:
         (False, True, Threshold(30_000, 30_000)),  # a request turns it on with the defaults
         (False, {"observation": {"messageTokens": 100}}, Threshold(100, 100)),
         (True, {"observation": {"messageTokens": 100}, "shareTokenBudget": True}, Threshold(100, 40_100)),
-        (True, {"scope": "resource"}, None),  # not supported yet: no OM rather than a wrong log
+        (True, {"scope": "resource"}, Threshold(30_000, 30_000)),  # resource scope: the resource's own log
     ],
 )
 def test_request_settings(service_on: bool, option: object, expected: Threshold | None) -> None:

@@ -184,3 +184,37 @@ async def test_a_row_that_fails_is_counted_and_the_round_goes_on() -> None:
     assert await _sweep(rows, Failing([_message("m1", 0)]), sent).round(NOW) == 1
     assert [e.threadId for e in sent.events] == ["t2"]
     assert [c.record_id for c in rows.released] == ["row-1"]  # off the stale page: it cannot starve others
+
+
+class ResourceRows(Rows):
+    """`Rows` with a resource's threads: their cursors and messages (as `storage.observational_resource`)."""
+
+    def __init__(self, stale: list[ObservationalRecord], cursors: dict[str, datetime | None]) -> None:
+        super().__init__(stale)
+        self.cursors = cursors
+        self.asked: list[str] = []
+
+    async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
+        self.asked.append(resource_id)
+        return self.cursors
+
+    async def resource_messages(self, resource_id: str, cursors: Any, limit: int) -> list[dict[str, Any]]:
+        def wire(ident: str, thread: str, minute: int) -> dict[str, Any]:
+            return {**_message(ident, minute).wire(), "threadId": thread}
+
+        return [wire("a1", "ta", 1), wire("b1", "tb", 2), wire("a2", "ta", 3), wire("b0", "tb", 0)][:limit]
+
+
+async def test_a_stale_resource_observation_sends_every_threads_unobserved_messages() -> None:
+    """A resource row's stale claim: its work again, all its threads' messages past their own cursors,
+    oldest thread first, scope "resource" and no thread (the resource's key)."""
+    row = _row(lookupKey="resource:u1", scope="resource", threadId=None, observedMessageIds=["a1"])
+    rows = ResourceRows([row], {"ta": None, "tb": datetime(2025, 3, 1, 10, 1, tzinfo=UTC)})
+    sent = Sent()
+    assert await _sweep(rows, Messages([]), sent).round(NOW) == 1
+    assert rows.asked == ["u1"]
+    [event] = sent.events
+    assert isinstance(event, ObserveRequest)
+    assert (event.scope, event.threadId, event.resourceId) == ("resource", None, "u1")
+    # tb's cursor hides b0 (10:00); a1 is observed already; ta's oldest (a2, 10:03) is newer than b1 (10:02)
+    assert [m.id for m in event.messages] == ["b1", "a2"]

@@ -78,28 +78,56 @@ export function observerHandler(observe: ObserveFn, reflect?: ReflectFn): Observ
         return { ...result, error: failure(error) };
       }
     }
-    const dates = work.messages.map((m) => m.createdAt).filter((d): d is string => typeof d === 'string');
-    // the newest observed message's date (the work's own time only when no message has one)
-    const newest = dates.length > 0 ? dates.reduce((a, b) => (Date.parse(b) > Date.parse(a) ? b : a)) : work.createdAt;
     const result: ObserveResult = {
       ...echo(work),
       type: 'ObserveResult',
       observations: '',
       observedMessageIds: work.messages.map((m) => m.id).filter((id): id is string => typeof id === 'string'),
-      lastObservedAt: new Date(Date.parse(newest)).toISOString(),
+      lastObservedAt: newest(work.messages, work.createdAt),
     };
     try {
-      const answer = await observe(work);
-      const found = typeof answer === 'string' ? { observations: answer } : answer;
-      return {
-        ...result,
-        observations: found.observations,
-        ...(found.currentTask !== undefined ? { currentTask: found.currentTask } : {}),
-        ...(found.suggestedResponse !== undefined ? { suggestedResponse: found.suggestedResponse } : {}),
-      };
+      if (work.scope === 'resource') {
+        // one call per thread (its messages, the whole log): the service keeps the log per thread and moves
+        // each thread's cursor to its own newest observed message
+        const threads = [];
+        for (const [threadId, messages] of byThread(work)) {
+          const found = fields(await observe({ ...work, messages }));
+          threads.push({ threadId, lastObservedAt: newest(messages, work.createdAt), ...found });
+        }
+        return { ...result, threads };
+      }
+      return { ...result, ...fields(await observe(work)) };
     } catch (error) {
       return { ...result, error: failure(error) };
     }
+  };
+}
+
+type Messages = ObserveRequest['messages'];
+
+/** The newest message's date (the work's own time only when no message has one), as `toISOString` writes it. */
+function newest(messages: Messages, fallback: string): string {
+  const dates = messages.map((m) => m.createdAt).filter((d): d is string => typeof d === 'string');
+  const found = dates.length > 0 ? dates.reduce((a, b) => (Date.parse(b) > Date.parse(a) ? b : a)) : fallback;
+  return new Date(Date.parse(found)).toISOString();
+}
+
+/** A resource's work split by thread, in the order the threads come (the service sends the oldest first). */
+function byThread(work: ObserveRequest): Map<string, Messages> {
+  const threads = new Map<string, Messages>();
+  for (const message of work.messages) {
+    const key = typeof message.threadId === 'string' && message.threadId ? message.threadId : work.resourceId;
+    threads.set(key, [...(threads.get(key) ?? []), message]);
+  }
+  return threads;
+}
+
+function fields(answer: Observation | string) {
+  const found = typeof answer === 'string' ? { observations: answer } : answer;
+  return {
+    observations: found.observations,
+    ...(found.currentTask !== undefined ? { currentTask: found.currentTask } : {}),
+    ...(found.suggestedResponse !== undefined ? { suggestedResponse: found.suggestedResponse } : {}),
   };
 }
 
@@ -167,7 +195,8 @@ export function mastraObserverHandler(options: MastraObserverOptions): ObserverH
         ...(typeof m.createdAt === 'string' ? { createdAt: new Date(m.createdAt) } : {}),
       }));
       const found = await (await om()).observer.call(work.activeObservations || undefined, messages as never[], undefined, {
-        ...(work.threadId ? { threadId: work.threadId } : {}),
+        // resource scope: `observerHandler` calls this once per thread, so the messages' thread is the one
+        ...(work.threadId ? { threadId: work.threadId } : messages[0]?.threadId ? { threadId: messages[0].threadId } : {}),
         resourceId: work.resourceId,
       });
       return {

@@ -842,6 +842,32 @@ describe('observerHandler: Observational Memory work answered, the claim echoed'
     assert.equal(observeKey({ ...observeWork, scope: 'resource', threadId: null }), 'r1');
   });
 
+  it('answers resource-scoped work thread by thread, each with its own cursor', async () => {
+    const work: ObserveRequest = {
+      ...observeWork,
+      scope: 'resource',
+      threadId: null,
+      messages: [
+        { ...observeWork.messages[0]!, threadId: 'ta' },
+        { ...observeWork.messages[1]!, threadId: 'tb' },
+        { ...observeWork.messages[0]!, id: 'm3', createdAt: '2026-01-01T00:02:00.000Z', threadId: 'ta' },
+      ],
+    };
+    const seen: string[][] = [];
+    const result = await observerHandler(async (w) => {
+      seen.push(w.messages.map((m) => m.id ?? ''));
+      return { observations: `- ${w.messages[0]?.threadId}`, currentTask: 'task' };
+    })(work);
+    if (result.type !== 'ObserveResult') throw new Error('not an ObserveResult');
+    assert.deepEqual(seen, [['m1', 'm3'], ['m2']]);
+    assert.deepEqual(result.threads, [
+      { threadId: 'ta', lastObservedAt: '2026-01-01T00:02:00.000Z', observations: '- ta', currentTask: 'task' },
+      { threadId: 'tb', lastObservedAt: '2026-01-01T00:01:00.000Z', observations: '- tb', currentTask: 'task' },
+    ]);
+    assert.deepEqual(result.observedMessageIds, ['m1', 'm2', 'm3']);
+    assert.equal(result.lastObservedAt, '2026-01-01T00:02:00.000Z');
+  });
+
   it('answers a failed model with error (the service releases the claim)', async () => {
     const result = await observerHandler(async () => {
       throw new Error('model down');

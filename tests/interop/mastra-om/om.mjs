@@ -8,6 +8,12 @@
 //   node om.mjs build     reads {cases: [{observations, now}]} on stdin; prints, per case, the system messages
 //                         ObservationalMemory.buildContextSystemMessages makes of a thread-scoped record
 //                         holding `observations` at `now` (run with TZ=UTC: Mastra reads dates locally)
+//   node om.mjs observer-text reads {cases: [[message]]}; prints formatMessagesForObserver of each list
+//                         ({maxPartLength: 500}, as the other threads' blocks of resource scope are written);
+//                         `build` cases may carry `others`: the unobservedContextBlocks of resource scope
+//   node om.mjs wrap      reads {cases: [{existing, cycles: [{threadId, observations, lastObservedAt}]}]};
+//                         prints, per case, the log a resource-scoped ObservationalMemory's wrapObservations
+//                         makes of `existing` and each thread's cycle in turn
 import { readFileSync } from 'node:fs';
 import { InMemoryStore } from '@mastra/core/storage';
 import {
@@ -18,6 +24,7 @@ import {
   OBSERVATION_CONTEXT_INSTRUCTIONS,
   OBSERVATION_CONTINUATION_HINT,
   OBSERVATIONAL_MEMORY_DEFAULTS,
+  formatMessagesForObserver,
 } from '@mastra/memory/processors';
 
 const [command] = process.argv.slice(2);
@@ -45,11 +52,30 @@ if (command === 'tokens') {
   const memory = await new InMemoryStore().getStore('memory');
   const om = new ObservationalMemory({ storage: memory, scope: 'thread', model: 'openai/gpt-4o-mini' });
   const built = [];
-  for (const { observations, now } of input.cases) {
+  for (const { observations, now, others } of input.cases) {
     const record = { id: 'r', activeObservations: observations };
-    built.push((await om.buildContextSystemMessages({ threadId: 't', record, currentDate: new Date(now) })) ?? null);
+    const opts = { threadId: 't', record, currentDate: new Date(now), unobservedContextBlocks: others };
+    built.push((await om.buildContextSystemMessages(opts)) ?? null);
   }
   process.stdout.write(JSON.stringify({ built }));
+} else if (command === 'observer-text') {
+  // formatMessagesForObserver as formatUnobservedContextBlocks calls it (createdAt a Date, as stored)
+  const texts = input.cases.map((messages) =>
+    formatMessagesForObserver(messages.map((m) => ({ ...m, createdAt: new Date(m.createdAt) })), { maxPartLength: 500 }),
+  );
+  process.stdout.write(JSON.stringify({ texts }));
+} else if (command === 'wrap') {
+  const memory = await new InMemoryStore().getStore('memory');
+  const om = new ObservationalMemory({ storage: memory, scope: 'resource', model: 'openai/gpt-4o-mini' });
+  const logs = [];
+  for (const { existing, cycles } of input.cases) {
+    let log = existing;
+    for (const { threadId, observations, lastObservedAt } of cycles) {
+      log = await om.wrapObservations(observations, log, threadId, new Date(lastObservedAt));
+    }
+    logs.push(log);
+  }
+  process.stdout.write(JSON.stringify({ logs }));
 } else {
   process.stderr.write(`unknown command ${command}\n`);
   process.exit(2);

@@ -11,6 +11,13 @@
 //       The writes Mastra's OM makes: initializeObservationalMemory, updateActiveObservations, then (when
 //       `reflection` is given) createReflectionGeneration, then (when `observing`) setObservingFlag(true).
 //       Prints {record} (getObservationalMemory after them).
+//   MONGODB_URI=... node om_store.mjs <dbName> thread-om <threadId>
+//       Prints {om}: getThreadOMMetadata of the thread's metadata (getThreadById), where resource scope keeps
+//       each thread's cursor (`lastObservedAt`) and hints.
+//   MONGODB_URI=... node om_store.mjs <dbName> write-thread-om < {threadId, resourceId, om}
+//       The thread saved if missing (saveThread), then its metadata set as resource scope's persist does:
+//       updateThread with setThreadOMMetadata(metadata, om). Prints {om} read back.
+import { getThreadOMMetadata, setThreadOMMetadata } from '@mastra/core/memory';
 import { MongoDBStore } from '@mastra/mongodb';
 
 const [dbName, command, ...args] = process.argv.slice(2);
@@ -60,6 +67,21 @@ try {
       }
       if (input.observing) await memory.setObservingFlag(record.id, true);
       console.log(JSON.stringify({ record: await memory.getObservationalMemory(threadId, input.resourceId) }));
+    } else if (command === 'thread-om') {
+      const thread = await memory.getThreadById({ threadId: args[0] });
+      console.log(JSON.stringify({ om: getThreadOMMetadata(thread?.metadata) ?? null }));
+    } else if (command === 'write-thread-om') {
+      const input = await readStdin();
+      let thread = await memory.getThreadById({ threadId: input.threadId });
+      if (!thread) {
+        const now = new Date();
+        thread = await memory.saveThread({
+          thread: { id: input.threadId, resourceId: input.resourceId, title: '', metadata: {}, createdAt: now, updatedAt: now },
+        });
+      }
+      await memory.updateThread({ id: input.threadId, title: thread.title ?? '', metadata: setThreadOMMetadata(thread.metadata, input.om) });
+      const read = await memory.getThreadById({ threadId: input.threadId });
+      console.log(JSON.stringify({ om: getThreadOMMetadata(read?.metadata) ?? null }));
     } else {
       throw new Error(`unknown command ${command}`);
     }

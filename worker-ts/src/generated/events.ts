@@ -544,7 +544,40 @@ export interface ObserveResult {
    * the thread (null with resource scope); the record key
    */
   threadId: string | null;
+  /**
+   * resource scope: the observations per thread (required unless `error`); `observations` is then unused
+   */
+  threads?: ThreadObservations[] | null;
   type: 'ObserveResult';
+  [k: string]: unknown;
+}
+/**
+ * One thread's part of a resource-scoped `ObserveResult` (Mastra's multi-thread Observer output).
+ *
+ * This interface was referenced by `Events`'s JSON-Schema
+ * via the `definition` "ThreadObservations".
+ */
+export interface ThreadObservations {
+  /**
+   * the thread's <current-task>, if any
+   */
+  currentTask?: string | null;
+  /**
+   * the newest observed message's createdAt in this thread: its cursor
+   */
+  lastObservedAt: string;
+  /**
+   * its observations; the service wraps them in <thread id=...>
+   */
+  observations: string;
+  /**
+   * the thread's <suggested-response>
+   */
+  suggestedResponse?: string | null;
+  /**
+   * the thread these observations are of
+   */
+  threadId: string;
   [k: string]: unknown;
 }
 /**

@@ -1,0 +1,149 @@
+"""Resource scope's reads and writes outside `mastra_observational_memory`: a resource's threads with their
+cursors, its unobserved messages across them, and the cursors written back (issue 35;
+docs/observational-memory.md).
+
+Mastra keeps a resource-scoped observation's per-thread boundary in each thread's metadata
+(`metadata.mastra.om.lastObservedAt`, an ISO string: `setThreadOMMetadata`), not in the resource's row; so
+do these:
+
+* `resource_cursors`: the resource's threads (the `max_threads` most recently updated: the
+  `{resourceId, updatedAt}` index Mastra's storage makes) and each one's cursor
+  (`core.observation_resource.thread_cursor`);
+* `resource_messages`: one page (the newest `limit`) of the resource's threads' messages from the oldest
+  cursor on (one `$in`, a merge of the `{thread_id, createdAt, id}` index ranges); each thread's own cursor
+  is applied after (`unobserved_by_thread`), so rows between the oldest cursor and a thread's own take
+  page slots, as Mastra's resource-wide `listMessagesByResourceId` since the row's `lastObservedAt` does;
+  only the resource's threads are named, and a row naming another owner is dropped;
+* `write_cursors`: each thread's cursor (and the Observer's hints) set, the owner in the filter, a thread
+  row MongoDB refuses the keys into (its `metadata` not an object) logged and left: its messages stay
+  unobserved by the cursor, and the row's `observedMessageIds` still keeps them from being observed twice.
+
+Rows are input: an unreadable thread or message row is skipped and counted (`storage.unreadable`), never a
+crash.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from pymongo import UpdateOne
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import BulkWriteError
+
+from message_history.core.observation_resource import thread_cursor
+from message_history.errors import UnreadableRowError
+from schemas.messages import format_timestamp
+from storage.documents import MESSAGES, THREADS, message_from_doc
+from storage.errors import storage_errors
+from storage.raw_rows import RAW, decode_row
+from storage.unreadable import skip
+
+__all__ = ["CURSOR_KEY", "resource_cursors", "resource_messages", "write_cursors"]
+
+log = logging.getLogger(__name__)
+
+CURSOR_KEY: Final = "metadata.mastra.om.lastObservedAt"
+"""Where a thread's resource-scope cursor lives (Mastra's `getThreadOMMetadata(...).lastObservedAt`)."""
+_OM: Final = "metadata.mastra.om"
+
+
+async def resource_cursors(
+    db: AsyncDatabase[Any], resource_id: str, max_threads: int
+) -> dict[str, datetime | None]:
+    """The resource's threads (at most `max_threads`, most recently updated first) and their cursors."""
+    rows = db.get_collection(THREADS, codec_options=RAW)
+    with storage_errors("om threads"):
+        raws = await (
+            rows.find({"resourceId": resource_id}, {"_id": 0, "id": 1, "resourceId": 1, _OM: 1})
+            .sort("updatedAt", -1)
+            .limit(max_threads)
+            .to_list()
+        )
+    cursors: dict[str, datetime | None] = {}
+    for raw in raws:
+        try:
+            doc = decode_row(raw.raw, THREADS)
+        except UnreadableRowError as exc:
+            skip(exc)
+            continue
+        ident = doc.get("id")
+        if isinstance(ident, str) and doc.get("resourceId") == resource_id:
+            cursors[ident] = thread_cursor(doc.get("metadata"))
+    return cursors
+
+
+async def resource_messages(
+    db: AsyncDatabase[Any], resource_id: str, cursors: Mapping[str, datetime | None], limit: int
+) -> list[dict[str, Any]]:
+    """The resource's messages newer than their thread's cursor (threads of `cursors` only), in wire form,
+    oldest first: one page, the newest `limit`."""
+    if not cursors or limit <= 0:
+        return []
+    # One `$in` over the resource's threads from the oldest cursor on (none when a thread has no cursor),
+    # newest first: the planner merges the threads' `(thread_id, createdAt, id)` index ranges and stops at
+    # the page. Per-thread ranges (an `$or`) or the owner in the query make it sort every unobserved row
+    # (tests/integration/test_index_plans.py). Each thread's own cursor is then applied by the caller
+    # (`core.observation_resource.unobserved_by_thread`); a row naming another owner is dropped below.
+    threads = list(cursors)
+    query: dict[str, Any] = {"thread_id": threads[0] if len(threads) == 1 else {"$in": threads}}
+    known = [cursor for cursor in cursors.values() if cursor is not None]
+    if len(known) == len(threads):
+        query["createdAt"] = {"$gt": min(known)}
+    rows = db.get_collection(MESSAGES, codec_options=RAW)
+    with storage_errors("om resource messages"):
+        raws = await (
+            rows.find(query)
+            .sort([("createdAt", -1), ("id", -1)])
+            .limit(limit)
+            .batch_size(limit + 1)
+            .to_list()
+        )
+    messages: list[dict[str, Any]] = []
+    for raw in raws:
+        try:
+            message = message_from_doc(decode_row(raw.raw, MESSAGES))
+        except UnreadableRowError as exc:
+            skip(exc)
+            continue
+        if message.resourceId not in (None, resource_id):
+            continue  # another owner's row in the resource's thread (written around the service): not its
+        messages.append(message.wire())
+    messages.reverse()
+    return messages
+
+
+async def write_cursors(
+    db: AsyncDatabase[Any],
+    resource_id: str,
+    cursors: Sequence[tuple[str, datetime, Mapping[str, str]]],
+    now: datetime,
+) -> int:
+    """Each `(thread, cursor, hints)`: the thread's `metadata.mastra.om.lastObservedAt` (and the hints'
+    keys under `metadata.mastra.om`) set, if the thread is the resource's; how many threads took them."""
+    if not cursors:
+        return 0
+    ops = [
+        UpdateOne(
+            {"id": thread, "resourceId": resource_id},
+            {
+                "$set": {CURSOR_KEY: format_timestamp(cursor), **{f"{_OM}.{k}": v for k, v in hints.items()}},
+                "$max": {"updatedAt": now},
+            },
+        )
+        for thread, cursor, hints in cursors
+    ]
+    with storage_errors("om cursors"):
+        try:
+            result = await db[THREADS].bulk_write(ops, ordered=False)
+        except BulkWriteError as exc:  # some rows refused the keys: those cursors stay unwritten
+            for error in exc.details.get("writeErrors", []):
+                index = error.get("index", -1)
+                thread = cursors[index][0] if 0 <= index < len(cursors) else "?"
+                log.warning("thread cursor not written: %s", error.get("errmsg"), extra={"thread_id": thread})
+            if exc.details.get("writeConcernErrors"):
+                raise  # not a row's refusal: the storage's (storage_errors maps it)
+            return int(exc.details.get("nModified", 0))
+    return result.modified_count

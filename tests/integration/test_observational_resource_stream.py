@@ -1,0 +1,250 @@
+"""Observational Memory with resource scope end to end, on the real broker and MongoDB-wire server, with
+the Python SDK's stub observer (docs/observational-memory.md, "Resource scope").
+
+Two threads of one resource pass the threshold together: the persist path claims the resource's row
+(`resource:<id>`) and sends one `ObserveRequest` keyed by the resource, with both threads' messages (each
+carrying its `threadId`) and none of another resource's; the SDK answers per thread; the observed path
+merges each thread's observations into its `<thread id=...>` section of the log and moves each thread's
+cursor (`metadata.mastra.om.lastObservedAt`); a third thread of the resource is recalled with the log and the
+other threads' unobserved messages (Mastra's `<other-conversation>` blocks).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+
+from message_history.settings import Settings
+from schemas.messages import format_timestamp
+from schemas.observational import ObserveRequest, decode_work
+from storage.observational import OBSERVATIONAL
+from tests.conftest import MakeTopic
+from tests.integration.service_harness import (
+    drop_database,
+    encoded,
+    fresh_settings,
+    request_event,
+    response_event,
+    running_service,
+    text_message,
+    values,
+)
+from tests.integration.stream_helpers import Record, produce, read_topic, wait_committed
+from worker.observer import Observation, observer_handler
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+OWNER = "om-res-user"
+OTHER = "om-res-other"
+RESOURCE_OM = {"observationalMemory": {"scope": "resource"}}
+WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
+
+
+async def _settings(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str, **extra: Any
+) -> Settings:
+    settings = fresh_settings(
+        kafka_bootstrap,
+        mongo_uri,
+        processing_guarantee=guarantee,
+        **extra,
+        observation_message_tokens=800,
+        barrier="off",
+        busy_thread="allow",
+    )
+    for topic in (
+        settings.requests_topic,
+        settings.responses_topic,
+        settings.observe_requests_topic,
+        settings.observe_results_topic,
+    ):
+        await make_topic(partitions=1, name=topic)
+    return settings
+
+
+def _turn(thread: str, owner: str, turn: int) -> tuple[bytes, bytes]:
+    """A saved turn of about 175 OM tokens, with resource-scoped OM."""
+    question = text_message("user", f"turn {turn}: {WORDS * 4}", id=f"{thread}-q{turn}")
+    event = response_event(
+        thread, owner, turn, [{**question, "source": "input"}], f"answer {turn}: {WORDS * 4}"
+    )
+    return encoded({**event, "memory": RESOURCE_OM})
+
+
+def _work(records: list[Record]) -> list[ObserveRequest]:
+    found = [decode_work(r.value) for r in records]
+    return [w for w in found if isinstance(w, ObserveRequest)]
+
+
+async def _docs(settings: Settings, collection: str) -> list[dict[str, Any]]:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        return await client[settings.mongodb_database][collection].find({}, {"_id": 0}).to_list()
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_two_threads_observed_into_one_log_recalled_by_a_third(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
+) -> None:
+    """Exactly once, the resource's ObserveRequest goes out in the persist record's transaction (read
+    `read_committed`)."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, guarantee)
+    bootstrap = settings.kafka_bootstrap_servers
+
+    async def observe(work: ObserveRequest) -> Observation:
+        [thread] = {m.threadId for m in work.messages}  # the SDK calls it once per thread
+        return Observation(
+            f"Date: Mar 1, 2025\n* OBS {thread}: {len(work.messages)} messages", current_task=f"T {thread}"
+        )
+
+    handler = observer_handler(observe)
+    try:
+        async with running_service(settings):
+            # another resource's thread, with many unobserved tokens: never in this resource's work
+            other = [_turn("om-res-x", OTHER, t) for t in range(1, 4)]
+            # thread a alone stays under the threshold (about 520 tokens): no work yet
+            await produce(
+                bootstrap,
+                settings.responses_topic,
+                [*other, *(_turn("om-res-a", OWNER, t) for t in range(1, 4))],
+            )
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 6})
+            # thread b's turns take the resource past it: one ObserveRequest for both threads
+            await produce(
+                bootstrap, settings.responses_topic, [_turn("om-res-b", OWNER, t) for t in range(4, 6)]
+            )
+            records = await read_topic(
+                bootstrap,
+                settings.observe_requests_topic,
+                until=lambda r: len(_work(r)) >= 1,
+                isolation_level="read_committed",
+            )
+            [request] = _work(records)
+            assert records[0].key == OWNER.encode()  # keyed by the resource
+            assert (request.scope, request.threadId, request.resourceId) == ("resource", None, OWNER)
+            assert request.pendingTokens >= request.messageTokens == 800
+            threads = [m.threadId or "" for m in request.messages]
+            assert threads == sorted(threads)  # the oldest thread (a) first, then b
+            assert set(threads) == {"om-res-a", "om-res-b"}  # not the other resource's om-res-x
+            assert {m.resourceId for m in request.messages} == {OWNER}
+
+            answer = await handler(request)
+            await produce(bootstrap, settings.observe_results_topic, [(OWNER.encode(), _json(answer))] * 2)
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
+
+            rows = {r["lookupKey"]: r for r in await _docs(settings, OBSERVATIONAL)}
+            assert rows[f"resource:{OTHER}"]["activeObservations"] == ""  # the other resource: its own row
+            row = rows[f"resource:{OWNER}"]
+            assert (row["lookupKey"], row["scope"], row["threadId"]) == (
+                f"resource:{OWNER}",
+                "resource",
+                None,
+            )
+            log = row["activeObservations"]
+            assert log.count('<thread id="om-res-a">') == 1  # applied once though answered twice
+            assert '<thread id="om-res-b">' in log
+            assert log.index("om-res-a") < log.index("om-res-b")
+            assert row["isObserving"] is False
+            assert set(row["observedMessageIds"]) == {m.id for m in request.messages}
+            threads_rows = {t["id"]: t for t in await _docs(settings, "mastra_threads")}
+            for thread in ("om-res-a", "om-res-b"):
+                om = threads_rows[thread]["metadata"]["mastra"]["om"]
+                newest = max(m.createdAt for m in request.messages if m.threadId == thread and m.createdAt)
+                assert om["lastObservedAt"] == format_timestamp(newest)
+                assert om["currentTask"] == f"T {thread}"
+            assert "mastra" not in (threads_rows["om-res-x"].get("metadata") or {})
+
+            # b speaks again (under the threshold: no work): past b's cursor, so unobserved
+            await produce(bootstrap, settings.responses_topic, [_turn("om-res-b", OWNER, 6)])
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 9})
+
+            # a third thread of the resource: recalled with the resource's log (both threads' sections) and
+            # b's unobserved turn as Mastra's <other-conversation> block; a's observed turns not shown
+            ask = request_event("om-res-c", OWNER, 9, "so which day is cheapest?", memory=RESOURCE_OM)
+            await produce(bootstrap, settings.requests_topic, [encoded(ask)])
+            [event] = values(
+                await read_topic(bootstrap, settings.enriched_topic, until=lambda r: len(r) >= 1)
+            )
+            texts = [
+                p["text"] for m in event["messages"] for p in m["content"]["parts"] if p["type"] == "text"
+            ]
+            assert any("OBS om-res-a" in t for t in texts)
+            assert any("OBS om-res-b" in t for t in texts)
+            [others] = [t for t in texts if "START_OTHER_CONVERSATIONS_BLOCK" in t]
+            assert '<other-conversation id="om-res-b">' in others
+            assert "turn 6:" in others
+            assert "om-res-a" not in others
+            assert len(_work(await read_topic(bootstrap, settings.observe_requests_topic, until=bool))) == 1
+            assert event["history"]["observationTokens"] > 0
+            assert event["messages"][-1]["content"]["parts"][0]["text"] == "so which day is cheapest?"
+    finally:
+        await drop_database(settings)
+
+
+async def test_a_stale_resource_claim_is_sent_again_by_the_sweep(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """No answer comes and the resource's threads say nothing more: past the timeout the sweep takes the
+    resource's claim again and sends the same threads' work (a new cycle, keyed by the resource); the late
+    answer to the old cycle is dropped, the new one applies, each thread's section once."""
+    settings = await _settings(
+        kafka_bootstrap, mongo_uri, make_topic, "at-least-once", observation_timeout_s=4.0
+    )
+    bootstrap = settings.kafka_bootstrap_servers
+
+    async def work_until(ready: Any) -> list[ObserveRequest]:
+        records = await read_topic(
+            bootstrap, settings.observe_requests_topic, until=lambda r: ready(_work(r))
+        )
+        assert {r.key for r in records} == {OWNER.encode()}
+        return _work(records)
+
+    try:
+        async with running_service(settings):
+            turns = [_turn("om-res-a", OWNER, t) for t in range(1, 4)]
+            await produce(
+                bootstrap, settings.responses_topic, [*turns, *(_turn("om-res-b", OWNER, t) for t in (4, 5))]
+            )
+            await wait_committed(bootstrap, settings.group_id, settings.responses_topic, {0: 5})
+            [old] = await work_until(lambda work: len(work) >= 1)
+            client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
+                settings.mongodb_uri.get_secret_value()
+            )
+            past = datetime.now(UTC) - timedelta(seconds=settings.observation_timeout_s + 60)
+            try:
+                await client[settings.mongodb_database][OBSERVATIONAL].update_many(
+                    {}, {"$set": {"_mh_claimed_at": past, "updatedAt": past}}
+                )
+            finally:
+                await client.close()
+            work = await work_until(lambda work: any(w.cycle > old.cycle for w in work))
+            new = next(w for w in work if w.cycle == old.cycle + 1)
+            assert (new.scope, new.threadId, new.recordId) == ("resource", None, old.recordId)
+            assert [m.id for m in new.messages] == [m.id for m in old.messages]  # both threads, again
+
+            handler = observer_handler(lambda w: _text(f"cycle {w.cycle} of {w.messages[0].threadId}"))
+            answers = [(OWNER.encode(), _json(await handler(w))) for w in (old, new)]  # the late one first
+            await produce(bootstrap, settings.observe_results_topic, answers)
+            await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
+            rows = {r["lookupKey"]: r for r in await _docs(settings, OBSERVATIONAL)}
+            log = rows[f"resource:{OWNER}"]["activeObservations"]
+            assert f"cycle {new.cycle} of om-res-a" in log
+            assert f"cycle {new.cycle} of om-res-b" in log
+            assert f"cycle {old.cycle} of" not in log  # the late answer dropped
+    finally:
+        await drop_database(settings)
+
+
+async def _text(value: str) -> str:
+    return value
+
+
+def _json(event: Any) -> bytes:
+    from schemas.codec import encode  # noqa: PLC0415
+
+    return encode(event)

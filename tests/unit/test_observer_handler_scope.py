@@ -1,0 +1,81 @@
+"""The Python SDK's `observer_handler` with resource scope: the user's `observe` is called once per thread
+(the thread's messages, the whole log), and the answer names each thread with its own cursor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schemas.observational import ObserveRequest, ObserveResult
+from worker.observer import Observation, observer_handler
+
+
+def _work(scope: str = "resource") -> ObserveRequest:
+    def msg(i: int, thread: str) -> dict[str, Any]:
+        return {
+            "id": f"m{i}",
+            "role": "user",
+            "threadId": thread,
+            "resourceId": "u1",
+            "createdAt": f"2025-03-01T10:0{i}:00.000Z",
+            "content": {"format": 2, "parts": [{"type": "text", "text": f"hi {i}"}]},
+        }
+
+    return ObserveRequest.model_validate(
+        {
+            "schemaVersion": 1,
+            "type": "ObserveRequest",
+            "requestId": "r1",
+            "createdAt": "2025-03-01T11:00:00.000Z",
+            "scope": scope,
+            "threadId": None if scope == "resource" else "a",
+            "resourceId": "u1",
+            "recordId": "row",
+            "generation": 0,
+            "cycle": 1,
+            "messages": [msg(1, "a"), msg(2, "b"), msg(3, "a")],
+            "activeObservations": "log",
+            "observationTokenCount": 1,
+            "pendingTokens": 10,
+            "messageTokens": 5,
+        }
+    )
+
+
+async def test_resource_work_is_observed_thread_by_thread() -> None:
+    seen: list[tuple[list[str], str]] = []
+
+    async def observe(work: ObserveRequest) -> Observation:
+        seen.append(([m.id or "" for m in work.messages], work.activeObservations))
+        return Observation(f"obs {work.messages[0].threadId}", current_task="task")
+
+    result = await observer_handler(observe)(_work())
+    assert isinstance(result, ObserveResult)
+    assert seen == [(["m1", "m3"], "log"), (["m2"], "log")]
+    assert result.threads is not None
+    assert [(t.threadId, t.observations, t.currentTask) for t in result.threads] == [
+        ("a", "obs a", "task"),
+        ("b", "obs b", "task"),
+    ]
+    assert [t.lastObservedAt.minute for t in result.threads] == [3, 2]  # each thread's own newest
+    assert result.observedMessageIds == ["m1", "m2", "m3"]
+    assert result.error is None
+
+
+async def test_a_failing_observer_answers_error_without_threads() -> None:
+    async def observe(work: ObserveRequest) -> str:
+        raise RuntimeError("model down")
+
+    result = await observer_handler(observe)(_work())
+    assert isinstance(result, ObserveResult)
+    assert result.error == "RuntimeError: model down"
+    assert result.threads is None
+
+
+async def test_thread_work_keeps_one_call_and_no_threads() -> None:
+    async def observe(work: ObserveRequest) -> str:
+        return f"{len(work.messages)} messages"
+
+    result = await observer_handler(observe)(_work("thread"))
+    assert isinstance(result, ObserveResult)
+    assert result.observations == "3 messages"
+    assert result.threads is None
