@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from pymongo import UpdateOne
 
-from bench import contract, mongo_lines, passthrough
+from bench import contract, mongo_lines, passthrough, targets
 from bench.idle import contract_header
 from bench.stats import LineResult, ratios
 from bench.workload import Workload, request_event
@@ -287,3 +287,36 @@ def test_contract_ratios(key: str, expected: float) -> None:
     missing = ratios(lines)
     assert missing["recall_cpu_vs_contract_floor"] is None
     assert missing["persist_idle_p50_vs_contract"] is None
+
+
+@pytest.mark.parametrize(
+    ("floors", "service", "expected"),
+    [
+        (1.8, 2.2, "beyond the floor: the contract's floor alone is 1.8x the issue's (bound 1.5)"),
+        (1.2, 1.6, "within the floor: the service may be 1.25x the contract's floor, is 1.6x"),
+        (None, 1.6, "not measured"),
+    ],
+)
+def test_contract_verdict(floors: float | None, service: float | None, expected: str) -> None:
+    """A bound over the issue's floor, read against the contract's: beyond it when the contract's floor
+    alone passes the bound; else the room left to the service over the contract's floor."""
+    assert targets.contract_verdict(1.5, floors, service) == expected
+
+
+def test_render_contract_has_the_four_floor_targets() -> None:
+    text = targets.render_contract(
+        {
+            "persist_cpu_vs_floor": 3.5,
+            "persist_cpu_vs_contract_floor": 1.4,
+            "persist_contract_floor_vs_floor": 2.5,
+        }
+    )
+    rows = [r for r in text.splitlines() if r.startswith("| ") and "figure" not in r]
+    assert [r.split(" | ")[0] for r in rows] == [
+        "| recall CPU per event",
+        "| persist CPU per event",
+        "| idle recall p50",
+        "| idle persist p50",
+    ]
+    assert rows[1].startswith("| persist CPU per event | 3.5 | 1.4 | 2.5 | <= 2 | beyond the floor")
+    assert {targets._goal(r.key).at_most for r in targets.CONTRACT_ROWS} == {True}
