@@ -40,6 +40,7 @@ from bench.context import RunContext
 from bench.contract import CONTRACT_HEADER, Turn, turn_header
 from bench.kafka_io import SEQ_HEADER, Record, create_topics, seq_of
 from bench.procstat import cpu_seconds_fine, peak_rss_bytes
+from bench.profile import Sampler
 from bench.progress import Progress, log
 from bench.stats import LineResult
 from bench.stream_line import scrape_stages
@@ -222,26 +223,24 @@ async def run_idle(ctx: RunContext, turns: int, *, contract: bool = False) -> li
         await outputs.start()
         await producer.start()
         warm: dict[str, Mapping[str, float]] = {}
+        # `--profile`: py-spy on the service over the timed turns (both paths: one process; the forwarders'
+        # steps between them leave it idle, which py-spy does not sample)
+        sampler = Sampler(service.pid, ctx.log_dir / "idle_service.py-spy.txt") if ctx.profile else None
 
         async def warmed() -> None:  # the stage sums once the warm-up turns are done
             warm["stages"] = await asyncio.to_thread(scrape_stages, metrics_url)
+            if sampler is not None:
+                await sampler.start()
 
         await _alternate(
             ctx, _Step(producer, outputs), (service, *forwarders), topics, fwd, results, turns, warmed
         )
+        if sampler is not None:
+            results["idle_service_recall"].details["profile"] = await sampler.stop()
         stages = stage_ms_per_turn(
             warm.get("stages", {}), await asyncio.to_thread(scrape_stages, metrics_url), turns
         )
-        for path in ("recall", "persist"):
-            own = {k: v for k, v in stages.items() if k.startswith(f"{path}/")}
-            results[f"idle_service_{path}"].details["stage_ms_per_turn"] = own
-        log(f"idle latency: the service's stages, ms per timed turn: {stages}")
-        for name, process in zip(("service", "forwarder", "contract"), (service, *forwarders), strict=True):
-            if process is None:
-                continue
-            rss = peak_rss_bytes(process.pid)
-            for path in ("recall", "persist"):
-                results[f"idle_{name}_{path}"].peak_rss_bytes = rss
+        _note(results, stages, (service, *forwarders))
     except Exception as exc:  # noqa: BLE001 -- keep the other lines' figures
         error = f"{type(exc).__name__}: {exc}"
         log(f"idle latency failed: {error}")
@@ -256,6 +255,24 @@ async def run_idle(ctx: RunContext, turns: int, *, contract: bool = False) -> li
                 await processes.stop(process)
         await ctx.quiet(wrote=True)
     return list(results.values())
+
+
+def _note(
+    results: Mapping[str, LineResult],
+    stages: Mapping[str, float],
+    procs: Sequence[asyncio.subprocess.Process | None],
+) -> None:
+    """The service's stage times per path, and each process's peak RSS, in the results."""
+    for path in ("recall", "persist"):
+        own = {k: v for k, v in stages.items() if k.startswith(f"{path}/")}
+        results[f"idle_service_{path}"].details["stage_ms_per_turn"] = own
+    log(f"idle latency: the service's stages, ms per timed turn: {stages}")
+    for name, process in zip(("service", "forwarder", "contract"), procs, strict=True):
+        if process is None:
+            continue
+        rss = peak_rss_bytes(process.pid)
+        for path in ("recall", "persist"):
+            results[f"idle_{name}_{path}"].peak_rss_bytes = rss
 
 
 async def _spawn_forwarders(
