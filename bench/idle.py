@@ -11,7 +11,10 @@ side. Each step's latency is from the send to the output being read by the harne
 latency), and each process's CPU over the step is attributed to its path.
 
 Four results: `idle_service_recall`, `idle_forwarder_recall`, `idle_service_persist`,
-`idle_forwarder_persist`.
+`idle_forwarder_persist`; and, with `contract` (issue 33's contract floor), two more from a third process
+interleaved after each forwarder step: the same forwarder making, per record, the MongoDB trips the service's
+contract asks of that turn (`bench.contract`, `bench.passthrough`; the turn named in a header), on topics of
+its own: `idle_contract_recall`, `idle_contract_persist`.
 
 The line starts from no turn in flight: earlier lines (the recall lines with the default `enqueue` policy)
 leave every thread marked busy, which would make each request here wait `MESSAGE_HISTORY_TURN_TIMEOUT_MS`, so
@@ -25,7 +28,8 @@ import contextlib
 import json
 import socket
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Final
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -33,12 +37,14 @@ from pymongo import AsyncMongoClient
 
 from bench import processes
 from bench.context import RunContext
+from bench.contract import CONTRACT_HEADER, Turn, turn_header
 from bench.kafka_io import SEQ_HEADER, Record, create_topics, seq_of
 from bench.procstat import cpu_seconds_fine, peak_rss_bytes
+from bench.profile import Sampler
 from bench.progress import Progress, log
 from bench.stats import LineResult
 from bench.stream_line import scrape_stages
-from bench.workload import encode_json, enriched_event, request_event, response_event
+from bench.workload import Workload, encode_json, enriched_event, request_event, response_event
 from producers.connection import kafka_options
 from storage.turns import TURNS
 
@@ -48,6 +54,7 @@ IDLE_LINES: Final = (
     "idle_service_persist",
     "idle_forwarder_persist",
 )
+CONTRACT_LINES: Final = ("idle_contract_recall", "idle_contract_persist")
 _WARMUP_TURNS: Final = 3  # untimed: group joins, connections, first-call paths
 _STEP_TIMEOUT_S: Final = 30.0
 _KIND: Final = "one at a time on a quiet service, send -> output read"
@@ -117,15 +124,22 @@ class _Step:
         self._seq = 10**9  # far from the throughput lines' seqs; unique within the run
 
     async def __call__(
-        self, topic: str, record: Record, pid: int, result: LineResult | None, timeout_s: float
+        self,
+        topic: str,
+        record: Record,
+        pid: int,
+        result: LineResult | None,
+        timeout_s: float,
+        headers: Sequence[tuple[str, bytes]] = (),
     ) -> None:
         self._seq += 1
         seq = self._seq
         done = self._outputs.expect(seq)
         key, value = record
+        sent_headers = [(SEQ_HEADER, str(seq).encode()), *headers]
         cpu_before = cpu_seconds_fine(pid)
         sent = time.perf_counter()
-        await self._producer.send(topic, value=value, key=key, headers=[(SEQ_HEADER, str(seq).encode())])
+        await self._producer.send(topic, value=value, key=key, headers=sent_headers)
         read = await asyncio.wait_for(done, timeout_s)
         cpu_after = cpu_seconds_fine(pid)
         if result is None:
@@ -170,17 +184,23 @@ def stage_ms_per_turn(
     }
 
 
-async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
-    """`turns` timed turns (after a short warm-up), alternating the service and the forwarder."""
+async def run_idle(ctx: RunContext, turns: int, *, contract: bool = False) -> list[LineResult]:
+    """`turns` timed turns (after a short warm-up), alternating the service and the forwarder (and, with
+    `contract`, the forwarder with the contract's trips)."""
     w = ctx.workload
-    results = {name: LineResult(name, 0, 0.0, None, None, latency_kind=_KIND) for name in IDLE_LINES}
+    names_of = (*IDLE_LINES, *CONTRACT_LINES) if contract else IDLE_LINES
+    results = {name: LineResult(name, 0, 0.0, None, None, latency_kind=_KIND) for name in names_of}
     # every topic of the service fresh (commands too: the broker's default one may carry others' events)
     names = ("REQUESTS", "ENRICHED", "RESPONSES", "PERSISTED", "COMMANDS", "FORGOTTEN")
     topics = {k: ctx.topic("idle", k.lower()) for k in names}
-    fwd_in, fwd_out = ctx.topic("idle", "forward-in"), ctx.topic("idle", "forward-out")
+    # the forwarders' topics: `in`, `out`; with the contract's, `contract-recall`, `-persist`, `-out`
+    fwd = {k: ctx.topic("idle", f"forward-{k}") for k in ("in", "out")}
+    if contract:
+        fwd |= {f"contract-{k}": ctx.topic("idle", f"contract-{k}") for k in ("recall", "persist", "out")}
     service: asyncio.subprocess.Process | None = None
-    forwarder: asyncio.subprocess.Process | None = None
-    outputs = _Outputs(ctx, [topics["ENRICHED"], topics["PERSISTED"], fwd_out])
+    forwarders: tuple[asyncio.subprocess.Process, asyncio.subprocess.Process | None] | None = None
+    outs = [topics["ENRICHED"], topics["PERSISTED"], *(t for k, t in fwd.items() if k.endswith("out"))]
+    outputs = _Outputs(ctx, outs)
     producer = AIOKafkaProducer(
         **kafka_options(ctx.settings, client_id="bench-idle"),
         acks="all",
@@ -191,7 +211,7 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         cleared = await _clear_busy_markers(ctx)
         if cleared:
             log(f"idle latency: removed {cleared:,} busy-thread markers left by the earlier lines")
-        await create_topics(ctx.settings, [*topics.values(), fwd_in, fwd_out], w.partitions)
+        await create_topics(ctx.settings, [*topics.values(), *fwd.values()], w.partitions)
         port = _free_port()
         metrics_url = f"http://127.0.0.1:{port}/metrics"
         service = await processes.spawn(
@@ -199,38 +219,28 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
             env=_service_env(ctx, topics, port),
             log=ctx.log_dir / "idle_service.log",
         )
-        config = {
-            "in_topic": fwd_in,
-            "out_topic": fwd_out,
-            "group_id": f"bench-{w.run_id}-idle-forwarder",
-            "linger_ms": 0,  # the floor of one record's consume -> produce: a linger would be the service's
-        }
-        forwarder = await processes.spawn(
-            [ctx.python(), "-m", "bench.worker", "passthrough", json.dumps(config | {"batch": w.batch})],
-            env=ctx.child_env(),
-            log=ctx.log_dir / "idle_forwarder.log",
-        )
+        forwarders = await _spawn_forwarders(ctx, fwd)
         await outputs.start()
         await producer.start()
         warm: dict[str, Mapping[str, float]] = {}
+        # `--profile`: py-spy on the service over the timed turns (both paths: one process; the forwarders'
+        # steps between them leave it idle, which py-spy does not sample)
+        sampler = Sampler(service.pid, ctx.log_dir / "idle_service.py-spy.txt") if ctx.profile else None
 
         async def warmed() -> None:  # the stage sums once the warm-up turns are done
             warm["stages"] = await asyncio.to_thread(scrape_stages, metrics_url)
+            if sampler is not None:
+                await sampler.start()
 
         await _alternate(
-            ctx, _Step(producer, outputs), (service, forwarder), topics, fwd_in, results, turns, warmed
+            ctx, _Step(producer, outputs), (service, *forwarders), topics, fwd, results, turns, warmed
         )
+        if sampler is not None:
+            results["idle_service_recall"].details["profile"] = await sampler.stop()
         stages = stage_ms_per_turn(
             warm.get("stages", {}), await asyncio.to_thread(scrape_stages, metrics_url), turns
         )
-        for path in ("recall", "persist"):
-            own = {k: v for k, v in stages.items() if k.startswith(f"{path}/")}
-            results[f"idle_service_{path}"].details["stage_ms_per_turn"] = own
-        log(f"idle latency: the service's stages, ms per timed turn: {stages}")
-        for name, pid in (("service", service.pid), ("forwarder", forwarder.pid)):
-            rss = peak_rss_bytes(pid)
-            for path in ("recall", "persist"):
-                results[f"idle_{name}_{path}"].peak_rss_bytes = rss
+        _note(results, stages, (service, *forwarders))
     except Exception as exc:  # noqa: BLE001 -- keep the other lines' figures
         error = f"{type(exc).__name__}: {exc}"
         log(f"idle latency failed: {error}")
@@ -240,26 +250,99 @@ async def run_idle(ctx: RunContext, turns: int) -> list[LineResult]:
         with contextlib.suppress(Exception):
             await producer.stop()
         await outputs.stop()
-        for process in (service, forwarder):
+        for process in (service, *(forwarders or ())):
             if process is not None:
                 await processes.stop(process)
         await ctx.quiet(wrote=True)
     return list(results.values())
 
 
+def _note(
+    results: Mapping[str, LineResult],
+    stages: Mapping[str, float],
+    procs: Sequence[asyncio.subprocess.Process | None],
+) -> None:
+    """The service's stage times per path, and each process's peak RSS, in the results."""
+    for path in ("recall", "persist"):
+        own = {k: v for k, v in stages.items() if k.startswith(f"{path}/")}
+        results[f"idle_service_{path}"].details["stage_ms_per_turn"] = own
+    log(f"idle latency: the service's stages, ms per timed turn: {stages}")
+    for name, process in zip(("service", "forwarder", "contract"), procs, strict=True):
+        if process is None:
+            continue
+        rss = peak_rss_bytes(process.pid)
+        for path in ("recall", "persist"):
+            results[f"idle_{name}_{path}"].peak_rss_bytes = rss
+
+
+async def _spawn_forwarders(
+    ctx: RunContext, fwd: Mapping[str, str]
+) -> tuple[asyncio.subprocess.Process, asyncio.subprocess.Process | None]:
+    """The bare forwarder, and the one with the contract's trips when `fwd` names its topics."""
+    w = ctx.workload
+    config: dict[str, object] = {
+        "in_topic": fwd["in"],
+        "out_topic": fwd["out"],
+        "group_id": f"bench-{w.run_id}-idle-forwarder",
+        "linger_ms": 0,  # the floor of one record's consume -> produce: a linger would be the service's
+        "batch": w.batch,
+    }
+    forwarder = await processes.spawn(
+        [ctx.python(), "-m", "bench.worker", "passthrough", json.dumps(config)],
+        env=ctx.child_env(),
+        log=ctx.log_dir / "idle_forwarder.log",
+    )
+    if "contract-out" not in fwd:
+        return forwarder, None
+    trips = await processes.spawn(
+        [ctx.python(), "-m", "bench.worker", "passthrough", json.dumps(_contract_config(ctx, fwd))],
+        env=ctx.child_env(),
+        log=ctx.log_dir / "idle_contract.log",
+    )
+    return forwarder, trips
+
+
+def _contract_config(ctx: RunContext, fwd: Mapping[str, str]) -> dict[str, object]:
+    """The contract forwarder's settings: its two in-topics, no linger, its trips' (`bench.passthrough`)."""
+    w = ctx.workload
+    return {
+        "in_topics": [fwd["contract-recall"], fwd["contract-persist"]],
+        "out_topic": fwd["contract-out"],
+        "group_id": f"bench-{w.run_id}-idle-contract",
+        "linger_ms": 0,
+        "batch": w.batch,
+        "contract": {
+            "db": ctx.db,
+            "recall_topic": fwd["contract-recall"],
+            "limit": ctx.settings.last_messages,  # the service's page: the request names no limit
+            "message_bytes": w.message_bytes,
+            "thread_ids": [w.thread_id(i) for i in range(w.threads)],
+        },
+    }
+
+
+def contract_header(w: Workload, i: int, turn: int) -> tuple[str, bytes]:
+    """The header naming thread `i`'s turn `turn` for the contract forwarder (its request's ids). Pure."""
+    event = request_event(w, i, turn)
+    created = datetime.fromisoformat(event["createdAt"]).astimezone(UTC)
+    named = Turn(event["threadId"], event["resourceId"], event["requestId"], created)
+    return CONTRACT_HEADER, turn_header(named)
+
+
 async def _alternate(
     ctx: RunContext,
     step: _Step,
-    procs: tuple[asyncio.subprocess.Process, asyncio.subprocess.Process],
+    procs: tuple[asyncio.subprocess.Process, asyncio.subprocess.Process, asyncio.subprocess.Process | None],
     topics: dict[str, str],
-    fwd_in: str,
+    fwd: Mapping[str, str],
     results: dict[str, LineResult],
     turns: int,
     warmed: Callable[[], Awaitable[None]],
 ) -> None:
-    """The warm-up turns, then `turns` timed ones: request, forwarder, response, forwarder, one at a time;
-    `warmed` is awaited between the two."""
-    w, (service, forwarder) = ctx.workload, procs
+    """The warm-up turns, then `turns` timed ones: request, forwarder, response, forwarder, one at a time
+    (with the contract forwarder, each forwarder step is followed by its); `warmed` is awaited between the
+    two."""
+    w, (service, forwarder, trips) = ctx.workload, procs
     turn, progress = ctx.turns.fresh(), Progress("idle latency")
     enriched_cache: dict[int, bytes] = {}
     total = _WARMUP_TURNS + turns
@@ -274,17 +357,23 @@ async def _alternate(
         if i not in enriched_cache:
             enriched_cache[i] = encode_json(enriched_event(w, i, ctx.turns.recall, w.history))
         response = encode_json(response_event(w, i, turn))
-        steps = (
+        steps = [
             (topics["REQUESTS"], encode_json(request_event(w, i, turn)), service.pid, "service_recall"),
-            (fwd_in, enriched_cache[i], forwarder.pid, "forwarder_recall"),
+            (fwd["in"], enriched_cache[i], forwarder.pid, "forwarder_recall"),
             (topics["RESPONSES"], response, service.pid, "service_persist"),
-            (fwd_in, response, forwarder.pid, "forwarder_persist"),
-        )
+            (fwd["in"], response, forwarder.pid, "forwarder_persist"),
+        ]
+        if trips is not None:  # the same records, through the forwarder making the contract's trips
+            steps.insert(2, (fwd["contract-recall"], enriched_cache[i], trips.pid, "contract_recall"))
+            steps.append((fwd["contract-persist"], response, trips.pid, "contract_persist"))
+        named = [contract_header(w, i, turn)]
+        alive = [p for p in (service, forwarder, trips) if p is not None]
         for topic, value, pid, name in steps:
-            _check_alive(service, forwarder)
+            _check_alive(*alive)
             result = results[f"idle_{name}"] if timed else None
             timeout = _STEP_TIMEOUT_S if timed else ctx.budget.startup_timeout_s
-            await step(topic, (key, value), pid, result, timeout)
+            headers = named if name.startswith("contract") else ()
+            await step(topic, (key, value), pid, result, timeout, headers)
         progress.update(n + 1, total)
     progress.update(total, total, force=True)
 

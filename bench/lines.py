@@ -246,7 +246,7 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
 
 
 async def run_mongo_line(ctx: RunContext, kind: str, events: int) -> LineResult:
-    """B2 or B3, raw or with our models (`bench.mongo_lines.KINDS`), in a worker process."""
+    """B2 or B3, raw or with our models, or B4 (`bench.mongo_lines.KINDS`), in a worker process."""
     name = KINDS[kind]
     result = LineResult(name, 0, 0.0, None, None, latency_kind="per batch round trip")
     config = {
@@ -255,7 +255,8 @@ async def run_mongo_line(ctx: RunContext, kind: str, events: int) -> LineResult:
         "events": events,
         "seconds": ctx.budget.line_seconds,
         "workload": ctx.workload.as_dict(),
-        "turn": ctx.turns.recall if kind.startswith("b2") else ctx.turns.fresh(),
+        # the recall lines read (and B4's busy marks name) the recall turn; the persist ones write a fresh one
+        "turn": ctx.turns.recall if kind.startswith("b2") or kind == "b4_recall" else ctx.turns.fresh(),
     }
     try:
         raw, server_cpu = await processes.run_to_end(

@@ -14,6 +14,8 @@ what the service adds:
   upserts and one of the thread upserts, the operations built before the clock starts (the same `$set` /
   `$setOnInsert` / `$unset` / `$max` shape as `storage.mongodb`; threads keyed by `id`).
 * B3 with models (`b3_models`, line `b3_save_many`): one `save_many` of the service's storage, of `Message`s.
+* B4, the contract's floor (`b4_recall`, `b4_persist`; lines `b4_recall_contract`, `b4_persist_contract`):
+  the commands each path must send per batch by its contract, in its two trips (`bench.contract`).
 
 One batch at a time, as the service's loop does per path. Latency samples are whole batch round trips.
 """
@@ -21,12 +23,13 @@ One batch at a time, as the service's loop does per path. Latency samples are wh
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -35,6 +38,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 
+from bench import contract
 from bench.processes import END, START
 from bench.procstat import peak_rss_bytes
 from bench.progress import Progress
@@ -51,6 +55,8 @@ KINDS = {
     "b2_models": "b2_recall_models",
     "b3": "b3_bulk_upserts",
     "b3_models": "b3_save_many",
+    "b4_recall": "b4_recall_contract",
+    "b4_persist": "b4_persist_contract",
 }
 _RAW: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
 _NEWEST_FIRST = [("createdAt", -1), ("id", -1)]
@@ -68,11 +74,15 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
     raw_db = db.with_options(codec_options=_RAW)
     events, seconds, kind = config["events"], config["seconds"], config["kind"]
     latencies: list[float] = []
-    done = 0
-    rows = 0
+    done = rows = faults = 0
     wall = cpu = 0.0
-    faults = 0
     progress = Progress(KINDS[kind])
+    # the threads' stored `_id`s, which the service's thread writes are keyed by: read before any clock
+    keys = (
+        await contract.thread_keys(db, [w.thread_id(i) for i in range(w.threads)])
+        if kind == "b4_persist"
+        else {}
+    )
     print(START, file=sys.stderr, flush=True)
     try:
         while done < events and wall < seconds:
@@ -81,6 +91,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
             queries = [RecallQuery(w.thread_id(i), w.resource_id(i), w.history) for i in indexes]
             turns = [_turn(w, i, config["turn"]) for i in indexes] if kind == "b3_models" else []
             ops = _raw_writes(w, indexes, config["turn"]) if kind == "b3" else ([], [])
+            trips = _contract_trips(raw_db, kind, w, indexes, config["turn"], keys)
             t0, c0, f0 = (
                 time.perf_counter(),
                 time.process_time(),
@@ -92,6 +103,8 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
                 history = await PrefetchedHistory.load(storage, queries)
             elif kind == "b3":
                 await _raw_save(raw_db, [q.thread_id for q in queries], *ops)
+            elif trips is not None:
+                rows += await trips()
             else:
                 await storage.save_many(turns)
             elapsed = time.perf_counter() - t0
@@ -110,7 +123,7 @@ async def run(config: dict[str, Any]) -> dict[str, Any]:
     details: dict[str, Any] = {"batches": len(latencies), "batch": w.batch}
     if done:
         details["minor_faults_per_event"] = round(faults / done, 1)
-    if kind.startswith("b2"):
+    if kind.startswith("b2") or kind == "b4_recall":
         details["recalled_messages"] = rows
     return {
         "events": done,
@@ -174,6 +187,46 @@ def _raw_writes(w: Workload, indexes: range, turn: int) -> tuple[list[UpdateOne]
             )
         )
     return messages, threads
+
+
+def _contract_turn(w: Workload, i: int, turn: int) -> contract.Turn:
+    """Thread `i`'s turn `turn` as the workload's events carry it (`bench.workload.request_event`)."""
+    created = datetime.fromisoformat(turn_message(w, i, turn, role="user")["createdAt"]).astimezone(UTC)
+    return contract.Turn(w.thread_id(i), w.resource_id(i), f"{w.thread_id(i)}:t{turn}", created)
+
+
+def _contract_trips(
+    db: AsyncDatabase[RawBSONDocument],
+    kind: str,
+    w: Workload,
+    indexes: range,
+    turn: int,
+    keys: dict[str, Any],
+) -> Callable[[], Awaitable[int]] | None:
+    """B4's batch, its commands prebuilt: for `b4_recall` B2's finds (the same page size), the markers' find
+    and the busy marks; for `b4_persist` B3's messages (the same ids and contents) and its threads' writes,
+    keyed as the service keys them. None for another kind. Calling it issues the commands (rows read)."""
+    if kind not in ("b4_recall", "b4_persist"):
+        return None
+    turns = [_contract_turn(w, i, turn) for i in indexes]
+    if kind == "b4_recall":
+        return functools.partial(
+            contract.recall_trips, db, contract.recall_plan(turns, w.history, datetime.now(UTC))
+        )
+    contents = [
+        tuple(
+            json.dumps(turn_message(w, i, turn, role=role)["content"], separators=(",", ":"))
+            for role in ("user", "assistant")
+        )
+        for i in indexes
+    ]
+    plan = contract.persist_plan(turns, [(u, a) for u, a in contents], keys)
+
+    async def persist() -> int:
+        await contract.persist_trips(db, plan)
+        return 0
+
+    return persist
 
 
 def _turn(w: Workload, i: int, turn: int) -> SaveTurn:

@@ -20,7 +20,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from bench import coordination, report, targets
 from bench.anchor import run_anchor
 from bench.context import Budget, RunContext
-from bench.idle import IDLE_LINES, run_idle
+from bench.idle import CONTRACT_LINES, IDLE_LINES, run_idle
 from bench.kafka_io import delete_topics
 from bench.lines import coordination_lines, run_mongo_line, stream_lines
 from bench.mongo_lines import KINDS
@@ -174,7 +174,8 @@ async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineR
             if line.name in selected:
                 log(f"--- {line.name}")
                 yield await run_stream_line(ctx, line)
-        for kind in ("b2", "b2_models") if path == "recall" else ("b3", "b3_models"):
+        kinds = ("b2", "b2_models", "b4_recall") if path == "recall" else ("b3", "b3_models", "b4_persist")
+        for kind in kinds:
             if KINDS[kind] in selected:
                 log(f"--- {KINDS[kind]}")
                 yield await run_mongo_line(ctx, kind, events)
@@ -189,9 +190,10 @@ async def _one_round(ctx: RunContext, selected: set[str]) -> AsyncIterator[LineR
         log("--- mastra_memory")
         turn = ctx.turns.fresh()
         yield await run_anchor(ctx, "memory", events=events, turn=turn)
-    if selected & set(IDLE_LINES):  # one run gives all four: the service and the forwarder, interleaved
+    if selected & {*IDLE_LINES, *CONTRACT_LINES}:  # one run gives all: service and forwarder(s) interleaved
         log("--- idle latency (one turn at a time, service and forwarder interleaved)")
-        for result in await run_idle(ctx, ctx.budget.idle_turns):
+        contract = bool(selected & set(CONTRACT_LINES))  # the forwarder with the contract's trips too
+        for result in await run_idle(ctx, ctx.budget.idle_turns, contract=contract):
             yield result
 
 

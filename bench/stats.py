@@ -19,6 +19,7 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "b1_recall": ("B1 Kafka pass-through, enriched-size records", "recall"),
     "b2_recall_queries": ("B2 MongoDB batched recall queries, raw driver (RawBSONDocument)", "recall"),
     "b2_recall_models": ("B2 with our models (PrefetchedHistory.load: rows -> Message)", "recall"),
+    "b4_recall_contract": ("B4 the contract's floor: B2 raw + busy markers' find + busy marks", "recall"),
     "service_recall": ("service recall path (request -> enriched)", "recall"),
     "service_recall_unguarded": ("service recall path, barrier off, busy-thread allow", "recall"),
     "service_recall_barrier_only": ("service recall path, barrier on, busy-thread allow", "recall"),
@@ -28,6 +29,7 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "b1_persist": ("B1 Kafka pass-through, response-size records", "persist"),
     "b3_bulk_upserts": ("B3 MongoDB batched bulk upserts, raw driver (prebuilt operations)", "persist"),
     "b3_save_many": ("B3 with our models (save_many of Messages)", "persist"),
+    "b4_persist_contract": ("B4 the contract's floor: homes + threads + tombstones, then 2 bulks", "persist"),
     "service_persist": ("service persist path (response -> persisted)", "persist"),
     "service_persist_unguarded": ("service persist path, busy-thread allow (no markers)", "persist"),
     "service_persist_eos": ("service persist path, exactly-once (transactions)", "persist"),
@@ -38,6 +40,11 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "idle_forwarder_recall": ("idle, interleaved: bare forwarder, enriched-size record", "recall"),
     "idle_service_persist": ("idle, one turn at a time: service response -> persisted", "persist"),
     "idle_forwarder_persist": ("idle, interleaved: bare forwarder, response-size record", "persist"),
+    "idle_contract_recall": ("idle, interleaved: forwarder + the contract's MongoDB trips, recall", "recall"),
+    "idle_contract_persist": (
+        "idle, interleaved: forwarder + the contract's MongoDB trips, persist",
+        "persist",
+    ),
 }
 
 RATIOS: Final[dict[str, str]] = {
@@ -67,6 +74,14 @@ RATIOS: Final[dict[str, str]] = {
     "persist_idle_p50_vs_forwarder": "idle persist p50 / the interleaved forwarder's  (target <= 1.5)",
     "recall_idle_p99_vs_forwarder": "idle recall p99 / the interleaved forwarder's",
     "persist_idle_p99_vs_forwarder": "idle persist p99 / the interleaved forwarder's",
+    "recall_cpu_vs_contract_floor": "service recall CPU per event / the contract's floor, B1 + B4 raw",
+    "persist_cpu_vs_contract_floor": "service persist CPU per event / the contract's floor, B1 + B4 raw",
+    "recall_contract_floor_vs_floor": "recall: the contract's floor / the issue's, (B1 + B4) / (B1 + B2)",
+    "persist_contract_floor_vs_floor": "persist: the contract's floor / the issue's, (B1 + B4) / (B1 + B3)",
+    "recall_idle_p50_vs_contract": "idle recall p50 / the forwarder with the contract's trips'",
+    "persist_idle_p50_vs_contract": "idle persist p50 / the forwarder with the contract's trips'",
+    "recall_idle_contract_vs_forwarder": "idle recall: the forwarder with the contract's trips / bare, p50",
+    "persist_idle_contract_vs_forwarder": "idle persist: the forwarder with the contract's trips / bare, p50",
     "recall_eos_throughput": "service recall exactly-once / at-least-once, events/s  (target >= 0.85)",
     "persist_eos_throughput": "service persist exactly-once / at-least-once, events/s  (target >= 0.85)",
     "recall_eos_cpu": "service recall exactly-once / at-least-once, CPU per event",
@@ -244,6 +259,14 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         for q in (50, 99):
             service, forwarder = pct(f"idle_service_{path}", q), pct(f"idle_forwarder_{path}", q)
             out[f"{path}_idle_p{q}_vs_forwarder"] = _ratio(service, forwarder)
+    # the contract's floor (issue 33): B4 in place of B2 / B3, the forwarder that makes the contract's trips
+    for path, issue_floor in (("recall", "b2_recall_queries"), ("persist", "b3_bulk_upserts")):
+        contract = floor(f"b1_{path}", f"b4_{path}_contract")
+        out[f"{path}_cpu_vs_contract_floor"] = _ratio(cpu(f"service_{path}"), contract)
+        out[f"{path}_contract_floor_vs_floor"] = _ratio(contract, floor(f"b1_{path}", issue_floor))
+        service, trips = pct(f"idle_service_{path}", 50), pct(f"idle_contract_{path}", 50)
+        out[f"{path}_idle_p50_vs_contract"] = _ratio(service, trips)
+        out[f"{path}_idle_contract_vs_forwarder"] = _ratio(trips, pct(f"idle_forwarder_{path}", 50))
     return {k: _round(v) for k, v in out.items()}
 
 

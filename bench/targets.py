@@ -226,3 +226,75 @@ def score_json(
         outcome = Outcome(_goal(score.key), ratios.get(score.key))
         out[score.key] = outcome.to_json() | {"from": parts_of(score, lines), "issue_now": score.issue_now}
     return out
+
+
+# --- issue 33: the contract's floor, beside the issue's ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ContractRow:
+    """A target against both floors: the issue's ratio (`key`), the service against the contract's floor
+    (`contract`), and the contract's floor against the issue's (`floors`)."""
+
+    key: str
+    label: str
+    contract: str
+    floors: str
+
+
+CONTRACT_ROWS: Final[tuple[ContractRow, ...]] = (
+    ContractRow(
+        "recall_cpu_vs_floor",
+        "recall CPU per event",
+        "recall_cpu_vs_contract_floor",
+        "recall_contract_floor_vs_floor",
+    ),
+    ContractRow(
+        "persist_cpu_vs_floor",
+        "persist CPU per event",
+        "persist_cpu_vs_contract_floor",
+        "persist_contract_floor_vs_floor",
+    ),
+    ContractRow(
+        "recall_idle_p50_vs_forwarder",
+        "idle recall p50",
+        "recall_idle_p50_vs_contract",
+        "recall_idle_contract_vs_forwarder",
+    ),
+    ContractRow(
+        "persist_idle_p50_vs_forwarder",
+        "idle persist p50",
+        "persist_idle_p50_vs_contract",
+        "persist_idle_contract_vs_forwarder",
+    ),
+)
+"""The four targets of issue 33 that are ratios to a floor, each with the contract's floor beside it."""
+
+
+def contract_verdict(bound: float, floors: float | None, contract: float | None) -> str:
+    """What the two floors say of a target's bound (`<= bound` over the issue's floor). Pure.
+
+    The contract's floor alone over the bound: the target is beyond what the floor allows here (even a
+    service adding nothing to the contract's commands misses it); else how far the service is above it."""
+    if floors is None or contract is None:
+        return "not measured"
+    if floors > bound:
+        return f"beyond the floor: the contract's floor alone is {floors:.3g}x the issue's (bound {bound:g})"
+    room = bound / floors
+    return f"within the floor: the service may be {room:.3g}x the contract's floor, is {contract:.3g}x"
+
+
+def render_contract(ratios: Mapping[str, float | None]) -> str:
+    """Issue 33's floor targets against the issue's floor and the contract's (Markdown). Pure."""
+    rows = [
+        "issue 33's floor targets against the contract's floor (B4 raw; the forwarder making its trips):",
+        "| figure | vs the issue's floor | vs the contract's floor | contract's floor / issue's | target | |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in CONTRACT_ROWS:
+        goal = _goal(row.key)
+        values = [ratios.get(k) for k in (row.key, row.contract, row.floors)]
+        cells = ["-" if v is None else f"{v:.3g}" for v in values]
+        verdict = contract_verdict(goal.bound, values[2], values[1])
+        rows.append(f"| {row.label} | {' | '.join(cells)} | <= {goal.bound:g} | {verdict} |")
+    return "\n".join(rows)
