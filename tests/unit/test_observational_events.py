@@ -80,8 +80,16 @@ def test_refusals(change: dict[str, Any]) -> None:
 
 def test_resource_scope_has_no_thread() -> None:
     """With resource scope the record key is the resource; `threadId` is null."""
-    event = ObserveResult.model_validate({**EXAMPLES[1][1], "scope": "resource", "threadId": None})
+    thread = {"threadId": "t-1", "observations": "- likes tea", "lastObservedAt": "2025-01-01T11:00:00.000Z"}
+    event = ObserveResult.model_validate(
+        {**EXAMPLES[1][1], "scope": "resource", "threadId": None, "threads": [thread]}
+    )
     assert event.threadId is None
+    assert event.threads is not None
+    assert [t.threadId for t in event.threads] == ["t-1"]
+    # Without `threads` a resource-scoped answer cannot say whose observations these are: refused.
+    with pytest.raises(ValidationError, match="threads is required"):
+        ObserveResult.model_validate({**EXAMPLES[1][1], "scope": "resource", "threadId": None})
 
 
 def test_json_schemas_are_published() -> None:
