@@ -19,20 +19,20 @@ from pymongo import AsyncMongoClient
 
 from message_history.settings import Settings
 from schemas.messages import format_timestamp
-from schemas.observational import ObserveRequest, decode_work
+from schemas.observational import ObserveRequest
 from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
+from tests.integration.om_service import WORDS, observe_work, om_rows, om_service_settings
 from tests.integration.service_harness import (
     drop_database,
     encoded,
-    fresh_settings,
     request_event,
     response_event,
     running_service,
     text_message,
     values,
 )
-from tests.integration.stream_helpers import Record, produce, read_topic, wait_committed
+from tests.integration.stream_helpers import produce, read_topic, wait_committed
 from worker.observer import Observation, observer_handler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -40,29 +40,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 OWNER = "om-res-user"
 OTHER = "om-res-other"
 RESOURCE_OM = {"observationalMemory": {"scope": "resource"}}
-WORDS = "the traveller asked about trains from Lyon to Turin and the cheapest days to go in spring "
 
 
 async def _settings(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str, **extra: Any
 ) -> Settings:
-    settings = fresh_settings(
+    """OM's settings and topics, OM off by default: every event here turns it on with resource scope."""
+    return await om_service_settings(
         kafka_bootstrap,
         mongo_uri,
+        make_topic,
         processing_guarantee=guarantee,
-        **extra,
+        observational_memory=False,
         observation_message_tokens=800,
-        barrier="off",
-        busy_thread="allow",
+        **extra,
     )
-    for topic in (
-        settings.requests_topic,
-        settings.responses_topic,
-        settings.observe_requests_topic,
-        settings.observe_results_topic,
-    ):
-        await make_topic(partitions=1, name=topic)
-    return settings
 
 
 def _turn(thread: str, owner: str, turn: int) -> tuple[bytes, bytes]:
@@ -74,12 +66,9 @@ def _turn(thread: str, owner: str, turn: int) -> tuple[bytes, bytes]:
     return encoded({**event, "memory": RESOURCE_OM})
 
 
-def _work(records: list[Record]) -> list[ObserveRequest]:
-    found = [decode_work(r.value) for r in records]
-    return [w for w in found if isinstance(w, ObserveRequest)]
-
-
 async def _docs(settings: Settings, collection: str) -> list[dict[str, Any]]:
+    if collection == OBSERVATIONAL:
+        return await om_rows(settings)
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
     try:
         return await client[settings.mongodb_database][collection].find({}, {"_id": 0}).to_list()
@@ -121,10 +110,10 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
             records = await read_topic(
                 bootstrap,
                 settings.observe_requests_topic,
-                until=lambda r: len(_work(r)) >= 1,
+                until=lambda r: len(observe_work(r)) >= 1,
                 isolation_level="read_committed",
             )
-            [request] = _work(records)
+            [request] = observe_work(records)
             assert records[0].key == OWNER.encode()  # keyed by the resource
             assert (request.scope, request.threadId, request.resourceId) == ("resource", None, OWNER)
             assert request.pendingTokens >= request.messageTokens == 800
@@ -179,7 +168,8 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
             assert '<other-conversation id="om-res-b">' in others
             assert "turn 6:" in others
             assert "om-res-a" not in others
-            assert len(_work(await read_topic(bootstrap, settings.observe_requests_topic, until=bool))) == 1
+            sent = await read_topic(bootstrap, settings.observe_requests_topic, until=bool)
+            assert len(observe_work(sent)) == 1
             assert event["history"]["observationTokens"] > 0
             assert event["messages"][-1]["content"]["parts"][0]["text"] == "so which day is cheapest?"
     finally:
@@ -199,10 +189,10 @@ async def test_a_stale_resource_claim_is_sent_again_by_the_sweep(
 
     async def work_until(ready: Any) -> list[ObserveRequest]:
         records = await read_topic(
-            bootstrap, settings.observe_requests_topic, until=lambda r: ready(_work(r))
+            bootstrap, settings.observe_requests_topic, until=lambda r: ready(observe_work(r))
         )
         assert {r.key for r in records} == {OWNER.encode()}
-        return _work(records)
+        return observe_work(records)
 
     try:
         async with running_service(settings):
