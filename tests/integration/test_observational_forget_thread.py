@@ -161,6 +161,21 @@ async def test_a_late_answer_stays_stale_when_a_mastra_app_sets_the_flag_again(m
     assert thread_open_tag(ODD) not in (await _row(mongo_db))["activeObservations"]
 
 
+async def test_a_reflection_in_flight_is_answered_stale(mongo_db: Db) -> None:
+    """A reflection claimed before the forget read the log with the thread's section: its answer starts no
+    next generation (the claim cleared, the cycle bumped)."""
+    store = await _fixture(mongo_db)
+    row = await store.get(None, "r1")
+    assert row is not None
+    claim = await store.claim(row, "reflect", _at(31))
+    assert claim is not None
+    await MongoForgetting(mongo_db).forget_thread(ODD, resource_id="r1")
+    reflection = "* everyone, condensed, the forgotten one too"
+    assert await store.apply_reflection(claim, reflection=reflection, token_count=9, now=_at(40)) is None
+    assert await mongo_db[OBSERVATIONAL].count_documents({"lookupKey": KEY}) == 1
+    assert (await _row(mongo_db))["isReflecting"] is False
+
+
 async def test_an_apply_racing_the_forget_never_brings_the_thread_back(
     mongo_db: Db, monkeypatch: pytest.MonkeyPatch
 ) -> None:
