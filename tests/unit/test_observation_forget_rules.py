@@ -255,3 +255,38 @@ def test_huge_logs_are_scanned_in_linear_time(log: str) -> None:
     started = time.perf_counter()
     remove_thread_sections(log, "t")
     assert time.perf_counter() - started < 2.0
+
+
+_ANY = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=20)
+    | st.datetimes(timezones=st.just(UTC)),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
+_FIELDS = st.sampled_from(
+    [
+        "activeObservations",
+        "activeObservationsPendingUpdate",
+        "bufferedObservationChunks",
+        "observedMessageIds",
+        "generationCount",
+        "lastReflectionAt",
+        "lastObservedAt",
+        "pendingMessageTokens",
+        "bufferedReflection",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(row=st.dictionaries(_FIELDS, _ANY), cursor=st.none() | st.datetimes(timezones=st.just(UTC)))
+def test_a_hand_written_row_of_any_shape_is_planned_never_raising(
+    row: dict[str, Any], cursor: datetime | None
+) -> None:
+    """Any field of any type: a plan (separable or not, with a reason), never an exception."""
+    plan = plan_thread_forget(row, "t", cursor=cursor, missing_ids=frozenset({"t-1"}))
+    assert plan.separable or plan.why
