@@ -42,6 +42,7 @@ from storage.client import CODEC
 from storage.documents import MESSAGES, THREADS
 from storage.errors import storage_errors
 from storage.observational import forget_observations
+from storage.observational_forget import forget_thread_in_resource
 from storage.protocol import Tombstones
 from storage.raw_rows import RAW, keys_of
 from storage.turns import TURNS
@@ -161,6 +162,8 @@ class MongoForgetting:
         await self._delete_chunks(self.messages, query, "forget messages", outcome, progress)
         with self._bounded("forget the thread's observations"):  # Observational Memory's rows
             await forget_observations(self.db, thread_id=thread_id)
+            if owner or resource_id:  # its part of the resource's log (resource scope), its cursor read first
+                await forget_thread_in_resource(self.db, thread_id, str(owner or resource_id))
         with self._bounded("forget the thread's markers"):
             await self.turns.delete_many(marker)
         with self._bounded("forget the thread"):
