@@ -11,10 +11,11 @@ Round trips (each is one command unless a reply exceeds one batch, 16 MiB):
 * `get_messages` (the echo filter and the tool-state merge): one `find` with `$in` on `id`, within the
   asking threads.
 
-Every read takes its reply as raw documents and decodes them one by one (`storage.raw_rows`): a row the
-codec or `schemas.stored_rows` refuses is skipped and counted (`storage.unreadable.skip`), never the reply's
-failure, so one row no Mastra would read neither fails its batch's other threads nor stops the service
-(docs/rules.md#stored-rows).
+Every read takes its reply as each row's bytes (`storage.raw_batches.RowsCursor`: the driver's own cursor,
+`getMore`s and timeouts, but no object per row), and decodes them one by one
+(`storage.raw_rows`): a row the codec or `schemas.stored_rows` refuses is skipped and counted
+(`storage.unreadable.skip`), never the reply's failure, so one row no Mastra would read neither fails its
+batch's other threads nor stops the service (docs/rules.md#stored-rows).
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeVar
 
-from bson.raw_bson import RawBSONDocument
-
 from message_history.core.recall_plan import PlainRow
 from message_history.errors import InvalidInputError, UnreadableRowError
 from schemas.messages import Message
@@ -34,6 +33,7 @@ from storage.documents import MESSAGES, _recalled_or_model, message_from_doc
 from storage.errors import storage_errors
 from storage.mongo_collections import MongoCollections
 from storage.protocol import Page, PageQuery, RecallQuery
+from storage.raw_batches import RowsCursor
 from storage.raw_owner import RawOwner
 from storage.raw_rows import decode_row
 from storage.recalled_rows import MESSAGE_PROJECTION
@@ -46,31 +46,33 @@ _NEWEST_FIRST = [("createdAt", -1), ("id", -1)]
 _MONGO_MAX_BATCH = 100_000  # PyMongo caps batchSize; the server stops a batch at 16 MiB anyway
 
 _Row = TypeVar("_Row")
-_Build = Callable[[Mapping[str, Any]], _Row]
+_Build = Callable[[bytes], _Row]
 
 
-def _raw_bytes(doc: Mapping[str, Any]) -> bytes:
-    assert isinstance(doc, RawBSONDocument)  # read from `raw_messages`
-    return bytes(doc.raw)
+def _raw_bytes(doc: bytes) -> bytes:
+    return doc
 
 
-def _decoded(build: Callable[[Mapping[str, Any]], _Row]) -> Callable[[Mapping[str, Any]], _Row]:
+def _decoded(build: Callable[[Mapping[str, Any]], _Row]) -> Callable[[bytes], _Row]:
     """`build` of a raw reply's document, decoded here, alone (`storage.unreadable.decode_row`)."""
 
-    def decoded(doc: Mapping[str, Any]) -> _Row:
-        assert isinstance(doc, RawBSONDocument)  # every message read is a raw reply
-        return build(decode_row(doc.raw, MESSAGES))
+    def decoded(doc: bytes) -> _Row:
+        return build(decode_row(doc, MESSAGES))
 
     return decoded
+
+
+async def _documents(cursor: RowsCursor) -> list[bytes]:
+    """Every row of the cursor, as bytes, in the reply's order."""
+    rows: list[bytes] = await cursor.to_list()
+    return rows
 
 
 _message: Final = _decoded(message_from_doc)
 _recalled: Final = _decoded(_recalled_or_model)
 
 
-def _readable(
-    docs: Sequence[Mapping[str, Any]], build: Callable[[Mapping[str, Any]], _Row], *, first: int | None = 0
-) -> list[_Row]:
+def _readable(docs: Sequence[bytes], build: _Build[_Row], *, first: int | None = 0) -> list[_Row]:
     """`build` of each raw document; a row no Mastra would read is skipped (`storage.unreadable.skip`).
     `first`: the rank of the first document in its thread's newest-first history (None: not a history)."""
     rows: list[_Row] = []
@@ -82,11 +84,10 @@ def _readable(
     return rows
 
 
-def _named(doc: Mapping[str, Any], collection: str) -> UnreadableRowError:
+def _named(doc: bytes, collection: str) -> UnreadableRowError:
     """The refusal of a raw document whose fields cannot even be looked at (for its thread and id)."""
-    assert isinstance(doc, RawBSONDocument)
     try:
-        decode_row(doc.raw, collection)
+        decode_row(doc, collection)
     except UnreadableRowError as exc:
         return exc
     return UnreadableRowError(collection, None, None, "bson", "the stored document cannot be read")
@@ -116,12 +117,12 @@ class MongoRecall(MongoCollections):
         query: dict[str, Any] = {"thread_id": thread_id}
         if resource_id is not None:
             query["resourceId"] = resource_id
-        cursor = self.raw_messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = RowsCursor(self.raw_messages, query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if limit is not None:
             # batch size = limit, so the page comes back in the first reply (the default first batch is 101)
             cursor = cursor.limit(limit).batch_size(min(limit, _MONGO_MAX_BATCH))
         with storage_errors("list_messages"):
-            docs = await cursor.to_list()
+            docs = await _documents(cursor)
         return _readable(docs, build)
 
     async def list_messages_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[Message]]:
@@ -205,11 +206,11 @@ class MongoRecall(MongoCollections):
         cap: int | None = None
         if all(q.limit is not None for q in queries):
             cap = sum(q.limit for q in queries if q.limit is not None) + 1
-        cursor = self.raw_messages.find(query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = RowsCursor(self.raw_messages, query, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         if cap is not None:
             cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
         with storage_errors("list_messages_many"):
-            docs = await cursor.to_list()
+            docs = await _documents(cursor)
         pages: dict[str, list[_Row]] = {tid: [] for tid in ids}
         # rows of each thread taken, skipped ones included: a skipped row fills its place in the limit, as
         # it does in one thread's query (`_find_page`), so both strategies recall the same rows
@@ -253,11 +254,11 @@ class MongoRecall(MongoCollections):
         if created:
             spec["createdAt"] = created
         wanted = query.per_page + 1
-        cursor = self.raw_messages.find(spec, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
+        cursor = RowsCursor(self.raw_messages, spec, MESSAGE_PROJECTION).sort(_NEWEST_FIRST)
         cursor = cursor.skip(query.page * query.per_page)
         cursor = cursor.limit(wanted).batch_size(wanted)
         with storage_errors("list_page"):
-            docs = await cursor.to_list()
+            docs = await _documents(cursor)
         rows = _readable(docs[: query.per_page], _message, first=query.page * query.per_page)
         return Page(rows, len(docs) > query.per_page)
 
@@ -275,7 +276,8 @@ class MongoRecall(MongoCollections):
             threads = list(dict.fromkeys(thread_ids))
             query["thread_id"] = threads[0] if len(threads) == 1 else {"$in": threads}
         with storage_errors("get_messages"):
-            docs = await self.raw_messages.find(query, MESSAGE_PROJECTION, batch_size=len(ids) + 1).to_list()
+            found = RowsCursor(self.raw_messages, query, MESSAGE_PROJECTION, batch_size=len(ids) + 1)
+            docs = await _documents(found)
         return _readable(docs, _message, first=None)
 
     async def list_pages_many(self, queries: Sequence[PageQuery]) -> list[Page]:

@@ -9,9 +9,11 @@ from the bytes where the document's layout makes it certain, else from the decod
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final
 
 from bson.raw_bson import RawBSONDocument
+
+from storage.raw_rows import RAW
 
 if TYPE_CHECKING:
     from storage.protocol import RecallQuery
@@ -38,10 +40,10 @@ class RawOwner:
     def __init__(self) -> None:
         self._elements: dict[str, bytes] = {}
 
-    def read(self, doc: Mapping[str, Any], wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
-        """The query `doc` answers: its `thread_id`'s, when owned by the query's resource (or the query names
-        none); else None: as `wanted.get(doc.get("thread_id", ""))`, `doc.get("resourceId") == resource`."""
-        raw = bytes(cast(RawBSONDocument, doc).raw)
+    def read(self, raw: bytes, wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
+        """The query the document `raw` answers: its `thread_id`'s, when owned by the query's resource (or the
+        query names none); else None: as `wanted.get(doc.get("thread_id", ""))`, `doc.get("resourceId") ==
+        resource`. Raises what decoding a malformed document raises (the caller names the row)."""
         if raw[4:8] == b"\x02id\x00":
             start = 12 + int.from_bytes(raw[8:12], "little")
             if raw[start : start + 11] == b"\x02thread_id\x00" and raw.find(b"thread_id\x00", start + 11) < 0:
@@ -49,17 +51,18 @@ class RawOwner:
                 try:
                     query = wanted.get(raw[start + 15 : end].decode())
                 except UnicodeDecodeError:
-                    return self._decoded(doc, wanted)
+                    return self._decoded(raw, wanted)
                 if query is None or query.resource_id is None:
                     return query
                 owned = self._owned(raw, end + 1, query.resource_id)
                 if owned is None:
-                    owned = doc.get("resourceId") == query.resource_id
+                    owned = RawBSONDocument(raw, RAW).get("resourceId") == query.resource_id
                 return query if owned else None
-        return self._decoded(doc, wanted)
+        return self._decoded(raw, wanted)
 
     @staticmethod
-    def _decoded(doc: Mapping[str, Any], wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
+    def _decoded(raw: bytes, wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
+        doc: Mapping[str, Any] = RawBSONDocument(raw, RAW)  # decoded as the reply's documents were
         query = wanted.get(doc.get("thread_id", ""))
         if query is None or query.resource_id is None or doc.get("resourceId") == query.resource_id:
             return query

@@ -1,0 +1,150 @@
+"""`storage.raw_batches.cut_batch`: the rows and the rest of a `find` reply, read from its bytes, are what
+PyMongo's own unpacking of the same reply gives (`_OpMsg.raw_response` + the stream of the batch), or None."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import bson
+import pytest
+from bson import SON, _convert_raw_document_lists_to_streams
+from bson.errors import InvalidBSON
+from bson.int64 import Int64
+from hypothesis import given
+from hypothesis import strategies as st
+from pymongo.message import _OpMsg
+
+from storage.raw_batches import cut_batch, split_stream
+
+FIELDS = {"cursor": {"firstBatch": 1, "nextBatch": 1}}  # what a find's cursor asks PyMongo to leave raw
+ROWS = [SON([("id", "m1"), ("thread_id", "t1")]), SON([("id", "m2"), ("n", 2), ("d", {"k": [1, 2]})])]
+
+
+def _reply(
+    *top: tuple[str, Any], key: str = "firstBatch", rows: list[Any] = ROWS, first: bool = True
+) -> bytes:
+    """A find reply: `cursor` (its batch first or last) among `top`'s other fields."""
+    batch: list[tuple[str, Any]] = [(key, rows)]
+    rest: list[tuple[str, Any]] = [("id", Int64(0)), ("ns", "db.coll")]
+    cursor = SON(batch + rest if first else rest + batch)
+    return bson.encode(SON([("cursor", cursor), *top]))
+
+
+def _oversized_batch() -> bytes:
+    payload = bytearray(_reply(("ok", 1.0)))
+    at = payload.index(b"firstBatch\x00") + len("firstBatch\x00")
+    payload[at : at + 4] = (len(payload) + 10).to_bytes(4, "little")
+    return bytes(payload)
+
+
+def _pymongo(payload: bytes, key: str) -> tuple[Mapping[str, Any], list[bytes]]:
+    """PyMongo's reading of the reply, as its raw-batch cursor does it: the rest of the reply, and the
+    batch's stream of documents cut into rows."""
+    doc = _OpMsg(0, payload).raw_response(None, user_fields=FIELDS)[0]
+    _convert_raw_document_lists_to_streams(doc)
+    rows: list[bytes] = []
+    for stream in doc["cursor"].pop(key):
+        split_stream(bytes(stream), rows)
+    return doc, rows
+
+
+def _cut(payload: bytes, key: str) -> tuple[Mapping[str, Any], list[bytes]] | None:
+    cut = cut_batch(payload)
+    if cut is None:
+        return None
+    emptied, rows = cut
+    doc = _OpMsg(0, emptied).raw_response(None, user_fields=FIELDS)[0]
+    assert doc["cursor"].pop(key) == b"\x05\x00\x00\x00\x00"  # the emptied array, left raw
+    return doc, rows
+
+
+def _plain(doc: Mapping[str, Any]) -> Any:
+    return bson.decode(bson.encode(doc))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _reply(("ok", 1.0)),
+        _reply(("ok", 1.0), first=False),
+        _reply(("ok", 1.0), key="nextBatch"),
+        _reply(("ok", 1.0), rows=[]),
+        _reply(("ok", 1.0), ("$clusterTime", {"clusterTime": bson.Timestamp(5, 1)}), ("operationTime", 7)),
+        _reply(("ok", 1.0), rows=[{"s": "x" * 10_000}] * 50),
+    ],
+    ids=["first", "batch-last", "next", "empty", "cluster-time", "large"],
+)
+def test_the_rows_and_the_rest_are_pymongos(payload: bytes) -> None:
+    key = "nextBatch" if b"nextBatch" in payload else "firstBatch"
+    cut = _cut(payload, key)
+    assert cut is not None
+    expected_doc, expected_rows = _pymongo(payload, key)
+    assert cut[1] == expected_rows
+    assert _plain(cut[0]) == _plain(expected_doc)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        bson.encode({"ok": 0.0, "errmsg": "no", "code": 2}),  # an error: no cursor
+        bson.encode({"cursor": {"firstBatch": [1, 2], "id": 0}, "ok": 1.0}),  # not documents
+        bson.encode({"cursor": {"firstBatch": "x", "id": 0}, "ok": 1.0}),  # not an array
+        bson.encode({"cursor": {"id": 0, "x": bson.Regex("a")}, "ok": 1.0}),  # an unknown type, no batch
+        bson.encode({"cursor": {"firstBatch": [], "nextBatch": [], "id": 0}, "ok": 1.0}),  # two batches
+        b"\x05\x00\x00\x00\x00",
+        b"",
+        _reply(("ok", 1.0))[:-1],  # cut short
+        _oversized_batch(),  # an array whose size runs past its document
+    ],
+)
+def test_what_the_bytes_do_not_make_certain_is_left_to_pymongo(payload: bytes) -> None:
+    assert cut_batch(payload) is None
+
+
+_NAME = st.text(st.characters(exclude_characters="\x00"), max_size=6)  # a BSON key is a C string
+_SCALARS = st.one_of(
+    st.text(max_size=8),
+    st.integers(-(2**63), 2**63 - 1),
+    st.floats(allow_nan=False),
+    st.booleans(),
+    st.none(),
+    st.binary(max_size=8),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(_NAME, inner, max_size=3)),
+    max_leaves=8,
+)
+_ROWS = st.lists(st.dictionaries(_NAME, _VALUES, max_size=4), max_size=5)
+_TOP = st.lists(
+    st.tuples(st.text(max_size=6).filter(lambda k: k != "cursor" and "\x00" not in k), _VALUES), max_size=4
+)
+
+
+@given(_ROWS, _TOP, st.sampled_from(["firstBatch", "nextBatch"]), st.booleans())
+def test_any_find_reply_reads_as_pymongo_reads_it(
+    rows: list[dict[str, Any]], top: list[tuple[str, Any]], key: str, first: bool
+) -> None:
+    payload = _reply(*top, key=key, rows=rows, first=first)
+    cut = _cut(payload, key)
+    assert cut is not None  # every layout a BSON encoder writes is certain
+    expected_doc, expected_rows = _pymongo(payload, key)
+    assert cut[1] == expected_rows
+    assert _plain(cut[0]) == _plain(expected_doc)
+
+
+@given(st.binary(max_size=200))
+def test_any_bytes_are_cut_or_refused_never_raise(payload: bytes) -> None:
+    cut = cut_batch(payload)
+    if cut is not None:
+        assert all(len(row) >= 5 for row in cut[1])
+
+
+def test_a_stream_is_split_into_its_documents_or_refused() -> None:
+    docs = [bson.encode({"a": i}) for i in range(3)]
+    into: list[bytes] = []
+    split_stream(b"".join(docs), into)
+    assert into == docs
+    with pytest.raises(InvalidBSON):
+        split_stream(b"".join(docs)[:-1], [])
