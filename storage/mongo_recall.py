@@ -93,6 +93,24 @@ def _named(doc: bytes, collection: str) -> UnreadableRowError:
     return UnreadableRowError(collection, None, None, "bson", "the stored document cannot be read")
 
 
+def _query_of(
+    doc: bytes, sure: row_codec.Owner | None, owner: RawOwner, by_thread: Mapping[str, RecallQuery]
+) -> RecallQuery | None:
+    """The query of a batch's `$in` reply that the row `doc` answers (None: none): from the native walk's
+    `(thread_id, resourceId)` when it was `sure`, else read by `owner`; a row whose bytes cannot even be read
+    is its thread's as far as a lenient decoding names it (it is skipped there, in the thread's count)."""
+    if sure is not None:
+        wanted = by_thread.get(sure[0])
+        if wanted is not None and wanted.resource_id is not None and sure[1] != wanted.resource_id:
+            return None
+        return wanted
+    try:
+        return owner.read(doc, by_thread)
+    except Exception:  # noqa: BLE001 -- a document the codec refuses: that row's fault, its thread's
+        error = _named(doc, MESSAGES)
+        return by_thread.get(error.thread_id) if isinstance(error.thread_id, str) else None
+
+
 def _check_limit(limit: int | None) -> None:
     if limit is not None and limit < 0:
         raise InvalidInputError(f"limit must not be negative, got {limit}")
@@ -216,12 +234,9 @@ class MongoRecall(MongoCollections):
         # it does in one thread's query (`_find_page`), so both strategies recall the same rows
         taken: dict[str, int] = dict.fromkeys(ids, 0)
         owner = RawOwner()
-        for doc in docs:
-            try:
-                wanted = owner.read(doc, by_thread)
-            except Exception:  # noqa: BLE001 -- a document the codec refuses: that row's fault, its thread's
-                error = _named(doc, MESSAGES)  # as far as a lenient decoding names it
-                wanted = by_thread.get(error.thread_id) if isinstance(error.thread_id, str) else None
+        known = row_codec.owners_from_raw(docs)  # the native walk, where it is sure; else `RawOwner`
+        for doc, sure in zip(docs, known, strict=True):
+            wanted = _query_of(doc, sure, owner, by_thread)
             if wanted is None:
                 continue
             rank = taken[wanted.thread_id]

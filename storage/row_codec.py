@@ -41,8 +41,11 @@ from storage.recalled_rows import row_from_doc
 
 __all__ = [
     "NATIVE_MODULE",
+    "Owner",
     "RowCodec",
     "codec_fingerprint",
+    "owners_from_raw",
+    "owners_from_raw_py",
     "rows_from_raw",
     "rows_from_raw_py",
     "select_codec",
@@ -52,6 +55,8 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RowCodec = Literal["auto", "native", "python"]
+Owner = tuple[str, str | None]
+"""A raw message row's top-level `thread_id` and `resourceId` (None: absent or not a string)."""
 NATIVE_MODULE: Final = "message_history_native"
 
 # As storage/client.py's CODEC: the reference reads a document exactly as the service's collections do.
@@ -183,7 +188,35 @@ def _with_reference(
     return rows
 
 
+def owners_from_raw_py(docs: Sequence[bytes]) -> list[Owner | None]:
+    """The reference: not sure of any row (`storage.raw_owner.RawOwner` reads each)."""
+    return [None] * len(docs)
+
+
+def select_owners(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[Owner | None]]:
+    """`owners_from_raw`'s implementation: the native module's when installed, has it and `mode` is not
+    `python`, else the reference. It mirrors no model (it walks BSON elements), so a stale fingerprint does
+    not matter; a failure (exception or panic) lets the reference decide the batch, counted as the codec's."""
+    module = _native() if mode != "python" else None
+    native: Callable[[Sequence[bytes]], list[Owner | None]] | None = getattr(module, "owners_from_raw", None)
+    if native is None:
+        return owners_from_raw_py
+    found = native
+
+    def owners(docs: Sequence[bytes]) -> list[Owner | None]:
+        try:
+            return found(docs)
+        except _PASS_THROUGH:
+            raise
+        except BaseException as error:  # noqa: BLE001 -- as `_with_reference`: the reference decides
+            _native_failed(error)
+            return owners_from_raw_py(docs)
+
+    return owners
+
+
 _selected: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
+_selected_owners: Callable[[Sequence[bytes]], list[Owner | None]] | None = None
 
 
 def rows_from_raw(docs: Sequence[bytes]) -> list[PlainRow | None]:
@@ -200,10 +233,21 @@ def rows_from_raw(docs: Sequence[bytes]) -> list[PlainRow | None]:
     return _selected(docs)
 
 
+def owners_from_raw(docs: Sequence[bytes]) -> list[Owner | None]:
+    """Per raw message document, its `(thread_id, resourceId)` where the native walk is sure (a decoded
+    document would give the same: the last element of a name, top level only), else None (`RawOwner` reads
+    that row). Never raises for a malformed row."""
+    global _selected_owners  # noqa: PLW0603 -- chosen once per process
+    if _selected_owners is None:
+        _selected_owners = select_owners(_mode_from_env())
+    return _selected_owners(docs)
+
+
 def use_codec(mode: RowCodec) -> None:
     """Choose `rows_from_raw`'s implementation now (start-up), so a stale native module is logged early."""
-    global _selected  # noqa: PLW0603 -- chosen once per process
+    global _selected, _selected_owners  # noqa: PLW0603 -- chosen once per process
     _selected = select_codec(mode)
+    _selected_owners = select_owners(mode)
 
 
 def _mode_from_env() -> RowCodec:

@@ -18,6 +18,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 
 mod canonical;
 mod fingerprint;
+mod owner;
 mod row;
 
 /// Set by `_panic_next_call_for_tests`; the next `rows_from_raw` call panics.
@@ -68,9 +69,38 @@ fn rows_from_raw<'py>(py: Python<'py>, docs: &Bound<'py, PyAny>) -> PyResult<Bou
     Ok(out)
 }
 
+/// Per raw document, `(thread_id, resourceId or None)` read from its top level, or None (not sure: the Python
+/// route, `storage/raw_owner.py`, decides). src/owner.rs says when it is sure.
+#[pyfunction]
+fn owners_from_raw<'py>(py: Python<'py>, docs: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let out = PyList::empty(py);
+    for item in docs.try_iter()? {
+        let item = item?;
+        let found = match item.cast::<PyBytes>() {
+            Ok(bytes) => owner::owner(bytes.as_bytes()),
+            Err(_) => None,
+        };
+        match found {
+            Some((thread, resource)) => {
+                let resource = match resource {
+                    Some(r) => r.into_pyobject(py)?.into_any(),
+                    None => py.None().into_bound(py),
+                };
+                out.append(PyTuple::new(
+                    py,
+                    [thread.into_pyobject(py)?.into_any(), resource],
+                )?)?;
+            }
+            None => out.append(py.None())?,
+        }
+    }
+    Ok(out)
+}
+
 #[pymodule]
 fn message_history_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_from_raw, m)?)?;
+    m.add_function(wrap_pyfunction!(owners_from_raw, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_next_call_for_tests, m)?)?;
     m.add("FINGERPRINT", fingerprint::FINGERPRINT)?;
     m.add("MAX_VALUES", canonical::MAX_VALUES)?;

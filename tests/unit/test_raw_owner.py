@@ -7,6 +7,7 @@ Pure (documents built with `bson`, keys in the order given), table-style plus a 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -18,9 +19,11 @@ from bson.son import SON
 from hypothesis import given
 from hypothesis import strategies as st
 
+from storage.mongo_recall import _query_of
 from storage.protocol import RecallQuery
 from storage.raw_owner import RawOwner
 from storage.raw_rows import RAW as RAW_CODEC
+from storage.row_codec import _native
 
 WANTED = {
     "t1": RecallQuery(thread_id="t1", resource_id="r1", limit=10),
@@ -133,3 +136,69 @@ def test_read_is_the_decoded_rule_for_any_layout(
         head.append(("resourceId", resource))
     for doc in (_raw(*head, *rest), _raw(*head[:2], *rest, *head[2:]), _raw(*rest, *head)):
         assert_same(doc)
+
+
+# The native walk (`message_history_native.owners_from_raw`, used by the recall's `$in` read before
+# `RawOwner`): where it is sure, the query it leads to is the decoded document's; where it is not, `RawOwner`
+# reads the row (above). Built by `stack install --all`, so CI always has it.
+_NATIVE_OWNERS = getattr(_native(), "owners_from_raw", None)
+needs_native = pytest.mark.skipif(
+    _NATIVE_OWNERS is None and not os.environ.get("CI"), reason="message_history_native not built"
+)
+
+
+def assert_native_same(doc: RawBSONDocument) -> bool:
+    """The native walk agrees with the decoded rule where it answers; whether it answered."""
+    assert _NATIVE_OWNERS is not None, (
+        "message_history_native.owners_from_raw is missing (stack install --all)"
+    )
+    raw = bytes(doc.raw)
+    [sure] = _NATIVE_OWNERS([raw])
+    if sure is None:
+        return False
+    assert _query_of(raw, sure, RawOwner(), WANTED) == _outcome(lambda: _expected(doc)), bson.decode(
+        doc.raw, RAW_CODEC
+    )
+    return True
+
+
+@needs_native
+@pytest.mark.parametrize("doc", CASES, ids=range(len(CASES)))
+def test_the_native_walk_is_the_decoded_rule(doc: RawBSONDocument) -> None:
+    assert_native_same(doc)
+
+
+@needs_native
+def test_the_native_walk_is_sure_of_the_rows_it_is_for() -> None:
+    """Not vacuous: the layouts the service and Mastra write are answered natively, not left to Python."""
+    answered = [assert_native_same(doc) for doc in CASES[:4]]
+    assert all(answered)
+    assert _NATIVE_OWNERS is not None
+    assert _NATIVE_OWNERS([b"", b"\x05\x00\x00\x00", bytes(CASES[0].raw)[:-1]]) == [None, None, None]
+
+
+@needs_native
+@given(
+    st.lists(st.tuples(_KEYS, _VALUES), max_size=6),
+    st.sampled_from(["t1", "t2", "ré", "t3"]),
+    st.sampled_from(["r1", "r2", "rü", None]),
+)
+def test_the_native_walk_is_the_decoded_rule_for_any_layout(
+    rest: list[tuple[str, Any]], thread: str, resource: Any
+) -> None:
+    head: list[tuple[str, Any]] = [("id", "m1"), ("thread_id", thread)]
+    if resource is not None:
+        head.append(("resourceId", resource))
+    for doc in (_raw(*head, *rest), _raw(*head[:2], *rest, *head[2:]), _raw(*rest, *head)):
+        assert_native_same(doc)
+
+
+@needs_native
+@given(st.binary(max_size=64))
+def test_the_native_walk_never_fails_on_any_bytes(data: bytes) -> None:
+    assert _NATIVE_OWNERS is not None
+    framed = (len(data) + 5).to_bytes(4, "little") + data + b"\x00"
+    for raw in (data, framed):
+        [sure] = _NATIVE_OWNERS([raw])
+        if sure is not None:  # sure only where a decoder reads the same thread
+            assert bson.decode(raw).get("thread_id", "") == sure[0]
