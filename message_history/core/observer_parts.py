@@ -42,20 +42,9 @@ from datetime import UTC, datetime
 from typing import Any, Final
 from urllib.parse import unquote
 
+from message_history.core import tokens as _tokens
 from message_history.core.observation_dates import JS_SPACE_CHARS
-from message_history.core.tokens import (
-    _CJK,
-    _HAS_PUNCTUATION,
-    _SPLIT,
-    _WHITESPACE,
-    _by_language,
-    _js_number,
-    _segment_tokens,
-    estimate_token_count,
-)
-from message_history.core.tokens import (
-    _SHORT_TOKEN_THRESHOLD as _SHORT,
-)
+from message_history.core.tokens import _by_language, _js_number, _segment_tokens, estimate_token_count
 
 __all__ = [
     "MAX_SERIALIZED",
@@ -88,6 +77,7 @@ _IMAGE_EXTENSIONS: Final = frozenset(
 )
 _SPECIAL_SCHEMES: Final = frozenset({"http", "https", "ws", "wss", "ftp", "file"})
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*+:")
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _HEX: Final = frozenset("0123456789abcdefABCDEF")
 
 
@@ -393,7 +383,7 @@ def _select_outline(entries: list[_Entry], limits: _Limits) -> str:
 
 def _sanitize_surrogates(text: str) -> str:
     """`sanitizeSurrogates`: a lone surrogate becomes U+FFFD (a Python string holds only lone ones)."""
-    return re.sub("[\ud800-\udfff]", "\ufffd", text)
+    return _SURROGATE.sub("\ufffd", text)
 
 
 def _preview(path: str, value: str, limits: _Limits, prefix: str = "") -> str:
@@ -622,14 +612,14 @@ def _piece_tokens(piece: str) -> int:
     """tokenx's `estimateSegmentTokens` (`tokens._segment_tokens`) with the UTF-16 length in C."""
     if piece.isascii():
         return _segment_tokens(piece)
-    if _WHITESPACE.fullmatch(piece):
+    if _tokens._WHITESPACE.fullmatch(piece):
         return 0
-    if _CJK.search(piece):
+    if _tokens._CJK.search(piece):
         return len(piece)
     length = _len16(piece)
-    if length <= _SHORT:
+    if length <= _tokens._SHORT_TOKEN_THRESHOLD:
         return 1
-    if _HAS_PUNCTUATION.search(piece):
+    if _tokens._HAS_PUNCTUATION.search(piece):
         return math.ceil(length / 2)
     return _by_language(piece, length)
 
@@ -664,7 +654,7 @@ class _Prefixes:
 def _pieces(text: str) -> Iterator[tuple[int, str]]:
     """`text.split(TOKEN_SPLIT_PATTERN).filter(Boolean)` with each piece's start, lazily."""
     position = 0
-    for match in _SPLIT.finditer(text):
+    for match in _tokens._SPLIT.finditer(text):
         if match.start() > position:
             yield position, text[position : match.start()]
         yield match.start(), match.group()
