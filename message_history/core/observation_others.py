@@ -131,11 +131,13 @@ def _call_key(value: Any) -> Hashable:
     return ("o", id(value))
 
 
-def _invocation(part: Mapping[str, Any]) -> Mapping[str, Any]:
+def _invocation(part: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The part's `toolInvocation`; None where Mastra throws (null or missing); an empty one for another
+    value (a string, a number, a list: its `state`, `toolCallId`, `toolName`, `args` are undefined)."""
     invocation = part.get("toolInvocation")
-    if not isinstance(invocation, Mapping):
-        raise UnrenderableError("toolInvocation is not an object")  # Mastra: reading a property of it throws
-    return invocation
+    if invocation is None:
+        return None
+    return invocation if isinstance(invocation, Mapping) else {}
 
 
 def _call_like(invocation: Mapping[str, Any]) -> bool:
@@ -174,8 +176,8 @@ class _ToolState:
             for part in parts:
                 if not isinstance(part, Mapping) or part.get("type") != "tool-invocation":
                     continue
-                invocation = part.get("toolInvocation")
-                if not isinstance(invocation, Mapping):
+                invocation = _invocation(part)
+                if invocation is None:
                     continue  # left out when rendered (Mastra throws here)
                 self.occurrences[id(part)] = occurrence
                 if not _call_like(invocation) and not _terminal(invocation):
@@ -214,6 +216,8 @@ def _tool_lines(
 ) -> list[tuple[str, str]]:
     """The lines of one `tool-invocation` part (`formatObserverMessage`'s branch for them)."""
     invocation = _invocation(part)
+    if invocation is None:
+        raise UnrenderableError("toolInvocation is null")  # Mastra: reading a property of it throws
     lines: list[tuple[str, str]] = []
     occurrence = tools.occurrences.get(id(part))
     key = _call_key(invocation.get("toolCallId", UNDEFINED))

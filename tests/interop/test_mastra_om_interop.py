@@ -300,8 +300,10 @@ def _any_message(rng: random.Random, n: int, calls: list[str]) -> dict[str, Any]
             parts.append(_tool_part(rng, calls))
         elif roll < 0.8:
             parts.append(_attachment(rng))
-        else:
+        elif roll < 0.97:
             parts.append({"type": rng.choice(["text", "step-start", "source"]), "text": rng.choice(_WORDS)})
+        else:  # a toolInvocation that is no object: its fields are undefined to Mastra
+            parts.append({"type": "tool-invocation", "toolInvocation": rng.choice(["call", 5, [1]])})
         if rng.random() < 0.2:
             parts[-1]["createdAt"] = 1740819900000 + rng.randint(0, 10**8)
     message["content"] = {"format": 2, "parts": parts}
