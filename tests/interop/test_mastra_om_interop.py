@@ -182,3 +182,165 @@ def test_other_conversations_match_mastras_format_messages_for_observer(seed: in
     [built] = run_mastra("build", {"cases": [case]})["built"]
     now = datetime(2025, 3, 5, 10, tzinfo=UTC)
     assert context_system_messages(case["observations"], now=now, other_conversations=blocks) == built
+
+
+_VALUES: list[Any] = [
+    1, 1.0, 1.5, -0.0, 1e21, 1e-7, 123456789012345678, 2**53 + 1, 0.1 + 0.2, -3, True, False, None,
+    "", " ", "é", "🍵 tea", "a\"b\\c\n\t\u0001", "x" * 170, "🍵" * 200, "日本語のテキスト" * 30,
+    "word " * 150,
+    "%zz", "line\nbreak " * 40,
+]  # fmt: skip
+_KEYS = [
+    "a",
+    "city",
+    "2",
+    "10",
+    "0",
+    "01",
+    "with space",
+    "é",
+    "$x",
+    "_y",
+    "k" * 200,
+    "🍵",
+    "-1",
+    "4294967295",
+]
+
+
+def _value(rng: random.Random, depth: int) -> Any:
+    roll = rng.random()
+    if depth > 4 or roll < 0.45:
+        return rng.choice(_VALUES)
+    if roll < 0.75:
+        return {rng.choice(_KEYS) + ("" if rng.random() < 0.7 else str(i)): _value(rng, depth + 1)
+                for i in range(rng.choice([0, 1, 2, 3, 5, 25]))}  # fmt: skip
+    return [_value(rng, depth + 1) for _ in range(rng.choice([0, 1, 2, 4, 22]))]
+
+
+_URLS = [
+    "https://example.com/a/cat.png", "https://example.com/files/report%20final.pdf?x=1#y", "http://h/a/b/../c.JPG",
+    "data:image/png;base64,AAAA", "data:application/pdf;base64,AAAA", "s3://bucket/key/photo.webp",
+    "no-scheme.png",
+    "https://example.com/", "mailto:someone", "https://example.com/%E9t%C3%A9.gif", "https://example.com/%zz.png",
+    "file:///tmp/x.heic", "https://example.com/dir/",
+]  # fmt: skip
+
+
+def _attachment(rng: random.Random) -> dict[str, Any]:
+    part: dict[str, Any] = {"type": rng.choice(["image", "file"])}
+    part["image" if part["type"] == "image" else "data"] = rng.choice(_URLS)
+    if rng.random() < 0.5:
+        part["mimeType"] = rng.choice(["image/PNG", "application/pdf", "text/plain", ""])
+    if rng.random() < 0.3:
+        part["filename"] = rng.choice(["notes.txt", " pic.jpeg ", "", "  ", "archive.tar.gz", "a.png#x"])
+    return part
+
+
+def _result(rng: random.Random) -> Any:
+    roll = rng.random()
+    if roll < 0.25:
+        return rng.choice(["", "  ", "ok", "x " * 400, "🍵" * 300, "word" * 8000])
+    if roll < 0.45:
+        blocks = [
+            {"type": "text", "text": "see"},
+            {"type": "image-data", "data": "AAAA", "mediaType": rng.choice(["image/png", None])},
+            {"type": "image-url", "url": rng.choice(_URLS)},
+            {"type": "media", "data": "AAAA", "mediaType": rng.choice(["image/jpeg", "application/pdf"])},
+            {"type": "file-data", "data": "AAAA", "mediaType": "application/pdf", "filename": "r.pdf"},
+            {"type": "file-url", "url": rng.choice(_URLS)},
+            {"type": "media", "data": "AAAA"},
+        ]
+        return {"type": "content", "value": rng.sample(blocks, rng.randint(1, len(blocks)))}
+    if roll < 0.55:
+        return {"encryptedContent": "e" * rng.choice([10, 300]), "rest": _value(rng, 3)}
+    if roll < 0.6:
+        return {"deep": [[[[{"k": ["v" * 50] * 30}] * 3] * 3] * 3] * 40}
+    return _value(rng, 0)
+
+
+_STATES = ["call", "call", "partial-call", "result", "result", "output-error", "output-denied",
+           "approval-requested", "approval-responded", "input-streaming"]  # fmt: skip
+
+
+def _tool_part(rng: random.Random, calls: list[str]) -> dict[str, Any]:
+    if not calls or rng.random() < 0.4:
+        calls.append(f"c{len(calls)}")
+    invocation: dict[str, Any] = {"state": rng.choice(_STATES), "toolCallId": rng.choice(calls),
+                                  "toolName": rng.choice(["weather", "search", "🍵tool"])}  # fmt: skip
+    if rng.random() < 0.7:
+        deep: Any = "bottom"
+        for level in range(rng.randint(1, 9)):
+            deep = (
+                {"k" * 200 if level == 3 else f"l{level}": deep, "n": level}
+                if level % 2
+                else [deep, "s" * 200]
+            )
+        invocation["args"] = rng.choice([_value(rng, 0), {"q": _value(rng, 0), "t": "x" * 2000}, deep])
+    if invocation["state"] == "result" and rng.random() < 0.9:
+        invocation["result"] = _result(rng)
+    if rng.random() < 0.2:
+        invocation["isError"] = rng.choice([True, False, 1, 0])
+    if rng.random() < 0.3:
+        invocation["errorText"] = rng.choice(["boom", "  ", "", "e" * 700])
+    if invocation["state"] == "output-denied" and rng.random() < 0.6:
+        invocation["approval"] = {"reason": rng.choice(["no thanks", " ", "r" * 600])}
+    part: dict[str, Any] = {"type": "tool-invocation", "toolInvocation": invocation}
+    if rng.random() < 0.1:
+        part["providerMetadata"] = {"mastra": {"modelOutput": _result(rng)}}
+    return part
+
+
+def _any_message(rng: random.Random, n: int, calls: list[str]) -> dict[str, Any]:
+    message = _text_message(rng, n)
+    parts: list[dict[str, Any]] = []
+    for _ in range(rng.randint(1, 4)):
+        roll = rng.random()
+        if roll < 0.55:
+            parts.append(_tool_part(rng, calls))
+        elif roll < 0.8:
+            parts.append(_attachment(rng))
+        elif roll < 0.97:
+            parts.append({"type": rng.choice(["text", "step-start", "source"]), "text": rng.choice(_WORDS)})
+        else:  # a toolInvocation that is no object: its fields are undefined to Mastra
+            parts.append({"type": "tool-invocation", "toolInvocation": rng.choice(["call", 5, [1]])})
+        if rng.random() < 0.2:
+            parts[-1]["createdAt"] = 1740819900000 + rng.randint(0, 10**8)
+    message["content"] = {"format": 2, "parts": parts}
+    if rng.random() < 0.05:
+        message["id"] = f"__temporal_{n}"
+        message["content"]["metadata"] = {"reminderType": "temporal-gap", "gapText": "3 hours later"}
+    return message
+
+
+@pytest.mark.parametrize(("seed", "max_part_length"), [(0, 500), (1, 500), (2, 500), (3, 500), (4, 0)])
+def test_tool_calls_results_and_attachments_match_mastras_format_messages_for_observer(
+    seed: int, max_part_length: int
+) -> None:
+    """Byte for byte Mastra's `formatMessagesForObserver` (UTC; maxPartLength 500 as recall calls it, and 0,
+    no cut, which shows the 5 000-token cut of results whole) on generated messages with tool calls in every
+    state (shared call ids across messages), results (strings, JSON of every shape, attachment blocks,
+    `modelOutput`, long `encryptedContent`), errors, denials, file and image parts."""
+    rng = random.Random(1000 + seed)
+    cases = []
+    for _ in range(60):
+        calls: list[str] = []
+        cases.append([_any_message(rng, n, calls) for n in range(rng.randint(1, 6))])
+    chain: Any = {"end": 1}
+    for _ in range(8):
+        chain = {"a": chain}
+    args = {"deep": chain, "k" * 200: {"v": 1}, "n": float("-0.0"), "big": 1e21}
+    invocation = {"state": "call", "toolCallId": "d", "toolName": "t", "args": args}
+    fixed = [{"type": "tool-invocation", "toolInvocation": invocation}]
+    cases.append([{**_text_message(rng, 99), "content": {"format": 2, "parts": fixed}}])
+    theirs = run_mastra("observer-text", {"cases": cases, "maxPartLength": max_part_length})["texts"]
+    ours = [format_messages_for_observer(case, max_part_length) for case in cases]
+    diffs = [(c, a, b) for c, a, b in zip(cases, ours, theirs, strict=True) if a != b]
+    assert not diffs, diffs[:1]
+    joined = "\n".join(ours)
+    wanted = ["[truncated ~"] if max_part_length == 0 else ["[truncated "]
+    for seen in (*wanted, "Tool Call ", "Tool Result ", "Tool Error ", "[Image #", "[File #",
+                 "Large string previews",
+                 "additional entries omitted", "[max depth reached]", " chars; ",
+                 "characters omitted]", "[Image #2", "[stripped encryptedContent"):  # fmt: skip
+        assert seen in joined, seen

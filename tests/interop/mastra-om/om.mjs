@@ -9,7 +9,8 @@
 //                         ObservationalMemory.buildContextSystemMessages makes of a thread-scoped record
 //                         holding `observations` at `now` (run with TZ=UTC: Mastra reads dates locally)
 //   node om.mjs observer-text reads {cases: [[message]]}; prints formatMessagesForObserver of each list
-//                         ({maxPartLength: 500}, as the other threads' blocks of resource scope are written);
+//                         ({maxPartLength: 500}, as the other threads' blocks of resource scope are written,
+//                         unless the input's `maxPartLength` says otherwise);
 //                         `build` cases may carry `others`: the unobservedContextBlocks of resource scope
 //   node om.mjs wrap      reads {cases: [{existing, cycles: [{threadId, observations, lastObservedAt}]}]};
 //                         prints, per case, the log a resource-scoped ObservationalMemory's wrapObservations
@@ -61,7 +62,9 @@ if (command === 'tokens') {
 } else if (command === 'observer-text') {
   // formatMessagesForObserver as formatUnobservedContextBlocks calls it (createdAt a Date, as stored)
   const texts = input.cases.map((messages) =>
-    formatMessagesForObserver(messages.map((m) => ({ ...m, createdAt: new Date(m.createdAt) })), { maxPartLength: 500 }),
+    formatMessagesForObserver(messages.map((m) => ({ ...m, createdAt: new Date(m.createdAt) })), {
+      maxPartLength: input.maxPartLength ?? 500,
+    }),
   );
   process.stdout.write(JSON.stringify({ texts }));
 } else if (command === 'wrap') {
