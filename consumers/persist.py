@@ -44,8 +44,8 @@ from message_history.core.persist_plan import (
     previous_alternates,
     replace_ids,
     saved_ids,
+    saved_input,
     taken_derived_ids,
-    turn_input,
     turn_write,
 )
 from message_history.core.rules import PersistDecision, SkipReason, check_owner, select_for_persistence
@@ -96,7 +96,7 @@ def _selected(response: AgentResponse) -> PersistDecision:
     """What the turn saves before it meets its stored copies (`rules.select_for_persistence`), or why it
     saves nothing."""
     return select_for_persistence(
-        turn_input(response),
+        saved_input(response),
         response.response,
         finish_reason=response.finishReason,
         read_only=bool(response.memory and response.memory.readOnly),

@@ -342,11 +342,17 @@ def _finite_float(literal: str) -> float:
     return value
 
 
+_DAY_MS = 86_400_000
+_DAY_BEFORE_LATEST = LATEST - timedelta(milliseconds=_DAY_MS)
+
+
 def _check_derived_times(event: EventBase, messages: Sequence[Message], path: str, offset: int) -> None:
     """A message without `createdAt` gets the event's `createdAt` + its position in ms (`_normalize`): refuse
     the event when that instant is past the latest storable one, instead of overflowing."""
+    if offset + len(messages) < _DAY_MS and event.createdAt <= _DAY_BEFORE_LATEST:
+        return  # the common case, without building a timedelta per list (issue 33)
     if event.createdAt <= LATEST - timedelta(milliseconds=offset + len(messages)):
-        return  # the common case: no derived time of this list can pass the end
+        return  # no derived time of this list can pass the end
     for i, message in enumerate(messages):
         if message.createdAt is None and event.createdAt > LATEST - timedelta(milliseconds=offset + i):
             raise EventValidationError(

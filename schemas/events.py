@@ -127,10 +127,37 @@ LastMessages = Annotated[
 
 
 def _without_source(message: Message) -> Message:
-    values = {k: v for k, v in message.__dict__.items() if k != "source"}
-    values.update(message.model_extra or {})
-    values.pop("source", None)
-    return Message.model_construct(_fields_set=message.model_fields_set - {"source"}, **values)
+    """`Message.model_construct(_fields_set=..., **values)` of the message's values without `source`, built
+    directly (issue 33: its generic loop over the fields was most of the persist path's `turn_input`): the
+    fields in `Message`'s order, everything else (a subclass's own fields, then the extras) as extras, which
+    is what `model_construct` makes of them. Only while `Message` has no post-init and no private
+    attributes, which it would run; tests/unit/test_without_source.py holds the two equal."""
+    values = message.__dict__
+    fields_set = message.model_fields_set - {"source"}
+    if not _PLAIN_MESSAGE or not values.keys() >= _FIELD_NAMES:
+        every = {k: v for k, v in values.items() if k != "source"}
+        every.update(message.model_extra or {})
+        every.pop("source", None)
+        return Message.model_construct(_fields_set=fields_set, **every)
+    extra = {k: v for k, v in values.items() if k not in _FIELD_NAMES and k != "source"}
+    extra.update(message.model_extra or ())
+    extra.pop("source", None)
+    plain = Message.__new__(Message)
+    object.__setattr__(plain, "__dict__", {k: values[k] for k in _MESSAGE_FIELDS})
+    object.__setattr__(plain, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(plain, "__pydantic_extra__", extra)
+    object.__setattr__(plain, "__pydantic_private__", None)
+    return plain
+
+
+_MESSAGE_FIELDS = tuple(Message.__pydantic_fields__)  # in declared order: the order of `__dict__`
+_FIELD_NAMES = frozenset(_MESSAGE_FIELDS)
+_PLAIN_MESSAGE = (
+    Message.__pydantic_post_init__ is None
+    and not Message.__private_attributes__
+    and Message.model_config.get("extra") == "allow"
+    and all(f.alias is None and f.validation_alias is None for f in Message.__pydantic_fields__.values())
+)
 
 
 class TurnMessage(Message):

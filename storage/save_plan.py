@@ -133,7 +133,10 @@ class SavePlan:
         if current is None:
             current = Thread(turn.thread_id, turn.resource_id, "", {}, createdAt=earliest, updatedAt=newest)
         elif current.updatedAt is None or current.updatedAt < newest:
-            current = replace(current, updatedAt=newest)
+            # `replace(current, updatedAt=newest)`, without its generic field walk (issue 33)
+            current = Thread(
+                current.id, current.resourceId, current.title, current.metadata, current.createdAt, newest
+            )
         self.state[turn.thread_id] = current
         return current
 

@@ -165,8 +165,10 @@ def decode_each(
     items: list[tuple[int, T]] = []
     for index, record in enumerate(records):
         spans.start(index, record)
-        error: InvalidInputError = EventValidationError("empty record (no value)")
-        if record.value is not None:
+        error: InvalidInputError
+        if record.value is None:
+            error = EventValidationError("empty record (no value)")  # made only when refused: issue 33
+        else:
             try:
                 items.append((index, decode(record, record.value)))
                 continue

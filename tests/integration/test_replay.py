@@ -494,14 +494,14 @@ async def test_poison_records_and_a_bug_are_dead_lettered_and_the_replay_goes_on
         (b"nan", json.dumps(nan | {"metadata": {"x": 1}}).replace('"x": 1', '"x": NaN').encode()),
         _encode(bug),
     ]
-    turn_input = persist.turn_input  # type: ignore[attr-defined]
+    turn_input = persist.saved_input  # type: ignore[attr-defined]
 
     def buggy(response: Any) -> Any:
         if response.threadId == "bug":
             raise KeyError("injected bug")
         return turn_input(response)
 
-    monkeypatch.setattr(persist, "turn_input", buggy)
+    monkeypatch.setattr(persist, "saved_input", buggy)
     await produce(
         kafka_bootstrap,
         settings.responses_topic,

@@ -142,7 +142,7 @@ def _commands() -> tuple[list[Item], dict[int, str], list[str]]:
 
 def _inject_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
     """One bug per place a path meets a record: raised only for the records named p-bug / p-batch-bug."""
-    turn_memory, turn_input = recall.turn_memory, persist.turn_input  # type: ignore[attr-defined]
+    turn_memory, turn_input = recall.turn_memory, persist.saved_input  # type: ignore[attr-defined]
     persisted, decode_command = persist.persisted_value, commands.decode_command  # type: ignore[attr-defined]
 
     def buggy_turn_memory(request: Any, defaults: Any) -> Any:
@@ -166,7 +166,7 @@ def _inject_bugs(monkeypatch: pytest.MonkeyPatch) -> None:
         return decode_command(raw, limits)
 
     monkeypatch.setattr(recall, "turn_memory", buggy_turn_memory)
-    monkeypatch.setattr(persist, "turn_input", buggy_turn_input)
+    monkeypatch.setattr(persist, "saved_input", buggy_turn_input)
     monkeypatch.setattr(persist, "persisted_value", buggy_persisted)
     monkeypatch.setattr(commands, "decode_command", buggy_decode_command)
 
@@ -326,14 +326,14 @@ async def test_a_systemic_refusal_stops_the_loop_and_dead_letters_nothing(
     settings = fresh_settings(kafka_bootstrap, mongo_uri)
     bootstrap = settings.kafka_bootstrap_servers
     await make_topic(partitions=1, name=settings.responses_topic)
-    turn_input = persist.turn_input  # type: ignore[attr-defined]
+    turn_input = persist.saved_input  # type: ignore[attr-defined]
 
     def refused(response: Any) -> Any:
         if response.threadId == "refused":
             raise FatalStorageError("MongoDB refused the write: OperationFailure code 13 Unauthorized")
         return turn_input(response)
 
-    monkeypatch.setattr(persist, "turn_input", refused)
+    monkeypatch.setattr(persist, "saved_input", refused)
     caplog.set_level("ERROR", logger="consumers.loop")
     await produce(bootstrap, settings.responses_topic, [encoded(_response("refused"))])
     stop = asyncio.Event()

@@ -6,8 +6,13 @@ from __future__ import annotations
 import json
 import random
 
-from message_history.core.persist_plan import turn_input
-from message_history.core.rules import is_memory_sourced, with_source, without_source
+from message_history.core.persist_plan import saved_input, turn_input
+from message_history.core.rules import (
+    is_memory_sourced,
+    select_for_persistence,
+    with_source,
+    without_source,
+)
 from schemas.codec import decode_response
 from schemas.events import AgentResponse
 from schemas.messages import Message
@@ -60,3 +65,37 @@ def test_one_construction_gives_the_two_copies_message() -> None:
             assert without_source(a).wire() == without_source(b).wire()
             tagged += "source" in a.model_fields_set
     assert tagged > 500
+
+
+def _decision_fields(messages: list[Message]) -> list[tuple[object, ...]]:
+    return [
+        (type(m), m.wire(), m.model_fields_set, list((m.model_extra or {}).items()), m.__dict__)
+        for m in messages
+    ]
+
+
+def test_the_saved_input_decides_as_the_tagged_input() -> None:
+    """`saved_input` leaves out what `select_for_persistence` drops and skips the tag it removes: the same
+    decision (skip reason, messages with their fields set and extras in order) as from `turn_input`."""
+    skipped = saved = 0
+    for seed in range(400):
+        response = _response(seed)
+        for finish in (None, "stop", "error"):
+            for response_messages in (response.response, []):
+                decisions = [
+                    select_for_persistence(
+                        chosen,
+                        response_messages,
+                        finish_reason=finish,
+                        read_only=False,
+                        has_thread=True,
+                    )
+                    for chosen in (saved_input(response), turn_input(response))
+                ]
+                ours, theirs = decisions
+                assert ours.skipped == theirs.skipped
+                assert _decision_fields(ours.messages) == _decision_fields(theirs.messages)
+                skipped += ours.skipped is not None
+                saved += bool(ours.messages)
+    assert skipped  # both kinds of decision were met
+    assert saved

@@ -1,0 +1,109 @@
+"""`consumers.contract.ack_after` on two futures chains them by callbacks instead of a task per record
+(issue 33); the outcome is the task's (`_after`) in every case: both succeed, either fails or is cancelled,
+in either order, and cancelling the chained future cancels what it still waits for."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from consumers.contract import _after, ack_after
+
+Step = Callable[[asyncio.Future[Any]], None]
+
+
+def _ok(value: object) -> Step:
+    return lambda f: f.set_result(value)
+
+
+def _fail(error: Exception) -> Step:
+    return lambda f: f.set_exception(error)
+
+
+def _cancel(f: asyncio.Future[Any]) -> None:
+    f.cancel()
+
+
+OUTCOMES: list[tuple[str, Step]] = [
+    ("ok", _ok("x")),
+    ("error", _fail(ValueError("boom"))),
+    ("cancelled", _cancel),
+]
+
+
+async def _run(chained: bool, first_step: Step, ack_step: Step, ack_first: bool) -> tuple[str, object]:
+    loop = asyncio.get_running_loop()
+    first: asyncio.Future[Any] = loop.create_future()
+    ack: asyncio.Future[Any] = loop.create_future()
+    out = asyncio.ensure_future(ack_after(first, ack) if chained else _after(first, ack))
+    for step, future in (
+        ((ack_step, ack), (first_step, first)) if ack_first else ((first_step, first), (ack_step, ack))
+    ):
+        step(future)
+        await asyncio.sleep(0)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    ack.exception() if ack.done() and not ack.cancelled() else None  # retrieved: no warning either way
+    if not out.done():
+        return "pending", None
+    if out.cancelled():
+        return "cancelled", None
+    error = out.exception()
+    return ("error", repr(error)) if error is not None else ("ok", out.result())
+
+
+@pytest.mark.parametrize("ack_first", [False, True])
+@pytest.mark.parametrize(("first_name", "first_step"), OUTCOMES)
+@pytest.mark.parametrize(("ack_name", "ack_step"), OUTCOMES)
+def test_the_chain_ends_as_the_task_does(
+    first_name: str, first_step: Step, ack_name: str, ack_step: Step, ack_first: bool
+) -> None:
+    async def both() -> tuple[tuple[str, object], tuple[str, object]]:
+        return (
+            await _run(True, first_step, ack_step, ack_first),
+            await _run(False, first_step, ack_step, ack_first),
+        )
+
+    ours, task = asyncio.run(both())
+    assert ours == task, (first_name, ack_name)
+
+
+@pytest.mark.parametrize("first_done", [False, True])
+def test_cancelling_the_chain_cancels_what_it_waits_for(first_done: bool) -> None:
+    async def run(chained: bool) -> tuple[bool, bool]:
+        loop = asyncio.get_running_loop()
+        first: asyncio.Future[Any] = loop.create_future()
+        ack: asyncio.Future[Any] = loop.create_future()
+        out = asyncio.ensure_future(ack_after(first, ack) if chained else _after(first, ack))
+        await asyncio.sleep(0)
+        if first_done:
+            first.set_result(None)
+            for _ in range(3):
+                await asyncio.sleep(0)
+        out.cancel()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert out.cancelled()
+        return first.cancelled(), ack.cancelled()
+
+    async def both() -> tuple[tuple[bool, bool], tuple[bool, bool]]:
+        return await run(True), await run(False)
+
+    ours, task = asyncio.run(both())
+    assert ours == task
+
+
+def test_awaitables_that_are_not_futures_still_go_through_a_task() -> None:
+    async def value() -> str:
+        return "v"
+
+    async def run() -> object:
+        loop = asyncio.get_running_loop()
+        first: asyncio.Future[Any] = loop.create_future()
+        first.set_result(None)
+        return await ack_after(first, value())
+
+    assert asyncio.run(run()) == "v"
