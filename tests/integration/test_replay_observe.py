@@ -13,7 +13,9 @@ reflection, against three cycles of 8 and a reflection).
 And a re-enrichment (`--emit-to`) of a request with OM is recalled with the log, as the live recall.
 
 And the bound: with no observer running, the replay stops within `--observe-wait-s` with an error naming
-the thread and the claim, resumable at the record that claimed.
+the thread and the claim, resumable at the record that waited; the resume finds the claim open on the
+thread's row and waits again. And the wait is per lane: a claim holds its thread's next record, not the
+partition's other threads.
 """
 
 from __future__ import annotations
