@@ -130,6 +130,8 @@ def _value(**fields: Any) -> bytes:
         (b"t1", _value(resourceId=""), NO_LANES),
         (b"t1", _value(resourceId={"$ne": None}), NO_LANES),
         (b"\xff\xfe", _value(resourceId="u1"), NO_LANES),  # a key that is no text
+        (b"t1", b"[" * 100_000, NO_LANES),  # deep: refused by the parser's depth limit, not a recursion
+        (b"t1", b'{"resourceId": "u1", "n": 1e99999}', RecordLanes(("thread:t1", "resource:u1"), None)),
     ],
 )
 def test_a_records_lanes(key: bytes | None, value: bytes | None, expected: RecordLanes) -> None:
