@@ -60,7 +60,7 @@ from message_history.settings import Settings
 from producers.observe import ObservePublisher
 from producers.output import Positioned
 from schemas.events import AgentResponse
-from storage.observational import Claim, ObservationalRecord
+from storage.observational import Claim, ObservationalRecord, lookup_key
 from storage.protocol import BatchHistoryStorage
 
 __all__ = ["ObservationEmitter", "ObservationalRows", "om_config"]
@@ -268,7 +268,8 @@ class ObservationEmitter:
 
     def _sent(self, subject: _Subject, claim: Claim) -> None:
         if self._on_work is not None:
-            self._on_work(subject.record, claim, subject.response.threadId)
+            key = lookup_key(subject.thread_id, subject.response.resourceId)
+            self._on_work(subject.record, claim, subject.response.threadId, key)
 
 
 def _work(subject: _Subject, claim: Claim, now: datetime, by: str | None = None) -> dict[str, Any]:

@@ -31,9 +31,10 @@ __all__ = [
     "work_fields",
 ]
 
-WorkSent = Callable[[Positioned, Claim, str], None]
-"""Told of each claim whose work is sent: the record it is filed under, the claim, the thread id (a replay
-with `--observe` waits for those claims to be settled: `message_history.app.replay.observe_wait`)."""
+WorkSent = Callable[[Positioned, Claim, str, str], None]
+"""Told of each claim whose work is sent: the record it is filed under, the claim, the thread id and the
+claimed row's lookup key (a replay with `--observe` waits for those claims to be settled before its row's
+next record: `message_history.app.replay.observe_wait`)."""
 
 
 async def since_observed(

@@ -13,7 +13,9 @@ reflection, against three cycles of 8 and a reflection).
 And a re-enrichment (`--emit-to`) of a request with OM is recalled with the log, as the live recall.
 
 And the bound: with no observer running, the replay stops within `--observe-wait-s` with an error naming
-the thread and the claim, resumable at the record that claimed.
+the thread and the claim, resumable at the record that waited; the resume finds the claim open on the
+thread's row and waits again. And the wait is per lane: a claim holds its thread's next record, not the
+partition's other threads.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from tests.integration.service_harness import (
     encoded,
     request_event,
     running_service,
+    stored_messages,
 )
 from tests.integration.stream_helpers import produce, read_topic
-from worker.observer import ObserverWorker, observer_handler
+from worker.observer import ObserveFn, ObserverWorker, observer_handler
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -90,14 +93,16 @@ async def _reflect(work: ReflectRequest) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _observer_beside(settings: Settings, *, answer: bool = True) -> AsyncIterator[None]:
-    """The service's observed path on `settings`' database and, with `answer`, a stub observer."""
+async def _observer_beside(
+    settings: Settings, *, answer: bool = True, observe: ObserveFn = _observe
+) -> AsyncIterator[None]:
+    """The service's observed path on `settings`' database and, with `answer`, a stub observer (`observe`)."""
     async with running_service(settings, only="observed"):
         if not answer:
             yield
             return
         observer = ObserverWorker.from_settings(
-            observer_handler(_observe, _reflect), settings, group_id=f"{settings.group_id}-obs"
+            observer_handler(observe, _reflect), settings, group_id=f"{settings.group_id}-obs"
         )
         async with observer:
             running = asyncio.create_task(observer.run())
@@ -165,7 +170,10 @@ async def test_replay_observe_stops_within_the_bound_when_no_one_answers(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
 ) -> None:
     """The observed path runs, no observer does: the replay fails (exit 1) within `--observe-wait-s`, the
-    error naming the thread and its claim, and the resume point is the record that claimed."""
+    error naming the thread and its claim; the resume point is the record that waited (the first thread's
+    5th turn, past its claiming 4th). A resume, nothing in memory, finds the claim open on the thread's row
+    and waits for it again (without that read it would save the 5th turn while the claim is open and exit
+    0); with an observer it finishes, every claim settled."""
     from tests.integration.test_replay import replay  # noqa: PLC0415
 
     settings = _settings(kafka_bootstrap, mongo_uri)
@@ -173,37 +181,96 @@ async def test_replay_observe_stops_within_the_bound_when_no_one_answers(
     await _topics(settings, make_topic)
     try:
         await produce(
-            settings.kafka_bootstrap_servers, settings.responses_topic, _turns()[:12]
-        )  # 4 turns each
+            settings.kafka_bootstrap_servers, settings.responses_topic, _turns()[:15]
+        )  # 5 turns each: the 4th claims (offsets 9, 10, 11), the 5th of the first thread waits (12)
         async with _observer_beside(settings, answer=False):
             started = time.monotonic()
             result, out = await replay(
                 settings, "--from-beginning", "--observe", "--observe-wait-s", "3", "--batch-size", "500"
             )
             elapsed = time.monotonic() - started
-        assert result.exit_code == 1, out
-        assert elapsed < 30
-        assert "ObservationWaitError" in out
-        assert "thread 'omr-" in out
-        assert "cycle 1" in out
-        assert "was not settled within 3 s" in out
-        (partition,) = result.partitions
-        assert partition.next == 9  # the first thread's 4th turn claimed: it is redone on resume
-        assert "--from-offsets 0:9" in out
+            assert result.exit_code == 1, out
+            assert elapsed < 30
+            assert "ObservationWaitError" in out
+            assert "thread 'omr-a'" in out
+            assert "cycle 1" in out
+            assert "sent by partition 0 offset 9" in out
+            assert "was not settled within 3 s" in out
+            (partition,) = result.partitions
+            assert partition.next == 12  # the other threads' claiming turns went on: past offset 9
+            assert "--from-offsets 0:12" in out
+
+            # a resume (a new run, nothing in memory) still with no one answering: it waits again
+            result, out = await replay(
+                settings, "--from-offsets", "0:12", "--observe", "--observe-wait-s", "3"
+            )
+            assert result.exit_code == 1, out
+            assert "thread 'omr-a'" in out
+            assert "found open on its row at partition 0 offset 12" in out
+            assert result.partitions[0].next == 12
 
         async with _observer_beside(settings):  # an observer now: the same command resumes and finishes
             result, out = await replay(
-                settings, "--from-offsets", "0:9", "--observe", "--observe-wait-s", "60"
+                settings, "--from-offsets", "0:12", "--observe", "--observe-wait-s", "60"
             )
         assert result.exit_code == 0, out
-        # the claim's work sent again (same cycle) and waited for, or, when the new observer answered the
-        # first run's copy of it before the replay came to that record, nothing left to send for it
-        assert result.counts.observations in {2, 3}
+        # the claims still open on their rows when it came to them, waited for (the new observer answers
+        # the first run's work, maybe before the replay reads the rows)
+        assert result.counts.observations <= 3
         rows = await _rows(settings)
         assert [(r["lookupKey"], r["isObserving"]) for r in rows] == [(f"thread:{t}", False) for t in THREADS]
         assert all(r["activeObservations"].startswith("- 8 messages") for r in rows)
     finally:
         await drop_database(settings)
+
+
+async def test_replay_observe_holds_only_the_claiming_threads_records(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic
+) -> None:
+    """Two threads on one partition: A's 4th turn claims, then two turns of B, then A's 5th. The observer
+    answers A's claim only once B's turns are saved (it waits for them, up to 20 s): B's records go on while
+    A's claim is open, A's 5th turn waits for it (the per-partition wait of before held B behind A's claim:
+    the observer saw no B turn). The rows equal those of a replay one record per batch."""
+    slow = _settings(kafka_bootstrap, mongo_uri)
+    plain = _settings(kafka_bootstrap, mongo_uri).model_copy(update={"responses_topic": slow.responses_topic})
+    await make_topic(partitions=1, name=slow.responses_topic)
+    for settings in (slow, plain):
+        await _topics(settings, make_topic)
+    a = [om_turn("omr-a", "omr-owner", turn, tagged=True) for turn in range(1, 6)]
+    b = [om_turn("omr-b", "omr-owner", turn, tagged=True) for turn in range(1, 3)]  # below the threshold
+    seen: list[int] = []
+
+    async def after_b(work: ObserveRequest) -> str:
+        if work.messages[0].id and work.messages[0].id.startswith("omr-a"):
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                saved = [m for m in await stored_messages(slow) if m.get("thread_id") == "omr-b"]
+                if len(saved) >= 4:  # B's two turns: a question and an answer each
+                    break
+                await asyncio.sleep(0.2)
+            seen.append(len(saved))
+        return await _observe(work)
+
+    try:
+        await produce(slow.kafka_bootstrap_servers, slow.responses_topic, [*a[:4], *b, a[4]])
+        from tests.integration.test_replay import replay  # noqa: PLC0415
+
+        async with _observer_beside(slow, observe=after_b):
+            result, out = await replay(
+                slow, "--from-beginning", "--observe", "--observe-wait-s", "60", "--batch-size", "500"
+            )
+        assert result.exit_code == 0, out
+        assert seen == [4]  # B's turns were saved while A's claim was open
+        assert result.counts.observations == 1
+        one_at_a_time = await _rebuild(plain, "--batch-size", "1")
+        rows = await _rows(slow)
+        assert rows == one_at_a_time
+        newest = {row["lookupKey"]: row for row in rows}
+        assert newest["thread:omr-a"]["activeObservations"].startswith("- 8 messages")  # A's 5th not in it
+        assert not any(row["isObserving"] or row["isReflecting"] for row in rows)
+    finally:
+        for settings in (slow, plain):
+            await drop_database(settings)
 
 
 async def test_a_re_enrichment_is_recalled_with_the_log(

@@ -145,7 +145,13 @@ async def _observation(
     if not options.observes:
         return None, None
     rows = await open_observational(mongo.db, settings.observation_timeout_s)
-    waits = ObservationWaits(rows, counts, wait_s=options.observe_wait_s, sleep=sleep_or_stop)
+    waits = ObservationWaits(
+        rows,
+        counts,
+        wait_s=options.observe_wait_s,
+        sleep=sleep_or_stop,
+        claim_timeout_s=settings.observation_timeout_s,
+    )
     publisher = ObservePublisher(settings.observe_requests_topic)
     return ObservationEmitter(settings, rows, storage, publisher, on_work=waits.noted), waits
 

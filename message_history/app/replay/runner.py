@@ -20,7 +20,7 @@ from consumers.runtime.containment import report_unexpected, settle_outcomes
 from consumers.runtime.emit import FileUnderOffset, SendNow
 from consumers.runtime.retry import Backoff, Failure, is_outage, retry_batch, retry_call
 from consumers.unreadable import is_unreadable, read_carefully
-from message_history.app.replay.observe_wait import ObservationWaitError, ObservationWaits
+from message_history.app.replay.observe_wait import ObservationWaits, record_lanes
 from message_history.app.replay.options import CLIENT_ID, ReplayOptions
 from message_history.app.replay.plan import Counts, TokenBucket
 from message_history.app.replay.progress import ProgressDisplay
@@ -128,10 +128,11 @@ class BatchRunner:
         record not done), and re-raises what is neither an outage nor contained (a systemic refusal,
         `consumers.runtime.containment.is_systemic`: `state.next` stays before the batch).
 
-        With `observations` (`--observe`), one record at a time, each followed by the wait for the
-        observations its save sent (after its transaction, exactly once): `replay.observe_wait`. A wait that
-        times out raises `ObservationWaitError` with `state.next` at that record (a rerun sends the same
-        claim's work again and waits again).
+        With `observations` (`--observe`), one record at a time, each first waiting for the claims open on
+        its lanes (its thread's and resource's OM rows) and at the range's end for every claim still open:
+        `replay.observe_wait`. A wait that times out raises `ObservationWaitError` with `state.next` at the
+        record that waited (a rerun reads its lanes' rows and waits again); a stop while waiting leaves it
+        there too.
         """
         waits = self.observations
         if waits is None:
@@ -140,18 +141,15 @@ class BatchRunner:
         for record in records:
             if stop.is_set():
                 return  # `next` is this record: a clean stop between records
-            waits.forget(state.partition)
+            lanes = record_lanes(record.key, record.value)
+            # `next` is this record while it waits: a stop or the bound leaves it for the resume
+            if not await waits.before(record, lanes, stop):
+                return
             await self._batch([record], state, stop)
             if state.next <= record.offset:
                 return  # stopped (or given up) before it was done
-            try:
-                settled = await waits.settle(state.partition, stop)
-            except ObservationWaitError:
-                state.next = record.offset
-                raise
-            if not settled:
-                state.next = record.offset  # stopped while waiting: redone (and waited for) on resume
-                return
+        if state.finished:
+            await waits.drain(state.partition, stop)  # a replay that finished leaves its rows settled
 
     async def _batch(
         self, records: Sequence[ConsumerRecord], state: PartitionState, stop: asyncio.Event
