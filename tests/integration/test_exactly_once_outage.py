@@ -111,14 +111,27 @@ async def test_a_commit_cut_off_mid_answer_is_settled_not_sent_again(
         tx.hold(tp, 0, _out("out", "a"))
         assert await tx.commit(tp, 1)
 
-        tx.hold(tp, 1, _out("out", "b"))
-        _cut_off_commit(tx._producers[tp], cut)  # the producer the partition commits with
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(tx.commit(tp, 2), 5)
+        offset, sent = 1, [b"a"]
+        for attempt in range(3):
+            sent.append(f"b{attempt}".encode())
+            tx.hold(tp, offset, _out("out", sent[-1].decode()))
+            _cut_off_commit(tx._producers[tp], cut)  # the producer the partition commits with
+            offset += 1
+            try:
+                await asyncio.wait_for(tx.commit(tp, offset), 5)
+            except TimeoutError:
+                break  # asked, no answer: the commit is in doubt, as this test wants
+            # Answered anyway (seen on a loaded machine, cause not found): that commit is checked with the
+            # rest below (its output exactly once); cut the next one.
+            await asyncio.to_thread(heal)
+        else:
+            pytest.fail("no commit could be cut off in three tries")
         assert tx.in_doubt() == [tp]  # asked, no answer: not taken for an abort
         await asyncio.to_thread(heal)
-        tx.hold(tp, 2, _out("out", "c"))
-        assert await asyncio.wait_for(tx.commit(tp, 3), 120)
+        sent.append(b"c")
+        tx.hold(tp, offset, _out("out", "c"))
+        offset += 1
+        assert await asyncio.wait_for(tx.commit(tp, offset), 120)
     finally:
         # closed within this test even when it fails: its producers' connections are never left to be
         # collected (as unraisable warnings) in the next test
@@ -126,8 +139,8 @@ async def test_a_commit_cut_off_mid_answer_is_settled_not_sent_again(
             kafka.thaw()  # harmless when not frozen; a frozen broker would hold the close
         await asyncio.wait_for(tx.close(), 60)
 
-    assert Counter(await _values(bootstrap, "out", 3)) == {b"a": 1, b"b": 1, b"c": 1}
-    assert await _committed_offset(bootstrap, group, tp) == 3
+    assert Counter(await _values(bootstrap, "out", len(sent))) == dict.fromkeys(sent, 1)
+    assert await _committed_offset(bootstrap, group, tp) == offset
 
 
 async def test_a_commit_a_frozen_broker_never_answered_had_landed(
