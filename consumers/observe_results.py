@@ -131,9 +131,12 @@ class ObserveResultsHandler:
             update = ObservationUpdate(
                 log_text, count_observations(log_text), result.lastObservedAt, result.observedMessageIds
             )
+            # read before the apply: an outage here leaves the claim current, so the retried batch applies
+            # it with its hints; after the apply the retry would find it stale and write no hints
+            cursors = await self._message_cursors(result, [result.threadId or ""])
             applied = await self._rows.apply_observation(claim, update, now)
             if applied:
-                await self._hints(result)
+                await self._hints(result, cursors)
         else:
             applied = (
                 await self._rows.apply_reflection(
@@ -161,9 +164,9 @@ class ObserveResultsHandler:
         ids = list(dict.fromkeys([*row.observed_message_ids, *result.observedMessageIds]))
         newest = max((t.last_observed_at for t in threads), default=result.lastObservedAt)
         update = ObservationUpdate(log_text, count_observations(log_text), newest, ids)
+        message_cursors = await self._message_cursors(result, [t.threadId for t in result.threads or []])
         if not await self._rows.apply_observation(claim, update, now):
             return False
-        message_cursors = await self._message_cursors(result, [t.threadId for t in result.threads or []])
         cursors = [
             (
                 t.threadId,
@@ -180,12 +183,11 @@ class ObserveResultsHandler:
         await self._rows.write_cursors(result.resourceId, cursors, now)
         return True
 
-    async def _hints(self, result: ObserveResult) -> None:
+    async def _hints(self, result: ObserveResult, cursors: Mapping[str, dict[str, str]]) -> None:
         """The answer's hints into the thread's `metadata.mastra.om` (thread scope), as Mastra's
         `setThreadOMMetadata` keeps them (`core.observation_hints`)."""
         if self._threads is None or result.scope != "thread" or not result.threadId:
             return
-        cursors = await self._message_cursors(result, [result.threadId])
         hints = om_hints(
             current_task=result.currentTask,
             suggested_response=result.suggestedResponse,
@@ -201,6 +203,7 @@ class ObserveResultsHandler:
         """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one `find`, the
         answer's threads only): the answer names the ids, the rows give their dates, so a cursor never
         points past what the thread holds."""
+        threads = [t for t in threads if t]
         if self._threads is None or not result.observedMessageIds or not threads:
             return {}
         found = await self._threads.get_messages(result.observedMessageIds, thread_ids=threads)

@@ -461,6 +461,47 @@ async def test_a_huge_title_is_a_dead_letter_and_writes_nothing() -> None:
     assert not isinstance(done, Refused)
 
 
+class Outage(Threads):
+    """The messages' read fails once (MongoDB unreachable), then answers."""
+
+    def __init__(self, metadata: dict[str, Any], messages: Sequence[Message] = ()) -> None:
+        super().__init__(metadata, messages)
+        self.down = True
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        if self.down:
+            self.down = False
+            raise RetriableError("mongodb down")
+        return await super().get_messages(message_ids, thread_ids=thread_ids)
+
+
+@pytest.mark.parametrize("scope", ["thread", "resource"])
+async def test_an_outage_reading_the_cursor_applies_nothing_until_the_retry(scope: str) -> None:
+    """The cursor is read before the apply: the outage raises (the loop retries the batch) with the row
+    untouched, so the retry applies the answer with its hints. Read after the apply (as first written), the
+    failed attempt applied the row, and the retry would find the claim taken and write no hints."""
+    stored = [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")]
+    rows, threads = Rows(_row() if scope == "thread" else _resource_row()), Outage({}, stored)
+    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    fields: dict[str, Any] = {"threadTitle": "Lyon"}
+    if scope == "resource":
+        fields = {
+            "scope": "resource",
+            "threadId": None,
+            "threads": _threads(("t1", "* a", "2025-03-01T09:00:00.000Z")),
+        }
+    with pytest.raises(RetriableError):
+        await handler.handle([Rec(_result(**fields))], no_emit)
+    assert (rows.applied, threads.saved, rows.cursors) == ([], [], [])
+    await handler.handle([Rec(_result(**fields))], no_emit)
+    assert len(rows.applied) == 1
+    cursor = {"createdAt": "2025-03-01T09:00:00.000Z", "id": "m1"}
+    written = threads.saved[0][1] if scope == "thread" else rows.cursors[0][3]
+    assert cursor in written.values()
+
+
 async def test_a_resource_answer_writes_each_threads_title_and_cursor() -> None:
     """Resource scope: each thread's hints and its own newest observed message (Mastra's
     `ResourceScopedObservationStrategy`: `getLastObservedMessageCursor(threadMessages)`)."""
