@@ -13,7 +13,9 @@ dead letter; an outage raises (the loop retries the batch; applying is idempoten
 * `ObserveResult`: the cycle's `observations` appended to the log after a message boundary (Mastra's
   `wrapObservations`), the log's tokens counted as Mastra OM counts them, `lastObservedAt` and the cycle's
   `observedMessageIds` set, the flag cleared (`updateActiveObservations`); its `currentTask` /
-  `suggestedResponse`, when set, go where Mastra keeps them: the thread's `metadata.mastra.om`.
+  `suggestedResponse` / `threadTitle`, when set, and the newest observed message's cursor
+  (`lastObservedMessageCursor`) go where Mastra keeps them: the thread's `metadata.mastra.om`
+  (`core.observation_hints`; with resource scope, each thread's own).
 * `ReflectResult`: generation + 1 made from the `reflection` (`createReflectionGeneration`).
 * either with `error`: the claim released, nothing else written (the thread's next turn tries again).
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
@@ -30,11 +32,13 @@ from consumers.contract import Done, Emit, Record, Refused, Result
 from consumers.observational import THREAD_OM
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
+from message_history.core.observation_hints import last_observed_cursors, om_hints
 from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from message_history.core.observation_text import append_observations
 from message_history.core.om_tokens import count_observations
 from message_history.errors import EventValidationError
 from schemas.limits import Limits
+from schemas.messages import Message
 from schemas.observational import ObserveResult, ReflectResult, decode_result
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
 
@@ -59,14 +63,19 @@ class ResultRows(Protocol):
     ) -> ObservationalRecord | None: ...
 
     async def write_cursors(
-        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, str]]], now: datetime
+        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, object]]], now: datetime
     ) -> int: ...
 
 
 class ThreadHints(Protocol):
-    """The part of the storage that sets a thread's metadata keys (`save_thread_metadata`)."""
+    """The part of the storage that sets a thread's metadata keys (`save_thread_metadata`) and reads the
+    observed messages back for their cursor (`get_messages`)."""
 
     async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None: ...
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]: ...
 
 
 class ObserveResultsHandler:
@@ -122,9 +131,12 @@ class ObserveResultsHandler:
             update = ObservationUpdate(
                 log_text, count_observations(log_text), result.lastObservedAt, result.observedMessageIds
             )
+            # read before the apply: an outage here leaves the claim current, so the retried batch applies
+            # it with its hints; after the apply the retry would find it stale and write no hints
+            cursors = await self._message_cursors(result, [result.threadId or ""])
             applied = await self._rows.apply_observation(claim, update, now)
             if applied:
-                await self._hints(result)
+                await self._hints(result, cursors)
         else:
             applied = (
                 await self._rows.apply_reflection(
@@ -152,30 +164,50 @@ class ObserveResultsHandler:
         ids = list(dict.fromkeys([*row.observed_message_ids, *result.observedMessageIds]))
         newest = max((t.last_observed_at for t in threads), default=result.lastObservedAt)
         update = ObservationUpdate(log_text, count_observations(log_text), newest, ids)
+        message_cursors = await self._message_cursors(result, [t.threadId for t in result.threads or []])
         if not await self._rows.apply_observation(claim, update, now):
             return False
         cursors = [
             (
                 t.threadId,
                 t.lastObservedAt,
-                _present({"currentTask": t.currentTask, "suggestedResponse": t.suggestedResponse}),
+                om_hints(
+                    current_task=t.currentTask,
+                    suggested_response=t.suggestedResponse,
+                    thread_title=t.threadTitle,
+                    cursor=message_cursors.get(t.threadId),
+                ),
             )
             for t in result.threads or []
         ]
         await self._rows.write_cursors(result.resourceId, cursors, now)
         return True
 
-    async def _hints(self, result: ObserveResult) -> None:
-        """The answer's `currentTask` / `suggestedResponse` into the thread's `metadata.mastra.om` (thread
-        scope), where Mastra's `setThreadOMMetadata` keeps them."""
-        hints = {"currentTask": result.currentTask, "suggestedResponse": result.suggestedResponse}
-        update = {f"{THREAD_OM}.{key}": value for key, value in hints.items() if value is not None}
-        if update and self._threads is not None and result.scope == "thread" and result.threadId:
-            await self._threads.save_thread_metadata(result.threadId, update)
+    async def _hints(self, result: ObserveResult, cursors: Mapping[str, dict[str, str]]) -> None:
+        """The answer's hints into the thread's `metadata.mastra.om` (thread scope), as Mastra's
+        `setThreadOMMetadata` keeps them (`core.observation_hints`)."""
+        if self._threads is None or result.scope != "thread" or not result.threadId:
+            return
+        hints = om_hints(
+            current_task=result.currentTask,
+            suggested_response=result.suggestedResponse,
+            thread_title=result.threadTitle,
+            cursor=cursors.get(result.threadId),
+        )
+        if hints:
+            await self._threads.save_thread_metadata(
+                result.threadId, {f"{THREAD_OM}.{key}": value for key, value in hints.items()}
+            )
 
-
-def _present(hints: Mapping[str, str | None]) -> dict[str, str]:
-    return {key: value for key, value in hints.items() if value is not None}
+    async def _message_cursors(self, result: ObserveResult, threads: list[str]) -> dict[str, dict[str, str]]:
+        """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one `find`, the
+        answer's threads only): the answer names the ids, the rows give their dates, so a cursor never
+        points past what the thread holds."""
+        threads = [t for t in threads if t]
+        if self._threads is None or not result.observedMessageIds or not threads:
+            return {}
+        found = await self._threads.get_messages(result.observedMessageIds, thread_ids=threads)
+        return last_observed_cursors(result.observedMessageIds, found)
 
 
 def _stale(result: ObserveResult | ReflectResult, why: str) -> str:

@@ -22,6 +22,7 @@ from schemas.limits import Limits
 from schemas.messages import Message, Open, Timestamp
 
 __all__ = [
+    "THREAD_TITLE_MAX_CHARS",
     "ObserveRequest",
     "ObserveResult",
     "ReflectRequest",
@@ -33,6 +34,18 @@ __all__ = [
 
 Scope = Literal["thread", "resource"]
 Count = Annotated[int, Field(ge=0, le=MAX_SAFE_INTEGER, strict=True)]
+
+THREAD_TITLE_MAX_CHARS: Final = 1000
+"""A `threadTitle` longer is refused (the answer dead-lettered): Mastra asks its Observer for 2-5 words, and
+the title lands in a thread's metadata other apps read; the record's size limit alone lets a megabyte by."""
+ThreadTitle = Annotated[
+    str | None,
+    Field(
+        max_length=THREAD_TITLE_MAX_CHARS,
+        description="the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the "
+        "thread's metadata.mastra.om.threadTitle",
+    ),
+]
 
 
 def _require_schema_version(schema: dict[str, Any]) -> None:
@@ -96,6 +109,7 @@ class ThreadObservations(Open):
     ]
     currentTask: Annotated[str | None, Field(description="the thread's <current-task>, if any")] = None
     suggestedResponse: Annotated[str | None, Field(description="the thread's <suggested-response>")] = None
+    threadTitle: ThreadTitle = None
 
 
 class ObserveResult(WorkBase):
@@ -109,6 +123,7 @@ class ObserveResult(WorkBase):
     lastObservedAt: Annotated[Timestamp, Field(description="the newest observed message's createdAt")]
     currentTask: Annotated[str | None, Field(description="the Observer's <current-task>, if any")] = None
     suggestedResponse: Annotated[str | None, Field(description="the Observer's <suggested-response>")] = None
+    threadTitle: ThreadTitle = None
     threads: Annotated[
         list[ThreadObservations] | None,
         Field(

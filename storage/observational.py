@@ -322,7 +322,7 @@ class MongoObservationalStore:
         return await resource_messages(self._rows.database, resource_id, cursors, limit)
 
     async def write_cursors(
-        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, str]]], now: datetime
+        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, object]]], now: datetime
     ) -> int:
         """The threads' cursors (and hints) set, the resource's threads only."""
         return await write_cursors(self._rows.database, resource_id, cursors, now)

@@ -118,7 +118,7 @@ async def resource_messages(
 async def write_cursors(
     db: AsyncDatabase[Any],
     resource_id: str,
-    cursors: Sequence[tuple[str, datetime, Mapping[str, str]]],
+    cursors: Sequence[tuple[str, datetime, Mapping[str, object]]],
     now: datetime,
 ) -> int:
     """Each `(thread, cursor, hints)`: the thread's `metadata.mastra.om.lastObservedAt` (and the hints'

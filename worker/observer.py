@@ -51,11 +51,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Observation:
-    """What an observer returns beside the text: Mastra's `<current-task>` and `<suggested-response>`."""
+    """What an observer returns beside the text: Mastra's `<current-task>`, `<suggested-response>` and
+    `<thread-title>` (kept in the thread's `metadata.mastra.om`, as Mastra keeps them)."""
 
     observations: str
     current_task: str | None = None
     suggested_response: str | None = None
+    thread_title: str | None = None
 
 
 ObserveFn = Callable[[ObserveRequest], Awaitable[Observation | str]]
@@ -98,6 +100,8 @@ def _found(answer: Observation | str) -> dict[str, Any]:
         values["currentTask"] = found.current_task
     if found.suggested_response is not None:
         values["suggestedResponse"] = found.suggested_response
+    if found.thread_title is not None:
+        values["threadTitle"] = found.thread_title
     return values
 
 

@@ -88,7 +88,9 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
     async def observe(work: ObserveRequest) -> Observation:
         [thread] = {m.threadId for m in work.messages}  # the SDK calls it once per thread
         return Observation(
-            f"Date: Mar 1, 2025\n* OBS {thread}: {len(work.messages)} messages", current_task=f"T {thread}"
+            f"Date: Mar 1, 2025\n* OBS {thread}: {len(work.messages)} messages",
+            current_task=f"T {thread}",
+            thread_title=f"Title {thread}",
         )
 
     handler = observer_handler(observe)
@@ -146,6 +148,12 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
                 newest = max(m.createdAt for m in request.messages if m.threadId == thread and m.createdAt)
                 assert om["lastObservedAt"] == format_timestamp(newest)
                 assert om["currentTask"] == f"T {thread}"
+                assert om["threadTitle"] == f"Title {thread}"
+                # each thread's own newest observed message (Mastra's cursor: the first on a tie)
+                mine = [m for m in request.messages if m.threadId == thread and m.createdAt]
+                last = next(m for m in mine if m.createdAt == newest)
+                cursor = {"createdAt": format_timestamp(newest), "id": last.id}
+                assert om["lastObservedMessageCursor"] == cursor
             assert "mastra" not in (threads_rows["om-res-x"].get("metadata") or {})
 
             # b speaks again (under the threshold: no work): past b's cursor, so unobserved

@@ -19,6 +19,8 @@ import pytest
 from pymongo import AsyncMongoClient
 
 from message_history.core.om_tokens import count_observations
+from message_history.settings import Settings
+from schemas.messages import format_timestamp
 from schemas.observational import ObserveRequest, ReflectRequest, decode_work
 from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
@@ -51,6 +53,18 @@ def _turn(turn: int) -> tuple[bytes, bytes]:
     return om_turn(THREAD, OWNER, turn)
 
 
+async def _thread_om(settings: Settings) -> dict[str, Any]:
+    """The thread row's `metadata` as stored."""
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        row = await client[settings.mongodb_database]["mastra_threads"].find_one({"id": THREAD})
+    finally:
+        await client.close()
+    assert row is not None
+    metadata: dict[str, Any] = row["metadata"]
+    return metadata
+
+
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_observed_once_and_recalled(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
@@ -65,7 +79,9 @@ async def test_observed_once_and_recalled(
 
     async def observe(work: ObserveRequest) -> Observation:
         text = f"OBS: {len(work.messages)} messages about trains"
-        return Observation(text, current_task="find the cheapest spring day")
+        return Observation(
+            text, current_task="find the cheapest spring day", thread_title=" Cheap spring trains "
+        )
 
     handler = observer_handler(observe)
     try:
@@ -97,6 +113,19 @@ async def test_observed_once_and_recalled(
             assert row["isObserving"] is False
             assert row["observedMessageIds"] == observed_ids
             assert row["generationCount"] == 0
+            # the hints Mastra's `persist` leaves (`setThreadOMMetadata`): the title, and the newest observed
+            # message as the cursor (Mastra's `getLastObservedMessageCursor`: the first on a tie)
+            newest = request.messages[0]
+            for message in request.messages:
+                if message.createdAt and newest.createdAt and message.createdAt > newest.createdAt:
+                    newest = message
+            assert newest.createdAt is not None
+            cursor = {"createdAt": format_timestamp(newest.createdAt), "id": newest.id}
+            assert (await _thread_om(settings))["mastra"]["om"] == {
+                "currentTask": "find the cheapest spring day",
+                "threadTitle": "Cheap spring trains",
+                "lastObservedMessageCursor": cursor,
+            }
 
             # the next turn: the log, then only what it does not cover, then the input
             ask = request_event(THREAD, OWNER, 7, "so which day is cheapest?")

@@ -22,6 +22,7 @@ import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
+from storage.mongodb import MongoHistoryStorage
 from storage.observational import CLAIM_TIMEOUT, OBSERVATIONAL, MongoObservationalStore, ObservationUpdate
 from tests.infra import skip_or_fail
 from tests.om_cases import NODE_DIR
@@ -162,13 +163,34 @@ async def test_a_resource_row_the_service_wrote_is_read_by_mastra(mongo_uri: str
     assert claim is not None
     log = merge_thread_observations("", [ThreadObservations("t5", "Date: Mar 1, 2025\n* tea", T0)])
     assert await store.apply_observation(claim, ObservationUpdate(log, 9, T0, ["m1"]), T0)
-    assert await store.write_cursors("r5", [("t5", T0, {"currentTask": "brew"})], T0) == 1
+    cursor = {"createdAt": _iso(T0), "id": "m1"}
+    hints = {"currentTask": "brew", "threadTitle": "Tea", "lastObservedMessageCursor": cursor}
+    assert await store.write_cursors("r5", [("t5", T0, hints)], T0) == 1
     mastra = _mastra(mongo_uri, mongo_db.name, "read", "-", "r5")["record"]
     assert (mastra["scope"], mastra["threadId"], mastra["resourceId"]) == ("resource", None, "r5")
     assert mastra["activeObservations"] == '<thread id="t5">\nDate: Mar 1, 2025\n* tea\n</thread>'
     assert mastra["lastObservedAt"] == _iso(T0)
     om = _mastra(mongo_uri, mongo_db.name, "thread-om", "t5")["om"]
-    assert om == {"lastObservedAt": _iso(T0), "currentTask": "brew"}
+    assert om == {"lastObservedAt": _iso(T0), **hints}
+
+
+async def test_the_hints_the_observed_path_writes_are_mastras(mongo_uri: str, mongo_db: Db) -> None:
+    """Thread scope: the keys the observed path sets (`save_thread_metadata`, dotted under `mastra.om`) are
+    Mastra's `getThreadOMMetadata` fields (`threadTitle`, `lastObservedMessageCursor` as `{createdAt, id}`),
+    beside a hint Mastra set before, which stays."""
+    _mastra(
+        mongo_uri,
+        mongo_db.name,
+        "write-thread-om",
+        stdin={"threadId": "t6", "resourceId": "r6", "om": {"suggestedResponse": "ask"}},
+    )
+    cursor = {"createdAt": _iso(T0), "id": "m2"}
+    update = {"currentTask": "brew", "threadTitle": "Tea time", "lastObservedMessageCursor": cursor}
+    await MongoHistoryStorage(mongo_db).save_thread_metadata(
+        "t6", {f"mastra.om.{key}": value for key, value in update.items()}
+    )
+    om = _mastra(mongo_uri, mongo_db.name, "thread-om", "t6")["om"]
+    assert om == {"suggestedResponse": "ask", **update}
 
 
 async def test_a_resource_row_mastra_wrote_is_read_by_the_service(mongo_uri: str, mongo_db: Db) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,6 +23,8 @@ from message_history.errors import FatalStorageError, InvalidInputError, Retriab
 from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
+from schemas.messages import Message
+from schemas.observational import THREAD_TITLE_MAX_CHARS
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
 from storage.protocol import Thread
 from tests.om_helpers import om_row
@@ -80,7 +82,7 @@ class Rows:
         return self.row
 
     async def write_cursors(
-        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, str]]], now: datetime
+        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, object]]], now: datetime
     ) -> int:
         self.cursors.extend((resource_id, *cursor) for cursor in cursors)
         return len(cursors)
@@ -353,9 +355,21 @@ async def test_an_outage_is_not_swallowed() -> None:
 
 
 class Threads:
-    def __init__(self, metadata: dict[str, Any]) -> None:
+    def __init__(self, metadata: dict[str, Any], messages: Sequence[Message] = ()) -> None:
         self.metadata = metadata
+        self.messages = list(messages)
         self.saved: list[tuple[str, dict[str, Any]]] = []
+        self.asked: list[tuple[list[str], list[str] | None]] = []
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        self.asked.append((list(message_ids), None if thread_ids is None else list(thread_ids)))
+        return [
+            m
+            for m in reversed(self.messages)  # the store's order is none in particular
+            if m.id in message_ids and (thread_ids is None or m.threadId in thread_ids)
+        ]
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         return Thread(id=thread_id, resourceId="u1", metadata=self.metadata)
@@ -401,6 +415,119 @@ async def test_the_observers_current_task_goes_to_the_thread() -> None:
         [Rec(_result(currentTask="late"))], no_emit
     )  # an answer not applied writes no hint either
     assert len(threads.saved) == 1
+
+
+def _stored(ident: str, thread: str, at: str) -> Message:
+    return Message.model_validate(
+        {"id": ident, "role": "user", "createdAt": at, "threadId": thread, "content": "x"}
+    )
+
+
+async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thread() -> None:
+    """As Mastra's `SyncObservationStrategy.persist`: `threadTitle` trimmed, `lastObservedMessageCursor` the
+    newest observed message (as stored, this thread's only: `m9` is another thread's and not asked for)."""
+    stored = [
+        _stored("m1", "t1", "2025-03-01T09:00:00.000Z"),
+        _stored("m2", "t1", "2025-03-01T09:30:00.000Z"),
+        _stored("m9", "t2", "2025-03-01T11:00:00.000Z"),
+    ]
+    rows, threads = Rows(_row()), Threads({}, stored)
+    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    result = _result(threadTitle="  Trip to Lyon ", observedMessageIds=["m1", "m2", "m9"])
+    await handler.handle([Rec(result)], no_emit)
+    assert threads.asked == [(["m1", "m2", "m9"], ["t1"])]
+    assert threads.saved == [
+        (
+            "t1",
+            {
+                "mastra.om.threadTitle": "Trip to Lyon",
+                "mastra.om.lastObservedMessageCursor": {"createdAt": "2025-03-01T09:30:00.000Z", "id": "m2"},
+            },
+        )
+    ]
+
+
+async def test_a_huge_title_is_a_dead_letter_and_writes_nothing() -> None:
+    """The title's bound (`THREAD_TITLE_MAX_CHARS`): without it this answer would apply and put the megabyte
+    in the thread row."""
+    rows, threads = Rows(_row()), Threads({}, [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")])
+    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    [outcome] = await handler.handle([Rec(_result(threadTitle="x" * (THREAD_TITLE_MAX_CHARS + 1)))], no_emit)
+    assert isinstance(outcome, Refused)
+    assert "threadTitle" in str(outcome.error)
+    assert (rows.applied, threads.saved) == ([], [])
+    ok = _result(threadTitle="x" * THREAD_TITLE_MAX_CHARS)
+    [done] = await handler.handle([Rec(ok)], no_emit)
+    assert not isinstance(done, Refused)
+
+
+class Outage(Threads):
+    """The messages' read fails once (MongoDB unreachable), then answers."""
+
+    def __init__(self, metadata: dict[str, Any], messages: Sequence[Message] = ()) -> None:
+        super().__init__(metadata, messages)
+        self.down = True
+
+    async def get_messages(
+        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
+    ) -> list[Message]:
+        if self.down:
+            self.down = False
+            raise RetriableError("mongodb down")
+        return await super().get_messages(message_ids, thread_ids=thread_ids)
+
+
+@pytest.mark.parametrize("scope", ["thread", "resource"])
+async def test_an_outage_reading_the_cursor_applies_nothing_until_the_retry(scope: str) -> None:
+    """The cursor is read before the apply: the outage raises (the loop retries the batch) with the row
+    untouched, so the retry applies the answer with its hints. Read after the apply (as first written), the
+    failed attempt applied the row, and the retry would find the claim taken and write no hints."""
+    stored = [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")]
+    rows, threads = Rows(_row() if scope == "thread" else _resource_row()), Outage({}, stored)
+    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    fields: dict[str, Any] = {"threadTitle": "Lyon"}
+    if scope == "resource":
+        fields = {
+            "scope": "resource",
+            "threadId": None,
+            "threads": _threads(("t1", "* a", "2025-03-01T09:00:00.000Z")),
+        }
+    with pytest.raises(RetriableError):
+        await handler.handle([Rec(_result(**fields))], no_emit)
+    assert (rows.applied, threads.saved, rows.cursors) == ([], [], [])
+    await handler.handle([Rec(_result(**fields))], no_emit)
+    assert len(rows.applied) == 1
+    cursor = {"createdAt": "2025-03-01T09:00:00.000Z", "id": "m1"}
+    written = threads.saved[0][1] if scope == "thread" else rows.cursors[0][3]
+    assert cursor in written.values()
+
+
+async def test_a_resource_answer_writes_each_threads_title_and_cursor() -> None:
+    """Resource scope: each thread's hints and its own newest observed message (Mastra's
+    `ResourceScopedObservationStrategy`: `getLastObservedMessageCursor(threadMessages)`)."""
+    stored = [
+        _stored("a1", "a", "2025-03-01T08:00:00.000Z"),
+        _stored("a2", "a", "2025-03-01T09:00:00.000Z"),
+        _stored("b1", "b", "2025-03-01T09:30:00.000Z"),
+    ]
+    rows, threads = Rows(_resource_row()), Threads({}, stored)
+    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    entries = _threads(("a", "* a", "2025-03-01T09:00:00.000Z"), ("b", "* b", "2025-03-01T09:30:00.000Z"))
+    entries[0]["threadTitle"] = "Lyon"
+    result = _result(scope="resource", threadId=None, observedMessageIds=["a1", "a2", "b1"], threads=entries)
+    await handler.handle([Rec(result)], no_emit)
+    assert threads.asked == [(["a1", "a2", "b1"], ["a", "b"])]
+    assert [c[3] for c in rows.cursors] == [
+        {
+            "currentTask": "task a",
+            "threadTitle": "Lyon",
+            "lastObservedMessageCursor": {"createdAt": "2025-03-01T09:00:00.000Z", "id": "a2"},
+        },
+        {
+            "currentTask": "task b",
+            "lastObservedMessageCursor": {"createdAt": "2025-03-01T09:30:00.000Z", "id": "b1"},
+        },
+    ]
 
 
 async def _fails(error: Exception) -> str:

@@ -46,15 +46,16 @@ async def test_resource_work_is_observed_thread_by_thread() -> None:
 
     async def observe(work: ObserveRequest) -> Observation:
         seen.append(([m.id or "" for m in work.messages], work.activeObservations))
-        return Observation(f"obs {work.messages[0].threadId}", current_task="task")
+        thread = work.messages[0].threadId
+        return Observation(f"obs {thread}", current_task="task", thread_title=f"title {thread}")
 
     result = await observer_handler(observe)(_work())
     assert isinstance(result, ObserveResult)
     assert seen == [(["m1", "m3"], "log"), (["m2"], "log")]
     assert result.threads is not None
-    assert [(t.threadId, t.observations, t.currentTask) for t in result.threads] == [
-        ("a", "obs a", "task"),
-        ("b", "obs b", "task"),
+    assert [(t.threadId, t.observations, t.currentTask, t.threadTitle) for t in result.threads] == [
+        ("a", "obs a", "task", "title a"),
+        ("b", "obs b", "task", "title b"),
     ]
     assert [t.lastObservedAt.minute for t in result.threads] == [3, 2]  # each thread's own newest
     assert result.observedMessageIds == ["m1", "m2", "m3"]
@@ -79,3 +80,16 @@ async def test_thread_work_keeps_one_call_and_no_threads() -> None:
     assert isinstance(result, ObserveResult)
     assert result.observations == "3 messages"
     assert result.threads is None
+
+
+async def test_thread_work_carries_the_observers_title() -> None:
+    async def observe(work: ObserveRequest) -> Observation:
+        return Observation("obs", current_task="task", thread_title="Trip to Lyon")
+
+    result = await observer_handler(observe)(_work("thread"))
+    assert isinstance(result, ObserveResult)
+    assert (result.currentTask, result.threadTitle, result.suggestedResponse) == (
+        "task",
+        "Trip to Lyon",
+        None,
+    )

@@ -15,11 +15,13 @@ import type { ConnectionOptions } from './settings.js';
 
 export type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
 
-/** What `observe` may return beside the text: Mastra's `<current-task>` and `<suggested-response>`. */
+/** What `observe` may return beside the text: Mastra's `<current-task>`, `<suggested-response>` and
+ * `<thread-title>` (the service keeps them in the thread's `metadata.mastra.om`, as Mastra does). */
 export interface Observation {
   observations: string;
   currentTask?: string;
   suggestedResponse?: string;
+  threadTitle?: string;
 }
 
 export type ObserveFn = (work: ObserveRequest) => Promise<Observation | string>;
@@ -128,6 +130,7 @@ function fields(answer: Observation | string) {
     observations: found.observations,
     ...(found.currentTask !== undefined ? { currentTask: found.currentTask } : {}),
     ...(found.suggestedResponse !== undefined ? { suggestedResponse: found.suggestedResponse } : {}),
+    ...(found.threadTitle !== undefined ? { threadTitle: found.threadTitle } : {}),
   };
 }
 
@@ -141,7 +144,7 @@ export interface MastraObservationalMemoryLike {
       messagesToObserve: never[],
       abortSignal?: AbortSignal,
       options?: { priorCurrentTask?: string; priorSuggestedResponse?: string; threadId?: string; resourceId?: string },
-    ): Promise<{ observations: string; currentTask?: string; suggestedContinuation?: string }>;
+    ): Promise<{ observations: string; currentTask?: string; suggestedContinuation?: string; threadTitle?: string }>;
   };
   reflector: {
     call(observations: string, manualPrompt?: string, streamContext?: undefined, observationTokensThreshold?: number): Promise<{
@@ -203,6 +206,8 @@ export function mastraObserverHandler(options: MastraObserverOptions): ObserverH
         observations: found.observations,
         ...(found.currentTask ? { currentTask: found.currentTask } : {}),
         ...(found.suggestedContinuation ? { suggestedResponse: found.suggestedContinuation } : {}),
+        // Mastra's Observer writes one when asked (`observation: { threadTitle: true }` on your `memory`)
+        ...(found.threadTitle ? { threadTitle: found.threadTitle } : {}),
       };
     },
     async (work) => {

@@ -30,6 +30,7 @@ function answer(prompt: PromptMessage[]): string {
     '<suggested-response>',
     'Ask which week suits them',
     '</suggested-response>',
+    '<thread-title>Cheap spring trains</thread-title>',
   ].join('\n');
 }
 

@@ -856,12 +856,13 @@ describe('observerHandler: Observational Memory work answered, the claim echoed'
     const seen: string[][] = [];
     const result = await observerHandler(async (w) => {
       seen.push(w.messages.map((m) => m.id ?? ''));
-      return { observations: `- ${w.messages[0]?.threadId}`, currentTask: 'task' };
+      const thread = w.messages[0]?.threadId;
+      return { observations: `- ${thread}`, currentTask: 'task', ...(thread === 'ta' ? { threadTitle: 'A' } : {}) };
     })(work);
     if (result.type !== 'ObserveResult') throw new Error('not an ObserveResult');
     assert.deepEqual(seen, [['m1', 'm3'], ['m2']]);
     assert.deepEqual(result.threads, [
-      { threadId: 'ta', lastObservedAt: '2026-01-01T00:02:00.000Z', observations: '- ta', currentTask: 'task' },
+      { threadId: 'ta', lastObservedAt: '2026-01-01T00:02:00.000Z', observations: '- ta', currentTask: 'task', threadTitle: 'A' },
       { threadId: 'tb', lastObservedAt: '2026-01-01T00:01:00.000Z', observations: '- tb', currentTask: 'task' },
     ]);
     assert.deepEqual(result.observedMessageIds, ['m1', 'm2', 'm3']);
@@ -931,6 +932,7 @@ describe('mastraObserverHandler: the Observer and Reflector agents of Mastra ans
     assert.equal(result.observations, '* 🔴 (10:00) User asked about trains from Lyon to Turin');
     assert.equal(result.currentTask, 'find the cheapest spring day');
     assert.equal(result.suggestedResponse, 'Ask which week suits them');
+    assert.equal(result.threadTitle, 'Cheap spring trains'); // Mastra's parser reads the tag when present
     assert.deepEqual([result.cycle, result.observedMessageIds, result.lastObservedAt], [3, ['m1', 'm2'], '2026-01-01T00:01:00.000Z']);
     const [prompt] = omPrompts;
     assert.ok(prompt);

@@ -545,6 +545,10 @@ export interface ObserveResult {
    */
   threadId: string | null;
   /**
+   * the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the thread's metadata.mastra.om.threadTitle
+   */
+  threadTitle?: string | null;
+  /**
    * resource scope: the observations per thread (required unless `error`); `observations` is then unused
    */
   threads?: ThreadObservations[] | null;
@@ -578,6 +582,10 @@ export interface ThreadObservations {
    * the thread these observations are of
    */
   threadId: string;
+  /**
+   * the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the thread's metadata.mastra.om.threadTitle
+   */
+  threadTitle?: string | null;
   [k: string]: unknown;
 }
 /**
