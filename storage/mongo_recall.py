@@ -34,7 +34,7 @@ from storage.errors import storage_errors
 from storage.mongo_collections import MongoCollections
 from storage.protocol import Page, PageQuery, RecallQuery
 from storage.raw_batches import RowsCursor
-from storage.raw_owner import RawOwner
+from storage.raw_owner import RawOwner, owned_query
 from storage.raw_rows import decode_row
 from storage.recalled_rows import MESSAGE_PROJECTION
 from storage.save_plan import _check_thread_id
@@ -100,10 +100,7 @@ def _query_of(
     `(thread_id, resourceId)` when it was `sure`, else read by `owner`; a row whose bytes cannot even be read
     is its thread's as far as a lenient decoding names it (it is skipped there, in the thread's count)."""
     if sure is not None:
-        wanted = by_thread.get(sure[0])
-        if wanted is not None and wanted.resource_id is not None and sure[1] != wanted.resource_id:
-            return None
-        return wanted
+        return owned_query(by_thread, *sure)
     try:
         return owner.read(doc, by_thread)
     except Exception:  # noqa: BLE001 -- a document the codec refuses: that row's fault, its thread's

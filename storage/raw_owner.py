@@ -18,11 +18,20 @@ from storage.raw_rows import RAW
 if TYPE_CHECKING:
     from storage.protocol import RecallQuery
 
-__all__ = ["RawOwner"]
+__all__ = ["RawOwner", "owned_query"]
 
 
 # Sizes of the fixed-size BSON element types, to step over a top-level element without decoding it.
 _FIXED_SIZES: Final = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x11: 8, 0x12: 8, 0x13: 16}
+
+
+def owned_query(wanted: Mapping[str, RecallQuery], thread: Any, resource: Any) -> RecallQuery | None:
+    """The query a row of `thread` owned by `resource` answers: its thread's, when the query names no
+    resource or that one (the rule every route of the `$in` read applies: `RawOwner`, the native walk)."""
+    query = wanted.get(thread)
+    if query is None or query.resource_id is None or resource == query.resource_id:
+        return query
+    return None
 
 
 class RawOwner:
@@ -63,10 +72,7 @@ class RawOwner:
     @staticmethod
     def _decoded(raw: bytes, wanted: Mapping[str, RecallQuery]) -> RecallQuery | None:
         doc: Mapping[str, Any] = RawBSONDocument(raw, RAW)  # decoded as the reply's documents were
-        query = wanted.get(doc.get("thread_id", ""))
-        if query is None or query.resource_id is None or doc.get("resourceId") == query.resource_id:
-            return query
-        return None
+        return owned_query(wanted, doc.get("thread_id", ""), doc.get("resourceId"))
 
     def _owned(self, raw: bytes, at: int, resource: str) -> bool | None:
         """Whether the top-level `resourceId` is `resource`, stepping over the elements from offset `at`;

@@ -201,11 +201,11 @@ def select_owners(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[O
     native: Callable[[Sequence[bytes]], list[Owner | None]] | None = getattr(module, "owners_from_raw", None)
     if native is None:
         return owners_from_raw_py
-    found = native
+    walk = native  # bound for the closure (mypy keeps `native` optional inside it)
 
     def owners(docs: Sequence[bytes]) -> list[Owner | None]:
         try:
-            return found(docs)
+            return walk(docs)
         except _PASS_THROUGH:
             raise
         except BaseException as error:  # noqa: BLE001 -- as `_with_reference`: the reference decides

@@ -37,9 +37,7 @@ def last_observed_cursors(order: Sequence[str], messages: Iterable[Message]) -> 
         thread = message.threadId or ""
         current = newest.get(thread)
         # strictly newer replaces: on a tie the first in the observed order stays (Mastra's `>`)
-        if current is None or (
-            message.createdAt and current.createdAt and message.createdAt > current.createdAt
-        ):
+        if current is None or _after(message, current):
             newest[thread] = message
     return {
         thread: {"createdAt": format_timestamp(m.createdAt), "id": m.id}
