@@ -25,7 +25,7 @@ from bson.errors import InvalidBSON
 from pymongo.asynchronous.cursor import AsyncRawBatchCursor
 from pymongo.message import _OpMsg
 
-__all__ = ["RowsCursor", "cut_batch", "split_stream"]
+__all__ = ["RowsCursor", "array_documents_py", "cut_batch", "split_stream"]
 
 _BATCH_KEYS: Final = (b"firstBatch", b"nextBatch")
 # Sizes of the fixed-size BSON element types (double, ObjectId, bool, datetime, null, int32, timestamp,
@@ -98,7 +98,7 @@ def _cut_cursor(payload: bytes, start: int, end: int) -> tuple[bytes, list[bytes
     if found is None:
         return None
     at, key_end, array_end = found
-    rows = _array_documents(payload, key_end + 1, array_end)
+    rows = _split_rows(payload, key_end + 1, array_end)
     if rows is None:
         return None
     emptied = payload[start + 4 : key_end + 1] + _EMPTY_ARRAY + payload[array_end:end]
@@ -107,8 +107,17 @@ def _cut_cursor(payload: bytes, start: int, end: int) -> tuple[bytes, list[bytes
     return (len(body) + 4).to_bytes(4, "little") + body, rows
 
 
-def _array_documents(payload: bytes, start: int, end: int) -> list[bytes] | None:
-    """The documents of the BSON array at `payload[start:end]`; None when an element is not a document."""
+def _split_rows(payload: bytes, start: int, end: int) -> list[bytes] | None:
+    """`storage.row_codec.array_documents` (the native walk where installed, else `array_documents_py`),
+    imported here at first use: row_codec imports this module for its reference."""
+    from storage.row_codec import array_documents  # noqa: PLC0415 -- see the docstring
+
+    return array_documents(payload, start, end)
+
+
+def array_documents_py(payload: bytes, start: int, end: int) -> list[bytes] | None:
+    """The documents of the BSON array at `payload[start:end]`; None when an element is not a document.
+    The reference of the native `array_documents` (native/src/split.rs): the same answer on any bytes."""
     if payload[end - 1] != 0 or _int32(payload, start) != end - start:
         return None
     rows: list[bytes] = []

@@ -37,12 +37,14 @@ from message_history.errors import StartupError
 from message_history.settings import Settings
 from schemas.events import EnrichedMessage
 from schemas.messages import _KNOWN_PARTS, Message, MessageContent, Role, ToolState, format_timestamp
+from storage.raw_batches import array_documents_py
 from storage.recalled_rows import row_from_doc
 
 __all__ = [
     "NATIVE_MODULE",
     "Owner",
     "RowCodec",
+    "array_documents",
     "codec_fingerprint",
     "owners_from_raw",
     "owners_from_raw_py",
@@ -215,8 +217,31 @@ def select_owners(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[O
     return owners
 
 
+def select_split(mode: RowCodec = "auto") -> Callable[[bytes, int, int], list[bytes] | None]:
+    """`array_documents`' implementation: the native module's when installed, has it and `mode` is not
+    `python`, else the reference. Like `select_owners` it mirrors no model; a failure (an exception, a
+    panic, bounds it refuses) lets the reference cut that reply, counted as the codec's."""
+    module = _native() if mode != "python" else None
+    native: Callable[[bytes, int, int], list[bytes] | None] | None = getattr(module, "array_documents", None)
+    if native is None:
+        return array_documents_py
+    walk = native  # bound for the closure (mypy keeps `native` optional inside it)
+
+    def split(payload: bytes, start: int, end: int) -> list[bytes] | None:
+        try:
+            return walk(payload, start, end)
+        except _PASS_THROUGH:
+            raise
+        except BaseException as error:  # noqa: BLE001 -- as `_with_reference`: the reference decides
+            _native_failed(error)
+            return array_documents_py(payload, start, end)
+
+    return split
+
+
 _selected: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
 _selected_owners: Callable[[Sequence[bytes]], list[Owner | None]] | None = None
+_selected_split: Callable[[bytes, int, int], list[bytes] | None] | None = None
 
 
 def rows_from_raw(docs: Sequence[bytes]) -> list[PlainRow | None]:
@@ -243,11 +268,22 @@ def owners_from_raw(docs: Sequence[bytes]) -> list[Owner | None]:
     return _selected_owners(docs)
 
 
+def array_documents(payload: bytes, start: int, end: int) -> list[bytes] | None:
+    """The documents of the BSON array at `payload[start:end]` (a `find` reply's batch), each as bytes, or
+    None when the bytes do not make that certain (`storage.raw_batches.cut_batch` then leaves the reply to
+    PyMongo). Never raises for malformed bytes."""
+    global _selected_split  # noqa: PLW0603 -- chosen once per process
+    if _selected_split is None:
+        _selected_split = select_split(_mode_from_env())
+    return _selected_split(payload, start, end)
+
+
 def use_codec(mode: RowCodec) -> None:
     """Choose `rows_from_raw`'s implementation now (start-up), so a stale native module is logged early."""
-    global _selected, _selected_owners  # noqa: PLW0603 -- chosen once per process
+    global _selected, _selected_owners, _selected_split  # noqa: PLW0603 -- chosen once per process
     _selected = select_codec(mode)
     _selected_owners = select_owners(mode)
+    _selected_split = select_split(mode)
 
 
 def _mode_from_env() -> RowCodec:

@@ -13,6 +13,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 
@@ -20,6 +21,7 @@ mod canonical;
 mod fingerprint;
 mod owner;
 mod row;
+mod split;
 
 /// Set by `_panic_next_call_for_tests`; the next `rows_from_raw` call panics.
 static PANIC_NEXT: AtomicBool = AtomicBool::new(false);
@@ -97,10 +99,34 @@ fn owners_from_raw<'py>(py: Python<'py>, docs: &Bound<'py, PyAny>) -> PyResult<B
     Ok(out)
 }
 
+/// The documents of the BSON array at `payload[start:end]`, each as bytes, or None when an element is not a
+/// document or a size does not fit (`storage/raw_batches.py`'s `array_documents_py`, src/split.rs). Bounds
+/// outside the payload are a `ValueError` (the caller's wrapper then asks the reference).
+#[pyfunction]
+fn array_documents<'py>(
+    py: Python<'py>,
+    payload: &Bound<'py, PyBytes>,
+    start: usize,
+    end: usize,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let p = payload.as_bytes();
+    if end == 0 || start > end || end > p.len() {
+        return Err(PyValueError::new_err("array bounds outside the payload"));
+    }
+    match split::array_documents(p, start, end) {
+        None => Ok(None),
+        Some(spans) => Ok(Some(PyList::new(
+            py,
+            spans.into_iter().map(|(s, e)| PyBytes::new(py, &p[s..e])),
+        )?)),
+    }
+}
+
 #[pymodule]
 fn message_history_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_from_raw, m)?)?;
     m.add_function(wrap_pyfunction!(owners_from_raw, m)?)?;
+    m.add_function(wrap_pyfunction!(array_documents, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_next_call_for_tests, m)?)?;
     m.add("FINGERPRINT", fingerprint::FINGERPRINT)?;
     m.add("MAX_VALUES", canonical::MAX_VALUES)?;

@@ -1,8 +1,12 @@
 """`storage.raw_batches.cut_batch`: the rows and the rest of a `find` reply, read from its bytes, are what
-PyMongo's own unpacking of the same reply gives (`_OpMsg.raw_response` + the stream of the batch), or None."""
+PyMongo's own unpacking of the same reply gives (`_OpMsg.raw_response` + the stream of the batch), or None.
+Every test runs with each route of the batch array's walk: the Python reference and the native one
+(`message_history_native.array_documents`, built by `stack install --all`), which must answer alike on any
+bytes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,10 +19,33 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pymongo.message import _OpMsg
 
-from storage.raw_batches import cut_batch, split_stream
+from storage import row_codec
+from storage.raw_batches import array_documents_py, cut_batch, split_stream
+
+_NATIVE_SPLIT = getattr(row_codec._native(), "array_documents", None)
+_MISSING = "message_history_native.array_documents is missing (stack install --all)"
+needs_native = pytest.mark.skipif(
+    _NATIVE_SPLIT is None and not os.environ.get("CI"), reason="message_history_native not built"
+)
+
+
+@pytest.fixture(
+    autouse=True, params=["python", pytest.param("native", marks=needs_native)], ids=["python", "native"]
+)
+def route(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> row_codec.RowCodec:
+    """The walk `cut_batch` uses: the reference, or the native one (required under CI)."""
+    mode: row_codec.RowCodec = request.param
+    if mode == "native":
+        assert _NATIVE_SPLIT is not None, _MISSING
+    monkeypatch.setattr(row_codec, "_selected_split", row_codec.select_split(mode))
+    return mode
+
 
 FIELDS = {"cursor": {"firstBatch": 1, "nextBatch": 1}}  # what a find's cursor asks PyMongo to leave raw
-ROWS = [SON([("id", "m1"), ("thread_id", "t1")]), SON([("id", "m2"), ("n", 2), ("d", {"k": [1, 2]})])]
+ROWS: list[SON[str, Any]] = [
+    SON([("id", "m1"), ("thread_id", "t1")]),
+    SON([("id", "m2"), ("n", 2), ("d", {"k": [1, 2]})]),
+]
 
 
 def _reply(
@@ -148,3 +175,55 @@ def test_a_stream_is_split_into_its_documents_or_refused() -> None:
     assert into == docs
     with pytest.raises(InvalidBSON):
         split_stream(b"".join(docs)[:-1], [])
+
+
+def _array(rows: list[Any]) -> bytes:
+    """A BSON array's bytes (as a document whose keys are the indexes)."""
+    return bson.encode(SON([(str(i), row) for i, row in enumerate(rows)]))
+
+
+def _native_split(payload: bytes, start: int, end: int) -> list[bytes] | None:
+    assert _NATIVE_SPLIT is not None, _MISSING
+    out: list[bytes] | None = _NATIVE_SPLIT(payload, start, end)
+    return out
+
+
+@needs_native
+@given(_ROWS, st.binary(max_size=8), st.binary(max_size=8), st.data())
+def test_the_native_walk_is_the_reference_on_any_array(
+    rows: list[dict[str, Any]], before: bytes, after: bytes, data: st.DataObject
+) -> None:
+    """Encoded arrays (every row answered), then the same bytes with one byte changed (whatever the
+    reference answers, a list or None, the native walk answers the same)."""
+    array = _array(rows)
+    payload = before + array + after
+    start, end = len(before), len(before) + len(array)
+    assert (
+        _native_split(payload, start, end)
+        == array_documents_py(payload, start, end)
+        == [bson.encode(row) for row in rows]
+    )
+    at = data.draw(st.integers(0, len(payload) - 1))
+    changed = bytearray(payload)
+    changed[at] = data.draw(st.integers(0, 255))
+    assert _native_split(bytes(changed), start, end) == array_documents_py(bytes(changed), start, end)
+
+
+@needs_native
+@given(st.binary(min_size=1, max_size=120), st.data())
+def test_the_native_walk_is_the_reference_on_any_bytes(payload: bytes, data: st.DataObject) -> None:
+    end = data.draw(st.integers(1, len(payload)))
+    start = data.draw(st.integers(0, end))
+    assert _native_split(payload, start, end) == array_documents_py(payload, start, end)
+
+
+def test_bounds_outside_the_payload_are_the_references_to_answer(route: row_codec.RowCodec) -> None:
+    """The native walk refuses bounds outside the payload (a ValueError, counted as a codec failure) and
+    the reference answers instead: the wrapper never answers differently from it."""
+    array = _array(ROWS)
+    split = row_codec.select_split(route)
+    assert split(array, 0, len(array)) == [bson.encode(row) for row in ROWS]
+    before = row_codec.native_failures
+    with pytest.raises(IndexError):  # the reference's own answer to an end past the bytes
+        split(array, 0, len(array) + 1)
+    assert row_codec.native_failures == before + (1 if route == "native" else 0)
