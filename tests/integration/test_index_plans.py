@@ -316,3 +316,26 @@ async def test_a_resources_unobserved_messages_walk_the_thread_index(
     assert_index_walk(await explain(storage.db, find), index="thread_id_1_createdAt_1_id_1", returned=100)
     unobserved = unobserved_by_thread(messages, past, frozenset())
     assert {len(rows) for rows in unobserved.values()} == {PER_THREAD - 51}  # each from its own cursor
+
+
+async def test_a_resources_thread_pages_walk_the_page_index(
+    seeded: tuple[MongoHistoryStorage, Captured],
+) -> None:
+    """Resource scope's thread pages (`resource_threads`): 201 threads of one owner, 100 of them sharing one
+    `updatedAt` (as an observation's cursor writes leave them); a page after a thread among the ties reads
+    the rest of the ties, then the older threads, each an exact range of the service's
+    `resourceId_1_updatedAt_-1_id_-1`: about what it returns, never the owner's other threads."""
+    storage, captured = seeded
+    store = MongoObservationalStore(storage.db)
+    await store.ensure_indexes()
+    tied = [f"thread-{t:03}" for t in range(0, THREADS_SEEDED, 2)]
+    at = T0 + timedelta(days=1)
+    await storage.db[THREADS].update_many({"id": {"$in": tied}}, {"$set": {"updatedAt": at}})
+    captured.commands.clear()
+    page = await store.resource_threads("user-1", 30, (at, "thread-020"))
+    assert sorted(page.cursors)[:10] == tied[:10]  # thread-000 .. thread-018: the ties after thread-020
+    assert len(page.cursors) == 30
+    ties, older = captured.take("find")
+    index = "resourceId_1_updatedAt_-1_id_-1"
+    assert_index_walk(await explain(storage.db, ties), index=index, returned=10)
+    assert_index_walk(await explain(storage.db, older), index=index, returned=20)
