@@ -19,7 +19,9 @@ do these:
   cursor on (one `$in`, a merge of the `{thread_id, createdAt, id}` index ranges); each thread's own cursor
   is applied after (`unobserved_by_thread`), so rows between the oldest cursor and a thread's own take
   page slots, as Mastra's resource-wide `listMessagesByResourceId` since the row's `lastObservedAt` does;
-  only the resource's threads are named, and a row naming another owner is dropped;
+  the page full, up to `limit` more of the rows it cut off (each such thread's oldest past its cursor), so
+  no thread's messages wait behind the others' newer rows; only the resource's threads are named, and a row
+  naming another owner is dropped;
 * `write_cursors`: each thread's cursor (and the Observer's hints) set, the owner in the filter, a thread
   row MongoDB refuses the keys into (its `metadata` not an object) logged and left: its messages stay
   unobserved by the cursor, and the row's `observedMessageIds` still keeps them from being observed twice.
@@ -33,7 +35,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from bson.raw_bson import RawBSONDocument
@@ -43,7 +45,7 @@ from pymongo.errors import BulkWriteError
 
 from message_history.core.observation_resource import thread_cursor
 from message_history.errors import UnreadableRowError
-from schemas.messages import format_timestamp
+from schemas.messages import Message, format_timestamp
 from storage.documents import MESSAGES, THREADS, message_from_doc
 from storage.errors import storage_errors
 from storage.raw_rows import RAW, decode_row, lenient_row
@@ -201,7 +203,8 @@ async def resource_messages(
     db: AsyncDatabase[Any], resource_id: str, cursors: Mapping[str, datetime | None], limit: int
 ) -> list[dict[str, Any]]:
     """The resource's messages newer than their thread's cursor (threads of `cursors` only), in wire form,
-    oldest first: one page, the newest `limit`."""
+    oldest first: one page, the newest `limit`; when that page is full, also up to `limit` of the oldest
+    rows it cut off (`_cut_off`), so at most `2 * limit` rows."""
     if not cursors or limit <= 0:
         return []
     # One `$in` over the resource's threads from the oldest cursor on (none when a thread has no cursor),
@@ -223,7 +226,19 @@ async def resource_messages(
             .batch_size(limit + 1)
             .to_list()
         )
-    messages: list[dict[str, Any]] = []
+    page = _owned(raws, resource_id)
+    if len(raws) == limit:
+        page = await _cut_off(db, resource_id, cursors, page, limit)
+    page.sort(key=lambda m: (m.createdAt or _EPOCH, m.id or ""))
+    return [message.wire() for message in page]
+
+
+_EPOCH: Final = datetime.min.replace(tzinfo=UTC)
+
+
+def _owned(raws: Sequence[RawBSONDocument], resource_id: str) -> list[Message]:
+    """The rows as messages; unreadable ones skipped (counted), another owner's dropped."""
+    messages: list[Message] = []
     for raw in raws:
         try:
             message = message_from_doc(decode_row(raw.raw, MESSAGES))
@@ -232,9 +247,49 @@ async def resource_messages(
             continue
         if message.resourceId not in (None, resource_id):
             continue  # another owner's row in the resource's thread (written around the service): not its
-        messages.append(message.wire())
-    messages.reverse()
+        messages.append(message)
     return messages
+
+
+async def _cut_off(
+    db: AsyncDatabase[Any],
+    resource_id: str,
+    cursors: Mapping[str, datetime | None],
+    page: list[Message],
+    limit: int,
+) -> list[Message]:
+    """A full page's rows plus what it cut off: rows of threads whose cursor is older than the page's
+    oldest row (`floor`) may lie between the two, behind newer rows of other threads, observed or not (a
+    thread with all the resource's threads in one page would wait there for ever). One more query reads
+    them: an `$or` of each such thread's exact range `(cursor, floor]`, no sort, at most `limit` rows, each
+    thread's oldest first (every branch a forward walk of its index range, the next branch only after it;
+    a thread with nothing there costs one key). A thread read there keeps only those rows when the query
+    came back full (its rows past them are not read: observing it then moves its cursor only to the last of
+    them, so none is skipped)."""
+    floor = min((m.createdAt for m in page if m.createdAt is not None), default=None)
+    if floor is None:
+        return page
+    ranges: list[dict[str, Any]] = []
+    for thread, cursor in cursors.items():
+        if cursor is None or cursor < floor:
+            bounds = {"$lte": floor} if cursor is None else {"$gt": cursor, "$lte": floor}
+            ranges.append({"thread_id": thread, "createdAt": bounds})
+    if not ranges:
+        return page
+    rows = db.get_collection(MESSAGES, codec_options=RAW)
+    with storage_errors("om resource messages"):
+        raws = await (
+            rows.find(ranges[0] if len(ranges) == 1 else {"$or": ranges})
+            .limit(limit)
+            .batch_size(limit + 1)
+            .to_list()
+        )
+    older = _owned(raws, resource_id)
+    if len(raws) == limit:
+        sliced = {m.threadId for m in older}
+        page = [m for m in page if m.threadId not in sliced]
+    seen = {m.id for m in older}
+    return older + [m for m in page if m.id not in seen]
 
 
 async def write_cursors(

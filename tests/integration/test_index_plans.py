@@ -301,8 +301,9 @@ async def test_a_resources_unobserved_messages_walk_the_thread_index(
 ) -> None:
     """Resource scope's read (`storage.observational_resource`): the resource's threads from
     `resourceId_1_updatedAt_-1`, then one page of their messages from the oldest cursor on, the threads'
-    index ranges merged newest first: about what it returns, not the resource's 12,000 messages; each
-    thread's own cursor applied after."""
+    index ranges merged newest first: about what it returns, not the resource's 12,000 messages; the page
+    full, the rows it cut off (threads whose cursor is older than its oldest row) in one more query, an `$or`
+    of those threads' exact ranges, each a forward index walk; each thread's own cursor applied after."""
     storage, captured = seeded
     store = MongoObservationalStore(storage.db)
     cursors = await store.resource_cursors("user-1", 5)
@@ -311,10 +312,13 @@ async def test_a_resources_unobserved_messages_walk_the_thread_index(
     assert_index_walk(await explain(storage.db, threads), index="resourceId_1_updatedAt_-1", returned=5)
     past = {t: T0 + timedelta(seconds=int(t.split("-")[1]), milliseconds=50) for t in cursors}
     messages = await store.resource_messages("user-1", past, 100)
-    assert len(messages) == 100  # the page: the newest 100 from the oldest cursor on
-    [find] = captured.take("find")
-    assert_index_walk(await explain(storage.db, find), index="thread_id_1_createdAt_1_id_1", returned=100)
+    page, cut_off = captured.take("find")
+    assert_index_walk(await explain(storage.db, page), index="thread_id_1_createdAt_1_id_1", returned=100)
+    plan = await explain(storage.db, cut_off)
+    assert 0 < plan.returned <= 100
+    assert_index_walk(plan, index=None, returned=plan.returned)
     unobserved = unobserved_by_thread(messages, past, frozenset())
+    assert len(unobserved) == 5
     assert {len(rows) for rows in unobserved.values()} == {PER_THREAD - 51}  # each from its own cursor
 
 

@@ -86,11 +86,54 @@ async def test_each_thread_is_read_from_its_own_cursor(mongo_db: Db) -> None:
     assert [m["id"] for m in await store.resource_messages("r1", cursors, 100)] == ["a-3", "b-4", "a-5"]
 
 
-async def test_one_page_the_newest(mongo_db: Db) -> None:
+async def test_one_page_the_newest_then_what_it_cut_off(mongo_db: Db) -> None:
+    """The newest 2 (b-4, a-5) fill the page, so up to 2 of the rows it cut off are read too, each thread's
+    oldest first: a's two; a keeps only those (its a-5 is read once they are observed: none skipped)."""
     _, store = await _fixture(mongo_db)
     cursors = await store.resource_cursors("r1", 100)
-    assert [m["id"] for m in await store.resource_messages("r1", cursors, 2)] == ["b-4", "a-5"]
+    assert [m["id"] for m in await store.resource_messages("r1", cursors, 2)] == ["a-1", "a-3", "b-4"]
+    assert [m["id"] for m in await store.resource_messages("r1", cursors, 5)] == [
+        "a-1",
+        "b-2",
+        "a-3",
+        "b-4",
+        "a-5",
+    ]
     assert len(await store.resource_cursors("r1", 1)) == 1
+
+
+async def test_a_threads_old_messages_behind_anothers_observed_ones_are_read(mongo_db: Db) -> None:
+    """Thread a's one unobserved message (minute 1) is older than 6 of b's, all observed (b's cursor past
+    them): the page of the newest 5 from a's cursor on holds only b's, so before the cut-off read a's
+    message was never read while that stayed so (b's rows only grow): it starved. Now it is read."""
+    storage = MongoHistoryStorage(mongo_db)
+    await _save(storage, "a", "r1", 1)
+    await _save(storage, "b", "r1", 2, 3, 4, 5, 6, 7)
+    store = MongoObservationalStore(mongo_db)
+    cursors: dict[str, datetime | None] = {"a": T0, "b": T0 + timedelta(minutes=7)}
+    old_page = (
+        await mongo_db["mastra_messages"]
+        .find({"thread_id": {"$in": ["a", "b"]}, "createdAt": {"$gt": T0}})
+        .sort([("createdAt", -1), ("id", -1)])
+        .limit(5)
+        .to_list()
+    )
+    assert "a-1" not in [m["id"] for m in old_page]  # the page alone: a's message never in it
+    messages = await store.resource_messages("r1", cursors, 5)
+    assert unobserved_by_thread(messages, cursors, frozenset()) == {"a": [messages[0]]}
+    assert messages[0]["id"] == "a-1"
+    # rounds of observation reading 2 rows a record: each thread's rows in order, none skipped
+    await _save(storage, "c", "r1", 8, 9, 10, 11)
+    cursors = {"a": T0 + timedelta(minutes=1), "b": T0 + timedelta(minutes=7), "c": None}
+    observed: list[str] = []
+    for _ in range(4):
+        by_thread = unobserved_by_thread(
+            await store.resource_messages("r1", cursors, 2), cursors, frozenset()
+        )
+        for thread, rows in by_thread.items():
+            observed += [m["id"] for m in rows]
+            cursors[thread] = max_created_at(rows)
+    assert observed == ["c-8", "c-9", "c-10", "c-11"]
 
 
 async def test_another_resources_thread_is_neither_read_nor_written(mongo_db: Db) -> None:
