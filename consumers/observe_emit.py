@@ -239,7 +239,9 @@ class ObservationEmitter:
         """Thread scope: the thread's messages since `lastObservedAt`; resource scope: the resource's threads'
         messages, each from its own cursor (`core.observation_resource`)."""
         if subject.settings.scope == "resource":
-            by_thread = await resource_unobserved(self._rows, record, self._max_rows)
+            by_thread = await resource_unobserved(
+                self._rows, record, self._max_rows, include=subject.response.threadId
+            )
             return decide_resource_observation(by_thread, observed_state(record), subject.settings)
         messages = await since_observed(self._storage, subject.response.threadId, record, self._max_rows)
         return decide_observation(messages, observed_state(record), subject.settings)

@@ -28,7 +28,7 @@ import logging
 from typing import Any, Protocol
 
 from consumers.observational import Unobserved, request_settings, thread_hints
-from consumers.observe_work import ResourceRows
+from consumers.observe_work import ResourceReads
 from message_history.core.observation_others import other_conversations, others_unobserved
 from message_history.core.observation_resource import thread_cursor
 from message_history.core.observation_text import context_system_messages, continuation_message
@@ -58,7 +58,7 @@ class ThreadReader(Protocol):
     async def get_thread(self, thread_id: str) -> Thread | None: ...
 
 
-class RecallRows(ResourceRows, Protocol):
+class RecallRows(ResourceReads, Protocol):
     """The part of `storage.observational.MongoObservationalStore` recall uses."""
 
     async def get(self, thread_id: str | None, resource_id: str) -> ObservationalRecord | None: ...

@@ -18,9 +18,11 @@ from producers.output import Positioned
 from schemas.messages import format_timestamp
 from schemas.observational import ObserveRequest, ReflectRequest
 from storage.observational import Claim, ObservationalRecord
+from storage.observational_resource import Position, ThreadPage
 from storage.protocol import HistoryStorage, PageQuery
 
 __all__ = [
+    "ResourceReads",
     "ResourceRows",
     "WorkSent",
     "observe_request",
@@ -55,8 +57,8 @@ async def since_observed(
     return [m.wire() for m in reversed(page.messages)]
 
 
-class ResourceRows(Protocol):
-    """The part of `storage.observational.MongoObservationalStore` resource scope reads."""
+class ResourceReads(Protocol):
+    """The part of `storage.observational.MongoObservationalStore` resource scope's recall reads."""
 
     async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]: ...
 
@@ -65,14 +67,29 @@ class ResourceRows(Protocol):
     ) -> list[dict[str, Any]]: ...
 
 
+class ResourceRows(ResourceReads, Protocol):
+    """The part of `storage.observational.MongoObservationalStore` resource scope's work reads."""
+
+    async def resource_threads(
+        self, resource_id: str, limit: int, after: Position | None, *, include: str | None = None
+    ) -> ThreadPage: ...
+
+    async def keep_threads_after(self, record_id: str, after: Position | None) -> None: ...
+
+
 async def resource_unobserved(
-    rows: ResourceRows, record: ObservationalRecord, per_page: int
+    rows: ResourceRows, record: ObservationalRecord, per_page: int, *, include: str | None = None
 ) -> dict[str, list[dict[str, Any]]]:
-    """The resource's unobserved messages per thread (its `per_page` most recently updated threads, one page
-    of the newest `per_page` messages past their threads' cursors), each thread's oldest first."""
-    cursors = await rows.resource_cursors(record.resource_id, per_page)
-    messages = await rows.resource_messages(record.resource_id, cursors, per_page)
-    return unobserved_by_thread(messages, cursors, frozenset(record.observed_message_ids))
+    """The resource's unobserved messages per thread, each thread's oldest first: of the next page of its
+    threads (`per_page`, after where the row's last page ended, wrapping round; and `include`, the thread
+    that just spoke), one page of the newest `per_page` messages past their threads' cursors. The row then
+    keeps where the next page starts, so every thread is read within `ceil(threads / per_page)` calls: a
+    resource's threads past the `per_page` most recently updated are never left unread."""
+    page = await rows.resource_threads(record.resource_id, per_page, record.threads_after, include=include)
+    if page.after != record.threads_after:
+        await rows.keep_threads_after(record.id, page.after)
+    messages = await rows.resource_messages(record.resource_id, page.cursors, per_page)
+    return unobserved_by_thread(messages, page.cursors, frozenset(record.observed_message_ids))
 
 
 def observed_state(record: ObservationalRecord) -> ObservedState:

@@ -39,12 +39,21 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from schemas.observational import Scope
 from storage.errors import storage_errors
-from storage.observational_resource import resource_cursors, resource_messages, write_cursors
+from storage.observational_resource import (
+    THREAD_PAGE_INDEX,
+    Position,
+    ThreadPage,
+    resource_cursors,
+    resource_messages,
+    resource_threads,
+    write_cursors,
+)
 from storage.observational_rows import (
     CLAIMED_AT,
     CLAIMED_BY,
     CYCLE,
     OBSERVATIONAL,
+    THREADS_AFTER,
     ObservationalRecord,
     readable_record,
     record_from_doc,
@@ -66,6 +75,7 @@ __all__ = [
 ]
 
 MESSAGES: Final = "mastra_messages"
+THREADS: Final = "mastra_threads"
 CLAIM_TIMEOUT: Final = timedelta(minutes=5)
 """How long a claim holds before another may take it (an observer answers well within it, or is retried)."""
 _READ_BACK: Final = 5  # newest generations read to find a readable one past unreadable rows
@@ -110,11 +120,13 @@ class MongoObservationalStore:
 
     async def ensure_indexes(self) -> None:
         """@mastra/mongodb's own two indexes: `id` unique, `(lookupKey, generationCount desc)`; and the
-        service's `_mh_claimed_at` (the stale-claim sweep's range; Mastra neither reads nor minds it)."""
+        service's `_mh_claimed_at` (the stale-claim sweep's range; Mastra neither reads nor minds it); and on
+        `mastra_threads` the service's `{resourceId, updatedAt, id}`, resource scope's thread pages."""
         with storage_errors("om indexes"):
             await self._rows.create_index([("id", ASCENDING)], unique=True)
             await self._rows.create_index([("lookupKey", ASCENDING), ("generationCount", DESCENDING)])
             await self._rows.create_index([(CLAIMED_AT, ASCENDING)])
+            await self._rows.database[THREADS].create_index(list(THREAD_PAGE_INDEX))
 
     async def stale_claims(self, cutoff: datetime, limit: int) -> list[ObservationalRecord]:
         """The rows whose claim the service made before `cutoff` and still holds, oldest claim first, at
@@ -314,6 +326,23 @@ class MongoObservationalStore:
     async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
         """The resource's threads and their cursors (`storage.observational_resource`)."""
         return await resource_cursors(self._rows.database, resource_id, max_threads)
+
+    async def resource_threads(
+        self, resource_id: str, limit: int, after: Position | None, *, include: str | None = None
+    ) -> ThreadPage:
+        """The next page of the resource's threads after `after` (`storage.observational_resource`)."""
+        return await resource_threads(self._rows.database, resource_id, limit, after, include=include)
+
+    async def keep_threads_after(self, record_id: str, after: Position | None) -> None:
+        """Where the row's next thread page starts (`THREADS_AFTER`): a hint, written unconditionally (two
+        writers racing lose one page's move, nothing else); None: from the newest again."""
+        update: dict[str, Any] = (
+            {"$unset": {THREADS_AFTER: ""}}
+            if after is None
+            else {"$set": {THREADS_AFTER: {"at": after[0], "id": after[1]}}}
+        )
+        with storage_errors("om write"):
+            await self._rows.update_one({"id": record_id}, update)
 
     async def resource_messages(
         self, resource_id: str, cursors: Mapping[str, datetime | None], limit: int

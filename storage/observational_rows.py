@@ -26,6 +26,7 @@ __all__ = [
     "CLAIMED_BY",
     "CYCLE",
     "OBSERVATIONAL",
+    "THREADS_AFTER",
     "ObservationalRecord",
     "readable_record",
     "record_from_doc",
@@ -36,6 +37,10 @@ OBSERVATIONAL: Final = "mastra_observational_memory"
 CYCLE: Final = "_mh_cycle"
 CLAIMED_AT: Final = "_mh_claimed_at"
 CLAIMED_BY: Final = "_mh_claimed_by"
+THREADS_AFTER: Final = "_mh_threads_after"
+"""Resource scope: where the next page of the resource's threads starts (`{at, id}`: the last thread read,
+by `(updatedAt, id)` newest first; absent: from the newest). A hint, not a claim: a row without it (a new
+generation, a Mastra app's) starts from the newest thread again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,7 @@ class ObservationalRecord:
     claimed_by: str | None = (
         None  # the request whose turn made the live claim (None: none, or a Mastra app's)
     )
+    threads_after: tuple[datetime, str] | None = None  # resource scope's next thread page (`THREADS_AFTER`)
 
 
 class _Refused(Exception):  # noqa: N818 -- internal: a field no Mastra would read, said in words
@@ -137,9 +143,21 @@ def record_from_doc(doc: Mapping[str, Any]) -> ObservationalRecord:
             updated_at=_date(doc, "updatedAt"),
             cycle=_number(doc, CYCLE, key=True),
             claimed_by=_text(doc, CLAIMED_BY) or None,
+            threads_after=_position(doc.get(THREADS_AFTER)),
         )
     except _Refused as exc:
         raise UnreadableRowError(OBSERVATIONAL, ident, doc.get("lookupKey"), "om", str(exc)) from None
+
+
+def _position(value: Any) -> tuple[datetime, str] | None:
+    """`THREADS_AFTER` as written (`{at: Date, id: str}`); anything else is no position (the scan starts
+    from the newest thread again): a hint never makes the row unreadable."""
+    if not isinstance(value, Mapping):
+        return None
+    at, ident = value.get("at"), value.get("id")
+    if not isinstance(at, datetime) or not isinstance(ident, str):
+        return None
+    return (at if at.tzinfo is not None else at.replace(tzinfo=UTC), ident)
 
 
 def _missing(name: str) -> str:

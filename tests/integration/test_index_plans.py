@@ -301,8 +301,9 @@ async def test_a_resources_unobserved_messages_walk_the_thread_index(
 ) -> None:
     """Resource scope's read (`storage.observational_resource`): the resource's threads from
     `resourceId_1_updatedAt_-1`, then one page of their messages from the oldest cursor on, the threads'
-    index ranges merged newest first: about what it returns, not the resource's 12,000 messages; each
-    thread's own cursor applied after."""
+    index ranges merged newest first: about what it returns, not the resource's 12,000 messages; the page
+    full, the rows it cut off (threads whose cursor is older than its oldest row) in one more query, an `$or`
+    of those threads' exact ranges, each a forward index walk; each thread's own cursor applied after."""
     storage, captured = seeded
     store = MongoObservationalStore(storage.db)
     cursors = await store.resource_cursors("user-1", 5)
@@ -311,8 +312,34 @@ async def test_a_resources_unobserved_messages_walk_the_thread_index(
     assert_index_walk(await explain(storage.db, threads), index="resourceId_1_updatedAt_-1", returned=5)
     past = {t: T0 + timedelta(seconds=int(t.split("-")[1]), milliseconds=50) for t in cursors}
     messages = await store.resource_messages("user-1", past, 100)
-    assert len(messages) == 100  # the page: the newest 100 from the oldest cursor on
-    [find] = captured.take("find")
-    assert_index_walk(await explain(storage.db, find), index="thread_id_1_createdAt_1_id_1", returned=100)
+    page, cut_off = captured.take("find")
+    assert_index_walk(await explain(storage.db, page), index="thread_id_1_createdAt_1_id_1", returned=100)
+    plan = await explain(storage.db, cut_off)
+    assert 0 < plan.returned <= 100
+    assert_index_walk(plan, index=None, returned=plan.returned)
     unobserved = unobserved_by_thread(messages, past, frozenset())
+    assert len(unobserved) == 5
     assert {len(rows) for rows in unobserved.values()} == {PER_THREAD - 51}  # each from its own cursor
+
+
+async def test_a_resources_thread_pages_walk_the_page_index(
+    seeded: tuple[MongoHistoryStorage, Captured],
+) -> None:
+    """Resource scope's thread pages (`resource_threads`): 201 threads of one owner, 100 of them sharing one
+    `updatedAt` (as an observation's cursor writes leave them); a page after a thread among the ties reads
+    the rest of the ties, then the older threads, each an exact range of the service's
+    `resourceId_1_updatedAt_-1_id_-1`: about what it returns, never the owner's other threads."""
+    storage, captured = seeded
+    store = MongoObservationalStore(storage.db)
+    await store.ensure_indexes()
+    tied = [f"thread-{t:03}" for t in range(0, THREADS_SEEDED, 2)]
+    at = T0 + timedelta(days=1)
+    await storage.db[THREADS].update_many({"id": {"$in": tied}}, {"$set": {"updatedAt": at}})
+    captured.commands.clear()
+    page = await store.resource_threads("user-1", 30, (at, "thread-020"))
+    assert sorted(page.cursors)[:10] == tied[:10]  # thread-000 .. thread-018: the ties after thread-020
+    assert len(page.cursors) == 30
+    ties, older = captured.take("find")
+    index = "resourceId_1_updatedAt_-1_id_-1"
+    assert_index_walk(await explain(storage.db, ties), index=index, returned=10)
+    assert_index_walk(await explain(storage.db, older), index=index, returned=20)

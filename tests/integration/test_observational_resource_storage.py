@@ -4,17 +4,20 @@ written where Mastra keeps them, and hostile rows skipped or refused, never a cr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
+from consumers.observe_work import ResourceRows, resource_unobserved
 from message_history import metrics
-from message_history.core.observation_resource import unobserved_by_thread
+from message_history.core.observation_resource import max_created_at, unobserved_by_thread
 from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
 from storage.observational import MongoObservationalStore
+from storage.observational_resource import Position, ThreadPage
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -83,11 +86,54 @@ async def test_each_thread_is_read_from_its_own_cursor(mongo_db: Db) -> None:
     assert [m["id"] for m in await store.resource_messages("r1", cursors, 100)] == ["a-3", "b-4", "a-5"]
 
 
-async def test_one_page_the_newest(mongo_db: Db) -> None:
+async def test_one_page_the_newest_then_what_it_cut_off(mongo_db: Db) -> None:
+    """The newest 2 (b-4, a-5) fill the page, so up to 2 of the rows it cut off are read too, each thread's
+    oldest first: a's two; a keeps only those (its a-5 is read once they are observed: none skipped)."""
     _, store = await _fixture(mongo_db)
     cursors = await store.resource_cursors("r1", 100)
-    assert [m["id"] for m in await store.resource_messages("r1", cursors, 2)] == ["b-4", "a-5"]
+    assert [m["id"] for m in await store.resource_messages("r1", cursors, 2)] == ["a-1", "a-3", "b-4"]
+    assert [m["id"] for m in await store.resource_messages("r1", cursors, 5)] == [
+        "a-1",
+        "b-2",
+        "a-3",
+        "b-4",
+        "a-5",
+    ]
     assert len(await store.resource_cursors("r1", 1)) == 1
+
+
+async def test_a_threads_old_messages_behind_anothers_observed_ones_are_read(mongo_db: Db) -> None:
+    """Thread a's one unobserved message (minute 1) is older than 6 of b's, all observed (b's cursor past
+    them): the page of the newest 5 from a's cursor on holds only b's, so before the cut-off read a's
+    message was never read while that stayed so (b's rows only grow): it starved. Now it is read."""
+    storage = MongoHistoryStorage(mongo_db)
+    await _save(storage, "a", "r1", 1)
+    await _save(storage, "b", "r1", 2, 3, 4, 5, 6, 7)
+    store = MongoObservationalStore(mongo_db)
+    cursors: dict[str, datetime | None] = {"a": T0, "b": T0 + timedelta(minutes=7)}
+    old_page = (
+        await mongo_db["mastra_messages"]
+        .find({"thread_id": {"$in": ["a", "b"]}, "createdAt": {"$gt": T0}})
+        .sort([("createdAt", -1), ("id", -1)])
+        .limit(5)
+        .to_list()
+    )
+    assert "a-1" not in [m["id"] for m in old_page]  # the page alone: a's message never in it
+    messages = await store.resource_messages("r1", cursors, 5)
+    assert unobserved_by_thread(messages, cursors, frozenset()) == {"a": [messages[0]]}
+    assert messages[0]["id"] == "a-1"
+    # rounds of observation reading 2 rows a record: each thread's rows in order, none skipped
+    await _save(storage, "c", "r1", 8, 9, 10, 11)
+    cursors = {"a": T0 + timedelta(minutes=1), "b": T0 + timedelta(minutes=7), "c": None}
+    observed: list[str] = []
+    for _ in range(4):
+        by_thread = unobserved_by_thread(
+            await store.resource_messages("r1", cursors, 2), cursors, frozenset()
+        )
+        for thread, rows in by_thread.items():
+            observed += [m["id"] for m in rows]
+            cursors[thread] = max_created_at(rows)
+    assert observed == ["c-8", "c-9", "c-10", "c-11"]
 
 
 async def test_another_resources_thread_is_neither_read_nor_written(mongo_db: Db) -> None:
@@ -127,3 +173,145 @@ async def test_hostile_rows_are_skipped_or_refused_never_a_crash(mongo_db: Db) -
     assert _unreadable_messages() == before + 1  # skipped and counted
     written = await store.write_cursors("r1", [("b", T0, {}), ("a", T0 + timedelta(minutes=1), {})], T0)
     assert written == 1  # a's written, b's refused and logged
+
+
+# --- the resource's threads past the page (MAX_ROWS_PER_REQUEST) --------------------------------------------
+
+
+class _Forgetful:
+    """The store, without keeping where the next thread page starts: every read is the newest page, as
+    the resource's reads were before the pages moved on (the starvation this guards against)."""
+
+    def __init__(self, store: MongoObservationalStore) -> None:
+        self._store = store
+
+    async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
+        return await self._store.resource_cursors(resource_id, max_threads)
+
+    async def resource_messages(
+        self, resource_id: str, cursors: Mapping[str, datetime | None], limit: int
+    ) -> list[dict[str, Any]]:
+        return await self._store.resource_messages(resource_id, cursors, limit)
+
+    async def resource_threads(
+        self, resource_id: str, limit: int, after: Position | None, *, include: str | None = None
+    ) -> ThreadPage:
+        return await self._store.resource_threads(resource_id, limit, after, include=include)
+
+    async def keep_threads_after(self, record_id: str, after: Position | None) -> None:
+        return None
+
+
+async def _many_threads(
+    db: Db, resource: str, count: int, *, same_time: bool = False
+) -> MongoObservationalStore:
+    """`count` threads of `resource`, one message each, thread `t<i>` updated at minute `i` (all at one
+    time with `same_time`), and threads of another owner updated in between."""
+    storage = MongoHistoryStorage(db)
+    for i in range(count):
+        await _save(storage, f"{resource}-t{i}", resource, i)
+        await _save(storage, f"other-t{i}", "other", i)
+        for thread in (f"{resource}-t{i}", f"other-t{i}"):
+            at = T0 if same_time else T0 + timedelta(minutes=i, seconds=30 if thread.startswith("o") else 0)
+            await db["mastra_threads"].update_one({"id": thread}, {"$set": {"updatedAt": at}})
+    store = MongoObservationalStore(db)
+    await store.ensure_indexes()
+    await store.initialize(scope="resource", thread_id=None, resource_id=resource, config={}, now=T0)
+    return store
+
+
+async def _observe_rounds(
+    rows: ResourceRows, store: MongoObservationalStore, resource: str, rounds: int, cap: int
+) -> list[set[str]]:
+    """`rounds` persist records of the resource, each observing every unobserved message it reads (a
+    threshold of one token): the threads each one observed. The cursors' writes move the observed threads
+    to the front, as a real observation does."""
+    seen: list[set[str]] = []
+    for n in range(rounds):
+        record = await store.get(None, resource)
+        assert record is not None
+        by_thread = await resource_unobserved(rows, record, cap)
+        cursors: list[tuple[str, datetime, Mapping[str, object]]] = [
+            (thread, max_created_at(messages) or T0, {}) for thread, messages in by_thread.items()
+        ]
+        await store.write_cursors(resource, cursors, T0 + timedelta(hours=1, minutes=n))
+        seen.append(set(by_thread))
+    return seen
+
+
+async def test_every_thread_past_the_page_is_observed_within_a_round_of_pages(mongo_db: Db) -> None:
+    """8 threads, 3 a page: every thread's message is read and observed within ceil(8 / 3) = 3 records,
+    each record reading at most 3 threads, none of another owner; the forgetful store (each record the
+    newest page, as before) never reaches the 5 older threads: their messages starve."""
+    store = await _many_threads(mongo_db, "r1", 8)
+    seen = await _observe_rounds(store, store, "r1", 3, 3)
+    assert [len(s) for s in seen] == [3, 3, 2]
+    assert set().union(*seen) == {f"r1-t{i}" for i in range(8)}
+    assert seen[0] == {"r1-t7", "r1-t6", "r1-t5"}  # the newest first
+    record = await store.get(None, "r1")
+    assert record is not None
+    assert await resource_unobserved(store, record, 3) == {}  # nothing left anywhere
+
+    starved = await _many_threads(mongo_db, "r2", 8)
+    seen = await _observe_rounds(_Forgetful(starved), starved, "r2", 6, 3)
+    assert set().union(*seen) == {"r2-t7", "r2-t6", "r2-t5"}  # t0..t4 never read, however many records
+
+
+async def test_threads_updated_at_one_time_are_paged_by_id(mongo_db: Db) -> None:
+    """An observation's cursor writes give its threads one `updatedAt`: 7 such threads, 3 a page, are read
+    by id in 3 pages (the third wraps round to the newest), none twice before every one was read."""
+    store = await _many_threads(mongo_db, "r1", 7, same_time=True)
+    after: Position | None = None
+    pages: list[list[str]] = []
+    for _ in range(3):
+        page = await store.resource_threads("r1", 3, after)
+        pages.append(sorted(page.cursors))
+        after = page.after
+    assert pages[0] == ["r1-t4", "r1-t5", "r1-t6"]
+    assert pages[1] == ["r1-t1", "r1-t2", "r1-t3"]
+    assert pages[2] == ["r1-t0", "r1-t5", "r1-t6"]  # the end, then round again from the newest
+    assert after == (T0, "r1-t5")
+
+
+async def test_the_thread_that_spoke_is_read_with_any_page(mongo_db: Db) -> None:
+    """The persist path's page also holds the thread whose turn it saves (`include`), if the resource's
+    (another owner's thread named there is not read); a page holding every thread starts from the newest
+    again (no position kept)."""
+    store = await _many_threads(mongo_db, "r1", 5)
+    page = await store.resource_threads("r1", 2, None, include="r1-t0")
+    assert set(page.cursors) == {"r1-t4", "r1-t3", "r1-t0"}
+    assert page.after is not None
+    assert page.after[1] == "r1-t3"
+    page = await store.resource_threads("r1", 2, None, include="other-t0")
+    assert set(page.cursors) == {"r1-t4", "r1-t3"}
+    page = await store.resource_threads("r1", 6, None)
+    assert len(page.cursors) == 5
+    assert page.after is None
+    page = await store.resource_threads("r1", 5, None)
+    assert page.after == (T0, "r1-t0")  # a full page: more may follow
+    page = await store.resource_threads("r1", 5, page.after)  # none did: round again, all 5
+    assert len(page.cursors) == 5
+    assert page.after == (T0, "r1-t0")
+
+
+async def test_the_next_page_is_kept_on_the_resources_row(mongo_db: Db) -> None:
+    """`keep_threads_after` writes the position the row reads back; None removes it; an odd value there
+    (a hand's) is no position, never an unreadable row."""
+    store = await _many_threads(mongo_db, "r1", 2)
+    record = await store.get(None, "r1")
+    assert record is not None
+    assert record.threads_after is None
+    await store.keep_threads_after(record.id, (T0, "r1-t1"))
+    record = await store.get(None, "r1")
+    assert record is not None
+    assert record.threads_after == (T0, "r1-t1")
+    await store.keep_threads_after(record.id, None)
+    record = await store.get(None, "r1")
+    assert record is not None
+    assert record.threads_after is None
+    await mongo_db["mastra_observational_memory"].update_one(
+        {"id": record.id}, {"$set": {"_mh_threads_after": "odd"}}
+    )
+    record = await store.get(None, "r1")
+    assert record is not None
+    assert record.threads_after is None

@@ -11,15 +11,17 @@ other threads' unobserved messages (Mastra's `<other-conversation>` blocks).
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient
 
+from message_history.core.om_tokens import count_observations
 from message_history.settings import Settings
 from schemas.messages import format_timestamp
-from schemas.observational import ObserveRequest
+from schemas.observational import ObserveRequest, ReflectRequest, decode_work
 from storage.observational import OBSERVATIONAL
 from tests.conftest import MakeTopic
 from tests.integration.om_service import WORDS, observe_work, om_rows, om_service_settings
@@ -246,3 +248,107 @@ def _json(event: Any) -> bytes:
     from schemas.codec import encode  # noqa: PLC0415
 
     return encode(event)
+
+
+REFLECTING_OM = {"observationalMemory": {"scope": "resource", "reflection": {"observationTokens": 20}}}
+
+
+def _reflecting_turn(thread: str, turn: int) -> tuple[bytes, bytes]:
+    """`_turn` with a reflection threshold the first observation's log passes."""
+    _, value = _turn(thread, OWNER, turn)
+    return encoded({**json.loads(value), "memory": REFLECTING_OM})
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+async def test_a_resource_log_is_reflected_into_its_next_generation(
+    kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
+) -> None:
+    """Resource scope's reflection, as Mastra's: once the resource's log passes the threshold the next
+    saved turn (of either thread) claims the resource's row and sends one ReflectRequest keyed by the
+    resource, the whole log with its `<thread>` sections as text; the Reflector's answer becomes generation
+    1 of `resource:<id>` as written (its tokens, generation 0's `lastObservedAt`), the threads' cursors
+    untouched; the next observation merges into the reflected log from each thread's own cursor."""
+    settings = await _settings(kafka_bootstrap, mongo_uri, make_topic, guarantee)
+    bootstrap = settings.kafka_bootstrap_servers
+    committed = "read_committed" if guarantee == "exactly-once" else "read_uncommitted"
+    reflection = '* trip\n<thread id="om-res-b">\n* spring\n</thread>'  # under the threshold
+
+    async def observe(work: ObserveRequest) -> Observation:
+        [thread] = {m.threadId for m in work.messages}
+        return Observation(f"Date: Mar 1, 2025\n* OBS {thread} g{work.generation}: {len(work.messages)}")
+
+    async def reflect(work: ReflectRequest) -> str:
+        return reflection
+
+    handler = observer_handler(observe, reflect)
+
+    async def work_until(count: int) -> list[ObserveRequest | ReflectRequest]:
+        records = await read_topic(
+            bootstrap,
+            settings.observe_requests_topic,
+            until=lambda r: len(r) >= count,
+            isolation_level=committed,
+        )
+        assert {r.key for r in records} == {OWNER.encode()}  # all keyed by the resource
+        return [decode_work(r.value) for r in records]
+
+    async def answer(work: ObserveRequest | ReflectRequest, results: int) -> None:
+        await produce(
+            bootstrap, settings.observe_results_topic, [(OWNER.encode(), _json(await handler(work)))]
+        )
+        await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: results})
+
+    try:
+        async with running_service(settings):
+            turns = [_reflecting_turn("om-res-a", t) for t in range(1, 4)]
+            more = [_reflecting_turn("om-res-b", t) for t in (4, 5)]
+            await produce(bootstrap, settings.responses_topic, [*turns, *more])
+            [observe_0] = await work_until(1)
+            assert isinstance(observe_0, ObserveRequest)
+            await answer(observe_0, 1)
+            gen0 = {r["lookupKey"]: r for r in await _docs(settings, OBSERVATIONAL)}[f"resource:{OWNER}"]
+            assert gen0["observationTokenCount"] >= 20
+            before = {t["id"]: t["metadata"] for t in await _docs(settings, "mastra_threads")}
+
+            # a's next turn: the log is past the reflection threshold, so the resource's row is reflected
+            await produce(bootstrap, settings.responses_topic, [_reflecting_turn("om-res-a", 6)])
+            reflect_0 = (await work_until(2))[1]
+            assert isinstance(reflect_0, ReflectRequest)
+            assert (reflect_0.scope, reflect_0.threadId, reflect_0.resourceId) == ("resource", None, OWNER)
+            assert (reflect_0.recordId, reflect_0.generation) == (gen0["id"], 0)
+            assert reflect_0.activeObservations == gen0["activeObservations"]
+            assert '<thread id="om-res-a">' in reflect_0.activeObservations
+            assert '<thread id="om-res-b">' in reflect_0.activeObservations
+            assert reflect_0.observationTokens == 20
+            await answer(reflect_0, 2)
+
+            rows = [r for r in await _docs(settings, OBSERVATIONAL) if r["lookupKey"] == f"resource:{OWNER}"]
+            gen1 = max(rows, key=lambda r: r["generationCount"])
+            assert (gen1["generationCount"], gen1["originType"], gen1["threadId"]) == (1, "reflection", None)
+            assert gen1["activeObservations"] == reflection  # as the Reflector wrote it
+            assert gen1["observationTokenCount"] == count_observations(reflection)
+            assert gen1["lastObservedAt"] == gen0["lastObservedAt"]
+            assert gen1["totalTokensObserved"] == gen0["totalTokensObserved"]
+            assert not gen1.get("observedMessageIds")
+            after = {t["id"]: t["metadata"] for t in await _docs(settings, "mastra_threads")}
+            assert after == before  # no thread's cursor or hints moved
+
+            # b speaks on: its unobserved turns (past its own cursor) observed into the reflected log
+            await produce(
+                bootstrap, settings.responses_topic, [_reflecting_turn("om-res-b", t) for t in range(7, 12)]
+            )
+            observe_1 = (await work_until(3))[2]
+            assert isinstance(observe_1, ObserveRequest)
+            assert (observe_1.generation, observe_1.activeObservations) == (1, reflection)
+            assert {m.threadId for m in observe_1.messages} >= {"om-res-b"}
+            assert all(m.id != q.id for m in observe_1.messages for q in observe_0.messages)  # none again
+            await answer(observe_1, 3)
+            gen1 = next(
+                r
+                for r in await _docs(settings, OBSERVATIONAL)
+                if r["lookupKey"] == f"resource:{OWNER}" and r["generationCount"] == 1
+            )
+            assert gen1["activeObservations"].startswith(reflection)
+            assert "OBS om-res-b g1:" in gen1["activeObservations"]
+    finally:
+        await drop_database(settings)

@@ -344,3 +344,40 @@ def test_tool_calls_results_and_attachments_match_mastras_format_messages_for_ob
                  "additional entries omitted", "[max depth reached]", " chars; ",
                  "characters omitted]", "[Image #2", "[stripped encryptedContent"):  # fmt: skip
         assert seen in joined, seen
+
+
+# What Mastra's Reflector leaves in a resource's log (its system prompt's "THREAD ATTRIBUTION (Resource
+# Scope)" example): facts consolidated outside any section, sections kept without their `Date:` line, a
+# thread's section split in two, boundaries kept or dropped, a section left open.
+_REFLECTED_BITS = [
+    "Date: Jan 1, 2025\n", "Date: Jan 2, 2025\n", "* 🔴 (14:30) User prefers TypeScript\n",
+    '<thread id="t1">\n', '<thread id="t2">\n', "* 🟡 (14:35) Working on auth feature\n", "</thread>\n",
+    "</thread>", "\n\n--- message boundary (2025-01-01T10:00:00.000Z) ---\n\n", "Date:Jan 1, 2025\n", "",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_a_reflected_resource_log_merges_as_mastras(seed: int) -> None:
+    """After a resource-scoped reflection the log is the Reflector's text (`createReflectionGeneration`
+    stores it as given, `<thread>` sections or not): the next cycles merge into it as a resource-scoped
+    `wrapObservations` does, on generated reflected logs."""
+    rng = random.Random(100 + seed)
+    cases: list[dict[str, Any]] = [
+        {
+            "existing": "".join(rng.choice(_REFLECTED_BITS) for _ in range(rng.randint(1, 14))).strip(),
+            "cycles": [_cycle(rng) for _ in range(rng.randint(1, 4))],
+        }
+        for _ in range(80)
+    ]
+    out: dict[str, Any] = run_mastra("wrap", {"cases": cases})
+    ours = []
+    for case in cases:
+        log = case["existing"]
+        for cycle in case["cycles"]:
+            at = datetime.fromisoformat(cycle["lastObservedAt"].replace("Z", "+00:00"))
+            log = merge_thread_observations(
+                log, [ThreadObservations(cycle["threadId"], cycle["observations"], at)]
+            )
+        ours.append(log)
+    diffs = [(c, a, b) for c, a, b in zip(cases, ours, out["logs"], strict=True) if a != b]
+    assert not diffs, diffs[:2]

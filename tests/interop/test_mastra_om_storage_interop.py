@@ -218,3 +218,50 @@ async def test_a_resource_row_mastra_wrote_is_read_by_the_service(mongo_uri: str
     assert record.active_observations == '<thread id="t6">\n* coffee\n</thread>'
     assert record.observed_message_ids == ("m9",)
     assert await store.resource_cursors("r6", 10) == {"t6": T0}
+
+
+async def test_a_resource_row_the_service_reflected_is_read_by_mastra(mongo_uri: str, mongo_db: Db) -> None:
+    """Resource scope's reflection, as Mastra's `createReflectionGeneration` makes it on the resource's row:
+    generation 1 under `resource:<id>` (threadId null), the Reflector's text as given (here one thread's
+    section kept, a fact consolidated outside), its tokens, generation 0's `lastObservedAt` and
+    `totalTokensObserved`, no observed ids; each thread's cursor in its metadata untouched."""
+    store = MongoObservationalStore(mongo_db)
+    await store.ensure_indexes()
+    _mastra(mongo_uri, mongo_db.name, "init")
+    for thread in ("t7", "t8"):
+        _mastra(
+            mongo_uri,
+            mongo_db.name,
+            "write-thread-om",
+            stdin={"threadId": thread, "resourceId": "r7", "om": {}},
+        )
+    record = await store.initialize(scope="resource", thread_id=None, resource_id="r7", config={}, now=T0)
+    claim = await store.claim(record, "observe", T0)
+    assert claim is not None
+    log = merge_thread_observations(
+        "",
+        [
+            ThreadObservations("t7", "Date: Mar 1, 2025\n* tea\n* likes TypeScript", T0),
+            ThreadObservations("t8", "Date: Mar 1, 2025\n* coffee\n* likes TypeScript", T0),
+        ],
+    )
+    assert await store.apply_observation(claim, ObservationUpdate(log, 30, T0, ["m1", "m2"]), T0)
+    assert await store.write_cursors("r7", [("t7", T0, {}), ("t8", T0, {})], T0) == 2
+    current = await store.get(None, "r7")
+    assert current is not None
+    reflect = await store.claim(current, "reflect", T0)
+    assert reflect is not None
+    reflection = 'Date: Mar 1, 2025\n* likes TypeScript\n<thread id="t7">\n* tea\n</thread>\n* coffee'
+    later = T0 + timedelta(minutes=5)
+    assert await store.apply_reflection(reflect, reflection=reflection, token_count=12, now=later) is not None
+    read = _mastra(mongo_uri, mongo_db.name, "read", "-", "r7")
+    mastra = read["record"]
+    assert (mastra["scope"], mastra["threadId"], mastra["resourceId"]) == ("resource", None, "r7")
+    assert (mastra["generationCount"], mastra["originType"]) == (1, "reflection")
+    assert (mastra["activeObservations"], mastra["observationTokenCount"]) == (reflection, 12)
+    assert (mastra["lastObservedAt"], mastra["totalTokensObserved"]) == (_iso(T0), 30)
+    assert not mastra.get("observedMessageIds")
+    assert (mastra["isObserving"], mastra["isReflecting"]) == (False, False)
+    assert [r["generationCount"] for r in read["history"]] == [1, 0]
+    for thread in ("t7", "t8"):  # the cursors stay where the observation left them
+        assert _mastra(mongo_uri, mongo_db.name, "thread-om", thread)["om"] == {"lastObservedAt": _iso(T0)}

@@ -26,6 +26,7 @@ from schemas.limits import Limits
 from schemas.messages import Message
 from schemas.observational import THREAD_TITLE_MAX_CHARS
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
+from storage.observational_resource import ThreadPage
 from storage.protocol import Thread
 from tests.om_helpers import om_row
 from tests.paths import no_emit
@@ -60,6 +61,14 @@ class Rows:
 
     async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
         return dict(self.threads)
+
+    async def resource_threads(
+        self, resource_id: str, limit: int, after: Any, *, include: str | None = None
+    ) -> ThreadPage:
+        return ThreadPage(dict(self.threads), None)
+
+    async def keep_threads_after(self, record_id: str, after: Any) -> None:
+        raise AssertionError("one page holds every thread: no position to keep")
 
     async def resource_messages(
         self, resource_id: str, cursors: Mapping[str, datetime | None], limit: int

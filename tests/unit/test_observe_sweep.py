@@ -13,6 +13,7 @@ from message_history.settings import Settings
 from schemas.messages import Message
 from schemas.observational import ObserveRequest, ReflectRequest
 from storage.observational import Claim, Kind, ObservationalRecord
+from storage.observational_resource import ThreadPage
 from storage.protocol import Page, PageQuery
 from tests.om_helpers import om_row
 
@@ -197,6 +198,14 @@ class ResourceRows(Rows):
     async def resource_cursors(self, resource_id: str, max_threads: int) -> dict[str, datetime | None]:
         self.asked.append(resource_id)
         return self.cursors
+
+    async def resource_threads(
+        self, resource_id: str, limit: int, after: Any, *, include: str | None = None
+    ) -> ThreadPage:
+        return ThreadPage(await self.resource_cursors(resource_id, limit), None)
+
+    async def keep_threads_after(self, record_id: str, after: Any) -> None:
+        raise AssertionError("one page holds every thread: no position to keep")
 
     async def resource_messages(self, resource_id: str, cursors: Any, limit: int) -> list[dict[str, Any]]:
         def wire(ident: str, thread: str, minute: int) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schemas.observational import ObserveRequest, ObserveResult
+from schemas.observational import ObserveRequest, ObserveResult, ReflectRequest, ReflectResult
 from worker.observer import Observation, observer_handler
 
 
@@ -93,3 +93,51 @@ async def test_thread_work_carries_the_observers_title() -> None:
         "Trip to Lyon",
         None,
     )
+
+
+_RESOURCE_LOG = (
+    '<thread id="a">\nDate: Mar 1, 2025\n* tea\n</thread>\n\n'
+    '<thread id="b">\nDate: Mar 1, 2025\n* tea\n</thread>'
+)
+
+
+def _reflect_work() -> ReflectRequest:
+    return ReflectRequest.model_validate(
+        {
+            "schemaVersion": 1,
+            "type": "ReflectRequest",
+            "requestId": "r1",
+            "createdAt": "2025-03-01T11:00:00.000Z",
+            "scope": "resource",
+            "threadId": None,
+            "resourceId": "u1",
+            "recordId": "row",
+            "generation": 2,
+            "cycle": 4,
+            "activeObservations": _RESOURCE_LOG,
+            "observationTokenCount": 40,
+            "observationTokens": 30,
+        }
+    )
+
+
+async def test_resource_work_is_reflected_in_one_call_on_the_whole_log() -> None:
+    """Reflection with resource scope is one `reflect` call on the resource's whole log, its `<thread>`
+    sections as text (what Mastra's Reflector is given), answered for the resource's row: the claim echoed,
+    no thread, the Reflector's text as it wrote it (the service stores it as the next generation)."""
+    seen: list[ReflectRequest] = []
+
+    async def reflect(work: ReflectRequest) -> str:
+        seen.append(work)
+        return 'Date: Mar 1, 2025\n* tea (both threads)\n<thread id="b">\n* more\n</thread>'
+
+    async def observe(work: ObserveRequest) -> str:
+        raise AssertionError("a reflection calls no observe")
+
+    result = await observer_handler(observe, reflect)(_reflect_work())
+    assert isinstance(result, ReflectResult)
+    assert [w.activeObservations for w in seen] == [_RESOURCE_LOG]
+    assert (result.scope, result.threadId, result.resourceId) == ("resource", None, "u1")
+    assert (result.recordId, result.generation, result.cycle) == ("row", 2, 4)
+    assert result.reflection == 'Date: Mar 1, 2025\n* tea (both threads)\n<thread id="b">\n* more\n</thread>'
+    assert result.error is None

@@ -962,6 +962,35 @@ describe('mastraObserverHandler: the Observer and Reflector agents of Mastra ans
     assert.match(shown(prompt), /User wants the cheapest spring day/);
   });
 
+  it("reflects a resource's log with its <thread> sections as text, answered for the resource's row", async () => {
+    // Mastra's resource scope reflects as thread scope does: the Reflector (whose system prompt has the
+    // "THREAD ATTRIBUTION (Resource Scope)" rules) is given the whole log, sections and all, and its text is
+    // the next generation; so is the service's
+    omPrompts.length = 0;
+    const log = '<thread id="t1">\nDate: Mar 1, 2025\n* 🔴 (10:00) User asked about trains\n</thread>\n\n<thread id="t2">\nDate: Mar 1, 2025\n* 🟡 (11:00) User booked a hotel\n</thread>';
+    const work: ReflectRequest = {
+      ...claim,
+      scope: 'resource',
+      threadId: null,
+      type: 'ReflectRequest',
+      activeObservations: log,
+      observationTokenCount: 41000,
+      observationTokens: 40000,
+    };
+    const result = await mastraObserverHandler({ model: stubObserverModel })(work);
+    if (result.type !== 'ReflectResult') throw new Error('not a ReflectResult');
+    assert.equal(result.error, undefined);
+    assert.deepEqual([result.scope, result.threadId, result.resourceId, result.cycle], ['resource', null, 'r1', 3]);
+    assert.equal(result.reflection, '* 🔴 (10:00) User plans a spring train trip, cheap days wanted');
+    const [prompt] = omPrompts;
+    assert.ok(prompt);
+    assert.match(system(prompt), /THREAD ATTRIBUTION \(Resource Scope\)/);
+    assert.match(shown(prompt), /<thread id="t1">[\s\S]*User asked about trains[\s\S]*<thread id="t2">[\s\S]*User booked a hotel/);
+    const plain = await observerHandler(async () => '', async (w) => `kept: ${w.activeObservations.length}`)(work);
+    if (plain.type !== 'ReflectResult') throw new Error('not a ReflectResult');
+    assert.deepEqual([plain.scope, plain.threadId, plain.reflection], ['resource', null, `kept: ${log.length}`]);
+  });
+
   it('answers a failed model with error, and needs a model', async () => {
     const result = await mastraObserverHandler({ model: stubObserverModel })(observeWork('', 'FAIL please'));
     assert.match(result.error ?? '', /failed/);
