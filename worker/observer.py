@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -52,12 +52,17 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Observation:
     """What an observer returns beside the text: Mastra's `<current-task>`, `<suggested-response>` and
-    `<thread-title>` (kept in the thread's `metadata.mastra.om`, as Mastra keeps them)."""
+    `<thread-title>` (kept in the thread's `metadata.mastra.om`, as Mastra keeps them; the title also made
+    the thread's title unless `metadata.titlePinned`), and `extracted`: custom extractors' values by key
+    (an extractor's slug), merged into the thread's `metadata.mastra.om.extracted` as Mastra merges its
+    `observation.extractors`' (JSON, at most `schemas.observational.EXTRACTED_MAX_BYTES` and
+    `EXTRACTED_MAX_DEPTH`)."""
 
     observations: str
     current_task: str | None = None
     suggested_response: str | None = None
     thread_title: str | None = None
+    extracted: Mapping[str, Any] | None = None
 
 
 ObserveFn = Callable[[ObserveRequest], Awaitable[Observation | str]]
@@ -102,6 +107,8 @@ def _found(answer: Observation | str) -> dict[str, Any]:
         values["suggestedResponse"] = found.suggested_response
     if found.thread_title is not None:
         values["threadTitle"] = found.thread_title
+    if found.extracted is not None:
+        values["extracted"] = dict(found.extracted)
     return values
 
 

@@ -47,7 +47,10 @@ async def test_resource_work_is_observed_thread_by_thread() -> None:
     async def observe(work: ObserveRequest) -> Observation:
         seen.append(([m.id or "" for m in work.messages], work.activeObservations))
         thread = work.messages[0].threadId
-        return Observation(f"obs {thread}", current_task="task", thread_title=f"title {thread}")
+        extracted = {"mood": f"mood {thread}"}
+        return Observation(
+            f"obs {thread}", current_task="task", thread_title=f"title {thread}", extracted=extracted
+        )
 
     result = await observer_handler(observe)(_work())
     assert isinstance(result, ObserveResult)
@@ -57,6 +60,7 @@ async def test_resource_work_is_observed_thread_by_thread() -> None:
         ("a", "obs a", "task", "title a"),
         ("b", "obs b", "task", "title b"),
     ]
+    assert [t.extracted for t in result.threads] == [{"mood": "mood a"}, {"mood": "mood b"}]
     assert [t.lastObservedAt.minute for t in result.threads] == [3, 2]  # each thread's own newest
     assert result.observedMessageIds == ["m1", "m2", "m3"]
     assert result.error is None
@@ -84,10 +88,11 @@ async def test_thread_work_keeps_one_call_and_no_threads() -> None:
 
 async def test_thread_work_carries_the_observers_title() -> None:
     async def observe(work: ObserveRequest) -> Observation:
-        return Observation("obs", current_task="task", thread_title="Trip to Lyon")
+        return Observation("obs", current_task="task", thread_title="Trip to Lyon", extracted={"n": [1]})
 
     result = await observer_handler(observe)(_work("thread"))
     assert isinstance(result, ObserveResult)
+    assert result.extracted == {"n": [1]}
     assert (result.currentTask, result.threadTitle, result.suggestedResponse) == (
         "task",
         "Trip to Lyon",
