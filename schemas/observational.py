@@ -106,7 +106,7 @@ Extracted = Annotated[
     dict[str, Any] | None,
     AfterValidator(_check_extracted),
     Field(
-        description="custom extractors' values (Mastra's `observation.extractors`), by key under the "
+        description="custom extractors' values (Mastra's `observation.extract`), by key under the "
         "thread's metadata.mastra.om.extracted (an extractor's slug, Mastra's default `metadataKeyPath` "
         "`extracted.<slug>`): merged there, the answer's keys replacing the thread's, a null or empty-string "
         f"value ignored; at most {EXTRACTED_MAX_BYTES} bytes as JSON and {EXTRACTED_MAX_DEPTH} levels deep",

@@ -55,7 +55,7 @@ class Observation:
     `<thread-title>` (kept in the thread's `metadata.mastra.om`, as Mastra keeps them; the title also made
     the thread's title unless `metadata.titlePinned`), and `extracted`: custom extractors' values by key
     (an extractor's slug), merged into the thread's `metadata.mastra.om.extracted` as Mastra merges its
-    `observation.extractors`' (JSON, at most `schemas.observational.EXTRACTED_MAX_BYTES` and
+    `observation.extract`' (JSON, at most `schemas.observational.EXTRACTED_MAX_BYTES` and
     `EXTRACTED_MAX_DEPTH`)."""
 
     observations: str

@@ -7,7 +7,7 @@
   them is none, as Mastra's parser's `||` leaves it). Mastra sets all three on every observation from an
   object spread: one the answer does not carry is `undefined`, which `@mastra/mongodb`'s `updateThread`
   (the Node driver's default `ignoreUndefined: false`) stores as `null`; so `null` here.
-* `extracted`: Mastra's custom extractors' values (`observation.extractors`), merged as
+* `extracted`: Mastra's custom extractors' values (`observation.extract`), merged as
   `{...previous.extracted ?? {}, ...new}`: the answer's keys replace the thread's, the others stay; a value
   `null` or `""` is none (`normalizeExtractedValues`). Always written: `{}` on a thread that had none.
 * `lastObservedMessageCursor`: `{createdAt, id}` of the newest observed message by `createdAt` (the first one

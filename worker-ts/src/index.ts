@@ -27,10 +27,12 @@ export { connectionFromEnv, type ConnectionOptions, type Env, type SaslOptions, 
 export { CAPABILITIES, type Capability } from './capabilities.js';
 export {
   mastraObserverHandler,
+  extractedMetadata,
   observeKey,
   observerHandler,
   ObserverWorker,
   workProblem,
+  type MastraExtractorLike,
   type MastraObservationalMemoryLike,
   type MastraObserverOptions,
   type ObserverWorkerOptions,

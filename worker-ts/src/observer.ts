@@ -16,12 +16,16 @@ import type { ConnectionOptions } from './settings.js';
 export type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
 
 /** What `observe` may return beside the text: Mastra's `<current-task>`, `<suggested-response>` and
- * `<thread-title>` (the service keeps them in the thread's `metadata.mastra.om`, as Mastra does). */
+ * `<thread-title>` (the service keeps them in the thread's `metadata.mastra.om`, as Mastra does, and makes the
+ * title the thread's unless `metadata.titlePinned`), and `extracted`: custom extractors' values by key (an
+ * extractor's slug), merged into the thread's `metadata.mastra.om.extracted` as Mastra merges its
+ * `observation.extract`' (JSON; at most 16 KiB and 8 levels deep, or the service refuses the answer). */
 export interface Observation {
   observations: string;
   currentTask?: string;
   suggestedResponse?: string;
   threadTitle?: string;
+  extracted?: Record<string, unknown>;
 }
 
 export type ObserveFn = (work: ObserveRequest) => Promise<Observation | string>;
@@ -131,6 +135,7 @@ function fields(answer: Observation | string) {
     ...(found.currentTask !== undefined ? { currentTask: found.currentTask } : {}),
     ...(found.suggestedResponse !== undefined ? { suggestedResponse: found.suggestedResponse } : {}),
     ...(found.threadTitle !== undefined ? { threadTitle: found.threadTitle } : {}),
+    ...(found.extracted !== undefined ? { extracted: found.extracted } : {}),
   };
 }
 
@@ -144,7 +149,15 @@ export interface MastraObservationalMemoryLike {
       messagesToObserve: never[],
       abortSignal?: AbortSignal,
       options?: { priorCurrentTask?: string; priorSuggestedResponse?: string; threadId?: string; resourceId?: string },
-    ): Promise<{ observations: string; currentTask?: string; suggestedContinuation?: string; threadTitle?: string }>;
+    ): Promise<{
+      observations: string;
+      currentTask?: string;
+      suggestedContinuation?: string;
+      threadTitle?: string;
+      /** by extractor slug (`observation.extract`), before the extractors' `onExtracted` hooks */
+      extractedValues?: Record<string, unknown>;
+      extractors?: MastraExtractorLike[];
+    }>;
   };
   reflector: {
     call(observations: string, manualPrompt?: string, streamContext?: undefined, observationTokensThreshold?: number): Promise<{
@@ -152,6 +165,45 @@ export interface MastraObservationalMemoryLike {
     }>;
   };
 }
+
+/** What the adapter reads of a Mastra `Extractor`: its slug and where its value goes in the thread's OM
+ * metadata (`extracted.<slug>` unless configured). */
+export interface MastraExtractorLike {
+  slug: string;
+  metadataKeyPath: string | false;
+}
+
+const isPresent = (value: unknown) => value !== undefined && value !== null && value !== '';
+
+/** `@mastra/memory` 1.31's `buildThreadMetadataFromExtractedValues` (not exported): each extractor's value
+ * at its `metadataKeyPath` in the thread's OM metadata (`extracted.<slug>` by default); its `extracted`
+ * object is what an answer's `extracted` carries, and its `currentTask` / `suggestedResponse` / `threadTitle`
+ * (built-in extractors) go before the parsed ones, as Mastra's persist takes them. */
+export function extractedMetadata(
+  extractors: readonly MastraExtractorLike[],
+  values: Record<string, unknown> | undefined,
+): Record<string, unknown> {
+  const metadata: Record<string, unknown> = {};
+  if (!values) return metadata;
+  for (const extractor of extractors) {
+    if (!Object.prototype.hasOwnProperty.call(values, extractor.slug)) continue;
+    const value = values[extractor.slug];
+    if (!isPresent(value) || extractor.metadataKeyPath === false) continue;
+    const segments = extractor.metadataKeyPath.split('.').filter(Boolean);
+    // Mastra throws on these (a prototype's key): the value is left out instead
+    if (segments.length === 0 || segments.some((s) => s === '__proto__' || s === 'constructor' || s === 'prototype')) continue;
+    let current = metadata;
+    for (const segment of segments.slice(0, -1)) {
+      const next = current[segment];
+      if (!next || typeof next !== 'object' || Array.isArray(next)) current[segment] = {};
+      current = current[segment] as Record<string, unknown>;
+    }
+    current[segments[segments.length - 1]!] = value;
+  }
+  return metadata;
+}
+
+const nonEmpty = (value: unknown) => (typeof value === 'string' && value ? value : undefined);
 
 export interface MastraObserverOptions {
   /** The model both agents run on: what `new ObservationalMemory({ model })` takes (a model router id such as
@@ -202,12 +254,22 @@ export function mastraObserverHandler(options: MastraObserverOptions): ObserverH
         ...(work.threadId ? { threadId: work.threadId } : messages[0]?.threadId ? { threadId: messages[0].threadId } : {}),
         resourceId: work.resourceId,
       });
+      // the custom extractors' values where Mastra's persist puts them (`observation.extract` on your
+      // `memory`); their `onExtracted` hooks are not run here
+      const metadata = extractedMetadata(found.extractors ?? [], found.extractedValues);
+      const currentTask = nonEmpty(metadata.currentTask) ?? found.currentTask;
+      const suggestedResponse = nonEmpty(metadata.suggestedResponse) ?? found.suggestedContinuation;
+      const threadTitle = nonEmpty(metadata.threadTitle) ?? found.threadTitle;
+      const extracted = metadata.extracted;
       return {
         observations: found.observations,
-        ...(found.currentTask ? { currentTask: found.currentTask } : {}),
-        ...(found.suggestedContinuation ? { suggestedResponse: found.suggestedContinuation } : {}),
+        ...(currentTask ? { currentTask } : {}),
+        ...(suggestedResponse ? { suggestedResponse } : {}),
         // Mastra's Observer writes one when asked (`observation: { threadTitle: true }` on your `memory`)
-        ...(found.threadTitle ? { threadTitle: found.threadTitle } : {}),
+        ...(threadTitle ? { threadTitle } : {}),
+        ...(extracted && typeof extracted === 'object' && !Array.isArray(extracted)
+          ? { extracted: extracted as Record<string, unknown> }
+          : {}),
       };
     },
     async (work) => {
