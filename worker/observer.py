@@ -135,14 +135,14 @@ def observer_handler(observe: ObserveFn, reflect: ReflectFn | None = None) -> Ob
                     await _thread(work, thread, messages) for thread, messages in _by_thread(work)
                 ]
                 return ObserveResult.model_validate(values)
-            answer = await observe(work)
+            # built here too: an answer the service would refuse (a title or `extracted` past its bounds)
+            # answers `error`, rather than stopping the worker or sending a dead letter
+            return ObserveResult.model_validate({**values, **_found(await observe(work))})
         except Exception as exc:  # noqa: BLE001 -- the user's model failed: the service releases the claim
             log.warning("observer failed", exc_info=True, extra={"thread_id": work.threadId})
             values.pop("threads", None)
             values["error"] = f"{type(exc).__name__}: {exc}"[:1000]
             return ObserveResult.model_validate(values)
-        values.update(_found(answer))
-        return ObserveResult.model_validate(values)
 
     async def _thread(work: ObserveRequest, thread: str, messages: list[Message]) -> dict[str, Any]:
         """Resource scope: `observe` called on one thread's messages (the log as it is), its answer that

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from schemas.observational import ObserveRequest, ObserveResult
 from worker.observer import Observation, observer_handler
 
@@ -98,3 +100,18 @@ async def test_thread_work_carries_the_observers_title() -> None:
         "Trip to Lyon",
         None,
     )
+
+
+@pytest.mark.parametrize("scope", ["thread", "resource"])
+async def test_an_answer_past_its_bounds_is_an_error_answer(scope: str) -> None:
+    """An `extracted` the service would refuse (here: a key with a dot) answers `error` (the claim released),
+    instead of raising out of the worker's loop."""
+
+    async def observe(work: ObserveRequest) -> Observation:
+        return Observation("obs", extracted={"a.b": 1})
+
+    result = await observer_handler(observe)(_work(scope))
+    assert isinstance(result, ObserveResult)
+    assert result.error is not None
+    assert "extracted" in result.error
+    assert (result.threads, result.extracted) == (None, None)
