@@ -241,6 +241,7 @@ PERSIST_CASES: list[tuple[str, str | None, dict[str, Any], dict[str, Any]]] = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("scope", ["thread", "resource"])
 @pytest.mark.parametrize(
     ("case", "title", "metadata", "processed"), PERSIST_CASES, ids=[c[0] for c in PERSIST_CASES]
 )
@@ -251,11 +252,13 @@ async def test_an_observed_threads_row_is_as_mastras_persist_leaves_it(
     title: str | None,
     metadata: dict[str, Any],
     processed: dict[str, Any],
+    scope: str,
 ) -> None:
     """Issue 35: the thread row after the observed path applies an answer equals the row after Mastra's own
-    `SyncObservationStrategy.persist` writes the same answer through `@mastra/mongodb` (`patchThread`): the
-    title set unless pinned, too short or the same; a hint the answer lacks `null` (the Node driver stores
-    Mastra's `undefined` so); `extracted` merged. Written twice, the service's row does not change."""
+    `SyncObservationStrategy.persist` (`ResourceScopedObservationStrategy.persist` with resource scope)
+    writes the same answer through `@mastra/mongodb` (`patchThread`): the title set unless pinned, too short
+    or the same; a hint the answer lacks `null` (the Node driver stores Mastra's `undefined` so); `extracted`
+    merged. Applied twice, the service's row does not change."""
     storage = MongoHistoryStorage(mongo_db)
     observed = Message.model_validate(
         {"id": "m1", "role": "user", "createdAt": _iso(T0), "threadId": "service", "resourceId": "r7",
@@ -267,13 +270,13 @@ async def test_an_observed_threads_row_is_as_mastras_persist_leaves_it(
         row: dict[str, Any] = {"id": thread, "resourceId": "r7", "metadata": metadata, "createdAt": T0}
         row = {**row, "updatedAt": T0, **({"title": title} if title is not None else {})}
         await threads.replace_one({"id": thread}, row, upsert=True)
-    cursor = {"createdAt": _iso(T0), "id": "m1"}  # Mastra's getLastObservedMessageCursor of what it observed
-    processed = {**processed, "lastObservedMessageCursor": cursor}
-    _mastra(
-        mongo_uri, mongo_db.name, "persist-thread-om", stdin={"threadId": "mastra", "processed": processed}
-    )
+    # Mastra's getLastObservedMessageCursor of what it observed, and the thread's cursor (resource scope)
+    cursor = {"createdAt": _iso(T0), "id": "m1"}
+    processed = {**processed, "lastObservedMessageCursor": cursor, "lastObservedAt": _iso(T0)}
+    mastra_input = {"threadId": "mastra", "scope": scope, "processed": processed}
+    _mastra(mongo_uri, mongo_db.name, "persist-thread-om", stdin=mastra_input)
     store = MongoObservationalStore(mongo_db)
-    handler = ObserveResultsHandler(rows=store, limits=Limits(), threads=MongoHistoryStorage(mongo_db))
+    handler = ObserveResultsHandler(rows=store, limits=Limits(), threads=storage)
     answer = {
         "threadTitle": processed.get("threadTitle"),
         "currentTask": processed.get("currentTask"),
@@ -282,15 +285,14 @@ async def test_an_observed_threads_row_is_as_mastras_persist_leaves_it(
     }
     seen = []
     for _ in range(2):
-        await _observe(store, handler, "service", "r7", {**answer, "observedMessageIds": ["m1"]})
+        await _observe(store, handler, scope, "service", "r7", answer)
         seen.append(await threads.find_one({"id": "service"}, {"_id": 0, "id": 0}))
     mastra = await threads.find_one({"id": "mastra"}, {"_id": 0, "id": 0})
     assert mastra is not None
     for service in seen:
         assert service is not None
-        assert service["updatedAt"] > T0.replace(
-            tzinfo=None
-        )  # both move it: Mastra to its now, the service forward to its now
+        # both move `updatedAt`: Mastra to its now, the service forward to its own
+        assert service["updatedAt"] > T0.replace(tzinfo=None)
         assert {k: v for k, v in service.items() if k != "updatedAt"} == {
             k: v for k, v in mastra.items() if k != "updatedAt"
         }
@@ -299,26 +301,37 @@ async def test_an_observed_threads_row_is_as_mastras_persist_leaves_it(
 async def _observe(
     store: MongoObservationalStore,
     handler: ObserveResultsHandler,
+    scope: str,
     thread: str,
     resource: str,
     answer: dict[str, Any],
 ) -> None:
-    """One observation of `thread` claimed and answered through the observed path."""
-    row = await store.get(thread, resource)
+    """One observation of `thread` (`m1` observed; with resource scope, of the resource's row, the thread's
+    hints in `threads`) claimed and answered through the observed path."""
+    key = thread if scope == "thread" else None
+    row = await store.get(key, resource)
     if row is None:
         row = await store.initialize(
-            scope="thread", thread_id=thread, resource_id=resource, config={}, now=T0
+            scope="thread" if scope == "thread" else "resource",
+            thread_id=key,
+            resource_id=resource,
+            config={},
+            now=T0,
         )
     claim = await store.claim(row, "observe", datetime.now(UTC))
     assert claim is not None
-    result = {
+    hints = {k: v for k, v in answer.items() if v is not None}
+    result: dict[str, Any] = {
         "type": "ObserveResult", "schemaVersion": 1, "requestId": "q", "createdAt": _iso(T0),
-        "scope": "thread", "threadId": thread, "resourceId": resource, "recordId": claim.record_id,
+        "scope": scope, "threadId": key, "resourceId": resource, "recordId": claim.record_id,
         "generation": claim.generation, "cycle": claim.cycle, "observations": "* obs",
-        "observedMessageIds": [], "lastObservedAt": _iso(T0),
-        **{k: v for k, v in answer.items() if v is not None},
+        "observedMessageIds": ["m1"], "lastObservedAt": _iso(T0),
     }  # fmt: skip
-    [done] = await handler.handle(
-        [FakeRecord("od", 0, 0, thread.encode(), json.dumps(result).encode())], no_emit
-    )
+    if scope == "thread":
+        result.update(hints)
+    else:
+        entry = {"threadId": thread, "observations": "* obs", "lastObservedAt": _iso(T0), **hints}
+        result["threads"] = [entry]
+    record = FakeRecord("od", 0, 0, (key or resource).encode(), json.dumps(result).encode())
+    [done] = await handler.handle([record], no_emit)
     assert not isinstance(done, Refused), done

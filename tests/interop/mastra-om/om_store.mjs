@@ -17,12 +17,14 @@
 //   MONGODB_URI=... node om_store.mjs <dbName> write-thread-om < {threadId, resourceId, om}
 //       The thread saved if missing (saveThread), then its metadata set as resource scope's persist does:
 //       updateThread with setThreadOMMetadata(metadata, om). Prints {om} read back.
-//   MONGODB_URI=... node om_store.mjs <dbName> persist-thread-om < {threadId, processed}
-//       The thread's write of @mastra/memory 1.31's SyncObservationStrategy.persist, line for line (below):
-//       getThreadById, resolveThreadTitleUpdate, setThreadOMMetadata, patchThread. `processed` is the
-//       Observer's parsed answer ({threadTitle, currentTask, suggestedContinuation, extractedValues,
-//       lastObservedMessageCursor}); each key of `extractedValues` is a custom extractor's slug (an
-//       `Extractor` of the package, default metadataKeyPath `extracted.<slug>`). Prints {thread}.
+//   MONGODB_URI=... node om_store.mjs <dbName> persist-thread-om < {threadId, scope, processed}
+//       The thread's write of @mastra/memory 1.31's SyncObservationStrategy.persist (scope 'thread') or
+//       ResourceScopedObservationStrategy.persist (scope 'resource': the thread's `lastObservedAt` too), line
+//       for line (below): getThreadById, resolveThreadTitleUpdate, setThreadOMMetadata, patchThread.
+//       `processed` is the Observer's parsed answer ({threadTitle, currentTask, suggestedContinuation,
+//       extractedValues, lastObservedMessageCursor, lastObservedAt}); each key of `extractedValues` is a
+//       custom extractor's slug (an `Extractor` of the package, default metadataKeyPath `extracted.<slug>`).
+//       Prints {thread}.
 import { getThreadOMMetadata, isThreadTitlePinned, setThreadOMMetadata } from '@mastra/core/memory';
 import { Extractor } from '@mastra/memory';
 import { MongoDBStore } from '@mastra/mongodb';
@@ -129,11 +131,12 @@ try {
       const read = await memory.getThreadById({ threadId: input.threadId });
       console.log(JSON.stringify({ om: getThreadOMMetadata(read?.metadata) ?? null }));
     } else if (command === 'persist-thread-om') {
-      const { threadId, processed } = await readStdin();
+      const { threadId, scope, processed } = await readStdin();
       const extractors = Object.keys(processed.extractedValues ?? {}).map(
         (slug) => new Extractor({ name: slug, instructions: `the ${slug}` }),
       );
-      // SyncObservationStrategy.persist, the thread's part
+      // SyncObservationStrategy.persist, the thread's part (ResourceScopedObservationStrategy.persist: the
+      // same per thread, with the thread's cursor first)
       const thread = await memory.getThreadById({ threadId });
       if (thread) {
         const newTitle = resolveThreadTitleUpdate(thread, processed.threadTitle);
@@ -141,6 +144,7 @@ try {
         const previousOmMetadata = getThreadOMMetadata(thread.metadata);
         const metadataUpdate = buildThreadMetadataFromExtractedValues(extractors, processed.extractedValues);
         const newMetadata = setThreadOMMetadata(thread.metadata, {
+          ...(scope === 'resource' ? { lastObservedAt: processed.lastObservedAt } : {}),
           suggestedResponse: metadataUpdate.suggestedResponse ?? processed.suggestedContinuation,
           currentTask: metadataUpdate.currentTask ?? processed.currentTask,
           threadTitle: metadataUpdate.threadTitle ?? processed.threadTitle,
