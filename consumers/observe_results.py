@@ -65,17 +65,14 @@ class ResultRows(Protocol):
         self, claim: Claim, *, reflection: str, token_count: int, now: datetime
     ) -> ObservationalRecord | None: ...
 
-    async def write_cursors(
+    async def hint_rows(self, resource_id: str, thread_ids: Sequence[str]) -> dict[str, ThreadRead]: ...
+
+    async def write_threads(
         self,
         resource_id: str,
         cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+        titles: Sequence[tuple[str, str, object]],
         now: datetime,
-    ) -> int: ...
-
-    async def hint_rows(self, resource_id: str, thread_ids: Sequence[str]) -> dict[str, ThreadRead]: ...
-
-    async def write_titles(
-        self, resource_id: str, titles: Sequence[tuple[str, str, object]], now: datetime
     ) -> int: ...
 
 
@@ -215,8 +212,7 @@ class ObserveResultsHandler:
             title = title_update(read.title, read.metadata, answer.threadTitle) if read is not None else None
             if read is not None and title is not None:
                 titles.append((thread, title, read.title))
-        await self._rows.write_cursors(resource_id, hints, now)
-        await self._rows.write_titles(resource_id, titles, now)
+        await self._rows.write_threads(resource_id, hints, titles, now)
 
     async def _message_cursors(self, result: ObserveResult, threads: list[str]) -> dict[str, dict[str, str]]:
         """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one `find`, the

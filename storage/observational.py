@@ -45,6 +45,7 @@ from storage.observational_resource import (
     resource_cursors,
     resource_messages,
     write_cursors,
+    write_threads,
     write_titles,
 )
 from storage.observational_rows import (
@@ -346,6 +347,16 @@ class MongoObservationalStore:
     ) -> int:
         """The threads' titles set where still as read and not pinned, the resource's threads only."""
         return await write_titles(self._rows.database, resource_id, titles, now)
+
+    async def write_threads(
+        self,
+        resource_id: str,
+        cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+        titles: Sequence[tuple[str, str, object]],
+        now: datetime,
+    ) -> int:
+        """`write_cursors` and `write_titles` in one bulk write."""
+        return await write_threads(self._rows.database, resource_id, cursors, titles, now)
 
     async def clear(self, thread_id: str | None, resource_id: str) -> int:
         """`clearObservationalMemory`: every generation of the key deleted (forget)."""

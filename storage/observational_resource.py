@@ -21,7 +21,8 @@ do these:
 * `hint_rows` / `write_titles`: what Mastra's `patchThread` of an observation reads of each thread (its
   `title`, `metadata.titlePinned`, `metadata.mastra.om.extracted`), and the title it sets
   (`core.observation_hints.title_update`), conditional on the title and the pin as read and on the owner:
-  a rename or a pin racing the answer wins, and a second write of the same title matches nothing.
+  a rename or a pin racing the answer wins, and a second write of the same title matches nothing;
+  `write_threads`: both at once (one bulk write), as the observed path writes them.
 
 Rows are input: an unreadable thread or message row is skipped and counted (`storage.unreadable`), never a
 crash.
@@ -52,6 +53,7 @@ __all__ = [
     "resource_cursors",
     "resource_messages",
     "write_cursors",
+    "write_threads",
     "write_titles",
 ]
 
@@ -179,17 +181,7 @@ async def write_titles(
 ) -> int:
     """Each `(thread, title, title_was)`: the thread's `title` set if it is still `title_was`, not pinned,
     and the resource's; how many threads took it."""
-    if not titles:
-        return 0
-    ops = [
-        UpdateOne(
-            # `title_was` None matches a missing title too; `$ne: true` is Mastra's `titlePinned === true`
-            {"id": thread, "resourceId": resource_id, "title": was, "metadata.titlePinned": {"$ne": True}},
-            {"$set": {"title": title}, "$max": {"updatedAt": now}},
-        )
-        for thread, title, was in titles
-    ]
-    return await _bulk(db, ops, [t[0] for t in titles], "om titles")
+    return await write_threads(db, resource_id, [], titles, now)
 
 
 async def write_cursors(
@@ -201,8 +193,18 @@ async def write_cursors(
     """Each `(thread, cursor, hints)`: the thread's `metadata.mastra.om.lastObservedAt` (unless None) and the
     hints' keys under `metadata.mastra.om` set (a None value stored `null`, as Mastra's `undefined` is), if
     the thread is the resource's; how many threads took them."""
-    if not cursors:
-        return 0
+    return await write_threads(db, resource_id, cursors, [], now)
+
+
+async def write_threads(
+    db: AsyncDatabase[Any],
+    resource_id: str,
+    cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+    titles: Sequence[tuple[str, str, object]],
+    now: datetime,
+) -> int:
+    """`write_cursors` and `write_titles` in one unordered bulk write (an observation's thread rows, one
+    round trip); how many updates changed a row."""
     ops = [
         UpdateOne(
             {"id": thread, "resourceId": resource_id},
@@ -216,7 +218,17 @@ async def write_cursors(
         )
         for thread, cursor, hints in cursors
     ]
-    return await _bulk(db, ops, [c[0] for c in cursors], "om cursors")
+    ops += [
+        UpdateOne(
+            # `title_was` None matches a missing title too; `$ne: true` is Mastra's `titlePinned === true`
+            {"id": thread, "resourceId": resource_id, "title": was, "metadata.titlePinned": {"$ne": True}},
+            {"$set": {"title": title}, "$max": {"updatedAt": now}},
+        )
+        for thread, title, was in titles
+    ]
+    if not ops:
+        return 0
+    return await _bulk(db, ops, [c[0] for c in cursors] + [t[0] for t in titles], "om thread hints")
 
 
 def _set(fields: dict[str, object], now: datetime) -> dict[str, Any]:

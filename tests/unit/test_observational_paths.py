@@ -89,25 +89,21 @@ class Rows:
         self.applied.append({"claim": claim, "reflection": reflection, "tokens": token_count})
         return self.row
 
-    async def write_cursors(
-        self,
-        resource_id: str,
-        cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
-        now: datetime,
-    ) -> int:
-        self.cursors.extend((resource_id, *cursor) for cursor in cursors)
-        return len(cursors)
-
     async def hint_rows(self, resource_id: str, thread_ids: Sequence[str]) -> dict[str, ThreadRead]:
         if resource_id != "u1":
             return {}
         return {t: self.thread_rows[t] for t in thread_ids if t in self.thread_rows}
 
-    async def write_titles(
-        self, resource_id: str, titles: Sequence[tuple[str, str, object]], now: datetime
+    async def write_threads(
+        self,
+        resource_id: str,
+        cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+        titles: Sequence[tuple[str, str, object]],
+        now: datetime,
     ) -> int:
+        self.cursors.extend((resource_id, *cursor) for cursor in cursors)
         self.titles.extend((resource_id, *title) for title in titles)
-        return len(titles)
+        return len(cursors) + len(titles)
 
 
 @dataclasses.dataclass
@@ -502,7 +498,7 @@ async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thre
 async def test_the_threads_title_as_mastras_patch_thread(
     read: ThreadRead, title: str | None, expected: list[tuple[Any, ...]]
 ) -> None:
-    """The title write (conditional on the title as read: `storage.observational_resource.write_titles`)
+    """The title write (conditional on the title as read: `storage.observational_resource.write_threads`)
     follows Mastra's `resolveThreadTitleUpdate`; the metadata's `threadTitle` is written whatever it says."""
     rows = Rows(_row())
     rows.thread_rows["t1"] = read
