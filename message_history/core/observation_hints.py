@@ -90,7 +90,9 @@ def om_hints(
     new = normalize_extracted(extracted)
     if isinstance(extracted_was, Mapping):  # merged key by key: the thread's other keys are kept
         hints.update({f"{EXTRACTED}.{key}": value for key, value in new.items()})
-    else:  # none yet (or not an object, which Mastra's spread would drop too): the answer's, `{}` when none
+    else:
+        # none yet: the answer's (`{}` when none). Not an object: replaced too (Mastra's spread would keep an
+        # array's or a string's items under index keys; a number's or a boolean's it drops)
         hints[EXTRACTED] = new
     return hints
 
