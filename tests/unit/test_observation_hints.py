@@ -167,3 +167,28 @@ def test_the_cursor_is_the_newest_observed_message_of_its_thread(rows: list[tupl
         newest = max(m.createdAt for m in mine if m.createdAt is not None)
         assert cursor["createdAt"] == newest.isoformat(timespec="milliseconds").replace("+00:00", "Z")
         assert cursor["id"] in {m.id for m in mine if m.createdAt == newest}
+
+
+_VALUES = st.one_of(
+    st.none(), st.just(""), st.text(max_size=3), st.integers(-3, 3), st.lists(st.integers(), max_size=2)
+)
+_EXTRACTED = st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), _VALUES, max_size=4)
+
+
+@given(st.one_of(st.none(), _EXTRACTED), st.one_of(st.none(), _EXTRACTED))
+def test_the_extracted_write_leaves_mastras_merge(
+    was: dict[str, Any] | None, new: dict[str, Any] | None
+) -> None:
+    """The keys `om_hints` sets, applied as MongoDB applies a dotted `$set`, leave `extracted` as Mastra's
+    `{...previous.extracted ?? {}, ...normalizeExtractedValues(new)}` does."""
+    om: dict[str, Any] = {} if was is None else {"extracted": dict(was)}
+    hints = om_hints(current_task=None, suggested_response=None, thread_title=None, cursor=None,
+                     extracted=new, extracted_was=om.get("extracted"))  # fmt: skip
+    for key, value in hints.items():
+        *parents, leaf = key.split(".")
+        target = om
+        for parent in parents:
+            target = target.setdefault(parent, {})
+        target[leaf] = value
+    present = {k: v for k, v in (new or {}).items() if v is not None and v != ""}
+    assert om["extracted"] == {**(was or {}), **present}
