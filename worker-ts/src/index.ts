@@ -28,6 +28,9 @@ export { CAPABILITIES, type Capability } from './capabilities.js';
 export {
   mastraObserverHandler,
   extractedMetadata,
+  extractedProblem,
+  EXTRACTED_MAX_BYTES,
+  EXTRACTED_MAX_DEPTH,
   observeKey,
   observerHandler,
   ObserverWorker,

@@ -100,13 +100,58 @@ export function observerHandler(observe: ObserveFn, reflect?: ReflectFn): Observ
           const found = fields(await observe({ ...work, messages }));
           threads.push({ threadId, lastObservedAt: newest(messages, work.createdAt), ...found });
         }
-        return { ...result, threads };
+        return checked({ ...result, threads });
       }
-      return { ...result, ...fields(await observe(work)) };
+      return checked({ ...result, ...fields(await observe(work)) });
     } catch (error) {
       return { ...result, error: failure(error) };
     }
   };
+}
+
+/** The service's bounds on `extracted` (schemas/observational.py): past them the answer would be a dead
+ * letter, so it is answered as `error` instead (the claim released), as the Python SDK does. */
+export const EXTRACTED_MAX_BYTES = 16_384;
+export const EXTRACTED_MAX_DEPTH = 8;
+const UNSAFE_KEYS = new Set(['__proto__', 'constructor', 'prototype']);
+
+/** Why `value` is not an `extracted` the service takes, or undefined. */
+export function extractedProblem(value: unknown): string | undefined {
+  const walk = (node: unknown, depth: number): string | undefined => {
+    if (typeof node === 'object' && node !== null) {
+      if (depth > EXTRACTED_MAX_DEPTH) return `nests deeper than ${EXTRACTED_MAX_DEPTH} levels`;
+      const entries = Array.isArray(node) ? node.map((item) => ['', item] as const) : Object.entries(node);
+      for (const [key, item] of entries) {
+        if (!Array.isArray(node)) {
+          if (!key || key.includes('.') || key.startsWith('$') || key.includes('\0')) return `has the key ${JSON.stringify(key)}`;
+          if (UNSAFE_KEYS.has(key)) return `has the key ${JSON.stringify(key)}, which Mastra refuses in a metadata path`;
+        }
+        const problem = walk(item, depth + 1);
+        if (problem) return problem;
+      }
+      return undefined;
+    }
+    if (typeof node === 'number' && (!Number.isFinite(node) || (Number.isInteger(node) && !Number.isSafeInteger(node)))) {
+      return `has the number ${node}, not finite or past Number.MAX_SAFE_INTEGER`;
+    }
+    if (node !== null && !['string', 'number', 'boolean'].includes(typeof node)) return `has a ${typeof node}, which is not JSON`;
+    return undefined;
+  };
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return 'is not an object';
+  const problem = walk(value, 1);
+  if (problem) return problem;
+  const size = new TextEncoder().encode(JSON.stringify(value)).length;
+  return size > EXTRACTED_MAX_BYTES ? `is ${size} bytes as JSON; the limit is ${EXTRACTED_MAX_BYTES}` : undefined;
+}
+
+function checked(result: ObserveResult): ObserveResult {
+  const parts = [result, ...(result.threads ?? [])];
+  for (const part of parts) {
+    if (part.extracted === undefined || part.extracted === null) continue;
+    const problem = extractedProblem(part.extracted);
+    if (problem) throw new Error(`extracted ${problem}`);
+  }
+  return result;
 }
 
 type Messages = ObserveRequest['messages'];

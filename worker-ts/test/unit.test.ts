@@ -11,6 +11,9 @@ import {
   buildResponse,
   enrichedProblem,
   extractedMetadata,
+  extractedProblem,
+  EXTRACTED_MAX_BYTES,
+  EXTRACTED_MAX_DEPTH,
   observeKey,
   mastraObserverHandler,
   observerHandler,
@@ -880,6 +883,38 @@ describe('observerHandler: Observational Memory work answered, the claim echoed'
     ]);
     assert.deepEqual(result.observedMessageIds, ['m1', 'm2', 'm3']);
     assert.equal(result.lastObservedAt, '2026-01-01T00:02:00.000Z');
+  });
+
+  it("answers an extracted the service would refuse with error, as the Python SDK", async () => {
+    const deep = (n: number): Record<string, unknown> => (n <= 1 ? { leaf: 1 } : { k: deep(n - 1) });
+    const refused: [unknown, RegExp][] = [
+      [{ 'a.b': 1 }, /key/],
+      [{ $set: 1 }, /key/],
+      [{ ok: { __proto__x: 1, constructor: 2 } }, /Mastra refuses/],
+      [{ n: 2 ** 53 }, /MAX_SAFE_INTEGER/],
+      [{ n: [Infinity] }, /not finite/],
+      [deep(EXTRACTED_MAX_DEPTH + 1), /deeper/],
+      [{ big: 'x'.repeat(EXTRACTED_MAX_BYTES) }, /bytes as JSON/],
+    ];
+    for (const [extracted, why] of refused) {
+      assert.match(extractedProblem(extracted) ?? '', why, JSON.stringify(extracted));
+      const thread = await observerHandler(async () => ({ observations: 'o', extracted: extracted as Record<string, unknown> }))(observeWork);
+      assert.match(thread.error ?? '', /extracted/);
+      const resource = await observerHandler(async () => ({ observations: 'o', extracted: extracted as Record<string, unknown> }))({
+        ...observeWork,
+        scope: 'resource',
+        threadId: null,
+      });
+      assert.match(resource.error ?? '', /extracted/);
+      assert.equal(resource.type === 'ObserveResult' ? resource.threads : 'reflect', undefined);
+    }
+    const biggest = { big: 'x'.repeat(EXTRACTED_MAX_BYTES - '{"big":""}'.length) };
+    for (const extracted of [biggest, deep(EXTRACTED_MAX_DEPTH), { n: -(2 ** 53 - 1), f: 0.5, b: [true, null] }]) {
+      assert.equal(extractedProblem(extracted), undefined);
+      const ok = await observerHandler(async () => ({ observations: 'o', extracted }))(observeWork);
+      assert.equal(ok.error, undefined);
+      assert.deepEqual(ok.type === 'ObserveResult' ? ok.extracted : undefined, extracted);
+    }
   });
 
   it('answers a failed model with error (the service releases the claim)', async () => {
