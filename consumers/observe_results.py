@@ -13,9 +13,11 @@ dead letter; an outage raises (the loop retries the batch; applying is idempoten
 * `ObserveResult`: the cycle's `observations` appended to the log after a message boundary (Mastra's
   `wrapObservations`), the log's tokens counted as Mastra OM counts them, `lastObservedAt` and the cycle's
   `observedMessageIds` set, the flag cleared (`updateActiveObservations`); its `currentTask` /
-  `suggestedResponse` / `threadTitle`, when set, and the newest observed message's cursor
-  (`lastObservedMessageCursor`) go where Mastra keeps them: the thread's `metadata.mastra.om`
-  (`core.observation_hints`; with resource scope, each thread's own).
+  `suggestedResponse` / `threadTitle` (`null` when absent, as Mastra's `undefined` is stored), `extracted`
+  (merged) and the newest observed message's cursor (`lastObservedMessageCursor`) go where Mastra's
+  `patchThread` puts them: the thread's `metadata.mastra.om`, and the title into the thread's `title`
+  unless pinned (`core.observation_hints`; with resource scope, each thread's own; the owner in every
+  write's filter).
 * `ReflectResult`: generation + 1 made from the `reflection` (`createReflectionGeneration`).
 * either with `error`: the claim released, nothing else written (the thread's next turn tries again).
 """
@@ -29,10 +31,9 @@ from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 from consumers.contract import Done, Emit, Record, Refused, Result
-from consumers.observational import THREAD_OM
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
-from message_history.core.observation_hints import last_observed_cursors, om_hints
+from message_history.core.observation_hints import last_observed_cursors, om_hints, title_update
 from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from message_history.core.observation_text import append_observations
 from message_history.core.om_tokens import count_observations
@@ -40,7 +41,9 @@ from message_history.errors import EventValidationError
 from schemas.limits import Limits
 from schemas.messages import Message
 from schemas.observational import ObserveResult, ReflectResult, decode_result
+from schemas.observational import ThreadObservations as ThreadAnswer
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
+from storage.observational_resource import ThreadRead
 
 __all__ = ["PATH", "ObserveResultsHandler", "ResultRows"]
 
@@ -62,16 +65,19 @@ class ResultRows(Protocol):
         self, claim: Claim, *, reflection: str, token_count: int, now: datetime
     ) -> ObservationalRecord | None: ...
 
-    async def write_cursors(
-        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, object]]], now: datetime
+    async def hint_rows(self, resource_id: str, thread_ids: Sequence[str]) -> dict[str, ThreadRead]: ...
+
+    async def write_threads(
+        self,
+        resource_id: str,
+        cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+        titles: Sequence[tuple[str, str, object]],
+        now: datetime,
     ) -> int: ...
 
 
 class ThreadHints(Protocol):
-    """The part of the storage that sets a thread's metadata keys (`save_thread_metadata`) and reads the
-    observed messages back for their cursor (`get_messages`)."""
-
-    async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None: ...
+    """The part of the storage that reads the observed messages back for their cursor (`get_messages`)."""
 
     async def get_messages(
         self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
@@ -133,10 +139,12 @@ class ObserveResultsHandler:
             )
             # read before the apply: an outage here leaves the claim current, so the retried batch applies
             # it with its hints; after the apply the retry would find it stale and write no hints
-            cursors = await self._message_cursors(result, [result.threadId or ""])
+            thread = result.threadId or ""
+            cursors = await self._message_cursors(result, [thread])
+            reads = await self._rows.hint_rows(result.resourceId, [thread])
             applied = await self._rows.apply_observation(claim, update, now)
             if applied:
-                await self._hints(result, cursors)
+                await self._write_threads(result.resourceId, [(thread, None, result)], reads, cursors, now)
         else:
             applied = (
                 await self._rows.apply_reflection(
@@ -165,39 +173,46 @@ class ObserveResultsHandler:
         newest = max((t.last_observed_at for t in threads), default=result.lastObservedAt)
         update = ObservationUpdate(log_text, count_observations(log_text), newest, ids)
         message_cursors = await self._message_cursors(result, [t.threadId for t in result.threads or []])
+        reads = await self._rows.hint_rows(result.resourceId, [t.threadId for t in result.threads or []])
         if not await self._rows.apply_observation(claim, update, now):
             return False
-        cursors = [
-            (
-                t.threadId,
-                t.lastObservedAt,
-                om_hints(
-                    current_task=t.currentTask,
-                    suggested_response=t.suggestedResponse,
-                    thread_title=t.threadTitle,
-                    cursor=message_cursors.get(t.threadId),
-                ),
-            )
-            for t in result.threads or []
-        ]
-        await self._rows.write_cursors(result.resourceId, cursors, now)
+        entries = [(t.threadId, t.lastObservedAt, t) for t in result.threads or []]
+        await self._write_threads(result.resourceId, entries, reads, message_cursors, now)
         return True
 
-    async def _hints(self, result: ObserveResult, cursors: Mapping[str, dict[str, str]]) -> None:
-        """The answer's hints into the thread's `metadata.mastra.om` (thread scope), as Mastra's
-        `setThreadOMMetadata` keeps them (`core.observation_hints`)."""
-        if self._threads is None or result.scope != "thread" or not result.threadId:
-            return
-        hints = om_hints(
-            current_task=result.currentTask,
-            suggested_response=result.suggestedResponse,
-            thread_title=result.threadTitle,
-            cursor=cursors.get(result.threadId),
-        )
-        if hints:
-            await self._threads.save_thread_metadata(
-                result.threadId, {f"{THREAD_OM}.{key}": value for key, value in hints.items()}
+    async def _write_threads(
+        self,
+        resource_id: str,
+        entries: Sequence[tuple[str, datetime | None, ObserveResult | ThreadAnswer]],
+        reads: Mapping[str, ThreadRead],
+        cursors: Mapping[str, dict[str, str]],
+        now: datetime,
+    ) -> None:
+        """Each thread's hints into its `metadata.mastra.om` and, unless pinned, its title, as Mastra's
+        `patchThread(setThreadOMMetadata(...))` leaves the row (`core.observation_hints`); the resource's
+        threads only (the owner is in both writes' filters). `reads`: the threads as read before the apply
+        (a thread missing there gets no title: it is missing, another's, or its row could not be read)."""
+        hints, titles = [], []
+        for thread, cursor, answer in entries:
+            read = reads.get(thread)
+            hints.append(
+                (
+                    thread,
+                    cursor,
+                    om_hints(
+                        current_task=answer.currentTask,
+                        suggested_response=answer.suggestedResponse,
+                        thread_title=answer.threadTitle,
+                        cursor=cursors.get(thread),
+                        extracted=answer.extracted,
+                        extracted_was=read.extracted if read is not None else None,
+                    ),
+                )
             )
+            title = title_update(read.title, read.metadata, answer.threadTitle) if read is not None else None
+            if read is not None and title is not None:
+                titles.append((thread, title, read.title))
+        await self._rows.write_threads(resource_id, hints, titles, now)
 
     async def _message_cursors(self, result: ObserveResult, threads: list[str]) -> dict[str, dict[str, str]]:
         """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one `find`, the

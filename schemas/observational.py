@@ -11,9 +11,11 @@ repeated answer changes nothing. Design: docs/observational-memory.md. The persi
 # ruff: noqa: N815 -- field names are the wire names, camelCase as Mastra writes them
 from __future__ import annotations
 
+import json
+import math
 from typing import Annotated, Any, Final, Literal, Self
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from message_history.errors import EventValidationError
 from schemas.codec import check_id, check_raw, validation_error
@@ -22,6 +24,8 @@ from schemas.limits import Limits
 from schemas.messages import Message, Open, Timestamp
 
 __all__ = [
+    "EXTRACTED_MAX_BYTES",
+    "EXTRACTED_MAX_DEPTH",
     "THREAD_TITLE_MAX_CHARS",
     "ObserveRequest",
     "ObserveResult",
@@ -43,7 +47,69 @@ ThreadTitle = Annotated[
     Field(
         max_length=THREAD_TITLE_MAX_CHARS,
         description="the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the "
-        "thread's metadata.mastra.om.threadTitle",
+        "thread's metadata.mastra.om.threadTitle, and made the thread's title as Mastra does (3 characters "
+        "or more, not the current title, metadata.titlePinned not true)",
+    ),
+]
+
+EXTRACTED_MAX_BYTES: Final = 16_384
+"""An `extracted` larger (as compact JSON, UTF-8) is refused (the answer dead-lettered): it is merged into the
+thread's metadata, which every recall of the thread reads; Mastra's extractors write a few short values."""
+EXTRACTED_MAX_DEPTH: Final = 8
+"""Objects and arrays nested deeper in an `extracted` (itself the first level) are refused."""
+_UNSAFE_KEYS: Final = frozenset({"__proto__", "constructor", "prototype"})  # Mastra's unsafe path segments
+
+
+def _check_extracted(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """JSON a Mastra app reads back as it was written: keys MongoDB stores as one field (not empty, no `.`,
+    no leading `$`, no NUL) and not a JavaScript prototype's; finite numbers, integers exact in JavaScript;
+    bounded in depth and size."""
+    if value is None:
+        return None
+    _check_json(value, 1)
+    size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass"))
+    if size > EXTRACTED_MAX_BYTES:
+        raise ValueError(f"is {size} bytes as JSON; the limit is {EXTRACTED_MAX_BYTES}")
+    return value
+
+
+def _check_json(value: object, depth: int) -> None:
+    if isinstance(value, dict | list) and depth > EXTRACTED_MAX_DEPTH:
+        raise ValueError(f"nests deeper than {EXTRACTED_MAX_DEPTH} levels")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_key(key)
+            _check_json(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json(item, depth + 1)
+    elif isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    elif isinstance(value, int):
+        if abs(value) > MAX_SAFE_INTEGER:
+            raise ValueError(f"has the integer {value}, past Number.MAX_SAFE_INTEGER")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("has a number that is not finite")
+    else:
+        raise ValueError(f"has a {type(value).__name__}, which is not JSON")
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, str) or not key or "." in key or key.startswith("$") or "\x00" in key:
+        raise ValueError(f"has the key {key!r}: keys must be non-empty, without '.', '$' first or NUL")
+    if key in _UNSAFE_KEYS:
+        raise ValueError(f"has the key {key!r}, which Mastra refuses in a metadata path")
+
+
+Extracted = Annotated[
+    dict[str, Any] | None,
+    AfterValidator(_check_extracted),
+    Field(
+        description="custom extractors' values (Mastra's `observation.extract`), by key under the "
+        "thread's metadata.mastra.om.extracted (an extractor's slug, Mastra's default `metadataKeyPath` "
+        "`extracted.<slug>`): merged there, the answer's keys replacing the thread's, a null or empty-string "
+        f"value ignored; at most {EXTRACTED_MAX_BYTES} bytes as JSON and {EXTRACTED_MAX_DEPTH} levels deep",
     ),
 ]
 
@@ -110,6 +176,7 @@ class ThreadObservations(Open):
     currentTask: Annotated[str | None, Field(description="the thread's <current-task>, if any")] = None
     suggestedResponse: Annotated[str | None, Field(description="the thread's <suggested-response>")] = None
     threadTitle: ThreadTitle = None
+    extracted: Extracted = None
 
 
 class ObserveResult(WorkBase):
@@ -124,6 +191,7 @@ class ObserveResult(WorkBase):
     currentTask: Annotated[str | None, Field(description="the Observer's <current-task>, if any")] = None
     suggestedResponse: Annotated[str | None, Field(description="the Observer's <suggested-response>")] = None
     threadTitle: ThreadTitle = None
+    extracted: Extracted = None
     threads: Annotated[
         list[ThreadObservations] | None,
         Field(

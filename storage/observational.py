@@ -43,10 +43,14 @@ from storage.observational_resource import (
     THREAD_PAGE_INDEX,
     Position,
     ThreadPage,
+    ThreadRead,
+    hint_rows,
     resource_cursors,
     resource_messages,
     resource_threads,
     write_cursors,
+    write_threads,
+    write_titles,
 )
 from storage.observational_rows import (
     CLAIMED_AT,
@@ -351,10 +355,33 @@ class MongoObservationalStore:
         return await resource_messages(self._rows.database, resource_id, cursors, limit)
 
     async def write_cursors(
-        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, object]]], now: datetime
+        self,
+        resource_id: str,
+        cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+        now: datetime,
     ) -> int:
         """The threads' cursors (and hints) set, the resource's threads only."""
         return await write_cursors(self._rows.database, resource_id, cursors, now)
+
+    async def hint_rows(self, resource_id: str, thread_ids: Sequence[str]) -> dict[str, ThreadRead]:
+        """What an observation's write reads of the resource's threads (`storage.observational_resource`)."""
+        return await hint_rows(self._rows.database, resource_id, thread_ids)
+
+    async def write_titles(
+        self, resource_id: str, titles: Sequence[tuple[str, str, object]], now: datetime
+    ) -> int:
+        """The threads' titles set where still as read and not pinned, the resource's threads only."""
+        return await write_titles(self._rows.database, resource_id, titles, now)
+
+    async def write_threads(
+        self,
+        resource_id: str,
+        cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+        titles: Sequence[tuple[str, str, object]],
+        now: datetime,
+    ) -> int:
+        """`write_cursors` and `write_titles` in one bulk write."""
+        return await write_threads(self._rows.database, resource_id, cursors, titles, now)
 
     async def clear(self, thread_id: str | None, resource_id: str) -> int:
         """`clearObservationalMemory`: every generation of the key deleted (forget)."""

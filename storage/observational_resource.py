@@ -25,6 +25,12 @@ do these:
 * `write_cursors`: each thread's cursor (and the Observer's hints) set, the owner in the filter, a thread
   row MongoDB refuses the keys into (its `metadata` not an object) logged and left: its messages stay
   unobserved by the cursor, and the row's `observedMessageIds` still keeps them from being observed twice.
+  Thread scope writes its hints with it too (no cursor: Mastra's thread scope keeps none in the thread);
+* `hint_rows` / `write_titles`: what Mastra's `patchThread` of an observation reads of each thread (its
+  `title`, `metadata.titlePinned`, `metadata.mastra.om.extracted`), and the title it sets
+  (`core.observation_hints.title_update`), conditional on the title and the pin as read and on the owner:
+  a rename or a pin racing the answer wins, and a second write of the same title matches nothing;
+  `write_threads`: both at once (one bulk write), as the observed path writes them.
 
 Rows are input: an unreadable thread or message row is skipped and counted (`storage.unreadable`), never a
 crash.
@@ -36,7 +42,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from bson.raw_bson import RawBSONDocument
 from pymongo import UpdateOne
@@ -55,10 +61,13 @@ __all__ = [
     "CURSOR_KEY",
     "THREAD_PAGE_INDEX",
     "ThreadPage",
+    "hint_rows",
     "resource_cursors",
     "resource_messages",
     "resource_threads",
     "write_cursors",
+    "write_threads",
+    "write_titles",
 ]
 
 log = logging.getLogger(__name__)
@@ -292,34 +301,123 @@ async def _cut_off(
     return older + [m for m in page if m.id not in seen]
 
 
+async def hint_rows(
+    db: AsyncDatabase[Any], resource_id: str, thread_ids: Sequence[str]
+) -> dict[str, ThreadRead]:
+    """The resource's threads among `thread_ids` as an observation's write reads them (one `find`); a row
+    that cannot be read is skipped and counted (its hints are then written as to a thread without them)."""
+    ids = list(dict.fromkeys(thread_ids))
+    if not ids:
+        return {}
+    rows = db.get_collection(THREADS, codec_options=RAW)
+    projection = {
+        "_id": 0,
+        "id": 1,
+        "resourceId": 1,
+        "title": 1,
+        "metadata.titlePinned": 1,
+        f"{_OM}.extracted": 1,
+    }
+    with storage_errors("om thread rows"):
+        raws = await rows.find({"id": {"$in": ids}, "resourceId": resource_id}, projection).to_list()
+    found: dict[str, ThreadRead] = {}
+    for raw in raws:
+        try:
+            doc = decode_row(raw.raw, THREADS)
+        except UnreadableRowError as exc:
+            skip(exc)
+            continue
+        ident, metadata = doc.get("id"), doc.get("metadata")
+        if isinstance(ident, str) and doc.get("resourceId") == resource_id:
+            om = _om(metadata)
+            found[ident] = ThreadRead(doc.get("title"), metadata, om.get("extracted") if om else None)
+    return found
+
+
+def _om(metadata: object) -> Mapping[str, Any] | None:
+    mastra = metadata.get("mastra") if isinstance(metadata, Mapping) else None
+    om = mastra.get("om") if isinstance(mastra, Mapping) else None
+    return om if isinstance(om, Mapping) else None
+
+
+class ThreadRead(NamedTuple):
+    """What an observation's write reads of a thread (Mastra's `getThreadById` before `patchThread`)."""
+
+    title: object
+    metadata: object  # `titlePinned` only
+    extracted: object
+
+
+async def write_titles(
+    db: AsyncDatabase[Any], resource_id: str, titles: Sequence[tuple[str, str, object]], now: datetime
+) -> int:
+    """Each `(thread, title, title_was)`: the thread's `title` set if it is still `title_was`, not pinned,
+    and the resource's; how many threads took it."""
+    return await write_threads(db, resource_id, [], titles, now)
+
+
 async def write_cursors(
     db: AsyncDatabase[Any],
     resource_id: str,
-    cursors: Sequence[tuple[str, datetime, Mapping[str, object]]],
+    cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
     now: datetime,
 ) -> int:
-    """Each `(thread, cursor, hints)`: the thread's `metadata.mastra.om.lastObservedAt` (and the hints'
-    keys under `metadata.mastra.om`) set, if the thread is the resource's; how many threads took them."""
-    if not cursors:
-        return 0
+    """Each `(thread, cursor, hints)`: the thread's `metadata.mastra.om.lastObservedAt` (unless None) and the
+    hints' keys under `metadata.mastra.om` set (a None value stored `null`, as Mastra's `undefined` is), if
+    the thread is the resource's; how many threads took them."""
+    return await write_threads(db, resource_id, cursors, [], now)
+
+
+async def write_threads(
+    db: AsyncDatabase[Any],
+    resource_id: str,
+    cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+    titles: Sequence[tuple[str, str, object]],
+    now: datetime,
+) -> int:
+    """`write_cursors` and `write_titles` in one unordered bulk write (an observation's thread rows, one
+    round trip); how many updates changed a row."""
     ops = [
         UpdateOne(
             {"id": thread, "resourceId": resource_id},
-            {
-                "$set": {CURSOR_KEY: format_timestamp(cursor), **{f"{_OM}.{k}": v for k, v in hints.items()}},
-                "$max": {"updatedAt": now},
-            },
+            _set(
+                {
+                    **({CURSOR_KEY: format_timestamp(cursor)} if cursor is not None else {}),
+                    **{f"{_OM}.{k}": v for k, v in hints.items()},
+                },
+                now,
+            ),
         )
         for thread, cursor, hints in cursors
     ]
-    with storage_errors("om cursors"):
+    ops += [
+        UpdateOne(
+            # `title_was` None matches a missing title too; `$ne: true` is Mastra's `titlePinned === true`
+            {"id": thread, "resourceId": resource_id, "title": was, "metadata.titlePinned": {"$ne": True}},
+            {"$set": {"title": title}, "$max": {"updatedAt": now}},
+        )
+        for thread, title, was in titles
+    ]
+    if not ops:
+        return 0
+    return await _bulk(db, ops, [c[0] for c in cursors] + [t[0] for t in titles], "om thread hints")
+
+
+def _set(fields: dict[str, object], now: datetime) -> dict[str, Any]:
+    """The update: `fields` set (MongoDB refuses an empty `$set`), `updatedAt` moved forward."""
+    return {**({"$set": fields} if fields else {}), "$max": {"updatedAt": now}}
+
+
+async def _bulk(db: AsyncDatabase[Any], ops: list[UpdateOne], threads: list[str], what: str) -> int:
+    """The thread rows' updates, unordered; a row MongoDB refuses one into logged and left."""
+    with storage_errors(what):
         try:
             result = await db[THREADS].bulk_write(ops, ordered=False)
         except BulkWriteError as exc:  # some rows refused the keys: those cursors stay unwritten
             for error in exc.details.get("writeErrors", []):
                 index = error.get("index", -1)
-                thread = cursors[index][0] if 0 <= index < len(cursors) else "?"
-                log.warning("thread cursor not written: %s", error.get("errmsg"), extra={"thread_id": thread})
+                thread = threads[index] if 0 <= index < len(threads) else "?"
+                log.warning("%s not written: %s", what, error.get("errmsg"), extra={"thread_id": thread})
             if exc.details.get("writeConcernErrors"):
                 raise  # not a row's refusal: the storage's (storage_errors maps it)
             return int(exc.details.get("nModified", 0))

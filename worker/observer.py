@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
@@ -52,12 +52,17 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Observation:
     """What an observer returns beside the text: Mastra's `<current-task>`, `<suggested-response>` and
-    `<thread-title>` (kept in the thread's `metadata.mastra.om`, as Mastra keeps them)."""
+    `<thread-title>` (kept in the thread's `metadata.mastra.om`, as Mastra keeps them; the title also made
+    the thread's title unless `metadata.titlePinned`), and `extracted`: custom extractors' values by key
+    (an extractor's slug), merged into the thread's `metadata.mastra.om.extracted` as Mastra merges its
+    `observation.extract`' (JSON, at most `schemas.observational.EXTRACTED_MAX_BYTES` and
+    `EXTRACTED_MAX_DEPTH`)."""
 
     observations: str
     current_task: str | None = None
     suggested_response: str | None = None
     thread_title: str | None = None
+    extracted: Mapping[str, Any] | None = None
 
 
 ObserveFn = Callable[[ObserveRequest], Awaitable[Observation | str]]
@@ -102,6 +107,8 @@ def _found(answer: Observation | str) -> dict[str, Any]:
         values["suggestedResponse"] = found.suggested_response
     if found.thread_title is not None:
         values["threadTitle"] = found.thread_title
+    if found.extracted is not None:
+        values["extracted"] = dict(found.extracted)
     return values
 
 
@@ -128,14 +135,14 @@ def observer_handler(observe: ObserveFn, reflect: ReflectFn | None = None) -> Ob
                     await _thread(work, thread, messages) for thread, messages in _by_thread(work)
                 ]
                 return ObserveResult.model_validate(values)
-            answer = await observe(work)
+            # built here too: an answer the service would refuse (a title or `extracted` past its bounds)
+            # answers `error`, rather than stopping the worker or sending a dead letter
+            return ObserveResult.model_validate({**values, **_found(await observe(work))})
         except Exception as exc:  # noqa: BLE001 -- the user's model failed: the service releases the claim
             log.warning("observer failed", exc_info=True, extra={"thread_id": work.threadId})
             values.pop("threads", None)
             values["error"] = f"{type(exc).__name__}: {exc}"[:1000]
             return ObserveResult.model_validate(values)
-        values.update(_found(answer))
-        return ObserveResult.model_validate(values)
 
     async def _thread(work: ObserveRequest, thread: str, messages: list[Message]) -> dict[str, Any]:
         """Resource scope: `observe` called on one thread's messages (the log as it is), its answer that

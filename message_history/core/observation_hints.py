@@ -1,29 +1,37 @@
-"""The hints an observation leaves in each observed thread's `metadata.mastra.om`, as `@mastra/memory` 1.31's
+"""The hints an observation leaves in each observed thread's row, as `@mastra/memory` 1.31's
 `SyncObservationStrategy.persist` / `ResourceScopedObservationStrategy.persist` write them with
-`setThreadOMMetadata` (issue 35; docs/observational-memory.md). Pure: no I/O.
+`setThreadOMMetadata` and `patchThread` (issue 35; docs/observational-memory.md). Pure: no I/O.
 
-* `currentTask`, `suggestedResponse`, `threadTitle`: the Observer's `<current-task>`, `<suggested-response>`
-  and `<thread-title>` (the title trimmed, an empty one absent, as Mastra's parser leaves it). A hint the
-  answer does not carry is left as the thread has it (Mastra's spread sets it `undefined`: a difference
-  only until the next answer that carries it; Mastra shows its Observer the prior one to repeat).
+* `currentTask`, `suggestedResponse`, `threadTitle` under `metadata.mastra.om`: the Observer's
+  `<current-task>`, `<suggested-response>` and `<thread-title>` (the title trimmed; an empty one of any of
+  them is none, as Mastra's parser's `||` leaves it). Mastra sets all three on every observation from an
+  object spread: one the answer does not carry is `undefined`, which `@mastra/mongodb`'s `updateThread`
+  (the Node driver's default `ignoreUndefined: false`) stores as `null`; so `null` here.
+* `extracted`: Mastra's custom extractors' values (`observation.extract`), merged as
+  `{...previous.extracted ?? {}, ...new}`: the answer's keys replace the thread's, the others stay; a value
+  `null` or `""` is none (`normalizeExtractedValues`). Always written: `{}` on a thread that had none.
 * `lastObservedMessageCursor`: `{createdAt, id}` of the newest observed message by `createdAt` (the first one
   in the observed order on a tie; messages without an id or a date skipped), as Mastra's
   `getLastObservedMessageCursor`. Mastra reads it back as the `fallbackCursor` of `filterObservedMessages`:
   messages at or before it are pruned from the context even when the row's `observedMessageIds` lacks them.
-* `extracted` is not here: Mastra fills it only from custom extractors (`observation.extractors`), which the
-  observer protocol does not carry; absent, Mastra reads it as `{}`.
+* The thread's `title` (`title_update`): the answer's title when Mastra's `resolveThreadTitleUpdate` would
+  set it (3 characters or more, not the current title, `metadata.titlePinned` not `true`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
+from message_history.core.observation_text import js_trim
 from schemas.messages import Message, format_timestamp
 
-__all__ = ["CURSOR", "last_observed_cursors", "om_hints"]
+__all__ = ["CURSOR", "EXTRACTED", "last_observed_cursors", "normalize_extracted", "om_hints", "title_update"]
 
 CURSOR: Final = "lastObservedMessageCursor"
+EXTRACTED: Final = "extracted"
+MIN_TITLE_CHARS: Final = 3
+"""Mastra's `resolveThreadTitleUpdate`: a shorter title never replaces the thread's."""
 
 
 def last_observed_cursors(order: Sequence[str], messages: Iterable[Message]) -> dict[str, dict[str, str]]:
@@ -51,19 +59,53 @@ def _after(message: Message, current: Message) -> bool:
     return new is not None and old is not None and new > old
 
 
+def normalize_extracted(values: Mapping[str, object] | None) -> dict[str, object]:
+    """Mastra's `normalizeExtractedValues`: the keys whose value is neither `null` nor `""`."""
+    return {key: value for key, value in (values or {}).items() if value is not None and value != ""}
+
+
 def om_hints(
     *,
     current_task: str | None,
     suggested_response: str | None,
     thread_title: str | None,
     cursor: dict[str, str] | None,
+    extracted: Mapping[str, object] | None = None,
+    extracted_was: object = None,
 ) -> dict[str, object]:
-    """The keys to set under the thread's `metadata.mastra.om` (the ones the answer has)."""
-    title = thread_title.strip() if thread_title is not None else None
+    """The keys to set under the thread's `metadata.mastra.om` (dotted below it: `extracted.<key>` when the
+    thread's `extracted` is an object, `extracted` whole when it is not: `extracted_was`, as read).
+
+    The three hints are always set (`None`: stored `null`, Mastra's `undefined`). The cursor is set when
+    known: Mastra computes it from the messages it just observed, which always have one; here it is read
+    back from the stored rows, and a thread whose rows are gone keeps the cursor it has."""
+    title = js_trim(thread_title) if thread_title is not None else None
     hints: dict[str, object] = {
-        "currentTask": current_task,
-        "suggestedResponse": suggested_response,
+        "currentTask": current_task or None,
+        "suggestedResponse": suggested_response or None,
         "threadTitle": title or None,
-        CURSOR: cursor,
     }
-    return {key: value for key, value in hints.items() if value is not None}
+    if cursor is not None:
+        hints[CURSOR] = cursor
+    new = normalize_extracted(extracted)
+    if isinstance(extracted_was, Mapping):  # merged key by key: the thread's other keys are kept
+        hints.update({f"{EXTRACTED}.{key}": value for key, value in new.items()})
+    else:
+        # none yet: the answer's (`{}` when none). Not an object: replaced too (Mastra's spread would keep an
+        # array's or a string's items under index keys; a number's or a boolean's it drops)
+        hints[EXTRACTED] = new
+    return hints
+
+
+def title_update(title_was: object, metadata: object, candidate: str | None) -> str | None:
+    """Mastra's `resolveThreadTitleUpdate(thread, threadTitle)`: the trimmed title to set on the thread, or
+    None when the thread keeps its own (too short, pinned by `metadata.titlePinned === true`, or the same as
+    the current title trimmed)."""
+    title = js_trim(candidate) if candidate is not None else ""
+    if len(title.encode("utf-16-le", "surrogatepass")) // 2 < MIN_TITLE_CHARS:  # JavaScript's `length`
+        return None
+    if isinstance(metadata, Mapping) and metadata.get("titlePinned") is True:
+        return None
+    if isinstance(title_was, str) and title == js_trim(title_was):
+        return None
+    return title

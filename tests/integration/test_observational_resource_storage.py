@@ -315,3 +315,43 @@ async def test_the_next_page_is_kept_on_the_resources_row(mongo_db: Db) -> None:
     record = await store.get(None, "r1")
     assert record is not None
     assert record.threads_after is None
+
+
+async def test_the_title_is_written_once_unless_pinned_or_renamed_meanwhile(mongo_db: Db) -> None:
+    """`write_titles` is conditional on the title and the pin as `hint_rows` read them, and on the owner:
+    written again it matches nothing (the title already moved), a pin or a rename made between the read and
+    the write wins, and another resource's thread is neither read nor written."""
+    _, store = await _fixture(mongo_db)
+    threads = mongo_db["mastra_threads"]
+    await threads.update_many({}, {"$set": {"title": "Old"}})
+    reads = await store.hint_rows("r1", ["a", "b", "x"])
+    assert set(reads) == {"a", "b"}  # x is r2's
+    assert (reads["a"].title, reads["a"].extracted) == ("Old", None)
+    assert await store.write_titles("r1", [("a", "Trip to Lyon", reads["a"].title)], T0) == 1
+    assert await store.write_titles("r1", [("a", "Trip to Lyon", reads["a"].title)], T0) == 0  # idempotent
+    # a pin (Mastra's `session.thread.rename()`) between the read and the write: the title stays
+    await threads.update_one({"id": "b"}, {"$set": {"metadata.titlePinned": True}})
+    assert await store.write_titles("r1", [("b", "Trip to Lyon", reads["b"].title)], T0) == 0
+    assert await store.write_titles("r1", [("x", "Trip to Lyon", "Old")], T0) == 0  # another owner's
+    titles = {t["id"]: t["title"] async for t in threads.find({}, {"id": 1, "title": 1})}
+    assert titles == {"a": "Trip to Lyon", "b": "Old", "x": "Old"}
+
+
+async def test_hints_the_answer_lacks_are_null_and_extracted_merges(mongo_db: Db) -> None:
+    """`write_cursors` sets a None hint to null (Mastra's `undefined` through @mastra/mongodb) and merges
+    `extracted` key by key into an existing object (`core.observation_hints.om_hints`)."""
+    _, store = await _fixture(mongo_db)
+    first = {"threadTitle": "Lyon", "currentTask": None, "extracted": {"mood": "calm", "topic": "trains"}}
+    assert await store.write_cursors("r1", [("a", None, first)], T0) == 1
+    reads = await store.hint_rows("r1", ["a"])
+    assert reads["a"].extracted == {"mood": "calm", "topic": "trains"}
+    assert await store.write_cursors(
+        "r1", [("a", None, {"threadTitle": None, "extracted.mood": "tense"})], T0
+    )
+    thread = await mongo_db["mastra_threads"].find_one({"id": "a"})
+    assert thread is not None
+    assert thread["metadata"]["mastra"]["om"] == {
+        "threadTitle": None,
+        "currentTask": None,
+        "extracted": {"mood": "tense", "topic": "trains"},
+    }

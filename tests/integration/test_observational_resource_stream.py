@@ -78,6 +78,16 @@ async def _docs(settings: Settings, collection: str) -> list[dict[str, Any]]:
         await client.close()
 
 
+async def _pin(settings: Settings, thread: str, title: str) -> None:
+    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
+    try:
+        await client[settings.mongodb_database]["mastra_threads"].update_one(
+            {"id": thread}, {"$set": {"title": title, "metadata.titlePinned": True}}
+        )
+    finally:
+        await client.close()
+
+
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 async def test_two_threads_observed_into_one_log_recalled_by_a_third(
     kafka_bootstrap: str, mongo_uri: str, make_topic: MakeTopic, guarantee: str
@@ -127,6 +137,9 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
             assert {m.resourceId for m in request.messages} == {OWNER}
 
             answer = await handler(request)
+            await _pin(
+                settings, "om-res-b", "Mine"
+            )  # the user renamed b (Mastra's `session.thread.rename()`)
             await produce(bootstrap, settings.observe_results_topic, [(OWNER.encode(), _json(answer))] * 2)
             await wait_committed(bootstrap, settings.group_id, settings.observe_results_topic, {0: 2})
 
@@ -151,12 +164,16 @@ async def test_two_threads_observed_into_one_log_recalled_by_a_third(
                 assert om["lastObservedAt"] == format_timestamp(newest)
                 assert om["currentTask"] == f"T {thread}"
                 assert om["threadTitle"] == f"Title {thread}"
+                assert (om["suggestedResponse"], om["extracted"]) == (None, {})  # Mastra's undefined; `{}`
                 # each thread's own newest observed message (Mastra's cursor: the first on a tie)
                 mine = [m for m in request.messages if m.threadId == thread and m.createdAt]
                 last = next(m for m in mine if m.createdAt == newest)
                 cursor = {"createdAt": format_timestamp(newest), "id": last.id}
                 assert om["lastObservedMessageCursor"] == cursor
             assert "mastra" not in (threads_rows["om-res-x"].get("metadata") or {})
+            # the title as Mastra's `patchThread`: a's from the answer, b's pinned one kept
+            assert threads_rows["om-res-a"]["title"] == "Title om-res-a"
+            assert threads_rows["om-res-b"]["title"] == "Mine"
 
             # b speaks again (under the threshold: no work): past b's cursor, so unobserved
             await produce(bootstrap, settings.responses_topic, [_turn("om-res-b", OWNER, 6)])

@@ -53,16 +53,15 @@ def _turn(turn: int) -> tuple[bytes, bytes]:
     return om_turn(THREAD, OWNER, turn)
 
 
-async def _thread_om(settings: Settings) -> dict[str, Any]:
-    """The thread row's `metadata` as stored."""
+async def _thread_row(settings: Settings) -> dict[str, Any]:
+    """The thread row as stored."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(settings.mongodb_uri.get_secret_value())
     try:
         row = await client[settings.mongodb_database]["mastra_threads"].find_one({"id": THREAD})
     finally:
         await client.close()
     assert row is not None
-    metadata: dict[str, Any] = row["metadata"]
-    return metadata
+    return row
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
@@ -80,7 +79,10 @@ async def test_observed_once_and_recalled(
     async def observe(work: ObserveRequest) -> Observation:
         text = f"OBS: {len(work.messages)} messages about trains"
         return Observation(
-            text, current_task="find the cheapest spring day", thread_title=" Cheap spring trains "
+            text,
+            current_task="find the cheapest spring day",
+            thread_title=" Cheap spring trains ",
+            extracted={"budget": {"max": 40, "currency": "EUR"}, "ignored": ""},
         )
 
     handler = observer_handler(observe)
@@ -113,19 +115,24 @@ async def test_observed_once_and_recalled(
             assert row["isObserving"] is False
             assert row["observedMessageIds"] == observed_ids
             assert row["generationCount"] == 0
-            # the hints Mastra's `persist` leaves (`setThreadOMMetadata`): the title, and the newest observed
-            # message as the cursor (Mastra's `getLastObservedMessageCursor`: the first on a tie)
+            # the hints Mastra's `persist` leaves (`setThreadOMMetadata`): the title, the hint the answer
+            # lacks null (Mastra's `undefined` through @mastra/mongodb), `extracted` merged, and the newest
+            # observed message as the cursor (Mastra's `getLastObservedMessageCursor`: the first on a tie)
             newest = request.messages[0]
             for message in request.messages:
                 if message.createdAt and newest.createdAt and message.createdAt > newest.createdAt:
                     newest = message
             assert newest.createdAt is not None
             cursor = {"createdAt": format_timestamp(newest.createdAt), "id": newest.id}
-            assert (await _thread_om(settings))["mastra"]["om"] == {
+            thread = await _thread_row(settings)
+            assert thread["metadata"]["mastra"]["om"] == {
                 "currentTask": "find the cheapest spring day",
+                "suggestedResponse": None,
                 "threadTitle": "Cheap spring trains",
+                "extracted": {"budget": {"max": 40, "currency": "EUR"}},
                 "lastObservedMessageCursor": cursor,
             }
+            assert thread["title"] == "Cheap spring trains"  # Mastra's `patchThread` (not pinned)
 
             # the next turn: the log, then only what it does not cover, then the input
             ask = request_event(THREAD, OWNER, 7, "so which day is cheapest?")

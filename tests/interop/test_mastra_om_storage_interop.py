@@ -21,11 +21,16 @@ from typing import Any
 import pytest
 from pymongo.asynchronous.database import AsyncDatabase
 
+from consumers.contract import Refused
+from consumers.observe_results import ObserveResultsHandler
 from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
+from schemas.limits import Limits
+from schemas.messages import Message
 from storage.mongodb import MongoHistoryStorage
 from storage.observational import CLAIM_TIMEOUT, OBSERVATIONAL, MongoObservationalStore, ObservationUpdate
 from tests.infra import skip_or_fail
 from tests.om_cases import NODE_DIR
+from tests.paths import FakeRecord, no_emit
 
 pytestmark = [pytest.mark.interop, pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -175,9 +180,9 @@ async def test_a_resource_row_the_service_wrote_is_read_by_mastra(mongo_uri: str
 
 
 async def test_the_hints_the_observed_path_writes_are_mastras(mongo_uri: str, mongo_db: Db) -> None:
-    """Thread scope: the keys the observed path sets (`save_thread_metadata`, dotted under `mastra.om`) are
-    Mastra's `getThreadOMMetadata` fields (`threadTitle`, `lastObservedMessageCursor` as `{createdAt, id}`),
-    beside a hint Mastra set before, which stays."""
+    """Thread scope: the keys the observed path sets (`write_cursors` without a cursor, dotted under
+    `mastra.om`, the owner in the filter) are Mastra's `getThreadOMMetadata` fields (`threadTitle`,
+    `lastObservedMessageCursor` as `{createdAt, id}`), beside a hint Mastra set before, which stays."""
     _mastra(
         mongo_uri,
         mongo_db.name,
@@ -186,9 +191,9 @@ async def test_the_hints_the_observed_path_writes_are_mastras(mongo_uri: str, mo
     )
     cursor = {"createdAt": _iso(T0), "id": "m2"}
     update = {"currentTask": "brew", "threadTitle": "Tea time", "lastObservedMessageCursor": cursor}
-    await MongoHistoryStorage(mongo_db).save_thread_metadata(
-        "t6", {f"mastra.om.{key}": value for key, value in update.items()}
-    )
+    store = MongoObservationalStore(mongo_db)
+    assert await store.write_cursors("another", [("t6", None, update)], T0) == 0  # not the owner
+    assert await store.write_cursors("r6", [("t6", None, update)], T0) == 1
     om = _mastra(mongo_uri, mongo_db.name, "thread-om", "t6")["om"]
     assert om == {"suggestedResponse": "ask", **update}
 
@@ -265,3 +270,115 @@ async def test_a_resource_row_the_service_reflected_is_read_by_mastra(mongo_uri:
     assert [r["generationCount"] for r in read["history"]] == [1, 0]
     for thread in ("t7", "t8"):  # the cursors stay where the observation left them
         assert _mastra(mongo_uri, mongo_db.name, "thread-om", thread)["om"] == {"lastObservedAt": _iso(T0)}
+
+
+# Each case: the thread as it was (title, metadata) and the Observer's answer, parsed (as Mastra's parser
+# leaves it: trimmed, empty ones absent). Mastra's persist and the observed path each write one copy.
+PERSIST_CASES: list[tuple[str, str | None, dict[str, Any], dict[str, Any]]] = [
+    ("fresh", "", {}, {"threadTitle": "Trip to Lyon", "currentTask": "book the train",
+                       "extractedValues": {"mood": "calm"}}),
+    ("no-title", None, {"k": 1}, {"threadTitle": "Trip to Lyon", "suggestedContinuation": "ask"}),
+    ("pinned", "Mine", {"titlePinned": True, "mastra": {"om": {
+        "currentTask": "old", "suggestedResponse": "old s", "threadTitle": "old t",
+        "extracted": {"topic": "trains", "mood": "tense"}}}},
+     {"threadTitle": "New title", "extractedValues": {"mood": "calm", "empty": ""}}),
+    ("same-title", " Lyon ", {"titlePinned": False}, {"threadTitle": "Lyon"}),
+    ("short", "Old", {}, {"threadTitle": "Ly", "currentTask": "t"}),
+    ("no-hints", "Old", {"mastra": {"om": {"currentTask": "old", "extracted": {"a": 1}}}}, {}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("scope", ["thread", "resource"])
+@pytest.mark.parametrize(
+    ("case", "title", "metadata", "processed"), PERSIST_CASES, ids=[c[0] for c in PERSIST_CASES]
+)
+async def test_an_observed_threads_row_is_as_mastras_persist_leaves_it(
+    mongo_uri: str,
+    mongo_db: Db,
+    case: str,
+    title: str | None,
+    metadata: dict[str, Any],
+    processed: dict[str, Any],
+    scope: str,
+) -> None:
+    """Issue 35: the thread row after the observed path applies an answer equals the row after Mastra's own
+    `SyncObservationStrategy.persist` (`ResourceScopedObservationStrategy.persist` with resource scope)
+    writes the same answer through `@mastra/mongodb` (`patchThread`): the title set unless pinned, too short
+    or the same; a hint the answer lacks `null` (the Node driver stores Mastra's `undefined` so); `extracted`
+    merged. Applied twice, the service's row does not change."""
+    storage = MongoHistoryStorage(mongo_db)
+    observed = Message.model_validate(
+        {"id": "m1", "role": "user", "createdAt": _iso(T0), "threadId": "service", "resourceId": "r7",
+         "content": {"format": 2, "parts": [{"type": "text", "text": "hi"}]}}
+    )  # fmt: skip
+    await storage.save_messages(thread_id="service", resource_id="r7", messages=[observed])
+    threads = mongo_db["mastra_threads"]
+    for thread in ("mastra", "service"):  # the same row for both, as the case has it
+        row: dict[str, Any] = {"id": thread, "resourceId": "r7", "metadata": metadata, "createdAt": T0}
+        row = {**row, "updatedAt": T0, **({"title": title} if title is not None else {})}
+        await threads.replace_one({"id": thread}, row, upsert=True)
+    # Mastra's getLastObservedMessageCursor of what it observed, and the thread's cursor (resource scope)
+    cursor = {"createdAt": _iso(T0), "id": "m1"}
+    processed = {**processed, "lastObservedMessageCursor": cursor, "lastObservedAt": _iso(T0)}
+    mastra_input = {"threadId": "mastra", "scope": scope, "processed": processed}
+    _mastra(mongo_uri, mongo_db.name, "persist-thread-om", stdin=mastra_input)
+    store = MongoObservationalStore(mongo_db)
+    handler = ObserveResultsHandler(rows=store, limits=Limits(), threads=storage)
+    answer = {
+        "threadTitle": processed.get("threadTitle"),
+        "currentTask": processed.get("currentTask"),
+        "suggestedResponse": processed.get("suggestedContinuation"),
+        "extracted": processed.get("extractedValues"),
+    }
+    seen = []
+    for _ in range(2):
+        await _observe(store, handler, scope, "service", "r7", answer)
+        seen.append(await threads.find_one({"id": "service"}, {"_id": 0, "id": 0}))
+    mastra = await threads.find_one({"id": "mastra"}, {"_id": 0, "id": 0})
+    assert mastra is not None
+    for service in seen:
+        assert service is not None
+        # both move `updatedAt`: Mastra to its now, the service forward to its own
+        assert service["updatedAt"] > T0.replace(tzinfo=None)
+        assert {k: v for k, v in service.items() if k != "updatedAt"} == {
+            k: v for k, v in mastra.items() if k != "updatedAt"
+        }
+
+
+async def _observe(
+    store: MongoObservationalStore,
+    handler: ObserveResultsHandler,
+    scope: str,
+    thread: str,
+    resource: str,
+    answer: dict[str, Any],
+) -> None:
+    """One observation of `thread` (`m1` observed; with resource scope, of the resource's row, the thread's
+    hints in `threads`) claimed and answered through the observed path."""
+    key = thread if scope == "thread" else None
+    row = await store.get(key, resource)
+    if row is None:
+        row = await store.initialize(
+            scope="thread" if scope == "thread" else "resource",
+            thread_id=key,
+            resource_id=resource,
+            config={},
+            now=T0,
+        )
+    claim = await store.claim(row, "observe", datetime.now(UTC))
+    assert claim is not None
+    hints = {k: v for k, v in answer.items() if v is not None}
+    result: dict[str, Any] = {
+        "type": "ObserveResult", "schemaVersion": 1, "requestId": "q", "createdAt": _iso(T0),
+        "scope": scope, "threadId": key, "resourceId": resource, "recordId": claim.record_id,
+        "generation": claim.generation, "cycle": claim.cycle, "observations": "* obs",
+        "observedMessageIds": ["m1"], "lastObservedAt": _iso(T0),
+    }  # fmt: skip
+    if scope == "thread":
+        result.update(hints)
+    else:
+        entry = {"threadId": thread, "observations": "* obs", "lastObservedAt": _iso(T0), **hints}
+        result["threads"] = [entry]
+    record = FakeRecord("od", 0, 0, (key or resource).encode(), json.dumps(result).encode())
+    [done] = await handler.handle([record], no_emit)
+    assert not isinstance(done, Refused), done

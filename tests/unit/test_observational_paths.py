@@ -24,9 +24,14 @@ from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
 from schemas.messages import Message
-from schemas.observational import THREAD_TITLE_MAX_CHARS
+from schemas.observational import (
+    EXTRACTED_MAX_BYTES,
+    EXTRACTED_MAX_DEPTH,
+    THREAD_TITLE_MAX_CHARS,
+    ObserveResult,
+)
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
-from storage.observational_resource import ThreadPage
+from storage.observational_resource import ThreadPage, ThreadRead
 from storage.protocol import Thread
 from tests.om_helpers import om_row
 from tests.paths import no_emit
@@ -46,6 +51,8 @@ class Rows:
         self.applied: list[dict[str, Any]] = []
         self.released: list[Claim] = []
         self.cursors: list[tuple[Any, ...]] = []
+        self.titles: list[tuple[Any, ...]] = []
+        self.thread_rows: dict[str, ThreadRead] = {}  # as read by `hint_rows` (the owner `u1`'s)
         self.threads: dict[str, datetime | None] = {}
         self.messages: list[dict[str, Any]] = []
         self.read_from: list[dict[str, datetime | None]] = []
@@ -90,11 +97,21 @@ class Rows:
         self.applied.append({"claim": claim, "reflection": reflection, "tokens": token_count})
         return self.row
 
-    async def write_cursors(
-        self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, object]]], now: datetime
+    async def hint_rows(self, resource_id: str, thread_ids: Sequence[str]) -> dict[str, ThreadRead]:
+        if resource_id != "u1":
+            return {}
+        return {t: self.thread_rows[t] for t in thread_ids if t in self.thread_rows}
+
+    async def write_threads(
+        self,
+        resource_id: str,
+        cursors: Sequence[tuple[str, datetime | None, Mapping[str, object]]],
+        titles: Sequence[tuple[str, str, object]],
+        now: datetime,
     ) -> int:
         self.cursors.extend((resource_id, *cursor) for cursor in cursors)
-        return len(cursors)
+        self.titles.extend((resource_id, *title) for title in titles)
+        return len(cursors) + len(titles)
 
 
 @dataclasses.dataclass
@@ -145,6 +162,15 @@ async def test_the_current_claims_answer_is_applied_after_a_boundary() -> None:
     assert applied["tokens"] == count_observations(applied["log"])
 
 
+NO_HINTS: dict[str, object] = {
+    "currentTask": None,
+    "suggestedResponse": None,
+    "threadTitle": None,
+    "extracted": {},
+}
+"""The hints of an answer that carries none, on a thread without `extracted` (Mastra's `undefined`s: null)."""
+
+
 def _resource_row(**fields: Any) -> ObservationalRecord:
     return _row(lookupKey="resource:u1", scope="resource", threadId=None, **fields)
 
@@ -178,8 +204,8 @@ async def test_a_resource_answer_is_merged_per_thread_and_moves_each_threads_cur
         '\n\n--- message boundary (2025-03-01T09:30:00.000Z) ---\n\n<thread id="b">\n* b1\n</thread>'
     )
     assert rows.cursors == [
-        ("u1", "a", datetime(2025, 3, 1, 9, 0, tzinfo=UTC), {"currentTask": "task a"}),
-        ("u1", "b", datetime(2025, 3, 1, 9, 30, tzinfo=UTC), {"currentTask": "task b"}),
+        ("u1", "a", datetime(2025, 3, 1, 9, 0, tzinfo=UTC), {**NO_HINTS, "currentTask": "task a"}),
+        ("u1", "b", datetime(2025, 3, 1, 9, 30, tzinfo=UTC), {**NO_HINTS, "currentTask": "task b"}),
     ]
 
 
@@ -415,15 +441,16 @@ def test_thread_hints_read_leniently(
 
 
 async def test_the_observers_current_task_goes_to_the_thread() -> None:
+    """Thread scope: the hints under the thread's `metadata.mastra.om` (no `lastObservedAt`: Mastra's thread
+    scope keeps none in the thread), the owner the answer's (`u1`); the hints the answer lacks null."""
     rows, threads = Rows(_row()), Threads({})
     handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
     await handler.handle([Rec(_result(currentTask="book the train"))], no_emit)
-    assert threads.saved == [("t1", {"mastra.om.currentTask": "book the train"})]
-    stale = ObserveResultsHandler(rows=Rows(_row(_mh_cycle=9)), limits=Limits(), threads=threads)
-    await stale.handle(
-        [Rec(_result(currentTask="late"))], no_emit
-    )  # an answer not applied writes no hint either
-    assert len(threads.saved) == 1
+    assert rows.cursors == [("u1", "t1", None, {**NO_HINTS, "currentTask": "book the train"})]
+    stale_rows = Rows(_row(_mh_cycle=9))
+    stale = ObserveResultsHandler(rows=stale_rows, limits=Limits(), threads=threads)
+    await stale.handle([Rec(_result(currentTask="late"))], no_emit)  # not applied: no hint written either
+    assert (stale_rows.cursors, stale_rows.titles) == ([], [])
 
 
 def _stored(ident: str, thread: str, at: str) -> Message:
@@ -445,15 +472,68 @@ async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thre
     result = _result(threadTitle="  Trip to Lyon ", observedMessageIds=["m1", "m2", "m9"])
     await handler.handle([Rec(result)], no_emit)
     assert threads.asked == [(["m1", "m2", "m9"], ["t1"])]
-    assert threads.saved == [
+    assert rows.cursors == [
         (
+            "u1",
             "t1",
+            None,
             {
-                "mastra.om.threadTitle": "Trip to Lyon",
-                "mastra.om.lastObservedMessageCursor": {"createdAt": "2025-03-01T09:30:00.000Z", "id": "m2"},
+                **NO_HINTS,
+                "threadTitle": "Trip to Lyon",
+                "lastObservedMessageCursor": {"createdAt": "2025-03-01T09:30:00.000Z", "id": "m2"},
             },
         )
     ]
+    assert rows.titles == []  # the thread was not read (missing, or another's): no title
+
+
+@pytest.mark.parametrize(
+    ("read", "title", "expected"),
+    [
+        (ThreadRead("Old", {}, None), " Trip to Lyon ", [("u1", "t1", "Trip to Lyon", "Old")]),
+        (ThreadRead(None, None, None), "Lyon", [("u1", "t1", "Lyon", None)]),
+        (ThreadRead("Old", {"titlePinned": True}, None), "Trip to Lyon", []),  # pinned: Mastra keeps it
+        (
+            ThreadRead("Old", {"titlePinned": "true"}, None),
+            "Trip to Lyon",
+            [("u1", "t1", "Trip to Lyon", "Old")],
+        ),
+        (ThreadRead(" Lyon ", {}, None), "Lyon", []),  # the same, trimmed
+        (ThreadRead("Old", {}, None), "Ly", []),  # under 3 characters
+        (ThreadRead("Old", {}, None), None, []),
+    ],
+)
+async def test_the_threads_title_as_mastras_patch_thread(
+    read: ThreadRead, title: str | None, expected: list[tuple[Any, ...]]
+) -> None:
+    """The title write (conditional on the title as read: `storage.observational_resource.write_threads`)
+    follows Mastra's `resolveThreadTitleUpdate`; the metadata's `threadTitle` is written whatever it says."""
+    rows = Rows(_row())
+    rows.thread_rows["t1"] = read
+    await _handle(rows, _result(threadTitle=title))
+    assert rows.titles == expected
+    assert len(rows.cursors) == 1
+
+
+@pytest.mark.parametrize(
+    ("was", "extracted", "expected"),
+    [
+        (None, None, {"extracted": {}}),  # Mastra's `{...undefined ?? {}, ...{}}`
+        (None, {"mood": "calm", "skip": None, "empty": ""}, {"extracted": {"mood": "calm"}}),
+        ({"mood": "tense", "topic": "trains"}, {"mood": "calm"}, {"extracted.mood": "calm"}),  # the rest kept
+        ({"topic": "trains"}, {}, {}),
+        ("not an object", {"mood": "calm"}, {"extracted": {"mood": "calm"}}),
+    ],
+)
+async def test_extracted_is_merged_as_mastra_merges_it(
+    was: object, extracted: dict[str, Any] | None, expected: dict[str, object]
+) -> None:
+    rows = Rows(_row())
+    rows.thread_rows["t1"] = ThreadRead("T", {}, was)
+    await _handle(rows, _result(extracted=extracted))
+    [(_, _, _, hints)] = rows.cursors
+    base = {k: v for k, v in NO_HINTS.items() if k != "extracted"}
+    assert hints == {**base, **expected}
 
 
 async def test_a_huge_title_is_a_dead_letter_and_writes_nothing() -> None:
@@ -464,10 +544,69 @@ async def test_a_huge_title_is_a_dead_letter_and_writes_nothing() -> None:
     [outcome] = await handler.handle([Rec(_result(threadTitle="x" * (THREAD_TITLE_MAX_CHARS + 1)))], no_emit)
     assert isinstance(outcome, Refused)
     assert "threadTitle" in str(outcome.error)
-    assert (rows.applied, threads.saved) == ([], [])
+    assert (rows.applied, rows.cursors) == ([], [])
     ok = _result(threadTitle="x" * THREAD_TITLE_MAX_CHARS)
     [done] = await handler.handle([Rec(ok)], no_emit)
     assert not isinstance(done, Refused)
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(depth - 1):
+        value = {"k": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("extracted", "why"),
+    [
+        ({"big": "x" * EXTRACTED_MAX_BYTES}, "bytes as JSON"),
+        (_nested(EXTRACTED_MAX_DEPTH + 1), "deeper"),
+        ({"a.b": 1}, "keys must be"),
+        ({"$set": 1}, "keys must be"),
+        ({"": 1}, "keys must be"),
+        ({"ok": {"__proto__": {}}}, "Mastra refuses"),
+        ({"n": 2**53}, "MAX_SAFE_INTEGER"),
+        ("text", "should be an object"),
+    ],
+)
+async def test_an_unbounded_extracted_is_a_dead_letter(extracted: Any, why: str) -> None:
+    """`extracted` is merged into the thread row every recall reads: its size, depth and keys are bounded
+    (`schemas.observational`), per thread with resource scope too."""
+    rows = Rows(_row())
+    raw = _result(extracted=extracted)
+    [error] = await _handle(rows, raw)
+    assert isinstance(error, InvalidInputError)
+    assert why in str(error)
+    assert "extracted" in str(error)
+    assert (rows.applied, rows.cursors) == ([], [])
+    entries = _threads(("a", "* a", "2025-03-01T09:00:00.000Z"))
+    entries[0]["extracted"] = extracted
+    resource = _result(scope="resource", threadId=None, threads=entries)
+    [error] = await _handle(Rows(_resource_row()), resource)
+    assert isinstance(error, InvalidInputError)
+    assert "threads.0.extracted" in str(error)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), datetime(2025, 1, 1), b"x"])
+def test_extracted_built_in_python_is_json_only(value: object) -> None:
+    """An observer built in Python (the wire's decoder refuses non-finite numbers before the model): what
+    `model_dump_json` would not write as the same JSON is refused when the answer is made."""
+    fields = json.loads(_result())
+    with pytest.raises(ValueError, match="extracted"):
+        ObserveResult.model_validate({**fields, "extracted": {"v": [value]}})
+
+
+async def test_extracted_at_its_bounds_applies() -> None:
+    biggest = {"big": "x" * (EXTRACTED_MAX_BYTES - len('{"big":""}'))}
+    for extracted in (
+        biggest,
+        _nested(EXTRACTED_MAX_DEPTH),
+        {"n": -(2**53 - 1), "f": 0.5, "b": [True, None]},
+    ):
+        rows = Rows(_row())
+        assert await _handle(rows, _result(extracted=extracted)) == [None]
+        assert rows.cursors[0][3]["extracted"] == extracted
 
 
 class Outage(Threads):
@@ -503,12 +642,11 @@ async def test_an_outage_reading_the_cursor_applies_nothing_until_the_retry(scop
         }
     with pytest.raises(RetriableError):
         await handler.handle([Rec(_result(**fields))], no_emit)
-    assert (rows.applied, threads.saved, rows.cursors) == ([], [], [])
+    assert (rows.applied, rows.cursors) == ([], [])
     await handler.handle([Rec(_result(**fields))], no_emit)
     assert len(rows.applied) == 1
     cursor = {"createdAt": "2025-03-01T09:00:00.000Z", "id": "m1"}
-    written = threads.saved[0][1] if scope == "thread" else rows.cursors[0][3]
-    assert cursor in written.values()
+    assert cursor in rows.cursors[0][3].values()
 
 
 async def test_a_resource_answer_writes_each_threads_title_and_cursor() -> None:
@@ -528,11 +666,13 @@ async def test_a_resource_answer_writes_each_threads_title_and_cursor() -> None:
     assert threads.asked == [(["a1", "a2", "b1"], ["a", "b"])]
     assert [c[3] for c in rows.cursors] == [
         {
+            **NO_HINTS,
             "currentTask": "task a",
             "threadTitle": "Lyon",
             "lastObservedMessageCursor": {"createdAt": "2025-03-01T09:00:00.000Z", "id": "a2"},
         },
         {
+            **NO_HINTS,
             "currentTask": "task b",
             "lastObservedMessageCursor": {"createdAt": "2025-03-01T09:30:00.000Z", "id": "b1"},
         },

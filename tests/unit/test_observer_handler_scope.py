@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from schemas.observational import ObserveRequest, ObserveResult, ReflectRequest, ReflectResult
 from worker.observer import Observation, observer_handler
 
@@ -47,7 +49,10 @@ async def test_resource_work_is_observed_thread_by_thread() -> None:
     async def observe(work: ObserveRequest) -> Observation:
         seen.append(([m.id or "" for m in work.messages], work.activeObservations))
         thread = work.messages[0].threadId
-        return Observation(f"obs {thread}", current_task="task", thread_title=f"title {thread}")
+        extracted = {"mood": f"mood {thread}"}
+        return Observation(
+            f"obs {thread}", current_task="task", thread_title=f"title {thread}", extracted=extracted
+        )
 
     result = await observer_handler(observe)(_work())
     assert isinstance(result, ObserveResult)
@@ -57,6 +62,7 @@ async def test_resource_work_is_observed_thread_by_thread() -> None:
         ("a", "obs a", "task", "title a"),
         ("b", "obs b", "task", "title b"),
     ]
+    assert [t.extracted for t in result.threads] == [{"mood": "mood a"}, {"mood": "mood b"}]
     assert [t.lastObservedAt.minute for t in result.threads] == [3, 2]  # each thread's own newest
     assert result.observedMessageIds == ["m1", "m2", "m3"]
     assert result.error is None
@@ -84,10 +90,11 @@ async def test_thread_work_keeps_one_call_and_no_threads() -> None:
 
 async def test_thread_work_carries_the_observers_title() -> None:
     async def observe(work: ObserveRequest) -> Observation:
-        return Observation("obs", current_task="task", thread_title="Trip to Lyon")
+        return Observation("obs", current_task="task", thread_title="Trip to Lyon", extracted={"n": [1]})
 
     result = await observer_handler(observe)(_work("thread"))
     assert isinstance(result, ObserveResult)
+    assert result.extracted == {"n": [1]}
     assert (result.currentTask, result.threadTitle, result.suggestedResponse) == (
         "task",
         "Trip to Lyon",
@@ -141,3 +148,18 @@ async def test_resource_work_is_reflected_in_one_call_on_the_whole_log() -> None
     assert (result.recordId, result.generation, result.cycle) == ("row", 2, 4)
     assert result.reflection == 'Date: Mar 1, 2025\n* tea (both threads)\n<thread id="b">\n* more\n</thread>'
     assert result.error is None
+
+
+@pytest.mark.parametrize("scope", ["thread", "resource"])
+async def test_an_answer_past_its_bounds_is_an_error_answer(scope: str) -> None:
+    """An `extracted` the service would refuse (here: a key with a dot) answers `error` (the claim released),
+    instead of raising out of the worker's loop."""
+
+    async def observe(work: ObserveRequest) -> Observation:
+        return Observation("obs", extracted={"a.b": 1})
+
+    result = await observer_handler(observe)(_work(scope))
+    assert isinstance(result, ObserveResult)
+    assert result.error is not None
+    assert "extracted" in result.error
+    assert (result.threads, result.extracted) == (None, None)

@@ -16,12 +16,16 @@ import type { ConnectionOptions } from './settings.js';
 export type { ObserveRequest, ObserveResult, ReflectRequest, ReflectResult } from './generated/events.js';
 
 /** What `observe` may return beside the text: Mastra's `<current-task>`, `<suggested-response>` and
- * `<thread-title>` (the service keeps them in the thread's `metadata.mastra.om`, as Mastra does). */
+ * `<thread-title>` (the service keeps them in the thread's `metadata.mastra.om`, as Mastra does, and makes the
+ * title the thread's unless `metadata.titlePinned`), and `extracted`: custom extractors' values by key (an
+ * extractor's slug), merged into the thread's `metadata.mastra.om.extracted` as Mastra merges its
+ * `observation.extract`' (JSON; at most 16 KiB and 8 levels deep, or the service refuses the answer). */
 export interface Observation {
   observations: string;
   currentTask?: string;
   suggestedResponse?: string;
   threadTitle?: string;
+  extracted?: Record<string, unknown>;
 }
 
 export type ObserveFn = (work: ObserveRequest) => Promise<Observation | string>;
@@ -96,13 +100,58 @@ export function observerHandler(observe: ObserveFn, reflect?: ReflectFn): Observ
           const found = fields(await observe({ ...work, messages }));
           threads.push({ threadId, lastObservedAt: newest(messages, work.createdAt), ...found });
         }
-        return { ...result, threads };
+        return checked({ ...result, threads });
       }
-      return { ...result, ...fields(await observe(work)) };
+      return checked({ ...result, ...fields(await observe(work)) });
     } catch (error) {
       return { ...result, error: failure(error) };
     }
   };
+}
+
+/** The service's bounds on `extracted` (schemas/observational.py): past them the answer would be a dead
+ * letter, so it is answered as `error` instead (the claim released), as the Python SDK does. */
+export const EXTRACTED_MAX_BYTES = 16_384;
+export const EXTRACTED_MAX_DEPTH = 8;
+const UNSAFE_KEYS = new Set(['__proto__', 'constructor', 'prototype']);
+
+/** Why `value` is not an `extracted` the service takes, or undefined. */
+export function extractedProblem(value: unknown): string | undefined {
+  const walk = (node: unknown, depth: number): string | undefined => {
+    if (typeof node === 'object' && node !== null) {
+      if (depth > EXTRACTED_MAX_DEPTH) return `nests deeper than ${EXTRACTED_MAX_DEPTH} levels`;
+      const entries = Array.isArray(node) ? node.map((item) => ['', item] as const) : Object.entries(node);
+      for (const [key, item] of entries) {
+        if (!Array.isArray(node)) {
+          if (!key || key.includes('.') || key.startsWith('$') || key.includes('\0')) return `has the key ${JSON.stringify(key)}`;
+          if (UNSAFE_KEYS.has(key)) return `has the key ${JSON.stringify(key)}, which Mastra refuses in a metadata path`;
+        }
+        const problem = walk(item, depth + 1);
+        if (problem) return problem;
+      }
+      return undefined;
+    }
+    if (typeof node === 'number' && (!Number.isFinite(node) || (Number.isInteger(node) && !Number.isSafeInteger(node)))) {
+      return `has the number ${node}, not finite or past Number.MAX_SAFE_INTEGER`;
+    }
+    if (node !== null && !['string', 'number', 'boolean'].includes(typeof node)) return `has a ${typeof node}, which is not JSON`;
+    return undefined;
+  };
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return 'is not an object';
+  const problem = walk(value, 1);
+  if (problem) return problem;
+  const size = new TextEncoder().encode(JSON.stringify(value)).length;
+  return size > EXTRACTED_MAX_BYTES ? `is ${size} bytes as JSON; the limit is ${EXTRACTED_MAX_BYTES}` : undefined;
+}
+
+function checked(result: ObserveResult): ObserveResult {
+  const parts = [result, ...(result.threads ?? [])];
+  for (const part of parts) {
+    if (part.extracted === undefined || part.extracted === null) continue;
+    const problem = extractedProblem(part.extracted);
+    if (problem) throw new Error(`extracted ${problem}`);
+  }
+  return result;
 }
 
 type Messages = ObserveRequest['messages'];
@@ -131,6 +180,7 @@ function fields(answer: Observation | string) {
     ...(found.currentTask !== undefined ? { currentTask: found.currentTask } : {}),
     ...(found.suggestedResponse !== undefined ? { suggestedResponse: found.suggestedResponse } : {}),
     ...(found.threadTitle !== undefined ? { threadTitle: found.threadTitle } : {}),
+    ...(found.extracted !== undefined ? { extracted: found.extracted } : {}),
   };
 }
 
@@ -144,7 +194,15 @@ export interface MastraObservationalMemoryLike {
       messagesToObserve: never[],
       abortSignal?: AbortSignal,
       options?: { priorCurrentTask?: string; priorSuggestedResponse?: string; threadId?: string; resourceId?: string },
-    ): Promise<{ observations: string; currentTask?: string; suggestedContinuation?: string; threadTitle?: string }>;
+    ): Promise<{
+      observations: string;
+      currentTask?: string;
+      suggestedContinuation?: string;
+      threadTitle?: string;
+      /** by extractor slug (`observation.extract`), before the extractors' `onExtracted` hooks */
+      extractedValues?: Record<string, unknown>;
+      extractors?: MastraExtractorLike[];
+    }>;
   };
   reflector: {
     call(observations: string, manualPrompt?: string, streamContext?: undefined, observationTokensThreshold?: number): Promise<{
@@ -152,6 +210,45 @@ export interface MastraObservationalMemoryLike {
     }>;
   };
 }
+
+/** What the adapter reads of a Mastra `Extractor`: its slug and where its value goes in the thread's OM
+ * metadata (`extracted.<slug>` unless configured). */
+export interface MastraExtractorLike {
+  slug: string;
+  metadataKeyPath: string | false;
+}
+
+const isPresent = (value: unknown) => value !== undefined && value !== null && value !== '';
+
+/** `@mastra/memory` 1.31's `buildThreadMetadataFromExtractedValues` (not exported): each extractor's value
+ * at its `metadataKeyPath` in the thread's OM metadata (`extracted.<slug>` by default); its `extracted`
+ * object is what an answer's `extracted` carries, and its `currentTask` / `suggestedResponse` / `threadTitle`
+ * (built-in extractors) go before the parsed ones, as Mastra's persist takes them. */
+export function extractedMetadata(
+  extractors: readonly MastraExtractorLike[],
+  values: Record<string, unknown> | undefined,
+): Record<string, unknown> {
+  const metadata: Record<string, unknown> = {};
+  if (!values) return metadata;
+  for (const extractor of extractors) {
+    if (!Object.prototype.hasOwnProperty.call(values, extractor.slug)) continue;
+    const value = values[extractor.slug];
+    if (!isPresent(value) || extractor.metadataKeyPath === false) continue;
+    const segments = extractor.metadataKeyPath.split('.').filter(Boolean);
+    // Mastra throws on these (a prototype's key): the value is left out instead
+    if (segments.length === 0 || segments.some((s) => s === '__proto__' || s === 'constructor' || s === 'prototype')) continue;
+    let current = metadata;
+    for (const segment of segments.slice(0, -1)) {
+      const next = current[segment];
+      if (!next || typeof next !== 'object' || Array.isArray(next)) current[segment] = {};
+      current = current[segment] as Record<string, unknown>;
+    }
+    current[segments[segments.length - 1]!] = value;
+  }
+  return metadata;
+}
+
+const nonEmpty = (value: unknown) => (typeof value === 'string' && value ? value : undefined);
 
 export interface MastraObserverOptions {
   /** The model both agents run on: what `new ObservationalMemory({ model })` takes (a model router id such as
@@ -202,12 +299,22 @@ export function mastraObserverHandler(options: MastraObserverOptions): ObserverH
         ...(work.threadId ? { threadId: work.threadId } : messages[0]?.threadId ? { threadId: messages[0].threadId } : {}),
         resourceId: work.resourceId,
       });
+      // the custom extractors' values where Mastra's persist puts them (`observation.extract` on your
+      // `memory`); their `onExtracted` hooks are not run here
+      const metadata = extractedMetadata(found.extractors ?? [], found.extractedValues);
+      const currentTask = nonEmpty(metadata.currentTask) ?? found.currentTask;
+      const suggestedResponse = nonEmpty(metadata.suggestedResponse) ?? found.suggestedContinuation;
+      const threadTitle = nonEmpty(metadata.threadTitle) ?? found.threadTitle;
+      const extracted = metadata.extracted;
       return {
         observations: found.observations,
-        ...(found.currentTask ? { currentTask: found.currentTask } : {}),
-        ...(found.suggestedContinuation ? { suggestedResponse: found.suggestedContinuation } : {}),
+        ...(currentTask ? { currentTask } : {}),
+        ...(suggestedResponse ? { suggestedResponse } : {}),
         // Mastra's Observer writes one when asked (`observation: { threadTitle: true }` on your `memory`)
-        ...(found.threadTitle ? { threadTitle: found.threadTitle } : {}),
+        ...(threadTitle ? { threadTitle } : {}),
+        ...(extracted && typeof extracted === 'object' && !Array.isArray(extracted)
+          ? { extracted: extracted as Record<string, unknown> }
+          : {}),
       };
     },
     async (work) => {

@@ -31,6 +31,8 @@ function answer(prompt: PromptMessage[]): string {
     'Ask which week suits them',
     '</suggested-response>',
     '<thread-title>Cheap spring trains</thread-title>',
+    // a custom extractor's section, when the Observer's prompt asks for one (`observation.extract`)
+    ...(system.includes('<mood>') ? ['<mood>', 'calm', '</mood>'] : []),
   ].join('\n');
 }
 

@@ -10,11 +10,16 @@ import { Agent } from '@mastra/core/agent';
 import {
   buildResponse,
   enrichedProblem,
+  extractedMetadata,
+  extractedProblem,
+  EXTRACTED_MAX_BYTES,
+  EXTRACTED_MAX_DEPTH,
   observeKey,
   mastraObserverHandler,
   observerHandler,
   ObserverWorker,
   workProblem,
+  type MastraObservationalMemoryLike,
   type ObserveRequest,
   type ReflectRequest,
   failedResponse,
@@ -857,16 +862,59 @@ describe('observerHandler: Observational Memory work answered, the claim echoed'
     const result = await observerHandler(async (w) => {
       seen.push(w.messages.map((m) => m.id ?? ''));
       const thread = w.messages[0]?.threadId;
-      return { observations: `- ${thread}`, currentTask: 'task', ...(thread === 'ta' ? { threadTitle: 'A' } : {}) };
+      return {
+        observations: `- ${thread}`,
+        currentTask: 'task',
+        ...(thread === 'ta' ? { threadTitle: 'A', extracted: { mood: 'calm' } } : {}),
+      };
     })(work);
     if (result.type !== 'ObserveResult') throw new Error('not an ObserveResult');
     assert.deepEqual(seen, [['m1', 'm3'], ['m2']]);
     assert.deepEqual(result.threads, [
-      { threadId: 'ta', lastObservedAt: '2026-01-01T00:02:00.000Z', observations: '- ta', currentTask: 'task', threadTitle: 'A' },
+      {
+        threadId: 'ta',
+        lastObservedAt: '2026-01-01T00:02:00.000Z',
+        observations: '- ta',
+        currentTask: 'task',
+        threadTitle: 'A',
+        extracted: { mood: 'calm' },
+      },
       { threadId: 'tb', lastObservedAt: '2026-01-01T00:01:00.000Z', observations: '- tb', currentTask: 'task' },
     ]);
     assert.deepEqual(result.observedMessageIds, ['m1', 'm2', 'm3']);
     assert.equal(result.lastObservedAt, '2026-01-01T00:02:00.000Z');
+  });
+
+  it("answers an extracted the service would refuse with error, as the Python SDK", async () => {
+    const deep = (n: number): Record<string, unknown> => (n <= 1 ? { leaf: 1 } : { k: deep(n - 1) });
+    const refused: [unknown, RegExp][] = [
+      [{ 'a.b': 1 }, /key/],
+      [{ $set: 1 }, /key/],
+      [{ ok: { __proto__x: 1, constructor: 2 } }, /Mastra refuses/],
+      [{ n: 2 ** 53 }, /MAX_SAFE_INTEGER/],
+      [{ n: [Infinity] }, /not finite/],
+      [deep(EXTRACTED_MAX_DEPTH + 1), /deeper/],
+      [{ big: 'x'.repeat(EXTRACTED_MAX_BYTES) }, /bytes as JSON/],
+    ];
+    for (const [extracted, why] of refused) {
+      assert.match(extractedProblem(extracted) ?? '', why, JSON.stringify(extracted));
+      const thread = await observerHandler(async () => ({ observations: 'o', extracted: extracted as Record<string, unknown> }))(observeWork);
+      assert.match(thread.error ?? '', /extracted/);
+      const resource = await observerHandler(async () => ({ observations: 'o', extracted: extracted as Record<string, unknown> }))({
+        ...observeWork,
+        scope: 'resource',
+        threadId: null,
+      });
+      assert.match(resource.error ?? '', /extracted/);
+      assert.equal(resource.type === 'ObserveResult' ? resource.threads : 'reflect', undefined);
+    }
+    const biggest = { big: 'x'.repeat(EXTRACTED_MAX_BYTES - '{"big":""}'.length) };
+    for (const extracted of [biggest, deep(EXTRACTED_MAX_DEPTH), { n: -(2 ** 53 - 1), f: 0.5, b: [true, null] }]) {
+      assert.equal(extractedProblem(extracted), undefined);
+      const ok = await observerHandler(async () => ({ observations: 'o', extracted }))(observeWork);
+      assert.equal(ok.error, undefined);
+      assert.deepEqual(ok.type === 'ObserveResult' ? ok.extracted : undefined, extracted);
+    }
   });
 
   it('answers a failed model with error (the service releases the claim)', async () => {
@@ -989,6 +1037,40 @@ describe('mastraObserverHandler: the Observer and Reflector agents of Mastra ans
     const plain = await observerHandler(async () => '', async (w) => `kept: ${w.activeObservations.length}`)(work);
     if (plain.type !== 'ReflectResult') throw new Error('not a ReflectResult');
     assert.deepEqual([plain.scope, plain.threadId, plain.reflection], ['resource', null, `kept: ${log.length}`]);
+  });
+
+  it("carries Mastra's custom extractors' values as Mastra's persist stores them (observation.extract)", async () => {
+    const { ObservationalMemory } = await import('@mastra/memory/processors');
+    const { Extractor } = await import('@mastra/memory');
+    const { InMemoryStore } = await import('@mastra/core/storage');
+    const storage = await new InMemoryStore().getStore('memory');
+    const memory = new ObservationalMemory({
+      storage,
+      scope: 'thread',
+      model: stubObserverModel,
+      observation: { extract: [new Extractor({ name: 'Mood', instructions: "The user's mood, one word" })] },
+    } as never) as unknown as MastraObservationalMemoryLike;
+    const result = await mastraObserverHandler({ memory })(observeWork(''));
+    if (result.type !== 'ObserveResult') throw new Error('not an ObserveResult');
+    assert.equal(result.error, undefined);
+    assert.deepEqual(result.extracted, { mood: 'calm' }); // metadata.mastra.om.extracted.mood, as Mastra's
+    assert.equal(result.currentTask, 'find the cheapest spring day'); // a built-in extractor: not in extracted
+    const plain = await mastraObserverHandler({ model: stubObserverModel })(observeWork(''));
+    assert.equal(plain.type === 'ObserveResult' ? plain.extracted : 'reflect', undefined); // none configured
+  });
+
+  it("places extracted values as Mastra's buildThreadMetadataFromExtractedValues does", () => {
+    const extractors = [
+      { slug: 'mood', metadataKeyPath: 'extracted.mood' },
+      { slug: 'deep', metadataKeyPath: 'extracted.a.b' },
+      { slug: 'current-task', metadataKeyPath: 'currentTask' },
+      { slug: 'hook', metadataKeyPath: false as const },
+      { slug: 'bad', metadataKeyPath: 'extracted.__proto__.x' },
+    ];
+    const values = { mood: 'calm', deep: 3, 'current-task': 'book', hook: 'x', bad: 1, empty: '', unknown: 2 };
+    assert.deepEqual(extractedMetadata(extractors, values), { extracted: { mood: 'calm', a: { b: 3 } }, currentTask: 'book' });
+    assert.deepEqual(extractedMetadata(extractors, { mood: null, deep: '' }), {});
+    assert.deepEqual(extractedMetadata(extractors, undefined), {});
   });
 
   it('answers a failed model with error, and needs a model', async () => {

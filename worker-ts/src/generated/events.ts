@@ -504,6 +504,12 @@ export interface ObserveResult {
    */
   error?: string | null;
   /**
+   * custom extractors' values (Mastra's `observation.extract`), by key under the thread's metadata.mastra.om.extracted (an extractor's slug, Mastra's default `metadataKeyPath` `extracted.<slug>`): merged there, the answer's keys replacing the thread's, a null or empty-string value ignored; at most 16384 bytes as JSON and 8 levels deep
+   */
+  extracted?: {
+    [k: string]: unknown;
+  } | null;
+  /**
    * the row's generationCount
    */
   generation: number;
@@ -545,7 +551,7 @@ export interface ObserveResult {
    */
   threadId: string | null;
   /**
-   * the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the thread's metadata.mastra.om.threadTitle
+   * the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the thread's metadata.mastra.om.threadTitle, and made the thread's title as Mastra does (3 characters or more, not the current title, metadata.titlePinned not true)
    */
   threadTitle?: string | null;
   /**
@@ -567,6 +573,12 @@ export interface ThreadObservations {
    */
   currentTask?: string | null;
   /**
+   * custom extractors' values (Mastra's `observation.extract`), by key under the thread's metadata.mastra.om.extracted (an extractor's slug, Mastra's default `metadataKeyPath` `extracted.<slug>`): merged there, the answer's keys replacing the thread's, a null or empty-string value ignored; at most 16384 bytes as JSON and 8 levels deep
+   */
+  extracted?: {
+    [k: string]: unknown;
+  } | null;
+  /**
    * the newest observed message's createdAt in this thread: its cursor
    */
   lastObservedAt: string;
@@ -583,7 +595,7 @@ export interface ThreadObservations {
    */
   threadId: string;
   /**
-   * the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the thread's metadata.mastra.om.threadTitle
+   * the Observer's <thread-title>, if any (Mastra's `observation.threadTitle`); kept in the thread's metadata.mastra.om.threadTitle, and made the thread's title as Mastra does (3 characters or more, not the current title, metadata.titlePinned not true)
    */
   threadTitle?: string | null;
   [k: string]: unknown;
