@@ -106,14 +106,7 @@ async def resource_cursors(
         )
     cursors: dict[str, datetime | None] = {}
     for raw in raws:
-        try:
-            doc = decode_row(raw.raw, THREADS)
-        except UnreadableRowError as exc:
-            skip(exc)
-            continue
-        ident = doc.get("id")
-        if isinstance(ident, str) and doc.get("resourceId") == resource_id:
-            cursors[ident] = thread_cursor(doc.get("metadata"))
+        _read_thread(raw, resource_id, cursors)
     return cursors
 
 

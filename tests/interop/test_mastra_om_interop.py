@@ -123,6 +123,23 @@ def _cycle(rng: random.Random) -> dict[str, Any]:
             "lastObservedAt": f"2025-01-0{day}T10:00:0{day}.123Z"}  # fmt: skip
 
 
+def _assert_wraps_as_mastra(cases: list[dict[str, Any]]) -> None:
+    """Each case's cycles merged into its `existing` log by `merge_thread_observations` equal Mastra's
+    resource-scoped `wrapObservations` applied cycle by cycle."""
+    out: dict[str, Any] = run_mastra("wrap", {"cases": cases})
+    ours = []
+    for case in cases:
+        log = case["existing"]
+        for cycle in case["cycles"]:
+            at = datetime.fromisoformat(cycle["lastObservedAt"].replace("Z", "+00:00"))
+            log = merge_thread_observations(
+                log, [ThreadObservations(cycle["threadId"], cycle["observations"], at)]
+            )
+        ours.append(log)
+    diffs = [(c, a, b) for c, a, b in zip(cases, ours, out["logs"], strict=True) if a != b]
+    assert not diffs, diffs[:2]
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_resource_logs_match_mastras_wrap_observations(seed: int) -> None:
     """`merge_thread_observations` equals a resource-scoped `ObservationalMemory.wrapObservations` applied
@@ -131,17 +148,7 @@ def test_resource_logs_match_mastras_wrap_observations(seed: int) -> None:
     cases: list[dict[str, Any]] = [
         {"existing": "", "cycles": [_cycle(rng) for _ in range(rng.randint(1, 6))]} for _ in range(60)
     ]
-    out: dict[str, Any] = run_mastra("wrap", {"cases": cases})
-    ours = []
-    for case in cases:
-        log = case["existing"]
-        for cycle in case["cycles"]:
-            at = datetime.fromisoformat(cycle["lastObservedAt"].replace("Z", "+00:00"))
-            cycle_obs = ThreadObservations(cycle["threadId"], cycle["observations"], at)
-            log = merge_thread_observations(log, [cycle_obs])
-        ours.append(log)
-    diffs = [(c, a, b) for c, a, b in zip(cases, ours, out["logs"], strict=True) if a != b]
-    assert not diffs, diffs[:2]
+    _assert_wraps_as_mastra(cases)
 
 
 _WORDS = ["hi", "tea", "🍵", "x" * 300, "line\nbreak", " ", "é", "ok"]
@@ -369,15 +376,4 @@ def test_a_reflected_resource_log_merges_as_mastras(seed: int) -> None:
         }
         for _ in range(80)
     ]
-    out: dict[str, Any] = run_mastra("wrap", {"cases": cases})
-    ours = []
-    for case in cases:
-        log = case["existing"]
-        for cycle in case["cycles"]:
-            at = datetime.fromisoformat(cycle["lastObservedAt"].replace("Z", "+00:00"))
-            log = merge_thread_observations(
-                log, [ThreadObservations(cycle["threadId"], cycle["observations"], at)]
-            )
-        ours.append(log)
-    diffs = [(c, a, b) for c, a, b in zip(cases, ours, out["logs"], strict=True) if a != b]
-    assert not diffs, diffs[:2]
+    _assert_wraps_as_mastra(cases)
