@@ -31,6 +31,7 @@ export {
   extractedProblem,
   EXTRACTED_MAX_BYTES,
   EXTRACTED_MAX_DEPTH,
+  THREAD_TITLE_MAX_CHARS,
   observeKey,
   observerHandler,
   ObserverWorker,

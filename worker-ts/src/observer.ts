@@ -144,9 +144,17 @@ export function extractedProblem(value: unknown): string | undefined {
   return size > EXTRACTED_MAX_BYTES ? `is ${size} bytes as JSON; the limit is ${EXTRACTED_MAX_BYTES}` : undefined;
 }
 
+/** The service's bound on `threadTitle` (schemas/observational.py, in code points): a longer one would make
+ * the answer a dead letter, so it is answered as `error` instead, as the Python SDK does. */
+export const THREAD_TITLE_MAX_CHARS = 1000;
+
 function checked(result: ObserveResult): ObserveResult {
   const parts = [result, ...(result.threads ?? [])];
   for (const part of parts) {
+    const title = part.threadTitle;
+    if (typeof title === 'string' && [...title].length > THREAD_TITLE_MAX_CHARS) {
+      throw new Error(`threadTitle is ${[...title].length} characters; the limit is ${THREAD_TITLE_MAX_CHARS}`);
+    }
     if (part.extracted === undefined || part.extracted === null) continue;
     const problem = extractedProblem(part.extracted);
     if (problem) throw new Error(`extracted ${problem}`);

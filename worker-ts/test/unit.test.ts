@@ -14,6 +14,7 @@ import {
   extractedProblem,
   EXTRACTED_MAX_BYTES,
   EXTRACTED_MAX_DEPTH,
+  THREAD_TITLE_MAX_CHARS,
   observeKey,
   mastraObserverHandler,
   observerHandler,
@@ -914,6 +915,18 @@ describe('observerHandler: Observational Memory work answered, the claim echoed'
       const ok = await observerHandler(async () => ({ observations: 'o', extracted }))(observeWork);
       assert.equal(ok.error, undefined);
       assert.deepEqual(ok.type === 'ObserveResult' ? ok.extracted : undefined, extracted);
+    }
+  });
+
+  it('answers a threadTitle the service would refuse with error, as the Python SDK', async () => {
+    // counted in code points, as the service's schema counts: an emoji is one
+    const longest = '🙂'.repeat(THREAD_TITLE_MAX_CHARS);
+    for (const scope of ['thread', 'resource'] as const) {
+      const work = { ...observeWork, scope, threadId: scope === 'thread' ? observeWork.threadId : null };
+      const refused = await observerHandler(async () => ({ observations: 'o', threadTitle: `${longest}!` }))(work);
+      assert.match(refused.error ?? '', /threadTitle is 1001 characters/);
+      const ok = await observerHandler(async () => ({ observations: 'o', threadTitle: longest }))(work);
+      assert.equal(ok.error, undefined);
     }
   });
 
