@@ -55,6 +55,7 @@ __all__ = [
     "format_tool_arguments",
     "format_tool_result",
     "js_string",
+    "pretty_json",
     "truncate16",
 ]
 
@@ -532,16 +533,23 @@ def _outline(value: Any, limits: _Limits) -> str:  # noqa: PLR0912, PLR0915 -- M
 # --- tool results ------------------------------------------------------------------------------------------
 
 
-def _pretty_json(value: Any) -> str | None:  # noqa: PLR0912, PLR0915 -- one branch per JSON type
+def pretty_json(  # noqa: PLR0912, PLR0915 -- one branch per JSON type
+    value: Any, *, indent: str = "  ", limit: int | None = MAX_SERIALIZED
+) -> str | None:
     """`JSON.stringify(sanitizeToolResultValue(value), null, 2)` without recursion, stopping with
-    `UnrenderableError` past `MAX_SERIALIZED` units; None where JSON.stringify gives undefined."""
+    `UnrenderableError` past `limit` units (None: no limit); None where JSON.stringify gives undefined.
+
+    `indent=""` writes the same lines without their indentation (not `JSON.stringify(v, null, "")`, which
+    is one line): tokenx counts a run of whitespace as nothing, and indentation only ever lengthens the
+    run its newline starts, so the text counts the same (OM's counter uses it: linear, where the indented
+    text grows with the square of the depth)."""
     out: list[str] = []
     size = 0
 
     def emit(text: str) -> None:
         nonlocal size
         size += len(text)
-        if size > MAX_SERIALIZED:
+        if limit is not None and size > limit:
             raise UnrenderableError("tool result too large")
         out.append(text)
 
@@ -563,7 +571,7 @@ def _pretty_json(value: Any) -> str | None:  # noqa: PLR0912, PLR0915 -- one bra
             if not members:
                 emit("{}")
                 continue
-            inner = "\n" + "  " * (depth + 1)
+            inner = "\n" + indent * (depth + 1)
             emit("{")
             work: list[tuple[Any, int] | str] = []
             for index, (key, member) in enumerate(members):
@@ -572,19 +580,19 @@ def _pretty_json(value: Any) -> str | None:  # noqa: PLR0912, PLR0915 -- one bra
                     entry = f"[stripped encryptedContent: {_len16(entry)} characters]"
                 work.append(f"{',' if index else ''}{inner}{_json_string(key)}: ")
                 work.append((entry, depth + 1))
-            work.append("\n" + "  " * depth + "}")
+            work.append("\n" + indent * depth + "}")
             stack.extend(reversed(work))
         elif isinstance(current, list | tuple):
             if not current:
                 emit("[]")
                 continue
-            inner = "\n" + "  " * (depth + 1)
+            inner = "\n" + indent * (depth + 1)
             emit("[")
             work = []
             for index, entry in enumerate(current):
                 work.append(f"{',' if index else ''}{inner}")
                 work.append((None if isinstance(_plain(entry), _Undefined) else entry, depth + 1))
-            work.append("\n" + "  " * depth + "]")
+            work.append("\n" + indent * depth + "]")
             stack.extend(reversed(work))
         elif isinstance(current, str):
             emit(_json_string(current))
@@ -605,7 +613,7 @@ def _stringify_result(value: Any) -> str | None:
         if len(plain) > MAX_SERIALIZED:
             raise UnrenderableError("tool result too large")
         return plain
-    return _pretty_json(plain)
+    return pretty_json(plain)
 
 
 def _piece_tokens(piece: str) -> int:
