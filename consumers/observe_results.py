@@ -32,13 +32,12 @@ from consumers.contract import Done, Emit, Record, Refused, Result
 from consumers.observational import THREAD_OM
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
-from message_history.core.observation_hints import last_observed_cursors, om_hints
+from message_history.core.observation_hints import StoredStamp, last_observed_cursors, om_hints
 from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from message_history.core.observation_text import append_observations
 from message_history.core.om_tokens import count_observations
 from message_history.errors import EventValidationError
 from schemas.limits import Limits
-from schemas.messages import Message
 from schemas.observational import ObserveResult, ReflectResult, decode_result
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
 
@@ -66,16 +65,15 @@ class ResultRows(Protocol):
         self, resource_id: str, cursors: Sequence[tuple[str, datetime, Mapping[str, object]]], now: datetime
     ) -> int: ...
 
+    async def message_stamps(
+        self, message_ids: Sequence[str], thread_ids: Collection[str], resource_id: str
+    ) -> list[StoredStamp]: ...
+
 
 class ThreadHints(Protocol):
-    """The part of the storage that sets a thread's metadata keys (`save_thread_metadata`) and reads the
-    observed messages back for their cursor (`get_messages`)."""
+    """The part of the storage that sets a thread's metadata keys (`save_thread_metadata`)."""
 
     async def save_thread_metadata(self, thread_id: str, update: dict[str, Any]) -> None: ...
-
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]: ...
 
 
 class ObserveResultsHandler:
@@ -200,13 +198,15 @@ class ObserveResultsHandler:
             )
 
     async def _message_cursors(self, result: ObserveResult, threads: list[str]) -> dict[str, dict[str, str]]:
-        """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one `find`, the
-        answer's threads only): the answer names the ids, the rows give their dates, so a cursor never
-        points past what the thread holds."""
+        """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one projected
+        `find`, the answer's threads and resource only): the answer names the ids, the rows give their
+        dates, so a cursor never points past what the thread holds."""
         threads = [t for t in threads if t]
-        if self._threads is None or not result.observedMessageIds or not threads:
+        if result.scope == "thread" and self._threads is None:
+            return {}  # nowhere to write a thread's hints
+        if not result.observedMessageIds or not threads:
             return {}
-        found = await self._threads.get_messages(result.observedMessageIds, thread_ids=threads)
+        found = await self._rows.message_stamps(result.observedMessageIds, threads, result.resourceId)
         return last_observed_cursors(result.observedMessageIds, found)
 
 

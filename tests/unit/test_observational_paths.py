@@ -18,12 +18,12 @@ from consumers.observational import Unobserved, thread_hints
 from consumers.observe_recall import ObservationRecall
 from consumers.observe_results import ObserveResultsHandler
 from message_history import metrics
+from message_history.core.observation_hints import StoredStamp
 from message_history.core.om_tokens import count_observations
 from message_history.errors import FatalStorageError, InvalidInputError, RetriableError
 from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
-from schemas.messages import Message
 from schemas.observational import THREAD_TITLE_MAX_CHARS
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
 from storage.protocol import Thread
@@ -40,8 +40,10 @@ def _row(**fields: Any) -> ObservationalRecord:
 class Rows:
     """One thread's newest row, and what was written to it."""
 
-    def __init__(self, row: ObservationalRecord | None) -> None:
+    def __init__(self, row: ObservationalRecord | None, stamps: Sequence[StoredStamp] = ()) -> None:
         self.row = row
+        self.stamps = list(stamps)
+        self.asked: list[tuple[list[str], list[str], str]] = []
         self.applied: list[dict[str, Any]] = []
         self.released: list[Claim] = []
         self.cursors: list[tuple[Any, ...]] = []
@@ -86,6 +88,13 @@ class Rows:
     ) -> int:
         self.cursors.extend((resource_id, *cursor) for cursor in cursors)
         return len(cursors)
+
+    async def message_stamps(
+        self, message_ids: Sequence[str], thread_ids: Collection[str], resource_id: str
+    ) -> list[StoredStamp]:
+        self.asked.append((list(message_ids), list(thread_ids), resource_id))
+        # the store's order is none in particular
+        return [s for s in reversed(self.stamps) if s.id in message_ids and s.thread_id in thread_ids]
 
 
 @dataclasses.dataclass
@@ -355,21 +364,9 @@ async def test_an_outage_is_not_swallowed() -> None:
 
 
 class Threads:
-    def __init__(self, metadata: dict[str, Any], messages: Sequence[Message] = ()) -> None:
+    def __init__(self, metadata: dict[str, Any]) -> None:
         self.metadata = metadata
-        self.messages = list(messages)
         self.saved: list[tuple[str, dict[str, Any]]] = []
-        self.asked: list[tuple[list[str], list[str] | None]] = []
-
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
-        self.asked.append((list(message_ids), None if thread_ids is None else list(thread_ids)))
-        return [
-            m
-            for m in reversed(self.messages)  # the store's order is none in particular
-            if m.id in message_ids and (thread_ids is None or m.threadId in thread_ids)
-        ]
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         return Thread(id=thread_id, resourceId="u1", metadata=self.metadata)
@@ -417,10 +414,8 @@ async def test_the_observers_current_task_goes_to_the_thread() -> None:
     assert len(threads.saved) == 1
 
 
-def _stored(ident: str, thread: str, at: str) -> Message:
-    return Message.model_validate(
-        {"id": ident, "role": "user", "createdAt": at, "threadId": thread, "content": "x"}
-    )
+def _stored(ident: str, thread: str, at: str) -> StoredStamp:
+    return StoredStamp(ident, thread, datetime.fromisoformat(at))
 
 
 async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thread() -> None:
@@ -431,11 +426,11 @@ async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thre
         _stored("m2", "t1", "2025-03-01T09:30:00.000Z"),
         _stored("m9", "t2", "2025-03-01T11:00:00.000Z"),
     ]
-    rows, threads = Rows(_row()), Threads({}, stored)
+    rows, threads = Rows(_row(), stored), Threads({})
     handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
     result = _result(threadTitle="  Trip to Lyon ", observedMessageIds=["m1", "m2", "m9"])
     await handler.handle([Rec(result)], no_emit)
-    assert threads.asked == [(["m1", "m2", "m9"], ["t1"])]
+    assert rows.asked == [(["m1", "m2", "m9"], ["t1"], "u1")]
     assert threads.saved == [
         (
             "t1",
@@ -450,7 +445,7 @@ async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thre
 async def test_a_huge_title_is_a_dead_letter_and_writes_nothing() -> None:
     """The title's bound (`THREAD_TITLE_MAX_CHARS`): without it this answer would apply and put the megabyte
     in the thread row."""
-    rows, threads = Rows(_row()), Threads({}, [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")])
+    rows, threads = Rows(_row(), [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")]), Threads({})
     handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
     [outcome] = await handler.handle([Rec(_result(threadTitle="x" * (THREAD_TITLE_MAX_CHARS + 1)))], no_emit)
     assert isinstance(outcome, Refused)
@@ -461,20 +456,20 @@ async def test_a_huge_title_is_a_dead_letter_and_writes_nothing() -> None:
     assert not isinstance(done, Refused)
 
 
-class Outage(Threads):
+class Outage(Rows):
     """The messages' read fails once (MongoDB unreachable), then answers."""
 
-    def __init__(self, metadata: dict[str, Any], messages: Sequence[Message] = ()) -> None:
-        super().__init__(metadata, messages)
+    def __init__(self, row: ObservationalRecord | None, stamps: Sequence[StoredStamp] = ()) -> None:
+        super().__init__(row, stamps)
         self.down = True
 
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
+    async def message_stamps(
+        self, message_ids: Sequence[str], thread_ids: Collection[str], resource_id: str
+    ) -> list[StoredStamp]:
         if self.down:
             self.down = False
             raise RetriableError("mongodb down")
-        return await super().get_messages(message_ids, thread_ids=thread_ids)
+        return await super().message_stamps(message_ids, thread_ids, resource_id)
 
 
 @pytest.mark.parametrize("scope", ["thread", "resource"])
@@ -483,7 +478,7 @@ async def test_an_outage_reading_the_cursor_applies_nothing_until_the_retry(scop
     untouched, so the retry applies the answer with its hints. Read after the apply (as first written), the
     failed attempt applied the row, and the retry would find the claim taken and write no hints."""
     stored = [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")]
-    rows, threads = Rows(_row() if scope == "thread" else _resource_row()), Outage({}, stored)
+    rows, threads = Outage(_row() if scope == "thread" else _resource_row(), stored), Threads({})
     handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
     fields: dict[str, Any] = {"threadTitle": "Lyon"}
     if scope == "resource":
@@ -510,13 +505,13 @@ async def test_a_resource_answer_writes_each_threads_title_and_cursor() -> None:
         _stored("a2", "a", "2025-03-01T09:00:00.000Z"),
         _stored("b1", "b", "2025-03-01T09:30:00.000Z"),
     ]
-    rows, threads = Rows(_resource_row()), Threads({}, stored)
+    rows, threads = Rows(_resource_row(), stored), Threads({})
     handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
     entries = _threads(("a", "* a", "2025-03-01T09:00:00.000Z"), ("b", "* b", "2025-03-01T09:30:00.000Z"))
     entries[0]["threadTitle"] = "Lyon"
     result = _result(scope="resource", threadId=None, observedMessageIds=["a1", "a2", "b1"], threads=entries)
     await handler.handle([Rec(result)], no_emit)
-    assert threads.asked == [(["a1", "a2", "b1"], ["a", "b"])]
+    assert rows.asked == [(["a1", "a2", "b1"], ["a", "b"], "u1")]
     assert [c[3] for c in rows.cursors] == [
         {
             "currentTask": "task a",
