@@ -238,8 +238,9 @@ def _js_number(value: float) -> str:
 def js_stringify(value: Any) -> str:
     """`JSON.stringify(value)` for JSON data (dicts keep their key order); `TypeError` for anything else.
 
-    Without recursion: a stored row can nest as deep as the BSON decoder reads (~1 000 levels), past
-    Python's stack here. Open containers wait on a stack as iterators; linear in the value.
+    Without recursion, so no depth limit of its own: the server stores 180 levels and the event decoder
+    reads 200, but the BSON decoder reads ~1 000 (past Python's stack here), and the count must not rest on
+    them. Open containers wait on a stack as iterators; linear in the value.
     """
     leaf = _leaf(value)
     if leaf is not None:

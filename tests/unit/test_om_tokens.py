@@ -146,7 +146,7 @@ def test_a_client_estimate_past_every_float_is_no_estimate() -> None:
     assert count_om_message(image(10**400)) == count_om_message(image(float("inf")))
 
 
-# --- deep and wide values (a tool result is input: a stored row nests as deep as BSON decodes) --------------
+# --- deep and wide values (a tool result is input; the counter relies on no depth limit of the server's) ----
 
 
 def _reference_pretty(value: Any, level: int = 0) -> str:

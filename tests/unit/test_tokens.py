@@ -174,7 +174,7 @@ def test_count_cache_counts_each_message_once() -> None:
     assert len(cache._counts) == 2
 
 
-# --- JSON.stringify without recursion (a stored row nests as deep as the BSON decoder reads) ---------------
+# --- JSON.stringify without recursion (no depth limit of its own) -------------------------------------------
 
 
 def _reference_stringify(value: Any) -> str:
@@ -242,8 +242,9 @@ def test_js_stringify_is_the_recursive_one_without_its_depth_limit(value: Any) -
 
 
 def test_a_stored_row_nested_past_the_stack_is_counted() -> None:
-    """A row whose BSON content nests 900 levels (the decoder reads ~1 000) reaches `count_message` from
-    `read_message`; the recursive `js_stringify` raised RecursionError there (from ~480 levels)."""
+    """A row whose BSON content nests 900 levels (the decoder reads ~1 000; the server stores only 180, so
+    this row comes from bytes, not a server) reads as a `Message` and counts; the recursive `js_stringify`
+    raised RecursionError from ~480 levels."""
     deep: Any = 0
     for _ in range(900):
         deep = {"a": deep}
