@@ -316,3 +316,19 @@ async def test_a_resources_unobserved_messages_walk_the_thread_index(
     assert_index_walk(await explain(storage.db, find), index="thread_id_1_createdAt_1_id_1", returned=100)
     unobserved = unobserved_by_thread(messages, past, frozenset())
     assert {len(rows) for rows in unobserved.values()} == {PER_THREAD - 51}  # each from its own cursor
+
+
+async def test_the_thread_hints_message_cursor_read_is_point_lookups(
+    seeded: tuple[MongoHistoryStorage, Captured],
+) -> None:
+    """The observed messages' places (`storage.observed_stamps`): one `find` by the observed ids on the
+    unique `id` index, projected on the three fields a cursor needs; the threads and the owner filter the
+    rows found, they do not widen the read."""
+    storage, captured = seeded
+    store = MongoObservationalStore(storage.db)
+    ids = [f"t{t:03}-m{i:03}" for t in (5, 6) for i in range(20)]
+    stamps = await store.message_stamps(ids, ["thread-005", "thread-006"], "user-1")
+    assert len(stamps) == 40
+    [find] = captured.take("find")
+    assert find["projection"] == {"_id": 0, "id": 1, "thread_id": 1, "createdAt": 1}
+    assert_index_walk(await explain(storage.db, find), index="id_1", returned=40)
