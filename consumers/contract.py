@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from message_history.errors import InvalidInputError
+from message_history.futures import chained
 from producers.output import Emit, Positioned
 
 __all__ = [
@@ -136,36 +137,9 @@ def ack_after(first: Awaitable[object], ack: Ack) -> Ack:
     splits the batch), it is dropped without a "never awaited" warning.
     """
     if asyncio.isfuture(first) and asyncio.isfuture(ack):
-        return _chained(first, ack)
+        # by callbacks: the same outcome as the task below (tests/unit/test_ack_after.py holds the two equal)
+        return chained(first, ack)
     return asyncio.ensure_future(_after(first, ack))
-
-
-def _chained(first: asyncio.Future[object], ack: asyncio.Future[object]) -> asyncio.Future[object]:
-    """`ensure_future(_after(first, ack))` for two futures, by done-callbacks instead of a task per record
-    (issue 33: the task was ~5% of a persist batch's CPU): the same outcome, `ack`'s result once both are
-    done, `first`'s error (or cancellation) if it fails, else `ack`'s; and, as the task would, cancelling
-    it cancels the future it still waits for. tests/unit/test_ack_after.py holds the two equal."""
-    out: asyncio.Future[object] = first.get_loop().create_future()
-
-    def copy(done: asyncio.Future[object]) -> None:
-        if out.done():
-            return
-        if done.cancelled():
-            out.cancel()
-        elif (error := done.exception()) is not None:
-            out.set_exception(error)
-        elif done is first:
-            ack.add_done_callback(copy)
-        else:
-            out.set_result(done.result())
-
-    def cancelled(_: asyncio.Future[object]) -> None:
-        if out.cancelled():
-            (ack if first.done() else first).cancel()
-
-    first.add_done_callback(copy)
-    out.add_done_callback(cancelled)
-    return out
 
 
 async def _after(first: Awaitable[object], ack: Ack) -> object:

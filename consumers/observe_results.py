@@ -33,13 +33,12 @@ from typing import Any, Final, Protocol
 from consumers.contract import Done, Emit, Record, Refused, Result
 from consumers.runtime.containment import contain, containable
 from message_history import metrics
-from message_history.core.observation_hints import last_observed_cursors, om_hints, title_update
+from message_history.core.observation_hints import StoredStamp, last_observed_cursors, om_hints, title_update
 from message_history.core.observation_resource import ThreadObservations, merge_thread_observations
 from message_history.core.observation_text import append_observations
 from message_history.core.om_tokens import count_observations
 from message_history.errors import EventValidationError
 from schemas.limits import Limits
-from schemas.messages import Message
 from schemas.observational import ObserveResult, ReflectResult, decode_result
 from schemas.observational import ThreadObservations as ThreadAnswer
 from storage.observational import Claim, ObservationalRecord, ObservationUpdate
@@ -75,13 +74,9 @@ class ResultRows(Protocol):
         now: datetime,
     ) -> int: ...
 
-
-class ThreadHints(Protocol):
-    """The part of the storage that reads the observed messages back for their cursor (`get_messages`)."""
-
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]: ...
+    async def message_stamps(
+        self, message_ids: Sequence[str], thread_ids: Collection[str], resource_id: str
+    ) -> list[StoredStamp]: ...
 
 
 class ObserveResultsHandler:
@@ -89,10 +84,9 @@ class ObserveResultsHandler:
 
     path = PATH
 
-    def __init__(self, *, rows: ResultRows, limits: Limits, threads: ThreadHints | None = None) -> None:
+    def __init__(self, *, rows: ResultRows, limits: Limits) -> None:
         self._rows = rows
         self._limits = limits
-        self._threads = threads
 
     async def handle(self, records: Sequence[Record], emit: Emit) -> list[Result]:
         """Each answer applied in MongoDB; nothing is emitted (`emit` unused)."""
@@ -215,13 +209,13 @@ class ObserveResultsHandler:
         await self._rows.write_threads(resource_id, hints, titles, now)
 
     async def _message_cursors(self, result: ObserveResult, threads: list[str]) -> dict[str, dict[str, str]]:
-        """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one `find`, the
-        answer's threads only): the answer names the ids, the rows give their dates, so a cursor never
-        points past what the thread holds."""
+        """Each thread's `lastObservedMessageCursor` from its observed messages as stored (one projected
+        `find`, the answer's threads and resource only): the answer names the ids, the rows give their
+        dates, so a cursor never points past what the thread holds."""
         threads = [t for t in threads if t]
-        if self._threads is None or not result.observedMessageIds or not threads:
+        if not result.observedMessageIds or not threads:
             return {}
-        found = await self._threads.get_messages(result.observedMessageIds, thread_ids=threads)
+        found = await self._rows.message_stamps(result.observedMessageIds, threads, result.resourceId)
         return last_observed_cursors(result.observedMessageIds, found)
 
 

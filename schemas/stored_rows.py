@@ -53,6 +53,7 @@ __all__ = [
     "REASONS",
     "THREADS",
     "read_message",
+    "row_header",
     "stored_datetime",
     "v1_message",
 ]
@@ -273,7 +274,7 @@ def read_message(doc: Mapping[str, Any]) -> Message:
 
 
 def _read(doc: Mapping[str, Any]) -> Message:
-    ident, kind, created = _header(doc)
+    ident, kind, created = row_header(doc)
     role = doc.get("role")
     raw = doc.get("content")
     content: Any = _parse_content(raw, doc) if isinstance(raw, str) else raw
@@ -303,8 +304,9 @@ def _read(doc: Mapping[str, Any]) -> Message:
     return _validated(data, doc)
 
 
-def _header(doc: Mapping[str, Any]) -> tuple[str, str | None, datetime]:
-    """The row's id, its `type` (None for Mastra's own `'v2'`) and its `createdAt`, or the refusal."""
+def row_header(doc: Mapping[str, Any]) -> tuple[str, str | None, datetime]:
+    """The row's id, its `type` (None for Mastra's own `'v2'`) and its `createdAt`, or the refusal (alone: a
+    read projected on `id`, `thread_id`, `createdAt` checks them as a whole row's read does)."""
     ident = doc.get("id")
     if not isinstance(ident, str):
         shown = "no id" if ident is None else f"id is a {type(ident).__name__}, not a string"

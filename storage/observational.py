@@ -27,7 +27,7 @@ Mastra would read is skipped and counted (`storage.unreadable`), never a crash.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
@@ -37,6 +37,7 @@ from pymongo import ASCENDING, DESCENDING, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
+from message_history.core.observation_hints import StoredStamp
 from schemas.observational import Scope
 from storage.errors import storage_errors
 from storage.observational_resource import (
@@ -63,6 +64,7 @@ from storage.observational_rows import (
     record_from_doc,
     record_from_raw,
 )
+from storage.observed_stamps import observed_stamps
 from storage.raw_rows import RAW, decode_row
 
 __all__ = [
@@ -382,6 +384,12 @@ class MongoObservationalStore:
     ) -> int:
         """`write_cursors` and `write_titles` in one bulk write."""
         return await write_threads(self._rows.database, resource_id, cursors, titles, now)
+
+    async def message_stamps(
+        self, message_ids: Sequence[str], thread_ids: Collection[str], resource_id: str
+    ) -> list[StoredStamp]:
+        """The observed messages' places for their threads' cursors (`storage.observed_stamps`)."""
+        return await observed_stamps(self._rows.database, message_ids, thread_ids, resource_id)
 
     async def clear(self, thread_id: str | None, resource_id: str) -> int:
         """`clearObservationalMemory`: every generation of the key deleted (forget)."""

@@ -22,7 +22,7 @@ from hypothesis import settings
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.database import AsyncDatabase
 
-from tests import hypothesis_profiles, infra
+from tests import hypothesis_profiles, infra, zones
 
 MakeTopic = Callable[..., Awaitable[str]]
 
@@ -30,6 +30,8 @@ MakeTopic = Callable[..., Awaitable[str]]
 # `--hypothesis-profile` on the command line, loaded later, still wins.
 hypothesis_profiles.register()
 settings.load_profile(hypothesis_profiles.profile_for(os.environ))
+# Dates in the process's zone (resource scope's `<other-conversation>` blocks): the suite runs in UTC.
+zones.pin_utc()
 
 
 @pytest.fixture(scope="session")

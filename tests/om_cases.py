@@ -260,8 +260,9 @@ CONTEXT_CASES: Final[list[dict[str, str]]] = [
 ]
 
 
-def run_mastra(command: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """`node om.mjs <command>` on `payload` in tests/interop/mastra-om (its node_modules installed)."""
+def run_mastra(command: str, payload: dict[str, Any], *, zone: str = "UTC") -> dict[str, Any]:
+    """`node om.mjs <command>` on `payload` in tests/interop/mastra-om (its node_modules installed), Node in
+    the zone `zone` (`TZ`)."""
     done = subprocess.run(
         ["node", "om.mjs", command],
         cwd=NODE_DIR,
@@ -270,7 +271,7 @@ def run_mastra(command: str, payload: dict[str, Any]) -> dict[str, Any]:
         text=True,
         timeout=120,
         check=True,
-        env={**os.environ, "TZ": "UTC"},  # Mastra parses `Date:` headers in the local zone
+        env={**os.environ, "TZ": zone},  # Mastra parses `Date:` headers and writes times in the local zone
     )
     result: dict[str, Any] = json.loads(done.stdout)
     return result

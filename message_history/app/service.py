@@ -155,9 +155,7 @@ def build_loop(path: Path, opened: Opened) -> StreamLoop:
         if opened.observational is None:
             raise ValueError("the observed path needs the MongoDB storage")
         handler: RecallHandler | PersistHandler | CommandsHandler | ObserveResultsHandler = (
-            ObserveResultsHandler(
-                rows=opened.observational, limits=Limits.from_settings(settings), threads=opened.storage
-            )
+            ObserveResultsHandler(rows=opened.observational, limits=Limits.from_settings(settings))
         )
         loop_health = _Advisory(opened.health)
     elif path == "commands":

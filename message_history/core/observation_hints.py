@@ -11,9 +11,10 @@
   `{...previous.extracted ?? {}, ...new}`: the answer's keys replace the thread's, the others stay; a value
   `null` or `""` is none (`normalizeExtractedValues`). Always written: `{}` on a thread that had none.
 * `lastObservedMessageCursor`: `{createdAt, id}` of the newest observed message by `createdAt` (the first one
-  in the observed order on a tie; messages without an id or a date skipped), as Mastra's
-  `getLastObservedMessageCursor`. Mastra reads it back as the `fallbackCursor` of `filterObservedMessages`:
-  messages at or before it are pruned from the context even when the row's `observedMessageIds` lacks them.
+  in the observed order on a tie), as Mastra's `getLastObservedMessageCursor`, from each message's
+  `StoredStamp` (a row without a readable id or date has none: the storage skips and counts it). Mastra
+  reads it back as the `fallbackCursor` of `filterObservedMessages`: messages at or before it are pruned
+  from the context even when the row's `observedMessageIds` lacks them.
 * The thread's `title` (`title_update`): the answer's title when Mastra's `resolveThreadTitleUpdate` would
   set it (3 characters or more, not the current title, `metadata.titlePinned` not `true`).
 """
@@ -21,12 +22,21 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Final
+from datetime import datetime
+from typing import Final, NamedTuple
 
 from message_history.core.observation_text import js_trim
-from schemas.messages import Message, format_timestamp
+from schemas.messages import format_timestamp
 
-__all__ = ["CURSOR", "EXTRACTED", "last_observed_cursors", "normalize_extracted", "om_hints", "title_update"]
+__all__ = [
+    "CURSOR",
+    "EXTRACTED",
+    "StoredStamp",
+    "last_observed_cursors",
+    "normalize_extracted",
+    "om_hints",
+    "title_update",
+]
 
 CURSOR: Final = "lastObservedMessageCursor"
 EXTRACTED: Final = "extracted"
@@ -34,29 +44,26 @@ MIN_TITLE_CHARS: Final = 3
 """Mastra's `resolveThreadTitleUpdate`: a shorter title never replaces the thread's."""
 
 
-def last_observed_cursors(order: Sequence[str], messages: Iterable[Message]) -> dict[str, dict[str, str]]:
-    """Each thread's `lastObservedMessageCursor` among `messages` (the stored observed messages, in any
+class StoredStamp(NamedTuple):
+    """A stored message's place in its thread: all a cursor is made of (the storage reads no more)."""
+
+    id: str
+    thread_id: str
+    created_at: datetime
+
+
+def last_observed_cursors(order: Sequence[str], stamps: Iterable[StoredStamp]) -> dict[str, dict[str, str]]:
+    """Each thread's `lastObservedMessageCursor` among `stamps` (the stored observed messages', in any
     order), taken in `order` (the answer's `observedMessageIds`) as Mastra walks its observed messages."""
     rank = {ident: i for i, ident in reversed(list(enumerate(order)))}  # first position of each id
-    known = [m for m in messages if m.id is not None and m.id in rank and m.createdAt is not None]
-    known.sort(key=lambda m: rank[m.id or ""])
-    newest: dict[str, Message] = {}
-    for message in known:
-        thread = message.threadId or ""
-        current = newest.get(thread)
+    known = sorted((s for s in stamps if s.id in rank), key=lambda s: rank[s.id])
+    newest: dict[str, StoredStamp] = {}
+    for stamp in known:
+        current = newest.get(stamp.thread_id)
         # strictly newer replaces: on a tie the first in the observed order stays (Mastra's `>`)
-        if current is None or _after(message, current):
-            newest[thread] = message
-    return {
-        thread: {"createdAt": format_timestamp(m.createdAt), "id": m.id}
-        for thread, m in newest.items()
-        if m.createdAt is not None and m.id is not None
-    }
-
-
-def _after(message: Message, current: Message) -> bool:
-    new, old = message.createdAt, current.createdAt
-    return new is not None and old is not None and new > old
+        if current is None or stamp.created_at > current.created_at:
+            newest[stamp.thread_id] = stamp
+    return {thread: {"createdAt": format_timestamp(s.created_at), "id": s.id} for thread, s in newest.items()}
 
 
 def normalize_extracted(values: Mapping[str, object] | None) -> dict[str, object]:

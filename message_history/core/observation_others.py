@@ -14,8 +14,10 @@ with the terminal invocation's arguments when it has them, `Tool Call <name>: <o
 terminal part (`Tool Result` / `Tool Error` / `Tool Denied`); image and file parts as numbered placeholders
 (`Image: [Image #1: cat.png]`); a `__temporal_…` gap marker as its text; other part kinds (`step-start`,
 `source`, data parts) and `experimental_attachments` are not written, as in Mastra. The tool and attachment
-renderings are `core.observer_parts`. Dates and times are UTC (Mastra formats them in the process's zone; the
-interop test runs Node with `TZ=UTC`).
+renderings are `core.observer_parts`. Dates and times are in the process's local zone (the `TZ` environment
+variable, else the system's), as Mastra formats them in its process's: a service and a Mastra app run in one
+zone write the same blocks (a container without `TZ` is in UTC). A time that zone cannot hold in Python's
+range (around the years 1 and 9999) is written in UTC.
 
 A part Mastra's renderer throws on (a row written by hand: a non-string `text`, a `toolInvocation` that is
 not an object, a non-string `filename`) or past `observer_parts.MAX_SERIALIZED` is left out quietly (all
@@ -355,17 +357,26 @@ def _moment(value: Any) -> datetime | None:
 
 
 def _date(moment: datetime | None) -> str:
-    """`formatObserverDate`: `Mar 1 2025` (UTC)."""
+    """`formatObserverDate`: `Mar 1 2025` (the local zone's date)."""
     if moment is None:
         return ""
-    at = moment.astimezone(UTC)
+    at = _local(moment)
     return f"{_MONTHS[at.month - 1]} {at.day} {at.year}"
 
 
 def _time(moment: datetime | None) -> str:
-    """`formatObserverTime`: `9:05 AM` (en-US, 12-hour, UTC)."""
+    """`formatObserverTime`: `9:05 AM` (en-US, 12-hour, the local zone's time)."""
     if moment is None:
         return ""
-    at = moment.astimezone(UTC)
+    at = _local(moment)
     hour = at.hour % 12 or 12
     return f"{hour}:{at.minute:02d} {'AM' if at.hour < 12 else 'PM'}"
+
+
+def _local(moment: datetime) -> datetime:
+    """`moment` as JavaScript's `Date` getters read it: in the process's zone (`TZ`), at that instant's
+    offset (summer time included); in UTC where the local time is past Python's range."""
+    try:
+        return moment.astimezone()
+    except (OverflowError, ValueError, OSError):
+        return moment.astimezone(UTC)

@@ -39,6 +39,7 @@ import math
 import re
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
+from json.encoder import encode_basestring
 from typing import Any, Final
 from urllib.parse import unquote
 
@@ -55,6 +56,7 @@ __all__ = [
     "format_tool_arguments",
     "format_tool_result",
     "js_string",
+    "pretty_json",
     "truncate16",
 ]
 
@@ -79,6 +81,7 @@ _SPECIAL_SCHEMES: Final = frozenset({"http", "https", "ws", "wss", "ftp", "file"
 _SCHEME: Final = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*+:")
 _SURROGATE: Final = re.compile("[\ud800-\udfff]")
 _HEX: Final = frozenset("0123456789abcdefABCDEF")
+_DIGITS: Final = frozenset("0123456789")
 
 
 class UnrenderableError(Exception):
@@ -107,10 +110,14 @@ class AttachmentCounter:
 
 # --- JavaScript values -----------------------------------------------------------------------------------
 
+_JSON_TYPES: Final = frozenset({str, int, float, bool, dict, list, tuple, type(None)})
+
 
 def _plain(value: Any) -> Any:
     """A value a JSON row can hold (see the module docstring for the others)."""
-    if value is None or isinstance(value, str | bool | int | float | Mapping | list | tuple | _Undefined):
+    if type(value) in _JSON_TYPES:
+        return value
+    if isinstance(value, str | bool | int | float | Mapping | list | tuple | _Undefined):
         return value
     if isinstance(value, datetime):
         at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
@@ -202,6 +209,8 @@ _QUOTE_SAFE: Final = re.compile(r'[^"\\\x00-\x1f\ud800-\udfff]*')
 
 
 def _json_string(text: str) -> str:
+    if text.isascii():
+        return encode_basestring(text)  # JavaScript's escapes, for ASCII (the C encoder's)
     if _QUOTE_SAFE.fullmatch(text):
         return f'"{text}"'
     return _quote(text)
@@ -220,6 +229,13 @@ def _entries(mapping: Mapping[Any, Any], limit: int | None = None) -> tuple[list
     """The object's own keys in JavaScript's order (`Object.entries`, `for…in`): the first `limit` of
     them (all without one) and whether there are more. Keys become strings, a later duplicate's value
     winning at the first one's place, as assignments to a JavaScript object do."""
+    if limit is None and type(mapping) is dict:
+        # the common case: string keys, none an array index (those start with a digit): already in order
+        for key in mapping:
+            if type(key) is not str or key[:1] in _DIGITS:
+                break
+        else:
+            return list(mapping.items()), False
     named: dict[str, Any] = {}
     for key, value in mapping.items():
         named[key if isinstance(key, str) else js_string(key)] = value
@@ -532,62 +548,74 @@ def _outline(value: Any, limits: _Limits) -> str:  # noqa: PLR0912, PLR0915 -- M
 # --- tool results ------------------------------------------------------------------------------------------
 
 
-def _pretty_json(value: Any) -> str | None:  # noqa: PLR0912, PLR0915 -- one branch per JSON type
+def pretty_json(  # noqa: PLR0915 -- one branch per JSON type, in `write`
+    value: Any, *, indent: str = "  ", limit: int | None = MAX_SERIALIZED
+) -> str | None:
     """`JSON.stringify(sanitizeToolResultValue(value), null, 2)` without recursion, stopping with
-    `UnrenderableError` past `MAX_SERIALIZED` units; None where JSON.stringify gives undefined."""
+    `UnrenderableError` past `limit` units (None: no limit); None where JSON.stringify gives undefined.
+
+    `indent=""` writes the same lines without their indentation (not `JSON.stringify(v, null, "")`, which
+    is one line): tokenx counts a run of whitespace as nothing, and indentation only ever lengthens the
+    run its newline starts, so the text counts the same (OM's counter uses it: linear, where the indented
+    text grows with the depth times the width)."""
     out: list[str] = []
-    size = 0
+    emit = out.append
+    if limit is not None:
+        size = 0
 
-    def emit(text: str) -> None:
-        nonlocal size
-        size += len(text)
-        if size > MAX_SERIALIZED:
-            raise UnrenderableError("tool result too large")
-        out.append(text)
+        def emit(text: str) -> None:
+            nonlocal size
+            size += len(text)
+            if size > limit:
+                raise UnrenderableError("tool result too large")
+            out.append(text)
 
-    # A stack of work: a value to write at a depth, or a literal text.
-    stack: list[tuple[Any, int] | str] = [(value, 0)]
     top = _plain(value)
     if isinstance(top, _Undefined):
         return None
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            emit(item)
-            continue
-        raw, depth = item
-        current = _plain(raw)
-        if isinstance(current, Mapping):
-            named, _ = _entries(current)
-            members = [(k, v) for k, v in named if not isinstance(_plain(v), _Undefined)]
+    # The open containers: each one's items still to write (the text before each, its `_plain` value) and
+    # its closing text. A scalar is written where it is met; a container met is opened and written first.
+    stack: list[tuple[Iterator[tuple[str, Any]], str]] = []
+
+    def write(current: Any) -> None:
+        kind = type(current)  # the JSON types first, by type: most values are one
+        if kind is str:
+            emit(_json_string(current))
+        elif kind is int and -_SAFE_INTEGER <= current <= _SAFE_INTEGER:
+            emit(str(current))  # what Number::toString writes for an integer a double holds exactly
+        elif kind is float and math.isfinite(current):
+            emit(_js_number(current))
+        elif isinstance(current, str):
+            emit(_json_string(current))
+        elif isinstance(current, dict | Mapping):
+            members = [
+                (k, p)
+                for k, v in _entries(current)[0]
+                if not isinstance(p := v if type(v) in _JSON_TYPES else _plain(v), _Undefined)
+            ]
             if not members:
                 emit("{}")
-                continue
-            inner = "\n" + "  " * (depth + 1)
+                return
+            depth = len(stack)
+            inner = "\n" + indent * (depth + 1)
             emit("{")
-            work: list[tuple[Any, int] | str] = []
-            for index, (key, member) in enumerate(members):
-                entry = member
-                if key == _ENCRYPTED_KEY and isinstance(entry, str) and _len16(entry) > _ENCRYPTED_THRESHOLD:
-                    entry = f"[stripped encryptedContent: {_len16(entry)} characters]"
-                work.append(f"{',' if index else ''}{inner}{_json_string(key)}: ")
-                work.append((entry, depth + 1))
-            work.append("\n" + "  " * depth + "}")
-            stack.extend(reversed(work))
+            items = (
+                (
+                    f"{',' if index else ''}{inner}{_json_string(key)}: ",
+                    _sanitized(entry) if key == _ENCRYPTED_KEY else entry,
+                )
+                for index, (key, entry) in enumerate(members)
+            )
+            stack.append((items, "\n" + indent * depth + "}"))
         elif isinstance(current, list | tuple):
             if not current:
                 emit("[]")
-                continue
-            inner = "\n" + "  " * (depth + 1)
+                return
+            depth = len(stack)
+            inner = "\n" + indent * (depth + 1)
             emit("[")
-            work = []
-            for index, entry in enumerate(current):
-                work.append(f"{',' if index else ''}{inner}")
-                work.append((None if isinstance(_plain(entry), _Undefined) else entry, depth + 1))
-            work.append("\n" + "  " * depth + "]")
-            stack.extend(reversed(work))
-        elif isinstance(current, str):
-            emit(_json_string(current))
+            items = ((f"{',' if index else ''}{inner}", _array_item(e)) for index, e in enumerate(current))
+            stack.append((items, "\n" + indent * depth + "]"))
         elif current is None:
             emit("null")
         elif isinstance(current, bool):
@@ -595,7 +623,37 @@ def _pretty_json(value: Any) -> str | None:  # noqa: PLR0912, PLR0915 -- one bra
         else:
             number = _number(current)
             emit("null" if math.isnan(number) or math.isinf(number) else _js_number(number))
+
+    write(top)
+    while stack:
+        items, closer = stack[-1]
+        for prefix, entry in items:
+            emit(prefix)
+            depth = len(stack)
+            write(entry)
+            if len(stack) > depth:
+                break  # a container opened: its items first
+        else:
+            emit(closer)
+            stack.pop()
     return "".join(out)
+
+
+def _array_item(entry: Any) -> Any:
+    """An array's item as `JSON.stringify` writes it: `undefined` as `null`."""
+    plain = _plain(entry)
+    return None if isinstance(plain, _Undefined) else plain
+
+
+def _sanitized(entry: Any) -> Any:
+    """`sanitizeToolResultValue` on an `encryptedContent` member: a long string replaced by a note of its
+    length."""
+    if isinstance(entry, str) and _len16(entry) > _ENCRYPTED_THRESHOLD:
+        return f"[stripped encryptedContent: {_len16(entry)} characters]"
+    return entry
+
+
+_SAFE_INTEGER: Final = 2**53
 
 
 def _stringify_result(value: Any) -> str | None:
@@ -605,7 +663,7 @@ def _stringify_result(value: Any) -> str | None:
         if len(plain) > MAX_SERIALIZED:
             raise UnrenderableError("tool result too large")
         return plain
-    return _pretty_json(plain)
+    return pretty_json(plain)
 
 
 def _piece_tokens(piece: str) -> int:

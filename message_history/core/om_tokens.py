@@ -28,6 +28,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+from message_history.core.observer_parts import pretty_json
 from message_history.core.tokens import (
     STRINGIFIED_DISCOUNT,
     TOKENS_PER_CONVERSATION,
@@ -35,7 +36,6 @@ from message_history.core.tokens import (
     estimate_token_count,
     js_stringify,
     js_truthy,
-    utf16_length,
 )
 
 __all__ = [
@@ -45,13 +45,10 @@ __all__ = [
     "count_observations",
     "count_om_message",
     "count_om_messages",
-    "js_stringify_pretty",
 ]
 
 OM_TOKENS_PER_MESSAGE: Final = TOKENS_PER_MESSAGE  # the same overheads and discount as Memory's counter
 OM_TOKENS_PER_CONVERSATION: Final = TOKENS_PER_CONVERSATION
-_ENCRYPTED_KEY: Final = "encryptedContent"
-_ENCRYPTED_THRESHOLD: Final = 256
 _OUTCOME_STATES: Final = frozenset({"result", "approval-responded", "output-denied", "output-error"})
 _CALL_STATES: Final = frozenset({"call", "partial-call", "approval-requested"})
 # Mastra's fallback image estimator (no model context, no dimensions, no size): 'auto' detail → 'low'.
@@ -73,50 +70,13 @@ def count_observations(observations: str) -> int:
     return count_string(observations)
 
 
-def js_stringify_pretty(value: Any, indent: str = "  ", level: int = 0) -> str:
-    """`JSON.stringify(value, null, 2)` for JSON data (dicts keep their key order)."""
-    if isinstance(value, dict):
-        if not value:
-            return "{}"
-        inner = indent * (level + 1)
-        items = [
-            f"{inner}{js_stringify(str(k))}: {js_stringify_pretty(v, indent, level + 1)}"
-            for k, v in value.items()
-        ]
-        return "{\n" + ",\n".join(items) + "\n" + indent * level + "}"
-    if isinstance(value, list | tuple):
-        if not value:
-            return "[]"
-        inner = indent * (level + 1)
-        items = [f"{inner}{js_stringify_pretty(v, indent, level + 1)}" for v in value]
-        return "[\n" + ",\n".join(items) + "\n" + indent * level + "]"
-    return js_stringify(value)
-
-
-def _sanitize(value: Any) -> Any:
-    """`sanitizeToolResultValue`: long `encryptedContent` strings replaced by a note of their length."""
-    if isinstance(value, list):
-        return [_sanitize(v) for v in value]
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, entry in value.items():
-            if (
-                key == _ENCRYPTED_KEY
-                and isinstance(entry, str)
-                and utf16_length(entry) > _ENCRYPTED_THRESHOLD
-            ):
-                out[key] = f"[stripped encryptedContent: {utf16_length(entry)} characters]"
-            else:
-                out[key] = _sanitize(entry)
-        return out
-    return value
-
-
 def _serialize_result(value: Any) -> str:
-    """`serializeToolResultForTokenCounting`: a string as it is, anything else pretty-printed."""
+    """`serializeToolResultForTokenCounting`: a string as it is, anything else as
+    `JSON.stringify(sanitizeToolResultValue(v), null, 2)`, here without its indentation (the same count,
+    see `pretty_json`): no recursion and linear in the value, so any stored row counts, never raises."""
     if isinstance(value, str):
         return value
-    return js_stringify_pretty(_sanitize(value))
+    return pretty_json(value, indent="", limit=None) or ""
 
 
 def _mastra_metadata(part: Mapping[str, Any]) -> Mapping[str, Any] | None:

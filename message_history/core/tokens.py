@@ -19,10 +19,11 @@ the order Mastra writes them in for every part kind Mastra itself produces.
 
 from __future__ import annotations
 
-import json
 import math
 import re
+from collections.abc import Callable, Iterator
 from decimal import Decimal
+from json.encoder import encode_basestring
 from typing import Any, Final
 
 from schemas.messages import FilePart, Message, TextPart, ToolInvocationPart
@@ -234,25 +235,83 @@ def _js_number(value: float) -> str:
     return sign + text
 
 
-def js_stringify(value: Any) -> str:  # noqa: PLR0911 -- one return per JSON type
-    """`JSON.stringify(value)` for JSON data (dicts keep their key order)."""
+def js_stringify(value: Any) -> str:
+    """`JSON.stringify(value)` for JSON data (dicts keep their key order); `TypeError` for anything else.
+
+    Without recursion, so no depth limit of its own: the server stores 180 levels and the event decoder
+    reads 200, but the BSON decoder reads ~1 000 (past Python's stack here), and the count must not rest on
+    them. Open containers wait on a stack as iterators; linear in the value.
+    """
+    leaf = _leaf(value)
+    if leaf is not None:
+        return leaf
+    out: list[str] = []
+    stack: list[tuple[Iterator[Any], bool]] = []  # an open container's rest, and whether it is a dict
+    _open(value, out, stack)
+    while stack:
+        rest, is_dict = stack[-1]
+        # the leaves are written in this loop; a container is opened and the loop goes on inside it
+        if is_dict:
+            for key, item in rest:
+                out.append(f"{_JOIN[out[-1] != '{']}{_string(str(key))}:")
+                leaf = _leaf(item)
+                if leaf is None:
+                    _open(item, out, stack)
+                    break
+                out.append(leaf)
+            else:
+                out.append("}")
+                stack.pop()
+        else:
+            for item in rest:
+                if out[-1] != "[":
+                    out.append(",")
+                leaf = _leaf(item)
+                if leaf is None:
+                    _open(item, out, stack)
+                    break
+                out.append(leaf)
+            else:
+                out.append("]")
+                stack.pop()
+    return "".join(out)
+
+
+_JOIN: Final = ("", ",")  # before a member: nothing right after its object's "{", else a comma
+
+
+_string: Final[Callable[[str], str]] = encode_basestring
+"""`JSON.stringify(string)`: what `json.dumps(text, ensure_ascii=False)` calls, without building an encoder
+for each string."""
+
+
+def _leaf(value: Any) -> str | None:  # noqa: PLR0911 -- one return per JSON type
+    """A scalar's JSON text; None for a container; `TypeError` for what is not JSON data."""
+    if isinstance(value, str):
+        return _string(value)
     if value is None:
         return "null"
     if value is True:
         return "true"
     if value is False:
         return "false"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
         return _js_number(value)
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{js_stringify(str(k))}:{js_stringify(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(js_stringify(v) for v in value) + "]"
+    if isinstance(value, dict | list | tuple):
+        return None
     raise TypeError(f"not JSON data: {type(value).__name__}")
+
+
+def _open(value: Any, out: list[str], stack: list[tuple[Iterator[Any], bool]]) -> None:
+    """Write a container's opening bracket ("{" and "[" are never a leaf's text) and push its items."""
+    if isinstance(value, dict):
+        out.append("{")
+        stack.append((iter(value.items()), True))
+    else:
+        out.append("[")
+        stack.append((iter(value), False))
 
 
 # --- per message ----------------------------------------------------------------------------------------

@@ -343,3 +343,19 @@ async def test_a_resources_thread_pages_walk_the_page_index(
     index = "resourceId_1_updatedAt_-1_id_-1"
     assert_index_walk(await explain(storage.db, ties), index=index, returned=10)
     assert_index_walk(await explain(storage.db, older), index=index, returned=20)
+
+
+async def test_the_thread_hints_message_cursor_read_is_point_lookups(
+    seeded: tuple[MongoHistoryStorage, Captured],
+) -> None:
+    """The observed messages' places (`storage.observed_stamps`): one `find` by the observed ids on the
+    unique `id` index, projected on the three fields a cursor needs; the threads and the owner filter the
+    rows found, they do not widen the read."""
+    storage, captured = seeded
+    store = MongoObservationalStore(storage.db)
+    ids = [f"t{t:03}-m{i:03}" for t in (5, 6) for i in range(20)]
+    stamps = await store.message_stamps(ids, ["thread-005", "thread-006"], "user-1")
+    assert len(stamps) == 40
+    [find] = captured.take("find")
+    assert find["projection"] == {"_id": 0, "id": 1, "thread_id": 1, "createdAt": 1}
+    assert_index_walk(await explain(storage.db, find), index="id_1", returned=40)

@@ -24,6 +24,7 @@ from message_history.core.om_tokens import attachment_free, count_om_message, co
 from tests.infra import skip_or_fail
 from tests.memory_cases import random_messages
 from tests.om_cases import NODE_DIR, RECORDING, record, run_mastra
+from tests.zones import local_zone
 
 pytestmark = pytest.mark.interop
 
@@ -167,26 +168,40 @@ def _text_message(rng: random.Random, n: int) -> dict[str, Any]:
             "createdAt": f"2025-03-0{day}T{hour:02d}:{minute:02d}:00.000Z", "content": content}  # fmt: skip
 
 
+# around New York's change to summer time (2025-03-09 07:00 UTC), each instant at its own offset
+_SUMMER_TIME = [
+    {"id": f"s{n}", "role": "user", "threadId": "t2", "createdAt": at, "content": {"format": 2, "parts": []}}
+    for n, at in enumerate(
+        ["2025-03-09T04:59:00.000Z", "2025-03-09T06:59:00.000Z", "2025-03-09T07:00:00.000Z"]
+    )
+]
+
+
+@pytest.mark.parametrize("zone", ["UTC", "America/New_York", "Asia/Kolkata"])
 @pytest.mark.parametrize("seed", range(3))
-def test_other_conversations_match_mastras_format_messages_for_observer(seed: int) -> None:
-    """`format_messages_for_observer` equals Mastra's `formatMessagesForObserver` (maxPartLength 500, UTC) on
-    generated text, reasoning and legacy messages (cuts inside surrogate pairs included); and the context with
-    the blocks is `buildContextSystemMessages`' with `unobservedContextBlocks`."""
+def test_other_conversations_match_mastras_format_messages_for_observer(seed: int, zone: str) -> None:
+    """`format_messages_for_observer` equals Mastra's `formatMessagesForObserver` (maxPartLength 500) on
+    generated text, reasoning and legacy messages (cuts inside surrogate pairs included), both processes in
+    the zone `zone` (dates and times are local to each: a day's header moves, half-hour offsets, summer
+    time); and the context with the blocks is `buildContextSystemMessages`' with `unobservedContextBlocks`."""
     rng = random.Random(seed)
     cases = [[_text_message(rng, n) for n in range(rng.randint(0, 6))] for _ in range(80)]
-    theirs = run_mastra("observer-text", {"cases": cases})["texts"]
-    ours = [format_messages_for_observer(case) for case in cases]
+    cases.append([{**m, "content": {"format": 2, "parts": [], "content": "x"}} for m in _SUMMER_TIME])
+    theirs = run_mastra("observer-text", {"cases": cases}, zone=zone)["texts"]
+    with local_zone(zone):
+        ours = [format_messages_for_observer(case) for case in cases]
     diffs = [(c, a, b) for c, a, b in zip(cases, ours, theirs, strict=True) if a != b]
     assert not diffs, diffs[:2]
     shown = [case for case, text in zip(cases, ours, strict=True) if "truncated" in text and "\n" in text]
-    blocks = other_conversations({"t2": shown[0], "t3": shown[1]})
+    with local_zone(zone):
+        blocks = other_conversations({"t2": shown[0], "t3": shown[1]})
     assert blocks.count("<other-conversation") == 2
     case = {
         "observations": "* 🔴 (09:00) User likes tea",
         "now": "2025-03-05T10:00:00.000Z",
         "others": blocks,
     }
-    [built] = run_mastra("build", {"cases": [case]})["built"]
+    [built] = run_mastra("build", {"cases": [case]}, zone=zone)["built"]
     now = datetime(2025, 3, 5, 10, tzinfo=UTC)
     assert context_system_messages(case["observations"], now=now, other_conversations=blocks) == built
 

@@ -323,7 +323,7 @@ async def test_an_observed_threads_row_is_as_mastras_persist_leaves_it(
     mastra_input = {"threadId": "mastra", "scope": scope, "processed": processed}
     _mastra(mongo_uri, mongo_db.name, "persist-thread-om", stdin=mastra_input)
     store = MongoObservationalStore(mongo_db)
-    handler = ObserveResultsHandler(rows=store, limits=Limits(), threads=storage)
+    handler = ObserveResultsHandler(rows=store, limits=Limits())
     answer = {
         "threadTitle": processed.get("threadTitle"),
         "currentTask": processed.get("currentTask"),

@@ -1,6 +1,7 @@
-"""`consumers.contract.ack_after` on two futures chains them by callbacks instead of a task per record
-(issue 33); the outcome is the task's (`_after`) in every case: both succeed, either fails or is cancelled,
-in either order, and cancelling the chained future cancels what it still waits for."""
+"""`consumers.contract.ack_after` on two futures chains them by callbacks (`message_history.futures`, which
+replay's recorded outcomes share) instead of a task per record (issue 33); the outcome is the task's
+(`_after`) in every case: both succeed, either fails or is cancelled, in either order, and cancelling the
+chained future cancels what it still waits for."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 
 from consumers.contract import _after, ack_after
+from message_history.futures import resolved_after
 
 Step = Callable[[asyncio.Future[Any]], None]
 
@@ -107,3 +109,38 @@ def test_awaitables_that_are_not_futures_still_go_through_a_task() -> None:
         return await ack_after(first, value())
 
     assert asyncio.run(run()) == "v"
+
+
+# --- replay's recorded outcomes: the same chain, to a value (message_history.futures.resolved_after) ------
+
+
+@pytest.mark.parametrize(("first_name", "first_step"), OUTCOMES)
+def test_resolved_after_ends_as_a_task_awaiting_first_then_returning_the_value(
+    first_name: str, first_step: Step
+) -> None:
+    """Replay's acknowledgement (`sinks._Recording`): the event once the send succeeded, else the send's
+    error or cancellation; as `async def: await first; return value`."""
+
+    async def run(shared: bool) -> tuple[str, object]:
+        first: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        async def task() -> object:
+            await first
+            return "event"
+
+        out = resolved_after(first, "event") if shared else asyncio.ensure_future(task())
+        await asyncio.sleep(0)
+        first_step(first)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if out.cancelled():
+            return "cancelled", None
+        error = out.exception()
+        return ("error", repr(error)) if error is not None else ("ok", out.result())
+
+    async def both() -> tuple[tuple[str, object], tuple[str, object]]:
+        return await run(True), await run(False)
+
+    ours, task = asyncio.run(both())
+    assert ours == task, first_name
+    assert ours[0] == first_name

@@ -10,19 +10,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from message_history.core.observation_hints import last_observed_cursors, om_hints, title_update
+from message_history.core.observation_hints import StoredStamp, last_observed_cursors, om_hints, title_update
 from message_history.core.observation_text import js_trim
-from schemas.messages import Message
 
 
 def _not_extracted() -> dict[str, object]:
     return {"currentTask": None, "suggestedResponse": None, "threadTitle": None}
 
 
-def _m(ident: str | None, at: str | None, thread: str = "t1") -> Message:
-    return Message.model_validate(
-        {"id": ident, "role": "user", "createdAt": at, "threadId": thread, "content": "x"}
-    )
+def _m(ident: str, at: str, thread: str = "t1") -> StoredStamp:
+    return StoredStamp(ident, thread, datetime.fromisoformat(at))
 
 
 @pytest.mark.parametrize(
@@ -46,8 +43,8 @@ def _m(ident: str | None, at: str | None, thread: str = "t1") -> Message:
             [_m("a", "2025-03-01T10:00:00Z"), _m("b", "2025-03-01T10:00:00Z")],
             {"t1": ("2025-03-01T10:00:00.000Z", "b")},
         ),
-        # a message not among the observed ids, or without a date, is no cursor
-        (["a"], [_m("z", "2025-03-01T12:00:00Z"), _m("a", None)], {}),
+        # a message not among the observed ids is no cursor (one without an id or a date has no stamp)
+        (["a"], [_m("z", "2025-03-01T12:00:00Z")], {}),
         # each thread its own (resource scope)
         (
             ["a", "b"],
@@ -59,7 +56,7 @@ def _m(ident: str | None, at: str | None, thread: str = "t1") -> Message:
     ],
 )
 def test_last_observed_cursor(
-    order: list[str], messages: list[Message], expected: dict[str, tuple[str, str]]
+    order: list[str], messages: list[StoredStamp], expected: dict[str, tuple[str, str]]
 ) -> None:
     got = last_observed_cursors(order, messages)
     assert got == {t: {"createdAt": at, "id": i} for t, (at, i) in expected.items()}
@@ -153,20 +150,15 @@ def test_a_pinned_title_is_never_replaced(title_was: str, candidate: str, pinned
 @given(st.lists(st.tuples(st.sampled_from("abcdef"), st.integers(0, 5), st.sampled_from("xy")), max_size=30))
 def test_the_cursor_is_the_newest_observed_message_of_its_thread(rows: list[tuple[str, int, str]]) -> None:
     t0 = datetime(2025, 3, 1, tzinfo=UTC)
-    messages = [
-        Message.model_validate(
-            {"id": i, "role": "user", "createdAt": t0 + timedelta(minutes=m), "threadId": t, "content": "x"}
-        )
-        for i, m, t in rows
-    ]
+    messages = [StoredStamp(i, t, t0 + timedelta(minutes=m)) for i, m, t in rows]
     order = [i for i, _, _ in rows]
     got = last_observed_cursors(order, messages)
     assert set(got) == {t for _, _, t in rows}
     for thread, cursor in got.items():
-        mine = [m for m in messages if m.threadId == thread]
-        newest = max(m.createdAt for m in mine if m.createdAt is not None)
+        mine = [m for m in messages if m.thread_id == thread]
+        newest = max(m.created_at for m in mine)
         assert cursor["createdAt"] == newest.isoformat(timespec="milliseconds").replace("+00:00", "Z")
-        assert cursor["id"] in {m.id for m in mine if m.createdAt == newest}
+        assert cursor["id"] in {m.id for m in mine if m.created_at == newest}
 
 
 _VALUES = st.one_of(

@@ -22,6 +22,7 @@ from message_history.core import observer_parts
 from message_history.core.observation_others import format_messages_for_observer, other_conversations
 from message_history.core.observer_parts import format_tool_arguments, format_tool_result
 from message_history.core.tokens import estimate_token_count
+from tests.zones import local_zone
 
 _AT = "2025-03-01T09:05:00.000Z"
 
@@ -244,6 +245,44 @@ def test_other_conversations_blocks() -> None:
         blocks
         == '<other-conversation id="t2">\nMar 1 2025:\nTool Call weather (9:05 AM): 1\n</other-conversation>'
     )
+
+
+# --- the process's zone ------------------------------------------------------------------------------------
+
+
+def _at(*moments: str) -> str:
+    texts = [{"type": "text", "text": f"n{i}"} for i in range(len(moments))]
+    messages = [
+        {"id": f"m{i}", "role": "user", "createdAt": at, "content": {"format": 2, "parts": [texts[i]]}}
+        for i, at in enumerate(moments)
+    ]
+    return format_messages_for_observer(messages)
+
+
+@pytest.mark.parametrize(
+    ("zone", "moments", "expected"),
+    [
+        ("UTC", ["2025-03-01T03:30:00Z"], "Mar 1 2025:\nUser (3:30 AM): n0"),
+        # the evening before in New York: the date header is the local day's
+        ("America/New_York", ["2025-03-01T03:30:00Z"], "Feb 28 2025:\nUser (10:30 PM): n0"),
+        ("Asia/Kolkata", ["2025-03-01T20:00:00Z"], "Mar 2 2025:\nUser (1:30 AM): n0"),
+        # each instant at its own offset: 1:30 EST, then 3:30 EDT an hour later (summer time begins)
+        (
+            "America/New_York",
+            ["2025-03-09T06:30:00Z", "2025-03-09T07:30:00Z"],
+            "Mar 9 2025:\nUser (1:30 AM): n0\nUser (3:30 AM): n1",
+        ),
+        # a local time before Python's year 1: written in UTC
+        ("America/New_York", ["0001-01-01T01:00:00Z"], "Jan 1 1:\nUser (1:00 AM): n0"),
+    ],
+    ids=["utc", "new-york-day-before", "kolkata-half-hour", "summer-time", "out-of-range"],
+)
+def test_dates_and_times_are_in_the_process_zone(zone: str, moments: list[str], expected: str) -> None:
+    """As Mastra's `formatObserverDate` / `formatObserverTime` (`toLocaleDateString`, `getDate`, ...) in a
+    process with `TZ` set; the suite's own zone (UTC) is back after."""
+    with local_zone(zone):
+        assert _at(*moments) == expected
+    assert _at("2025-03-01T03:30:00Z") == "Mar 1 2025:\nUser (3:30 AM): n0"  # UTC again
 
 
 # --- bounds ------------------------------------------------------------------------------------------------

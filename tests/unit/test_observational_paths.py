@@ -18,12 +18,12 @@ from consumers.observational import Unobserved, thread_hints
 from consumers.observe_recall import ObservationRecall
 from consumers.observe_results import ObserveResultsHandler
 from message_history import metrics
+from message_history.core.observation_hints import StoredStamp
 from message_history.core.om_tokens import count_observations
 from message_history.errors import FatalStorageError, InvalidInputError, RetriableError
 from message_history.settings import Settings
 from schemas.events import AgentRequest, EnrichedRequest
 from schemas.limits import Limits
-from schemas.messages import Message
 from schemas.observational import (
     EXTRACTED_MAX_BYTES,
     EXTRACTED_MAX_DEPTH,
@@ -46,8 +46,10 @@ def _row(**fields: Any) -> ObservationalRecord:
 class Rows:
     """One thread's newest row, and what was written to it."""
 
-    def __init__(self, row: ObservationalRecord | None) -> None:
+    def __init__(self, row: ObservationalRecord | None, stamps: Sequence[StoredStamp] = ()) -> None:
         self.row = row
+        self.stamps = list(stamps)
+        self.asked: list[tuple[list[str], list[str], str]] = []
         self.applied: list[dict[str, Any]] = []
         self.released: list[Claim] = []
         self.cursors: list[tuple[Any, ...]] = []
@@ -112,6 +114,13 @@ class Rows:
         self.cursors.extend((resource_id, *cursor) for cursor in cursors)
         self.titles.extend((resource_id, *title) for title in titles)
         return len(cursors) + len(titles)
+
+    async def message_stamps(
+        self, message_ids: Sequence[str], thread_ids: Collection[str], resource_id: str
+    ) -> list[StoredStamp]:
+        self.asked.append((list(message_ids), list(thread_ids), resource_id))
+        # the store's order is none in particular
+        return [s for s in reversed(self.stamps) if s.id in message_ids and s.thread_id in thread_ids]
 
 
 @dataclasses.dataclass
@@ -390,21 +399,9 @@ async def test_an_outage_is_not_swallowed() -> None:
 
 
 class Threads:
-    def __init__(self, metadata: dict[str, Any], messages: Sequence[Message] = ()) -> None:
+    def __init__(self, metadata: dict[str, Any]) -> None:
         self.metadata = metadata
-        self.messages = list(messages)
         self.saved: list[tuple[str, dict[str, Any]]] = []
-        self.asked: list[tuple[list[str], list[str] | None]] = []
-
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
-        self.asked.append((list(message_ids), None if thread_ids is None else list(thread_ids)))
-        return [
-            m
-            for m in reversed(self.messages)  # the store's order is none in particular
-            if m.id in message_ids and (thread_ids is None or m.threadId in thread_ids)
-        ]
 
     async def get_thread(self, thread_id: str) -> Thread | None:
         return Thread(id=thread_id, resourceId="u1", metadata=self.metadata)
@@ -443,20 +440,18 @@ def test_thread_hints_read_leniently(
 async def test_the_observers_current_task_goes_to_the_thread() -> None:
     """Thread scope: the hints under the thread's `metadata.mastra.om` (no `lastObservedAt`: Mastra's thread
     scope keeps none in the thread), the owner the answer's (`u1`); the hints the answer lacks null."""
-    rows, threads = Rows(_row()), Threads({})
-    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    rows = Rows(_row())
+    handler = ObserveResultsHandler(rows=rows, limits=Limits())
     await handler.handle([Rec(_result(currentTask="book the train"))], no_emit)
     assert rows.cursors == [("u1", "t1", None, {**NO_HINTS, "currentTask": "book the train"})]
     stale_rows = Rows(_row(_mh_cycle=9))
-    stale = ObserveResultsHandler(rows=stale_rows, limits=Limits(), threads=threads)
+    stale = ObserveResultsHandler(rows=stale_rows, limits=Limits())
     await stale.handle([Rec(_result(currentTask="late"))], no_emit)  # not applied: no hint written either
     assert (stale_rows.cursors, stale_rows.titles) == ([], [])
 
 
-def _stored(ident: str, thread: str, at: str) -> Message:
-    return Message.model_validate(
-        {"id": ident, "role": "user", "createdAt": at, "threadId": thread, "content": "x"}
-    )
+def _stored(ident: str, thread: str, at: str) -> StoredStamp:
+    return StoredStamp(ident, thread, datetime.fromisoformat(at))
 
 
 async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thread() -> None:
@@ -467,11 +462,11 @@ async def test_the_observers_title_and_the_newest_messages_cursor_go_to_the_thre
         _stored("m2", "t1", "2025-03-01T09:30:00.000Z"),
         _stored("m9", "t2", "2025-03-01T11:00:00.000Z"),
     ]
-    rows, threads = Rows(_row()), Threads({}, stored)
-    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    rows = Rows(_row(), stored)
+    handler = ObserveResultsHandler(rows=rows, limits=Limits())
     result = _result(threadTitle="  Trip to Lyon ", observedMessageIds=["m1", "m2", "m9"])
     await handler.handle([Rec(result)], no_emit)
-    assert threads.asked == [(["m1", "m2", "m9"], ["t1"])]
+    assert rows.asked == [(["m1", "m2", "m9"], ["t1"], "u1")]
     assert rows.cursors == [
         (
             "u1",
@@ -539,8 +534,8 @@ async def test_extracted_is_merged_as_mastra_merges_it(
 async def test_a_huge_title_is_a_dead_letter_and_writes_nothing() -> None:
     """The title's bound (`THREAD_TITLE_MAX_CHARS`): without it this answer would apply and put the megabyte
     in the thread row."""
-    rows, threads = Rows(_row()), Threads({}, [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")])
-    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    rows = Rows(_row(), [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")])
+    handler = ObserveResultsHandler(rows=rows, limits=Limits())
     [outcome] = await handler.handle([Rec(_result(threadTitle="x" * (THREAD_TITLE_MAX_CHARS + 1)))], no_emit)
     assert isinstance(outcome, Refused)
     assert "threadTitle" in str(outcome.error)
@@ -609,20 +604,20 @@ async def test_extracted_at_its_bounds_applies() -> None:
         assert rows.cursors[0][3]["extracted"] == extracted
 
 
-class Outage(Threads):
+class Outage(Rows):
     """The messages' read fails once (MongoDB unreachable), then answers."""
 
-    def __init__(self, metadata: dict[str, Any], messages: Sequence[Message] = ()) -> None:
-        super().__init__(metadata, messages)
+    def __init__(self, row: ObservationalRecord | None, stamps: Sequence[StoredStamp] = ()) -> None:
+        super().__init__(row, stamps)
         self.down = True
 
-    async def get_messages(
-        self, message_ids: Sequence[str], *, thread_ids: Collection[str] | None = None
-    ) -> list[Message]:
+    async def message_stamps(
+        self, message_ids: Sequence[str], thread_ids: Collection[str], resource_id: str
+    ) -> list[StoredStamp]:
         if self.down:
             self.down = False
             raise RetriableError("mongodb down")
-        return await super().get_messages(message_ids, thread_ids=thread_ids)
+        return await super().message_stamps(message_ids, thread_ids, resource_id)
 
 
 @pytest.mark.parametrize("scope", ["thread", "resource"])
@@ -631,8 +626,8 @@ async def test_an_outage_reading_the_cursor_applies_nothing_until_the_retry(scop
     untouched, so the retry applies the answer with its hints. Read after the apply (as first written), the
     failed attempt applied the row, and the retry would find the claim taken and write no hints."""
     stored = [_stored("m1", "t1", "2025-03-01T09:00:00.000Z")]
-    rows, threads = Rows(_row() if scope == "thread" else _resource_row()), Outage({}, stored)
-    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    rows = Outage(_row() if scope == "thread" else _resource_row(), stored)
+    handler = ObserveResultsHandler(rows=rows, limits=Limits())
     fields: dict[str, Any] = {"threadTitle": "Lyon"}
     if scope == "resource":
         fields = {
@@ -657,13 +652,13 @@ async def test_a_resource_answer_writes_each_threads_title_and_cursor() -> None:
         _stored("a2", "a", "2025-03-01T09:00:00.000Z"),
         _stored("b1", "b", "2025-03-01T09:30:00.000Z"),
     ]
-    rows, threads = Rows(_resource_row()), Threads({}, stored)
-    handler = ObserveResultsHandler(rows=rows, limits=Limits(), threads=threads)
+    rows = Rows(_resource_row(), stored)
+    handler = ObserveResultsHandler(rows=rows, limits=Limits())
     entries = _threads(("a", "* a", "2025-03-01T09:00:00.000Z"), ("b", "* b", "2025-03-01T09:30:00.000Z"))
     entries[0]["threadTitle"] = "Lyon"
     result = _result(scope="resource", threadId=None, observedMessageIds=["a1", "a2", "b1"], threads=entries)
     await handler.handle([Rec(result)], no_emit)
-    assert threads.asked == [(["a1", "a2", "b1"], ["a", "b"])]
+    assert rows.asked == [(["a1", "a2", "b1"], ["a", "b"], "u1")]
     assert [c[3] for c in rows.cursors] == [
         {
             **NO_HINTS,

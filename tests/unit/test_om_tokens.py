@@ -11,14 +11,18 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from message_history.core.observer_parts import pretty_json
 from message_history.core.om_tokens import (
     attachment_free,
     count_observations,
     count_om_message,
     count_om_messages,
-    js_stringify_pretty,
+    count_string,
 )
+from message_history.core.tokens import js_stringify, utf16_length
 from tests.om_cases import MESSAGES, OBSERVATIONS, RECORDING
 
 
@@ -80,11 +84,20 @@ def test_halves_round_up_as_math_round_does() -> None:
         ),
         (1e21, "1e+21"),
         ("é\n", '"é\\n"'),
+        # where the recursive serializer the counter had differed, JavaScript's forms: index-like keys
+        # first, a lone surrogate escaped, an integer past 2**53 as the double it is
+        ({"b": 1, "10": 2, "2": 3}, '{\n  "2": 3,\n  "10": 2,\n  "b": 1\n}'),
+        ("\ud800", '"\\ud800"'),
+        (2**60, "1152921504606847000"),
+        (
+            {"encryptedContent": "x" * 257},
+            '{\n  "encryptedContent": "[stripped encryptedContent: 257 characters]"\n}',
+        ),
     ],
 )
 def test_pretty_stringify_is_json_stringify_with_two_spaces(value: Any, expected: str) -> None:
-    """`JSON.stringify(v, null, 2)`, the form tool results are counted in."""
-    assert js_stringify_pretty(value) == expected
+    """`JSON.stringify(sanitizeToolResultValue(v), null, 2)`, the form tool results are counted in."""
+    assert pretty_json(value) == expected
 
 
 def test_attachment_free_tells_exact_counts_from_estimates() -> None:
@@ -131,3 +144,114 @@ def test_a_client_estimate_past_every_float_is_no_estimate() -> None:
         return {"role": "user", "content": {"format": 2, "parts": [part]}}
 
     assert count_om_message(image(10**400)) == count_om_message(image(float("inf")))
+
+
+# --- deep and wide values (a tool result is input; the counter relies on no depth limit of the server's) ----
+
+
+def _reference_pretty(value: Any, level: int = 0) -> str:
+    """The counter's former serializer, recursive (`sanitizeToolResultValue` folded in): the oracle for
+    the values it could write."""
+    inner = "  " * (level + 1)
+    if isinstance(value, dict) and value:
+        items = []
+        for key, entry in value.items():
+            shown = entry
+            if key == "encryptedContent" and isinstance(entry, str) and utf16_length(entry) > 256:
+                shown = f"[stripped encryptedContent: {utf16_length(entry)} characters]"
+            items.append(f"{inner}{js_stringify(str(key))}: {_reference_pretty(shown, level + 1)}")
+        return "{\n" + ",\n".join(items) + "\n" + "  " * level + "}"
+    if isinstance(value, list) and value:
+        items = [f"{inner}{_reference_pretty(v, level + 1)}" for v in value]
+        return "[\n" + ",\n".join(items) + "\n" + "  " * level + "]"
+    return js_stringify(value)
+
+
+# JSON data as a stored row holds it; the equality leaves out what the old serializer wrote unlike
+# JavaScript (the table above): index-like keys, lone surrogates, integers past 2**53
+_text = st.text(st.characters(blacklist_categories=["Cs"]), max_size=40)
+_key = st.one_of(_text.filter(lambda k: not k.isdigit()), st.just("encryptedContent"))
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**53), max_value=2**53),
+    st.floats(),
+    _text,
+    st.sampled_from(["", " ", "\n  x", "é" * 300, "a b\t\u3000c", "x" * 257]),
+)
+_json = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(st.lists(inner, max_size=6), st.dictionaries(_key, inner, max_size=6)),
+    max_leaves=40,
+)
+
+
+@st.composite
+def _nested(draw: st.DrawFn) -> Any:
+    """A value wrapped in lists and objects up to 3 000 levels deep (past Python's stack), in a pattern."""
+    value = draw(_json)
+    depth = draw(st.one_of(st.integers(0, 60), st.integers(300, 3000)))
+    pattern = draw(st.lists(st.sampled_from(["list", "dict", "wide"]), min_size=1, max_size=4))
+    for level in range(depth):
+        kind = pattern[level % len(pattern)]
+        value = [value] if kind == "list" else {"k": value} if kind == "dict" else [0, value, "x y"]
+    return value
+
+
+def _tool_message(result: Any) -> dict[str, Any]:
+    invocation = {"state": "result", "toolCallId": "c", "toolName": "t", "args": {}, "result": result}
+    return {
+        "role": "assistant",
+        "content": {"format": 2, "parts": [{"type": "tool-invocation", "toolInvocation": invocation}]},
+    }
+
+
+@settings(max_examples=150)
+@given(_json)
+def test_the_shared_serializer_writes_what_the_recursive_one_did(value: Any) -> None:
+    """`pretty_json` equals the former recursive serializer on every value it could write."""
+    assert pretty_json(value, limit=None) == _reference_pretty(value)
+
+
+@settings(max_examples=150)
+@given(_json)
+def test_indentation_never_changes_the_count(value: Any) -> None:
+    """The counter counts the text without its indentation: the same tokenx count, whatever the value."""
+    assert count_string(pretty_json(value, indent="", limit=None)) == count_string(
+        pretty_json(value, limit=None)
+    )
+
+
+@settings(max_examples=25)
+@given(_nested())
+def test_deep_results_count_without_raising(value: Any) -> None:
+    """Any depth counts, never raises, and where the recursive serializer could write the value (within
+    Python's stack) the count is the one it gave."""
+    tokens = count_om_message(_tool_message(value))
+    try:
+        expected = _reference_pretty(value)
+    except RecursionError:
+        return
+    if not isinstance(value, str):  # a string result is counted as it is: nothing serialized
+        # the reference's text given as a string result: the same count, without the -12 of a stringified one
+        assert tokens == count_om_message(_tool_message(expected)) - 12
+
+
+@pytest.mark.timeout(60)  # a hang guard, not a timing assertion
+@pytest.mark.parametrize(
+    "shape", ["deep-lists", "deep-objects", "wide-object", "wide-list", "deep-then-wide"]
+)
+def test_huge_results_count_in_linear_work(shape: str) -> None:
+    """100 000 levels, 200 000 keys, and 2 000 levels holding 100 000 entries (whose indentation alone
+    would be 400 M characters): each counts, none raises."""
+    value: Any = 1
+    if shape.startswith("deep"):
+        for _ in range(100_000 if shape != "deep-then-wide" else 2000):
+            value = [value] if shape == "deep-lists" else {"a": value}
+        if shape == "deep-then-wide":
+            value = {"a": [value, list(range(100_000))]}
+    elif shape == "wide-object":
+        value = {f"k{i}": i for i in range(200_000)}
+    else:
+        value = ["word"] * 200_000
+    assert count_om_message(_tool_message(value)) > 0

@@ -6,9 +6,14 @@ functions against Mastra's own code on generated input.
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
 from typing import Any
 
+import bson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from message_history.core.tokens import (
     CountCache,
@@ -19,6 +24,7 @@ from message_history.core.tokens import (
     js_stringify,
 )
 from schemas.messages import Message
+from schemas.stored_rows import read_message
 from tests.memory_cases import random_texts
 
 
@@ -166,3 +172,93 @@ def test_count_cache_counts_each_message_once() -> None:
     assert len(cache._counts) == 1
     cache(_message([{"type": "text", "text": "hello there"}]))
     assert len(cache._counts) == 2
+
+
+# --- JSON.stringify without recursion (no depth limit of its own) -------------------------------------------
+
+
+def _reference_stringify(value: Any) -> str:
+    """The former recursive `js_stringify`: the oracle wherever it did not exhaust the stack."""
+    if isinstance(value, dict):
+        return (
+            "{"
+            + ",".join(
+                f"{json.dumps(str(k), ensure_ascii=False)}:{_reference_stringify(v)}"
+                for k, v in value.items()
+            )
+            + "}"
+        )
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_reference_stringify(v) for v in value) + "]"
+    return js_stringify(value)  # a scalar: no recursion either way
+
+
+_scalar = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(),
+    st.text(max_size=30),
+    st.sampled_from(["{", "[", ""]),
+)
+_json = st.recursive(
+    _scalar,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=5),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(st.one_of(st.text(max_size=8), st.integers()), inner, max_size=5),
+    ),
+    max_leaves=40,
+)
+
+
+@st.composite
+def _deep(draw: st.DrawFn) -> Any:
+    value = draw(_json)
+    depth = draw(st.one_of(st.integers(0, 60), st.integers(300, 3000)))
+    pattern = draw(st.lists(st.sampled_from(["list", "dict", "wide", "empty"]), min_size=1, max_size=4))
+    for level in range(depth):
+        kind = pattern[level % len(pattern)]
+        value = {
+            "list": [value],
+            "dict": {"k": value},
+            "wide": [{}, value, "x"],
+            "empty": {"": value, "e": []},
+        }[kind]
+    return value
+
+
+@settings(max_examples=60)
+@given(st.one_of(_json, _deep()))
+def test_js_stringify_is_the_recursive_one_without_its_depth_limit(value: Any) -> None:
+    """Equal to the former recursive form wherever that one answered; never a RecursionError."""
+    text = js_stringify(value)
+    try:
+        expected = _reference_stringify(value)
+    except RecursionError:
+        assert text.count("[") + text.count("{") >= 300  # only the deep ones were out of its reach
+        return
+    assert text == expected
+
+
+def test_a_stored_row_nested_past_the_stack_is_counted() -> None:
+    """A row whose BSON content nests 900 levels (the decoder reads ~1 000; the server stores only 180, so
+    this row comes from bytes, not a server) reads as a `Message` and counts; the recursive `js_stringify`
+    raised RecursionError from ~480 levels."""
+    deep: Any = 0
+    for _ in range(900):
+        deep = {"a": deep}
+    invocation = {"state": "result", "toolCallId": "c", "toolName": "t", "args": {}, "result": deep}
+    doc = {
+        "id": "m1",
+        "thread_id": "t",
+        "resourceId": "r",
+        "role": "assistant",
+        "createdAt": datetime(2025, 1, 1, tzinfo=UTC),
+        "type": "v2",
+        "content": {"format": 2, "parts": [{"type": "tool-invocation", "toolInvocation": invocation}]},
+    }
+    message = read_message(bson.decode(bson.encode(doc)))
+    stringified = '{"a":' * 900 + "0" + "}" * 900
+    # role + the stringified result; minus 12 for a stringified value, a message's and a result's 3.8
+    assert count_message(message) == estimate_token_count("assistant" + stringified) + (-12 + 3.8 + 3.8)

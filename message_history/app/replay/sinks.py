@@ -14,6 +14,7 @@ from typing import IO, Any, ClassVar, TypeVar
 from message_history.app.replay.options import CLIENT_ID
 from message_history.app.replay.plan import Counts, distinct
 from message_history.errors import InvalidInputError, error_type
+from message_history.futures import resolved_after
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Emit, Headers, Positioned, TopicPublisher
@@ -41,24 +42,6 @@ def _resolved(value: T) -> asyncio.Future[T]:
     return future
 
 
-def _then(inner: asyncio.Future[Any], value: T) -> asyncio.Future[T]:
-    """A future resolving with `value` once `inner` succeeded (or failing as it failed)."""
-    out: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-
-    def settle(done: asyncio.Future[Any]) -> None:
-        if out.done():
-            return
-        if done.cancelled():
-            out.cancel()
-        elif (error := done.exception()) is not None:
-            out.set_exception(error)
-        else:
-            out.set_result(value)
-
-    inner.add_done_callback(settle)
-    return out
-
-
 class _Recording(TopicPublisher):
     """A replay publisher: each acknowledgement resolves with its event, which is sent on (through the
     batch's `Emit`) only with `emit` (otherwise nothing is sent)."""
@@ -72,7 +55,7 @@ class _Recording(TopicPublisher):
     ) -> asyncio.Future[T]:
         if not self.emit:
             return asyncio.ensure_future(_as_outcome(event))
-        return _then(await send(), event)
+        return resolved_after(await send(), event)
 
 
 class PersistedOutcomes(_Recording, PersistedPublisher):
