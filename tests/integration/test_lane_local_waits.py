@@ -114,6 +114,9 @@ async def test_a_busy_thread_holds_only_its_own_lane(
     waits = metrics.TURN_WAITS.labels(reason="busy-thread")
     try:
         async with running_service(settings):
+            # from a stable group: a rebalance later (a path joining late) would drop the parked turn and
+            # fetch it again, and its `waitedMs` would count from the second parking only
+            await _wait_members(settings.kafka_bootstrap_servers, settings.group_id, 2)
             await _send_requests(settings, [HELD])
             [first] = await _enriched(settings, request_id(HELD, 1))
             before = waits._value.get()
@@ -166,6 +169,9 @@ async def test_a_partition_behind_the_barrier_holds_only_its_own_lanes(
     waits = metrics.TURN_WAITS.labels(reason="barrier")
     try:
         async with persist_held_for(HELD, monkeypatch) as release, running_service(settings):
+            # from a stable group (see above): a rebalance after t's request parked, in a full run once, sent
+            # it again after the release, enriched with no wait (`waitedMs` 0)
+            await _wait_members(settings.kafka_bootstrap_servers, settings.group_id, 2)
             answer = response_event(HELD, "u", 1, [text_message("user", "q1")], "a1")
             await produce(settings.kafka_bootstrap_servers, settings.responses_topic, [encoded(answer)])
             before = waits._value.get()
