@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Final, NamedTuple
 
 from message_history.core.observation_text import js_trim
+from message_history.core.tokens import utf16_length
 from schemas.messages import format_timestamp
 
 __all__ = [
@@ -109,7 +110,7 @@ def title_update(title_was: object, metadata: object, candidate: str | None) -> 
     None when the thread keeps its own (too short, pinned by `metadata.titlePinned === true`, or the same as
     the current title trimmed)."""
     title = js_trim(candidate) if candidate is not None else ""
-    if len(title.encode("utf-16-le", "surrogatepass")) // 2 < MIN_TITLE_CHARS:  # JavaScript's `length`
+    if utf16_length(title) < MIN_TITLE_CHARS:  # JavaScript's `length`
         return None
     if isinstance(metadata, Mapping) and metadata.get("titlePinned") is True:
         return None
