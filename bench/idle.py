@@ -38,7 +38,7 @@ from pymongo import AsyncMongoClient
 from bench import processes
 from bench.context import RunContext
 from bench.contract import CONTRACT_HEADER, Turn, turn_header
-from bench.kafka_io import SEQ_HEADER, Record, create_topics, seq_of
+from bench.kafka_io import SEQ_HEADER, create_topics, seq_of
 from bench.procstat import cpu_seconds_fine, peak_rss_bytes
 from bench.profile import Sampler
 from bench.progress import Progress, log
@@ -126,7 +126,7 @@ class _Step:
     async def __call__(
         self,
         topic: str,
-        record: Record,
+        record: tuple[bytes, bytes],
         pid: int,
         result: LineResult | None,
         timeout_s: float,
@@ -311,13 +311,22 @@ def _contract_config(ctx: RunContext, fwd: Mapping[str, str]) -> dict[str, objec
         "group_id": f"bench-{w.run_id}-idle-contract",
         "linger_ms": 0,
         "batch": w.batch,
-        "contract": {
-            "db": ctx.db,
-            "recall_topic": fwd["contract-recall"],
-            "limit": ctx.settings.last_messages,  # the service's page: the request names no limit
-            "message_bytes": w.message_bytes,
-            "thread_ids": [w.thread_id(i) for i in range(w.threads)],
-        },
+        "contract": contract_trips(ctx, fwd["contract-recall"]),
+    }
+
+
+def contract_trips(ctx: RunContext, recall_topic: str) -> dict[str, object]:
+    """The contract forwarder's `contract` settings (`bench.passthrough`): records on `recall_topic` are
+    recalls, any other a persist; the service's page size, the workload's message size and threads. Shared
+    by the idle line's contract forwarder and the contract stream lines (`bench.lines`)."""
+    w = ctx.workload
+    return {
+        "db": ctx.db,
+        "recall_topic": recall_topic,
+        # the service's page: the request names no limit, its `lastMessages` is the history (`child_env`)
+        "limit": w.history,
+        "message_bytes": w.message_bytes,
+        "workload": w.as_dict(),  # its threads: their stored `_id`s are read at start
     }
 
 

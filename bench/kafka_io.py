@@ -1,8 +1,9 @@
 """The harness's side of Kafka: topics, preloading input, counting output, and timing single events.
 
-Every input record carries a `bench-seq` header (its index); every output the lines produce carries the
-input's headers through (the contract's header propagation, which the pass-through and naive lines copy),
-so an output is matched to its input without parsing the payload.
+Every input record carries a `bench-seq` header (its index), then the record's own headers if it has any
+(the contract stream lines' `bench-contract`); every output the lines produce carries the input's headers
+through (the contract's header propagation, which the pass-through and naive lines copy), so an output is
+matched to its input without parsing the payload.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ from message_history.settings import Settings
 from producers.connection import kafka_options
 
 SEQ_HEADER = "bench-seq"
-Record = tuple[bytes, bytes]  # key, value
+Headers = tuple[tuple[str, bytes], ...]
+Record = tuple[bytes, bytes] | tuple[bytes, bytes, Headers]  # key, value[, headers of its own]
+
+
+def record_parts(record: Record, seq: int) -> tuple[bytes, bytes, list[tuple[str, bytes]]]:
+    """Key, value and the headers to send: the `bench-seq` of `seq`, then the record's own. Pure."""
+    own: Headers = record[2] if len(record) == 3 else ()
+    return record[0], record[1], [(SEQ_HEADER, str(seq).encode()), *own]
 
 
 def _options(settings: Settings, client_id: str) -> dict[str, Any]:
@@ -117,9 +125,8 @@ async def preload(
         await producer.begin_transaction()
         pending: list[asyncio.Future[Any]] = []
         for i in range(count):
-            key, value = record(i)
+            key, value, headers = record_parts(record(i), i)
             written += len(value)
-            headers = [(SEQ_HEADER, str(i).encode())]
             pending.append(await producer.send(topic, value=value, key=key, headers=headers))
             if len(pending) >= 2000:
                 await asyncio.gather(*pending)
@@ -203,15 +210,11 @@ class LatencyProbe:
                 delay = started + j / rate - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                key, value = record(j)
                 seq = first_seq + j
+                key, value, headers = record_parts(record(j), seq)
                 self._sent[seq] = time.perf_counter()
                 self.sent_wall[seq] = time.time()
-                acks.append(
-                    await producer.send(
-                        self._in, value=value, key=key, headers=[(SEQ_HEADER, str(seq).encode())]
-                    )
-                )
+                acks.append(await producer.send(self._in, value=value, key=key, headers=headers))
             await asyncio.gather(*acks)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(reader), timeout_s)

@@ -14,7 +14,8 @@ persist, the three finds, then the two bulks, then the record sent. The commands
 (a few microseconds), the threads' stored `_id`s read at start, the messages' contents made once: no model of
 ours. Its messages get ids of their own (`:fwd` after the turn's) and a time a millisecond after the turn's
 assistant message, so they are new rows and their thread's `updatedAt` moves, as with the service's write.
-It reads `config["in_topics"]` when given (the contract forwarder's two: one per path), else `in_topic`.
+It reads `config["in_topics"]` when given (the idle contract forwarder's two: one per path), else `in_topic`
+(the contract stream lines, `bench.lines`: one path, a batch of `getmany` at a time, as B1).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from bson.raw_bson import RawBSONDocument
 from pymongo import AsyncMongoClient
 
 from bench import contract
+from bench.workload import Workload
 from message_history.settings import Settings
 from producers.connection import kafka_options
 from producers.output import MAX_BATCH_BYTES
@@ -115,7 +117,8 @@ class _ContractTrips:
         client: AsyncMongoClient[Any] = AsyncMongoClient(
             settings.mongodb_uri.get_secret_value(), tz_aware=True
         )
-        keys = await contract.thread_keys(client[config["db"]], list(config["thread_ids"]))
+        w = Workload(**config["workload"])  # not the ids themselves: 10,000 of them pass one argv's 128 KiB
+        keys = await contract.thread_keys(client[config["db"]], [w.thread_id(i) for i in range(w.threads)])
         return cls(config, client, keys)
 
     async def before_send(self, records: Sequence[Any]) -> list[Awaitable[Any]]:

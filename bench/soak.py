@@ -17,7 +17,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from bench import processes
 from bench.context import RunContext
-from bench.kafka_io import SEQ_HEADER, OutputCounter
+from bench.kafka_io import OutputCounter, record_parts
 from bench.lines import requests, responses, service_launch
 from bench.procstat import cpu_seconds, peak_rss_bytes, rss_bytes
 from bench.progress import Progress
@@ -68,8 +68,7 @@ async def run_soak(ctx: RunContext, path: str, events: int) -> dict[str, Any]:
                 target = min(events, outputs + backlog)
                 acks = []
                 while produced < target:
-                    key, value = record(produced)
-                    headers = [(SEQ_HEADER, str(produced).encode())]
+                    key, value, headers = record_parts(record(produced), produced)
                     acks.append(await producer.send(in_topic, value=value, key=key, headers=headers))
                     produced += 1
                 if acks:
