@@ -225,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nload average (1 min) during the run: {targets.load_summary(load)}")
     if lines:
         print("\n" + targets.render_score(record["ratios"], record["lines"]))
-        print("\n" + targets.render_contract(record["ratios"]))
+        print("\n" + targets.render_contract(record["ratios"], record["lines"]))
     print(f"\nresults: {path}")
     if record["environment"].get("interrupted"):
         return 130

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from bench import processes
 from bench.context import RunContext
+from bench.idle import contract_header, contract_trips
 from bench.kafka_io import Record, caught_up_topic
 from bench.mongo_lines import KINDS
 from bench.progress import log
@@ -51,6 +52,30 @@ def enriched(w: Workload, turn: int) -> Callable[[int], Record]:
         return _key(w, i), cache.pop(i)
 
     return record
+
+
+def contract_named(w: Workload, records: Callable[[int], Record], turn: int) -> Callable[[int], Record]:
+    """`records` (`requests`, `responses`, `enriched` of `turn`), each carrying the `bench-contract` header
+    of its thread's turn as `requests` / `responses` number them (`turn`, a later one each wrap around the
+    threads): what the contract forwarder's trips are built from."""
+
+    def record(j: int) -> Record:
+        key, value = records(j)[:2]
+        i = j % w.threads
+        return key, value, (contract_header(w, i, turn + j // w.threads),)
+
+    return record
+
+
+def contract_launch(ctx: RunContext, path: str, name: str) -> Callable[[str, str, str], Launch]:
+    """B1's forwarder (`bench.passthrough`, the service's linger) making the contract's MongoDB trips for
+    `path` per `getmany` batch before its sends: its in-topic is the recall topic or none is."""
+
+    def launch(in_topic: str, out_topic: str, tag: str) -> Launch:
+        trips = contract_trips(ctx, in_topic if path == "recall" else "")
+        return worker_launch(ctx, "passthrough", name, contract=trips)(in_topic, out_topic, tag)
+
+    return launch
 
 
 def _free_port() -> int:
@@ -149,7 +174,8 @@ def worker_launch(
 
 
 def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
-    """B1, the service and naive for one path, each with its turns."""
+    """B1, the service, naive and the contract stream (B1's forwarder making the contract's MongoDB trips)
+    for one path, each with its turns."""
     w, turns = ctx.workload, ctx.turns
     if path == "recall":
         return [
@@ -199,8 +225,18 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
                 requests(w, turns.recall),
                 worker_launch(ctx, "naive", "naive_recall", path="recall"),
             ),
+            # last: its busy marks name the recall turn's requests, as the service's own leave them
+            StreamLine(
+                "contract_recall_stream",
+                events,
+                contract_named(w, enriched(w, turns.recall), turns.recall),
+                contract_named(w, enriched(w, turns.recall), turns.recall),
+                contract_launch(ctx, "recall", "contract_recall_stream"),
+            ),
         ]
     b1_turn = turns.fresh()  # never written: B1 only moves the bytes
+    # the contract stream's writes are new rows, as the service's
+    persist_turn, latency_turn = turns.fresh(), turns.fresh()
     return [
         StreamLine(
             "b1_persist",
@@ -240,6 +276,14 @@ def stream_lines(ctx: RunContext, path: str, events: int) -> list[StreamLine]:
             responses(w, turns.fresh()),
             responses(w, turns.fresh()),
             worker_launch(ctx, "naive", "naive_persist", path="persist"),
+            writes=True,
+        ),
+        StreamLine(
+            "contract_persist_stream",
+            events,
+            contract_named(w, responses(w, persist_turn), persist_turn),
+            contract_named(w, responses(w, latency_turn), latency_turn),
+            contract_launch(ctx, "persist", "contract_persist_stream"),
             writes=True,
         ),
     ]

@@ -25,6 +25,7 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "service_recall_barrier_only": ("service recall path, barrier on, busy-thread allow", "recall"),
     "service_recall_eos": ("service recall path, exactly-once (transactions)", "recall"),
     "naive_recall": ("naive recall (await each find/send/commit)", "recall"),
+    "contract_recall_stream": ("B1's forwarder + the contract's MongoDB trips per batch, recall", "recall"),
     "mastra_recall": ("Mastra MessageHistory.processInput (Node, same database)", "recall"),
     "b1_persist": ("B1 Kafka pass-through, response-size records", "persist"),
     "b3_bulk_upserts": ("B3 MongoDB batched bulk upserts, raw driver (prebuilt operations)", "persist"),
@@ -34,6 +35,10 @@ LINES: Final[dict[str, tuple[str, str]]] = {
     "service_persist_unguarded": ("service persist path, busy-thread allow (no markers)", "persist"),
     "service_persist_eos": ("service persist path, exactly-once (transactions)", "persist"),
     "naive_persist": ("naive persist (await each save/send/commit)", "persist"),
+    "contract_persist_stream": (
+        "B1's forwarder + the contract's MongoDB trips per batch, persist",
+        "persist",
+    ),
     "mastra_persist": ("Mastra MessageHistory.processOutputResult (Node, same database)", "persist"),
     "mastra_memory": ("Mastra MessageHistory, whole turn on its InMemoryStore (Node, no database)", "turn"),
     "idle_service_recall": ("idle, one turn at a time: service request -> enriched", "recall"),
@@ -82,6 +87,14 @@ RATIOS: Final[dict[str, str]] = {
     "persist_idle_p50_vs_contract": "idle persist p50 / the forwarder with the contract's trips'",
     "recall_idle_contract_vs_forwarder": "idle recall: the forwarder with the contract's trips / bare, p50",
     "persist_idle_contract_vs_forwarder": "idle persist: the forwarder with the contract's trips / bare, p50",
+    "recall_contract_stream_p99_vs_b1": "recall: the contract stream's p99 / B1's, each at half capacity",
+    "persist_contract_stream_p99_vs_b1": "persist: the contract stream's p99 / B1's, each at half capacity",
+    "recall_p99_vs_contract_stream": "service recall p99 / the contract stream's, each at half capacity",
+    "persist_p99_vs_contract_stream": "service persist p99 / the contract stream's, each at half capacity",
+    "recall_cpu_vs_contract_stream": "service recall CPU per event / the contract stream's",
+    "persist_cpu_vs_contract_stream": "service persist CPU per event / the contract stream's",
+    "recall_contract_stream_cpu_vs_floor": "recall: the contract stream's CPU per event / B1 + B2 raw",
+    "persist_contract_stream_cpu_vs_floor": "persist: the contract stream's CPU per event / B1 + B3 raw",
     "recall_eos_throughput": "service recall exactly-once / at-least-once, events/s  (target >= 0.85)",
     "persist_eos_throughput": "service persist exactly-once / at-least-once, events/s  (target >= 0.85)",
     "recall_eos_cpu": "service recall exactly-once / at-least-once, CPU per event",
@@ -267,6 +280,12 @@ def ratios(lines: Mapping[str, LineResult]) -> dict[str, float | None]:
         service, trips = pct(f"idle_service_{path}", 50), pct(f"idle_contract_{path}", 50)
         out[f"{path}_idle_p50_vs_contract"] = _ratio(service, trips)
         out[f"{path}_idle_contract_vs_forwarder"] = _ratio(trips, pct(f"idle_forwarder_{path}", 50))
+        # ... and as a stream line: B1's forwarder making the contract's trips per batch, at half its capacity
+        stream = f"contract_{path}_stream"
+        out[f"{path}_contract_stream_p99_vs_b1"] = _ratio(pct(stream, 99), pct(f"b1_{path}", 99))
+        out[f"{path}_p99_vs_contract_stream"] = _ratio(pct(f"service_{path}", 99), pct(stream, 99))
+        out[f"{path}_cpu_vs_contract_stream"] = _ratio(cpu(f"service_{path}"), cpu(stream))
+        out[f"{path}_contract_stream_cpu_vs_floor"] = _ratio(cpu(stream), floor(f"b1_{path}", issue_floor))
     return {k: _round(v) for k, v in out.items()}
 
 

@@ -240,6 +240,8 @@ class ContractRow:
     label: str
     contract: str
     floors: str
+    # the figures behind the ratios, `kind:line,line,...` (service, contract's floor, issue's floor)
+    figures: str = ""
 
 
 CONTRACT_ROWS: Final[tuple[ContractRow, ...]] = (
@@ -256,45 +258,94 @@ CONTRACT_ROWS: Final[tuple[ContractRow, ...]] = (
         "persist_contract_floor_vs_floor",
     ),
     ContractRow(
+        "recall_cpu_vs_floor",
+        "recall CPU per event, contract stream",
+        "recall_cpu_vs_contract_stream",
+        "recall_contract_stream_cpu_vs_floor",
+        "cpu:service_recall,contract_recall_stream",
+    ),
+    ContractRow(
+        "persist_cpu_vs_floor",
+        "persist CPU per event, contract stream",
+        "persist_cpu_vs_contract_stream",
+        "persist_contract_stream_cpu_vs_floor",
+        "cpu:service_persist,contract_persist_stream",
+    ),
+    ContractRow(
         "recall_idle_p50_vs_forwarder",
         "idle recall p50",
         "recall_idle_p50_vs_contract",
         "recall_idle_contract_vs_forwarder",
+        "p50:idle_service_recall,idle_contract_recall,idle_forwarder_recall",
     ),
     ContractRow(
         "persist_idle_p50_vs_forwarder",
         "idle persist p50",
         "persist_idle_p50_vs_contract",
         "persist_idle_contract_vs_forwarder",
+        "p50:idle_service_persist,idle_contract_persist,idle_forwarder_persist",
+    ),
+    ContractRow(
+        "recall_p99_vs_b1",
+        "recall p99 at half capacity",
+        "recall_p99_vs_contract_stream",
+        "recall_contract_stream_p99_vs_b1",
+        "p99:service_recall,contract_recall_stream,b1_recall",
+    ),
+    ContractRow(
+        "persist_p99_vs_b1",
+        "persist p99 at half capacity",
+        "persist_p99_vs_contract_stream",
+        "persist_contract_stream_p99_vs_b1",
+        "p99:service_persist,contract_persist_stream,b1_persist",
     ),
 )
-"""The four targets of issue 33 that are ratios to a floor, each with the contract's floor beside it."""
+"""Issue 33's targets that are ratios to a floor, each with the contract's floor beside it: for CPU per
+event B1 + B4 raw and the contract stream (one process: B1's forwarder making the contract's trips per batch),
+for the idle p50 the forwarder making them per record, for the p99 at half capacity the contract stream."""
 
 
 def contract_verdict(bound: float, floors: float | None, contract: float | None) -> str:
     """What the two floors say of a target's bound (`<= bound` over the issue's floor). Pure.
 
     The contract's floor alone over the bound: the target is beyond what the floor allows here (even a
-    service adding nothing to the contract's commands misses it); else how far the service is above it."""
+    service adding nothing to the contract's commands misses it), whether the service was measured or not;
+    else how far the service is above it."""
+    if floors is not None and floors > bound:
+        return f"beyond the floor: the contract's floor alone is {floors:.3g}x the issue's (bound {bound:g})"
     if floors is None or contract is None:
         return "not measured"
-    if floors > bound:
-        return f"beyond the floor: the contract's floor alone is {floors:.3g}x the issue's (bound {bound:g})"
     room = bound / floors
     return f"within the floor: the service may be {room:.3g}x the contract's floor, is {contract:.3g}x"
 
 
-def render_contract(ratios: Mapping[str, float | None]) -> str:
-    """Issue 33's floor targets against the issue's floor and the contract's (Markdown). Pure."""
+def contract_figures(row: ContractRow, lines: Mapping[str, Mapping[str, Any]]) -> str:
+    """The figures behind a row's ratios, from the record's lines: `70.6 / 30 / 10 ms p99`. Pure."""
+    if not row.figures:
+        return ""
+    kind, names = row.figures.split(":", 1)
+    unit = "CPU-ms per event" if kind == "cpu" else f"ms {kind}"
+    return f"{' / '.join(_ms(_line_figure(lines, n, kind)) for n in names.split(','))} {unit}"
+
+
+def render_contract(
+    ratios: Mapping[str, float | None], lines: Mapping[str, Mapping[str, Any]] | None = None
+) -> str:
+    """Issue 33's floor targets against the issue's floor and the contract's (Markdown), with the lines'
+    figures behind them (service / contract's floor / issue's floor) when `lines` (the record's) are given.
+    Pure."""
     rows = [
-        "issue 33's floor targets against the contract's floor (B4 raw; the forwarder making its trips):",
-        "| figure | vs the issue's floor | vs the contract's floor | contract's floor / issue's | target | |",
-        "|---|---|---|---|---|---|",
+        "issue 33's floor targets against the contract's floor (B1 + B4 raw; B1's forwarder making the "
+        "contract's trips: per batch, the contract stream; per record, idle):",
+        "| figure | vs the issue's floor | vs the contract's floor | contract's floor / issue's | target | "
+        "| from |",
+        "|---|---|---|---|---|---|---|",
     ]
     for row in CONTRACT_ROWS:
         goal = _goal(row.key)
         values = [ratios.get(k) for k in (row.key, row.contract, row.floors)]
         cells = ["-" if v is None else f"{v:.3g}" for v in values]
         verdict = contract_verdict(goal.bound, values[2], values[1])
-        rows.append(f"| {row.label} | {' | '.join(cells)} | <= {goal.bound:g} | {verdict} |")
+        made_of = contract_figures(row, lines or {})
+        rows.append(f"| {row.label} | {' | '.join(cells)} | <= {goal.bound:g} | {verdict} | {made_of} |")
     return "\n".join(rows)

@@ -295,15 +295,18 @@ def test_contract_ratios(key: str, expected: float) -> None:
         (1.8, 2.2, "beyond the floor: the contract's floor alone is 1.8x the issue's (bound 1.5)"),
         (1.2, 1.6, "within the floor: the service may be 1.25x the contract's floor, is 1.6x"),
         (None, 1.6, "not measured"),
+        (1.8, None, "beyond the floor: the contract's floor alone is 1.8x the issue's (bound 1.5)"),
+        (1.2, None, "not measured"),
     ],
 )
 def test_contract_verdict(floors: float | None, service: float | None, expected: str) -> None:
     """A bound over the issue's floor, read against the contract's: beyond it when the contract's floor
-    alone passes the bound; else the room left to the service over the contract's floor."""
+    alone passes the bound (whether the service was measured or not); else the room left to the service over
+    the contract's floor."""
     assert targets.contract_verdict(1.5, floors, service) == expected
 
 
-def test_render_contract_has_the_four_floor_targets() -> None:
+def test_render_contract_has_the_floor_targets() -> None:
     text = targets.render_contract(
         {
             "persist_cpu_vs_floor": 3.5,
@@ -315,8 +318,12 @@ def test_render_contract_has_the_four_floor_targets() -> None:
     assert [r.split(" | ")[0] for r in rows] == [
         "| recall CPU per event",
         "| persist CPU per event",
+        "| recall CPU per event, contract stream",
+        "| persist CPU per event, contract stream",
         "| idle recall p50",
         "| idle persist p50",
+        "| recall p99 at half capacity",
+        "| persist p99 at half capacity",
     ]
     assert rows[1].startswith("| persist CPU per event | 3.5 | 1.4 | 2.5 | <= 2 | beyond the floor")
     assert {targets._goal(r.key).at_most for r in targets.CONTRACT_ROWS} == {True}
