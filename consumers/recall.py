@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,7 +127,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         batch = await self._load(items, spans, emit)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="recall").observe(time.perf_counter() - decoded)
         sent_from = time.perf_counter()
-        outcomes = await self._enrich_all(items, batch.enrich, batch.history, batch.flushed)
+        outcomes = await self._enrich_all(items, batch)
         metrics.STAGE_SECONDS.labels(path=PATH, stage="build").observe(time.perf_counter() - sent_from)
         return self._results(records, results, items, outcomes, spans, batch.history)
 
@@ -222,22 +222,21 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         return self._enriched(item.request, outcome, admission)
 
     async def _enrich_all(
-        self,
-        items: Sequence[tuple[int, _Item]],
-        enrich: Callable[[tuple[int, _Item]], Awaitable[Done | Parked]],
-        history: PrefetchedHistory,
-        flushed: asyncio.Event,
+        self, items: Sequence[tuple[int, _Item]], batch: _Batch
     ) -> list[Done | Parked | Failed]:
-        """`enrich` per thread, then the batch's boundary writes (one round trip, before any offset commits);
-        `flushed` is set after them. When either fails the loop tries the whole batch again, so what it parked
-        is dropped first (it is parked again)."""
+        """`enrich` per thread, the batch's busy marks (one bulk write, started), then the batch's boundary
+        writes (one round trip, before any offset commits); `batch.flushed` is set after them. When either
+        fails the loop tries the whole batch again, so what it parked is dropped first (parked again)."""
         try:
-            outcomes = await self.per_thread(items, lambda item: item.request.threadId, enrich)
-            await history.flush()
+            try:
+                outcomes = await self.per_thread(items, lambda item: item.request.threadId, batch.enrich)
+            finally:
+                batch.write_marks()  # the marks of what was sent, also when the batch fails after a send
+            await batch.history.flush()
         except BaseException:
             await self.parking.abort_batch()
             raise
-        flushed.set()
+        batch.flushed.set()
         return outcomes
 
     async def _refuse_foreign(
@@ -277,9 +276,12 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         target = batch_gate.behind.get(partition)
         parked_at = time.monotonic()
         gate = batch_gate.gate
-        fresh, flushed, emit = batch.fresh, batch.flushed, batch.emit
+        fresh, flushed, marked, emit = batch.fresh, batch.flushed, batch.marked, batch.emit
 
         async def work(lane: Lane[TurnMarker | None]) -> Ack:
+            # its batch's busy marks first: a wait for the thread's pending turn reads the stored markers,
+            # which must hold the mark its batch made for the turn before it
+            await marked.wait()
             own = gate.for_parked(partition, target, thread_id, lane.state)
             admission = await own.admit(partition, thread_id, request.requestId)
             if admission.refused is not None:
@@ -389,7 +391,9 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         if self._gate is None or not items:
             return None
         started = time.perf_counter()
-        gate = await self._gate.open_batch([(i.record.partition, i.request.threadId) for _, i in items])
+        gate = await self._gate.open_batch(
+            [(i.record.partition, i.request.threadId) for _, i in items], defer_marks=True
+        )
         metrics.STAGE_SECONDS.labels(path=PATH, stage="barrier").observe(time.perf_counter() - started)
         return gate
 
@@ -420,7 +424,16 @@ class _Batch:
         self.gate = gate
         self.fresh = MessageHistory(storage=handler.storage, last_messages=last, max_rows=handler.max_rows)
         self.flushed = asyncio.Event()  # the boundary writes are done: a parked recall reads after them
+        self.marked = asyncio.Event()  # the busy marks' write is settled: a parked request waits after it
         self._handler = handler
+
+    def write_marks(self) -> None:
+        """Start the busy marks the batch's requests made (held by its gate: one bulk write for the batch);
+        `marked` is set once they are settled."""
+        if self.gate is None:
+            self.marked.set()
+            return
+        self.gate.write_marks().add_done_callback(lambda _: self.marked.set())
 
     async def enrich(self, entry: tuple[int, _Item]) -> Done | Parked:
         return await self._handler._enrich(self, entry)

@@ -10,8 +10,11 @@ request whose wait ran out goes out with `history.complete: false`. A request th
 MongoDB (`fresh`): the prefetch predates what was persisted meanwhile. A thread whose pending turn is
 abandoned (`abandon_after_s`) is not busy, and its request says `complete: false` (that answer is missing).
 After recall, `enriched` marks the thread busy (policies enqueue and reject) while the enriched request is
-sent; the record is acknowledged once both are durable (`sent`). A send that fails for the record's sake (a
-dead letter at send time) clears the mark again: that turn will never be answered.
+sent; the record is acknowledged once both are durable (`sent`). In a recall batch the marks are held until
+the batch's requests are sent, then written together (`write_marks`: one bulk write for the batch), and a
+request parked in the batch starts its wait after that write: the wait reads the stored markers. A send
+that fails for the record's sake (a dead letter at send time) clears the mark again: that turn will never be
+answered.
 
 A wait interrupted by the stop signal, or a marker read that fails, is not the request's fault: `admit`
 returns it as `retry`; a parked request's lane tries it again (or, when stopping, leaves it to the
@@ -29,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from consumers.contract import Ack
 from consumers.runtime.containment import containable
@@ -99,8 +102,13 @@ class TurnGate:
     stop: asyncio.Event | None = None
     abandon_after_s: float = _ABANDON_AFTER_S  # a pending turn unanswered this long no longer makes it busy
 
-    async def open_batch(self, requests: Sequence[tuple[int, str]]) -> BatchGate:
-        """Look-ups for a batch of (partition, threadId): partitions behind and the threads' markers."""
+    async def open_batch(
+        self, requests: Sequence[tuple[int, str]], *, defer_marks: bool = False
+    ) -> BatchGate:
+        """Look-ups for a batch of (partition, threadId): partitions behind and the threads' markers.
+
+        `defer_marks`: the busy marks `enriched` makes are held until `write_marks` starts them together (one
+        bulk write for the batch; the recall path calls it when the batch's requests are all sent)."""
         started = time.monotonic()
         partitions = sorted({p for p, _ in requests})
         behind_task = self.barrier.behind(partitions) if self.barrier else _none_behind()
@@ -117,6 +125,7 @@ class TurnGate:
             behind=behind,
             markers=markers,
             abandoned_before=abandoned_before,
+            deferred=[] if defer_marks else None,
         )
 
     def for_parked(
@@ -132,6 +141,37 @@ class TurnGate:
             markers={} if marker is None else {thread_id: marker},
             abandoned_before=datetime.now(UTC) - timedelta(seconds=self.abandon_after_s),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class _Mark:
+    """A busy mark held until the batch's `write_marks`: the future its record's acknowledgement waits on."""
+
+    thread_id: str
+    request_id: str
+    resource_id: str | None
+    held: asyncio.Future[None]
+
+
+def _follow(write: asyncio.Future[None], held: asyncio.Future[None]) -> None:
+    """`held` settles as `write` does; cancelling `held` cancels `write`."""
+
+    def copy(done: asyncio.Future[None]) -> None:
+        if held.done():
+            return
+        if done.cancelled():
+            held.cancel()
+        elif (error := done.exception()) is not None:
+            held.set_exception(error)
+        else:
+            held.set_result(None)
+
+    def cancelled(_: asyncio.Future[None]) -> None:
+        if held.cancelled() and not write.done():
+            write.cancel()
+
+    write.add_done_callback(copy)
+    held.add_done_callback(cancelled)
 
 
 async def _none_behind() -> dict[int, int]:
@@ -153,6 +193,7 @@ class BatchGate:
     abandoned_before: datetime | None = None  # pending turns enriched before it are abandoned
     blocked: dict[str, RetriableError] = field(default_factory=dict)
     reached: set[int] = field(default_factory=set)  # partitions the barrier was waited for and reached
+    deferred: list[_Mark] | None = None  # marks held for `write_marks` (None: each written at once)
 
     async def admit(self, partition: int, thread_id: str, request_id: str) -> Admission:
         """Wait (bounded) until the request may be recalled; see the module docstring."""
@@ -267,7 +308,31 @@ class BatchGate:
         self.markers[thread_id] = (marker or TurnMarker()).enriched(
             request_id, datetime.now(UTC), resource_id
         )
+        if self.deferred is not None:
+            held: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self.deferred.append(_Mark(thread_id, request_id, resource_id, held))
+            return held
         return asyncio.ensure_future(gate.markers.mark(thread_id, request_id, resource_id=resource_id))
+
+    def write_marks(self) -> asyncio.Future[Any]:
+        """Start the marks `enriched` held (`open_batch(defer_marks=True)`) in one step of the event loop, so
+        that they go out as one bulk write (`storage.turns` coalesces what is submitted together; a mark per
+        request as it was sent made ~600 bulks of ~3 for a batch of 500). Each held future then settles as
+        its write does. Later marks of this gate are written at once. Returns a future done when every one of
+        them is settled (never failing: each record's acknowledgement carries its own mark's error)."""
+        deferred, self.deferred = self.deferred or [], None
+        markers = self.gate.markers
+        writes: list[asyncio.Future[None]] = []
+        for mark in deferred:
+            if mark.held.done() or markers is None:
+                mark.held.cancel()  # its record was given up meanwhile: nobody waits for this mark
+                continue
+            write = asyncio.ensure_future(
+                markers.mark(mark.thread_id, mark.request_id, resource_id=mark.resource_id)
+            )
+            _follow(write, mark.held)
+            writes.append(write)
+        return asyncio.gather(*writes, return_exceptions=True)
 
     def sent(self, thread_id: str, request_id: str, mark: asyncio.Future[None] | None, ack: Ack) -> Ack:
         """The record's acknowledgement: `ack` (the enriched request's send) once `mark` is durable too.
