@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 from consumers.contract import Ack
 from consumers.runtime.containment import containable
@@ -49,6 +49,8 @@ from message_history.errors import RetriableError, ThreadBusyError
 from message_history.settings import Settings
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _ABANDON_AFTER_S: Final[float] = Settings.model_fields["abandon_turn_after_ms"].default / 1000
 
@@ -153,10 +155,10 @@ class _Mark:
     held: asyncio.Future[None]
 
 
-def _follow(write: asyncio.Future[None], held: asyncio.Future[None]) -> None:
+def _follow(write: asyncio.Future[T], held: asyncio.Future[T]) -> None:
     """`held` settles as `write` does; cancelling `held` cancels `write`."""
 
-    def copy(done: asyncio.Future[None]) -> None:
+    def copy(done: asyncio.Future[T]) -> None:
         if held.done():
             return
         if done.cancelled():
@@ -164,9 +166,9 @@ def _follow(write: asyncio.Future[None], held: asyncio.Future[None]) -> None:
         elif (error := done.exception()) is not None:
             held.set_exception(error)
         else:
-            held.set_result(None)
+            held.set_result(done.result())
 
-    def cancelled(_: asyncio.Future[None]) -> None:
+    def cancelled(_: asyncio.Future[T]) -> None:
         if held.cancelled() and not write.done():
             write.cancel()
 
@@ -344,7 +346,48 @@ class BatchGate:
         again, the clear is written again)."""
         if mark is None:
             return ack
-        return asyncio.ensure_future(self._sent_or_released(thread_id, request_id, mark, ack))
+        if not asyncio.isfuture(ack):
+            return asyncio.ensure_future(self._sent_or_released(thread_id, request_id, mark, ack))
+        return self._sent_by_callbacks(thread_id, request_id, mark, ack)
+
+    def _sent_by_callbacks(
+        self, thread_id: str, request_id: str, mark: asyncio.Future[None], ack: asyncio.Future[Any]
+    ) -> asyncio.Future[Any]:
+        """`_sent_or_released` without a task per record in the common case (a task per record was a few
+        percent of the recall path's CPU, as `consumers.contract.ack_after` found for persist): the send's
+        result once the mark is durable, by done-callbacks. A send that failed takes the task (the clear
+        needs I/O; rare); cancelling the result cancels what it still waits for, as cancelling the task
+        would (tests/unit/test_sent_callbacks.py holds the two equal)."""
+        out: asyncio.Future[Any] = ack.get_loop().create_future()
+
+        def acked(done: asyncio.Future[Any]) -> None:
+            if out.done():
+                return
+            if done.cancelled() or done.exception() is not None:
+                failed = asyncio.ensure_future(self._sent_or_released(thread_id, request_id, mark, done))
+                _follow(failed, out)
+                return
+            result = done.result()
+
+            def marked(written: asyncio.Future[None]) -> None:
+                if out.done():
+                    return
+                if written.cancelled():
+                    out.cancel()
+                elif (error := written.exception()) is not None:
+                    out.set_exception(error)
+                else:
+                    out.set_result(result)
+
+            mark.add_done_callback(marked)
+
+        def cancelled(_: asyncio.Future[Any]) -> None:
+            if out.cancelled():
+                (mark if ack.done() else ack).cancel()
+
+        ack.add_done_callback(acked)
+        out.add_done_callback(cancelled)
+        return out
 
     async def _sent_or_released(
         self, thread_id: str, request_id: str, mark: asyncio.Future[None], ack: Ack

@@ -143,6 +143,14 @@ impl<'a> Parser<'a> {
         }
         let start = self.pos;
         loop {
+            // eight bytes at a time past the ones that need no look (no quote, backslash or control
+            // character): the byte-wise match below decides every other byte, so a skip is only a shortcut
+            while let Some(chunk) = self.text.get(self.pos..self.pos + 8) {
+                if has_special(u64::from_le_bytes(chunk.try_into().ok()?)) {
+                    break;
+                }
+                self.pos += 8;
+            }
             match *self.text.get(self.pos)? {
                 b'"' => {
                     self.pos += 1;
@@ -176,6 +184,20 @@ impl<'a> Parser<'a> {
             }
         }
     }
+}
+
+/// True when one of the eight bytes of `word` is `"`, `\\` or below 0x20 (the bytes a JSON string's body
+/// must look at). Exact: the zero-byte test `(x - 0x01..) & !x & 0x80..` has no false negative, and a byte
+/// of 0x80 or above (UTF-8) is never counted.
+#[inline]
+fn has_special(word: u64) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let quote = zero(word ^ (ONES * u64::from(b'"')));
+    let backslash = zero(word ^ (ONES * u64::from(b'\\')));
+    let control = word.wrapping_sub(ONES * 0x20) & !word & HIGHS;
+    (quote | backslash | control) != 0
 }
 
 /// A field check of the model tables (schemas/canonical.py's `Check`s).
@@ -366,5 +388,44 @@ pub fn canonical(text: &[u8]) -> bool {
     match parser.value(0) {
         Some(value) => parser.pos == text.len() && content_ok(&value),
         None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_special;
+
+    fn special_bytewise(word: u64) -> bool {
+        word.to_le_bytes()
+            .iter()
+            .any(|&b| b == b'"' || b == b'\\' || b < 0x20)
+    }
+
+    #[test]
+    fn has_special_is_the_bytewise_test_for_every_byte_at_every_place() {
+        // fillers: plain ASCII, the neighbours of each special byte, and UTF-8 bytes
+        for filler in [b'a', b' ', b'!', b'#', b'[', b']', 0x7F, 0x80, 0xC3, 0xFF] {
+            for place in 0..8 {
+                for byte in 0..=255u8 {
+                    let mut bytes = [filler; 8];
+                    bytes[place] = byte;
+                    let word = u64::from_le_bytes(bytes);
+                    assert_eq!(has_special(word), special_bytewise(word), "{bytes:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn has_special_is_the_bytewise_test_on_many_mixed_words() {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..2_000_000 {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let word = x.wrapping_mul(0x2545_F491_4F6C_DD1D);
+            assert_eq!(has_special(word), special_bytewise(word), "{word:#018x}");
+        }
     }
 }
