@@ -32,7 +32,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol
 
 from consumers.contract import Ack
 from consumers.runtime.containment import containable
@@ -46,11 +46,11 @@ from message_history.core.turn_rules import (
     should_mark,
 )
 from message_history.errors import RetriableError, ThreadBusyError
+from message_history.futures import follow, resolved_after
 from message_history.settings import Settings
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 _ABANDON_AFTER_S: Final[float] = Settings.model_fields["abandon_turn_after_ms"].default / 1000
 
@@ -153,27 +153,6 @@ class _Mark:
     request_id: str
     resource_id: str | None
     held: asyncio.Future[None]
-
-
-def _follow(write: asyncio.Future[T], held: asyncio.Future[T]) -> None:
-    """`held` settles as `write` does; cancelling `held` cancels `write`."""
-
-    def copy(done: asyncio.Future[T]) -> None:
-        if held.done():
-            return
-        if done.cancelled():
-            held.cancel()
-        elif (error := done.exception()) is not None:
-            held.set_exception(error)
-        else:
-            held.set_result(done.result())
-
-    def cancelled(_: asyncio.Future[T]) -> None:
-        if held.cancelled() and not write.done():
-            write.cancel()
-
-    write.add_done_callback(copy)
-    held.add_done_callback(cancelled)
 
 
 async def _none_behind() -> dict[int, int]:
@@ -332,7 +311,7 @@ class BatchGate:
             write = asyncio.ensure_future(
                 markers.mark(mark.thread_id, mark.request_id, resource_id=mark.resource_id)
             )
-            _follow(write, mark.held)
+            follow(write, mark.held)
             writes.append(write)
         return asyncio.gather(*writes, return_exceptions=True)
 
@@ -364,26 +343,13 @@ class BatchGate:
             if out.done():
                 return
             if done.cancelled() or done.exception() is not None:
-                failed = asyncio.ensure_future(self._sent_or_released(thread_id, request_id, mark, done))
-                _follow(failed, out)
-                return
-            result = done.result()
-
-            def marked(written: asyncio.Future[None]) -> None:
-                if out.done():
-                    return
-                if written.cancelled():
-                    out.cancel()
-                elif (error := written.exception()) is not None:
-                    out.set_exception(error)
-                else:
-                    out.set_result(result)
-
-            mark.add_done_callback(marked)
+                follow(asyncio.ensure_future(self._sent_or_released(thread_id, request_id, mark, done)), out)
+            else:
+                follow(resolved_after(mark, done.result()), out)
 
         def cancelled(_: asyncio.Future[Any]) -> None:
-            if out.cancelled():
-                (mark if ack.done() else ack).cancel()
+            if out.cancelled() and not ack.done():
+                ack.cancel()
 
         ack.add_done_callback(acked)
         out.add_done_callback(cancelled)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, TypeVar
 
-__all__ = ["chained", "resolved_after"]
+__all__ = ["chained", "follow", "resolved_after"]
 
 T = TypeVar("T")
 
@@ -44,3 +44,25 @@ def resolved_after(first: asyncio.Future[Any], value: T) -> asyncio.Future[T]:
     ready: asyncio.Future[T] = first.get_loop().create_future()
     ready.set_result(value)
     return chained(first, ready)
+
+
+def follow(source: asyncio.Future[T], target: asyncio.Future[T]) -> None:
+    """`target` (a future handed out before `source` existed) settles as `source` does; cancelling `target`
+    cancels `source`, as cancelling a task cancels what it awaits."""
+
+    def copy(done: asyncio.Future[T]) -> None:
+        if target.done():
+            return
+        if done.cancelled():
+            target.cancel()
+        elif (error := done.exception()) is not None:
+            target.set_exception(error)
+        else:
+            target.set_result(done.result())
+
+    def cancelled(_: asyncio.Future[T]) -> None:
+        if target.cancelled() and not source.done():
+            source.cancel()
+
+    source.add_done_callback(copy)
+    target.add_done_callback(cancelled)
