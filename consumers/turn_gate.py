@@ -305,9 +305,9 @@ class BatchGate:
         markers = self.gate.markers
         writes: list[asyncio.Future[None]] = []
         for mark in deferred:
-            if mark.held.done() or markers is None:
-                mark.held.cancel()  # its record was given up meanwhile: nobody waits for this mark
-                continue
+            if mark.held.done():
+                continue  # its record was given up meanwhile: nobody waits for this mark
+            assert markers is not None  # `enriched` holds marks only where there are markers
             write = asyncio.ensure_future(
                 markers.mark(mark.thread_id, mark.request_id, resource_id=mark.resource_id)
             )

@@ -19,16 +19,10 @@ def chained(first: asyncio.Future[Any], then: asyncio.Future[T]) -> asyncio.Futu
     out: asyncio.Future[T] = first.get_loop().create_future()
 
     def copy(done: asyncio.Future[Any]) -> None:
-        if out.done():
-            return
-        if done.cancelled():
-            out.cancel()
-        elif (error := done.exception()) is not None:
-            out.set_exception(error)
-        elif done is first:
+        if done is first and not out.done() and not done.cancelled() and done.exception() is None:
             then.add_done_callback(copy)
         else:
-            out.set_result(done.result())
+            _settle_as(out, done)
 
     def cancelled(_: asyncio.Future[T]) -> None:
         if out.cancelled():
@@ -51,14 +45,7 @@ def follow(source: asyncio.Future[T], target: asyncio.Future[T]) -> None:
     cancels `source`, as cancelling a task cancels what it awaits."""
 
     def copy(done: asyncio.Future[T]) -> None:
-        if target.done():
-            return
-        if done.cancelled():
-            target.cancel()
-        elif (error := done.exception()) is not None:
-            target.set_exception(error)
-        else:
-            target.set_result(done.result())
+        _settle_as(target, done)
 
     def cancelled(_: asyncio.Future[T]) -> None:
         if target.cancelled() and not source.done():
@@ -66,3 +53,15 @@ def follow(source: asyncio.Future[T], target: asyncio.Future[T]) -> None:
 
     source.add_done_callback(copy)
     target.add_done_callback(cancelled)
+
+
+def _settle_as(target: asyncio.Future[Any], done: asyncio.Future[Any]) -> None:
+    """`target` given `done`'s outcome (its result, error or cancellation), unless it is settled already."""
+    if target.done():
+        return
+    if done.cancelled():
+        target.cancel()
+    elif (error := done.exception()) is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(done.result())

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from pymongo import AsyncMongoClient
 
 from consumers.contract import delivered
 from consumers.recall import RecallHandler
@@ -26,7 +25,7 @@ from consumers.turn_gate import TurnGate
 from message_history.core.turn_rules import TurnMarker
 from message_history.settings import Settings
 from storage.turns import MongoTurnMarkers
-from tests import infra
+from tests.integration.test_turn_markers import fresh_markers
 from tests.paths import no_emit
 from tests.unit.test_batch_stand_ins import _CountingPages, _message, _seed
 from tests.unit.test_recall_once import _record, _Sent
@@ -71,15 +70,8 @@ class _Watched(MongoTurnMarkers):
 
 @pytest_asyncio.fixture
 async def markers(mongo_uri: str) -> AsyncIterator[_Watched]:
-    client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri, tz_aware=True)
-    name = infra.unique_name("batch_marks_").replace("-", "_")
-    store = _Watched(client[name], poll_s=0.02)
-    try:
+    async with fresh_markers(mongo_uri, _Watched) as store:
         yield store
-    finally:
-        await store.close()
-        await client.drop_database(name)
-        await client.close()
 
 
 async def test_a_batch_marks_its_threads_in_one_write_and_a_parked_request_waits_after_it(

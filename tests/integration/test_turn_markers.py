@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import pytest_asyncio
@@ -17,19 +18,29 @@ from tests import infra
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-@pytest_asyncio.fixture(params=["pipeline", "plain"])
-async def markers(mongo_uri: str, request: pytest.FixtureRequest) -> AsyncIterator[MongoTurnMarkers]:
-    """Markers on a fresh database, with pipeline updates or the plain two-update form."""
+M = TypeVar("M", bound=MongoTurnMarkers)
+
+
+@contextlib.asynccontextmanager
+async def fresh_markers(mongo_uri: str, kind: type[M]) -> AsyncIterator[M]:
+    """`kind` of markers on a database of its own (polling every 20 ms), dropped afterwards."""
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(mongo_uri, tz_aware=True)
     name = infra.unique_name("turns_").replace("-", "_")
-    store = MongoTurnMarkers(client[name], poll_s=0.02)
-    store._pipelines = request.param == "pipeline"
+    store = kind(client[name], poll_s=0.02)
     try:
         yield store
     finally:
         await store.close()
         await client.drop_database(name)
         await client.close()
+
+
+@pytest_asyncio.fixture(params=["pipeline", "plain"])
+async def markers(mongo_uri: str, request: pytest.FixtureRequest) -> AsyncIterator[MongoTurnMarkers]:
+    """Markers on a fresh database, with pipeline updates or the plain two-update form."""
+    async with fresh_markers(mongo_uri, MongoTurnMarkers) as store:
+        store._pipelines = request.param == "pipeline"
+        yield store
 
 
 async def test_an_answer_clears_its_pending_turn(markers: MongoTurnMarkers) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pymongo import UpdateOne
 
-from consumers.turn_gate import TurnGate
+from consumers.turn_gate import BatchGate, TurnGate
 from message_history.errors import StorageUnavailableError
 from storage.turns import _Coalesced
 from tests.unit.test_turn_gate import FakeMarkers
@@ -32,12 +32,20 @@ def _gate(markers: FakeMarkers) -> TurnGate:
     return TurnGate(barrier=None, markers=markers, policy="enqueue", timeout_s=0.1)
 
 
-async def test_held_marks_are_written_only_by_write_marks_and_settle_as_written() -> None:
-    markers = FakeMarkers()
+async def _held_pair(
+    markers: FakeMarkers,
+) -> tuple[BatchGate, asyncio.Future[None], asyncio.Future[None]]:
+    """A batch holding its marks, with a1 on thread a and b1 on thread b marked."""
     batch = await _gate(markers).open_batch([(0, "a"), (0, "b")], defer_marks=True)
     a, b = batch.enriched("a", "a1"), batch.enriched("b", "b1")
     assert a is not None
     assert b is not None
+    return batch, a, b
+
+
+async def test_held_marks_are_written_only_by_write_marks_and_settle_as_written() -> None:
+    markers = FakeMarkers()
+    batch, a, b = await _held_pair(markers)
     await asyncio.sleep(0.01)
     assert (markers.marked, a.done(), b.done()) == ([], False, False)  # held
     await batch.write_marks()
@@ -47,10 +55,7 @@ async def test_held_marks_are_written_only_by_write_marks_and_settle_as_written(
 
 async def test_a_failed_mark_fails_only_its_own_record() -> None:
     markers = _FailingFor("b")
-    batch = await _gate(markers).open_batch([(0, "a"), (0, "b")], defer_marks=True)
-    a, b = batch.enriched("a", "a1"), batch.enriched("b", "b1")
-    assert a is not None
-    assert b is not None
+    batch, a, b = await _held_pair(markers)
     await batch.write_marks()  # never fails itself: each record's acknowledgement carries its own error
     await a
     with pytest.raises(StorageUnavailableError):
@@ -59,10 +64,7 @@ async def test_a_failed_mark_fails_only_its_own_record() -> None:
 
 async def test_a_mark_given_up_before_the_write_is_not_written() -> None:
     markers = FakeMarkers()
-    batch = await _gate(markers).open_batch([(0, "a"), (0, "b")], defer_marks=True)
-    a, b = batch.enriched("a", "a1"), batch.enriched("b", "b1")
-    assert a is not None
-    assert b is not None
+    batch, a, _ = await _held_pair(markers)
     a.cancel()
     await batch.write_marks()
     assert markers.marked == [("b", "b1")]
