@@ -20,6 +20,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 mod canonical;
 mod fingerprint;
 mod owner;
+mod prescan;
 mod row;
 mod split;
 
@@ -122,11 +123,20 @@ fn array_documents<'py>(
     }
 }
 
+/// May `raw` hold NaN, Infinity or a number too large for a double: exactly `schemas/codec.py`'s
+/// `maybe_non_finite_py` (`b"NaN" in raw or b"Infinity" in raw or _MAYBE_HUGE.search(raw)`), in one pass
+/// (src/prescan.rs). Only bytes: anything else is a `TypeError`.
+#[pyfunction]
+fn maybe_non_finite(raw: &[u8]) -> bool {
+    prescan::maybe_non_finite(raw)
+}
+
 #[pymodule]
 fn message_history_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_from_raw, m)?)?;
     m.add_function(wrap_pyfunction!(owners_from_raw, m)?)?;
     m.add_function(wrap_pyfunction!(array_documents, m)?)?;
+    m.add_function(wrap_pyfunction!(maybe_non_finite, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_next_call_for_tests, m)?)?;
     m.add("FINGERPRINT", fingerprint::FINGERPRINT)?;
     m.add("MAX_VALUES", canonical::MAX_VALUES)?;
