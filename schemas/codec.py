@@ -1,11 +1,10 @@
 """The one way in and out of the four events (`schemas.events`): `decode_*` and `encode`.
 
-Decoding is size check, then pydantic-core's JSON parser straight into the models (no `json.loads` and dict
-walking; a response is parsed once into a tree that is then validated, see `decode_response`), then the
-checks a schema cannot express (limits that are configurable, ids that must agree with the event), then
-normalization: every message leaves `decode_request` / `decode_response` with an `id`, a
-`createdAt`, a `threadId` and a `resourceId` (`docs/events.md#11-ids-and-timestamps`). Everything wrong
-becomes one `EventValidationError(reason, path)`.
+Decoding is size check (and the other checks of the raw bytes, `check_raw`), then pydantic-core's JSON parser
+straight into the models (no `json.loads` and dict walking), then the checks a schema cannot express (limits
+that are configurable, ids that must agree with the event), then normalization: every message leaves
+`decode_request` / `decode_response` with an `id`, a `createdAt`, a `threadId` and a `resourceId`
+(`docs/events.md#11-ids-and-timestamps`). Everything wrong becomes one `EventValidationError(reason, path)`.
 
 Encoding dumps exactly the keys that were set (`exclude_unset`), so unknown fields and absent optional fields
 come back out as they came in; values the service adds are constructed explicitly, so they count as set.
@@ -13,12 +12,13 @@ come back out as they came in; values the service adds are constructed explicitl
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
 import re
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails, from_json, to_json
@@ -78,18 +78,11 @@ def persisted_value(
 
 
 def decode_request(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:  # noqa: B008 -- frozen
-    """Decode, check and normalize an `agent.requests` record value, with one JSON parse.
+    """Decode, check and normalize an `agent.requests` record value (the recall path's decode).
 
-    The recall path's decode, the same route as `decode_response` (the regex over every byte cost ~40 us of
-    a 1.4 KB request): a value the tree route does not accept outright goes through
-    `decode_request_reference`, which words every refusal. tests/unit/test_decode_request_differential.py
-    holds the two routes equal.
+    `check_raw` (its NaN / Infinity / huge-number prescan native when installed: `select_prescan`), the
+    models' JSON parser, then the event's checks.
     """
-    return _parsed_once(raw, AgentRequest, limits, _checked_request)
-
-
-def decode_request_reference(raw: bytes | str, limits: Limits = Limits()) -> AgentRequest:  # noqa: B008
-    """`decode_request` through the models' JSON parser: the route that words every refusal."""
     return _checked_request(_decode(raw, AgentRequest, limits), limits)
 
 
@@ -103,20 +96,8 @@ def _checked_request(event: AgentRequest, limits: Limits) -> AgentRequest:
 
 
 def decode_response(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008 -- frozen
-    """Decode, check and normalize an `agent.responses` record value, with one JSON parse.
-
-    The persist path's decode (issue 25): the value is parsed once (`from_json`), the parsed tree is walked
-    for numbers a double cannot hold, and the models are validated from the tree. A value this route does
-    not accept outright (not JSON, NaN or Infinity, a huge number, a schema error) goes through
-    `decode_response_reference`, so every refusal keeps today's reason and path word for word (a Python-mode
-    validation words a few errors differently from the JSON mode's); both routes then run the same checks.
-    tests/unit/test_decode_response_differential.py holds the two routes equal.
-    """
-    return _parsed_once(raw, AgentResponse, limits, _checked_response)
-
-
-def decode_response_reference(raw: bytes | str, limits: Limits = Limits()) -> AgentResponse:  # noqa: B008
-    """`decode_response` through the models' JSON parser: the route that words every refusal."""
+    """Decode, check and normalize an `agent.responses` record value (the persist path's decode), as
+    `decode_request`: `check_raw`, the models' JSON parser, the event's checks."""
     return _checked_response(_decode(raw, AgentResponse, limits), limits)
 
 
@@ -130,65 +111,6 @@ def _checked_response(event: AgentResponse, limits: Limits) -> AgentResponse:
     event.input = _normalize(event, event.input, "input", 0)
     event.response = _normalize(event, event.response, "response", len(event.input))
     return event
-
-
-def _parsed_once(raw: bytes | str, model: type[E], limits: Limits, checked: Callable[[E, Limits], E]) -> E:
-    """`raw` through one JSON parse (`_one_parse`), or, when that route does not accept it outright, through
-    the models' JSON parser (`_decode`, the reference route: it words every refusal); then `checked`."""
-    event = _one_parse(raw, model, limits)
-    return checked(event if event is not None else _decode(raw, model, limits), limits)
-
-
-def _one_parse(raw: bytes | str, model: type[E], limits: Limits) -> E | None:
-    """The event through one JSON parse and the event checks, or None when this route does not accept it
-    outright (the caller's reference route then decides, and words the refusal)."""
-    tree = _parsed_object(raw, limits)
-    if tree is None:
-        return None
-    try:
-        event = model.model_validate(tree)
-    except ValidationError:
-        return None
-    return _checked_event(event, limits)
-
-
-def _parsed_object(raw: bytes | str, limits: Limits) -> dict[str, Any] | None:
-    """The value parsed once, when nothing `check_raw` refuses can be in it; None sends it the long way.
-
-    The cheap tests first (size, encoding, framing); then NaN, Infinity and a number too large for a double,
-    which the parser reads as non-finite floats, are found in the tree instead of by a regex over every byte
-    (that search cost two thirds of a response's decode).
-    """
-    if isinstance(raw, str):
-        return None  # only tests and tools hand in text; the records are bytes
-    if (
-        len(raw) > limits.max_event_bytes
-        or other_encoding(raw) is not None
-        or schema_registry_framing(raw) is not None
-    ):
-        return None
-    try:
-        tree = from_json(raw)
-    except ValueError:
-        return None
-    if type(tree) is not dict or not _all_finite(tree):
-        return None
-    return tree
-
-
-def _all_finite(tree: dict[str, Any]) -> bool:
-    """No infinite (or NaN) float anywhere in a parsed JSON tree: no number too large for a double."""
-    stack: list[Any] = [tree]
-    while stack:
-        node = stack.pop()
-        for value in node.values() if type(node) is dict else node:
-            kind = type(value)
-            if kind is float:
-                if not math.isfinite(value):
-                    return False
-            elif kind is dict or kind is list:
-                stack.append(value)
-    return True
 
 
 def decode_enriched(raw: bytes | str, limits: Limits = Limits()) -> EnrichedRequest:  # noqa: B008 -- frozen
@@ -302,13 +224,41 @@ _NON_FINITE = "NaN, Infinity and -Infinity are not JSON"
 _MAYBE_HUGE = re.compile(rb"[eE][+-]?\d{3,}|(?<!\d)\d{300,}")
 
 
+def maybe_non_finite_py(raw: bytes) -> bool:
+    """May `raw` hold NaN, Infinity or a number too large for a double: the prescan's reference (the native
+    module's `maybe_non_finite` answers exactly this, in one pass; the regex costs ~35 us per KB)."""
+    return b"NaN" in raw or b"Infinity" in raw or _MAYBE_HUGE.search(raw) is not None
+
+
+NATIVE_MODULE: Final = "message_history_native"
+
+
+def select_prescan() -> Callable[[bytes], bool]:
+    """The prescan `_refuse_non_finite` asks: the native module's `maybe_non_finite` when it is installed and
+    has it (native/src/prescan.rs, tests/unit/test_non_finite_prescan.py hold it equal to the reference), else
+    `maybe_non_finite_py`. It mirrors no model, so any build that has the function will do."""
+    try:
+        module = importlib.import_module(NATIVE_MODULE)
+    except ImportError:
+        return maybe_non_finite_py
+    native: Callable[[bytes], bool] | None = getattr(module, "maybe_non_finite", None)
+    return maybe_non_finite_py if native is None else native
+
+
+_maybe_non_finite: Callable[[bytes], bool] = select_prescan()
+"""Chosen once, at import: the one place that decides which prescan runs."""
+
+
 def _refuse_non_finite(raw: bytes) -> None:
     """Refuse the `NaN`, `Infinity` and `-Infinity` literals anywhere in a value, and numbers too large for a
     double (the models' parser reads them all as floats, and they would be written back as null).
 
-    Two substring scans and one regex search in the common case; only a value that contains the letters or a
-    huge-looking number anywhere (in a string, say) is parsed once more, with those refused.
+    One prescan in the common case (`_maybe_non_finite`); only a value that contains the letters or a
+    huge-looking number anywhere (in a string, say) is looked at again and parsed once more, with those
+    refused.
     """
+    if not _maybe_non_finite(raw):
+        return
     if b"NaN" in raw or b"Infinity" in raw:
         try:
             from_json(raw, allow_inf_nan=False)

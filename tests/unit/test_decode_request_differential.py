@@ -1,27 +1,28 @@
-"""Differential property (issue 25, recall's decode): the one-parse `decode_request` and the models' JSON
-route it replaced (`decode_request_reference`) agree on every value: both refuse with the same error (type,
-reason, path), or both accept with the same event (equal models, byte-identical encodings).
+"""Differential property (recall's decode): `decode_request` with the native NaN / Infinity / huge-number
+prescan (`message_history_native.maybe_non_finite`, what the service uses when it is installed) and with the
+Python reference (`maybe_non_finite_py`) agree on every value: both refuse with the same error (type, reason,
+path), or both accept with the same event (equal models, byte-identical encodings).
 
 The values are tests/fuzzing.py's (hostile edges, garbage, random bytes), plus events built to reach each
-check the fast route makes itself (a huge number, NaN, a wrong encoding, a frame, a size), the memory
-options (strict booleans, numbers a Python-mode validation may read differently) and ones a Python-mode
-validation words differently from the JSON mode. Pure, no stack; `FUZZ_EXAMPLES` raises the count.
+check of the raw bytes (a huge number, NaN, the letters and long digit runs inside strings, a wrong encoding,
+a frame, a size), the memory options and schema errors. Pure, no stack; `FUZZ_EXAMPLES` raises the count.
+tests/unit/test_non_finite_prescan.py holds the two prescans equal on bytes alone.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from message_history.errors import InvalidInputError
-from schemas.codec import decode_request, decode_request_reference, encode
+from schemas.codec import decode_request, encode, maybe_non_finite_py
 from schemas.events import AgentRequest
 from schemas.limits import Limits
 from tests.fuzzing import Fuzzed, any_value, request, text_message
+from tests.prescan import Prescan, native_prescan, using
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "400"))
 LIMITS = Limits(max_event_bytes=16_384, max_messages_per_event=20, max_parts_per_message=20, max_id_length=40)
@@ -56,6 +57,12 @@ EDGE_VALUES: list[bytes] = [
     _with_literal("NaN"),
     _with_literal("-Infinity"),
     _with_literal('"1e400 in a string"'),
+    _with_literal('"NaN, Infinity and 1E-123 in a string"'),
+    _with_literal('"' + "9" * 300 + '"'),
+    _with_literal("1" * 299),
+    _with_literal("1" * 300),
+    _with_literal("1.5E-123"),
+    _with_literal("1e+99"),
     _dumps(_valid(messages="not a list")),
     _dumps(_valid(messages=[])),
     _dumps(_valid(messages=[{"role": "user", "content": {"parts": "x"}}])),
@@ -91,18 +98,25 @@ EDGE_VALUES: list[bytes] = [
 ]
 
 
-def _outcome(decode: Callable[[bytes, Limits], AgentRequest], value: bytes) -> AgentRequest | tuple[str, str]:
-    """The event, or the refusal as (error type, message)."""
-    try:
-        return decode(value, LIMITS)
-    except InvalidInputError as exc:
-        return type(exc).__name__, str(exc)
+@pytest.fixture(scope="module")
+def native() -> Prescan:
+    return native_prescan()
 
 
-def assert_same(value: bytes) -> None:
-    """Both routes refuse alike, or both accept the same event."""
-    expected = _outcome(decode_request_reference, value)
-    got = _outcome(decode_request, value)
+def _outcome(prescan: Prescan, value: bytes) -> AgentRequest | tuple[str, str]:
+    """The event `decode_request` decodes with `prescan` as the codec's NaN / Infinity / huge-number
+    prescan, or the refusal as (error type, message)."""
+    with using(prescan):
+        try:
+            return decode_request(value, LIMITS)
+        except InvalidInputError as exc:
+            return type(exc).__name__, str(exc)
+
+
+def assert_same(native: Prescan, value: bytes) -> None:
+    """Both prescans refuse alike, or both accept the same event."""
+    expected = _outcome(maybe_non_finite_py, value)
+    got = _outcome(native, value)
     assert got == expected, value[:200]
     if isinstance(got, AgentRequest) and isinstance(expected, AgentRequest):
         assert got.model_fields_set == expected.model_fields_set
@@ -110,18 +124,29 @@ def assert_same(value: bytes) -> None:
 
 
 @pytest.mark.parametrize("value", EDGE_VALUES, ids=range(len(EDGE_VALUES)))
-def test_routes_agree_on_edges(value: bytes) -> None:
-    assert_same(value)
+def test_prescans_agree_on_edges(native: Prescan, value: bytes) -> None:
+    assert_same(native, value)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(any_value("requests", LIMITS))
-def test_routes_agree_on_fuzzed_values(record: Fuzzed) -> None:
+def test_prescans_agree_on_fuzzed_values(native: Prescan, record: Fuzzed) -> None:
     if record.value is not None:
-        assert_same(record.value)
+        assert_same(native, record.value)
 
 
-def test_the_huge_number_check_is_the_fast_routes_own() -> None:
-    """The fast route itself refuses a huge number: the reference is not what catches it here."""
-    with pytest.raises(InvalidInputError, match="does not fit a double"):
-        decode_request(_with_literal("1e309"), LIMITS)
+@pytest.mark.parametrize("literal", ["1e309", "-1e400", "1" * 400 + ".5"])
+def test_each_prescan_refuses_a_huge_number(native: Prescan, literal: str) -> None:
+    for prescan in (native, maybe_non_finite_py):
+        with using(prescan), pytest.raises(InvalidInputError, match="does not fit a double"):
+            decode_request(_with_literal(literal), LIMITS)
+
+
+NON_FINITE = "NaN, Infinity and -Infinity are not JSON"
+
+
+@pytest.mark.parametrize("literal", ["NaN", "-Infinity", "Infinity"])
+def test_each_prescan_refuses_nan_and_infinity(native: Prescan, literal: str) -> None:
+    for prescan in (native, maybe_non_finite_py):
+        with using(prescan), pytest.raises(InvalidInputError, match=NON_FINITE):
+            decode_request(_with_literal(literal), LIMITS)
