@@ -257,7 +257,14 @@ def _refuse_non_finite(raw: bytes) -> None:
     huge-looking number anywhere (in a string, say) is looked at again and parsed once more, with those
     refused.
     """
-    if not _maybe_non_finite(raw):
+    try:
+        maybe = _maybe_non_finite(raw)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException:  # noqa: BLE001 -- a Rust panic (PyO3's `PanicException` is a BaseException that
+        # every `except Exception` would let through, ending the loop): the reference decides this value
+        maybe = maybe_non_finite_py(raw)
+    if not maybe:
         return
     if b"NaN" in raw or b"Infinity" in raw:
         try:

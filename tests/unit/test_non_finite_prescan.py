@@ -189,3 +189,27 @@ def test_native_takes_bytes_only(native: Prescan) -> None:
     assert native(b"x") is False
     with pytest.raises(TypeError):
         native("NaN")  # type: ignore[arg-type]
+
+
+class _Panic(BaseException):
+    """What PyO3 raises for a Rust panic: `PanicException`, a BaseException (not an Exception)."""
+
+
+@pytest.mark.parametrize(
+    ("raw", "refused"), [(b'{"n":NaN}', True), (b'{"n":1e999}', True), (b'{"n":1.5}', False)]
+)
+def test_a_panicking_prescan_leaves_the_decision_to_the_reference(
+    monkeypatch: pytest.MonkeyPatch, raw: bytes, refused: bool
+) -> None:
+    """A prescan that panics neither escapes `check_raw` (it would pass every `except Exception` and stop
+    the loop) nor lets a value through unchecked: the reference prescan decides."""
+
+    def panics(value: bytes) -> bool:
+        raise _Panic("native prescan panicked")
+
+    monkeypatch.setattr(codec, "_maybe_non_finite", panics)
+    if refused:
+        with pytest.raises(EventValidationError, match="not JSON"):
+            check_raw(raw, Limits(), "event")
+    else:
+        check_raw(raw, Limits(), "event")
