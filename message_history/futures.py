@@ -18,9 +18,15 @@ def chained(first: asyncio.Future[Any], then: asyncio.Future[T]) -> asyncio.Futu
     future it still waits for."""
     out: asyncio.Future[T] = first.get_loop().create_future()
 
+    def settle(done: asyncio.Future[Any]) -> None:
+        _settle_as(out, done)
+
+    # Not one callback that adds itself to `then`: a function naming itself through its closure is a
+    # reference cycle, which kept every chained future (and the Kafka metadata it holds) alive until the
+    # collector found it (issue 33: most of the persist path's cyclic garbage).
     def copy(done: asyncio.Future[Any]) -> None:
-        if done is first and not out.done() and not done.cancelled() and done.exception() is None:
-            then.add_done_callback(copy)
+        if not out.done() and not done.cancelled() and done.exception() is None:
+            then.add_done_callback(settle)
         else:
             _settle_as(out, done)
 

@@ -6,7 +6,8 @@ What the persist path's p99 at half capacity queues behind (docs/benchmarks.md):
 wired as the service wires it (tombstones, busy markers, the batch's reads handed to the write) on the server
 in `MONGODB_URI` (a database of its own, dropped at the end), for batches of `--turns` new turns (a user
 message and an assistant reply each) on as many existing threads, the batch size the open-loop latency
-phase sees. Prints, per batch: the median, p90 and mean wall time, the MongoDB commands (command monitoring)
+phase sees. Prints, per batch: the median, p90 and mean wall time, the median CPU per turn of this process (the
+client's side alone: decode, decision, the driver, the event loop), the MongoDB commands (command monitoring)
 and the median of each storage step (the load's reads, the tombstones, the save, its bulk writes, the busy
 markers). Run it in two checkouts one after the other, several times (A/B): the figures are wall times on
 a shared machine. Progress on stderr.
@@ -30,6 +31,7 @@ from pymongo import AsyncMongoClient, monitoring
 
 from consumers.contract import Done, Record
 from consumers.persist import PersistHandler
+from message_history.app.process import tune_gc
 from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from storage.forgetting import MongoForgetting
@@ -131,6 +133,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 setattr(storage, name, _timed(spent, name, getattr(storage, name)))
         forgetting.tombstones = _timed(spent, "tombstones", forgetting.tombstones)  # type: ignore[method-assign]
         markers.answered = _timed(spent, "markers", markers.answered)  # type: ignore[method-assign]
+        tune_gc(Settings())  # the collector as the service sets it
         handler = PersistHandler(
             Settings(),
             storage,
@@ -141,14 +144,16 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         )
         threads = [f"t{n}" for n in range(args.turns)]
         times: list[float] = []
+        cpu_us: list[float] = []  # this process's CPU per turn (the client side: models, driver, loop)
         sent: list[int] = []
         for turn in range(WARM_UP + args.rounds):
             records = [_response(thread, turn, args.message_bytes) for thread in threads]
-            before, started = commands.started_count, time.perf_counter()
+            before, started, cpu = commands.started_count, time.perf_counter(), time.process_time()
             results = await handler.handle(cast(list[Record], records), _no_emit)
             await asyncio.gather(*(cast(Done, result).sent for result in results))
             if turn >= WARM_UP:
                 times.append((time.perf_counter() - started) * 1000)
+                cpu_us.append((time.process_time() - cpu) * 1e6 / args.turns)
                 sent.append(commands.started_count - before)
             print(f"[persist-batch] {turn + 1}/{WARM_UP + args.rounds}", end="\r", file=sys.stderr)
         print(file=sys.stderr)
@@ -159,6 +164,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             "median_ms": round(statistics.median(times), 2),
             "p90_ms": round(times[int(0.9 * (len(times) - 1))], 2),
             "mean_ms": round(statistics.mean(times), 2),
+            "cpu_us_per_turn": round(statistics.median(cpu_us), 1),
             "commands_per_batch": statistics.median(sent),
             "step_median_ms": {k: round(statistics.median(v[WARM_UP:] or v), 2) for k, v in spent.items()},
             "load_average": os.getloadavg()[0],
