@@ -6,13 +6,15 @@ chained future cancels what it still waits for."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from consumers.contract import _after, ack_after
-from message_history.futures import resolved_after
+from message_history.futures import chained, resolved_after
 
 Step = Callable[[asyncio.Future[Any]], None]
 
@@ -144,3 +146,38 @@ def test_resolved_after_ends_as_a_task_awaiting_first_then_returning_the_value(
     ours, task = asyncio.run(both())
     assert ours == task, first_name
     assert ours[0] == first_name
+
+
+@pytest.mark.parametrize("first_fails", [False, True])
+def test_settled_chains_are_freed_without_the_collector(first_fails: bool) -> None:
+    """Once settled, the chain and both futures it followed go with their last reference, without a garbage
+    collection: no reference cycle holds them (a callback naming itself through its closure did, and kept
+    each record's futures and Kafka metadata alive until the collector found them)."""
+
+    async def run() -> list[weakref.ref[asyncio.Future[Any]]]:
+        loop = asyncio.get_running_loop()
+        first: asyncio.Future[Any] = loop.create_future()
+        then: asyncio.Future[Any] = loop.create_future()
+        out = chained(first, then)
+        refs = [weakref.ref(f) for f in (first, then, out)]
+        if first_fails:
+            first.set_exception(ValueError("boom"))
+        else:
+            first.set_result(None)
+        await asyncio.sleep(0)
+        then.set_result("x")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert out.done()
+        out.exception()  # retrieved: no "never retrieved" warning
+        first.exception()
+        del first, then, out
+        return refs
+
+    gc.collect()
+    gc.disable()
+    try:
+        refs = asyncio.run(run())
+        assert [r() for r in refs] == [None, None, None]
+    finally:
+        gc.enable()
