@@ -1,7 +1,8 @@
 """The NaN / Infinity / huge-number prescan of `schemas.codec.check_raw`: the native `maybe_non_finite`
-(native/src/prescan.rs) answers exactly the Python reference `maybe_non_finite_py` (two substring tests and
-the `_MAYBE_HUGE` regex) on random bytes and on inputs built around the patterns; the codec uses the native
-one when it is installed, the reference when not.
+(native/src/prescan.rs) and the Python fallback `maybe_non_finite_py` (a translation and substring searches)
+answer exactly the definition `maybe_non_finite_reference` (two substring tests and the `_MAYBE_HUGE`
+regex) on random bytes and on inputs built around the patterns; the codec uses the native one when it is
+installed, the fallback when not.
 
 The module is built by `stack install --all` (CI): under CI=true a missing module fails these tests instead of
 skipping them (tests/prescan.py), as tests/unit/test_row_codec_native.py does.
@@ -19,7 +20,13 @@ from hypothesis import strategies as st
 
 from message_history.errors import EventValidationError
 from schemas import codec
-from schemas.codec import NATIVE_MODULE, check_raw, maybe_non_finite_py, select_prescan
+from schemas.codec import (
+    NATIVE_MODULE,
+    check_raw,
+    maybe_non_finite_py,
+    maybe_non_finite_reference,
+    select_prescan,
+)
 from schemas.limits import Limits
 from tests.prescan import Prescan, native_prescan
 
@@ -29,6 +36,12 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "400"))
 @pytest.fixture(scope="module")
 def native() -> Prescan:
     return native_prescan()
+
+
+@pytest.fixture(scope="module", params=["native", "python"])
+def prescan(request: pytest.FixtureRequest) -> Prescan:
+    """Each prescan the codec may use: the native one, and the Python fallback."""
+    return native_prescan() if request.param == "native" else maybe_non_finite_py
 
 
 # --- inputs built around the patterns ----------------------------------------------------------------------
@@ -100,36 +113,36 @@ TABLE: list[bytes] = [
 
 
 @pytest.mark.parametrize("raw", TABLE, ids=range(len(TABLE)))
-def test_native_equals_the_reference_on_the_table(native: Prescan, raw: bytes) -> None:
-    assert native(raw) is maybe_non_finite_py(raw)
+def test_each_prescan_equals_the_reference_on_the_table(prescan: Prescan, raw: bytes) -> None:
+    assert prescan(raw) is maybe_non_finite_reference(raw)
 
 
-def test_native_equals_the_reference_on_every_placement(native: Prescan) -> None:
+def test_each_prescan_equals_the_reference_on_every_placement(prescan: Prescan) -> None:
     placed = _placed()
     hits = 0
     for raw in placed:
-        want = maybe_non_finite_py(raw)
-        assert native(raw) is want, raw
+        want = maybe_non_finite_reference(raw)
+        assert prescan(raw) is want, raw
         hits += want
     assert 0 < hits < len(placed)  # both answers are exercised
 
 
 def test_the_table_holds_both_answers() -> None:
-    answers = {maybe_non_finite_py(raw) for raw in TABLE}
+    answers = {maybe_non_finite_reference(raw) for raw in TABLE}
     assert answers == {True, False}
-    assert maybe_non_finite_py(b"1" * 299) is False
-    assert maybe_non_finite_py(b"1" * 300) is True
-    assert maybe_non_finite_py(b"e+12") is False
-    assert maybe_non_finite_py(b"E-123") is True
+    assert maybe_non_finite_reference(b"1" * 299) is False
+    assert maybe_non_finite_reference(b"1" * 300) is True
+    assert maybe_non_finite_reference(b"e+12") is False
+    assert maybe_non_finite_reference(b"E-123") is True
 
 
-def test_native_on_large_adversarial_inputs(native: Prescan) -> None:
+def test_each_prescan_on_large_adversarial_inputs(prescan: Prescan) -> None:
     """The shapes that are slow for a backtracking search, 1 MiB each (the answer, not the time, is checked:
     the Rust tests and the design keep it linear)."""
     n = 1 << 20
     for unit in (b"1" * 299 + b",", b"e+", b"e1", b"Infinit", b"Na", b"1", b"e", b"\xff"):
         raw = (unit * (n // len(unit) + 1))[:n]
-        assert native(raw) is maybe_non_finite_py(raw), unit
+        assert prescan(raw) is maybe_non_finite_reference(raw), unit
 
 
 _PIECES = st.sampled_from(
@@ -139,14 +152,14 @@ _PIECES = st.sampled_from(
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.binary(max_size=400))
-def test_native_equals_the_reference_on_random_bytes(native: Prescan, raw: bytes) -> None:
-    assert native(raw) is maybe_non_finite_py(raw)
+def test_each_prescan_equals_the_reference_on_random_bytes(prescan: Prescan, raw: bytes) -> None:
+    assert prescan(raw) is maybe_non_finite_reference(raw)
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(_PIECES, max_size=120).map(b"".join))
-def test_native_equals_the_reference_on_pattern_pieces(native: Prescan, raw: bytes) -> None:
-    assert native(raw) is maybe_non_finite_py(raw)
+def test_each_prescan_equals_the_reference_on_pattern_pieces(prescan: Prescan, raw: bytes) -> None:
+    assert prescan(raw) is maybe_non_finite_reference(raw)
 
 
 # --- which one the codec uses ------------------------------------------------------------------------------
