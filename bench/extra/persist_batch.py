@@ -6,11 +6,11 @@ What the persist path's p99 at half capacity queues behind (docs/benchmarks.md):
 wired as the service wires it (tombstones, busy markers, the batch's reads handed to the write) on the server
 in `MONGODB_URI` (a database of its own, dropped at the end), for batches of `--turns` new turns (a user
 message and an assistant reply each) on as many existing threads, the batch size the open-loop latency
-phase sees. Prints, per batch: the median, p90 and mean wall time, the median CPU per turn of this process (the
-client's side alone: decode, decision, the driver, the event loop), the MongoDB commands (command monitoring)
-and the median of each storage step (the load's reads, the tombstones, the save, its bulk writes, the busy
-markers). Run it in two checkouts one after the other, several times (A/B): the figures are wall times on
-a shared machine. Progress on stderr.
+phase sees. Prints, per batch: the median, p90 and mean wall time, the median CPU per turn of this process
+(the client's side alone: decode, decision, the driver, the event loop), the MongoDB commands (command
+monitoring) and the median of each storage step (the load's reads, the tombstones, the save, its bulk
+writes, the busy markers). Run it in two checkouts one after the other, several times (A/B): the figures are
+wall times on a shared machine. Progress on stderr.
 """
 
 from __future__ import annotations
