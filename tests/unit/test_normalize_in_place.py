@@ -106,6 +106,7 @@ def test_a_response_is_normalized_as_by_copies(seed: int) -> None:
     reference_input = _by_copy(parsed, list(parsed.input), "input", 0)
     reference_response = _by_copy(parsed, list(parsed.response), "response", len(parsed.input))
     decoded = decode_response(raw)
+    mine: Message
     for mine, theirs in zip(decoded.input, reference_input, strict=True):
         _same(mine, theirs)
     for mine, theirs in zip(decoded.response, reference_response, strict=True):
