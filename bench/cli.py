@@ -53,6 +53,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
         "bench.extra.persist_batch",
         "one persist batch's wall time in process (MongoDB, no Kafka), per storage step",
     ),
+    "persist-steps": (
+        "bench.extra.persist_steps",
+        "a persist turn's pure steps alone (decode, decision, plan, BSON, outcome), CPU per turn, no I/O",
+    ),
     "failover": (
         "bench.extra.failover",
         "one of three instances SIGKILLed under fast turns: send-to-answer of its threads and the others'",

@@ -13,7 +13,7 @@ from bench import targets
 from bench.cli import SIDE
 from bench.cli import main as bench_main
 from bench.context import SERVICE_RUNTIME_ENV, parse_env
-from bench.extra import failover
+from bench.extra import failover, persist_steps
 from bench.idle import stage_ms_per_turn
 from bench.procstat import cpu_seconds, cpu_seconds_fine, minor_faults
 from bench.profile import summarize as summarize_profile
@@ -430,3 +430,14 @@ def test_failover_threads_cover_every_partition(count: int, partitions: int) -> 
     per = -(-count // partitions)
     assert all(homes.count(p) <= per for p in every)
     assert len(set(homes)) == min(count, partitions)
+
+
+def test_persist_steps_times_every_step_over_every_turn() -> None:
+    """`persist-steps` runs each pure step over every turn (each saved, three writes a turn: two messages and
+    the thread), and its sum is its steps'."""
+    result = persist_steps.run(turns=6, rounds=1, message_bytes=40)
+    steps = result["cpu_us_per_turn"]
+    assert list(steps) == ["decode", "select", "plan", "ops", "bson", "marker_op", "outcome"]
+    assert result["saved_turns"] == 6
+    assert result["writes"] == 18
+    assert result["sum_us_per_turn"] == pytest.approx(sum(steps.values()), abs=0.05)
