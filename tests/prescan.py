@@ -1,5 +1,6 @@
 """The codec's two NaN / Infinity / huge-number prescans for tests: the native one (or a skip, a failure under
-CI=true, where `stack install --all` builds it) and a block run with either one chosen."""
+CI=true, where `stack install --all` builds it), a block run with either one chosen, and the differential
+check the decode tests share (a decode with the native prescan = the decode with the Python one)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,13 @@ from contextlib import contextmanager
 
 import pytest
 
+from message_history.errors import InvalidInputError
 from schemas import codec
-from schemas.codec import NATIVE_MODULE
+from schemas.codec import NATIVE_MODULE, encode, maybe_non_finite_py
+from schemas.events import EventBase
 
 Prescan = Callable[[bytes], bool]
+Decode = Callable[[bytes], EventBase]
 
 
 def native_prescan() -> Prescan:
@@ -38,3 +42,24 @@ def using(prescan: Prescan) -> Iterator[None]:
         yield
     finally:
         codec._maybe_non_finite = chosen
+
+
+def _outcome(decode: Decode, prescan: Prescan, value: bytes) -> EventBase | tuple[str, str]:
+    """The event `decode` makes of `value` with `prescan` as the codec's prescan, or the refusal as (error
+    type, message)."""
+    with using(prescan):
+        try:
+            return decode(value)
+        except InvalidInputError as exc:
+            return type(exc).__name__, str(exc)
+
+
+def assert_same_decode(decode: Decode, native: Prescan, value: bytes) -> None:
+    """With either prescan, `decode` refuses `value` alike or accepts the same event (its fields set, its
+    wire form)."""
+    expected = _outcome(decode, maybe_non_finite_py, value)
+    got = _outcome(decode, native, value)
+    assert got == expected, value[:200]
+    if isinstance(got, EventBase) and isinstance(expected, EventBase):
+        assert got.model_fields_set == expected.model_fields_set
+        assert encode(got) == encode(expected), value[:200]

@@ -62,30 +62,24 @@ def _messages(seed: int) -> list[dict[str, Any]]:
     return messages
 
 
-def _request(seed: int) -> bytes:
+def _event(seed: int, **lists: list[dict[str, Any]]) -> bytes:
     event = {
         "schemaVersion": 1,
         "requestId": f"q{seed}",
         "threadId": "t1",
         "resourceId": "r1",
         "createdAt": "2025-03-01T10:00:00.000Z",
-        "messages": _messages(seed),
+        **lists,
     }
     return json.dumps(event).encode()
+
+
+def _request(seed: int) -> bytes:
+    return _event(seed, messages=_messages(seed))
 
 
 def _response(seed: int) -> bytes:
-    event = {
-        "schemaVersion": 1,
-        "requestId": f"q{seed}",
-        "threadId": "t1",
-        "resourceId": "r1",
-        "createdAt": "2025-03-01T10:00:00.000Z",
-        "input": _messages(seed),
-        "response": _messages(seed + 100_000),
-        "finishReason": "stop",
-    }
-    return json.dumps(event).encode()
+    return _event(seed, input=_messages(seed), response=_messages(seed + 100_000))
 
 
 @pytest.mark.parametrize("seed", range(300))
