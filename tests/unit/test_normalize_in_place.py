@@ -123,28 +123,20 @@ def test_the_cases_fill_every_field_and_leave_some_messages_whole() -> None:
 
 
 def test_a_fill_not_marked_as_set_leaves_the_wire_form(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fields set matter: filling `__dict__` alone would drop the filled fields from the wire form (what
-    the enriched request and the stored rows are built from), which the comparison above catches."""
+    """The fields set matter: the decode's fill is in the wire form (what the enriched request and the stored
+    rows are built from); filling `__dict__` alone would leave it out, which the comparison above catches."""
 
-    def unmarked(event: EventBase, messages: list[Message], kind: Kind, offset: int) -> list[Message]:
+    def unmarked(event: EventBase, messages: list[Message], kind: Kind, offset: int) -> None:
         for i, message in enumerate(messages):
             if message.id is None:
                 message.__dict__["id"] = derived_message_id(
                     event.resourceId, event.threadId, event.requestId, kind, i
                 )
-        return messages
 
-    raw = json.dumps(
-        {
-            "schemaVersion": 1,
-            "requestId": "q",
-            "threadId": "t1",
-            "resourceId": "r1",
-            "createdAt": "2025-03-01T10:00:00.000Z",
-            "messages": [{"role": "user", "content": "hi"}],
-        }
-    ).encode()
+    raw = _event(0, messages=[{"role": "user", "content": "hi"}])
+    filled = decode_request(raw).messages[0]
+    assert filled.wire()["id"] == derived_message_id("r1", "t1", "q0", "input", 0)
     monkeypatch.setattr(codec, "_normalize", unmarked)
     message = decode_request(raw).messages[0]
-    assert message.id is not None
+    assert message.id == filled.id
     assert "id" not in message.wire()
