@@ -113,6 +113,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=7, help="runs of each step; the least CPU is kept")
     parser.add_argument("--message-bytes", type=int, default=1000, help="text per message")
     args = parser.parse_args(argv)
+    if args.turns < 1 or args.rounds < 1 or args.message_bytes < 0:
+        parser.error("--turns and --rounds must be at least 1, --message-bytes not negative")
     print(json.dumps(run(args.turns, args.rounds, args.message_bytes)))
     print("[persist-steps] done", file=sys.stderr)
     return 0

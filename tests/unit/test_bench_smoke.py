@@ -441,3 +441,11 @@ def test_persist_steps_times_every_step_over_every_turn() -> None:
     assert result["saved_turns"] == 6
     assert result["writes"] == 18
     assert result["sum_us_per_turn"] == pytest.approx(sum(steps.values()), abs=0.05)
+
+
+@pytest.mark.parametrize("flags", [["--turns", "0"], ["--rounds", "0"], ["--message-bytes", "-1"]])
+def test_persist_steps_refuses_an_empty_measurement(flags: list[str]) -> None:
+    """No turns or no rounds would time nothing: a usage error, not an assertion deep in the run."""
+    with pytest.raises(SystemExit) as exited:
+        persist_steps.main(flags)
+    assert exited.value.code == 2
