@@ -80,7 +80,9 @@ async def _no_emit(*_: Any, **__: Any) -> asyncio.Future[None]:
     raise AssertionError("the bench's publisher sends nothing")  # `_Publisher` ignores its channel
 
 
-def _response(thread: str, turn: int, size: int) -> _Record:
+def response_record(thread: str, turn: int, size: int) -> _Record:
+    """The bench's turn on `thread`: a user message and an assistant reply of `size` characters each (also
+    `persist-steps`' turns)."""
     def message(role: str, n: int) -> dict[str, Any]:
         second = 2 * turn + n
         hours, minutes, seconds = 10 + second // 3600, second // 60 % 60, second % 60
@@ -147,7 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         cpu_us: list[float] = []  # this process's CPU per turn (the client side: models, driver, loop)
         sent: list[int] = []
         for turn in range(WARM_UP + args.rounds):
-            records = [_response(thread, turn, args.message_bytes) for thread in threads]
+            records = [response_record(thread, turn, args.message_bytes) for thread in threads]
             before, started, cpu = commands.started_count, time.perf_counter(), time.process_time()
             results = await handler.handle(cast(list[Record], records), _no_emit)
             await asyncio.gather(*(cast(Done, result).sent for result in results))

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import bson
 from pymongo import UpdateOne
 
-from bench.extra.persist_batch import _response
+from bench.extra.persist_batch import response_record
 from consumers.persist import _write_of
 from message_history.app.process import tune_gc
 from message_history.core.persist_plan import TurnWrite
@@ -59,7 +59,7 @@ def _statement(op: UpdateOne) -> dict[str, Any]:
 def run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
     """Each step's CPU per turn (us) over `turns` turns, the best of `rounds`; and their sum."""
     tune_gc(Settings())
-    raws = [_response(f"t{n}", 3, message_bytes).value or b"" for n in range(turns)]
+    raws = [response_record(f"t{n}", 3, message_bytes).value or b"" for n in range(turns)]
     at = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
     stored = {f"t{n}": Thread(f"t{n}", "r1", "", {}, createdAt=at, updatedAt=at) for n in range(turns)}
     now = datetime.now(UTC)
