@@ -83,6 +83,7 @@ async def _no_emit(*_: Any, **__: Any) -> asyncio.Future[None]:
 def response_record(thread: str, turn: int, size: int) -> _Record:
     """The bench's turn on `thread`: a user message and an assistant reply of `size` characters each (also
     `persist-steps`' turns)."""
+
     def message(role: str, n: int) -> dict[str, Any]:
         second = 2 * turn + n
         hours, minutes, seconds = 10 + second // 3600, second // 60 % 60, second % 60
