@@ -337,7 +337,7 @@ class Settings(BaseSettings):
         ),
     )
     gc_threshold: int = Field(
-        10_000,
+        100_000,
         ge=0,
         description=(
             "The young generation's collection threshold (`gc.set_threshold`; Python's default is 700): "

@@ -23,7 +23,7 @@ def test_defaults_freeze_and_raise_the_young_threshold() -> None:
     """The defaults the benchmark chose (docs/operations.md#11-runtime-and-allocator-settings)."""
     before = gc.get_threshold()
     tune_gc(Settings())
-    assert gc.get_threshold() == (10_000, before[1], before[2])
+    assert gc.get_threshold() == (100_000, before[1], before[2])
     assert gc.get_freeze_count() > 0
 
 
