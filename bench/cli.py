@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import math
 import secrets
 import shlex
 import sys
@@ -100,6 +101,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--line-seconds", type=float, default=300.0, help="time budget per line (%(default)s)")
     p.add_argument("--latency-events", type=int, default=1000, help="events timed per line (%(default)s)")
     p.add_argument("--latency-seconds", type=float, default=20.0, help="latency phase length (%(default)s)")
+    p.add_argument(
+        "--latency-rate",
+        type=float,
+        metavar="R",
+        help="time every line's latency at R events/s, not at half its own measured throughput (tails at "
+        "equal load: a cheaper line is otherwise timed at a higher rate)",
+    )
     p.add_argument("--mastra-concurrency", type=int, default=32, help="turns in flight in Node (%(default)s)")
     p.add_argument("--idle-turns", type=int, default=300, help="turns timed by the idle line (%(default)s)")
     p.add_argument("--soak", type=int, metavar="N", help="memory flatness: run one path for N events instead")
@@ -141,6 +149,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _rate(rate: float | None) -> float | None:
+    """`--latency-rate`: a positive, finite number of events per second, or None (half each line's own)."""
+    if rate is None:
+        return None
+    if not math.isfinite(rate) or rate <= 0:
+        raise SystemExit(f"--latency-rate must be a positive number of events per second: {rate}")
+    return rate
+
+
 def _counts(text: str | None) -> tuple[int, ...]:
     """`1,2,3` -> (1, 2, 3); thousands separators (`_`) allowed; sorted, no repeats."""
     if not text:
@@ -169,6 +186,7 @@ def options_from(args: argparse.Namespace, argv: Sequence[str]) -> Options:
         line_seconds=values["line_seconds"],
         latency_events=values["latency_events"],
         latency_seconds=values["latency_seconds"],
+        latency_rate=_rate(values.get("latency_rate")),
         mastra_concurrency=values["mastra_concurrency"],
         idle_turns=values["idle_turns"],
     )

@@ -43,6 +43,7 @@ class Budget:
     latency_events: int = 1000
     latency_seconds: float = 20.0
     load_fraction: float = 0.5  # latency is measured at this share of the line's measured throughput
+    latency_rate: float | None = None  # or at this rate (events/s) for every line: tails at equal load
     startup_timeout_s: float = 120.0
     mastra_concurrency: int = 32
     idle_turns: int = 300  # timed turns of the idle-latency line (`bench.idle`)

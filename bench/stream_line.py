@@ -238,7 +238,10 @@ async def _watch(
 
 async def _latency(ctx: RunContext, running: _Running, result: LineResult) -> None:
     budget = ctx.budget
-    rate = max(0.2, budget.load_fraction * (result.events_per_s or 1.0))
+    if budget.latency_rate is not None:  # one rate for every line, so their tails compare at equal load
+        rate = budget.latency_rate
+    else:
+        rate = max(0.2, budget.load_fraction * (result.events_per_s or 1.0))
     count = int(max(3, min(budget.latency_events, rate * budget.latency_seconds)))
     Progress(f"{running.line.name} latency").say(f"{count} events at {rate:,.1f}/s")
     latencies = await running.timed(count=count, rate=rate, timeout_s=max(30.0, 3 * count / rate))
