@@ -105,8 +105,9 @@ def parser() -> argparse.ArgumentParser:
         "--latency-rate",
         type=float,
         metavar="R",
-        help="time every line's latency at R events/s, not at half its own measured throughput (tails at "
-        "equal load: a cheaper line is otherwise timed at a higher rate)",
+        help="time every Kafka line's latency (the service, B1, naive and contract-stream lines) at R "
+        "events/s, not at half its own measured throughput (tails at equal load: a cheaper line is otherwise "
+        "timed at a higher rate)",
     )
     p.add_argument("--mastra-concurrency", type=int, default=32, help="turns in flight in Node (%(default)s)")
     p.add_argument("--idle-turns", type=int, default=300, help="turns timed by the idle line (%(default)s)")
