@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Final
 
 from bench import coordination, targets
-from bench.context import REPO, Budget, parse_env
+from bench.context import MIN_LATENCY_RATE, REPO, Budget, parse_env
 from bench.run import ALL_LINES, Options, run
 from bench.scale import render_scale, run_scale
 from bench.stats import ratios, render_table
@@ -151,11 +151,13 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _rate(rate: float | None) -> float | None:
-    """`--latency-rate`: a positive, finite number of events per second, or None (half each line's own)."""
+    """`--latency-rate`: a finite number of events per second, at least `MIN_LATENCY_RATE` (the floor the
+    default rate has too: a slower phase would wait minutes for its few events), or None (half each
+    line's own throughput)."""
     if rate is None:
         return None
-    if not math.isfinite(rate) or rate <= 0:
-        raise SystemExit(f"--latency-rate must be a positive number of events per second: {rate}")
+    if not math.isfinite(rate) or rate < MIN_LATENCY_RATE:
+        raise SystemExit(f"--latency-rate must be at least {MIN_LATENCY_RATE} events per second: {rate}")
     return rate
 
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Final
 
 from bench.procstat import Servers
 from bench.progress import log
@@ -33,6 +34,10 @@ def parse_env(text: str) -> dict[str, str]:
     if bad:
         raise ValueError(f"not K=V: {', '.join(bad)}")
     return dict(item.split("=", 1) for item in pairs)
+
+
+MIN_LATENCY_RATE: Final = 0.2
+"""The slowest latency phase, events per second (slower, a line's few timed events would take minutes)."""
 
 
 @dataclass

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import processes
-from bench.context import RunContext
+from bench.context import MIN_LATENCY_RATE, RunContext
 from bench.kafka_io import LatencyProbe, OutputCounter, Record, create_topics, preload, wait_for_group
 from bench.procstat import cpu_seconds_fine, minor_faults, peak_rss_bytes
 from bench.profile import Sampler
@@ -241,7 +241,7 @@ async def _latency(ctx: RunContext, running: _Running, result: LineResult) -> No
     if budget.latency_rate is not None:  # one rate for every line, so their tails compare at equal load
         rate = budget.latency_rate
     else:
-        rate = max(0.2, budget.load_fraction * (result.events_per_s or 1.0))
+        rate = max(MIN_LATENCY_RATE, budget.load_fraction * (result.events_per_s or 1.0))
     count = int(max(3, min(budget.latency_events, rate * budget.latency_seconds)))
     Progress(f"{running.line.name} latency").say(f"{count} events at {rate:,.1f}/s")
     latencies = await running.timed(count=count, rate=rate, timeout_s=max(30.0, 3 * count / rate))

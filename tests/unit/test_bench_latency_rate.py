@@ -18,9 +18,11 @@ from bench.stream_line import _latency
 def test_the_rate_reaches_the_budget() -> None:
     assert options_from(parser().parse_args(["--latency-rate", "300"]), []).budget.latency_rate == 300.0
     assert options_from(parser().parse_args([]), []).budget.latency_rate is None
+    floor = options_from(parser().parse_args(["--latency-rate", "0.2"]), [])
+    assert floor.budget.latency_rate == 0.2
 
 
-@pytest.mark.parametrize("rate", ["0", "-5", "nan", "inf"])
+@pytest.mark.parametrize("rate", ["0", "-5", "0.0000001", "0.19", "nan", "inf"])
 def test_a_rate_that_is_no_rate_is_refused(rate: str) -> None:
     with pytest.raises(SystemExit, match="--latency-rate"):
         options_from(parser().parse_args([f"--latency-rate={rate}"]), [])
