@@ -1,4 +1,4 @@
-"""`python -m bench --latency-rate R`: every line's latency phase at one rate, not half its own throughput."""
+"""`python -m bench --latency-rate R`: every Kafka line's latency phase at one rate, not half its own."""
 
 from __future__ import annotations
 
