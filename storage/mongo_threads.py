@@ -11,7 +11,6 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 from bson.raw_bson import RawBSONDocument
-from pymongo import UpdateOne
 
 from message_history.errors import UnreadableRowError
 from schemas.messages import utc_now_ms
@@ -22,6 +21,7 @@ from storage.protocol import Thread
 from storage.raw_rows import decode_row, lenient_row
 from storage.save_plan import _check_thread_id
 from storage.unreadable import skip
+from storage.update_command import Statement
 
 __all__ = ["MongoThreads"]
 
@@ -78,11 +78,12 @@ class MongoThreads(MongoUpserts):
         if not updates:
             return
         now = utc_now_ms()
-        ops = []
+        ops: list[Statement] = []
         for thread_id, update in updates:
             _check_thread_id(thread_id)
             fields = {f"metadata.{key}": value for key, value in update.items()}
-            ops.append(UpdateOne({"id": thread_id}, {"$set": fields, "$max": {"updatedAt": now}}))
+            update_doc = {"$set": fields, "$max": {"updatedAt": now}}
+            ops.append({"q": {"id": thread_id}, "u": update_doc, "upsert": False})
         try:
             await self._bulk_write(self.threads, ops, "update thread metadata", retry_race=False)
         except RefusedDocumentsError as exc:

@@ -13,12 +13,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from pymongo.results import BulkWriteResult
 
 from storage.errors import record_errors, to_storage_error
 from storage.mongo_collections import MongoCollections
+from storage.update_command import Statement, update_statements
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -50,7 +50,7 @@ class MongoUpserts(MongoCollections):
     async def _record_bulk_write(
         self,
         collection: AsyncCollection[dict[str, Any]],
-        ops: Callable[[bool], list[UpdateOne]],
+        ops: Callable[[bool], list[Statement]],
         operation: str,
     ) -> dict[int, str]:
         """`_keyed_bulk_write`; the operations MongoDB refused for their own document, by index (the others
@@ -64,7 +64,7 @@ class MongoUpserts(MongoCollections):
     async def _keyed_bulk_write(
         self,
         collection: AsyncCollection[dict[str, Any]],
-        ops: Callable[[bool], list[UpdateOne]],
+        ops: Callable[[bool], list[Statement]],
         operation: str,
     ) -> BulkWriteResult | None:
         """The bulk keyed by `_id`; if it collides with a row Mastra inserted, the same bulk keyed by `id`.
@@ -84,14 +84,14 @@ class MongoUpserts(MongoCollections):
     async def _bulk_write(
         self,
         collection: AsyncCollection[dict[str, Any]],
-        ops: list[UpdateOne],
+        ops: list[Statement],
         operation: str,
         *,
         retry_race: bool,
     ) -> BulkWriteResult | None:
-        """One unordered `bulk_write`, its result (None when the server does not acknowledge writes). A
-        unique-index collision raises `_UniqueIndexCollisionError`, or, with `retry_race`, first runs the
-        bulk once more.
+        """One unordered bulk (`storage.update_command`: one `update` command, else `bulk_write`), its
+        result (None when the server does not acknowledge writes). A unique-index collision raises
+        `_UniqueIndexCollisionError`, or, with `retry_race`, first runs the bulk once more.
 
         Two writers upserting the same new id can both miss and both insert; the loser gets a duplicate key
         (MongoDB 4.2+ retries that itself for equality filters, other servers may not). Every op here is an
@@ -99,7 +99,8 @@ class MongoUpserts(MongoCollections):
         """
         for attempt in (1, 2):
             try:
-                result = await collection.bulk_write(ops, ordered=False)
+                size = _set_strings(ops)
+                result = await update_statements(collection, ops, ordered=False, approx_bytes=size)
             except BulkWriteError as exc:
                 refused = record_errors(exc)
                 if refused is not None:
@@ -124,3 +125,15 @@ class MongoUpserts(MongoCollections):
                 continue
             raise to_storage_error(collision, operation) from collision
         raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
+
+
+def _set_strings(statements: list[Statement]) -> int:
+    """The length of the strings the statements `$set` (a message's content and extra fields: what makes a
+    bulk large), for `update_statements`' choice; a bulk it misjudges is still split by the driver."""
+    total = 0
+    for statement in statements:
+        update = statement["u"]
+        fields = update.get("$set") if isinstance(update, dict) else None
+        if fields:
+            total += sum(len(v) for v in fields.values() if isinstance(v, str))
+    return total

@@ -18,13 +18,13 @@ from datetime import datetime
 from typing import Any
 
 from pydantic_core import to_json
-from pymongo import UpdateOne
 
 from message_history.core.rules import owner_refusal
 from message_history.errors import InvalidInputError, MessageIdTakenError, ThreadOwnershipError
 from schemas.messages import Message, utc_now_ms
 from storage.documents import EXTRA_FIELD
 from storage.protocol import SaveTurn, Thread
+from storage.update_command import Statement
 
 
 @dataclass(slots=True)
@@ -35,7 +35,7 @@ class MessageWrite:
     extra: str | None
     created: datetime
 
-    def op(self, *, by_id_field: bool = False) -> UpdateOne:
+    def op(self, *, by_id_field: bool = False) -> Statement:
         """The upsert, by `_id` (= the message id: a primary-key lookup) or by `id` (Mastra's own rows)."""
         update: dict[str, Any] = {"$set": dict(self.fields), "$setOnInsert": {"createdAt": self.created}}
         if self.extra is None:
@@ -43,7 +43,7 @@ class MessageWrite:
         else:
             update["$set"][EXTRA_FIELD] = self.extra
         key = self.fields["id"]
-        return UpdateOne({"id": key} if by_id_field else {"_id": key}, update, upsert=True)
+        return {"q": {"id": key} if by_id_field else {"_id": key}, "u": update, "upsert": True}
 
 
 @dataclass(slots=True)
@@ -53,7 +53,7 @@ class _ThreadWrite:
     newest: datetime
     doc_key: Any = None  # the stored thread's `_id` (Mastra's are ObjectIds), None for a new thread
 
-    def op(self, thread_id: str, *, by_id_field: bool = False) -> UpdateOne:
+    def op(self, thread_id: str, *, by_id_field: bool = False) -> Statement:
         """The thread's upsert, keyed by its stored `_id`, else `_id` = thread id, or (fallback) by `id`.
 
         `$setOnInsert` keeps an existing thread's title, metadata and createdAt; `$max` moves updatedAt
@@ -63,9 +63,9 @@ class _ThreadWrite:
             key: dict[str, Any] = {"id": thread_id}
         else:
             key = {"_id": thread_id if self.doc_key is None else self.doc_key}
-        return UpdateOne(
-            key,
-            {
+        return {
+            "q": key,
+            "u": {
                 "$setOnInsert": {
                     "id": thread_id,
                     "resourceId": self.resource_id,
@@ -75,8 +75,8 @@ class _ThreadWrite:
                 },
                 "$max": {"updatedAt": self.newest},
             },
-            upsert=True,
-        )
+            "upsert": True,
+        }
 
 
 class SavePlan:

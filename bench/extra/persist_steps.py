@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import bson
-from pymongo import UpdateOne
 
 from bench.extra.persist_batch import response_record
 from consumers.persist import _write_of
@@ -35,6 +34,7 @@ from schemas.codec import decode_response, persisted_value
 from storage.protocol import SaveTurn, Thread
 from storage.save_plan import plan_saves
 from storage.turns import _answered_pipeline
+from storage.update_command import Statement
 
 T = TypeVar("T")
 
@@ -49,11 +49,6 @@ def _best(rounds: int, step: Callable[[], T]) -> tuple[float, T]:
         best = min(best, time.process_time() - started)
     assert result is not None
     return best, result
-
-
-def _statement(op: UpdateOne) -> dict[str, Any]:
-    """The update statement the driver encodes for `op` (its command framing aside)."""
-    return {"q": op._filter, "u": op._doc, "upsert": True}
 
 
 def run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
@@ -74,11 +69,11 @@ def run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
     ]
     spent["plan"], (_, plan) = _best(rounds, lambda: plan_saves(saves, stored, now=now))
 
-    def ops() -> list[UpdateOne]:
+    def ops() -> list[Statement]:
         return [w.op() for w in plan.messages.values()] + [w.op(t) for t, w in plan.threads.items()]
 
     spent["ops"], updates = _best(rounds, ops)
-    spent["bson"], _ = _best(rounds, lambda: [bson.encode(_statement(op)) for op in updates])
+    spent["bson"], _ = _best(rounds, lambda: [bson.encode(op) for op in updates])
 
     def markers() -> list[Any]:
         return [_answered_pipeline(e.threadId, [e.requestId], now) for e in events]

@@ -1,0 +1,78 @@
+"""`storage.update_command.bulk_result`: an `update` command's reply read as `bulk_write` reports it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pymongo.errors import BulkWriteError
+
+from storage.update_command import Statement, bulk_result
+
+STATEMENTS: list[Statement] = [{"q": {"_id": n}, "u": {"$set": {"n": n}}, "upsert": True} for n in range(3)]
+
+
+@pytest.mark.parametrize(
+    ("reply", "upserted", "matched", "modified"),
+    [
+        (
+            {"ok": 1, "n": 3, "nModified": 0, "upserted": [{"index": i, "_id": i} for i in range(3)]},
+            [0, 1, 2],
+            0,
+            0,
+        ),
+        ({"ok": 1, "n": 3, "nModified": 2}, [], 3, 2),
+        ({"ok": 1, "n": 2, "nModified": 1, "upserted": [{"index": 2, "_id": 2}]}, [2], 1, 1),
+        ({"ok": 1}, [], 0, 0),  # an unacknowledged-looking reply: nothing counted
+    ],
+)
+def test_a_reply_without_errors_is_the_result(
+    reply: dict[str, Any], upserted: list[int], matched: int, modified: int
+) -> None:
+    result = bulk_result(reply, STATEMENTS, acknowledged=True)
+    assert sorted(result.upserted_ids or {}) == upserted
+    assert (result.upserted_count, result.matched_count, result.modified_count) == (
+        len(upserted),
+        matched,
+        modified,
+    )
+    assert result.inserted_count == 0
+
+
+def test_write_errors_are_the_bulk_write_error_sorted_with_their_statements() -> None:
+    reply = {
+        "ok": 1,
+        "n": 1,
+        "nModified": 0,
+        "upserted": [{"index": 0, "_id": 0}],
+        "writeErrors": [
+            {"index": 2, "code": 121, "errmsg": "validation"},
+            {"index": 1, "code": 11000, "errmsg": "dup"},
+        ],
+    }
+    with pytest.raises(BulkWriteError) as caught:
+        bulk_result(reply, STATEMENTS, acknowledged=True)
+    details = caught.value.details
+    assert [(e["index"], e["code"]) for e in details["writeErrors"]] == [(1, 11000), (2, 121)]
+    assert [e["op"] for e in details["writeErrors"]] == [STATEMENTS[1], STATEMENTS[2]]
+    assert details["upserted"] == [{"index": 0, "_id": 0}]
+    assert details["writeConcernErrors"] == []
+    assert reply["writeErrors"] == [
+        {"index": 2, "code": 121, "errmsg": "validation"},
+        {"index": 1, "code": 11000, "errmsg": "dup"},
+    ]  # the reply untouched
+
+
+def test_a_write_concern_error_alone_is_a_bulk_write_error() -> None:
+    reply = {"ok": 1, "n": 3, "nModified": 3, "writeConcernError": {"code": 64, "errmsg": "waiting"}}
+    with pytest.raises(BulkWriteError) as caught:
+        bulk_result(reply, STATEMENTS, acknowledged=True)
+    assert caught.value.details["writeConcernErrors"] == [{"code": 64, "errmsg": "waiting"}]
+    assert caught.value.details["writeErrors"] == []
+
+
+def test_an_error_index_outside_the_bulk_carries_no_statement() -> None:
+    reply = {"ok": 1, "n": 0, "nModified": 0, "writeErrors": [{"index": 7, "code": 2, "errmsg": "odd"}]}
+    with pytest.raises(BulkWriteError) as caught:
+        bulk_result(reply, STATEMENTS, acknowledged=True)
+    assert "op" not in caught.value.details["writeErrors"][0]
