@@ -26,13 +26,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequenc
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError
 
 from message_history.core.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
 from message_history.errors import FatalStorageError, WaitInterruptedError
 from storage.client import CODEC, mongo_client
 from storage.errors import storage_errors, to_storage_error
+from storage.update_command import Statement, update_statements
 
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
@@ -47,12 +47,12 @@ _DUPLICATE_KEY = frozenset({11000, 11001})  # two writers upserting one new _id:
 _OPS_PER_COMMAND = 500
 
 
-def _answered_pipeline(thread_id: str, ids: list[str], now: datetime, upsert: bool = True) -> UpdateOne:
+def _answered_pipeline(thread_id: str, ids: list[str], now: datetime, upsert: bool = True) -> Statement:
     """One update: `pending` cleared when it is one of `ids`; `ids` appended to `answered` (newest kept)."""
     pending = {"$ifNull": ["$pending", None]}
-    return UpdateOne(
-        {"_id": thread_id},
-        [
+    return {
+        "q": {"_id": thread_id},
+        "u": [
             {
                 "$set": {
                     "pending": {"$cond": [{"$in": [pending, ids]}, None, pending]},
@@ -63,21 +63,26 @@ def _answered_pipeline(thread_id: str, ids: list[str], now: datetime, upsert: bo
                 }
             }
         ],
-        upsert=upsert,
-    )
+        "upsert": upsert,
+    }
 
 
-def _answered_plain(thread_id: str, ids: list[str], now: datetime, upsert: bool = True) -> list[UpdateOne]:
+def _answered_plain(thread_id: str, ids: list[str], now: datetime, upsert: bool = True) -> list[Statement]:
     """The same as `_answered_pipeline` in two plain updates, for servers without pipeline updates."""
     return [
-        UpdateOne(
-            {"_id": thread_id},
-            {"$push": {"answered": {"$each": ids, "$slice": -ANSWERED_KEPT}}, "$set": {"answeredAt": now}},
-            upsert=upsert,
-        ),
-        UpdateOne(
-            {"_id": thread_id, "pending": {"$in": ids}}, {"$set": {"pending": None, "enrichedAt": None}}
-        ),
+        {
+            "q": {"_id": thread_id},
+            "u": {
+                "$push": {"answered": {"$each": ids, "$slice": -ANSWERED_KEPT}},
+                "$set": {"answeredAt": now},
+            },
+            "upsert": upsert,
+        },
+        {
+            "q": {"_id": thread_id, "pending": {"$in": ids}},
+            "u": {"$set": {"pending": None, "enrichedAt": None}},
+            "upsert": False,
+        },
     ]
 
 
@@ -141,7 +146,7 @@ class MongoTurnMarkers:
         changes: dict[str, Any] = {"pending": request_id, "enrichedAt": now}
         if resource_id is not None:
             changes["resourceId"] = resource_id
-        op = UpdateOne({"_id": thread_id}, {"$set": changes}, upsert=True)
+        op: Statement = {"q": {"_id": thread_id}, "u": {"$set": changes}, "upsert": True}
         await self._marks.submit(op)
 
     async def release(self, thread_id: str, request_id: str) -> None:
@@ -227,16 +232,16 @@ class MongoTurnMarkers:
         plain = [op for t, (ids, upsert) in prepared.items() for op in _answered_plain(t, ids, now, upsert)]
         await self._write_chunks(plain)
 
-    async def _write_chunks(self, ops: list[UpdateOne]) -> None:
+    async def _write_chunks(self, ops: list[Statement]) -> None:
         for start in range(0, len(ops), _OPS_PER_COMMAND):
             await self._write(ops[start : start + _OPS_PER_COMMAND])
 
-    async def _write(self, ops: list[UpdateOne]) -> None:
+    async def _write(self, ops: list[Statement]) -> None:
         operation = f"bulk_write on {TURNS}"
         for attempt in (1, 2):
             with storage_errors(operation):
                 try:
-                    await self.collection.bulk_write(ops, ordered=True)
+                    await update_statements(self.collection, ops, ordered=True)
                 except BulkWriteError as exc:
                     codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
                     if attempt == 2 or not codes or not codes <= _DUPLICATE_KEY:
@@ -254,14 +259,14 @@ class _Coalesced:
     `consumers.turn_gate.BatchGate.write_marks`): this grouping alone left ~460 bulks of 2-3 marks where
     there were ~630 for 3,000 requests (issue 33, counted in the bench), the hold made them 72."""
 
-    def __init__(self, write: Callable[[list[UpdateOne]], Awaitable[None]]) -> None:
+    def __init__(self, write: Callable[[list[Statement]], Awaitable[None]]) -> None:
         self._write = write
-        self._ops: list[UpdateOne] = []
+        self._ops: list[Statement] = []
         self._futures: list[asyncio.Future[None]] = []
         self._flush_task: asyncio.Task[None] | None = None
         self.flushes = 0  # bulk writes sent, for tests and the bench
 
-    async def submit(self, op: UpdateOne) -> None:
+    async def submit(self, op: Statement) -> None:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._ops.append(op)
         self._futures.append(future)

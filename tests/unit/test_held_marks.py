@@ -7,11 +7,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from pymongo import UpdateOne
 
 from consumers.turn_gate import BatchGate, TurnGate
 from message_history.errors import StorageUnavailableError
 from storage.turns import _Coalesced
+from storage.update_command import Statement
 from tests.unit.test_turn_gate import FakeMarkers
 
 
@@ -88,18 +88,18 @@ async def test_marks_submitted_while_a_write_is_in_flight_go_together_in_the_nex
     writes: list[list[str]] = []
     in_flight = 0
 
-    async def write(ops: list[UpdateOne]) -> None:
+    async def write(ops: list[Statement]) -> None:
         nonlocal in_flight
         in_flight += 1
         assert in_flight == 1  # never two bulks at once
-        writes.append([op._filter["_id"] for op in ops])
+        writes.append([op["q"]["_id"] for op in ops])
         await release.wait()
         in_flight -= 1
 
     coalesced = _Coalesced(write)
 
     def submit(thread: str) -> asyncio.Future[Any]:
-        return asyncio.ensure_future(coalesced.submit(UpdateOne({"_id": thread}, {"$set": {"p": 1}})))
+        return asyncio.ensure_future(coalesced.submit({"q": {"_id": thread}, "u": {"$set": {"p": 1}}}))
 
     first = submit("a")
     await asyncio.sleep(0.01)  # "a" is being written
@@ -117,7 +117,7 @@ async def test_marks_submitted_while_a_write_is_in_flight_go_together_in_the_nex
 async def test_a_failed_write_fails_its_marks_and_the_next_ones_still_go() -> None:
     calls = 0
 
-    async def write(ops: list[UpdateOne]) -> None:
+    async def write(ops: list[Statement]) -> None:
         nonlocal calls
         calls += 1
         if calls == 1:
@@ -125,10 +125,10 @@ async def test_a_failed_write_fails_its_marks_and_the_next_ones_still_go() -> No
             raise StorageUnavailableError("down")
 
     coalesced = _Coalesced(write)
-    first = asyncio.ensure_future(coalesced.submit(UpdateOne({"_id": "a"}, {"$set": {"p": 1}})))
+    first = asyncio.ensure_future(coalesced.submit({"q": {"_id": "a"}, "u": {"$set": {"p": 1}}}))
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-    second = asyncio.ensure_future(coalesced.submit(UpdateOne({"_id": "b"}, {"$set": {"p": 1}})))
+    second = asyncio.ensure_future(coalesced.submit({"q": {"_id": "b"}, "u": {"$set": {"p": 1}}}))
     with pytest.raises(StorageUnavailableError):
         await first
     await second
