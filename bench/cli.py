@@ -58,6 +58,10 @@ SIDE: Final[dict[str, tuple[str, str]]] = {
         "bench.extra.persist_steps",
         "a persist turn's pure steps alone (decode, decision, plan, BSON, outcome), CPU per turn, no I/O",
     ),
+    "update-command": (
+        "bench.extra.update_command",
+        "a persist batch's writes by the driver's bulk_write and as one update command, CPU per statement",
+    ),
     "failover": (
         "bench.extra.failover",
         "one of three instances SIGKILLed under fast turns: send-to-answer of its threads and the others'",
