@@ -1,8 +1,9 @@
 """A bulk of update statements sent as one `update` command, without the driver's per-operation objects.
 
 PyMongo's `bulk_write` builds an `UpdateOne` per statement, validates it, copies it into its bulk's own
-operation document and merges the reply in Python: about 3 us a statement of the persist path's ~4 a turn
-(issue 33: 10.7 -> 7.0 us a statement on the local stack, `python -m bench update-command`). The statements
+operation document and merges the reply in Python: about 2.3 us of this process's CPU a statement, of the
+persist path's ~4 a turn (issue 33: a median of 6.8-7.1 -> 4.4-4.9 us a statement, `python -m bench
+update-command`; docs/benchmarks.md, "the bulk writes as one update command"). The statements
 here are already in the wire shape (`{"q", "u", "upsert"}`), so they go out as the command's `updates` as
 they are, and the reply is read only where it says something went wrong.
 
