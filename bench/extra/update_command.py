@@ -62,6 +62,7 @@ async def _run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(os.environ["MONGODB_URI"])
     db = client[f"bench_update_command_{uuid.uuid4().hex[:8]}"]
     spent: dict[str, list[float]] = {"bulk_write": [], "update_command": []}
+    written = {"bulk_write": 0, "update_command": 0}
     count = 0
     try:
         await db.command("ping")
@@ -84,7 +85,12 @@ async def _run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
                 # as save_many issues them: the two bulks together
                 await asyncio.gather(write(f"m_{name}", messages), write(f"t_{name}", threads))
                 spent[name].append((time.process_time() - started) * 1e6 / count)
+                written[name] += len(messages)
             print(f"[update-command] round {n + 1}/{rounds}", file=sys.stderr)
+        for name, expected in written.items():  # both ways wrote every message: the same work timed
+            stored = await db[f"m_{name}"].count_documents({})
+            if stored != expected:
+                raise RuntimeError(f"{name} stored {stored} messages of {expected}")
     finally:
         await client.drop_database(db.name)
         await client.close()
@@ -93,6 +99,7 @@ async def _run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
         "rounds": rounds,
         "message_bytes": message_bytes,
         "statements_per_batch": count,
+        "messages_stored": written,
         "cpu_us_per_statement": {
             name: {"best": round(min(v), 2), "median": round(statistics.median(v), 2)}
             for name, v in spent.items()
