@@ -7,12 +7,14 @@ update-command`; docs/benchmarks.md, "the bulk writes as one update command"). T
 here are already in the wire shape (`{"q", "u", "upsert"}`), so they go out as the command's `updates` as
 they are, and the reply is read only where it says something went wrong.
 
-What stays the driver's: a command the server would refuse for its size (`DocumentTooLarge`, raised before
-anything is sent) and a bulk the caller says is large (`approx_bytes`) go through `bulk_write` instead, which
-splits them. Write errors come back as the `BulkWriteError` `bulk_write` raises (indexes, codes, the failed
-statement as `op`, `upserted`), so the callers' handling is one. Not kept: the driver's one retry of a
-retryable write after a network error. Use this only for statements that are idempotent (an upsert, `$set`,
-`$max`), which a retried batch runs again to the same end.
+What stays the driver's: a command the driver would refuse for its size (`DocumentTooLarge`, raised before
+anything is sent), a bulk the caller says is large (`approx_bytes`) and one of more statements than a server
+takes in one command (`LEAN_STATEMENTS`) go through `bulk_write` instead, which splits them. Write errors
+come back as the `BulkWriteError` `bulk_write` raises (indexes, codes, the failed statement as `op`,
+`upserted`), so the callers' handling is one. Not kept: the driver's one retry of a retryable write after
+a network error. Use this only for statements a retried batch may run again: idempotent ones (an upsert,
+`$set`, `$max`), or ones whose rerun is harmless (the busy markers' `answered` list then holds a request id
+twice, which only a membership test reads).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pymongo.results import BulkWriteResult
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
 
-__all__ = ["LEAN_BYTES", "Statement", "as_operation", "update_statements"]
+__all__ = ["LEAN_BYTES", "LEAN_STATEMENTS", "Statement", "as_operation", "update_statements"]
 
 Statement = dict[str, Any]
 """One update statement as the `update` command takes it: `{"q": filter, "u": update, "upsert": bool}`."""
@@ -35,6 +37,11 @@ Statement = dict[str, Any]
 # A bulk the caller puts above this goes through `bulk_write` at once: a command body may hold 16 MiB, and
 # encoding a larger one only to have the driver refuse it would cost a second encoding per batch.
 LEAN_BYTES: Final = 8 * 1024 * 1024
+
+# More statements than this go through `bulk_write`, which splits them by the server's `maxWriteBatchSize`
+# (100,000 on MongoDB): a server refuses a larger `update` command whole, and a batch of many tiny messages
+# (up to 500 records of 2,000 each) could otherwise fail on every retry. A persist batch writes ~1,500.
+LEAN_STATEMENTS: Final = 10_000
 
 
 def as_operation(statement: Mapping[str, Any]) -> UpdateOne:
@@ -54,7 +61,7 @@ async def update_statements(
     caller's estimate of their size, at least their strings' lengths)."""
     if not statements:
         raise ValueError("no update statements to write")
-    if approx_bytes <= LEAN_BYTES:
+    if approx_bytes <= LEAN_BYTES and len(statements) <= LEAN_STATEMENTS:
         command: dict[str, Any] = {"update": collection.name, "updates": statements, "ordered": ordered}
         concern = collection.write_concern
         if not concern.is_server_default:

@@ -8,6 +8,7 @@ fallback.
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo import ASCENDING
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DocumentTooLarge
+from pymongo.errors import BulkWriteError, DocumentTooLarge, OperationFailure
 
-from storage.update_command import LEAN_BYTES, Statement, as_operation, update_statements
+from storage.update_command import LEAN_BYTES, LEAN_STATEMENTS, Statement, as_operation, update_statements
 from tests import infra
 
 Db = AsyncDatabase[dict[str, Any]]
@@ -131,6 +132,34 @@ async def test_a_bulk_the_caller_calls_large_goes_to_the_drivers_bulk_at_once(mo
     await update_statements(lean, small, ordered=False, approx_bytes=LEAN_BYTES + 1)
     assert seen == []  # not offered as one command
     await update_statements(lean, small, ordered=False, approx_bytes=LEAN_BYTES)
+    assert len(seen) == 1
+
+
+async def test_more_statements_than_one_command_takes_go_to_the_drivers_bulk(mongo_db: Db) -> None:
+    """A batch of many tiny messages: over `LEAN_STATEMENTS` the driver's bulk writes them (it splits by the
+    server's `maxWriteBatchSize`). MongoDB refuses a command of more than that whole ("Write batch sizes must
+    be between 1 and 100000"), so without the guard such a batch would fail on every retry; SecantusDB
+    0.5 takes it, so there the refusal is not shown, only the routing."""
+    lean, _ = await _pair(mongo_db)
+    hello = await mongo_db.client.admin.command("hello")
+    limit = int(hello.get("maxWriteBatchSize", 100_000))
+    assert limit >= LEAN_STATEMENTS  # the guard lies below what the server says it takes
+    nothing = [{"q": {"_id": -1}, "u": {"$set": {"x": 1}}, "upsert": False}] * (limit + 1)
+    with contextlib.suppress(OperationFailure):  # MongoDB: refused whole
+        await mongo_db.command({"update": lean.name, "updates": nothing, "ordered": False})
+    seen: list[dict[str, Any]] = []
+    original = lean.database.command
+
+    async def command(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(spec)
+        return await original(spec, *args, **kwargs)
+
+    lean.database.command = command
+    many = [_upsert(f"k{n}", "") for n in range(LEAN_STATEMENTS + 1)]
+    result = await update_statements(lean, many, ordered=False)
+    assert seen == []
+    assert len(result.upserted_ids or {}) == LEAN_STATEMENTS + 1
+    await update_statements(lean, many[:LEAN_STATEMENTS], ordered=False)
     assert len(seen) == 1
 
 
