@@ -24,7 +24,10 @@ from message_history.settings import Settings
 from producers.persisted import PersistedPublisher
 from schemas.codec import decode_persisted
 from schemas.events import HistoryPersisted
+from storage import mongo_upserts
+from storage.documents import MESSAGES, THREADS
 from storage.mongodb import MongoHistoryStorage
+from storage.update_command import update_statements
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -157,33 +160,31 @@ async def test_a_turn_without_user_input_has_its_newest_row_in_the_load(
     assert event.savedMessageIds == ["a-0-assistant"]  # folded into the stored assistant message
 
 
-class _Watched:
-    """A collection whose `bulk_write`s are noted when they start and when they end."""
+def _watched(log: list[tuple[str, str]]) -> Any:
+    """`update_statements` (every bulk write of the storage) noting when each bulk starts and ends."""
 
-    def __init__(self, collection: Any, name: str, log: list[tuple[str, str]]) -> None:
-        self._collection, self._name, self._log = collection, name, log
-
-    async def bulk_write(self, ops: Any, **kwargs: Any) -> Any:
-        self._log.append(("start", self._name))
+    async def write(collection: Any, statements: Any, **kwargs: Any) -> Any:
+        log.append(("start", collection.name))
         try:
-            return await self._collection.bulk_write(ops, **kwargs)
+            return await update_statements(collection, statements, **kwargs)
         finally:
-            self._log.append(("end", self._name))
+            log.append(("end", collection.name))
+
+    return write
 
 
 async def test_the_messages_and_the_existing_threads_are_written_together(
-    monitored: tuple[MongoHistoryStorage, _Commands],
+    monitored: tuple[MongoHistoryStorage, _Commands], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 33: the write of a batch that creates no thread is one round trip, its two bulk writes in
     flight together (one after the other, each would end before the next starts)."""
     storage, _ = monitored
     await _handle(storage, [_response("a", 0), _response("b", 0)])
     log: list[tuple[str, str]] = []
-    storage.messages = cast(Any, _Watched(storage.messages, "messages", log))
-    storage.threads = cast(Any, _Watched(storage.threads, "threads", log))
+    monkeypatch.setattr(mongo_upserts, "update_statements", _watched(log))
     events = await _handle(storage, [_response("a", 1), _response("b", 1)])
     assert [kind for kind, _ in log] == ["start", "start", "end", "end"]
-    assert {name for _, name in log} == {"messages", "threads"}
+    assert {name for _, name in log} == {MESSAGES, THREADS}
     assert [e.savedMessageIds for e in events] == [
         ["a-1-user", "a-1-assistant"],
         ["b-1-user", "b-1-assistant"],
