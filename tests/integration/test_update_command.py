@@ -69,6 +69,19 @@ async def _outcome(collection: Any, statements: list[Statement], *, lean: bool, 
     )
 
 
+def _commands_of(collection: Any) -> list[dict[str, Any]]:
+    """The commands sent through the collection's database from now on (a spy on `command`)."""
+    seen: list[dict[str, Any]] = []
+    original = collection.database.command
+
+    async def command(spec: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(spec)
+        return await original(spec, *args, **kwargs)
+
+    collection.database.command = command
+    return seen
+
+
 async def _rows(collection: Any) -> list[dict[str, Any]]:
     return [
         {k: v for k, v in doc.items() if k != "_id" or isinstance(v, str)}
@@ -120,14 +133,7 @@ async def test_a_bulk_too_large_for_one_command_is_written_by_the_drivers_bulk(m
 
 async def test_a_bulk_the_caller_calls_large_goes_to_the_drivers_bulk_at_once(mongo_db: Db) -> None:
     lean, _ = await _pair(mongo_db)
-    seen: list[dict[str, Any]] = []
-    original = lean.database.command
-
-    async def command(spec: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(spec)
-        return await original(spec, *args, **kwargs)
-
-    lean.database.command = command
+    seen = _commands_of(lean)
     small = [_upsert("s", "x")]
     await update_statements(lean, small, ordered=False, approx_bytes=LEAN_BYTES + 1)
     assert seen == []  # not offered as one command
@@ -147,14 +153,7 @@ async def test_more_statements_than_one_command_takes_go_to_the_drivers_bulk(mon
     nothing = [{"q": {"_id": -1}, "u": {"$set": {"x": 1}}, "upsert": False}] * (limit + 1)
     with contextlib.suppress(OperationFailure):  # MongoDB: refused whole
         await mongo_db.command({"update": lean.name, "updates": nothing, "ordered": False})
-    seen: list[dict[str, Any]] = []
-    original = lean.database.command
-
-    async def command(spec: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(spec)
-        return await original(spec, *args, **kwargs)
-
-    lean.database.command = command
+    seen = _commands_of(lean)
     many = [_upsert(f"k{n}", "") for n in range(LEAN_STATEMENTS + 1)]
     result = await update_statements(lean, many, ordered=False)
     assert seen == []
