@@ -99,8 +99,7 @@ class MongoUpserts(MongoCollections):
         """
         for attempt in (1, 2):
             try:
-                size = _set_strings(ops)
-                result = await update_statements(collection, ops, ordered=False, approx_bytes=size)
+                result = await update_statements(collection, ops, ordered=False)
             except BulkWriteError as exc:
                 refused = record_errors(exc)
                 if refused is not None:
@@ -125,15 +124,3 @@ class MongoUpserts(MongoCollections):
                 continue
             raise to_storage_error(collision, operation) from collision
         raise AssertionError("unreachable")  # pragma: no cover -- the loop returns or raises
-
-
-def _set_strings(statements: list[Statement]) -> int:
-    """The length of the strings the statements `$set` (a message's content and extra fields: what makes a
-    bulk large), for `update_statements`' choice; a bulk it misjudges is still split by the driver."""
-    total = 0
-    for statement in statements:
-        update = statement["u"]
-        fields = update.get("$set") if isinstance(update, dict) else None
-        if fields:
-            total += sum(len(v) for v in fields.values() if isinstance(v, str))
-    return total

@@ -8,13 +8,13 @@ here are already in the wire shape (`{"q", "u", "upsert"}`), so they go out as t
 they are, and the reply is read only where it says something went wrong.
 
 What stays the driver's: a command the driver would refuse for its size (`DocumentTooLarge`, raised before
-anything is sent), a bulk the caller says is large (`approx_bytes`) and one of more statements than a server
-takes in one command (`LEAN_STATEMENTS`) go through `bulk_write` instead, which splits them. Write errors
-come back as the `BulkWriteError` `bulk_write` raises (indexes, codes, the failed statement as `op`,
-`upserted`), so the callers' handling is one. Not kept: the driver's one retry of a retryable write after
-a network error. Use this only for statements a retried batch may run again: idempotent ones (an upsert,
-`$set`, `$max`), or ones whose rerun is harmless (the busy markers' `answered` list then holds a request id
-twice, which only a membership test reads).
+anything is sent), a bulk estimated large (`set_strings`, or the caller's `approx_bytes`) and one of more
+statements than a server takes in one command (`LEAN_STATEMENTS`) go through `bulk_write` instead, which
+splits them. Write errors come back as the `BulkWriteError` `bulk_write` raises (indexes, codes, the failed
+statement as `op`, `upserted`), so the callers' handling is one. Not kept: the driver's one retry of a
+retryable write after a network error. Use this only for statements a retried batch may run again:
+idempotent ones (an upsert, `$set`, `$max`), or ones whose rerun is harmless (the busy markers' `answered`
+list then holds a request id twice, which only a membership test reads).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pymongo.results import BulkWriteResult
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
 
-__all__ = ["LEAN_BYTES", "LEAN_STATEMENTS", "Statement", "as_operation", "update_statements"]
+__all__ = ["LEAN_BYTES", "LEAN_STATEMENTS", "Statement", "as_operation", "set_strings", "update_statements"]
 
 Statement = dict[str, Any]
 """One update statement as the `update` command takes it: `{"q": filter, "u": update, "upsert": bool}`."""
@@ -54,14 +54,18 @@ async def update_statements(
     statements: Sequence[Statement],
     *,
     ordered: bool,
-    approx_bytes: int = 0,
+    approx_bytes: int | None = None,
 ) -> BulkWriteResult:
     """The statements written as `collection.bulk_write` of their `UpdateOne`s would write them, with its
-    result and its `BulkWriteError`; in one `update` command when they fit one (`approx_bytes`: the
-    caller's estimate of their size, at least their strings' lengths)."""
+    result and its `BulkWriteError`; in one `update` command when they fit one (`approx_bytes`: their size
+    as the caller knows it; by default `set_strings`)."""
     if not statements:
         raise ValueError("no update statements to write")
-    if approx_bytes <= LEAN_BYTES and len(statements) <= LEAN_STATEMENTS:
+    if len(statements) > LEAN_STATEMENTS:
+        return await _driver_bulk(collection, statements, ordered=ordered)
+    if approx_bytes is None:
+        approx_bytes = set_strings(statements)
+    if approx_bytes <= LEAN_BYTES:
         command: dict[str, Any] = {"update": collection.name, "updates": statements, "ordered": ordered}
         concern = collection.write_concern
         if not concern.is_server_default:
@@ -72,7 +76,32 @@ async def update_statements(
             pass  # refused before it was sent: the driver's bulk splits it
         else:
             return bulk_result(reply, statements, acknowledged=concern.acknowledged)
+    return await _driver_bulk(collection, statements, ordered=ordered)
+
+
+async def _driver_bulk(
+    collection: AsyncCollection[Any], statements: Sequence[Statement], *, ordered: bool
+) -> BulkWriteResult:
     return await collection.bulk_write([as_operation(s) for s in statements], ordered=ordered)
+
+
+def set_strings(statements: Sequence[Statement]) -> int:
+    """The length of the strings the statements `$set` at their top level (a message's content and extra
+    fields: what makes a bulk large). Cheap and an underestimate for other shapes (nested values, multi-byte
+    text), which the driver's `DocumentTooLarge` still routes to its bulk."""
+    total = 0
+    for statement in statements:
+        update = statement["u"]
+        fields = update.get("$set") if isinstance(update, dict) else None
+        if isinstance(fields, dict):
+            total += sum(len(v) for v in fields.values() if isinstance(v, str))
+    return total
+
+
+def _count(value: object, default: int) -> int:
+    """A count or an index from the server's reply; anything that is not an integer reads as `default`
+    (a reply is an input too: a malformed one must not raise a `TypeError` out of the write)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
 def bulk_result(
@@ -81,28 +110,35 @@ def bulk_result(
     """An `update` command's reply as `bulk_write` reports it: its `BulkWriteResult`, or the
     `BulkWriteError` it raises when a statement failed or the write concern did (PyMongo's
     `bulk_shared._merge_command` and `_raise_bulk_write_error`, for one command)."""
-    affected = int(reply.get("n", 0))
-    upserted = [dict(u) for u in reply.get("upserted") or ()]
+    affected = _count(reply.get("n"), 0)
+    upserted = [dict(u) for u in _entries(reply.get("upserted"))]
     full: dict[str, Any] = {
         "writeErrors": [],
         "writeConcernErrors": [],
         "nInserted": 0,
         "nUpserted": len(upserted),
         "nMatched": affected - len(upserted),
-        "nModified": int(reply.get("nModified", 0)),
+        "nModified": _count(reply.get("nModified"), 0),
         "nRemoved": 0,
         "upserted": upserted,
     }
-    for error in reply.get("writeErrors") or ():
+    for error in _entries(reply.get("writeErrors")):
         entry = dict(error)
-        index = int(entry.get("index", -1))
+        index = entry["index"] = _count(entry.get("index"), -1)
         if 0 <= index < len(statements):
             entry["op"] = statements[index]
         full["writeErrors"].append(entry)
     concern = reply.get("writeConcernError")
     if concern:
-        full["writeConcernErrors"].append(dict(concern))
+        full["writeConcernErrors"].append(
+            dict(concern) if isinstance(concern, Mapping) else {"errmsg": concern}
+        )
     if full["writeErrors"] or full["writeConcernErrors"]:
-        full["writeErrors"].sort(key=lambda e: int(e.get("index", -1)))
+        full["writeErrors"].sort(key=lambda e: e["index"])
         raise BulkWriteError(full)
     return BulkWriteResult(full, acknowledged)
+
+
+def _entries(value: object) -> list[Mapping[str, Any]]:
+    """The documents of a reply's array (`upserted`, `writeErrors`); anything else in it is left out."""
+    return [e for e in value if isinstance(e, Mapping)] if isinstance(value, list) else []

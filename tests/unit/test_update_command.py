@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pymongo.errors import BulkWriteError
 
-from storage.update_command import Statement, bulk_result
+from storage.update_command import Statement, bulk_result, set_strings
 
 STATEMENTS: list[Statement] = [{"q": {"_id": n}, "u": {"$set": {"n": n}}, "upsert": True} for n in range(3)]
 
@@ -76,3 +76,52 @@ def test_an_error_index_outside_the_bulk_carries_no_statement() -> None:
     with pytest.raises(BulkWriteError) as caught:
         bulk_result(reply, STATEMENTS, acknowledged=True)
     assert "op" not in caught.value.details["writeErrors"][0]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"ok": 1, "n": "3", "nModified": None, "upserted": "all of them"},
+        {"ok": 1, "n": True, "nModified": 2.5, "upserted": [1, "x", None]},
+        {"ok": 1, "n": 2, "nModified": 0, "upserted": {"index": 0}},
+    ],
+)
+def test_a_malformed_reply_without_errors_reads_as_nothing_counted(reply: dict[str, Any]) -> None:
+    """A reply is an input too: counts or arrays of the wrong type read as none, never a `TypeError` out
+    of the write (the callers catch PyMongo's errors only)."""
+    result = bulk_result(reply, STATEMENTS, acknowledged=True)
+    assert result.upserted_ids == {}
+    assert result.modified_count == 0
+
+
+def test_malformed_write_errors_are_still_a_bulk_write_error() -> None:
+    reply = {
+        "ok": 1,
+        "writeErrors": [
+            {"index": "2", "code": 11000},
+            "not a document",
+            {"code": 121},
+            {"index": 1, "code": 2},
+        ],
+        "writeConcernError": "waiting",
+    }
+    with pytest.raises(BulkWriteError) as caught:
+        bulk_result(reply, STATEMENTS, acknowledged=True)
+    details = caught.value.details
+    assert [(e["index"], e["code"]) for e in details["writeErrors"]] == [(-1, 11000), (-1, 121), (1, 2)]
+    assert ["op" in e for e in details["writeErrors"]] == [False, False, True]
+    assert details["writeConcernErrors"] == [{"errmsg": "waiting"}]
+
+
+@pytest.mark.parametrize(
+    ("statements", "expected"),
+    [
+        ([], 0),
+        ([{"q": {}, "u": {"$set": {"id": "ab", "content": "xyz", "n": 7, "d": {"s": "nested"}}}}], 5),
+        ([{"q": {}, "u": [{"$set": {"a": "long" * 100}}]}], 0),  # a pipeline: not counted
+        ([{"q": {}, "u": {"$setOnInsert": {"a": "bc"}}}, {"q": {}, "u": {"$set": "odd"}}], 0),
+        ([{"q": {}, "u": {"$set": {"a": "é" * 4}}}] * 3, 12),  # characters, not bytes
+    ],
+)
+def test_set_strings_counts_the_top_level_set_strings(statements: list[Statement], expected: int) -> None:
+    assert set_strings(statements) == expected
