@@ -177,12 +177,25 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await client.close()
 
 
-def main(argv: list[str]) -> int:
+def batch_args(
+    command: str, doc: str | None, argv: list[str], *, turns: int, rounds: int, rounds_help: str
+) -> argparse.Namespace:
+    """The options of the persist-batch family of side measurements (`persist-batch`, `persist-steps`,
+    `update-command`): turns per batch, rounds, text per message. No turns or no rounds would time nothing:
+    a usage error, not an assertion deep in the run."""
     parser = argparse.ArgumentParser(
-        prog="python -m bench persist-batch", description=__doc__.split("\n\n")[0] if __doc__ else None
+        prog=f"python -m bench {command}", description=doc.split("\n\n")[0] if doc else None
     )
-    parser.add_argument("--turns", type=int, default=30, help="turns per batch, each on its own thread")
-    parser.add_argument("--rounds", type=int, default=80, help="timed batches")
+    parser.add_argument("--turns", type=int, default=turns, help="turns per batch, each on its own thread")
+    parser.add_argument("--rounds", type=int, default=rounds, help=rounds_help)
     parser.add_argument("--message-bytes", type=int, default=1000, help="text per message")
-    print(json.dumps(asyncio.run(run(parser.parse_args(argv)))))
+    args = parser.parse_args(argv)
+    if args.turns < 1 or args.rounds < 1 or args.message_bytes < 0:
+        parser.error("--turns and --rounds must be at least 1, --message-bytes not negative")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = batch_args("persist-batch", __doc__, argv, turns=30, rounds=80, rounds_help="timed batches")
+    print(json.dumps(asyncio.run(run(args))))
     return 0

@@ -15,22 +15,23 @@ clients: docs/benchmarks.md ("where a persist turn's CPU goes") sets it against 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import bson
 
-from bench.extra.persist_batch import response_record
+from bench.extra.persist_batch import batch_args, response_record
 from consumers.persist import _write_of
 from message_history.app.process import tune_gc
 from message_history.core.persist_plan import TurnWrite
+from message_history.core.rules import SkipReason
 from message_history.settings import Settings
 from schemas.codec import decode_response, persisted_value
+from schemas.events import AgentResponse
 from storage.protocol import SaveTurn, Thread
 from storage.save_plan import plan_saves
 from storage.turns import _answered_pipeline
@@ -51,6 +52,15 @@ def _best(rounds: int, step: Callable[[], T]) -> tuple[float, T]:
     return best, result
 
 
+def saved_turns(events: Sequence[AgentResponse], writes: Sequence[TurnWrite | SkipReason]) -> list[SaveTurn]:
+    """What `save_many` is handed for the turns that write (`consumers.persist._write_of`'s writes)."""
+    return [
+        SaveTurn(w.thread_id, e.resourceId, w.messages)
+        for w, e in zip(writes, events, strict=True)
+        if isinstance(w, TurnWrite)
+    ]
+
+
 def run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
     """Each step's CPU per turn (us) over `turns` turns, the best of `rounds`; and their sum."""
     tune_gc(Settings())
@@ -62,11 +72,7 @@ def run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
 
     spent["decode"], events = _best(rounds, lambda: [decode_response(raw) for raw in raws])
     spent["select"], writes = _best(rounds, lambda: [_write_of(event) for event in events])
-    saves = [
-        SaveTurn(w.thread_id, e.resourceId, w.messages)
-        for w, e in zip(writes, events, strict=True)
-        if isinstance(w, TurnWrite)
-    ]
+    saves = saved_turns(events, writes)
     spent["plan"], (_, plan) = _best(rounds, lambda: plan_saves(saves, stored, now=now))
 
     def ops() -> list[Statement]:
@@ -101,15 +107,14 @@ def run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench persist-steps", description=__doc__.split("\n\n")[0] if __doc__ else None
+    args = batch_args(
+        "persist-steps",
+        __doc__,
+        argv,
+        turns=500,
+        rounds=7,
+        rounds_help="runs of each step; the least CPU is kept",
     )
-    parser.add_argument("--turns", type=int, default=500, help="turns per batch, each on its own thread")
-    parser.add_argument("--rounds", type=int, default=7, help="runs of each step; the least CPU is kept")
-    parser.add_argument("--message-bytes", type=int, default=1000, help="text per message")
-    args = parser.parse_args(argv)
-    if args.turns < 1 or args.rounds < 1 or args.message_bytes < 0:
-        parser.error("--turns and --rounds must be at least 1, --message-bytes not negative")
     print(json.dumps(run(args.turns, args.rounds, args.message_bytes)))
     print("[persist-steps] done", file=sys.stderr)
     return 0

@@ -12,7 +12,6 @@ rounds, so the two compare on one machine at one moment.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -26,13 +25,13 @@ from typing import Any
 
 from pymongo import AsyncMongoClient
 
-from bench.extra.persist_batch import response_record
+from bench.extra.persist_batch import batch_args, response_record
+from bench.extra.persist_steps import saved_turns
 from consumers.persist import _write_of
 from message_history.app.process import tune_gc
-from message_history.core.persist_plan import TurnWrite
 from message_history.settings import Settings
 from schemas.codec import decode_response
-from storage.protocol import SaveTurn, Thread
+from storage.protocol import Thread
 from storage.save_plan import plan_saves
 from storage.update_command import Statement, as_operation, update_statements
 
@@ -45,12 +44,7 @@ def statements(turns: int, message_bytes: int, tag: str) -> tuple[list[Statement
     stored = {
         e.threadId: Thread(e.threadId, e.resourceId, "", {}, createdAt=at, updatedAt=at) for e in events
     }
-    writes = [_write_of(e) for e in events]
-    saves = [
-        SaveTurn(w.thread_id, e.resourceId, w.messages)
-        for w, e in zip(writes, events, strict=True)
-        if isinstance(w, TurnWrite)
-    ]
+    saves = saved_turns(events, [_write_of(e) for e in events])
     _, plan = plan_saves(saves, stored, now=datetime.now(UTC))
     messages = [w.op() for w in plan.messages.values()]
     threads = [w.op(t) for t, w in plan.threads.items()]
@@ -109,14 +103,13 @@ async def _run(turns: int, rounds: int, message_bytes: int) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m bench update-command", description=__doc__.split("\n\n")[0] if __doc__ else None
+    args = batch_args(
+        "update-command",
+        __doc__,
+        argv,
+        turns=500,
+        rounds=15,
+        rounds_help="batches written each way, alternated",
     )
-    parser.add_argument("--turns", type=int, default=500, help="turns per batch, each on its own thread")
-    parser.add_argument("--rounds", type=int, default=15, help="batches written each way, alternated")
-    parser.add_argument("--message-bytes", type=int, default=1000, help="text per message")
-    args = parser.parse_args(argv)
-    if args.turns < 1 or args.rounds < 1 or args.message_bytes < 0:
-        parser.error("--turns and --rounds must be at least 1, --message-bytes not negative")
     print(json.dumps(asyncio.run(_run(args.turns, args.rounds, args.message_bytes))))
     return 0

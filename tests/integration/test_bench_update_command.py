@@ -15,8 +15,3 @@ async def test_both_ways_write_the_same_batch(mongo_uri: str, monkeypatch: pytes
     for way in ("bulk_write", "update_command"):
         figures = result["cpu_us_per_statement"][way]
         assert 0 < figures["best"] <= figures["median"]
-
-
-def test_an_empty_measurement_is_a_usage_error() -> None:
-    with pytest.raises(SystemExit):
-        update_command.main(["--rounds", "0"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+from collections.abc import Callable
 
 import pytest
 from aiokafka.partitioner import DefaultPartitioner
@@ -13,7 +14,7 @@ from bench import targets
 from bench.cli import SIDE
 from bench.cli import main as bench_main
 from bench.context import SERVICE_RUNTIME_ENV, parse_env
-from bench.extra import failover, persist_steps
+from bench.extra import failover, persist_batch, persist_steps, update_command
 from bench.idle import stage_ms_per_turn
 from bench.procstat import cpu_seconds, cpu_seconds_fine, minor_faults
 from bench.profile import summarize as summarize_profile
@@ -443,9 +444,13 @@ def test_persist_steps_times_every_step_over_every_turn() -> None:
     assert result["sum_us_per_turn"] == pytest.approx(sum(steps.values()), abs=0.05)
 
 
+@pytest.mark.parametrize("command", [persist_steps.main, persist_batch.main, update_command.main])
 @pytest.mark.parametrize("flags", [["--turns", "0"], ["--rounds", "0"], ["--message-bytes", "-1"]])
-def test_persist_steps_refuses_an_empty_measurement(flags: list[str]) -> None:
-    """No turns or no rounds would time nothing: a usage error, not an assertion deep in the run."""
+def test_the_persist_batch_family_refuses_an_empty_measurement(
+    command: Callable[[list[str]], int], flags: list[str]
+) -> None:
+    """No turns or no rounds would time nothing: a usage error, not an assertion deep in the run (one
+    parser for the three: `bench.extra.persist_batch.batch_args`)."""
     with pytest.raises(SystemExit) as exited:
-        persist_steps.main(flags)
+        command(flags)
     assert exited.value.code == 2
