@@ -111,7 +111,7 @@ def bulk_result(
     `BulkWriteError` it raises when a statement failed or the write concern did (PyMongo's
     `bulk_shared._merge_command` and `_raise_bulk_write_error`, for one command)."""
     affected = _count(reply.get("n"), 0)
-    upserted = [dict(u) for u in _entries(reply.get("upserted"))]
+    upserted = [{**u, "index": _count(u.get("index"), -1)} for u in _entries(reply.get("upserted"))]
     full: dict[str, Any] = {
         "writeErrors": [],
         "writeConcernErrors": [],
@@ -125,6 +125,7 @@ def bulk_result(
     for error in _entries(reply.get("writeErrors")):
         entry = dict(error)
         index = entry["index"] = _count(entry.get("index"), -1)
+        entry["code"] = _count(entry.get("code"), 0)  # the callers read codes with `int()`
         if 0 <= index < len(statements):
             entry["op"] = statements[index]
         full["writeErrors"].append(entry)

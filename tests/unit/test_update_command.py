@@ -100,7 +100,7 @@ def test_malformed_write_errors_are_still_a_bulk_write_error() -> None:
         "writeErrors": [
             {"index": "2", "code": 11000},
             "not a document",
-            {"code": 121},
+            {"code": "121"},
             {"index": 1, "code": 2},
         ],
         "writeConcernError": "waiting",
@@ -108,7 +108,7 @@ def test_malformed_write_errors_are_still_a_bulk_write_error() -> None:
     with pytest.raises(BulkWriteError) as caught:
         bulk_result(reply, STATEMENTS, acknowledged=True)
     details = caught.value.details
-    assert [(e["index"], e["code"]) for e in details["writeErrors"]] == [(-1, 11000), (-1, 121), (1, 2)]
+    assert [(e["index"], e["code"]) for e in details["writeErrors"]] == [(-1, 11000), (-1, 0), (1, 2)]
     assert ["op" in e for e in details["writeErrors"]] == [False, False, True]
     assert details["writeConcernErrors"] == [{"errmsg": "waiting"}]
 
@@ -125,3 +125,8 @@ def test_malformed_write_errors_are_still_a_bulk_write_error() -> None:
 )
 def test_set_strings_counts_the_top_level_set_strings(statements: list[Statement], expected: int) -> None:
     assert set_strings(statements) == expected
+
+
+def test_a_malformed_upserted_index_reads_as_none() -> None:
+    reply = {"ok": 1, "n": 1, "upserted": [{"index": "0", "_id": "a"}]}
+    assert bulk_result(reply, STATEMENTS, acknowledged=True).upserted_ids == {-1: "a"}
