@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypeVar, cast
 
 from message_history.core.recall_plan import PlainRow
 from message_history.errors import InvalidInputError, UnreadableRowError
@@ -106,6 +106,32 @@ def _query_of(
     except Exception:  # noqa: BLE001 -- a document the codec refuses: that row's fault, its thread's
         error = _named(doc, MESSAGES)
         return by_thread.get(error.thread_id) if isinstance(error.thread_id, str) else None
+
+
+def group_rows_py(docs: Sequence[bytes], by_thread: Mapping[str, RecallQuery]) -> dict[str, list[bytes]]:
+    """A batch's `$in` reply, newest first, cut per thread: the rows each query answers (`_query_of`), at most
+    its limit, in reply order. A row the page keeps counts in its limit even when it is then skipped as
+    unreadable, as in one thread's query (`_find_page`), so both strategies recall the same rows. The
+    reference of the native `group_rows` (`storage.row_codec`), which answers only where it is sure of
+    every row's owner."""
+    pages: dict[str, list[bytes]] = {tid: [] for tid in by_thread}
+    owner = RawOwner()
+    known = row_codec.owners_from_raw(docs)  # the native walk, where it is sure; else `RawOwner`
+    for doc, sure in zip(docs, known, strict=True):
+        wanted = _query_of(doc, sure, owner, by_thread)
+        if wanted is not None:
+            page = pages[wanted.thread_id]
+            if wanted.limit is None or len(page) < wanted.limit:
+                page.append(doc)
+    return pages
+
+
+def _grouped(docs: Sequence[bytes], by_thread: Mapping[str, RecallQuery]) -> dict[str, list[bytes]]:
+    """`group_rows_py`'s answer: the native walk's when sure of the whole batch, else the reference's."""
+    pages = row_codec.group_rows(docs, [(q.thread_id, q.resource_id, q.limit) for q in by_thread.values()])
+    if pages is None:
+        return group_rows_py(docs, by_thread)
+    return dict(zip(by_thread, pages, strict=True))
 
 
 def _check_limit(limit: int | None) -> None:
@@ -226,25 +252,15 @@ class MongoRecall(MongoCollections):
             cursor = cursor.limit(cap).batch_size(min(cap, _MONGO_MAX_BATCH))
         with storage_errors("list_messages_many"):
             docs = await _documents(cursor)
-        pages: dict[str, list[_Row]] = {tid: [] for tid in ids}
-        # rows of each thread taken, skipped ones included: a skipped row fills its place in the limit, as
-        # it does in one thread's query (`_find_page`), so both strategies recall the same rows
-        taken: dict[str, int] = dict.fromkeys(ids, 0)
-        owner = RawOwner()
-        known = row_codec.owners_from_raw(docs)  # the native walk, where it is sure; else `RawOwner`
-        for doc, sure in zip(docs, known, strict=True):
-            wanted = _query_of(doc, sure, owner, by_thread)
-            if wanted is None:
-                continue
-            rank = taken[wanted.thread_id]
-            if wanted.limit is None or rank < wanted.limit:
-                taken[wanted.thread_id] += 1
-                try:
-                    pages[wanted.thread_id].append(build(doc))
-                except UnreadableRowError as exc:
-                    skip(exc, rank)
+        raw = _grouped(docs, by_thread)
+        # a row whose `build` fails is skipped at its rank (`_readable`); the raw route builds nothing
+        pages = (
+            cast(dict[str, list[_Row]], raw)
+            if build is _raw_bytes
+            else {tid: _readable(rows, build) for tid, rows in raw.items()}
+        )
         if cap is not None and len(docs) >= cap:
-            short = [q for q in queries if q.limit is not None and taken[q.thread_id] < q.limit]
+            short = [q for q in queries if q.limit is not None and len(raw[q.thread_id]) < q.limit]
             if short:
                 pages.update(await self._recall_concurrent(short, build))
         return pages

@@ -46,6 +46,7 @@ __all__ = [
     "RowCodec",
     "array_documents",
     "codec_fingerprint",
+    "group_rows",
     "owners_from_raw",
     "owners_from_raw_py",
     "rows_from_raw",
@@ -59,6 +60,9 @@ log = logging.getLogger(__name__)
 RowCodec = Literal["auto", "native", "python"]
 Owner = tuple[str, str | None]
 """A raw message row's top-level `thread_id` and `resourceId` (None: absent or not a string)."""
+Wanted = tuple[str, str | None, int | None]
+"""A thread a `$in` recall reads: its id, the resource its rows must name (None: any), its limit (None: all
+rows)."""
 NATIVE_MODULE: Final = "message_history_native"
 
 # As storage/client.py's CODEC: the reference reads a document exactly as the service's collections do.
@@ -217,6 +221,38 @@ def select_owners(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[O
     return owners
 
 
+def no_grouping(docs: Sequence[bytes], wanted: Sequence[Wanted]) -> list[list[bytes]] | None:
+    """Where the native module is not there: not grouped here (`storage.mongo_recall.group_rows_py`, the
+    reference, groups every batch)."""
+    return None
+
+
+def select_group(
+    mode: RowCodec = "auto",
+) -> Callable[[Sequence[bytes], Sequence[Wanted]], list[list[bytes]] | None]:
+    """`group_rows`' implementation: the native module's when installed, has it and `mode` is not `python`,
+    else `no_grouping`. Like `select_owners` it mirrors no model; a failure (an exception, a panic) is
+    counted as the codec's and lets the reference group that batch."""
+    module = _native() if mode != "python" else None
+    native: Callable[[Sequence[bytes], Sequence[Wanted]], list[list[bytes]] | None] | None = getattr(
+        module, "group_rows", None
+    )
+    if native is None:
+        return no_grouping
+    walk = native  # bound for the closure (mypy keeps `native` optional inside it)
+
+    def group(docs: Sequence[bytes], wanted: Sequence[Wanted]) -> list[list[bytes]] | None:
+        try:
+            return walk(docs, wanted)
+        except _PASS_THROUGH:
+            raise
+        except BaseException as error:  # noqa: BLE001 -- as `_with_reference`: the reference decides
+            _native_failed(error)
+            return None
+
+    return group
+
+
 def select_split(mode: RowCodec = "auto") -> Callable[[bytes, int, int], list[bytes] | None]:
     """`array_documents`' implementation: the native module's when installed, has it and `mode` is not
     `python`, else the reference. Like `select_owners` it mirrors no model; a failure (an exception, a
@@ -242,6 +278,7 @@ def select_split(mode: RowCodec = "auto") -> Callable[[bytes, int, int], list[by
 _selected: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
 _selected_owners: Callable[[Sequence[bytes]], list[Owner | None]] | None = None
 _selected_split: Callable[[bytes, int, int], list[bytes] | None] | None = None
+_selected_group: Callable[[Sequence[bytes], Sequence[Wanted]], list[list[bytes]] | None] | None = None
 
 
 def rows_from_raw(docs: Sequence[bytes]) -> list[PlainRow | None]:
@@ -268,6 +305,17 @@ def owners_from_raw(docs: Sequence[bytes]) -> list[Owner | None]:
     return _selected_owners(docs)
 
 
+def group_rows(docs: Sequence[bytes], wanted: Sequence[Wanted]) -> list[list[bytes]] | None:
+    """A `$in` recall reply's rows per `wanted` thread (in its order): the rows it answers, at most its limit,
+    in reply order, when the native walk is sure of every row's owner (`group_rows_py` would give the same);
+    None when it is not, or is not installed: then `group_rows_py` groups the batch. Never raises for a
+    malformed row."""
+    global _selected_group  # noqa: PLW0603 -- chosen once per process
+    if _selected_group is None:
+        _selected_group = select_group(_mode_from_env())
+    return _selected_group(docs, wanted)
+
+
 def array_documents(payload: bytes, start: int, end: int) -> list[bytes] | None:
     """The documents of the BSON array at `payload[start:end]` (a `find` reply's batch), each as bytes, or
     None when the bytes do not make that certain (`storage.raw_batches.cut_batch` then leaves the reply to
@@ -280,9 +328,10 @@ def array_documents(payload: bytes, start: int, end: int) -> list[bytes] | None:
 
 def use_codec(mode: RowCodec) -> None:
     """Choose `rows_from_raw`'s implementation now (start-up), so a stale native module is logged early."""
-    global _selected, _selected_owners, _selected_split  # noqa: PLW0603 -- chosen once per process
+    global _selected, _selected_owners, _selected_split, _selected_group  # noqa: PLW0603 -- once per process
     _selected = select_codec(mode)
     _selected_owners = select_owners(mode)
+    _selected_group = select_group(mode)
     _selected_split = select_split(mode)
 
 

@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use std::collections::HashMap;
+
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
 mod canonical;
 mod fingerprint;
@@ -100,6 +102,96 @@ fn owners_from_raw<'py>(py: Python<'py>, docs: &Bound<'py, PyAny>) -> PyResult<B
     Ok(out)
 }
 
+/// The recall's `$in` reply grouped into its threads' pages, in one walk: per `(thread_id, resource_id or
+/// None, limit or None)` of `wanted` (distinct thread ids), the documents it answers (its thread's, owned by
+/// its resource when it names one), at most `limit` of them, in reply order, in `wanted`'s order; the
+/// documents are the very objects of `docs`. It is `storage/mongo_recall.py`'s `group_rows_py` (the
+/// reference) where every row's owner is sure (src/owner.rs); None as soon as one is not (a row `RawOwner` or
+/// a lenient decoding must read), a document is not `bytes`, a thread id repeats or is not a string, a
+/// resource is neither a string nor None, or a limit not a non-negative int: the reference decides the batch.
+#[pyfunction]
+fn group_rows<'py>(
+    py: Python<'py>,
+    docs: &Bound<'py, PyAny>,
+    wanted: &Bound<'py, PyAny>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    // per wanted thread: its resource (None: any) and limit (None: all)
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut owners: Vec<(Option<String>, Option<u64>)> = Vec::new();
+    for item in wanted.try_iter()? {
+        let item = item?;
+        let Ok(entry) = item.cast::<PyTuple>() else {
+            return Ok(None);
+        };
+        if entry.len() != 3 {
+            return Ok(None);
+        }
+        let first = entry.get_item(0)?;
+        let Some(thread) = first
+            .cast::<PyString>()
+            .ok()
+            .and_then(|t| t.to_str().ok())
+            .map(str::to_owned)
+        else {
+            return Ok(None);
+        };
+        let resource = entry.get_item(1)?;
+        let resource = if resource.is_none() {
+            None
+        } else {
+            match resource
+                .cast::<PyString>()
+                .ok()
+                .and_then(|r| r.to_str().ok())
+            {
+                Some(r) => Some(r.to_owned()),
+                None => return Ok(None),
+            }
+        };
+        let limit = entry.get_item(2)?;
+        let limit = if limit.is_none() {
+            None
+        } else {
+            match limit.extract::<u64>() {
+                Ok(n) => Some(n),
+                Err(_) => return Ok(None),
+            }
+        };
+        if index.insert(thread, owners.len()).is_some() {
+            return Ok(None);
+        }
+        owners.push((resource, limit));
+    }
+    let mut pages: Vec<Vec<Bound<'py, PyAny>>> = vec![Vec::new(); owners.len()];
+    for item in docs.try_iter()? {
+        let item = item?;
+        let Ok(bytes) = item.cast::<PyBytes>() else {
+            return Ok(None);
+        };
+        let Some((thread, resource)) = owner::owner(bytes.as_bytes()) else {
+            return Ok(None);
+        };
+        let Some(&at) = index.get(thread) else {
+            continue;
+        };
+        let (want, limit) = &owners[at];
+        if let Some(want) = want {
+            if resource != Some(want.as_str()) {
+                continue;
+            }
+        }
+        let page = &mut pages[at];
+        if limit.is_none_or(|n| (page.len() as u64) < n) {
+            page.push(item.clone());
+        }
+    }
+    let found = pages
+        .into_iter()
+        .map(|page| PyList::new(py, page))
+        .collect::<PyResult<Vec<_>>>()?;
+    Ok(Some(PyList::new(py, found)?))
+}
+
 /// The documents of the BSON array at `payload[start:end]`, each as bytes, or None when an element is not a
 /// document or a size does not fit (`storage/raw_batches.py`'s `array_documents_py`, src/split.rs). Bounds
 /// outside the payload are a `ValueError` (the caller's wrapper then asks the reference).
@@ -135,6 +227,7 @@ fn maybe_non_finite(raw: &[u8]) -> bool {
 fn message_history_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_from_raw, m)?)?;
     m.add_function(wrap_pyfunction!(owners_from_raw, m)?)?;
+    m.add_function(wrap_pyfunction!(group_rows, m)?)?;
     m.add_function(wrap_pyfunction!(array_documents, m)?)?;
     m.add_function(wrap_pyfunction!(maybe_non_finite, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_next_call_for_tests, m)?)?;
