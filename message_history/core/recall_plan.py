@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from typing import Any, Final
+from operator import lt
+from typing import Any, Final, cast
 
 from message_history.core.budget import Boundary, TokenBudget, boundary_for, read_boundary
 from message_history.core.echo import EchoPlan
@@ -124,18 +125,25 @@ def plain_page(rows: Sequence[PlainRow | None], limit: int, incoming: Sequence[M
     (the sort is stable and rows come before the input in it).
     """
     page = rows[:limit]
-    plain = [row for row in page if row is not None]
-    if len(plain) < len(page) or not _ordered(plain, incoming):
+    if None in page:
         return None
+    plain = cast("list[PlainRow]", page)
+    bodies: tuple[bytes, ...] = ()
+    if plain:
+        # one transposition in C, then whole-column checks: a per-row Python loop was most of this function
+        ids, created, roles, _, bodies = zip(*plain, strict=True)
+        if not _ordered(ids, created, roles, incoming):
+            return None
     chronological = plain[::-1]
     cuts: list[int] = []
     for message in incoming:
-        created = message.createdAt
-        if created is not None and created.tzinfo is None:
+        when = message.createdAt
+        if when is not None and when.tzinfo is None:
             return None  # not comparable with a stored (UTC) time: let the rules decide
         cuts.append(bisect_right(chronological, sort_key(message), lo=cuts[-1] if cuts else 0, key=_row_key))
     bounds = [0, *cuts, len(chronological)]
-    runs = tuple(b",".join(row[4] for row in chronological[start:end]) for start, end in pairwise(bounds))
+    forward = bodies[::-1]
+    runs = tuple(b",".join(forward[start:end]) for start, end in pairwise(bounds))
     return PlainPage(runs, len(chronological))
 
 
@@ -143,16 +151,15 @@ def _row_key(row: PlainRow) -> tuple[datetime, str]:
     return _EPOCH + timedelta(milliseconds=row[1]), row[0]
 
 
-def _ordered(page: Sequence[PlainRow], incoming: Sequence[Message]) -> bool:
-    """No system row, no id twice nor among the input's, `(createdAt, id)` strictly decreasing."""
-    seen = {m.id for m in incoming if m.id is not None}
-    previous: tuple[int, str] | None = None
-    for ident, created, role, _, _ in page:
-        if role == "system" or ident in seen:
-            return False
-        seen.add(ident)
-        key = (created, ident)
-        if previous is not None and not key < previous:
-            return False
-        previous = key
-    return True
+def _ordered(
+    ids: Sequence[str], created: Sequence[int], roles: Sequence[str], incoming: Sequence[Message]
+) -> bool:
+    """No system row, no id twice nor among the input's, `(createdAt, id)` strictly decreasing: the page's
+    columns (newest first)."""
+    if "system" in roles:
+        return False
+    unique = set(ids)
+    if len(unique) < len(ids) or not unique.isdisjoint([m.id for m in incoming if m.id is not None]):
+        return False
+    keys = list(zip(created, ids, strict=True))
+    return all(map(lt, keys[1:], keys))
