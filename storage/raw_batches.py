@@ -25,7 +25,7 @@ from bson.errors import InvalidBSON
 from pymongo.asynchronous.cursor import AsyncRawBatchCursor
 from pymongo.message import _OpMsg
 
-__all__ = ["RowsCursor", "array_documents_py", "cut_batch", "split_stream"]
+__all__ = ["Bytes", "RowsCursor", "array_documents_py", "cut_batch", "split_stream"]
 
 _BATCH_KEYS: Final = (b"firstBatch", b"nextBatch")
 # Sizes of the fixed-size BSON element types (double, ObjectId, bool, datetime, null, int32, timestamp,
@@ -34,14 +34,34 @@ _FIXED_SIZES: Final = {0x01: 8, 0x07: 12, 0x08: 1, 0x09: 8, 0x0A: 0, 0x10: 4, 0x
 _EMPTY_ARRAY: Final = b"\x05\x00\x00\x00\x00"
 
 
-def _int32(data: bytes, at: int) -> int:
+Bytes = bytes | memoryview
+"""A reply's bytes: the driver hands a `memoryview` of its receive buffer, read in place (a recall reply is
+tens of MB, and a copy of it cost a few percent of the recall path's CPU)."""
+
+
+def _int32(data: Bytes, at: int) -> int:
     return int.from_bytes(data[at : at + 4], "little", signed=True)
 
 
-def _element_end(data: bytes, at: int, limit: int) -> tuple[int, int] | None:
+def _find_zero(data: Bytes, start: int, limit: int) -> int:
+    """`data.find(b"\x00", start, limit)`, also for a `memoryview` (which has no `find`): read 64 bytes at a
+    time, so a key's terminator costs a short copy, not the reply's. Linear in what it reads."""
+    if isinstance(data, bytes):
+        return data.find(b"\x00", start, limit)
+    at = start
+    while at < limit:
+        stop = min(limit, at + 64)
+        found = bytes(data[at:stop]).find(b"\x00")
+        if found >= 0:
+            return at + found
+        at = stop
+    return -1
+
+
+def _element_end(data: Bytes, at: int, limit: int) -> tuple[int, int] | None:
     """The end of the key and of the element starting at `at` (its type byte), or None when the bytes do not
     make it certain (an unknown type, a size that runs past `limit`)."""
-    key_end = data.find(b"\x00", at + 1, limit)
+    key_end = _find_zero(data, at + 1, limit)
     if key_end < 0:
         return None
     kind = data[at]
@@ -60,10 +80,12 @@ def _element_end(data: bytes, at: int, limit: int) -> tuple[int, int] | None:
     return key_end, end
 
 
-def cut_batch(payload: bytes) -> tuple[bytes, list[bytes]] | None:
+def cut_batch(payload: Bytes) -> tuple[bytes, list[bytes]] | None:
     """The reply `payload` with its `cursor.firstBatch` / `cursor.nextBatch` array emptied, and that array's
     documents as bytes, in order; None when the bytes do not make that certain (the caller takes PyMongo's
     path). One walk over the reply's top level, the cursor document's and the array's elements: linear."""
+    if isinstance(payload, memoryview) and (payload.format != "B" or not payload.c_contiguous):
+        payload = bytes(payload)  # a view of other items: read as the bytes they are
     end = len(payload)
     if end < 5 or _int32(payload, 0) != end or payload[-1] != 0:
         return None
@@ -79,7 +101,7 @@ def cut_batch(payload: bytes) -> tuple[bytes, list[bytes]] | None:
     return None
 
 
-def _cut_cursor(payload: bytes, start: int, end: int) -> tuple[bytes, list[bytes]] | None:
+def _cut_cursor(payload: Bytes, start: int, end: int) -> tuple[bytes, list[bytes]] | None:
     """`cut_batch` inside the cursor document at `payload[start:end]`."""
     if payload[end - 1] != 0:
         return None
@@ -101,13 +123,14 @@ def _cut_cursor(payload: bytes, start: int, end: int) -> tuple[bytes, list[bytes
     rows = _split_rows(payload, key_end + 1, array_end)
     if rows is None:
         return None
-    emptied = payload[start + 4 : key_end + 1] + _EMPTY_ARRAY + payload[array_end:end]
+    # the rest of the reply (small: the cursor's id and namespace, `ok`, the cluster time) as bytes
+    emptied = bytes(payload[start + 4 : key_end + 1]) + _EMPTY_ARRAY + bytes(payload[array_end:end])
     cursor = (len(emptied) + 4).to_bytes(4, "little") + emptied
-    body = payload[4:start] + cursor + payload[end:]
+    body = bytes(payload[4:start]) + cursor + bytes(payload[end:])
     return (len(body) + 4).to_bytes(4, "little") + body, rows
 
 
-def _split_rows(payload: bytes, start: int, end: int) -> list[bytes] | None:
+def _split_rows(payload: Bytes, start: int, end: int) -> list[bytes] | None:
     """`storage.row_codec.array_documents` (the native walk where installed, else `array_documents_py`),
     imported here at first use: row_codec imports this module for its reference."""
     from storage.row_codec import array_documents  # noqa: PLC0415 -- see the docstring
@@ -115,9 +138,11 @@ def _split_rows(payload: bytes, start: int, end: int) -> list[bytes] | None:
     return array_documents(payload, start, end)
 
 
-def array_documents_py(payload: bytes, start: int, end: int) -> list[bytes] | None:
+def array_documents_py(payload: Bytes, start: int, end: int) -> list[bytes] | None:
     """The documents of the BSON array at `payload[start:end]`; None when an element is not a document.
     The reference of the native `array_documents` (native/src/split.rs): the same answer on any bytes."""
+    if not isinstance(payload, bytes):
+        payload = bytes(payload)  # the reference's walk searches with `bytes.find`
     if payload[end - 1] != 0 or _int32(payload, start) != end - start:
         return None
     rows: list[bytes] = []
@@ -160,7 +185,7 @@ class RowsCursor(AsyncRawBatchCursor[Any]):
         legacy_response: bool = False,
     ) -> Sequence[Any]:
         if not legacy_response and isinstance(response, _OpMsg):
-            cut = cut_batch(bytes(response.payload_document))
+            cut = cut_batch(response.payload_document)  # in place: no copy of the reply
             if cut is not None:
                 emptied, rows = cut
                 read = _OpMsg(response.flags, emptied).raw_response(cursor_id, user_fields=user_fields)

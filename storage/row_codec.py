@@ -37,7 +37,7 @@ from message_history.errors import StartupError
 from message_history.settings import Settings
 from schemas.events import EnrichedMessage
 from schemas.messages import _KNOWN_PARTS, Message, MessageContent, Role, ToolState, format_timestamp
-from storage.raw_batches import array_documents_py
+from storage.raw_batches import Bytes, array_documents_py
 from storage.recalled_rows import row_from_doc
 
 __all__ = [
@@ -253,17 +253,17 @@ def select_group(
     return group
 
 
-def select_split(mode: RowCodec = "auto") -> Callable[[bytes, int, int], list[bytes] | None]:
+def select_split(mode: RowCodec = "auto") -> Callable[[Bytes, int, int], list[bytes] | None]:
     """`array_documents`' implementation: the native module's when installed, has it and `mode` is not
     `python`, else the reference. Like `select_owners` it mirrors no model; a failure (an exception, a
     panic, bounds it refuses) lets the reference cut that reply, counted as the codec's."""
     module = _native() if mode != "python" else None
-    native: Callable[[bytes, int, int], list[bytes] | None] | None = getattr(module, "array_documents", None)
+    native: Callable[[Bytes, int, int], list[bytes] | None] | None = getattr(module, "array_documents", None)
     if native is None:
         return array_documents_py
     walk = native  # bound for the closure (mypy keeps `native` optional inside it)
 
-    def split(payload: bytes, start: int, end: int) -> list[bytes] | None:
+    def split(payload: Bytes, start: int, end: int) -> list[bytes] | None:
         try:
             return walk(payload, start, end)
         except _PASS_THROUGH:
@@ -277,7 +277,7 @@ def select_split(mode: RowCodec = "auto") -> Callable[[bytes, int, int], list[by
 
 _selected: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
 _selected_owners: Callable[[Sequence[bytes]], list[Owner | None]] | None = None
-_selected_split: Callable[[bytes, int, int], list[bytes] | None] | None = None
+_selected_split: Callable[[Bytes, int, int], list[bytes] | None] | None = None
 _selected_group: Callable[[Sequence[bytes], Sequence[Wanted]], list[list[bytes]] | None] | None = None
 
 
@@ -316,7 +316,7 @@ def group_rows(docs: Sequence[bytes], wanted: Sequence[Wanted]) -> list[list[byt
     return _selected_group(docs, wanted)
 
 
-def array_documents(payload: bytes, start: int, end: int) -> list[bytes] | None:
+def array_documents(payload: Bytes, start: int, end: int) -> list[bytes] | None:
     """The documents of the BSON array at `payload[start:end]` (a `find` reply's batch), each as bytes, or
     None when the bytes do not make that certain (`storage.raw_batches.cut_batch` then leaves the reply to
     PyMongo). Never raises for malformed bytes."""

@@ -13,6 +13,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use std::collections::HashMap;
@@ -193,16 +194,38 @@ fn group_rows<'py>(
 }
 
 /// The documents of the BSON array at `payload[start:end]`, each as bytes, or None when an element is not a
-/// document or a size does not fit (`storage/raw_batches.py`'s `array_documents_py`, src/split.rs). Bounds
-/// outside the payload are a `ValueError` (the caller's wrapper then asks the reference).
+/// document or a size does not fit (`storage/raw_batches.py`'s `array_documents_py`, src/split.rs). `payload`
+/// is `bytes` or any C-contiguous byte buffer (the driver's reply is a `memoryview`: read in place, not
+/// copied). Bounds outside the payload are a `ValueError` (the caller's wrapper then asks the reference).
 #[pyfunction]
 fn array_documents<'py>(
     py: Python<'py>,
-    payload: &Bound<'py, PyBytes>,
+    payload: &Bound<'py, PyAny>,
     start: usize,
     end: usize,
 ) -> PyResult<Option<Bound<'py, PyList>>> {
-    let p = payload.as_bytes();
+    if let Ok(bytes) = payload.cast::<PyBytes>() {
+        return split_list(py, bytes.as_bytes(), start, end);
+    }
+    let buffer = PyBuffer::<u8>::get(payload)?;
+    if !buffer.is_c_contiguous() {
+        return Err(PyValueError::new_err(
+            "the payload is not one contiguous run of bytes",
+        ));
+    }
+    // SAFETY: a C-contiguous buffer of `len_bytes` bytes at `buf_ptr`, held (with the GIL) until `buffer`
+    // drops at the end of this call; nothing here runs Python code that could resize its exporter.
+    let p =
+        unsafe { std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes()) };
+    split_list(py, p, start, end)
+}
+
+fn split_list<'py>(
+    py: Python<'py>,
+    p: &[u8],
+    start: usize,
+    end: usize,
+) -> PyResult<Option<Bound<'py, PyList>>> {
     if end == 0 || start > end || end > p.len() {
         return Err(PyValueError::new_err("array bounds outside the payload"));
     }

@@ -13,8 +13,10 @@ from typing import Any
 import bson
 import pytest
 from bson import SON, _convert_raw_document_lists_to_streams
+from bson.codec_options import CodecOptions
 from bson.errors import InvalidBSON
 from bson.int64 import Int64
+from bson.raw_bson import RawBSONDocument
 from hypothesis import given
 from hypothesis import strategies as st
 from pymongo.message import _OpMsg
@@ -182,7 +184,14 @@ def _array(rows: list[Any]) -> bytes:
     return bson.encode(SON([(str(i), row) for i, row in enumerate(rows)]))
 
 
-def _native_split(payload: bytes, start: int, end: int) -> list[bytes] | None:
+def _elements(array: bytes) -> list[bytes]:
+    """The array's rows as they stand in it (`bson.encode(row)` would move a row's `_id` first; nested
+    documents keep their order)."""
+    raw = bson.decode(array, codec_options=CodecOptions(document_class=RawBSONDocument))
+    return [bytes(row.raw) for row in raw.values()]
+
+
+def _native_split(payload: bytes | memoryview, start: int, end: int) -> list[bytes] | None:
     assert _NATIVE_SPLIT is not None, _MISSING
     out: list[bytes] | None = _NATIVE_SPLIT(payload, start, end)
     return out
@@ -198,11 +207,7 @@ def test_the_native_walk_is_the_reference_on_any_array(
     array = _array(rows)
     payload = before + array + after
     start, end = len(before), len(before) + len(array)
-    assert (
-        _native_split(payload, start, end)
-        == array_documents_py(payload, start, end)
-        == [bson.encode(row) for row in rows]
-    )
+    assert _native_split(payload, start, end) == array_documents_py(payload, start, end) == _elements(array)
     at = data.draw(st.integers(0, len(payload) - 1))
     changed = bytearray(payload)
     changed[at] = data.draw(st.integers(0, 255))
@@ -227,3 +232,58 @@ def test_bounds_outside_the_payload_are_the_references_to_answer(route: row_code
     with pytest.raises(IndexError):  # the reference's own answer to an end past the bytes
         split(array, 0, len(array) + 1)
     assert row_codec.native_failures == before + (1 if route == "native" else 0)
+
+
+def _view(payload: bytes, pad: int = 5) -> memoryview:
+    """`payload` as the driver hands a reply: a view into a larger receive buffer (a header before it)."""
+    return memoryview(bytearray(b"h" * pad + payload))[pad:]
+
+
+@given(_ROWS, _TOP, st.sampled_from(["firstBatch", "nextBatch"]), st.booleans(), st.integers(0, 20))
+def test_a_reply_read_in_place_is_cut_as_its_bytes(
+    rows: list[dict[str, Any]], top: list[tuple[str, Any]], key: str, first: bool, pad: int
+) -> None:
+    """The driver's `memoryview` of its receive buffer, read without a copy, cuts as the same bytes do."""
+    payload = _reply(*top, key=key, rows=rows, first=first)
+    assert cut_batch(_view(payload, pad)) == cut_batch(payload)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        _reply(("ok", 1.0), rows=[{"s": "x" * 10_000}] * 50),
+        _reply(("ok", 1.0), ("k" * 200, 1)),  # a key longer than one 64-byte read
+        _reply(("ok", 1.0))[:-1],
+        b"",
+        _oversized_batch(),
+    ],
+    ids=["large", "long-key", "cut-short", "empty", "oversized"],
+)
+def test_a_view_answers_as_its_bytes_including_none(payload: bytes) -> None:
+    assert cut_batch(_view(payload)) == cut_batch(payload)
+
+
+def test_a_view_of_other_items_is_read_as_its_bytes() -> None:
+    """A view whose items are not unsigned bytes (or not contiguous) is read as the bytes it holds."""
+    payload = _reply(("ok", 1.0), rows=ROWS)
+    signed = memoryview(bytearray(payload)).cast("b")
+    assert cut_batch(signed) == cut_batch(payload)
+    strided = memoryview(bytearray(b"".join(bytes([b, 0]) for b in payload)))[::2]
+    assert cut_batch(strided) == cut_batch(payload)
+
+
+@given(st.binary(max_size=200))
+def test_any_view_is_cut_or_refused_as_its_bytes(payload: bytes) -> None:
+    assert cut_batch(_view(payload)) == cut_batch(payload)
+
+
+@needs_native
+@given(_ROWS, st.binary(max_size=8), st.binary(max_size=8))
+def test_the_native_walk_reads_a_view_in_place(
+    rows: list[dict[str, Any]], before: bytes, after: bytes
+) -> None:
+    array = _array(rows)
+    payload = before + array + after
+    start, end = len(before), len(before) + len(array)
+    view = _view(payload)
+    assert _native_split(view, start, end) == array_documents_py(view, start, end) == _elements(array)
