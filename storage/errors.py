@@ -73,6 +73,26 @@ RETRIABLE_CODES: frozenset[int] = frozenset(
 RECORD_CODES: frozenset[int] = frozenset({2, 14, 28, 121, 10334, 16837, 17280, 17419})
 
 
+def reply_int(value: object, default: int) -> int:
+    """An integer of a server's reply (a code, an index, a count); anything else reads as `default`. A reply
+    is an input too: a malformed one must not raise out of the code that reads why a write failed."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def reply_entries(details: object, key: str) -> list[Mapping[str, Any]]:
+    """The documents of a bulk reply's list `key` (`writeErrors`, `writeConcernErrors`, `upserted`); a value
+    that is not a list, and an entry that is not a document, read as none."""
+    entries = details.get(key) if isinstance(details, Mapping) else None
+    if not isinstance(entries, list):
+        return []
+    return [entry for entry in entries if isinstance(entry, Mapping)]
+
+
+def reply_codes(details: object, key: str = "writeErrors") -> list[int]:
+    """The codes of a bulk reply's `key` entries (0 where one is missing or not an integer)."""
+    return [reply_int(entry.get("code"), 0) for entry in reply_entries(details, key)]
+
+
 def record_errors(exc: BaseException) -> dict[int, str] | None:
     """The bulk's refused operations, by index, with why, when every write error of `exc` is one document's
     (`RECORD_CODES`) and nothing else failed (no write concern error); else None."""
@@ -82,17 +102,18 @@ def record_errors(exc: BaseException) -> dict[int, str] | None:
     if concern or not write or not all(code in RECORD_CODES for code in write):
         return None
     refused: dict[int, str] = {}
-    for error in exc.details.get("writeErrors", ()):
-        code = int(error.get("code", 0))
-        name = error.get("codeName") or ""
-        refused[int(error.get("index", -1))] = f"MongoDB refused the document: code {code} {name}".rstrip()
+    for error in reply_entries(exc.details, "writeErrors"):
+        code = reply_int(error.get("code"), 0)
+        name = error.get("codeName")
+        name = name if isinstance(name, str) else ""
+        refused[reply_int(error.get("index"), -1)] = (
+            f"MongoDB refused the document: code {code} {name}".rstrip()
+        )
     return refused
 
 
-def _bulk_codes(details: Mapping[str, Any]) -> tuple[list[int], list[int]]:
-    write = [int(e.get("code", 0)) for e in details.get("writeErrors", ())]
-    concern = [int(e.get("code", 0)) for e in details.get("writeConcernErrors", ())]
-    return write, concern
+def _bulk_codes(details: object) -> tuple[list[int], list[int]]:
+    return reply_codes(details, "writeErrors"), reply_codes(details, "writeConcernErrors")
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -101,7 +122,7 @@ def is_retriable(exc: BaseException) -> bool:
         return True
     if not isinstance(exc, PyMongoError):
         return False
-    if exc.timeout or exc.has_error_label("RetryableWriteError"):
+    if _driver_timeout(exc) or exc.has_error_label("RetryableWriteError"):
         return True
     if isinstance(exc, BulkWriteError):
         write, concern = _bulk_codes(exc.details)
@@ -109,6 +130,15 @@ def is_retriable(exc: BaseException) -> bool:
             return True
         return bool(write) and all(code in RETRIABLE_CODES for code in write)
     return isinstance(exc, OperationFailure) and exc.code in RETRIABLE_CODES
+
+
+def _driver_timeout(exc: PyMongoError) -> bool:
+    """PyMongo's own `timeout` of `exc`; False where its property cannot read the details (a bulk reply
+    whose error lists hold something else than documents: it indexes and `.get`s them unguarded)."""
+    try:
+        return bool(exc.timeout)
+    except (AttributeError, TypeError, KeyError, IndexError):
+        return False
 
 
 # MaxTimeMSExpired, ExceededTimeLimit: the server ran the operation and stopped it at its time limit

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from pymongo.results import BulkWriteResult
 
-from storage.errors import record_errors, to_storage_error
+from storage.errors import record_errors, reply_codes, reply_entries, reply_int, to_storage_error
 from storage.mongo_collections import MongoCollections
 from storage.update_command import Statement, update_statements
 
@@ -103,9 +103,9 @@ class MongoUpserts(MongoCollections):
             except BulkWriteError as exc:
                 refused = record_errors(exc)
                 if refused is not None:
-                    upserted = {int(u.get("index", -1)) for u in exc.details.get("upserted", ())}
+                    upserted = {reply_int(u.get("index"), -1) for u in reply_entries(exc.details, "upserted")}
                     raise RefusedDocumentsError(refused, upserted) from exc
-                codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
+                codes = set(reply_codes(exc.details))
                 if not (codes and codes <= _UPSERT_RACE_CODES):
                     raise to_storage_error(exc, operation) from exc
                 collision: BaseException = exc

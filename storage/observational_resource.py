@@ -53,7 +53,7 @@ from message_history.core.observation_resource import thread_cursor
 from message_history.errors import UnreadableRowError
 from schemas.messages import Message, format_timestamp
 from storage.documents import MESSAGES, THREADS, message_from_doc
-from storage.errors import storage_errors
+from storage.errors import reply_entries, reply_int, storage_errors
 from storage.raw_rows import RAW, decode_row, lenient_row
 from storage.unreadable import skip
 
@@ -407,11 +407,11 @@ async def _bulk(db: AsyncDatabase[Any], ops: list[UpdateOne], threads: list[str]
         try:
             result = await db[THREADS].bulk_write(ops, ordered=False)
         except BulkWriteError as exc:  # some rows refused the keys: those cursors stay unwritten
-            for error in exc.details.get("writeErrors", []):
-                index = error.get("index", -1)
+            for error in reply_entries(exc.details, "writeErrors"):
+                index = reply_int(error.get("index"), -1)
                 thread = threads[index] if 0 <= index < len(threads) else "?"
                 log.warning("%s not written: %s", what, error.get("errmsg"), extra={"thread_id": thread})
             if exc.details.get("writeConcernErrors"):
                 raise  # not a row's refusal: the storage's (storage_errors maps it)
-            return int(exc.details.get("nModified", 0))
+            return reply_int(exc.details.get("nModified"), 0)
     return result.modified_count

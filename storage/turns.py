@@ -31,7 +31,7 @@ from pymongo.errors import BulkWriteError
 from message_history.core.turn_rules import ANSWERED_KEPT, TurnMarker, still_waiting
 from message_history.errors import FatalStorageError, WaitInterruptedError
 from storage.client import CODEC, mongo_client
-from storage.errors import storage_errors, to_storage_error
+from storage.errors import reply_codes, storage_errors, to_storage_error
 from storage.update_command import Statement, update_statements
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ class MongoTurnMarkers:
                 try:
                     await update_statements(self.collection, ops, ordered=True)
                 except BulkWriteError as exc:
-                    codes = {int(e.get("code", 0)) for e in exc.details.get("writeErrors", ())}
+                    codes = set(reply_codes(exc.details))
                     if attempt == 2 or not codes or not codes <= _DUPLICATE_KEY:
                         raise to_storage_error(exc, operation) from exc
                     # two writers upserted one new _id and this one lost: the same ops again converge

@@ -26,6 +26,8 @@ from pymongo import UpdateOne
 from pymongo.errors import BulkWriteError, DocumentTooLarge
 from pymongo.results import BulkWriteResult
 
+from storage.errors import reply_entries, reply_int
+
 if TYPE_CHECKING:
     from pymongo.asynchronous.collection import AsyncCollection
 
@@ -98,34 +100,28 @@ def set_strings(statements: Sequence[Statement]) -> int:
     return total
 
 
-def _count(value: object, default: int) -> int:
-    """A count or an index from the server's reply; anything that is not an integer reads as `default`
-    (a reply is an input too: a malformed one must not raise a `TypeError` out of the write)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else default
-
-
 def bulk_result(
     reply: Mapping[str, Any], statements: Sequence[Statement], *, acknowledged: bool
 ) -> BulkWriteResult:
     """An `update` command's reply as `bulk_write` reports it: its `BulkWriteResult`, or the
     `BulkWriteError` it raises when a statement failed or the write concern did (PyMongo's
     `bulk_shared._merge_command` and `_raise_bulk_write_error`, for one command)."""
-    affected = _count(reply.get("n"), 0)
-    upserted = [{**u, "index": _count(u.get("index"), -1)} for u in _entries(reply.get("upserted"))]
+    affected = reply_int(reply.get("n"), 0)
+    upserted = [{**u, "index": reply_int(u.get("index"), -1)} for u in reply_entries(reply, "upserted")]
     full: dict[str, Any] = {
         "writeErrors": [],
         "writeConcernErrors": [],
         "nInserted": 0,
         "nUpserted": len(upserted),
         "nMatched": affected - len(upserted),
-        "nModified": _count(reply.get("nModified"), 0),
+        "nModified": reply_int(reply.get("nModified"), 0),
         "nRemoved": 0,
         "upserted": upserted,
     }
-    for error in _entries(reply.get("writeErrors")):
+    for error in reply_entries(reply, "writeErrors"):
         entry = dict(error)
-        index = entry["index"] = _count(entry.get("index"), -1)
-        entry["code"] = _count(entry.get("code"), 0)  # the callers read codes with `int()`
+        index = entry["index"] = reply_int(entry.get("index"), -1)
+        entry["code"] = reply_int(entry.get("code"), 0)
         if 0 <= index < len(statements):
             entry["op"] = statements[index]
         full["writeErrors"].append(entry)
@@ -138,8 +134,3 @@ def bulk_result(
         full["writeErrors"].sort(key=lambda e: e["index"])
         raise BulkWriteError(full)
     return BulkWriteResult(full, acknowledged)
-
-
-def _entries(value: object) -> list[Mapping[str, Any]]:
-    """The documents of a reply's array (`upserted`, `writeErrors`); anything else in it is left out."""
-    return [e for e in value if isinstance(e, Mapping)] if isinstance(value, list) else []

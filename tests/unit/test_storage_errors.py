@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from bson.int64 import Int64
 from pymongo.errors import (
     AutoReconnect,
     BulkWriteError,
@@ -25,6 +26,9 @@ from storage.errors import (
     is_operation_timeout,
     is_retriable,
     record_errors,
+    reply_codes,
+    reply_entries,
+    reply_int,
     storage_errors,
     to_storage_error,
 )
@@ -166,3 +170,53 @@ def test_a_documents_own_refusal_is_the_records(exc: BaseException, refused: dic
 def test_record_codes_are_no_outage_nor_authorization() -> None:
     assert not RECORD_CODES & RETRIABLE_CODES
     assert not RECORD_CODES & {13, 18, 8000, 11000}
+
+
+# A bulk reply is an input too: a MongoDB-wire server (or a driver's merge of its replies) may put anything
+# where a code, an index or a list belongs. Reading it must classify the error, never raise: `int()` of a
+# code "x" raised ValueError out of the write's error handling (a crash, not a retriable or fatal error).
+MALFORMED: list[tuple[str, dict[str, object], dict[int, str] | None]] = [
+    ("code-a-string", {"writeErrors": [{"index": 0, "code": "x"}]}, None),
+    ("code-none", {"writeErrors": [{"index": 0, "code": None}]}, None),
+    ("code-a-float", {"writeErrors": [{"index": 0, "code": 121.0}]}, None),
+    ("code-a-bool", {"writeErrors": [{"index": 0, "code": True}]}, None),
+    ("index-a-string", {"writeErrors": [{"index": "a", "code": 121}]},
+     {-1: "MongoDB refused the document: code 121"}),
+    ("code-name-not-a-string", {"writeErrors": [{"index": 0, "code": 121, "codeName": 5}]},
+     {0: "MongoDB refused the document: code 121"}),
+    ("errors-not-a-list", {"writeErrors": "oops"}, None),
+    ("entries-not-documents", {"writeErrors": [5, None, "x"]}, None),
+    ("concern-code-a-string",
+     {"writeErrors": [{"index": 0, "code": 121}], "writeConcernErrors": [{"code": "64"}]}, None),
+    ("concern-not-a-list", {"writeErrors": [{"index": 0, "code": 121}], "writeConcernErrors": 7},
+     {0: "MongoDB refused the document: code 121"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("details", "refused"), [(d, r) for _, d, r in MALFORMED], ids=[i for i, _, _ in MALFORMED]
+)
+def test_a_malformed_bulk_reply_is_classified_never_raises(
+    details: dict[str, object], refused: dict[int, str] | None
+) -> None:
+    exc = BulkWriteError(details)  # what a hostile reply holds
+    assert record_errors(exc) == refused
+    assert not is_retriable(exc)  # no code of an outage: the storage's fatal error, the loop's to handle
+    assert not is_operation_timeout(exc)
+    assert isinstance(to_storage_error(exc, "save messages"), FatalStorageError)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(121, 121), (Int64(11000), 11000), ("121", -1), (None, -1), (1.0, -1), (True, -1), ([1], -1)],
+)
+def test_reply_int_takes_integers_only(value: object, expected: int) -> None:
+    assert reply_int(value, -1) == expected
+
+
+def test_reply_entries_and_codes() -> None:
+    details = {"writeErrors": [{"code": 11000}, 5, {"code": "x"}, {}], "upserted": "no"}
+    assert reply_entries(details, "writeErrors") == [{"code": 11000}, {"code": "x"}, {}]
+    assert reply_codes(details) == [11000, 0, 0]
+    assert reply_entries(details, "upserted") == []
+    assert reply_entries("not a reply", "writeErrors") == []
