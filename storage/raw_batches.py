@@ -44,7 +44,7 @@ def _int32(data: Bytes, at: int) -> int:
 
 
 def _find_zero(data: Bytes, start: int, limit: int) -> int:
-    """`data.find(b"\x00", start, limit)`, also for a `memoryview` (which has no `find`): read 64 bytes at a
+    """`data.find(b"\\x00", start, limit)`, also for a `memoryview` (which has no `find`): read 64 bytes at a
     time, so a key's terminator costs a short copy, not the reply's. Linear in what it reads."""
     if isinstance(data, bytes):
         return data.find(b"\x00", start, limit)

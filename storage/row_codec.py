@@ -25,7 +25,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Final, Literal, get_args
+from typing import Any, Final, Literal, ParamSpec, TypeVar, get_args
 
 import bson
 from bson.codec_options import CodecOptions
@@ -64,6 +64,8 @@ Wanted = tuple[str, str | None, int | None]
 """A thread a `$in` recall reads: its id, the resource its rows must name (None: any), its limit (None: all
 rows)."""
 NATIVE_MODULE: Final = "message_history_native"
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # As storage/client.py's CODEC: the reference reads a document exactly as the service's collections do.
 _DECODE: Final[CodecOptions[dict[str, Any]]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
@@ -199,26 +201,32 @@ def owners_from_raw_py(docs: Sequence[bytes]) -> list[Owner | None]:
     return [None] * len(docs)
 
 
-def select_owners(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[Owner | None]]:
-    """`owners_from_raw`'s implementation: the native module's when installed, has it and `mode` is not
-    `python`, else the reference. It mirrors no model (it walks BSON elements), so a stale fingerprint does
-    not matter; a failure (exception or panic) lets the reference decide the batch, counted as the codec's."""
+def _native_or(mode: RowCodec, name: str, reference: Callable[P, R]) -> Callable[P, R]:
+    """The native module's function `name` when it is installed, has it and `mode` is not `python`, else
+    `reference`; a call that fails (an exception, a Rust panic: PyO3's `PanicException` is a
+    `BaseException`) is counted as the codec's and answered by `reference` with the same arguments. For the
+    walks that mirror no model (they read BSON elements), so a stale fingerprint does not matter."""
     module = _native() if mode != "python" else None
-    native: Callable[[Sequence[bytes]], list[Owner | None]] | None = getattr(module, "owners_from_raw", None)
+    native: Callable[P, R] | None = getattr(module, name, None)
     if native is None:
-        return owners_from_raw_py
+        return reference
     walk = native  # bound for the closure (mypy keeps `native` optional inside it)
 
-    def owners(docs: Sequence[bytes]) -> list[Owner | None]:
+    def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return walk(docs)
+            return walk(*args, **kwargs)
         except _PASS_THROUGH:
             raise
         except BaseException as error:  # noqa: BLE001 -- as `_with_reference`: the reference decides
             _native_failed(error)
-            return owners_from_raw_py(docs)
+            return reference(*args, **kwargs)
 
-    return owners
+    return guarded
+
+
+def select_owners(mode: RowCodec = "auto") -> Callable[[Sequence[bytes]], list[Owner | None]]:
+    """`owners_from_raw`'s implementation (`_native_or`): the native walk, else the reference."""
+    return _native_or(mode, "owners_from_raw", owners_from_raw_py)
 
 
 def no_grouping(docs: Sequence[bytes], wanted: Sequence[Wanted]) -> list[list[bytes]] | None:
@@ -230,49 +238,15 @@ def no_grouping(docs: Sequence[bytes], wanted: Sequence[Wanted]) -> list[list[by
 def select_group(
     mode: RowCodec = "auto",
 ) -> Callable[[Sequence[bytes], Sequence[Wanted]], list[list[bytes]] | None]:
-    """`group_rows`' implementation: the native module's when installed, has it and `mode` is not `python`,
-    else `no_grouping`. Like `select_owners` it mirrors no model; a failure (an exception, a panic) is
-    counted as the codec's and lets the reference group that batch."""
-    module = _native() if mode != "python" else None
-    native: Callable[[Sequence[bytes], Sequence[Wanted]], list[list[bytes]] | None] | None = getattr(
-        module, "group_rows", None
-    )
-    if native is None:
-        return no_grouping
-    walk = native  # bound for the closure (mypy keeps `native` optional inside it)
-
-    def group(docs: Sequence[bytes], wanted: Sequence[Wanted]) -> list[list[bytes]] | None:
-        try:
-            return walk(docs, wanted)
-        except _PASS_THROUGH:
-            raise
-        except BaseException as error:  # noqa: BLE001 -- as `_with_reference`: the reference decides
-            _native_failed(error)
-            return None
-
-    return group
+    """`group_rows`' implementation (`_native_or`): the native grouping, else `no_grouping` (a failed
+    call too: the reference then groups that batch)."""
+    return _native_or(mode, "group_rows", no_grouping)
 
 
 def select_split(mode: RowCodec = "auto") -> Callable[[Bytes, int, int], list[bytes] | None]:
-    """`array_documents`' implementation: the native module's when installed, has it and `mode` is not
-    `python`, else the reference. Like `select_owners` it mirrors no model; a failure (an exception, a
-    panic, bounds it refuses) lets the reference cut that reply, counted as the codec's."""
-    module = _native() if mode != "python" else None
-    native: Callable[[Bytes, int, int], list[bytes] | None] | None = getattr(module, "array_documents", None)
-    if native is None:
-        return array_documents_py
-    walk = native  # bound for the closure (mypy keeps `native` optional inside it)
-
-    def split(payload: Bytes, start: int, end: int) -> list[bytes] | None:
-        try:
-            return walk(payload, start, end)
-        except _PASS_THROUGH:
-            raise
-        except BaseException as error:  # noqa: BLE001 -- as `_with_reference`: the reference decides
-            _native_failed(error)
-            return array_documents_py(payload, start, end)
-
-    return split
+    """`array_documents`' implementation (`_native_or`): the native cut, else the reference (also for
+    bounds the native cut refuses with a `ValueError`)."""
+    return _native_or(mode, "array_documents", array_documents_py)
 
 
 _selected: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
