@@ -249,18 +249,33 @@ def test_a_reply_read_in_place_is_cut_as_its_bytes(
 
 
 @pytest.mark.parametrize(
-    "payload",
+    ("payload", "certain"),
     [
-        _reply(("ok", 1.0), rows=[{"s": "x" * 10_000}] * 50),
-        _reply(("ok", 1.0), ("k" * 200, 1)),  # a key longer than one 64-byte read
-        _reply(("ok", 1.0))[:-1],
-        b"",
-        _oversized_batch(),
+        (_reply(("ok", 1.0), rows=[{"s": "x" * 10_000}] * 50), True),
+        # keys the walk must step over, longer than one 64-byte read of a view: before the cursor, and in
+        # the cursor document before and after its batch
+        (
+            bson.encode(
+                SON([("k" * 200, 1), ("cursor", SON([("firstBatch", ROWS), ("id", Int64(0))])), ("ok", 1)])
+            ),
+            True,
+        ),
+        (
+            bson.encode(
+                SON([("cursor", SON([("n" * 130, "x"), ("firstBatch", ROWS), ("m" * 64, 2)])), ("ok", 1)])
+            ),
+            True,
+        ),
+        (_reply(("ok", 1.0))[:-1], False),
+        (b"", False),
+        (_oversized_batch(), False),
     ],
-    ids=["large", "long-key", "cut-short", "empty", "oversized"],
+    ids=["large", "long-key-first", "long-keys-in-cursor", "cut-short", "empty", "oversized"],
 )
-def test_a_view_answers_as_its_bytes_including_none(payload: bytes) -> None:
-    assert cut_batch(_view(payload)) == cut_batch(payload)
+def test_a_view_answers_as_its_bytes_including_none(payload: bytes, certain: bool) -> None:
+    cut = cut_batch(payload)
+    assert (cut is not None) == certain
+    assert cut_batch(_view(payload)) == cut
 
 
 def test_a_view_of_other_items_is_read_as_its_bytes() -> None:
