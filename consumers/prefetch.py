@@ -25,7 +25,7 @@ from consumers.write_buffer import WriteBuffer
 from message_history import metrics
 from message_history.core.budget import PAGE_SIZE, HistoryLoader, LoadedHistory
 from message_history.core.echo import EchoPlan
-from message_history.core.recall_plan import PlainRow, RecallNeeds, load_boundary
+from message_history.core.recall_plan import PlainPage, PlainRow, RecallNeeds, load_boundary
 from message_history.core.tokens import CountCache
 from message_history.processor.recall import RecallOutcome, load_history, recall_from
 from schemas.messages import Message
@@ -54,6 +54,10 @@ class RawRecallStorage(Protocol):
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]: ...
 
     def plain_rows(self, docs: Sequence[bytes]) -> list[PlainRow | None]: ...
+
+    def plain_page_of(
+        self, docs: Sequence[bytes], read: int, limit: int, incoming: Sequence[Message]
+    ) -> tuple[PlainPage, int] | None: ...
 
     def recalled_from_raw(self, docs: Sequence[bytes]) -> list[Message]: ...
 
@@ -338,6 +342,25 @@ class PrefetchedHistory:
             return self._threads.get(thread_id)
         self._missed("get_thread", thread_id)
         return await self._storage.get_thread(thread_id)
+
+    def plain_page_of(
+        self, thread_id: str, resource_id: str | None, read: int, limit: int, incoming: Sequence[Message]
+    ) -> tuple[PlainPage, int] | None:
+        """`plain_page(plain(thread_id, resource_id, read), limit, incoming)` and the length of those rows,
+        decided on the page's bytes in one native call (`storage.row_codec.plain_page_of`: no object per
+        row), or None: `plain` and `plain_page` then decide (a page not read as bytes for this resource and
+        at least this limit, a row the codec is not sure of, a page that does not qualify, no native codec).
+        A thread whose rows `plain` already decoded is left to them."""
+        entry = self._raw.get(thread_id)
+        if (
+            entry is None
+            or entry[0].resource_id != resource_id
+            or _larger(read, entry[0].limit)
+            or thread_id in self._plain
+        ):
+            return None
+        assert self._raw_rows is not None  # it read the bytes
+        return self._raw_rows.plain_page_of(entry[1], read, limit, incoming)
 
     def plain(self, thread_id: str, resource_id: str | None, limit: int) -> list[PlainRow | None] | None:
         """The thread's newest `limit` rows as `PlainRow`s (None per row not in the plain shape), newest

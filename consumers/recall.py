@@ -42,7 +42,7 @@ from consumers.turn_gate import GO, Admission, BatchGate, TurnGate
 from message_history import metrics, tracing
 from message_history.core.echo import EchoPlan, plan_echo
 from message_history.core.memory_options import MemoryDefaults, TurnMemory, turn_memory
-from message_history.core.recall_plan import RecallNeeds, plain_page, plan_recall
+from message_history.core.recall_plan import PlainPage, RecallNeeds, plain_page, plan_recall
 from message_history.core.rules import build_context, check_owner
 from message_history.core.turn_rules import TurnMarker, foreign_pending
 from message_history.errors import InvalidInputError, RetriableError, ThreadOwnershipError
@@ -330,12 +330,18 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
         assert needs.limit is not None  # a plain request has a count cap
         read = needs.read_limit
         assert read is not None
-        rows = history.plain(needs.thread_id, needs.resource_id, read)
-        if rows is None:
-            return None
         request = item.request
         incoming = [message for message, _ in build_context((), request.messages)]
-        page = plain_page(rows, needs.limit, incoming)  # the page is the first `limit` rows
+        # the page decided natively on its bytes where it can be, else on its rows (the reference)
+        fused = history.plain_page_of(needs.thread_id, needs.resource_id, read, needs.limit, incoming)
+        page: PlainPage | None
+        if fused is not None:
+            page, count = fused
+        else:
+            rows = history.plain(needs.thread_id, needs.resource_id, read)
+            if rows is None:
+                return None
+            page, count = plain_page(rows, needs.limit, incoming), len(rows)  # the page: the first `limit`
         if page is None:
             return None
         metrics.RECALLED_MESSAGES.observe(page.recalled)
@@ -350,7 +356,7 @@ class RecallHandler(PathHandler[EnrichedPublisher]):
             tokens=None,
             trimmed=[],
             boundary=None,
-            truncated=needs.cut(len(rows)),
+            truncated=needs.cut(count),
             skipped=_skipped(request.threadId, needs.limit),
         )
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeVar, cast
 
-from message_history.core.recall_plan import PlainRow
+from message_history.core.recall_plan import PlainPage, PlainRow
 from message_history.errors import InvalidInputError, UnreadableRowError
 from schemas.messages import Message
 from storage import row_codec
@@ -187,6 +187,14 @@ class MongoRecall(MongoCollections):
     def plain_rows(docs: Sequence[bytes]) -> list[PlainRow | None]:
         """The rows of `recall_raw_many` in the plain shape (None: the model path must read that row)."""
         return row_codec.rows_from_raw(docs)
+
+    @staticmethod
+    def plain_page_of(
+        docs: Sequence[bytes], read: int, limit: int, incoming: Sequence[Message]
+    ) -> tuple[PlainPage, int] | None:
+        """A plain recall's page decided on the rows of `recall_raw_many` in one native call
+        (`storage.row_codec.plain_page_of`), or None: the caller reads them with `plain_rows` and decides."""
+        return row_codec.plain_page_of(docs, read, limit, incoming)
 
     @staticmethod
     def recalled_from_raw(docs: Sequence[bytes]) -> list[Message]:

@@ -32,7 +32,7 @@ from bson.codec_options import CodecOptions
 
 import schemas.canonical
 from message_history import metrics
-from message_history.core.recall_plan import PlainRow
+from message_history.core.recall_plan import PlainPage, PlainRow
 from message_history.errors import StartupError
 from message_history.settings import Settings
 from schemas.events import EnrichedMessage
@@ -49,6 +49,7 @@ __all__ = [
     "group_rows",
     "owners_from_raw",
     "owners_from_raw_py",
+    "plain_page_of",
     "rows_from_raw",
     "rows_from_raw_py",
     "select_codec",
@@ -60,6 +61,12 @@ log = logging.getLogger(__name__)
 RowCodec = Literal["auto", "native", "python"]
 Owner = tuple[str, str | None]
 """A raw message row's top-level `thread_id` and `resourceId` (None: absent or not a string)."""
+InputKey = tuple[int | None, str]
+"""An input message's sort key as `rules.sort_key` orders it: its `createdAt` in ms since the epoch (None:
+undated, after every stored row) and its id (`""`: none)."""
+Fused = tuple[int, int, list[bytes]]
+"""`plain_runs`' answer: how many rows the page gives (`len(rows_from_raw(docs)[:read])`), how many it
+recalls, and `plain_page`'s runs."""
 Wanted = tuple[str, str | None, int | None]
 """A thread a `$in` recall reads: its id, the resource its rows must name (None: any), its limit (None: all
 rows)."""
@@ -249,7 +256,29 @@ def select_split(mode: RowCodec = "auto") -> Callable[[Bytes, int, int], list[by
     return _native_or(mode, "array_documents", array_documents_py)
 
 
+_PlainRuns = Callable[[Sequence[bytes], int, int, Sequence[InputKey], Sequence[str]], Fused | None]
+
+
+def no_fusing(
+    docs: Sequence[bytes], read: int, limit: int, incoming: Sequence[InputKey], incoming_ids: Sequence[str]
+) -> Fused | None:
+    """Where the native codec is not taken: nothing decided here (the caller reads the rows with
+    `rows_from_raw` and decides with `plain_page`, the reference)."""
+    return None
+
+
+def select_plain_runs(mode: RowCodec = "auto") -> _PlainRuns:
+    """`plain_runs`' implementation: the native one wherever `select_codec` takes the native codec (it writes
+    each row's JSON as `rows_from_raw` does, so it must be built from these models; no second warning when
+    it is not), else `no_fusing`; a failed call is counted and answered by `no_fusing` (`_native_or`)."""
+    module = _native() if mode != "python" else None
+    if module is None or getattr(module, "FINGERPRINT", None) != codec_fingerprint():
+        return no_fusing
+    return _native_or(mode, "plain_runs", no_fusing)
+
+
 _selected: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
+_selected_plain: _PlainRuns | None = None
 _selected_owners: Callable[[Sequence[bytes]], list[Owner | None]] | None = None
 _selected_split: Callable[[Bytes, int, int], list[bytes] | None] | None = None
 _selected_group: Callable[[Sequence[bytes], Sequence[Wanted]], list[list[bytes]] | None] | None = None
@@ -267,6 +296,39 @@ def rows_from_raw(docs: Sequence[bytes]) -> list[PlainRow | None]:
     if _selected is None:
         _selected = select_codec(_mode_from_env())
     return _selected(docs)
+
+
+def plain_page_of(
+    docs: Sequence[bytes], read: int, limit: int, incoming: Sequence[Message]
+) -> tuple[PlainPage, int] | None:
+    """`plain_page(rows_from_raw(docs)[:read], limit, incoming)` and how many rows that slice holds, decided
+    in one native call with no Python object per row (`message_history_native.plain_runs`), when the codec is
+    sure of every document of `docs` and the page qualifies; None otherwise (the native codec not taken, a
+    row it is not sure of, a page that does not qualify, an input time not a UTC instant in whole ms): the
+    caller then reads the rows and asks `plain_page`, which decides. Never raises for a malformed row."""
+    global _selected_plain  # noqa: PLW0603 -- chosen once per process
+    if _selected_plain is None:
+        _selected_plain = select_plain_runs(_mode_from_env())
+    if _selected_plain is no_fusing:
+        return None
+    keys: list[InputKey] = []
+    for message in incoming:
+        when = message.createdAt
+        if when is None:
+            keys.append((None, message.id or ""))
+            continue
+        if when.tzinfo is not UTC:
+            return None  # every validated time is UTC; anything else is the reference's to compare
+        ms, rest = divmod(when - _EPOCH, _MS)
+        if rest:
+            return None  # finer than a stored time: the reference compares it exactly
+        keys.append((ms, message.id or ""))
+    ids = [m.id for m in incoming if m.id is not None]
+    answer = _selected_plain(docs, read, limit, keys, ids)
+    if answer is None:
+        return None
+    count, recalled, runs = answer
+    return PlainPage(tuple(runs), recalled), count
 
 
 def owners_from_raw(docs: Sequence[bytes]) -> list[Owner | None]:
@@ -302,8 +364,9 @@ def array_documents(payload: Bytes, start: int, end: int) -> list[bytes] | None:
 
 def use_codec(mode: RowCodec) -> None:
     """Choose `rows_from_raw`'s implementation now (start-up), so a stale native module is logged early."""
-    global _selected, _selected_owners, _selected_split, _selected_group  # noqa: PLW0603 -- once per process
+    global _selected, _selected_owners, _selected_split, _selected_group, _selected_plain  # noqa: PLW0603
     _selected = select_codec(mode)
+    _selected_plain = select_plain_runs(mode)
     _selected_owners = select_owners(mode)
     _selected_group = select_group(mode)
     _selected_split = select_split(mode)

@@ -27,7 +27,7 @@ from bson import Decimal128, Int64, ObjectId
 from bson.codec_options import CodecOptions, DatetimeConversion
 from bson.regex import Regex
 
-from message_history.core.recall_plan import PlainRow
+from message_history.core.recall_plan import PlainPage, PlainRow
 from message_history.errors import InvalidInputError, MessageIdTakenError
 from schemas.messages import Message, utc_now_ms
 from schemas.recalled import RecalledRow
@@ -246,6 +246,11 @@ class RawRowStorage(SequentialBatches):
 
     def plain_rows(self, docs: Sequence[bytes]) -> list[PlainRow | None]:
         return MongoHistoryStorage.plain_rows(docs)
+
+    def plain_page_of(
+        self, docs: Sequence[bytes], read: int, limit: int, incoming: Sequence[Message]
+    ) -> tuple[PlainPage, int] | None:
+        return MongoHistoryStorage.plain_page_of(docs, read, limit, incoming)
 
     def recalled_from_raw(self, docs: Sequence[bytes]) -> list[Message]:
         return MongoHistoryStorage.recalled_from_raw(docs)

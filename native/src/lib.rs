@@ -23,6 +23,7 @@ use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 mod canonical;
 mod fingerprint;
 mod owner;
+mod plain;
 mod prescan;
 mod row;
 mod split;
@@ -193,6 +194,111 @@ fn group_rows<'py>(
     Ok(Some(PyList::new(py, found)?))
 }
 
+/// A plain recall's page decided on its rows' bytes in one call: `plain_page(rows_from_raw(docs)[:read],
+/// limit, incoming)` of `storage/row_codec.py` and `message_history/core/recall_plan.py`, without a Python
+/// object per row. `docs`: the thread's page (newest first); `incoming`: per input message (in context
+/// order) `(createdAt ms or None, id or "")`; `incoming_ids`: the input's ids. Answers
+/// `(len(rows), recalled, runs)` only when every document of `docs` is a row this codec is sure of (as
+/// `rows_from_raw` answers it) and the page qualifies; None otherwise (a row the reference must read, a
+/// document not `bytes`, an argument it cannot read, a page that does not qualify): the caller then takes
+/// the reference route, which decides it.
+#[pyfunction]
+fn plain_runs<'py>(
+    py: Python<'py>,
+    docs: &Bound<'py, PyAny>,
+    read: usize,
+    limit: usize,
+    incoming: &Bound<'py, PyAny>,
+    incoming_ids: &Bound<'py, PyAny>,
+) -> PyResult<Option<(usize, usize, Bound<'py, PyList>)>> {
+    let mut held: Vec<Bound<'py, PyBytes>> = Vec::new();
+    for item in docs.try_iter()? {
+        let Ok(bytes) = item?.cast_into::<PyBytes>() else {
+            return Ok(None);
+        };
+        held.push(bytes);
+    }
+    let mut keys: Vec<(Option<i64>, Bound<'py, PyString>)> = Vec::new();
+    for item in incoming.try_iter()? {
+        let item = item?;
+        let Ok(entry) = item.cast::<PyTuple>() else {
+            return Ok(None);
+        };
+        if entry.len() != 2 {
+            return Ok(None);
+        }
+        let ms = entry.get_item(0)?;
+        let ms = if ms.is_none() {
+            None
+        } else {
+            match ms.extract::<i64>() {
+                Ok(v) => Some(v),
+                Err(_) => return Ok(None),
+            }
+        };
+        let Ok(id) = entry.get_item(1)?.cast_into::<PyString>() else {
+            return Ok(None);
+        };
+        keys.push((ms, id));
+    }
+    let mut ids: Vec<Bound<'py, PyString>> = Vec::new();
+    for item in incoming_ids.try_iter()? {
+        let Ok(id) = item?.cast_into::<PyString>() else {
+            return Ok(None);
+        };
+        ids.push(id);
+    }
+    // a lone surrogate has no UTF-8 form: not sure how it compares, the reference decides
+    let mut input: Vec<plain::InputKey<'_>> = Vec::with_capacity(keys.len());
+    for (ms, id) in &keys {
+        let Ok(id) = id.to_str() else {
+            return Ok(None);
+        };
+        input.push(plain::InputKey { ms: *ms, id });
+    }
+    let mut input_ids: Vec<&str> = Vec::with_capacity(ids.len());
+    for id in &ids {
+        let Ok(id) = id.to_str() else {
+            return Ok(None);
+        };
+        input_ids.push(id);
+    }
+    let count = read.min(held.len());
+    let size = limit.min(count);
+    let mut page: Vec<plain::PageRow<'_>> = Vec::with_capacity(size);
+    let mut scratch: Vec<u8> = Vec::new();
+    for (i, bytes) in held.iter().enumerate() {
+        // every row of the page read, not only the ones asked for: one the reference must read sends the
+        // whole page there (it counts the unreadable ones, whatever the limit)
+        let Some(r) = row::parse(bytes.as_bytes()) else {
+            return Ok(None);
+        };
+        let mut body = if i < size {
+            Vec::with_capacity(r.content.len() + 256)
+        } else {
+            std::mem::take(&mut scratch)
+        };
+        if !row::write_enriched(&r, &mut body) {
+            return Ok(None);
+        }
+        if i < size {
+            page.push(plain::PageRow {
+                id: r.id,
+                ms: r.ms,
+                role: r.role,
+                body,
+            });
+        } else {
+            scratch = body;
+        }
+    }
+    let Some(runs) = plain::runs(&page, &input, &input_ids) else {
+        return Ok(None);
+    };
+    let runs = PyList::new(py, runs.iter().map(|run| PyBytes::new(py, run)))?;
+    Ok(Some((count, size, runs)))
+}
+
 /// The documents of the BSON array at `payload[start:end]`, each as bytes, or None when an element is not a
 /// document or a size does not fit (`storage/raw_batches.py`'s `array_documents_py`, src/split.rs). `payload`
 /// is `bytes` or any C-contiguous byte buffer (the driver's reply is a `memoryview`: read in place, not
@@ -251,6 +357,7 @@ fn message_history_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(rows_from_raw, m)?)?;
     m.add_function(wrap_pyfunction!(owners_from_raw, m)?)?;
     m.add_function(wrap_pyfunction!(group_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(plain_runs, m)?)?;
     m.add_function(wrap_pyfunction!(array_documents, m)?)?;
     m.add_function(wrap_pyfunction!(maybe_non_finite, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_next_call_for_tests, m)?)?;

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from message_history.core import recall_plan
 from message_history.errors import FatalStorageError
+from storage import row_codec
 from storage.documents import MESSAGES, message_from_doc
 from storage.mongodb import MongoHistoryStorage
 from storage.recalled_rows import row_from_doc
@@ -121,7 +123,17 @@ async def test_plain_recall_gives_todays_bytes(
         decided += page is not None
         return page
 
+    fused = 0
+    plain_page_of = row_codec.plain_page_of
+
+    def counting_fused(*args: Any) -> Any:
+        nonlocal fused
+        answer = plain_page_of(*args)
+        fused += answer is not None and answer[0] is not None
+        return answer
+
     monkeypatch.setattr("consumers.recall.plain_page", counting)
+    monkeypatch.setattr(row_codec, "plain_page_of", counting_fused)
     storage = MongoHistoryStorage(mongo_db)
     compared = failed = skipped = 0
     for records in batches:
@@ -136,7 +148,9 @@ async def test_plain_recall_gives_todays_bytes(
     assert failed == 0  # no broken row fails a route any more (issue 31)...
     assert compared > THREADS
     assert skipped > 0  # ...broken rows were met, skipped and said alike by both routes
-    assert decided > THREADS // 8  # the plain route was taken, not only its fallback
+    assert decided + fused > THREADS // 8  # the plain route was taken, not only its fallback
+    if row_codec.select_plain_runs() is not row_codec.no_fusing or os.environ.get("CI"):
+        assert fused > THREADS // 8  # most plain pages decided natively on the server's own rows
 
 
 @pytest.mark.parametrize("resources", ["one", "mixed"])

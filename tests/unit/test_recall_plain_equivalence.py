@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
@@ -27,11 +28,12 @@ from consumers.contract import Emit, Refused, settled
 from consumers.recall import RecallHandler
 from message_history.app.capabilities import storage_capabilities
 from message_history.core import recall_plan
-from message_history.core.recall_plan import PlainRow
+from message_history.core.recall_plan import PlainPage, PlainRow
 from message_history.settings import Settings
 from producers.enriched import EnrichedPublisher
 from producers.output import Headers, Positioned
 from schemas.messages import Message
+from storage import row_codec
 from storage.memory import InMemoryHistoryStorage
 from storage.mongodb import MongoHistoryStorage
 from storage.protocol import RecallQuery
@@ -67,6 +69,7 @@ class RawMemory(SequentialBatches):
         super().__init__(storage)
         self.raw_reads = 0
         self.model_reads = 0  # pages read as models (a plain page read so is read twice)
+        self.fused = 0  # pages decided natively on their bytes (`plain_page_of`)
 
     async def recall_raw_many(self, queries: Sequence[RecallQuery]) -> dict[str, list[bytes]]:
         self.raw_reads += 1
@@ -79,6 +82,13 @@ class RawMemory(SequentialBatches):
 
     def plain_rows(self, docs: Sequence[bytes]) -> list[PlainRow | None]:
         return MongoHistoryStorage.plain_rows(docs)
+
+    def plain_page_of(
+        self, docs: Sequence[bytes], read: int, limit: int, incoming: Sequence[Message]
+    ) -> tuple[PlainPage, int] | None:
+        decided = MongoHistoryStorage.plain_page_of(docs, read, limit, incoming)
+        self.fused += decided is not None and decided[0] is not None
+        return decided
 
     def recalled_from_raw(self, docs: Sequence[bytes]) -> list[Message]:
         return MongoHistoryStorage.recalled_from_raw(docs)
@@ -178,8 +188,9 @@ BATCHES = st.lists(st.tuples(incoming_messages, memories), min_size=1, max_size=
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def _same_bytes_both_routes(stored: Stored, requests: Requests) -> int:
-    """Asserts the fast route publishes today's bytes; returns how many pages `plain_page` decided."""
+def _same_bytes_both_routes(stored: Stored, requests: Requests) -> tuple[int, int]:
+    """Asserts the fast route publishes today's bytes; returns how many pages `plain_page` decided and how
+    many the native `plain_runs` decided (`storage.row_codec.plain_page_of`)."""
     memory = InMemoryHistoryStorage()
     rows = [Message.model_validate(_message(i, role, text, at)) for i, role, text, at in stored]
     if rows:
@@ -198,14 +209,15 @@ def _same_bytes_both_routes(stored: Stored, requests: Requests) -> int:
         return page
 
     today = asyncio.run(_published(SequentialBatches(memory), records, fast=False))
+    raw = RawMemory(memory)
     setattr(recall, "plain_page", counting)  # noqa: B010 -- restored below (a fixture does not mix with @given)
     try:
-        fast = asyncio.run(_published(RawMemory(memory), records, fast=True))
+        fast = asyncio.run(_published(raw, records, fast=True))
     finally:
         setattr(recall, "plain_page", plain_page)  # noqa: B010
     assert fast == today
     assert all(isinstance(value, bytes) for value in today)  # the generated requests are all valid
-    return decided
+    return decided, raw.fused
 
 
 @PROPERTY
@@ -219,11 +231,13 @@ def test_plain_recall_gives_the_processors_bytes(stored: Stored, requests: Reque
 # and no example database); the property above keeps drawing new inputs on every run. A change to the
 # strategies or to what `plain_page` accepts moves this sample's share deterministically.
 COVERAGE_SEED = 20261204
+NATIVE_PLAIN = row_codec.select_plain_runs() is not row_codec.no_fusing
 
 
 def test_the_property_took_the_plain_route() -> None:
-    """A good share of the property's batches are decided on bytes, not all by fallback."""
-    decided: list[int] = []
+    """A good share of the property's batches are decided on bytes, not all by fallback; with the native
+    codec, most of those by `plain_runs` in one call (the rest by `plain_page` on its rows)."""
+    decided: list[tuple[int, int]] = []
 
     @seed(COVERAGE_SEED)
     @settings(PROPERTY, database=None)
@@ -233,7 +247,9 @@ def test_the_property_took_the_plain_route() -> None:
 
     sample()
     assert len(decided) > PROPERTY.max_examples // 2  # duplicates drawn are not run again
-    assert sum(1 for n in decided if n) > len(decided) // 5, decided
+    assert sum(1 for rows, fused in decided if rows or fused) > len(decided) // 5, decided
+    if NATIVE_PLAIN or os.environ.get("CI"):  # CI builds the native codec: it must be taken there
+        assert sum(1 for _, fused in decided if fused) > len(decided) // 5, decided
 
 
 async def test_a_plain_page_is_read_once_as_bytes() -> None:
