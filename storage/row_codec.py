@@ -267,12 +267,14 @@ def no_fusing(
     return None
 
 
-def select_plain_runs(mode: RowCodec = "auto") -> _PlainRuns:
-    """`plain_runs`' implementation: the native one wherever `select_codec` takes the native codec (it writes
-    each row's JSON as `rows_from_raw` does, so it must be built from these models; no second warning when
-    it is not), else `no_fusing`; a failed call is counted and answered by `no_fusing` (`_native_or`)."""
-    module = _native() if mode != "python" else None
-    if module is None or getattr(module, "FINGERPRINT", None) != codec_fingerprint():
+def select_plain_runs(
+    mode: RowCodec = "auto", codec: Callable[[Sequence[bytes]], list[PlainRow | None]] | None = None
+) -> _PlainRuns:
+    """`plain_runs`' implementation: the native one wherever the native codec is taken (`codec`, what
+    `select_codec(mode)` chose: `plain_runs` writes each row's JSON as `rows_from_raw` does, so it must be
+    built from these models), else `no_fusing`; a failed call is counted and answered by `no_fusing`
+    (`_native_or`)."""
+    if (select_codec(mode) if codec is None else codec) is rows_from_raw_py:
         return no_fusing
     return _native_or(mode, "plain_runs", no_fusing)
 
@@ -306,9 +308,12 @@ def plain_page_of(
     sure of every document of `docs` and the page qualifies; None otherwise (the native codec not taken, a
     row it is not sure of, a page that does not qualify, an input time not a UTC instant in whole ms): the
     caller then reads the rows and asks `plain_page`, which decides. Never raises for a malformed row."""
-    global _selected_plain  # noqa: PLW0603 -- chosen once per process
+    global _selected, _selected_plain  # noqa: PLW0603 -- chosen once per process
     if _selected_plain is None:
-        _selected_plain = select_plain_runs(_mode_from_env())
+        mode = _mode_from_env()
+        if _selected is None:
+            _selected = select_codec(mode)
+        _selected_plain = select_plain_runs(mode, _selected)
     if _selected_plain is no_fusing:
         return None
     keys: list[InputKey] = []
@@ -366,7 +371,7 @@ def use_codec(mode: RowCodec) -> None:
     """Choose `rows_from_raw`'s implementation now (start-up), so a stale native module is logged early."""
     global _selected, _selected_owners, _selected_split, _selected_group, _selected_plain  # noqa: PLW0603
     _selected = select_codec(mode)
-    _selected_plain = select_plain_runs(mode)
+    _selected_plain = select_plain_runs(mode, _selected)  # the codec's decision, its fingerprint read once
     _selected_owners = select_owners(mode)
     _selected_group = select_group(mode)
     _selected_split = select_split(mode)

@@ -23,6 +23,7 @@ from message_history.core.recall_plan import PlainPage, plain_page
 from schemas.messages import Message
 from storage import row_codec
 from storage.save_plan import message_write
+from tests.unit import test_recall_plain_equivalence as equivalence
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
 NATIVE = row_codec.select_plain_runs() is not row_codec.no_fusing
@@ -31,22 +32,15 @@ needs_native = pytest.mark.skipif(
 )
 
 
-def _message(ident: str | None, role: str, text: str, at: datetime | None) -> Message:
-    message: dict[str, Any] = {
-        "role": role,
-        "content": {"format": 2, "parts": [{"type": "text", "text": text}]},
-    }
-    if ident is not None:
-        message["id"] = ident
-    if at is not None:
-        message["createdAt"] = at
-    return Message.model_validate(message)
+def _message(ident: str | None, role: str, text: str, at: int | None) -> Message:
+    """The message of the equivalence test's tables (`at`: ms after T0), validated."""
+    return Message.model_validate(equivalence._message(ident, role, text, at))
 
 
 def _doc(ident: str, role: str, text: str, ms: int) -> bytes:
     """The row a save writes for the message (`storage.save_plan.message_write`), as its BSON."""
     at = T0 + timedelta(milliseconds=ms)
-    write = message_write(_message(ident, role, text, at), "t", "u", at)
+    write = message_write(_message(ident, role, text, ms), "t", "u", at)
     return bson.encode({**write.fields, "createdAt": write.created})
 
 
@@ -98,26 +92,22 @@ PAGE = _rows(
 )
 
 
-def _at(ms: int) -> datetime:
-    return T0 + timedelta(milliseconds=ms)
-
-
 @needs_native
 @pytest.mark.parametrize(
     ("read", "limit", "incoming"),
     [
-        (5, 5, [_message("n", "user", "hi", _at(60))]),  # after every row
-        (5, 3, [_message("n", "user", "hi", _at(60))]),  # the page: the newest 3
-        (3, 3, [_message("n", "user", "hi", _at(60))]),  # read fewer than the page holds
-        (9, 9, [_message("n", "user", "hi", _at(60))]),  # read more than the page holds
-        (5, 5, [_message("n", "user", "hi", _at(25))]),  # between rows
-        (5, 5, [_message("n", "user", "hi", _at(5))]),  # before every row
-        (5, 5, [_message("c", "user", "hi", _at(5))]),  # an id the page holds: the reference's answer (none)
-        (5, 5, [_message("b0", "user", "hi", _at(20)), _message("z", "user", "x", _at(20))]),  # ties on time
-        (5, 5, [_message("a0", "user", "hi", _at(10)), _message(None, "user", "x", None)]),  # undated, no id
-        (5, 5, [_message("n", "user", "hi", _at(30)), _message("m", "user", "x", _at(25))]),  # out of order
-        (5, 0, [_message("n", "user", "hi", _at(60))]),  # limit 0
-        (0, 0, [_message("n", "user", "hi", _at(60))]),
+        (5, 5, [_message("n", "user", "hi", 60)]),  # after every row
+        (5, 3, [_message("n", "user", "hi", 60)]),  # the page: the newest 3
+        (3, 3, [_message("n", "user", "hi", 60)]),  # read fewer than the page holds
+        (9, 9, [_message("n", "user", "hi", 60)]),  # read more than the page holds
+        (5, 5, [_message("n", "user", "hi", 25)]),  # between rows
+        (5, 5, [_message("n", "user", "hi", 5)]),  # before every row
+        (5, 5, [_message("c", "user", "hi", 5)]),  # an id the page holds: the reference's answer (none)
+        (5, 5, [_message("b0", "user", "hi", 20), _message("z", "user", "x", 20)]),  # ties on time
+        (5, 5, [_message("a0", "user", "hi", 10), _message(None, "user", "x", None)]),  # undated, no id
+        (5, 5, [_message("n", "user", "hi", 30), _message("m", "user", "x", 25)]),  # out of order
+        (5, 0, [_message("n", "user", "hi", 60)]),  # limit 0
+        (0, 0, [_message("n", "user", "hi", 60)]),
         (5, 5, []),
     ],
 )
@@ -139,8 +129,8 @@ def test_a_page_is_decided_as_the_reference_decides_it(
     ],
 )
 def test_a_page_that_does_not_qualify_is_not_decided(page: list[bytes]) -> None:
-    assert _fused(page, 5, 5, [_message("n", "user", "hi", _at(60))]) is None
-    expected = _reference(page, 5, 5, [_message("n", "user", "hi", _at(60))])
+    assert _fused(page, 5, 5, [_message("n", "user", "hi", 60)]) is None
+    expected = _reference(page, 5, 5, [_message("n", "user", "hi", 60)])
     assert expected is not None
     assert expected[0] is None  # the reference refuses it too
 
@@ -148,7 +138,7 @@ def test_a_page_that_does_not_qualify_is_not_decided(page: list[bytes]) -> None:
 @needs_native
 def test_a_row_it_is_not_sure_of_anywhere_in_the_page_leaves_it_to_the_reference() -> None:
     odd = bson.encode({"id": "z", "thread_id": "t", "role": "user", "content": "{}", "extra": 1})
-    incoming = [_message("n", "user", "hi", _at(60))]
+    incoming = [_message("n", "user", "hi", 60)]
     assert _fused([*PAGE, odd], 2, 2, incoming) is None  # beyond what is read: the page still goes there
     assert _fused([*PAGE[:2], b"not bson", *PAGE[2:]], 5, 5, incoming) is None
     not_bytes: list[Any] = [*PAGE[:2], bytearray(PAGE[2]), *PAGE[3:]]
@@ -218,7 +208,7 @@ def test_the_native_page_is_the_reference_on_any_page(
 ) -> None:
     ordered = sorted(rows, key=lambda r: (r[2], r[0]), reverse=True) if newest_first else rows
     docs = [_doc(ident, role, f"t{n}", ms) for n, (ident, role, ms) in enumerate(ordered)]
-    messages = [_message(ident, "user", "x", None if at is None else _at(at)) for ident, at in incoming]
+    messages = [_message(ident, "user", "x", at) for ident, at in incoming]
     assert_same(docs, read, min(limit, read), messages)
 
 
@@ -226,19 +216,24 @@ def test_the_native_page_is_the_reference_on_any_page(
 @settings(max_examples=200, deadline=None)
 @given(docs=st.lists(st.binary(max_size=64), max_size=6), read=st.integers(0, 8))
 def test_the_native_page_never_fails_on_any_bytes(docs: list[bytes], read: int) -> None:
-    _fused(docs, read, read, [_message("n", "user", "hi", _at(1))])
+    # the native call itself: `plain_page_of` answers a failure with None (counted), which would hide it
+    native = row_codec._native()
+    assert native is not None
+    answer = native.plain_runs(docs, read, read, [(1, "n")], ["n"])
+    assert answer is None or answer[0] == min(read, len(docs))
 
 
 def test_the_python_route_never_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(row_codec, "_selected_plain", row_codec.select_plain_runs("python"))
     assert row_codec.select_plain_runs("python") is row_codec.no_fusing
-    assert _fused(PAGE, 5, 5, [_message("n", "user", "hi", _at(60))]) is None
+    assert _fused(PAGE, 5, 5, [_message("n", "user", "hi", 60)]) is None
 
 
 @needs_native
 def test_a_failing_native_call_is_counted_and_the_reference_decides(monkeypatch: pytest.MonkeyPatch) -> None:
     class Broken:
         FINGERPRINT = row_codec.codec_fingerprint()
+        rows_from_raw = staticmethod(row_codec.rows_from_raw_py)
 
         @staticmethod
         def plain_runs(*args: Any) -> Any:
@@ -247,7 +242,7 @@ def test_a_failing_native_call_is_counted_and_the_reference_decides(monkeypatch:
     monkeypatch.setattr(row_codec, "_native", lambda: Broken)
     monkeypatch.setattr(row_codec, "_selected_plain", row_codec.select_plain_runs("auto"))
     before = row_codec.native_failures
-    assert _fused(PAGE, 5, 5, [_message("n", "user", "hi", _at(60))]) is None
+    assert _fused(PAGE, 5, 5, [_message("n", "user", "hi", 60)]) is None
     assert row_codec.native_failures == before + 1
 
 
